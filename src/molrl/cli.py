@@ -1,0 +1,71 @@
+"""The ``molrl`` console script: one subcommand per stage.
+
+Each stage lives in ``molrl.commands.<name>`` and exposes ``register(subparsers)``, which adds
+its parser and sets ``func`` to a handler taking the parsed namespace. Heavy imports (torch,
+transformers) happen inside handlers so ``molrl --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from molrl import __version__
+
+# Stage modules in the order ``molrl --help`` lists them.
+COMMANDS = [
+    "molrl.commands.traces",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser with every registered stage."""
+    parser = argparse.ArgumentParser(
+        prog="molrl",
+        description="MoL-RL: absorb multi-step environment feedback into an LLM, then reason without it.",
+    )
+    parser.add_argument("--version", action="version", version=f"molrl {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def setup_logging(verbose: bool = False) -> None:
+    """Rich console logging for every stage."""
+    from rich.logging import RichHandler
+
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(message)s",
+        datefmt="[%X]",
+        handlers=[RichHandler(rich_tracebacks=False, show_path=False)],
+        force=True,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``molrl`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    setup_logging(args.verbose)
+    from molrl.errors import MolrlError
+
+    try:
+        return int(args.func(args) or 0)
+    except MolrlError as err:
+        logging.getLogger("molrl").error(str(err))
+        return 1
+    except KeyboardInterrupt:
+        logging.getLogger("molrl").error("interrupted; re-run the same command to resume")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

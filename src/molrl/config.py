@@ -1,0 +1,219 @@
+"""Typed configs: dataclasses loaded from YAML, overridden with ``key.sub=value``.
+
+Every stage declares a dataclass whose fields carry a one-line docstring (the string literal
+right after the field). ``load_config`` builds it from a YAML file plus command-line overrides,
+checking every key and type; errors name the key and where it came from. ``save_config`` writes
+the resolved config next to a stage's outputs.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import textwrap
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Sequence, TypeVar
+
+import yaml
+
+from molrl.errors import MolrlError
+
+T = TypeVar("T")
+
+
+class ConfigError(MolrlError, ValueError):
+    """A config key is unknown, mistyped or malformed; the message says where and how to fix it."""
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
+    """Build ``cls`` from the YAML file at ``path`` (optional) and ``key.sub=value`` overrides."""
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: top level must be a mapping of keys, got {type(loaded).__name__}")
+        data = loaded
+    for item in overrides:
+        _apply_override(data, item)
+    where = source if not overrides else f"{source} + command-line overrides"
+    return _build(cls, data, prefix="", where=where)
+
+
+def save_config(cfg: Any, path: str | Path) -> None:
+    """Write a resolved config dataclass as YAML."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def to_dict(cfg: Any) -> Any:
+    """Plain-data form of a config (Paths become strings)."""
+    if dataclasses.is_dataclass(cfg):
+        return {f.name: to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, (list, tuple)):
+        return [to_dict(v) for v in cfg]
+    if isinstance(cfg, dict):
+        return {k: to_dict(v) for k, v in cfg.items()}
+    if isinstance(cfg, Path):
+        return str(cfg)
+    return cfg
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The one-line docstrings of a dataclass's fields, read from its source."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):
+        return {}
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, nxt in zip(body, body[1:]):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
+            docs[node.target.id] = nxt.value.value.strip().splitlines()[0]
+    return docs
+
+
+def describe(cls: type, prefix: str = "") -> list[str]:
+    """Lines ``key: default  # doc`` for every field, nested sections flattened with dots."""
+    lines = []
+    docs = field_docs(cls)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            lines += describe(tp, prefix=f"{prefix}{f.name}.")
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else "<required>"  # type: ignore[misc]
+        )
+        lines.append(f"{prefix}{f.name}: {to_dict(default)!r}  # {docs.get(f.name, '')}")
+    return lines
+
+
+def _apply_override(data: dict[str, Any], item: str) -> None:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r}: expected key.sub=value")
+    key, raw = item.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"override {item!r}: empty key segment")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    node = data
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {item!r}: {part!r} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _build(cls: type[T], data: Any, prefix: str, where: str) -> T:
+    name = prefix.rstrip(".") or "<top>"
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: {name} must be a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key '{prefix}{unknown[0]}'; known keys in {name}: {', '.join(sorted(fields))}"
+        )
+    kwargs = {}
+    for key, value in data.items():
+        kwargs[key] = _coerce(hints[key], value, f"{prefix}{key}", where)
+    try:
+        return cls(**kwargs)
+    except TypeError as err:
+        raise ConfigError(f"{where}: {name}: {err}") from None
+    except ValueError as err:  # __post_init__ validation
+        raise ConfigError(f"{where}: {name}: {err}") from None
+
+
+def _coerce(tp: Any, value: Any, key: str, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, prefix=key + ".", where=where)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(arg, value, key, where)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(f"{where}: {key}={value!r} matches none of {_type_name(tp)}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{where}: {key}={value!r}; expected one of {', '.join(map(repr, args))}")
+        return value
+    if origin in (list, Sequence, tuple):
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: {key} must be a list, got {value!r}")
+        inner = args[0] if args else Any
+        out = [_coerce(inner, v, f"{key}[{i}]", where) for i, v in enumerate(value)]
+        return tuple(out) if origin is tuple else out
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: {key} must be a mapping, got {value!r}")
+        inner = args[1] if len(args) == 2 else Any
+        return {str(k): _coerce(inner, v, f"{key}.{k}", where) for k, v in value.items()}
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: {key} must be true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: {key} must be an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{where}: {key} must be a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{where}: {key} must be a string, got {value!r}")
+    if tp is Path:
+        if isinstance(value, (str, Path)):
+            return Path(value)
+        raise ConfigError(f"{where}: {key} must be a path, got {value!r}")
+    raise ConfigError(f"{where}: {key}: unsupported config type {_type_name(tp)}")
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
