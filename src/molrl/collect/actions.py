@@ -1,0 +1,118 @@
+"""The action format: what a model writes to run code or submit a solution, and how it is read.
+
+A turn may think first (``<think>...</think>`` or free text), then does exactly one thing:
+
+- run Python: ``<execute>code</execute>`` or a fenced block `````python ... `````;
+- submit: ``<solution>...</solution>`` (code tasks: the complete function; math tasks: the final
+  answer), or, for math tasks, a ``\\boxed{...}`` answer.
+
+The first action in the turn (after any complete think block) is the one taken; text after it is
+cut from the recorded turn, as if generation had stopped there (the stop strings
+``</execute>`` / ``</solution>`` usually make it so already). An unterminated block is no action:
+code cut off by the token limit is not run.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+SYSTEM_PROMPT = """\
+You solve the task by working with a Python environment over several turns.
+In each turn, reason step by step, then end the turn with exactly one action:
+1) Run Python code and see its output (printed output, errors, tracebacks):
+<execute>
+print(1 + 1)
+</execute>
+Each block runs in a fresh Python process, so include every definition and import it needs.
+2) Submit your final solution:
+<solution>
+...
+</solution>
+For a coding task the solution is the complete code of the requested function; for a math task it \
+is the final answer only, e.g. <solution>42</solution> (\\boxed{42} also counts as a submission).
+You have {max_turns} turns and can submit a solution {max_solutions} times."""
+"""The default instructions; ``{max_turns}`` and ``{max_solutions}`` are filled in."""
+
+STOP_STRINGS = ["</execute>", "</solution>"]
+"""Stop strings that end a turn right after its action."""
+
+ActionKind = Literal["code", "solution", "none"]
+
+_THINK_END = "</think>"
+_TAGS = {"code": ("<execute>", "</execute>"), "solution": ("<solution>", "</solution>")}
+_FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
+_FENCE_OPEN = re.compile(r"```(?:python|py|Python)[ \t]*\n")
+
+
+@dataclass
+class Action:
+    """What one model turn asks the environment to do."""
+
+    kind: ActionKind
+    """``code`` to run, ``solution`` to grade, ``none`` when no complete action was found."""
+    content: str
+    """The code to run or the submitted solution text (empty for ``none``)."""
+    end: int
+    """Character offset in the turn where the action ends; the recorded turn is cut there."""
+    problem: str = ""
+    """For ``none``: why no action was taken (no block, or an unterminated one)."""
+
+
+def parse_action(text: str, task_kind: Literal["code", "math"]) -> Action:
+    """The first complete action in a model turn (see the module docstring for the format)."""
+    start = _after_thinking(text)
+    candidates: list[tuple[int, Action]] = []
+    for kind, (open_tag, close_tag) in _TAGS.items():
+        i = text.find(open_tag, start)
+        if i < 0:
+            continue
+        j = text.find(close_tag, i + len(open_tag))
+        if j < 0:
+            candidates.append((i, Action("none", "", len(text), f"the {open_tag} block is not closed with {close_tag}")))
+        else:
+            body = text[i + len(open_tag) : j]
+            candidates.append((i, Action(kind, body.strip("\n"), j + len(close_tag))))  # type: ignore[arg-type]
+    fence = _FENCE.search(text, start)
+    if fence:
+        candidates.append((fence.start(), Action("code", fence.group(1).strip("\n"), fence.end())))
+    else:
+        open_fence = _FENCE_OPEN.search(text, start)
+        if open_fence:
+            candidates.append((open_fence.start(), Action("none", "", len(text), "the ```python block is not closed with ```")))
+    if task_kind == "math":
+        boxed = _find_boxed(text, start)
+        if boxed is not None:
+            candidates.append((boxed[0], Action("solution", text[boxed[0] : boxed[1]], boxed[1])))
+    if not candidates:
+        return Action("none", "", len(text), "no <execute> or <solution> block")
+    return min(candidates, key=lambda c: c[0])[1]
+
+
+def solution_code(content: str) -> str:
+    """The code inside a submitted solution, without a surrounding markdown fence if there is one."""
+    fence = _FENCE.search(content)
+    return fence.group(1).strip("\n") if fence else content.strip("\n")
+
+
+def _after_thinking(text: str) -> int:
+    """Offset after the last complete think block (0 when there is none)."""
+    i = text.rfind(_THINK_END)
+    return 0 if i < 0 else i + len(_THINK_END)
+
+
+def _find_boxed(text: str, start: int) -> tuple[int, int] | None:
+    r"""Span of the first complete ``\boxed{...}`` (braces balanced) at or after ``start``."""
+    i = text.find("\\boxed{", start)
+    while i >= 0:
+        depth = 0
+        for j in range(i + len("\\boxed"), len(text)):
+            if text[j] == "{":
+                depth += 1
+            elif text[j] == "}":
+                depth -= 1
+                if depth == 0:
+                    return i, j + 1
+        i = text.find("\\boxed{", i + 1)
+    return None

@@ -1,0 +1,82 @@
+"""Per-sample records of an evaluation, appended to ``samples.jsonl`` as problems finish.
+
+A problem's samples are written together once all of them are graded, so a run that stops
+mid-way resumes from the first unfinished problem and never regenerates finished samples.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from molrl.errors import DataError
+
+
+@dataclass
+class SampleRecord:
+    """One graded completion of one problem."""
+
+    id: str
+    """The benchmark's own problem id."""
+    sample: int
+    """Index of this sample among the problem's samples."""
+    completion: str
+    """The model's text (for interactive runs, the whole conversation's assistant turns)."""
+    extracted: str | None
+    """The answer or code the grader pulled out of the completion (None when nothing was found)."""
+    correct: bool
+    """The verdict."""
+    score: float
+    """The graded score in [0, 1] (fraction of tests passed for code)."""
+    stage: str
+    """How far grading got (e.g. no_answer, mismatch, correct, test_failed)."""
+    details: dict[str, Any] = field(default_factory=dict)
+    """Why the grader judged as it did: normalised forms, failing test, error text."""
+
+
+class SampleStore:
+    """The ``samples.jsonl`` of one benchmark: read what is done, append what finishes."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def load(self) -> dict[str, list[SampleRecord]]:
+        """Finished samples grouped by problem id, in file order."""
+        done: dict[str, list[SampleRecord]] = {}
+        if not self.path.exists():
+            return done
+        lines = self.path.read_text().split("\n")
+        # The last element is "" when the file ends with a newline; anything else there is a
+        # record cut short by an interrupted run, and its problem is redone.
+        for line_no, line in enumerate(lines[:-1], 1):
+            if not line.strip():
+                continue
+            try:
+                record = SampleRecord(**json.loads(line))
+            except (json.JSONDecodeError, TypeError) as err:
+                raise DataError(
+                    str(self.path), line_no, f"not a sample record ({err}); delete the file to start over"
+                ) from None
+            done.setdefault(record.id, []).append(record)
+        return done
+
+    def append(self, records: Iterable[SampleRecord]) -> None:
+        """Add finished samples (one problem's worth at a time) and flush them to disk."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        text = "".join(_line(r) for r in records)
+        with self.path.open("a") as f:
+            f.write(text)
+            f.flush()
+
+    def rewrite(self, records: Iterable[SampleRecord]) -> None:
+        """Replace the file with ``records`` (drops problems an interrupted run left half-written)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(_line(r) for r in records))
+        tmp.replace(self.path)
+
+
+def _line(record: SampleRecord) -> str:
+    return json.dumps(asdict(record), ensure_ascii=False, default=str) + "\n"
