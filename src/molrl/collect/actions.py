@@ -42,8 +42,9 @@ ActionKind = Literal["code", "solution", "none"]
 
 _THINK_END = "</think>"
 _TAGS = {"code": ("<execute>", "</execute>"), "solution": ("<solution>", "</solution>")}
-_FENCE = re.compile(r"```(?:python|py|Python)?[ \t]*\n(.*?)```", re.DOTALL)
-_FENCE_OPEN = re.compile(r"```(?:python|py|Python)[ \t]*\n")
+_CODE_FENCE = re.compile(r"```(?:python|py)[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+_CODE_FENCE_OPEN = re.compile(r"```(?:python|py)[ \t]*\n", re.IGNORECASE)
+_ANY_FENCE = re.compile(r"```[\w+-]*[ \t]*\n(.*?)```", re.DOTALL)
 
 
 @dataclass
@@ -74,11 +75,11 @@ def parse_action(text: str, task_kind: Literal["code", "math"]) -> Action:
         else:
             body = text[i + len(open_tag) : j]
             candidates.append((i, Action(kind, body.strip("\n"), j + len(close_tag))))  # type: ignore[arg-type]
-    fence = _FENCE.search(text, start)
+    fence = _CODE_FENCE.search(text, start)
     if fence:
         candidates.append((fence.start(), Action("code", fence.group(1).strip("\n"), fence.end())))
     else:
-        open_fence = _FENCE_OPEN.search(text, start)
+        open_fence = _CODE_FENCE_OPEN.search(text, start)
         if open_fence:
             candidates.append((open_fence.start(), Action("none", "", len(text), "the ```python block is not closed with ```")))
     if task_kind == "math":
@@ -92,7 +93,7 @@ def parse_action(text: str, task_kind: Literal["code", "math"]) -> Action:
 
 def solution_code(content: str) -> str:
     """The code inside a submitted solution, without a surrounding markdown fence if there is one."""
-    fence = _FENCE.search(content)
+    fence = _ANY_FENCE.search(content)
     return fence.group(1).strip("\n") if fence else content.strip("\n")
 
 

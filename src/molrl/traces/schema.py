@@ -1,0 +1,245 @@
+"""The trace format: one JSON object per line, ``{"messages": [...], "meta": {...}}``.
+
+Roles are ``system`` / ``user`` / ``assistant`` / ``tool``; ``tool`` messages are environment
+feedback (interpreter output, test results, expert critique). Content is always a string;
+assistant turns may carry one ``<think>...</think>`` block before the answer.
+
+Meta conventions shared by every stage:
+  ``kind``     "domain" (the MoL data mix, default) or "general" (replay data);
+  ``success``  the final verdict of the episode (bool);
+  ``source``   where the trace came from ("mint", "collect", ...);
+  ``task_id``  the task's id in its source.
+
+Reading never drops a bad record silently: ``read_traces`` yields the good ones and keeps every
+bad one (file, line, reason) in ``reader.rejects``, or raises on the first with ``strict=True``.
+Writing appends one complete line with a single write plus fsync, so a killed writer leaves at
+worst a truncated final line, which the reader reports instead of crashing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from molrl.chat import ROLES
+from molrl.errors import DataError, MolrlError
+
+KINDS = ("domain", "general")
+
+
+class TraceError(MolrlError):
+    """A trace is invalid or cannot be tokenised; callers prefix the file and line."""
+
+
+@dataclass
+class Trace:
+    """One multi-turn episode: the chat messages and free-form metadata."""
+
+    messages: list[dict[str, str]]
+    """Chat messages, each ``{"role": system|user|assistant|tool, "content": str}``."""
+    meta: dict[str, Any] = field(default_factory=dict)
+    """Source, task id, success, kind and anything else the producer keeps."""
+
+    @property
+    def kind(self) -> str:
+        """``domain`` (default) or ``general``."""
+        return self.meta.get("kind", "domain")
+
+    @property
+    def success(self) -> bool | None:
+        """The episode's final verdict, if recorded."""
+        return self.meta.get("success")
+
+    def count(self, role: str) -> int:
+        """How many messages have ``role``."""
+        return sum(m["role"] == role for m in self.messages)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready record."""
+        return {"messages": [dict(m) for m in self.messages], "meta": dict(self.meta)}
+
+    def to_json(self) -> str:
+        """The record as one JSON line (no trailing newline)."""
+        return json.dumps(self.to_dict(), ensure_ascii=False)
+
+    @classmethod
+    def from_dict(cls, record: Any) -> "Trace":
+        """Validate a parsed record and build the trace; raises ``TraceError`` saying what is wrong."""
+        if not isinstance(record, dict):
+            raise TraceError(f"record is a JSON {type(record).__name__}; expected an object with 'messages' and 'meta'")
+        unknown = sorted(set(record) - {"messages", "meta"})
+        if unknown:
+            raise TraceError(f"unknown top-level key {unknown[0]!r}; a trace has only 'messages' and 'meta'")
+        meta = record.get("meta", {})
+        if not isinstance(meta, dict):
+            raise TraceError(f"'meta' is a {type(meta).__name__}; expected an object")
+        trace = cls(messages=record.get("messages"), meta=meta)  # type: ignore[arg-type]
+        trace.validate()
+        return trace
+
+    def validate(self) -> None:
+        """Check roles, contents, order and meta conventions; raises ``TraceError`` on the first problem."""
+        messages = self.messages
+        if messages is None:
+            raise TraceError("missing 'messages'; expected a list of {role, content} objects")
+        if not isinstance(messages, list):
+            raise TraceError(f"'messages' is a {type(messages).__name__}; expected a list")
+        if not messages:
+            raise TraceError("empty conversation: 'messages' has no messages")
+        for i, msg in enumerate(messages):
+            _check_message(i, msg)
+        _check_order(messages)
+        _check_meta(self.meta)
+
+
+def _check_message(i: int, msg: Any) -> None:
+    if not isinstance(msg, dict):
+        raise TraceError(f"message {i} is a {type(msg).__name__}; expected an object with 'role' and 'content'")
+    role = msg.get("role")
+    if role not in ROLES:
+        raise TraceError(f"message {i} has role {role!r}; expected one of {'/'.join(ROLES)}")
+    extra = sorted(set(msg) - {"role", "content"})
+    if extra:
+        raise TraceError(
+            f"message {i} ({role}) has key {extra[0]!r}; messages carry only 'role' and 'content' "
+            "(convert with an importer that maps it explicitly)"
+        )
+    content = msg.get("content")
+    if not isinstance(content, str):
+        raise TraceError(f"message {i} ({role}) has content of type {type(content).__name__}; expected a string")
+    if not content.strip():
+        raise TraceError(f"message {i} ({role}) has empty content")
+
+
+def _check_order(messages: list[dict[str, str]]) -> None:
+    roles = [m["role"] for m in messages]
+    for i, role in enumerate(roles):
+        if role == "system" and i != 0:
+            raise TraceError(f"message {i} is a system message; only message 0 may be the system prompt")
+    first = 1 if roles[0] == "system" else 0
+    if first >= len(roles) or roles[first] != "user":
+        got = roles[first] if first < len(roles) else "nothing"
+        raise TraceError(f"message {first} should be the user's task, got {got}")
+    if "assistant" not in roles:
+        raise TraceError("no assistant message: a trace needs at least one model turn")
+    seen_assistant = False
+    for i, role in enumerate(roles):
+        if role == "tool" and not seen_assistant:
+            raise TraceError(f"message {i} is tool feedback before any assistant turn")
+        seen_assistant |= role == "assistant"
+
+
+def _check_meta(meta: dict[str, Any]) -> None:
+    if "kind" in meta and meta["kind"] not in KINDS:
+        raise TraceError(f"meta.kind is {meta['kind']!r}; expected one of {'/'.join(KINDS)}")
+    if "success" in meta and not isinstance(meta["success"], bool):
+        raise TraceError(f"meta.success is {meta['success']!r}; expected true or false")
+
+
+@dataclass
+class Reject:
+    """A record that could not be used: where it is, why, and its raw text."""
+
+    path: str
+    """The file it came from."""
+    line: int
+    """1-based line number."""
+    reason: str
+    """What is wrong with it."""
+    raw: str = ""
+    """The record's raw text (for the rejects file)."""
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.reason}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready form written to rejects files."""
+        return {"file": self.path, "line": self.line, "error": self.reason, "raw": self.raw}
+
+
+class TraceReader:
+    """Iterates ``(line_no, Trace)`` over a JSONL file; bad records land in ``rejects``."""
+
+    def __init__(self, path: str | Path, strict: bool = False):
+        self.path = Path(path)
+        self.strict = strict
+        self.rejects: list[Reject] = []
+
+    def reject(self, line: int, reason: str, raw: str = "") -> None:
+        """Record a bad record (raises ``DataError`` instead when strict)."""
+        if self.strict:
+            raise DataError(str(self.path), line, reason)
+        self.rejects.append(Reject(str(self.path), line, reason, raw))
+
+    def __iter__(self) -> Iterator[tuple[int, Trace]]:
+        try:
+            handle = self.path.open("r", encoding="utf-8", newline="\n")
+        except FileNotFoundError:
+            raise MolrlError(f"{self.path}: trace file not found") from None
+        with handle:
+            for line_no, raw in enumerate(handle, start=1):
+                trace = self._parse(line_no, raw)
+                if trace is not None:
+                    yield line_no, trace
+
+    def _parse(self, line_no: int, raw: str) -> Trace | None:
+        text = raw.rstrip("\n")
+        if not text.strip():
+            return None  # blank lines separate nothing and carry nothing
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as err:
+            if not raw.endswith("\n"):
+                self.reject(line_no, "truncated final line (no newline): the writer was stopped mid-write; "
+                            "delete this line or re-run the step that wrote it", text)
+            else:
+                self.reject(line_no, f"malformed JSON ({err.msg} at column {err.colno}); fix or delete the line", text)
+            return None
+        try:
+            return Trace.from_dict(record)
+        except TraceError as err:
+            self.reject(line_no, str(err), text)
+            return None
+
+
+def read_traces(path: str | Path, strict: bool = False) -> TraceReader:
+    """A reader over ``path``: iterate for ``(line_no, Trace)``, then inspect ``.rejects``."""
+    return TraceReader(path, strict=strict)
+
+
+def append_trace(path: str | Path, trace: Trace) -> None:
+    """Append one trace as a complete line: validate, one O_APPEND write, fsync."""
+    trace.validate()
+    data = (trace.to_json() + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        written = os.write(fd, data)
+        while written < len(data):  # only on exotic filesystems; the reader flags any torn tail
+            written += os.write(fd, data[written:])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_traces(path: str | Path, traces: Iterable[Trace]) -> int:
+    """Write a whole trace file atomically (temp file + rename); returns the number written."""
+    return write_jsonl(path, (t.to_dict() for t in traces))
+
+
+def write_jsonl(path: str | Path, records: Iterable[dict[str, Any]]) -> int:
+    """Write JSON records one per line atomically (temp file + rename); returns the number written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    n = 0
+    with tmp.open("w", encoding="utf-8") as out:
+        for record in records:
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            n += 1
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+    return n
