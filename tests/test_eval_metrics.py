@@ -71,8 +71,9 @@ def test_aggregate_means_over_problems():
     assert out["problems"] == 2 and out["samples"] == 8
     assert out["pass@1"] == pytest.approx((0.25 + 1.0) / 2)
     assert out["pass@2"] == pytest.approx((0.5 + 1.0) / 2)
-    # avg@4 averages graded scores: A has mean 1.5/4, B has 1
-    assert out["avg@4"] == pytest.approx((0.375 + 1.0) / 2)
+    assert out["avg@4"] == out["pass@1"]
+    # score averages graded scores (partial credit): A has mean 1.5/4, B has 1
+    assert out["score"] == pytest.approx((0.375 + 1.0) / 2)
     assert out["maj@4"] == pytest.approx(0.5)
     assert "pass@8" not in out  # k larger than the samples drawn is not reported
 

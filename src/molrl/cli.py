@@ -17,6 +17,12 @@ from molrl import __version__
 # Stage modules in the order ``molrl --help`` lists them.
 COMMANDS = [
     "molrl.commands.traces",
+    "molrl.commands.collect",
+    "molrl.commands.eval",
+    "molrl.commands.mol",
+    "molrl.commands.export",
+    "molrl.commands.grpo",
+    "molrl.commands.sandbox",
 ]
 
 

@@ -9,8 +9,12 @@ separate judge process runs when a test cannot be put into one of the other two 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal
+
+from molrl.errors import MolrlError
 
 
 @dataclass
@@ -29,6 +33,9 @@ class TestCase:
     """stdio: the expected standard output."""
     source: str = ""
     """assert: the test program (an assert statement or a check function call)."""
+    args_source: str = ""
+    """call: a tuple expression for the arguments, evaluated in the solution's namespace after
+    setup_code, for inputs built from the solution's own classes (MBPP 367, 927); args is then unused."""
 
     __test__ = False  # not a pytest test class
 
@@ -50,8 +57,72 @@ class Task:
     tests: list[TestCase] = field(default_factory=list)
     """code: the tests a solution must pass."""
     setup_code: str = ""
-    """code: code run before the tests (MBPP's test_setup_code)."""
+    """code: code run after the solution, before the tests (MBPP's test_setup_code)."""
+    preamble: str = ""
+    """code: code put before the solution (HumanEval: the prompt's imports and helper functions)."""
     reference: str | None = None
     """A known-correct solution (canonical solution, gold answer text), when the source has one."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Everything else from the source record (subject, level, ...), kept for breakdowns."""
+
+    def to_json(self) -> str:
+        """The task as one JSON string, test values tagged with their exact types (a dataset column)."""
+        from molrl.sandbox.runtime.codec import encode
+
+        data = asdict(self)
+        data["tests"] = [
+            dict(asdict(t), args=encode(list(t.args)), expected=encode(t.expected)) for t in self.tests
+        ]
+        return json.dumps(data, default=str)
+
+    @classmethod
+    def from_json(cls, text: str) -> Task:
+        """The task ``to_json`` wrote."""
+        from molrl.sandbox.runtime.codec import decode
+
+        data = json.loads(text)
+        tests = [
+            TestCase(**dict(t, args=list(decode(t["args"])), expected=decode(t["expected"])))
+            for t in data.pop("tests", [])
+        ]
+        return cls(**data, tests=tests)
+
+
+@dataclass
+class JsonlSpec:
+    """How to read tasks from a user's JSONL file (one task per line)."""
+
+    kind: Literal["code", "math"] = "math"
+    """Which grader scores the tasks."""
+    id_field: str = "id"
+    """Field holding the task id (the line number is used when absent)."""
+    prompt_field: str = "prompt"
+    """Field holding the problem statement."""
+    answer_field: str = "answer"
+    """math: field holding the gold final answer."""
+    tests_field: str = "tests"
+    """code: field holding the tests: assert strings, or objects with TestCase fields."""
+    entry_point_field: str = "entry_point"
+    """code: field holding the function name under test (needed for call/assert tests)."""
+    setup_field: str = "setup_code"
+    """code: optional field with code run after the solution, before the tests."""
+
+
+def load_tasks(path: str | Path, fmt: str, limit: int | None = None, spec: JsonlSpec | None = None) -> list[Task]:
+    """Tasks from a benchmark file: fmt is humaneval, mbpp, math500, aime or jsonl (with ``spec``)."""
+    from molrl import task_loaders
+
+    loaders = {
+        "humaneval": task_loaders.load_humaneval, "mbpp": task_loaders.load_mbpp,
+        "math500": task_loaders.load_math500, "aime": task_loaders.load_aime,
+    }
+    path = Path(path)
+    if not path.is_file():
+        raise MolrlError(f"{path}: task file not found; pass the path of the {fmt} file")
+    if fmt == "jsonl":
+        tasks = task_loaders.load_jsonl(path, spec or JsonlSpec())
+    elif fmt in loaders:
+        tasks = loaders[fmt](path)
+    else:
+        raise MolrlError(f"unknown task format {fmt!r}; expected one of humaneval, mbpp, math500, aime, jsonl")
+    return tasks[:limit] if limit is not None else tasks

@@ -33,7 +33,7 @@ Each block runs in a fresh Python process, so include every definition and impor
 For a coding task the solution is the complete code of the requested function; for a math task it \
 is the final answer only, e.g. <solution>42</solution> (\\boxed{42} also counts as a submission).
 You have {max_turns} turns and can submit a solution {max_solutions} times."""
-"""The default instructions; ``{max_turns}`` and ``{max_solutions}`` are filled in."""
+"""The default instructions; the loop fills in ``{max_turns}`` and ``{max_solutions}``."""
 
 STOP_STRINGS = ["</execute>", "</solution>"]
 """Stop strings that end a turn right after its action."""
@@ -44,7 +44,6 @@ _THINK_END = "</think>"
 _TAGS = {"code": ("<execute>", "</execute>"), "solution": ("<solution>", "</solution>")}
 _CODE_FENCE = re.compile(r"```(?:python|py)[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 _CODE_FENCE_OPEN = re.compile(r"```(?:python|py)[ \t]*\n", re.IGNORECASE)
-_ANY_FENCE = re.compile(r"```[\w+-]*[ \t]*\n(.*?)```", re.DOTALL)
 
 
 @dataclass
@@ -55,6 +54,8 @@ class Action:
     """``code`` to run, ``solution`` to grade, ``none`` when no complete action was found."""
     content: str
     """The code to run or the submitted solution text (empty for ``none``)."""
+    raw: str
+    """The action as written, tags or fence included (what the graders read)."""
     end: int
     """Character offset in the turn where the action ends; the recorded turn is cut there."""
     problem: str = ""
@@ -71,30 +72,26 @@ def parse_action(text: str, task_kind: Literal["code", "math"]) -> Action:
             continue
         j = text.find(close_tag, i + len(open_tag))
         if j < 0:
-            candidates.append((i, Action("none", "", len(text), f"the {open_tag} block is not closed with {close_tag}")))
+            candidates.append((i, Action("none", "", "", len(text), f"the {open_tag} block is not closed with {close_tag}")))
         else:
-            body = text[i + len(open_tag) : j]
-            candidates.append((i, Action(kind, body.strip("\n"), j + len(close_tag))))  # type: ignore[arg-type]
+            end = j + len(close_tag)
+            body = text[i + len(open_tag) : j].strip("\n")
+            candidates.append((i, Action(kind, body, text[i:end], end)))  # type: ignore[arg-type]
     fence = _CODE_FENCE.search(text, start)
     if fence:
-        candidates.append((fence.start(), Action("code", fence.group(1).strip("\n"), fence.end())))
+        candidates.append((fence.start(), Action("code", fence.group(1).strip("\n"), fence.group(0), fence.end())))
     else:
         open_fence = _CODE_FENCE_OPEN.search(text, start)
         if open_fence:
-            candidates.append((open_fence.start(), Action("none", "", len(text), "the ```python block is not closed with ```")))
+            candidates.append((open_fence.start(), Action("none", "", "", len(text), "the ```python block is not closed with ```")))
     if task_kind == "math":
         boxed = _find_boxed(text, start)
         if boxed is not None:
-            candidates.append((boxed[0], Action("solution", text[boxed[0] : boxed[1]], boxed[1])))
+            raw = text[boxed[0] : boxed[1]]
+            candidates.append((boxed[0], Action("solution", raw[len("\\boxed{") : -1], raw, boxed[1])))
     if not candidates:
-        return Action("none", "", len(text), "no <execute> or <solution> block")
+        return Action("none", "", "", len(text), "no <execute> or <solution> block")
     return min(candidates, key=lambda c: c[0])[1]
-
-
-def solution_code(content: str) -> str:
-    """The code inside a submitted solution, without a surrounding markdown fence if there is one."""
-    fence = _ANY_FENCE.search(content)
-    return fence.group(1).strip("\n") if fence else content.strip("\n")
 
 
 def _after_thinking(text: str) -> int:

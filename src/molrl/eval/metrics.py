@@ -74,9 +74,10 @@ def aggregate(per_problem: Sequence[dict[str, float]], ks: Sequence[int]) -> dic
     """Benchmark metrics: means over problems of each per-problem number.
 
     ``pass@1`` is the mean over problems of the fraction of correct samples; ``avg@n`` is the
-    mean graded score (equal to pass@1 for all-or-nothing graders, partial credit otherwise);
-    ``pass@k`` is reported only when every problem has at least k samples; ``maj@n`` when the
-    per-problem records carry a ``majority`` verdict.
+    same number under the name papers give it when n samples are averaged; ``score`` is the
+    mean graded score (partial credit, e.g. the staged code reward); ``pass@k`` is reported only
+    when every problem has at least k samples; ``maj@n`` when the per-problem records carry a
+    ``majority`` verdict.
     """
     if not per_problem:
         return {"problems": 0, "samples": 0}
@@ -86,7 +87,8 @@ def aggregate(per_problem: Sequence[dict[str, float]], ks: Sequence[int]) -> dic
         "problems": len(per_problem),
         "samples": int(sum(p["n"] for p in per_problem)),
         "pass@1": _mean(p["pass@1"] for p in per_problem),
-        f"avg@{max_n}": _mean(p["score"] for p in per_problem),
+        f"avg@{max_n}": _mean(p["pass@1"] for p in per_problem),
+        "score": _mean(p["score"] for p in per_problem),
     }
     for k in sorted(set(ks)):
         if 1 < k <= min_n:

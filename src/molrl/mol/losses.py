@@ -39,10 +39,15 @@ class LossSettings:
     """How the MoL loss is formed (the loss part of ``MolConfig``)."""
 
     mode: Mode = "mol"
+    """mol: CE on feedback + KL on decisions; ce: CE on both; ce_feedback: CE on feedback only."""
     ce_weight: float = 1.0
+    """Weight of the cross-entropy term."""
     kl_weight: float = 1.0
+    """Weight of the KL term (mode mol only)."""
     kl_direction: Direction = "reverse"
+    """reverse: KL(p_theta || p_base); forward: KL(p_base || p_theta)."""
     temperature: float = 1.0
+    """Both distributions of the KL are taken at this temperature (CE is always at 1)."""
     chunk_size: int = 0
     """Positions per logits chunk; 0 picks one from the vocabulary size."""
     monitor_kl: bool = True

@@ -211,11 +211,18 @@ def read_traces(path: str | Path, strict: bool = False) -> TraceReader:
 
 
 def append_trace(path: str | Path, trace: Trace) -> None:
-    """Append one trace as a complete line: validate, one O_APPEND write, fsync."""
+    """Append one trace as a complete line: validate, one O_APPEND write, fsync.
+
+    A file whose last line was torn by a killed writer gets a newline first, so the torn line
+    stays separate (and reported by the reader) and the new record is intact.
+    """
     trace.validate()
     data = (trace.to_json() + "\n").encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            data = b"\n" + data  # a torn tail stays its own (reported) line; this record stays whole
         written = os.write(fd, data)
         while written < len(data):  # only on exotic filesystems; the reader flags any torn tail
             written += os.write(fd, data[written:])

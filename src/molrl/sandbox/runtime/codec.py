@@ -19,6 +19,7 @@ MAX_ITEMS = 200_000
 """Total number of encoded nodes per value; larger values are encoded as opaque."""
 
 _DICT_TYPES = (dict, OrderedDict, defaultdict, Counter)
+_BUILTIN_TYPES = {t.__name__: t for t in (int, float, complex, str, bytes, bool, list, tuple, dict, set, frozenset, object)}
 
 
 class Opaque:
@@ -96,6 +97,8 @@ def _encode(value: Any, depth: int, budget: list[int]) -> dict:
     if kind in _DICT_TYPES:
         pairs = [[_encode(k, depth + 1, budget), _encode(v, depth + 1, budget)] for k, v in dict.items(value)]
         return {"t": "dict", "v": pairs}
+    if kind is type and value in _BUILTIN_TYPES.values():
+        return {"t": "type", "v": value.__name__}
     scalar = _numpy_scalar(value)
     if scalar is not None:
         return _encode(scalar, depth, budget)
@@ -131,6 +134,8 @@ def decode(data: Any, _depth: int = 0) -> Any:
         return {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}[tag](items)
     if tag == "dict" and isinstance(v, list):
         return {decode(k, _depth + 1): decode(val, _depth + 1) for k, val in v}
+    if tag == "type" and v in _BUILTIN_TYPES:
+        return _BUILTIN_TYPES[v]
     if tag == "opaque":
         return Opaque(str(data.get("type", "?")), str(data.get("repr", ""))[:200])
     raise ValueError(f"malformed encoded value with tag {tag!r}")

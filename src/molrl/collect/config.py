@@ -1,0 +1,117 @@
+"""Configs of trace collection: how episodes run (``EpisodeConfig``) and a whole run (``CollectConfig``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from molrl.collect.actions import STOP_STRINGS
+from molrl.generation import SamplingConfig
+from molrl.sandbox import SandboxConfig
+
+DEFAULT_FEEDBACK = ["execution", "tests", "verdict", "format", "budget"]
+
+
+@dataclass
+class CritiqueConfig:
+    """A critic model behind an OpenAI-compatible endpoint (e.g. a vLLM server)."""
+
+    base_url: str = ""
+    """Server root, e.g. http://127.0.0.1:8000 (``/v1/chat/completions`` is appended)."""
+    model: str = ""
+    """Model name the server knows the critic by."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """Environment variable holding the API key (sent as a Bearer token when set)."""
+    instructions: str = ""
+    """System prompt for the critic; empty uses ``molrl.collect.critique.CRITIC_PROMPT``."""
+    max_tokens: int = 256
+    """Most tokens in one critique."""
+    temperature: float = 0.0
+    """Sampling temperature of the critic."""
+    timeout_s: float = 60.0
+    """Seconds to wait for one critique before the request fails."""
+    retries: int = 2
+    """Extra attempts after a failed request."""
+
+
+@dataclass
+class EpisodeConfig:
+    """How an agent episode runs: turns, limits, action format, generation and feedback."""
+
+    max_turns: int = 5
+    """Most model turns per episode."""
+    max_solutions: int = 2
+    """Most solution submissions per episode (a wrong one earns feedback and another try)."""
+    max_total_tokens: int = 8192
+    """Most tokens of rendered prompt plus generated turn; a turn that would pass it is cut there and ends the episode."""
+    sampling: SamplingConfig = field(
+        default_factory=lambda: SamplingConfig(temperature=0.7, top_p=0.95, max_new_tokens=1024, stop=list(STOP_STRINGS))
+    )
+    """Sampling of each model turn (``n`` must be 1; samples per task are separate episodes)."""
+    enable_thinking: bool = True
+    """Render with thinking on (Qwen3-style templates); off adds the template's empty think block."""
+    system_prompt: str = ""
+    """Instructions stating the action format ({max_turns}, {max_solutions} filled in); empty uses ``molrl.collect.actions.SYSTEM_PROMPT``."""
+    code_task: str = "Write a Python function `{entry_point}` that solves the following problem.\n\n{prompt}"
+    """The user message of a code task ({prompt} and {entry_point} are filled in)."""
+    math_task: str = "{prompt}"
+    """The user message of a math task ({prompt} is filled in)."""
+    instructions_role: Literal["system", "user"] = "system"
+    """Where the instructions go: a system message, or above the task in the user message (for templates without a system role)."""
+    feedback: list[str] = field(default_factory=lambda: list(DEFAULT_FEEDBACK))
+    """Feedback providers in message order: execution, tests, verdict, format, budget, critique, or package.module:factory."""
+    feedback_max_chars: int = 2000
+    """Most characters of program output (and of a traceback) quoted in feedback."""
+    max_failures_shown: int = 3
+    """Most failing tests described in test feedback."""
+    tests_on_execute: bool = False
+    """Also run the task's tests on executed code that defines the entry point, and report them."""
+    critique: CritiqueConfig = field(default_factory=CritiqueConfig)
+    """The critic used by the ``critique`` feedback provider."""
+    batch_size: int = 16
+    """Episodes advancing in lockstep (one batched generate call per round)."""
+    seed: int = 0
+    """Base seed; round r of the loop samples with seed + r."""
+
+    def __post_init__(self) -> None:
+        if self.sampling.n != 1:
+            raise ValueError("sampling.n must be 1: set samples per task with 'samples' instead")
+        if self.max_turns < 1 or self.max_solutions < 1 or self.batch_size < 1:
+            raise ValueError("max_turns, max_solutions and batch_size must be at least 1")
+
+
+@dataclass
+class CollectConfig:
+    """``molrl collect``: run a model as an agent on tasks and append its traces to a file."""
+
+    model: str
+    """Model directory or hub name (``tiny:chatml`` for the in-process tiny model)."""
+    tasks: Path
+    """Task file (HumanEval .jsonl/.jsonl.gz, MBPP, MATH-500, AIME, or molrl task JSONL)."""
+    out: Path
+    """Trace file (JSONL) that finished episodes are appended to; re-running resumes it."""
+    format: Literal["humaneval", "mbpp", "math500", "aime", "jsonl"] = "jsonl"
+    """Format of the task file."""
+    limit: int | None = None
+    """Use only the first N tasks."""
+    adapter: str | None = None
+    """PEFT adapter directory put on top of the model."""
+    backend: Literal["transformers", "vllm"] = "transformers"
+    """Generation engine (vllm needs ``pip install molrl[gpu]``)."""
+    dtype: str = "float32"
+    """Model weight dtype for the transformers backend (float32, bfloat16, float16)."""
+    device: str | None = None
+    """Device for the transformers backend; default cuda when visible, else cpu."""
+    samples: int = 1
+    """Episodes per task (use temperature > 0 so they differ)."""
+    episode: EpisodeConfig = field(default_factory=EpisodeConfig)
+    """How each episode runs."""
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    """Sandbox that runs the model's code and tests."""
+    progress: bool = True
+    """Show a progress bar."""
+
+    def __post_init__(self) -> None:
+        if self.samples < 1:
+            raise ValueError("samples must be at least 1")

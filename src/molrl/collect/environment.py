@@ -1,0 +1,55 @@
+"""The environment side of an episode: carry out model actions and record what happened.
+
+Code to run goes to the sandbox (all episodes of a round in one ``run_many``); submitted code
+solutions are graded by ``molrl.graders.code.grade_code`` (the sandbox runs the tests, the verdict
+is decided here, outside it) and math answers by ``molrl.graders.math.grade_math`` — the same
+graders evaluation and RL rewards use. The result is an ``Observation`` per action.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Sequence
+
+from molrl.collect.actions import Action
+from molrl.collect.feedback import Observation
+from molrl.graders.code import CodeRewardConfig, grade_code, program_for
+from molrl.graders.math import grade_math
+from molrl.tasks import Task
+
+_BINARY = CodeRewardConfig(mode="binary")
+
+
+def observe(pool: Any, items: Sequence[tuple[Task, Action]], tests_on_execute: bool = False) -> list[Observation]:
+    """What the environment observes for each ``(task, action)``; budget fields are left for the loop."""
+    observations = [Observation(action=action.kind, problem=action.problem) for _, action in items]
+    runs = [i for i, (_, action) in enumerate(items) if action.kind == "code"]
+    if runs:
+        results = pool.run_many([program_for(items[i][1].content, items[i][0]) for i in runs])
+        for i, result in zip(runs, results):
+            observations[i].exec = exec_record(result)
+    graded = [i for i, (task, action) in enumerate(items) if task.kind == "code" and (
+        action.kind == "solution" or (tests_on_execute and action.kind == "code" and defines(action.content, task.entry_point))
+    )]
+    if graded:
+        grades = grade_code([items[i][1].raw for i in graded], [items[i][0] for i in graded], pool, _BINARY)
+        for i, grade in zip(graded, grades):
+            observations[i].grade = grade.to_dict()
+    for i, (task, action) in enumerate(items):
+        if action.kind == "solution" and task.kind == "math":
+            observations[i].grade = grade_math(action.raw, task.answer or "").to_dict()
+        if action.kind == "solution":
+            observations[i].verdict = bool(observations[i].grade and observations[i].grade["correct"])
+    return observations
+
+
+def exec_record(result: Any) -> dict[str, Any]:
+    """The fields of a sandbox ``ExecResult`` that feedback is derived from (JSON-ready)."""
+    record = dataclasses.asdict(result)
+    return {key: record[key] for key in ("status", "exit_code", "stdout", "stderr", "truncated", "duration_s", "error")}
+
+
+def defines(code: str, name: str | None) -> bool:
+    """Whether ``code`` defines a function called ``name``."""
+    return bool(name) and re.search(rf"^\s*(?:async\s+)?def\s+{re.escape(name)}\s*\(", code, re.M) is not None

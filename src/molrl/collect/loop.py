@@ -1,0 +1,238 @@
+"""The agent-environment loop: many episodes advance in lockstep, one batched generate per round.
+
+Each round: render every active conversation with the model's chat template, generate one turn
+for all of them in one call, read each turn's action (``molrl.collect.actions``), run all code
+through the sandbox in one batch and grade submitted solutions outside it, and answer each turn
+with a ``tool`` message written by the feedback providers (``molrl.collect.feedback``). An episode
+ends on a correct solution, when its solution submissions or turns run out, or at the token limit.
+Finished episodes leave the batch at once and waiting ones take their places.
+
+Simplifications, stated: every ``<execute>`` block runs in a fresh process (no state carries
+between turns; the instructions say so); a turn's sampling seed is the round's, so one episode's
+sample depends on which episodes shared its batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Collection, Sequence
+
+from molrl.chat import render
+from molrl.collect.actions import SYSTEM_PROMPT, Action, parse_action
+from molrl.collect.config import EpisodeConfig
+from molrl.collect.environment import observe
+from molrl.collect.feedback import FeedbackProvider, Observation, build_providers, render_feedback
+from molrl.generation import Generator
+from molrl.tasks import Task
+from molrl.traces.schema import Trace
+
+MODEL, ENVIRONMENT, TASK, INSTRUCTIONS = "model", "environment", "task", "instructions"
+"""Who wrote a message, as recorded per message in ``meta['authors']``."""
+
+
+@dataclass
+class Episode:
+    """One task attempt: the conversation so far and what the environment recorded."""
+
+    task: Task
+    """The task being solved."""
+    sample: int
+    """Which sample of the task this is (0-based)."""
+    messages: list[dict[str, str]]
+    """The conversation (system?, user task, then assistant / tool turns)."""
+    authors: list[str]
+    """Per message: instructions, task, model or environment."""
+    observations: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """Per tool-message index: the observation it was derived from and each provider's piece."""
+    turns: int = 0
+    """Model turns taken."""
+    solutions: int = 0
+    """Solutions submitted."""
+    verdict: bool | None = None
+    """Verdict of the last submitted solution (None when none was submitted)."""
+    stop_reason: str | None = None
+    """Why it ended: solved, out_of_solutions, max_turns, token_limit, empty_turn or sandbox_error."""
+    cut_chars: dict[int, int] = field(default_factory=dict)
+    """Per assistant-message index: characters generated after the action and left out."""
+    tokens: int = 0
+    """Tokens of the rendered conversation when last measured."""
+
+    @property
+    def done(self) -> bool:
+        """Whether the episode has ended."""
+        return self.stop_reason is not None
+
+    @property
+    def success(self) -> bool:
+        """Whether a submitted solution was judged correct."""
+        return bool(self.verdict)
+
+    def to_trace(self, settings: dict[str, Any]) -> Trace:
+        """The trace of this episode; ``settings`` (model, sampling, ...) go into ``meta['generation']``."""
+        meta = {
+            "source": "collect",
+            "kind": "domain",
+            "task_id": self.task.id,
+            "task_kind": self.task.kind,
+            "sample": self.sample,
+            "success": self.success,
+            "verdict": self.verdict,
+            "stop_reason": self.stop_reason,
+            "turns": self.turns,
+            "feedback_turns": self.authors.count(ENVIRONMENT),
+            "solutions_submitted": self.solutions,
+            "tokens": self.tokens,
+            "authors": list(self.authors),
+            "observations": {str(i): obs for i, obs in self.observations.items()},
+            "cut_chars": {str(i): n for i, n in self.cut_chars.items()},
+            "generation": settings,
+        }
+        return Trace(messages=[dict(m) for m in self.messages], meta=meta)
+
+
+def start_episode(task: Task, sample: int, cfg: EpisodeConfig) -> Episode:
+    """A fresh episode: the instructions and the task as the opening messages."""
+    instructions = (cfg.system_prompt or SYSTEM_PROMPT).replace("{max_turns}", str(cfg.max_turns))
+    instructions = instructions.replace("{max_solutions}", str(cfg.max_solutions))
+    template = cfg.code_task if task.kind == "code" else cfg.math_task
+    problem = template.replace("{entry_point}", task.entry_point or "solution").replace("{prompt}", task.prompt)
+    if cfg.instructions_role == "system":
+        messages = [{"role": "system", "content": instructions}, {"role": "user", "content": problem}]
+        authors = [INSTRUCTIONS, TASK]
+    else:
+        messages = [{"role": "user", "content": f"{instructions}\n\n{problem}"}]
+        authors = [TASK]
+    return Episode(task=task, sample=sample, messages=messages, authors=authors)
+
+
+def run_episodes(
+    generator: Generator,
+    tokenizer: Any,
+    tasks: Sequence[Task],
+    pool: Any,
+    cfg: EpisodeConfig,
+    *,
+    samples: int = 1,
+    skip: Collection[tuple[str, int]] = (),
+    providers: Sequence[FeedbackProvider] | None = None,
+    on_finish: Callable[[Episode], None] | None = None,
+) -> list[Episode]:
+    """Run ``samples`` episodes per task (minus the ``(task_id, sample)`` pairs in ``skip``) to the end.
+
+    ``pool`` is a ``molrl.sandbox.SandboxPool`` (anything with its ``run_many`` / ``run_tests_many``).
+    ``on_finish`` is called with each episode as it ends (the place to persist it); the finished
+    episodes are also returned, in the order they ended. Nothing is written here.
+    """
+    providers = list(providers) if providers is not None else build_providers(cfg.feedback, cfg)
+    waiting = deque(start_episode(t, s, cfg) for t in tasks for s in range(samples) if (t.id, s) not in skip)
+    active: list[Episode] = []
+    finished: list[Episode] = []
+    round_index = 0
+    while waiting or active:
+        while waiting and len(active) < cfg.batch_size:
+            active.append(waiting.popleft())
+        actions = model_turns(generator, tokenizer, active, cfg, seed=cfg.seed + round_index)
+        environment_turns(pool, providers, cfg, [(ep, a) for ep, a in zip(active, actions) if a is not None])
+        for ep in active:
+            if ep.done:
+                ep.tokens = _count_tokens(tokenizer, render(tokenizer, ep.messages, enable_thinking=cfg.enable_thinking))
+                finished.append(ep)
+                if on_finish is not None:
+                    on_finish(ep)
+        active = [ep for ep in active if not ep.done]
+        round_index += 1
+    return finished
+
+
+def model_turns(
+    generator: Generator, tokenizer: Any, episodes: Sequence[Episode], cfg: EpisodeConfig, seed: int
+) -> list[Action | None]:
+    """Generate one turn for every episode in one call; returns each turn's action (None: episode ended)."""
+    prompts = [render(tokenizer, ep.messages, add_generation_prompt=True, enable_thinking=cfg.enable_thinking) for ep in episodes]
+    budgets = [cfg.max_total_tokens - _count_tokens(tokenizer, p) for p in prompts]  # tokens each may still add
+    actions: list[Action | None] = [None] * len(episodes)
+    live = [i for i, b in enumerate(budgets) if b > 0]
+    for i, ep in enumerate(episodes):
+        if budgets[i] <= 0:
+            ep.stop_reason = "token_limit"
+    if not live:
+        return actions
+    sampling = dataclasses.replace(
+        cfg.sampling, max_new_tokens=min(cfg.sampling.max_new_tokens, max(budgets[i] for i in live)), seed=seed
+    )
+    completions = generator.generate([prompts[i] for i in live], sampling)
+    for i, (text,) in zip(live, completions):
+        actions[i] = _take_turn(episodes[i], text, tokenizer, budgets[i])
+    return actions
+
+
+def _take_turn(ep: Episode, text: str, tokenizer: Any, budget: int) -> Action | None:
+    """Record the model's turn (cut after its action, and at the token budget); None if the episode ends."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    over_budget = len(ids) > budget
+    if over_budget:
+        text = tokenizer.decode(ids[:budget], skip_special_tokens=False)
+    action = parse_action(text, ep.task.kind)
+    kept = text[: action.end] if action.kind != "none" else text
+    if not kept.strip():
+        ep.stop_reason = "empty_turn"
+        return None
+    ep.turns += 1
+    if len(kept) < len(text):
+        ep.cut_chars[len(ep.messages)] = len(text) - len(kept)
+    ep.messages.append({"role": "assistant", "content": kept})
+    ep.authors.append(MODEL)
+    if action.kind == "none" and over_budget:
+        ep.stop_reason = "token_limit"
+        return None
+    return action
+
+
+def environment_turns(
+    pool: Any, providers: Sequence[FeedbackProvider], cfg: EpisodeConfig, stepped: Sequence[tuple[Episode, Action]]
+) -> None:
+    """Carry out every episode's action (sandbox batched), then append each one's feedback message."""
+    observations = observe(pool, [(ep.task, action) for ep, action in stepped], tests_on_execute=cfg.tests_on_execute)
+    for (ep, action), obs in zip(stepped, observations):
+        _advance(ep, action, obs, cfg)
+
+    def feedback(item: tuple[Episode, Observation]) -> tuple[str, dict[str, str]]:
+        ep, obs = item
+        return render_feedback(providers, ep.task, obs, ep.messages)
+
+    items = [(ep, obs) for (ep, _), obs in zip(stepped, observations)]
+    remote = any(getattr(p, "remote", False) for p in providers)
+    if remote and len(items) > 1:  # a critic behind an HTTP endpoint: ask for all critiques at once
+        with ThreadPoolExecutor(max_workers=min(16, len(items))) as pool:
+            texts = list(pool.map(feedback, items))
+    else:
+        texts = [feedback(item) for item in items]
+    for (ep, obs), (text, pieces) in zip(items, texts):
+        ep.observations[len(ep.messages)] = {"observation": obs.to_dict(), "feedback": pieces}
+        ep.messages.append({"role": "tool", "content": text})
+        ep.authors.append(ENVIRONMENT)
+
+
+def _advance(ep: Episode, action: Action, obs: Observation, cfg: EpisodeConfig) -> None:
+    """Update counters and decide whether the episode ends; fills the budget fields of ``obs``."""
+    if action.kind == "solution":
+        ep.solutions += 1
+        ep.verdict = obs.verdict
+    if (obs.exec or {}).get("status") == "sandbox_error" or (obs.grade or {}).get("stage") == "sandbox_error":
+        ep.stop_reason = "sandbox_error"
+    elif ep.verdict and action.kind == "solution":
+        ep.stop_reason = "solved"
+    elif ep.solutions >= cfg.max_solutions:
+        ep.stop_reason = "out_of_solutions"
+    elif ep.turns >= cfg.max_turns:
+        ep.stop_reason = "max_turns"
+    obs.turns_left = cfg.max_turns - ep.turns
+    obs.solutions_left = cfg.max_solutions - ep.solutions
+    obs.final = ep.done
+
+
+def _count_tokens(tokenizer: Any, text: str) -> int:
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -1,0 +1,238 @@
+"""``run_collect``: the loop plus persistence — resumable, lossless, with a progress bar.
+
+Every episode is appended to the output file (one atomic line, fsynced) the moment it ends, so a
+Ctrl-C or kill -9 loses only the episodes in flight. On start the file is read and the
+``(task_id, sample)`` pairs already there are skipped. An episode that produced no valid trace
+(its first turn was empty) goes to ``<out>.rejects.jsonl`` with the reason, so it is counted and
+not retried forever. The resolved config is written to ``<out>.config.yaml``; resuming with
+settings that change what a trace means (model, tasks, sampling, feedback...) is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from molrl.collect.config import CollectConfig
+from molrl.collect.loop import Episode, run_episodes
+from molrl.config import save_config, to_dict
+from molrl.errors import MolrlError
+from molrl.traces.schema import TraceError, append_trace, read_traces
+
+log = logging.getLogger(__name__)
+
+# Settings that may change between a run and its resumption without changing what traces mean.
+RESUMABLE_KEYS = ("out", "limit", "samples", "backend", "device", "progress", "sandbox")
+RESUMABLE_EPISODE_KEYS = ("batch_size",)
+
+
+def run_collect(cfg: CollectConfig, *, generator: Any = None, tokenizer: Any = None) -> Path:
+    """Collect traces for every (task, sample) not yet in ``cfg.out``; returns the trace file.
+
+    ``generator`` and ``tokenizer`` replace the ones ``cfg.model`` would load (e.g. a model already in memory).
+    """
+    from molrl.sandbox import SandboxPool
+    from molrl.tasks import load_tasks
+
+    out = Path(cfg.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _check_resumable(cfg, config_path(out))
+    save_config(cfg, config_path(out))
+    tasks = load_tasks(cfg.tasks, cfg.format)
+    tasks = tasks[: cfg.limit] if cfg.limit is not None else tasks
+    done, successes, turns = finished_pairs(out)
+    total = len(tasks) * cfg.samples
+    todo = sum(1 for t in tasks for s in range(cfg.samples) if (t.id, s) not in done)
+    log.info("%s: %d of %d episodes already collected, %d to go", out, total - todo, total, todo)
+    if todo == 0:
+        return out
+    if generator is None or tokenizer is None:
+        generator, tokenizer = build_generator(cfg)
+    settings = generation_settings(cfg)
+    stats = _Stats(done=len(done), successes=successes, turns=turns)
+    with _progress(cfg.progress, total, stats) as advance, SandboxPool(cfg.sandbox) as pool:
+
+        def save(ep: Episode) -> None:
+            write_episode(out, ep, settings)
+            stats.add(ep)
+            advance()
+
+        run_episodes(generator, tokenizer, tasks, pool, cfg.episode, samples=cfg.samples, skip=done, on_finish=save)
+    log.info("%s: %d episodes, success rate %.3f, mean turns %.2f", out, stats.done, stats.rate, stats.mean_turns)
+    return out
+
+
+def config_path(out: Path) -> Path:
+    """Where the resolved config of a trace file is kept."""
+    return out.with_name(out.name + ".config.yaml")
+
+
+def rejects_path(out: Path) -> Path:
+    """Where episodes that could not become a valid trace are recorded."""
+    return out.with_name(out.name + ".rejects.jsonl")
+
+
+def write_episode(out: Path, ep: Episode, settings: dict[str, Any]) -> None:
+    """Append the episode's trace to ``out``, or its reason to the rejects file if it has no valid trace."""
+    trace = ep.to_trace(settings)
+    try:
+        append_trace(out, trace)
+    except TraceError as err:
+        record = {"task_id": ep.task.id, "sample": ep.sample, "error": str(err), "stop_reason": ep.stop_reason, "meta": trace.meta}
+        _append_line(rejects_path(out), json.dumps(record, ensure_ascii=False))
+
+
+def finished_pairs(out: Path) -> tuple[set[tuple[str, int]], int, int]:
+    """``(task_id, sample)`` pairs already in ``out`` and its rejects file, with their successes and turns."""
+    done: set[tuple[str, int]] = set()
+    successes = turns = 0
+    if out.exists():
+        repair_torn_tail(out)
+        reader = read_traces(out)
+        for line, trace in reader:
+            key = (trace.meta.get("task_id"), trace.meta.get("sample"))
+            if key in done:
+                raise MolrlError(f"{out}:{line}: task {key[0]} sample {key[1]} appears twice; remove one of the lines")
+            done.add(key)  # type: ignore[arg-type]
+            successes += bool(trace.success)
+            turns += int(trace.meta.get("turns", 0))
+        if reader.rejects:
+            raise MolrlError(f"{reader.rejects[0]} (fix or delete the line, then re-run to resume)")
+    rejects = rejects_path(out)
+    if rejects.exists():
+        repair_torn_tail(rejects)
+        for line, raw in enumerate(rejects.read_text(encoding="utf-8").splitlines(), start=1):
+            try:
+                record = json.loads(raw)
+                done.add((record["task_id"], record["sample"]))
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise MolrlError(f"{rejects}:{line}: not a rejected-episode record; fix or delete the line") from None
+    return done, successes, turns
+
+
+def repair_torn_tail(path: Path) -> None:
+    """Cut a final line left unfinished by a killed writer, keeping it in ``<path>.torn``."""
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return
+    keep = data.rfind(b"\n") + 1
+    log.warning("%s: the last line was cut off mid-write (the run was killed); that episode will be collected again", path)
+    with path.with_name(path.name + ".torn").open("ab") as handle:
+        handle.write(data[keep:] + b"\n")
+    with path.open("r+b") as handle:
+        handle.truncate(keep)
+        os.fsync(handle.fileno())
+
+
+def _append_line(path: Path, line: str) -> None:
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write(line + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def generation_settings(cfg: CollectConfig) -> dict[str, Any]:
+    """What produced the traces: model, adapter, sampling and rendering settings."""
+    episode = to_dict(cfg.episode)
+    return {
+        "model": cfg.model,
+        "adapter": cfg.adapter,
+        "backend": cfg.backend,
+        "dtype": cfg.dtype,
+        "sampling": episode.pop("sampling"),
+        "enable_thinking": cfg.episode.enable_thinking,
+        "max_turns": cfg.episode.max_turns,
+        "max_solutions": cfg.episode.max_solutions,
+        "max_total_tokens": cfg.episode.max_total_tokens,
+        "feedback": list(cfg.episode.feedback),
+        "seed": cfg.episode.seed,
+    }
+
+
+def build_generator(cfg: CollectConfig) -> tuple[Any, Any]:
+    """The generator and tokenizer for ``cfg.model`` on the chosen backend."""
+    from molrl.generation import TransformersGenerator, VLLMGenerator
+    from molrl.models import default_device, load_model_and_tokenizer, load_tokenizer
+
+    if cfg.backend == "vllm":
+        if cfg.adapter:
+            raise MolrlError("backend vllm takes a merged model directory; merge the adapter first (molrl export)")
+        return VLLMGenerator(cfg.model), load_tokenizer(cfg.model)
+    model, tokenizer = load_model_and_tokenizer(
+        cfg.model, dtype=cfg.dtype, device=cfg.device or default_device(), adapter=cfg.adapter, seed=cfg.episode.seed
+    )
+    return TransformersGenerator(model, tokenizer, batch_size=cfg.episode.batch_size), tokenizer
+
+
+def _check_resumable(cfg: CollectConfig, path: Path) -> None:
+    """Refuse to append to traces that were made with settings that change what a trace means."""
+    if not path.exists():
+        return
+    import yaml
+
+    old = yaml.safe_load(path.read_text()) or {}
+    new = to_dict(cfg)
+    for key in RESUMABLE_KEYS:
+        old.pop(key, None)
+        new.pop(key, None)
+    for key in RESUMABLE_EPISODE_KEYS:
+        old.get("episode", {}).pop(key, None)
+        new["episode"].pop(key, None)
+    if old != new:
+        changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        raise MolrlError(
+            f"{cfg.out} was collected with different settings ({', '.join(changed)} differ from {path}); "
+            "use a new --out, or the same settings to resume"
+        )
+
+
+class _Stats:
+    """Running totals for the progress bar."""
+
+    def __init__(self, done: int, successes: int, turns: int):
+        self.done, self.successes, self.turns = done, successes, turns
+
+    def add(self, ep: Episode) -> None:
+        self.done += 1
+        self.successes += ep.success
+        self.turns += ep.turns
+
+    @property
+    def rate(self) -> float:
+        return self.successes / self.done if self.done else 0.0
+
+    @property
+    def mean_turns(self) -> float:
+        return self.turns / self.done if self.done else 0.0
+
+
+class _progress:
+    """A rich progress bar over episodes showing success rate and mean turns (a no-op when off)."""
+
+    def __init__(self, enabled: bool, total: int, stats: _Stats):
+        self.enabled, self.total, self.stats = enabled, total, stats
+        self.bar: Any = None
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(
+                TextColumn("collect"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("success {task.fields[rate]:.1%}  mean turns {task.fields[turns]:.2f}"), TimeElapsedColumn(),
+            )
+            self.bar.start()
+            self.task = self.bar.add_task("collect", total=self.total, completed=self.stats.done,
+                                          rate=self.stats.rate, turns=self.stats.mean_turns)
+        return self.advance
+
+    def advance(self) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, completed=self.stats.done, rate=self.stats.rate, turns=self.stats.mean_turns)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.stop()

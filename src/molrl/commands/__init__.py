@@ -1,0 +1,1 @@
+"""Stage subcommands of the ``molrl`` console script, one module per stage."""

@@ -1,0 +1,112 @@
+"""``molrl eval``: score a model (or a predictions file) on benchmarks; ``molrl eval compare`` runs.
+
+    molrl eval --model M [--adapter A] --benchmarks math500,humaneval \\
+        --data math500=PATH --data humaneval=PATH [--limit N] [--n N] [--mode single|interactive] \\
+        [--out DIR] [--config FILE] [key=value ...]
+    molrl eval --benchmarks humaneval --data humaneval=PATH --predictions samples.jsonl
+    molrl eval compare RUN1 RUN2 ... [--out DIR] [--metric pass@1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+from pathlib import Path
+
+from molrl.errors import MolrlError
+
+log = logging.getLogger(__name__)
+
+NAMED = re.compile(r"^([A-Za-z0-9_.\-]+)=(.+)$")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "eval",
+        help="single-turn benchmark scores (MATH-500, AIME, HumanEval, MBPP, custom JSONL); compare runs",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("args", nargs="*", metavar="key=value | compare RUN...",
+                   help="config overrides (e.g. sampling.temperature=0), or `compare` and run directories")
+    p.add_argument("--config", help="YAML EvalConfig file (see configs/eval.yaml)")
+    p.add_argument("--model", help="model directory or hub name (tiny:chatml for smoke runs)")
+    p.add_argument("--adapter", help="PEFT adapter directory to put on the model")
+    p.add_argument("--benchmarks", help="comma-separated: math500,aime24,aime25,humaneval,mbpp or custom names")
+    p.add_argument("--data", action="append", default=[], metavar="NAME=PATH",
+                   help="a benchmark's data file (or hub:DATASET[:SPLIT]); repeat per benchmark")
+    p.add_argument("--predictions", action="append", default=[], metavar="[NAME=]PATH",
+                   help="grade this JSONL of {id, completion} instead of sampling a model")
+    p.add_argument("--limit", type=int, help="first N problems of each benchmark")
+    p.add_argument("--n", type=int, help="samples per problem")
+    p.add_argument("--max-new-tokens", type=int, help="most tokens per completion")
+    p.add_argument("--mode", choices=["single", "interactive"], help="single turn (default) or the feedback loop")
+    p.add_argument("--thinking", action="store_true", help="enable the thinking block of Qwen3-style templates")
+    p.add_argument("--out", help="run directory (eval) or where compare writes its table and chart")
+    p.add_argument("--metric", default="pass@1", help="compare: metric to tabulate and plot")
+    p.set_defaults(func=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    if args.args[:1] == ["compare"]:
+        return compare(args.args[1:], args.out, args.metric)
+    from molrl.eval import EvalConfig, run_eval
+    from molrl.config import load_config
+
+    overrides = flag_overrides(args)
+    bare = [p for p in args.predictions if not NAMED.match(p)]
+    if bare:
+        cfg = load_config(EvalConfig, args.config, overrides + list(args.args))
+        if len(bare) > 1 or len(cfg.benchmarks) != 1:
+            raise MolrlError("--predictions PATH without NAME= needs exactly one benchmark; "
+                             "use --predictions NAME=PATH for each of several")
+        overrides.append(f"predictions.{cfg.benchmarks[0]}={bare[0]}")
+    cfg = load_config(EvalConfig, args.config, overrides + list(args.args))
+    run_eval(cfg)
+    return 0
+
+
+def flag_overrides(args: argparse.Namespace) -> list[str]:
+    """The command-line flags as ``key=value`` overrides (applied before explicit ones)."""
+    out = []
+    simple = {"model": "model", "adapter": "adapter", "benchmarks": "benchmarks", "limit": "limit",
+              "n": "sampling.n", "max_new_tokens": "sampling.max_new_tokens", "mode": "mode", "out": "output_dir"}
+    for attr, key in simple.items():
+        value = getattr(args, attr)
+        if value is not None:
+            out.append(f"{key}={value}")
+    if args.thinking:
+        out.append("enable_thinking=true")
+    for item in args.data:
+        m = NAMED.match(item)
+        if not m:
+            raise MolrlError(f"--data {item!r}: expected NAME=PATH, e.g. --data humaneval=HumanEval.jsonl.gz")
+        out.append(f"data.{m.group(1)}={m.group(2)}")
+    for item in args.predictions:
+        m = NAMED.match(item)
+        if m:
+            out.append(f"predictions.{m.group(1)}={m.group(2)}")
+    return out
+
+
+def compare(runs: list[str], out: str | None, metric: str) -> int:
+    """Print a table of ``metric`` for several run directories and write it with a bar chart."""
+    from molrl.eval.report import compare_chart, compare_table, load_run
+
+    if not runs:
+        raise MolrlError("eval compare: name at least one run directory")
+    loaded = [(_label(r, load_run(r)), load_run(r)) for r in runs]
+    table = compare_table(loaded, metric)
+    print(table, end="")
+    out_dir = Path(out or "runs/compare")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "compare.md").write_text(table)
+    chart = compare_chart(loaded, out_dir / "compare.png", metric)
+    log.info("wrote %s and %s", out_dir / "compare.md", chart)
+    return 0
+
+
+def _label(run_dir: str, results: dict) -> str:
+    label = results.get("label") or Path(run_dir).name
+    return label if len(label) <= 40 else "..." + label[-37:]

@@ -1,0 +1,43 @@
+"""``molrl mol``: MoL continual training on agent traces (CE on feedback, KL to the base on decisions).
+
+    molrl mol --config configs/mol_tiny.yaml [key.sub=value ...]
+    molrl mol --config configs/mol_qwen3_8b.yaml data.traces=[a.jsonl,b.jsonl] output_dir=runs/mol8b
+    molrl mol --describe          # every config key with its default and meaning
+
+Re-running the same command after an interruption resumes from the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "mol",
+        help="MoL continual training on traces (LoRA or full fine-tuning), resumable",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. loss.mode=ce")
+    p.add_argument("--config", help="YAML MolConfig file (see configs/mol_tiny.yaml)")
+    p.add_argument("--describe", action="store_true", help="print every config key and exit")
+    p.set_defaults(func=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from molrl.config import describe, load_config
+    from molrl.mol.config import MolConfig
+
+    if args.describe:
+        print("\n".join(describe(MolConfig)))
+        return 0
+    from molrl.mol.run import run_mol
+
+    cfg = load_config(MolConfig, args.config, args.overrides)
+    out = run_mol(cfg)
+    log.info("MoL training done: %s", out)
+    return 0

@@ -1,0 +1,267 @@
+"""``molrl traces``: convert, inspect and filter multi-turn traces.
+
+  molrl traces convert --from mint|openai IN OUT [--rejects FILE] [--strict]
+  molrl traces stats FILE... --tokenizer PATH
+  molrl traces show FILE --tokenizer PATH [--index N] [--html OUT]
+  molrl traces filter IN OUT [--success-only] [--min-feedback-turns N] [--kind domain|general]
+
+IN may be a file or a directory of ``*.jsonl`` files. Bad records are counted, listed and written
+to a rejects file (default ``OUT.rejects.jsonl``), never dropped silently; ``--strict`` stops at
+the first one instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any
+
+from molrl.errors import DataError, MolrlError
+
+log = logging.getLogger("molrl.traces")
+_SHOWN_REJECTS = 10
+
+
+def register(subparsers: Any) -> None:
+    """Add ``molrl traces`` and its subcommands."""
+    parser = subparsers.add_parser("traces", help="convert, inspect and filter multi-turn traces")
+    sub = parser.add_subparsers(dest="traces_command", metavar="SUBCOMMAND")
+    parser.set_defaults(func=lambda args: parser.print_help() or 2)
+
+    p = sub.add_parser("convert", help="import MINT or OpenAI-style traces into the molrl format")
+    p.add_argument("--from", dest="fmt", choices=["mint", "openai"], required=True, help="input format")
+    p.add_argument("input", type=Path, metavar="IN", help="input .jsonl file or directory of them")
+    p.add_argument("output", type=Path, metavar="OUT", help="output file (or directory when IN is one)")
+    _add_reject_args(p)
+    p.add_argument("--map-role", action="append", default=[], metavar="FROM=TO",
+                   help="openai: map an extra role name, e.g. function=tool (repeatable)")
+    p.add_argument("--drop-key", action="append", default=[], metavar="KEY",
+                   help="openai: discard this message key, e.g. name (repeatable)")
+    p.set_defaults(func=run_convert)
+
+    p = sub.add_parser("stats", help="per-file counts of traces, turns and tokens by role")
+    p.add_argument("files", type=Path, nargs="+", metavar="FILE", help="trace files")
+    _add_tokenize_args(p)
+    p.add_argument("--json", type=Path, default=None, metavar="OUT", help="also write the counts as JSON")
+    p.set_defaults(func=run_stats)
+
+    p = sub.add_parser("show", help="print a trace with every token coloured by role")
+    p.add_argument("file", type=Path, metavar="FILE", help="trace file")
+    p.add_argument("--index", type=int, default=0, metavar="N", help="which valid trace in the file (0-based)")
+    p.add_argument("--html", type=Path, default=None, metavar="OUT", help="write the coloured trace as an HTML page")
+    _add_tokenize_args(p)
+    p.set_defaults(func=run_show)
+
+    p = sub.add_parser("filter", help="select traces for a training set")
+    p.add_argument("input", type=Path, metavar="IN", help="trace file or directory of them")
+    p.add_argument("output", type=Path, metavar="OUT", help="output trace file")
+    p.add_argument("--success-only", action="store_true", help="keep only traces with meta.success true")
+    p.add_argument("--min-feedback-turns", type=int, default=0, metavar="N", help="keep traces with >= N tool messages")
+    p.add_argument("--kind", choices=["domain", "general"], default=None, help="keep only this meta.kind")
+    _add_reject_args(p)
+    p.set_defaults(func=run_filter)
+
+
+def _add_reject_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rejects", type=Path, default=None, metavar="FILE",
+                   help="where bad records go (default OUT.rejects.jsonl, written only if there are any)")
+    p.add_argument("--strict", action="store_true", help="stop at the first bad record")
+
+
+def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tokenizer", "--model", dest="tokenizer", required=True, metavar="PATH",
+                   help="tokenizer (or model) directory whose chat template renders the traces")
+    p.add_argument("--max-length", type=int, default=None, metavar="N", help="token limit (default none)")
+    p.add_argument("--truncation", choices=["drop", "truncate"], default="drop", help="what happens over --max-length")
+    p.add_argument("--no-thinking", action="store_true", help="render with enable_thinking=false")
+    p.add_argument("--empty-think-is-decision", action="store_true", help="count empty think blocks as decision tokens")
+
+
+def _tokenize_config(args: argparse.Namespace):
+    from molrl.traces.tokenize import TokenizeConfig
+
+    return TokenizeConfig(
+        max_length=args.max_length,
+        truncation=args.truncation,
+        enable_thinking=not args.no_thinking,
+        empty_think_is_decision=args.empty_think_is_decision,
+        require_feedback=False,
+    )
+
+
+def load_tokenizer(path: str) -> Any:
+    """A tokenizer with a chat template from a local directory (or a model id already cached)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        raise MolrlError(f"{path}: cannot load a tokenizer ({err}); pass a tokenizer or model directory") from None
+    if getattr(tok, "chat_template", None) is None:
+        raise MolrlError(f"{path}: tokenizer has no chat_template; use an instruct/chat model's tokenizer")
+    return tok
+
+
+def input_files(path: Path) -> list[Path]:
+    """``path`` itself, or the ``*.jsonl`` files in it when it is a directory."""
+    if path.is_dir():
+        files = sorted(p for p in path.glob("*.jsonl") if not p.name.endswith(".rejects.jsonl"))
+        if not files:
+            raise MolrlError(f"{path}: no .jsonl files in this directory")
+        return files
+    if not path.exists():
+        raise MolrlError(f"{path}: no such file or directory")
+    return [path]
+
+
+def _report_rejects(rejects: list, out: Path | None, explicit: Path | None) -> None:
+    from molrl.traces.schema import write_jsonl
+
+    for r in rejects[:_SHOWN_REJECTS]:
+        log.warning("rejected %s", r)
+    if len(rejects) > _SHOWN_REJECTS:
+        log.warning("... and %d more rejected records", len(rejects) - _SHOWN_REJECTS)
+    target = explicit or (Path(str(out) + ".rejects.jsonl") if rejects and out is not None else None)
+    if target is not None:
+        write_jsonl(target, (r.to_dict() for r in rejects))
+        log.info("%d rejected records written to %s", len(rejects), target)
+
+
+def run_convert(args: argparse.Namespace) -> int:
+    """Convert MINT/OpenAI files into molrl trace files, reporting every rejected record."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from molrl.traces.importers import OpenAIOptions, import_file
+    from molrl.traces.schema import write_traces
+
+    options = OpenAIOptions(role_map=_parse_role_map(args.map_role), drop_keys=tuple(args.drop_key))
+    files = input_files(args.input)
+    table = Table(title=f"traces convert --from {args.fmt}")
+    table.add_column("file", overflow="fold")
+    table.add_column("converted")
+    table.add_column("rejected")
+    rejects = []
+    for path in files:
+        result = import_file(path, args.fmt, options)
+        if args.strict and result.rejects:
+            first = result.rejects[0]
+            raise DataError(first.path, first.line, first.reason)
+        target = args.output / path.name if args.input.is_dir() else args.output
+        write_traces(target, (t for _, t in result.traces))
+        table.add_row(path.name, str(len(result.traces)), str(len(result.rejects)))
+        rejects += result.rejects
+    Console().print(table)
+    _report_rejects(rejects, args.output, args.rejects)
+    return 0
+
+
+def _parse_role_map(items: list[str]) -> dict[str, str]:
+    mapping = {}
+    for item in items:
+        src, sep, dst = item.partition("=")
+        if not sep or dst not in ("system", "user", "assistant", "tool"):
+            raise MolrlError(f"--map-role {item!r}: expected FROM=TO with TO one of system/user/assistant/tool")
+        mapping[src] = dst
+    return mapping
+
+
+def run_stats(args: argparse.Namespace) -> int:
+    """Print per-file counts of traces, turns and tokens by role under the tokenizer's template."""
+    import json
+
+    from rich.console import Console
+
+    from molrl.traces.stats import file_stats, total
+
+    tokenizer = load_tokenizer(args.tokenizer)
+    cfg = _tokenize_config(args)
+    stats = [file_stats(p, tokenizer, cfg) for f in args.files for p in input_files(f)]
+    Console(width=200).print(stats_table(stats, args.tokenizer))
+    _report_rejects(total(stats).reject_reasons, None, None)
+    if args.json:
+        args.json.write_text(json.dumps([s.to_dict() for s in stats + [total(stats)]], indent=1))
+    return 0
+
+
+def stats_table(stats: list, tokenizer_name: str):
+    """The rich table of per-file counts with a total row."""
+    from rich.table import Table
+
+    from molrl.traces.stats import total
+
+    columns = ["file", "traces", "rejects", "turns", "feedback turns", "no feedback", "success",
+               "tokens", "decision", "feedback", "prompt", "template", "max len"]
+    table = Table(*columns, title=f"trace stats under {Path(tokenizer_name).name}")
+    for s in stats + [total(stats)]:
+        table.add_row(Path(s.path).name, *(str(v) for v in (
+            s.traces, s.rejects, s.turns, s.feedback_turns, s.no_feedback, s.successes, s.tokens,
+            s.decision_tokens, s.feedback_tokens, s.prompt_tokens, s.template_tokens, s.max_tokens)))
+    return table
+
+
+def run_show(args: argparse.Namespace) -> int:
+    """Print one trace coloured by token role; optionally write it as an HTML page."""
+    from rich.console import Console
+
+    from molrl.traces.display import legend_rich, to_html, to_rich
+    from molrl.traces.schema import TraceError, read_traces
+    from molrl.traces.tokenize import tokenize_trace
+
+    tokenizer = load_tokenizer(args.tokenizer)
+    reader = read_traces(args.file)
+    found = next((item for i, item in enumerate(reader) if i == args.index), None)
+    if found is None:
+        raise MolrlError(f"{args.file}: no valid trace at index {args.index} ({len(reader.rejects)} rejected records)")
+    line_no, trace = found
+    try:
+        tokenized = tokenize_trace(trace, tokenizer, _tokenize_config(args))
+    except TraceError as err:
+        raise DataError(str(args.file), line_no, str(err)) from None
+    console = Console()
+    console.print(legend_rich())
+    console.print(to_rich(tokenized, tokenizer))
+    console.print(
+        f"{args.file}:{line_no}: {tokenized.n_tokens} tokens = {tokenized.n_prompt} prompt + {tokenized.n_decision} "
+        f"decision + {tokenized.n_feedback} feedback + {tokenized.n_template} template", highlight=False)
+    for note in tokenized.notes:
+        log.warning("%s:%d: %s", args.file, line_no, note)
+    if args.html:
+        args.html.parent.mkdir(parents=True, exist_ok=True)
+        args.html.write_text(to_html(tokenized, tokenizer, f"{args.file.name}:{line_no}"), encoding="utf-8")
+        log.info("wrote %s", args.html)
+    return 0
+
+
+def run_filter(args: argparse.Namespace) -> int:
+    """Keep the traces that pass every condition; report how many each condition removed."""
+    from collections import Counter
+
+    from molrl.traces.schema import read_traces, write_traces
+
+    kept, removed, rejects = [], Counter(), []
+    for path in input_files(args.input):
+        reader = read_traces(path, strict=args.strict)
+        for _line, trace in reader:
+            reason = _filter_reason(trace, args)
+            if reason:
+                removed[reason] += 1
+            else:
+                kept.append(trace)
+        rejects += reader.rejects
+    write_traces(args.output, kept)
+    summary = ", ".join(f"{n} {why}" for why, n in removed.items()) or "none"
+    log.info("kept %d traces in %s; filtered out: %s", len(kept), args.output, summary)
+    _report_rejects(rejects, args.output, args.rejects)
+    return 0
+
+
+def _filter_reason(trace: Any, args: argparse.Namespace) -> str | None:
+    if args.success_only and trace.success is not True:
+        return "not successful"
+    if trace.count("tool") < args.min_feedback_turns:
+        return f"fewer than {args.min_feedback_turns} feedback turns"
+    if args.kind and trace.kind != args.kind:
+        return f"kind is not {args.kind}"
+    return None

@@ -1,0 +1,145 @@
+"""The demo world: a hidden digit rule that only running code reveals, plus general tasks.
+
+Everything is generated from one seed, so a world is reproducible and nothing is downloaded.
+
+- Rule problems ("What is f(472)?"): ``f`` maps every digit of a number through a secret
+  permutation of 0-9 (no digit maps to itself). The permutation lives only in the task's
+  ``setup_code``, which the sandbox runs before the model's code; the model never sees it. A
+  model can learn ``f`` only from the environment's feedback (the printed results of its code).
+  The numbers are split into a training split (collection and RL) and a held-out split whose
+  numbers never appear in training, so a single-step score on them measures whether the rule was
+  internalised rather than memorised.
+- General problems ("Reverse 4721." / "Sort 4721."): digit-string tasks the base model is taught
+  to answer directly; scoring them after training measures forgetting.
+
+All problems are ordinary math ``Task`` objects with a numeric ``answer``, graded by the shared
+math grader, so collection, GRPO and evaluation run on them unchanged.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from molrl.tasks import Task
+
+GENERAL_OPS = {
+    "reverse": ("What is reverse({x})?", lambda s: s[::-1]),
+    "sort": ("What is sort({x})?", lambda s: "".join(sorted(s))),
+}
+"""General task families: prompt template and the answer function on the digit string."""
+
+
+@dataclass
+class WorldConfig:
+    """The size and seed of a demo world."""
+
+    seed: int = 0
+    """Seed of the secret permutation and of every split."""
+    digits: int = 3
+    """Digits of the rule's input numbers."""
+    train_problems: int = 400
+    """Rule problems in the training split (collection and RL prompts)."""
+    heldout_problems: int = 100
+    """Rule problems in the held-out split (numbers never seen in training)."""
+    general_train: int = 400
+    """General problems the base model is trained on."""
+    general_eval: int = 100
+    """General problems held out to measure forgetting."""
+    general_digits: int = 4
+    """Digits of the general problems' strings (digits 1-9, so answers have no leading zero)."""
+
+
+@dataclass
+class World:
+    """A generated world: the secret rule and the task splits."""
+
+    key: str
+    """The secret permutation: digit d maps to key[d]."""
+    rule_train: list[Task] = field(default_factory=list)
+    """Rule problems whose numbers may be used in training."""
+    rule_heldout: list[Task] = field(default_factory=list)
+    """Rule problems on numbers that never appear in training."""
+    general_train: list[Task] = field(default_factory=list)
+    """General problems used to train the base model."""
+    general_eval: list[Task] = field(default_factory=list)
+    """General problems held out for the forgetting measurement."""
+
+    def apply(self, number: int) -> str:
+        """The rule's output for ``number`` (a digit string)."""
+        return apply_rule(self.key, number)
+
+
+def apply_rule(key: str, number: int) -> str:
+    """Map every digit of ``number`` through ``key``: apply_rule('1032547698', 42) == '57'."""
+    return "".join(key[int(c)] for c in str(number))
+
+
+def rule_setup_code(key: str) -> str:
+    """The code that defines ``f`` in the sandbox before the model's code runs."""
+    return f'def f(n):\n    return int("".join("{key}"[int(c)] for c in str(int(n))))\n'
+
+
+def secret_key(rng: random.Random) -> str:
+    """A permutation of the ten digits with no fixed point (copying a digit is never right)."""
+    digits = list(range(10))
+    while True:
+        rng.shuffle(digits)
+        if all(d != i for i, d in enumerate(digits)):
+            return "".join(map(str, digits))
+
+
+def rule_task(key: str, number: int) -> Task:
+    """The problem "What is f(number)?" with its answer and the rule as sandbox setup code."""
+    return Task(
+        id=f"rule/{number}",
+        prompt=f"What is f({number})?",
+        kind="math",
+        answer=apply_rule(key, number),
+        setup_code=rule_setup_code(key),
+        meta={"family": "rule", "input": number},
+    )
+
+
+def general_task(op: str, text: str) -> Task:
+    """A general digit-string problem (``reverse`` / ``sort``) with its answer."""
+    template, fn = GENERAL_OPS[op]
+    return Task(id=f"{op}/{text}", prompt=template.format(x=text), kind="math", answer=fn(text),
+                meta={"family": op, "input": text})
+
+
+def build_world(cfg: WorldConfig) -> World:
+    """Generate the world of ``cfg.seed``: the secret key and disjoint train / held-out splits."""
+    rng = random.Random(cfg.seed)
+    key = secret_key(rng)
+    low, high = 10 ** (cfg.digits - 1), 10**cfg.digits
+    # Inputs whose image would start with 0 are left out: "07" and "7" would be the same number.
+    numbers = [n for n in range(low, high) if key[int(str(n)[0])] != "0"]
+    rng.shuffle(numbers)
+    need = cfg.train_problems + cfg.heldout_problems
+    if need > len(numbers):
+        raise ValueError(f"world: {need} rule problems asked for but only {len(numbers)} {cfg.digits}-digit inputs exist")
+    heldout = numbers[: cfg.heldout_problems]
+    train = numbers[cfg.heldout_problems : need]
+    general = _general_problems(rng, cfg.general_train + cfg.general_eval, cfg.general_digits)
+    return World(
+        key=key,
+        rule_train=[rule_task(key, n) for n in train],
+        rule_heldout=[rule_task(key, n) for n in heldout],
+        general_train=general[: cfg.general_train],
+        general_eval=general[cfg.general_train :],
+    )
+
+
+def _general_problems(rng: random.Random, count: int, digits: int) -> list[Task]:
+    """``count`` distinct general problems, alternating families."""
+    seen: set[tuple[str, str]] = set()
+    out: list[Task] = []
+    ops = sorted(GENERAL_OPS)
+    while len(out) < count:
+        op = ops[len(out) % len(ops)]
+        text = "".join(rng.choice("123456789") for _ in range(digits))
+        if (op, text) not in seen:
+            seen.add((op, text))
+            out.append(general_task(op, text))
+    return out

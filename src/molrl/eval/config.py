@@ -1,0 +1,100 @@
+"""The typed config of ``molrl eval``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from molrl.collect.config import EpisodeConfig
+from molrl.generation import SamplingConfig
+from molrl.sandbox import SandboxConfig
+from molrl.tasks import JsonlSpec
+from molrl.eval.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
+
+
+@dataclass
+class EvalSamplingConfig(SamplingConfig):
+    """Sampling with the authors' evaluation defaults: temperature 0.7, top-p 0.8, top-k 20."""
+
+    n: int = 1
+    """Samples per problem (pass@1 is their mean; pass@k and maj@n need n >= k)."""
+    temperature: float = 0.7
+    """Sampling temperature; 0 means greedy decoding (then n must be 1)."""
+    top_p: float = 0.8
+    """Nucleus sampling mass."""
+    top_k: int = 20
+    """Top-k cut-off; 0 disables it."""
+    max_new_tokens: int = 4096
+    """Most tokens generated per completion."""
+    seed: int = 0
+    """Base random seed; each chunk of problems samples with seed + its first problem's index."""
+    stop: list[str] = field(default_factory=list)
+    """Strings that end a completion early (kept in the output)."""
+
+
+@dataclass
+class EvalConfig:
+    """What to evaluate, on which benchmarks, how to sample, and where results go."""
+
+    model: str | None = None
+    """Model directory or hub name (tiny:chatml for smoke runs); unused when grading predictions."""
+    adapter: str | None = None
+    """A PEFT adapter directory put on top of the model."""
+    dtype: str = "float32"
+    """Model weights dtype: float32, bfloat16 or float16."""
+    device: str | None = None
+    """Where the model runs (cpu, cuda); default: cuda when visible, else cpu."""
+    backend: Literal["transformers", "vllm"] = "transformers"
+    """Generation engine; vllm needs the gpu extra and a merged model directory (no adapter)."""
+    benchmarks: list[str] = field(default_factory=lambda: ["math500", "aime24", "aime25", "humaneval", "mbpp"])
+    """Benchmarks to run: math500, aime24, aime25, humaneval, mbpp, or names defined under custom."""
+    data: dict[str, str] = field(default_factory=dict)
+    """Where each benchmark's problems are: NAME -> local file, or hub:DATASET[:SPLIT] (needs internet)."""
+    custom: dict[str, JsonlSpec] = field(default_factory=dict)
+    """Custom JSONL benchmarks: NAME -> spec of its fields (prompt, answer or tests, grader)."""
+    predictions: dict[str, str] = field(default_factory=dict)
+    """Grade completions made elsewhere instead of sampling: NAME -> JSONL of {id, completion}."""
+    partial_predictions: bool = False
+    """Score only the problems that have predictions (default: every problem must have some)."""
+    mode: Literal["single", "interactive"] = "single"
+    """single: one turn, no execution feedback (what the paper reports); interactive: the collection loop."""
+    enable_thinking: bool = False
+    """Let Qwen3-style templates open a thinking block (off: an empty one is inserted)."""
+    sampling: EvalSamplingConfig = field(default_factory=EvalSamplingConfig)
+    """Samples per problem (n), temperature, top-p, top-k, max new tokens, seed."""
+    ks: list[int] = field(default_factory=lambda: [1, 5, 10])
+    """k values of pass@k (each reported when every problem has at least k samples)."""
+    limit: int | None = None
+    """Evaluate only the first N problems of each benchmark."""
+    batch_size: int = 16
+    """Problems generated and graded together (also the resume granularity)."""
+    interactive: EpisodeConfig = field(default_factory=EpisodeConfig)
+    """interactive mode: turns, solution budget, feedback (sampling, thinking, batch size come from above)."""
+    code_prompt: str = CODE_INSTRUCTION
+    """single-turn instruction for code tasks ({prompt}, {entry_point})."""
+    math_prompt: str = MATH_INSTRUCTION
+    """single-turn instruction for math tasks ({prompt})."""
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    """The sandbox that runs code answers."""
+    output_dir: Path = Path("runs/eval")
+    """Run directory: config.yaml, results.json, results.md, <benchmark>/samples.jsonl."""
+    label: str | None = None
+    """Name of this run in comparisons (default: the model name, or the predictions file)."""
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be >= 1, got {self.limit}")
+        if any(k < 1 for k in self.ks):
+            raise ValueError(f"ks must be positive, got {self.ks}")
+        if self.sampling.n > 1 and self.sampling.temperature == 0:
+            raise ValueError(f"sampling.n={self.sampling.n} with greedy decoding gives n equal samples; set sampling.temperature > 0")
+        if not self.benchmarks:
+            raise ValueError("benchmarks is empty; name at least one")
+
+
+# Settings that change what a sample is; a run directory resumes only if these match.
+SAMPLE_KEYS = ("model", "adapter", "dtype", "mode", "enable_thinking", "sampling", "interactive",
+               "code_prompt", "math_prompt", "data", "custom", "predictions")

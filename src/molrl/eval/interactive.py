@@ -1,0 +1,69 @@
+"""Interactive evaluation: the collection loop (``molrl.collect.loop``) run on benchmark problems.
+
+Each sample is one episode in which the model may execute code, see feedback and resubmit; the
+verdict is that of its last submitted solution, judged by the same graders. Scores here depend
+on feedback, unlike single-turn ones, and are reported for comparison with them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+from molrl.collect.actions import parse_action
+from molrl.collect.loop import Episode, run_episodes
+from molrl.eval.config import EvalConfig
+from molrl.eval.samples import SampleRecord
+from molrl.tasks import Task
+
+
+class InteractiveSource:
+    """Graded samples from multi-turn episodes of the configured model."""
+
+    mode = "interactive"
+
+    def __init__(self, cfg: EvalConfig):
+        from molrl.eval.sources import SamplingSource
+
+        self.cfg = cfg
+        self._model = SamplingSource(cfg)  # loads the model once, on first use
+        self.label = f"{self._model.label} (interactive)" if not cfg.label else cfg.label
+
+    def select(self, name: str, tasks: Sequence[Task]) -> list[Task]:
+        return list(tasks)
+
+    def samples_per_task(self, name: str, task_id: str) -> int:
+        return self.cfg.sampling.n
+
+    def episode_config(self, offset: int) -> Any:
+        """The episode settings: turns and feedback from ``interactive``, sampling and thinking from the eval."""
+        episode = self.cfg.interactive
+        sampling = dataclasses.replace(self.cfg.sampling, n=1, stop=list(episode.sampling.stop))
+        return dataclasses.replace(
+            episode, sampling=sampling, enable_thinking=self.cfg.enable_thinking,
+            batch_size=self.cfg.batch_size * self.cfg.sampling.n, seed=self.cfg.sampling.seed + offset,
+        )
+
+    def records(self, name: str, tasks: Sequence[Task], offset: int, pool: Any) -> list[list[SampleRecord]]:
+        generator, tokenizer = self._model.load()
+        episodes = run_episodes(generator, tokenizer, tasks, pool, self.episode_config(offset), samples=self.cfg.sampling.n)
+        by_key = {(ep.task.id, ep.sample): ep for ep in episodes}
+        return [[episode_record(by_key[(t.id, s)]) for s in range(self.cfg.sampling.n)] for t in tasks]
+
+
+def episode_record(ep: Episode) -> SampleRecord:
+    """A sample record of a finished episode: its last solution, verdict, and how it went."""
+    assistant = [m["content"] for m in ep.messages if m["role"] == "assistant"]
+    solutions = [a for a in (parse_action(text, ep.task.kind) for text in assistant) if a.kind == "solution"]
+    return SampleRecord(
+        id=ep.task.id,
+        sample=ep.sample,
+        completion="\n\n".join(assistant),
+        extracted=solutions[-1].content if solutions else None,
+        correct=ep.success,
+        score=float(ep.success),
+        stage=ep.stop_reason or "unfinished",
+        details={"turns": ep.turns, "solutions": ep.solutions, "feedback": [
+            m["content"] for m in ep.messages if m["role"] == "tool"
+        ]},
+    )

@@ -1,0 +1,79 @@
+"""Single-turn, feedback-independent evaluation of an in-memory model: prompt -> sample -> grade.
+
+``evaluate_single`` is the whole loop for callers that already hold a model (the GRPO eval hook,
+the demo); ``molrl eval`` runs the same steps per chunk of problems so it can resume, and both
+summarise with ``summarise``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Sequence
+
+from molrl.eval.grading import grade_samples, task_metrics
+from molrl.eval.metrics import aggregate, breakdown
+from molrl.eval.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION, render_prompts
+from molrl.eval.samples import SampleRecord
+from molrl.generation import Generator, SamplingConfig, TransformersGenerator
+from molrl.tasks import Task
+
+
+def evaluate_single(
+    model: Any,
+    tokenizer: Any,
+    tasks: Sequence[Task],
+    sampling: SamplingConfig,
+    pool: Any = None,
+    *,
+    enable_thinking: bool = False,
+    ks: Sequence[int] = (1,),
+    batch_size: int = 16,
+    generator: Generator | None = None,
+    code_reward: Any = None,
+) -> dict[str, Any]:
+    """Sample ``sampling.n`` single-turn answers per task, grade them, and return the metrics.
+
+    The result holds ``accuracy`` (= pass@1, the mean fraction of correct samples), the other
+    metrics of ``summarise`` and the per-sample ``records``. ``pool`` (a
+    ``molrl.sandbox.SandboxPool``) is needed only when there are code tasks.
+    """
+    generator = generator or TransformersGenerator(model, tokenizer, batch_size=batch_size)
+    prompts = render_prompts(tokenizer, tasks, enable_thinking=enable_thinking)
+    completions = generator.generate(prompts, sampling)
+    records = grade_samples(tasks, completions, pool, code_reward)
+    metrics = summarise(tasks, records, ks)
+    return {"accuracy": metrics["pass@1"], **metrics, "records": records}
+
+
+def generate_chunk(
+    generator: Generator,
+    tokenizer: Any,
+    tasks: Sequence[Task],
+    sampling: SamplingConfig,
+    *,
+    enable_thinking: bool,
+    code_template: str = CODE_INSTRUCTION,
+    math_template: str = MATH_INSTRUCTION,
+) -> list[list[str]]:
+    """``sampling.n`` single-turn completions for each task."""
+    prompts = render_prompts(
+        tokenizer, tasks, enable_thinking=enable_thinking, code_template=code_template, math_template=math_template
+    )
+    return generator.generate(prompts, sampling)
+
+
+def summarise(tasks: Sequence[Task], records: Sequence[Sequence[SampleRecord]], ks: Sequence[int]) -> dict[str, Any]:
+    """Benchmark metrics of graded samples (``records[i]`` belong to ``tasks[i]``).
+
+    Adds a breakdown by ``subject`` and by ``level`` when every task's meta carries one (MATH-500),
+    and counts of grading stages (how many answers were missing, wrong, timed out, ...).
+    """
+    if len(tasks) != len(records):
+        raise ValueError(f"summarise: {len(tasks)} tasks but {len(records)} record lists")
+    per_problem = [task_metrics(t, rs, ks) for t, rs in zip(tasks, records)]
+    out = aggregate(per_problem, ks)
+    for key in ("subject", "level"):
+        if tasks and all(key in t.meta for t in tasks):
+            out[f"by_{key}"] = breakdown(per_problem, [t.meta[key] for t in tasks])
+    out["stages"] = dict(Counter(r.stage for rs in records for r in rs).most_common())
+    return out

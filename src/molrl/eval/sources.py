@@ -1,0 +1,122 @@
+"""Where an eval run's graded samples come from: a model sampled single-turn, or a predictions file.
+
+Each source answers ``records(benchmark, tasks, offset, pool) -> list[list[SampleRecord]]`` (the
+graded samples of each task) and says how many samples a finished problem has, which is what
+resuming checks. The interactive source (``molrl.eval.interactive``) has the same shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any, Sequence
+
+from molrl.errors import MolrlError
+from molrl.eval.config import EvalConfig
+from molrl.eval.grading import grade_samples
+from molrl.eval.predictions import read_predictions
+from molrl.eval.samples import SampleRecord
+from molrl.eval.single import generate_chunk
+from molrl.tasks import Task
+
+log = logging.getLogger(__name__)
+
+
+def make_source(cfg: EvalConfig) -> Any:
+    """The completion source a config asks for: predictions, single-turn sampling, or interactive."""
+    if cfg.predictions:
+        missing = [b for b in cfg.benchmarks if b not in cfg.predictions]
+        if missing:
+            raise MolrlError(f"predictions given for {', '.join(cfg.predictions)} but not for {', '.join(missing)}; "
+                             "pass one --predictions NAME=PATH per benchmark")
+        return PredictionSource(cfg)
+    if not cfg.model:
+        raise MolrlError("no model to evaluate: pass --model M, or --predictions FILE to grade completions made elsewhere")
+    if cfg.mode == "interactive":
+        from molrl.eval.interactive import InteractiveSource
+
+        return InteractiveSource(cfg)
+    return SamplingSource(cfg)
+
+
+class PredictionSource:
+    """Completions read from one predictions JSONL per benchmark; no model is loaded."""
+
+    mode = "predictions"
+
+    def __init__(self, cfg: EvalConfig):
+        self.cfg = cfg
+        self.label = cfg.label or ", ".join(Path(p).name for p in dict.fromkeys(cfg.predictions.values()))
+        self.by_benchmark: dict[str, dict[str, list[str]]] = {}
+
+    def select(self, name: str, tasks: Sequence[Task]) -> list[Task]:
+        """The problems to score: all of them, or those with predictions when partial_predictions is set."""
+        path = self.cfg.predictions[name]
+        preds = self.by_benchmark[name] = read_predictions(path, tasks, name)
+        missing = [t.id for t in tasks if t.id not in preds]
+        if missing and not self.cfg.partial_predictions:
+            raise MolrlError(
+                f"{path}: {len(missing)} of {len(tasks)} {name} problems have no prediction (first: {missing[0]!r}); "
+                "add them, pass --limit, or set partial_predictions=true to score only those present"
+            )
+        if missing:
+            log.warning("%s: scoring %d of %d problems (the ones with predictions)", name, len(tasks) - len(missing), len(tasks))
+        return [t for t in tasks if t.id in preds]
+
+    def samples_per_task(self, name: str, task_id: str) -> int:
+        return len(self.by_benchmark[name].get(task_id, []))
+
+    def records(self, name: str, tasks: Sequence[Task], offset: int, pool: Any) -> list[list[SampleRecord]]:
+        return grade_samples(tasks, [self.by_benchmark[name][t.id] for t in tasks], pool)
+
+
+class SamplingSource:
+    """Single-turn completions sampled from the configured model (loaded on first use)."""
+
+    mode = "single"
+
+    def __init__(self, cfg: EvalConfig):
+        self.cfg = cfg
+        self.label = cfg.label or (cfg.model if not cfg.adapter else f"{cfg.model}+{Path(cfg.adapter).name}")
+        self._generator: Any = None
+        self._tokenizer: Any = None
+
+    def select(self, name: str, tasks: Sequence[Task]) -> list[Task]:
+        return list(tasks)
+
+    def samples_per_task(self, name: str, task_id: str) -> int:
+        return self.cfg.sampling.n
+
+    def records(self, name: str, tasks: Sequence[Task], offset: int, pool: Any) -> list[list[SampleRecord]]:
+        generator, tokenizer = self.load()
+        # Seeding by the chunk's place in the benchmark keeps chunks from repeating one random stream.
+        sampling = dataclasses.replace(self.cfg.sampling, seed=self.cfg.sampling.seed + offset)
+        completions = generate_chunk(
+            generator, tokenizer, tasks, sampling, enable_thinking=self.cfg.enable_thinking,
+            code_template=self.cfg.code_prompt, math_template=self.cfg.math_prompt,
+        )
+        return grade_samples(tasks, completions, pool)
+
+    def load(self) -> tuple[Any, Any]:
+        """The generator and tokenizer of the configured model."""
+        if self._generator is None:
+            self._generator, self._tokenizer = load_generator(self.cfg)
+        return self._generator, self._tokenizer
+
+
+def load_generator(cfg: EvalConfig) -> tuple[Any, Any]:
+    """A generator for ``cfg.model`` (+ adapter) on the configured backend, and its tokenizer."""
+    from molrl.generation import TransformersGenerator, VLLMGenerator
+    from molrl.models import default_device, load_model, load_tokenizer
+
+    tokenizer = load_tokenizer(cfg.model)
+    if cfg.backend == "vllm":
+        if cfg.adapter:
+            raise MolrlError("the vllm backend takes a merged model directory; run `molrl export` first or use backend=transformers")
+        return VLLMGenerator(cfg.model), tokenizer
+    model = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device or default_device(), adapter=cfg.adapter,
+                       seed=cfg.sampling.seed)
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    return TransformersGenerator(model, tokenizer, batch_size=cfg.batch_size), tokenizer

@@ -1,0 +1,91 @@
+"""The periodic evaluation hook: every N steps, held-out single-step accuracy and mean KL to the base.
+
+Accuracy comes from ``molrl.eval.evaluate_single`` (the evaluation stage's own loop and graders,
+greedy, one answer per task); the KL is the exact per-token KL(policy || base) over the greedy
+answers of the first ``kl_prompts`` held-out tasks (``molrl.grpo.kl``). Results are appended to
+``metrics.jsonl`` as ``eval/accuracy`` and ``eval/kl_to_base`` with the step, by the main process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from transformers import TrainerCallback
+
+log = logging.getLogger(__name__)
+
+
+class EvalHookCallback(TrainerCallback):
+    """Runs the held-out evaluation every ``every_steps`` optimiser steps (and after the last step)."""
+
+    def __init__(self, every_steps: int, evaluate: Callable[[Any], dict[str, float]], metrics_path: Path):
+        self.every_steps = every_steps
+        self.evaluate = evaluate
+        self.metrics_path = Path(metrics_path)
+
+    @classmethod
+    def from_config(cls, cfg: Any, policy: Any, pool: Any) -> "EvalHookCallback":
+        """The hook for a GRPO config: its held-out tasks, greedy sampling, and the policy's base."""
+        from molrl.generation import SamplingConfig
+        from molrl.grpo.tasks import load_task_source
+
+        tasks = load_task_source(cfg.eval.tasks, "eval.tasks")
+        sampling = SamplingConfig(n=1, temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.seed)
+        base = BaseAccess(policy)
+
+        def evaluate(model: Any) -> dict[str, float]:
+            return evaluate_policy(model, policy.tokenizer, tasks, sampling, pool, base, cfg.enable_thinking,
+                                   cfg.eval.kl_prompts)
+
+        return cls(cfg.eval.every_steps, evaluate, Path(cfg.output_dir) / "metrics.jsonl")
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        last = state.global_step == state.max_steps
+        if not state.is_world_process_zero or (state.global_step % self.every_steps and not last):
+            return
+        start = time.perf_counter()
+        metrics = self.evaluate(model)
+        metrics["eval/time_s"] = time.perf_counter() - start
+        log.info("step %d eval: %s", state.global_step, ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+        with self.metrics_path.open("a") as fh:
+            fh.write(json.dumps({"step": state.global_step, **metrics}) + "\n")
+
+
+class BaseAccess:
+    """The original base model for a policy: its adapter disabled, or a separately loaded copy after merge_new."""
+
+    def __init__(self, policy: Any):
+        self.policy = policy
+        self._loaded = None
+
+    def __call__(self, model: Any) -> Any:
+        """A model, or a context-manager factory that turns ``model`` into the base while entered."""
+        if self.policy.adapter_mode != "merge_new":
+            return model.disable_adapter
+        trainer = self.policy.trainer
+        if trainer is not None and trainer.ref_model is not None:  # only merge_new + reference=base installs one
+            return trainer.ref_model
+        if self._loaded is None:
+            self._loaded = self.policy.load_base().to(next(model.parameters()).device).eval()
+        return self._loaded
+
+
+def evaluate_policy(model: Any, tokenizer: Any, tasks: list, sampling: Any, pool: Any, base: BaseAccess,
+                    enable_thinking: bool, kl_prompts: int) -> dict[str, float]:
+    """Held-out accuracy (evaluate_single) and mean per-token KL(policy || base) on its greedy answers."""
+    from molrl.eval.prompts import render_prompts
+    from molrl.eval.single import evaluate_single
+    from molrl.grpo.kl import policy_base_kl
+
+    result = evaluate_single(model, tokenizer, tasks, sampling, pool, enable_thinking=enable_thinking)
+    metrics = {"eval/accuracy": float(result["accuracy"])}
+    n = min(kl_prompts, len(tasks))
+    if n:
+        prompts = render_prompts(tokenizer, tasks[:n], enable_thinking=enable_thinking)
+        completions = [records[0].completion for records in result["records"][:n]]
+        metrics["eval/kl_to_base"] = policy_base_kl(model, base(model), tokenizer, prompts, completions)
+    return metrics

@@ -1,0 +1,175 @@
+"""The GRPO stage's config: policy, reference, tasks, reward, algorithm, sampling and logging.
+
+Defaults follow the MoL-RL authors' published RL settings (group size 8, temperature 0.9, LoRA
+rank 64, learning rate 1e-4 for LoRA). Every field maps either onto TRL's ``GRPOConfig`` (see
+``molrl.grpo.trainer.trl_args``) or onto the wiring around it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from molrl.tasks import JsonlSpec
+
+ALGORITHMS = ("grpo", "dr_grpo", "dr_grpo_std")
+
+
+@dataclass
+class PolicyConfig:
+    """Which weights are trained and which weights the KL term pulls towards."""
+
+    base: str = "tiny:chatml"
+    """Base model: a local HF directory, a hub name, or tiny:chatml / tiny:llama3."""
+    mol_adapter: Path | None = None
+    """MoL stage output: a PEFT adapter directory (or a MoL output dir holding adapter/); none = plain base."""
+    adapter_mode: Literal["continue", "merge_new"] = "continue"
+    """continue: keep training the MoL adapter; merge_new: merge it into the base and train a fresh LoRA."""
+    reference: Literal["base", "mol"] = "base"
+    """KL reference when beta > 0: the original base model, or the MoL model (needs mol_adapter)."""
+    dtype: str = "float32"
+    """Weights dtype: float32, bfloat16 or float16."""
+    seed: int = 0
+    """Seed of the tiny models' random weights (ignored for real checkpoints)."""
+
+
+@dataclass
+class LoraSettings:
+    """The LoRA adapter trained on a plain base or after merge_new (continue keeps the MoL adapter's own)."""
+
+    rank: int = 64
+    """LoRA rank r."""
+    alpha: int = 128
+    """LoRA alpha (scale = alpha / rank)."""
+    dropout: float = 0.0
+    """Dropout on the LoRA input."""
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    """Module names that get LoRA weights (never lm_head: TRL scores tokens from lm_head.weight directly)."""
+
+
+@dataclass
+class TaskSource:
+    """A task file and how to read it."""
+
+    path: Path | None = None
+    """Task file (JSONL/JSON/parquet as the format expects); unused for format toy."""
+    format: str = "jsonl"
+    """Loader format of molrl.tasks.load_tasks (humaneval, mbpp, math500, aime, jsonl, ...) or toy."""
+    limit: int | None = None
+    """Use only the first N tasks."""
+    spec: JsonlSpec = field(default_factory=JsonlSpec)
+    """Field names of a jsonl task file (format jsonl only)."""
+
+
+@dataclass
+class RewardSettings:
+    """How completions are scored."""
+
+    code_mode: Literal["multi_stage", "binary"] = "multi_stage"
+    """Code reward: partial credit by stage (extract/compile/run/tests), or 1 only when every test passes."""
+    sandbox_workers: int = 4
+    """Parallel sandbox workers for code rewards."""
+    timeout_s: float = 6.0
+    """Wall-clock limit per sandboxed program."""
+    failure_reward: float = 0.0
+    """Reward given to a completion whose scoring failed (reward function or sandbox error)."""
+
+
+@dataclass
+class EvalHookSettings:
+    """Periodic held-out check during training: single-step accuracy and mean KL to the base."""
+
+    every_steps: int = 0
+    """Run every N optimiser steps (0 = never)."""
+    tasks: TaskSource = field(default_factory=TaskSource)
+    """Held-out tasks (keep it small: they are sampled and graded at every hook)."""
+    max_new_tokens: int = 512
+    """Most tokens per evaluation answer."""
+    kl_prompts: int = 8
+    """Held-out prompts whose greedy answers score the mean per-token KL(policy || base)."""
+
+
+@dataclass
+class GrpoConfig:
+    """GRPO / Dr.GRPO post-training with sandbox-execution rewards."""
+
+    output_dir: Path = Path("runs/grpo")
+    """Where the adapter, config.yaml, metrics.jsonl and completions.jsonl go."""
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    """Policy and reference weights."""
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    """LoRA settings for a freshly created adapter."""
+    train: TaskSource = field(default_factory=TaskSource)
+    """Training tasks (code with tests, or math with answers)."""
+    reward: RewardSettings = field(default_factory=RewardSettings)
+    """Reward settings."""
+    eval: EvalHookSettings = field(default_factory=EvalHookSettings)
+    """Periodic evaluation hook."""
+    algorithm: Literal["grpo", "dr_grpo", "dr_grpo_std"] = "dr_grpo"
+    """grpo: std-scaled advantages, per-sequence mean; dr_grpo: no std, sum / constant; dr_grpo_std: std + constant."""
+    enable_thinking: bool = False
+    """Render prompts with thinking on (Qwen3 <think>) or off."""
+    max_prompt_length: int = 1024
+    """Prompts longer than this many tokens are left out (and counted in the log)."""
+    max_completion_length: int = 1024
+    """Most generated tokens per completion (also Dr.GRPO's constant normaliser)."""
+    mask_truncated_completions: bool = False
+    """Leave completions that hit max_completion_length out of the loss."""
+    num_generations: int = 8
+    """Group size G: completions sampled per prompt."""
+    prompts_per_step: int = 1
+    """Prompts per optimiser step (per process); the step trains on prompts_per_step * G completions."""
+    micro_batch_size: int = 8
+    """Completions per forward/backward pass; gradient accumulation makes up the rest of the step."""
+    temperature: float = 0.9
+    """Sampling temperature of the rollouts."""
+    top_p: float = 1.0
+    """Nucleus sampling mass of the rollouts."""
+    learning_rate: float = 1e-4
+    """AdamW learning rate (1e-4 is the authors' value for LoRA)."""
+    lr_scheduler: str = "constant"
+    """transformers scheduler name (constant, linear, cosine, ...)."""
+    warmup_steps: int = 0
+    """Learning-rate warm-up steps."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm."""
+    beta: float = 0.0
+    """KL coefficient; > 0 loads the reference chosen by policy.reference."""
+    epsilon: float = 0.2
+    """PPO clipping range of the probability ratio."""
+    num_iterations: int = 1
+    """Optimisation passes over each generated batch (mu in the GRPO paper)."""
+    max_steps: int = 100
+    """Optimiser steps to run."""
+    seed: int = 0
+    """Seed of sampling, shuffling and LoRA initialisation."""
+    save_steps: int = 50
+    """Checkpoint every N steps (a re-run resumes from the last checkpoint)."""
+    gradient_checkpointing: bool = False
+    """Trade compute for memory in the policy's backward pass."""
+    use_vllm: bool = False
+    """Generate rollouts with vLLM (needs vllm installed and a GPU)."""
+    vllm_mode: Literal["colocate", "server"] = "colocate"
+    """colocate: vLLM shares the training GPU; server: a separate `trl vllm-serve` process."""
+    vllm_server_url: str = "http://localhost:8000"
+    """Base URL of the vLLM server (server mode)."""
+    log_every: int = 1
+    """Write metrics.jsonl every N steps."""
+
+    def __post_init__(self) -> None:
+        if self.policy.reference == "mol" and self.policy.mol_adapter is None:
+            raise ValueError("policy.reference=mol needs policy.mol_adapter (the MoL stage's adapter directory)")
+        if self.num_generations < 2:
+            raise ValueError(f"num_generations={self.num_generations}: GRPO needs at least 2 completions per prompt")
+        per_step = self.prompts_per_step * self.num_generations
+        if self.micro_batch_size < 1 or per_step % self.micro_batch_size:
+            raise ValueError(
+                f"micro_batch_size={self.micro_batch_size} must divide prompts_per_step * num_generations = {per_step}"
+            )
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm={self.algorithm!r}; expected one of {', '.join(ALGORITHMS)}")

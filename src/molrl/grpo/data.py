@@ -1,0 +1,100 @@
+"""GRPO prompts: tasks -> chat-rendered prompt text, one dataset row per task.
+
+Rows carry ``prompt`` (text rendered by ``molrl.chat.render`` with the same single-turn
+instruction evaluation uses, so training and evaluation pose a task identically) and
+``task_json`` (the whole task, which the reward functions grade against). Tasks that cannot be
+scored (code without tests, math without an answer) and prompts longer than the limit are left
+out, each logged with its task id, and counted in the returned summary.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from molrl.chat import render
+from molrl.tasks import Task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PromptSummary:
+    """What happened to the tasks on their way to prompts."""
+
+    tasks: int = 0
+    """Tasks read."""
+    kept: int = 0
+    """Tasks that became training prompts."""
+    unscorable: list[str] = field(default_factory=list)
+    """Ids of tasks with nothing to grade against (no tests / no answer)."""
+    too_long: list[str] = field(default_factory=list)
+    """Ids of tasks whose rendered prompt exceeded max_prompt_length tokens."""
+    longest_prompt_tokens: int = 0
+    """Token length of the longest kept prompt."""
+
+
+def unscorable_reason(task: Task) -> str | None:
+    """Why ``task`` cannot be graded, or None when it can."""
+    if task.kind == "code" and not task.tests:
+        return "code task has no tests; add tests (call/stdio/assert) to the record"
+    if task.kind == "math" and not (task.answer or "").strip():
+        return "math task has no answer; add the gold final answer to the record"
+    return None
+
+
+def user_message(task: Task) -> str:
+    """The single user message that poses ``task`` (the evaluation instruction; toy tasks as written)."""
+    if task.meta.get("toy"):
+        return task.prompt
+    from molrl.eval.prompts import user_message as eval_user_message
+
+    return eval_user_message(task)
+
+
+def render_prompt(tokenizer: Any, task: Task, enable_thinking: bool) -> str:
+    """Prompt text for ``task``, without a BOS the tokenizer will add again when it tokenises it."""
+    text = render(tokenizer, [{"role": "user", "content": user_message(task)}], add_generation_prompt=True,
+                  enable_thinking=enable_thinking)
+    return strip_added_bos(tokenizer, text)
+
+
+def strip_added_bos(tokenizer: Any, text: str) -> str:
+    """Drop a leading BOS from ``text`` when tokenising adds one anyway (Llama 3), so there is one, not two."""
+    bos = getattr(tokenizer, "bos_token", None)
+    if not bos or not text.startswith(bos):
+        return text
+    ids = tokenizer("x")["input_ids"]
+    return text[len(bos):] if ids and ids[0] == tokenizer.bos_token_id else text
+
+
+def build_prompt_rows(
+    tasks: Sequence[Task], tokenizer: Any, *, enable_thinking: bool, max_prompt_length: int
+) -> tuple[list[dict[str, str]], PromptSummary]:
+    """Dataset rows ``{"prompt", "task_json"}`` for the scorable tasks whose prompt fits."""
+    summary = PromptSummary(tasks=len(tasks))
+    rows = []
+    for task in tasks:
+        reason = None if task.meta.get("toy") else unscorable_reason(task)
+        if reason:
+            log.warning("task %s left out of GRPO prompts: %s", task.id, reason)
+            summary.unscorable.append(task.id)
+            continue
+        prompt = render_prompt(tokenizer, task, enable_thinking)
+        n_tokens = len(tokenizer(prompt)["input_ids"])
+        if n_tokens > max_prompt_length:
+            summary.too_long.append(task.id)
+            continue
+        summary.longest_prompt_tokens = max(summary.longest_prompt_tokens, n_tokens)
+        rows.append({"prompt": prompt, "task_json": task.to_json()})
+    summary.kept = len(rows)
+    if summary.too_long:
+        log.warning(
+            "%d of %d prompts are longer than max_prompt_length=%d tokens and were left out (first: %s); "
+            "raise max_prompt_length to keep them",
+            len(summary.too_long), len(tasks), max_prompt_length, summary.too_long[0],
+        )
+    log.info("GRPO prompts: %d of %d tasks kept (%d unscorable, %d too long)",
+             summary.kept, summary.tasks, len(summary.unscorable), len(summary.too_long))
+    return rows, summary

@@ -1,0 +1,95 @@
+"""The policy GRPO trains: a plain base with a new LoRA, the MoL adapter continued, or MoL merged + new LoRA.
+
+``build_policy`` returns the model and the ``peft_config`` to hand TRL (None when the model
+already carries the adapter to train), and ``load_base`` for whoever needs the original base
+weights separately (the KL reference or the eval hook after merge_new).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from molrl.errors import MolrlError
+from molrl.grpo.config import GrpoConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Policy:
+    """What ``build_policy`` made."""
+
+    model: Any
+    """The model handed to TRL (a PeftModel for continue; a plain model otherwise)."""
+    tokenizer: Any
+    """Its tokenizer (left padding)."""
+    peft_config: Any
+    """The LoRA config TRL wraps the model with, or None when the model already carries the adapter."""
+    adapter_mode: str | None
+    """None for a plain base, else continue or merge_new."""
+    description: str
+    """One line for the log."""
+    load_base: Callable[[], Any]
+    """Loads a fresh copy of the original base model."""
+    trainer: Any = None
+    """The trainer, once built (the eval hook reads the reference from it)."""
+
+
+def resolve_adapter_dir(path: Path) -> Path:
+    """The PEFT adapter directory inside ``path`` (itself, or the MoL output's adapter/)."""
+    for candidate in (Path(path), Path(path) / "adapter"):
+        if (candidate / "adapter_config.json").is_file():
+            return candidate
+    hint = ""
+    if (Path(path) / "model").is_dir():
+        hint = f"; a full fine-tuned MoL model is a base: set policy.base={Path(path) / 'model'} instead"
+    raise MolrlError(f"{path}: no PEFT adapter here (no adapter_config.json in it or in adapter/){hint}")
+
+
+def lora_config(cfg: GrpoConfig) -> Any:
+    """The PEFT LoraConfig for a freshly created adapter."""
+    from peft import LoraConfig
+
+    if "lm_head" in cfg.lora.target_modules:
+        raise MolrlError("lora.target_modules must not include lm_head: TRL scores tokens from lm_head.weight directly")
+    return LoraConfig(
+        r=cfg.lora.rank,
+        lora_alpha=cfg.lora.alpha,
+        lora_dropout=cfg.lora.dropout,
+        target_modules=list(cfg.lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
+
+
+def build_policy(cfg: GrpoConfig) -> Policy:
+    """Load the base, put the MoL adapter on it as ``adapter_mode`` says, and describe the result."""
+    from molrl.models import load_model, load_tokenizer
+
+    p = cfg.policy
+    tokenizer = load_tokenizer(p.base)
+
+    def load_base() -> Any:
+        model = load_model(p.base, dtype=p.dtype, seed=p.seed)
+        _sync_pad(model, tokenizer)
+        return model
+
+    if p.mol_adapter is None:
+        return Policy(load_base(), tokenizer, lora_config(cfg), None, f"{p.base} + new LoRA r={cfg.lora.rank}", load_base)
+    adapter = resolve_adapter_dir(p.mol_adapter)
+    if p.adapter_mode == "continue":
+        model = load_model(p.base, dtype=p.dtype, seed=p.seed, adapter=adapter, adapter_trainable=True)
+        _sync_pad(model, tokenizer)
+        return Policy(model, tokenizer, None, "continue", f"{p.base} + MoL adapter {adapter} (trained further)", load_base)
+    merged = load_model(p.base, dtype=p.dtype, seed=p.seed, adapter=adapter).merge_and_unload()
+    _sync_pad(merged, tokenizer)
+    description = f"{p.base} with MoL adapter {adapter} merged + new LoRA r={cfg.lora.rank}"
+    return Policy(merged, tokenizer, lora_config(cfg), "merge_new", description, load_base)
+
+
+def _sync_pad(model: Any, tokenizer: Any) -> None:
+    config = model.config
+    if getattr(config, "pad_token_id", None) is None:
+        config.pad_token_id = tokenizer.pad_token_id

@@ -1,0 +1,169 @@
+"""``run_grpo``: tasks -> prompts -> policy (+ reference) -> TRL GRPOTrainer -> adapter on disk.
+
+Outputs in ``cfg.output_dir``: ``config.yaml`` (resolved), ``data_summary.json`` (tasks kept and
+left out), ``metrics.jsonl`` (one line per logged step: reward, per-stage reward fractions, KL,
+timings, eval-hook results), ``completions.jsonl`` (one line per sampled completion with its
+rewards and advantage), ``checkpoints/checkpoint-N`` (a re-run resumes from the newest) and the
+final ``adapter/`` (PEFT; its base is ``policy.base`` for a plain base or ``continue``, the
+merged MoL model for ``merge_new``, which therefore also writes the full merged ``model/``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from molrl.config import save_config
+from molrl.errors import MolrlError
+from molrl.grpo.config import GrpoConfig
+
+log = logging.getLogger(__name__)
+
+
+def run_grpo(cfg: GrpoConfig) -> Path:
+    """Train per ``cfg`` (resuming from its newest checkpoint); returns the output dir."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, out / "config.yaml")
+    checkpoints = out / "checkpoints"
+    resume = get_last_checkpoint(str(checkpoints)) if checkpoints.is_dir() else None
+    if resume is not None:
+        step = int(Path(resume).name.split("-")[-1])
+        log.info("resuming from %s (step %d)", resume, step)
+        for name in ("metrics.jsonl", "completions.jsonl"):
+            truncate_jsonl(out / name, step)
+    trainer, policy, pool = build_trainer(cfg)
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+        if trainer.accelerator.is_main_process:
+            _save_final(trainer, policy, out)
+        trainer.accelerator.wait_for_everyone()
+    finally:
+        if pool is not None:
+            pool.close()
+    return out
+
+
+def build_trainer(cfg: GrpoConfig) -> tuple[Any, Any, Any]:
+    """The ready-to-train ``GrpoTrainer``, its ``Policy`` and the sandbox pool (None without code tasks)."""
+    import torch
+
+    from molrl.grpo.callbacks import EvalHookCallback
+    from molrl.grpo.policy import build_policy
+    from molrl.grpo.rewards import build_reward
+    from molrl.grpo.trainer import GrpoTrainer, install_reference, trainable_parameter_count
+    from molrl.mol.trainer import MetricsFileCallback
+
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    policy = build_policy(cfg)
+    dataset, reward, pool = _prompts_and_reward(cfg, policy.tokenizer, out, build_reward)
+    callbacks: list[Any] = [MetricsFileCallback(out / "metrics.jsonl")]
+    if cfg.eval.every_steps > 0:
+        callbacks.append(EvalHookCallback.from_config(cfg, policy, pool))
+    trainer = GrpoTrainer(
+        model=policy.model,
+        reward_funcs=[reward],
+        args=trl_args(cfg, out / "checkpoints", torch.cuda.is_available()),
+        train_dataset=dataset,
+        processing_class=policy.tokenizer,
+        peft_config=policy.peft_config,
+        callbacks=callbacks,
+        completions_path=out / "completions.jsonl",
+    )
+    described = install_reference(trainer, cfg.policy.reference, policy.adapter_mode, policy.load_base)
+    policy.trainer = trainer
+    log.info("policy: %s; KL reference: %s; %d trainable parameters",
+             policy.description, described, trainable_parameter_count(trainer.model))
+    return trainer, policy, pool
+
+
+def _prompts_and_reward(cfg: GrpoConfig, tokenizer: Any, out: Path, build_reward: Any) -> tuple[Any, Any, Any]:
+    from datasets import Dataset
+
+    from molrl.grpo.data import build_prompt_rows
+    from molrl.grpo.tasks import load_task_source
+
+    tasks = load_task_source(cfg.train, "train")
+    rows, summary = build_prompt_rows(
+        tasks, tokenizer, enable_thinking=cfg.enable_thinking, max_prompt_length=cfg.max_prompt_length
+    )
+    (out / "data_summary.json").write_text(json.dumps(dataclasses.asdict(summary), indent=2))
+    if not rows:
+        raise MolrlError(
+            f"{cfg.train.path or cfg.train.format}: no task left to train on ({summary.tasks} read, "
+            f"{len(summary.unscorable)} unscorable, {len(summary.too_long)} longer than max_prompt_length="
+            f"{cfg.max_prompt_length}); see data_summary.json"
+        )
+    reward, pool = build_reward(cfg, tasks)
+    return Dataset.from_list(rows), reward, pool
+
+
+def trl_args(cfg: GrpoConfig, output_dir: Path, cuda: bool) -> Any:
+    """TRL ``GRPOConfig`` for our config (one optimiser step = prompts_per_step groups per process)."""
+    from trl import GRPOConfig as TrlGRPOConfig
+
+    from molrl.grpo.algorithms import trl_loss_settings
+
+    completions_per_step = cfg.prompts_per_step * cfg.num_generations
+    return TrlGRPOConfig(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=cfg.micro_batch_size,
+        gradient_accumulation_steps=completions_per_step // cfg.micro_batch_size,
+        num_generations=cfg.num_generations,
+        max_completion_length=cfg.max_completion_length,
+        mask_truncated_completions=cfg.mask_truncated_completions,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        learning_rate=cfg.learning_rate,
+        lr_scheduler_type=cfg.lr_scheduler,
+        warmup_steps=cfg.warmup_steps,
+        weight_decay=cfg.weight_decay,
+        max_grad_norm=cfg.max_grad_norm,
+        beta=cfg.beta,
+        epsilon=cfg.epsilon,
+        num_iterations=cfg.num_iterations,
+        max_steps=cfg.max_steps,
+        seed=cfg.seed,
+        **trl_loss_settings(cfg.algorithm),
+        gradient_checkpointing=cfg.gradient_checkpointing,
+        activation_checkpointing=cfg.gradient_checkpointing,
+        bf16=cuda and cfg.policy.dtype in ("bfloat16", "bf16"),
+        fp16=False,
+        use_cpu=not cuda,
+        disable_dropout=True,
+        logging_steps=cfg.log_every,
+        report_to="none",
+        save_strategy="steps",
+        save_steps=cfg.save_steps,
+        save_total_limit=2,
+        use_vllm=cfg.use_vllm,
+        vllm_mode=cfg.vllm_mode,
+        vllm_server_base_url=cfg.vllm_server_url if cfg.vllm_mode == "server" else None,
+        dataloader_num_workers=0,
+    )
+
+
+def _save_final(trainer: Any, policy: Any, out: Path) -> None:
+    """adapter/ (the trained adapter only), plus model/ (fully merged) for merge_new."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    model.save_pretrained(str(out / "adapter"), selected_adapters=["default"])
+    policy.tokenizer.save_pretrained(str(out / "adapter"))
+    if policy.adapter_mode == "merge_new":
+        merged = model.merge_and_unload()
+        merged.save_pretrained(str(out / "model"))
+        policy.tokenizer.save_pretrained(str(out / "model"))
+    log.info("saved %s", out / "adapter")
+
+
+def truncate_jsonl(path: Path, step: int) -> None:
+    """Drop records after ``step`` (a resumed run writes them again)."""
+    if not path.is_file():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
+    path.write_text("".join(line + "\n" for line in kept))

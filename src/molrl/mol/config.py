@@ -1,0 +1,101 @@
+"""``MolConfig``: everything one MoL continual-training run needs, typed and documented."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from molrl.mol.losses import LossSettings
+
+
+@dataclass
+class LoraConfig:
+    """LoRA adapter settings (the MoL-RL paper's defaults: rank 64 on all linear layers)."""
+
+    enabled: bool = True
+    """Train a LoRA adapter; false means full fine-tuning (KL then needs a frozen copy of the model)."""
+    rank: int = 64
+    """Adapter rank r."""
+    alpha: int = 128
+    """Scaling numerator: updates are scaled by alpha / rank."""
+    dropout: float = 0.05
+    """Dropout on the adapter's input."""
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    """Module names to adapt; ``all-linear`` means every linear layer except the output head."""
+
+
+@dataclass
+class DataConfig:
+    """Which traces to train on and how they become tokens."""
+
+    traces: list[str] = field(default_factory=list)
+    """Trace files (JSONL, molrl trace schema) to train on."""
+    max_length: int = 4096
+    """Longest tokenised trace kept; longer traces are truncated (the count is logged)."""
+    domain_general_ratio: list[int] = field(default_factory=lambda: [1, 1])
+    """Domain:general examples per batch stream when general-tagged traces exist."""
+    enable_thinking: bool = True
+    """Passed to the chat template when rendering traces."""
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation and bookkeeping (forwarded to ``transformers.TrainingArguments``)."""
+
+    optim: str = "adamw_torch"
+    """Optimiser name understood by transformers (adamw_torch, sgd, adamw_torch_fused, ...)."""
+    learning_rate: float = 1e-4
+    """Peak learning rate."""
+    lr_scheduler: str = "cosine"
+    """Learning-rate schedule name understood by transformers."""
+    warmup_ratio: float = 0.03
+    """Fraction of steps spent warming the learning rate up."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm; 0 disables clipping."""
+    epochs: float = 1.0
+    """Passes over the domain traces (ignored when max_steps > 0)."""
+    max_steps: int = -1
+    """Optimiser steps to run; -1 means run ``epochs``."""
+    micro_batch_size: int = 1
+    """Traces per forward pass on each process."""
+    grad_accumulation: int = 8
+    """Micro-batches per optimiser step on each process."""
+    seed: int = 0
+    """Seed for data order, adapter initialisation and dropout."""
+    bf16: bool = False
+    """Train in bfloat16 mixed precision."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory."""
+    logging_steps: int = 1
+    """Log every this many optimiser steps."""
+    save_steps: int = 50
+    """Write a resumable checkpoint every this many optimiser steps."""
+    save_total_limit: int = 2
+    """Checkpoints kept on disk (oldest deleted first)."""
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
+    """Logging backends (tensorboard, wandb, ...); ``none`` for console and metrics.jsonl only."""
+    resume: Literal["auto", "never"] = "auto"
+    """``auto`` continues from the newest checkpoint in output_dir when there is one."""
+
+
+@dataclass
+class MolConfig:
+    """A MoL continual-training run: model, traces, loss, adapter and optimisation."""
+
+    model: str = "tiny:chatml"
+    """Base model: a local HF directory, a hub name, or tiny:chatml / tiny:llama3 (random, in-process)."""
+    output_dir: Path = Path("runs/mol")
+    """Where the adapter (or full model), checkpoints, config.yaml and metrics.jsonl go."""
+    dtype: str = "float32"
+    """Weights dtype at load time (float32 / bfloat16)."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Training traces."""
+    loss: LossSettings = field(default_factory=LossSettings)
+    """Loss mode, weights, KL direction and temperature."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """Adapter settings."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Optimisation settings."""

@@ -1,0 +1,199 @@
+"""``run_mol``: traces -> tokenised examples -> model (+ LoRA) -> MolTrainer -> adapter on disk.
+
+Outputs in ``cfg.output_dir``: ``config.yaml`` (resolved), ``data_stats.json``, ``metrics.jsonl``
+(one JSON object per logged step), tensorboard logs under ``runs/``, ``checkpoint-N/`` (resumable),
+and the final ``adapter/`` (PEFT, loadable with plain peft) or ``model/`` (full fine-tuning).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from molrl.config import ConfigError, save_config
+from molrl.mol.config import MolConfig
+
+log = logging.getLogger(__name__)
+
+
+def run_mol(cfg: MolConfig) -> Path:
+    """Train per ``cfg`` (resuming from its newest checkpoint when allowed); returns the output dir."""
+    from molrl.models import load_tokenizer
+    from molrl.mol.data import load_examples
+
+    check_config(cfg)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, out / "config.yaml")
+    tokenizer = load_tokenizer(cfg.model)
+    examples, stats = load_examples(cfg.data.traces, tokenizer, cfg.data.max_length, cfg.data.enable_thinking)
+    (out / "data_stats.json").write_text(json.dumps(dataclasses.asdict(stats), indent=2))
+    log.info("%d traces (%d general), %d tokens; %d without decision tokens, %d without feedback tokens, "
+             "%d truncated to %d tokens", stats.traces, stats.general, stats.tokens, stats.without_decision,
+             stats.without_feedback, stats.truncated, cfg.data.max_length)
+
+    trainer = build_trainer(cfg, examples, tokenizer)
+    resume = _last_checkpoint(out) if cfg.train.resume == "auto" else None
+    if resume is not None:
+        log.info("resuming from %s", resume)
+        _truncate_metrics(out / "metrics.jsonl", _checkpoint_step(resume))
+    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    final = out / ("adapter" if cfg.lora.enabled else "model")
+    trainer.save_model(str(final))
+    log.info("saved %s", final)
+    return out
+
+
+def build_trainer(cfg: MolConfig, examples: list[dict[str, Any]], tokenizer: Any) -> Any:
+    """The model (with LoRA, or plus a frozen reference for full fine-tuning) inside a ``MolTrainer``."""
+    import torch
+    from transformers import TrainingArguments, set_seed
+
+    from molrl.models import load_model
+    from molrl.mol.data import MolCollator
+    from molrl.mol.trainer import MetricsFileCallback, MolTrainer
+
+    set_seed(cfg.train.seed)
+    check_reference_room(cfg)
+    model = load_model(cfg.model, dtype=cfg.dtype)
+    model.name_or_path = cfg.model  # recorded in adapter_config.json as the adapter's base
+    ref_model = None
+    if cfg.lora.enabled:
+        model = _add_lora(model, cfg)
+    elif cfg.loss.needs_base:
+        ref_model = copy.deepcopy(model)
+    return MolTrainer(
+        model=model,
+        args=_training_arguments(cfg, TrainingArguments, torch.cuda.is_available()),
+        train_dataset=examples,
+        data_collator=MolCollator(tokenizer.pad_token_id),
+        processing_class=tokenizer,
+        callbacks=[MetricsFileCallback(Path(cfg.output_dir) / "metrics.jsonl")],
+        loss_settings=cfg.loss,
+        domain_general_ratio=cfg.data.domain_general_ratio,
+        ref_model=ref_model,
+    )
+
+
+def check_config(cfg: MolConfig) -> None:
+    """Config errors that can be found before anything is loaded."""
+    if not cfg.data.traces:
+        raise ConfigError("data.traces is empty: give one or more trace files (data.traces=[a.jsonl,b.jsonl])")
+    for path in cfg.data.traces:
+        if not Path(path).is_file():
+            raise ConfigError(f"data.traces: {path}: file not found")
+    if cfg.loss.temperature <= 0:
+        raise ConfigError(f"loss.temperature={cfg.loss.temperature}: must be > 0")
+    if cfg.train.micro_batch_size < 1 or cfg.train.grad_accumulation < 1:
+        raise ConfigError("train.micro_batch_size and train.grad_accumulation must be >= 1")
+
+
+def check_reference_room(cfg: MolConfig, available_bytes: int | None = None) -> None:
+    """Full fine-tuning with KL keeps a frozen copy of the model: refuse early if it cannot fit.
+
+    Needed: policy weights + fp32 grads + two fp32 AdamW moments + the reference copy's weights.
+    """
+    if cfg.lora.enabled or not cfg.loss.needs_base:
+        return
+    n_params = _count_parameters(cfg.model)
+    weight_bytes = 2 if cfg.dtype in ("bfloat16", "bf16", "float16", "fp16") else 4
+    needed = n_params * (2 * weight_bytes + 4 + 8)
+    available = available_bytes if available_bytes is not None else _available_memory()
+    if needed > available:
+        raise ConfigError(
+            f"KL with full fine-tuning needs a frozen reference copy of {cfg.model}: about "
+            f"{needed / 1e9:.1f} GB for policy, gradients, optimiser state and reference, but only "
+            f"{available / 1e9:.1f} GB is free; use lora.enabled=true, loss.mode=ce / ce_feedback with "
+            "loss.monitor_kl=false, or a larger device"
+        )
+
+
+def _count_parameters(name: str) -> int:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if name.startswith("tiny:"):
+        from molrl.models import load_model
+
+        return sum(p.numel() for p in load_model(name).parameters())
+    config = AutoConfig.from_pretrained(name)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def _available_memory() -> int:
+    import torch
+
+    if torch.cuda.is_available():
+        free, _total = torch.cuda.mem_get_info()
+        return int(free)
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _add_lora(model: Any, cfg: MolConfig) -> Any:
+    from peft import LoraConfig, get_peft_model
+
+    targets = cfg.lora.target_modules
+    peft_config = LoraConfig(
+        r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+        target_modules=targets[0] if targets == ["all-linear"] else targets, task_type="CAUSAL_LM",
+    )
+    model = get_peft_model(model, peft_config)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    log.info("LoRA rank %d alpha %d on %s: %d trainable parameters", cfg.lora.rank, cfg.lora.alpha,
+             ", ".join(targets), trainable)
+    return model
+
+
+def _training_arguments(cfg: MolConfig, cls: Any, cuda: bool) -> Any:
+    t = cfg.train
+    return cls(
+        output_dir=str(cfg.output_dir),
+        per_device_train_batch_size=t.micro_batch_size,
+        gradient_accumulation_steps=t.grad_accumulation,
+        learning_rate=t.learning_rate,
+        lr_scheduler_type=t.lr_scheduler,
+        warmup_steps=t.warmup_ratio,
+        weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm,
+        num_train_epochs=t.epochs,
+        max_steps=t.max_steps,
+        seed=t.seed,
+        data_seed=t.seed,
+        bf16=t.bf16,
+        activation_checkpointing=t.gradient_checkpointing,
+        logging_steps=t.logging_steps,
+        save_strategy="steps",
+        save_steps=t.save_steps,
+        save_total_limit=t.save_total_limit,
+        report_to=[r for r in t.report_to if r != "none"] or "none",
+        remove_unused_columns=False,
+        use_cpu=not cuda,
+        dataloader_num_workers=0,
+        optim=t.optim,
+    )
+
+
+def _last_checkpoint(out: Path) -> Path | None:
+    ckpts = [p for p in out.glob("checkpoint-*") if p.is_dir() and (p / "trainer_state.json").is_file()]
+    return max(ckpts, key=_checkpoint_step) if ckpts else None
+
+
+def _checkpoint_step(path: Path) -> int:
+    match = re.search(r"checkpoint-(\d+)$", str(path))
+    return int(match.group(1)) if match else -1
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Drop logged steps after the checkpoint a run resumes from (they will be logged again)."""
+    if not path.is_file():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
+    path.write_text("".join(line + "\n" for line in kept))

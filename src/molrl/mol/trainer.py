@@ -1,0 +1,190 @@
+"""``MolTrainer``: a ``transformers.Trainer`` whose loss is the MoL mixture.
+
+What changes from the stock Trainer:
+- before each optimiser step, the (feedback, decision, general) token counts of all its
+  micro-batches are summed and all-reduced over data-parallel ranks (``_get_num_items_in_batch``),
+  so every micro-batch's loss is its exact share of the step loss;
+- ``compute_loss`` runs the policy to its final hidden states (logits for one position only), the
+  frozen base under ``no_grad`` (adapter disabled, or a frozen copy for full fine-tuning), and the
+  chunked loss of ``molrl.mol.losses``;
+- ``log`` adds ce_feedback, kl_decision, token counts and tokens/s to every training log line.
+Everything else (accelerate, DeepSpeed, bf16, gradient checkpointing, checkpoints, resume) is the
+Trainer's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import Trainer, TrainerCallback
+
+from molrl.mol.data import RatioSampler
+from molrl.mol.losses import LossSettings, mean_or_nan, mol_loss, step_counts, token_masks
+
+
+def _masks(inputs: dict[str, torch.Tensor]):
+    return token_masks(inputs["input_ids"], inputs["feedback_mask"], inputs["decision_mask"],
+                       inputs["attention_mask"], inputs["is_general"])
+
+
+def _causal_lm(model: Any) -> Any:
+    """The transformers causal LM inside any peft / DDP / DeepSpeed wrapping."""
+    model = getattr(model, "module", model)
+    if hasattr(model, "get_base_model"):
+        model = model.get_base_model()
+    return model
+
+
+class MolTrainer(Trainer):
+    """Trainer with the MoL loss; ``ref_model`` is the frozen copy used for full fine-tuning."""
+
+    # compute_loss already returns this micro-batch's share of the step loss.
+    loss_is_scaled_for_ga = True
+
+    def __init__(self, *args, loss_settings: LossSettings, domain_general_ratio=(1, 1),
+                 ref_model: torch.nn.Module | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.loss_settings = loss_settings
+        self.domain_general_ratio = tuple(domain_general_ratio)
+        self.ref_model = ref_model
+        if ref_model is not None:
+            ref_model.to(self.args.device).eval().requires_grad_(False)
+        self._sums: dict[str, float] = defaultdict(float)
+        self._last_log_time = time.perf_counter()
+
+    def train(self, *args, **kwargs):
+        self._last_log_time = time.perf_counter()
+        return super().train(*args, **kwargs)
+
+    # ---- data ----
+    def _get_train_sampler(self, train_dataset=None):
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        return RatioSampler([ex["is_general"] for ex in dataset], self.domain_general_ratio, seed=self.args.seed)
+
+    def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> torch.Tensor:
+        """[3] (feedback, decision, general) tokens of the whole optimiser step, over all ranks."""
+        counts = torch.zeros(3, dtype=torch.float64)
+        for batch in batch_samples:
+            counts += step_counts(_masks(batch)).cpu()
+        counts = counts.to(device)
+        if self.args.world_size > 1:
+            counts = self.accelerator.reduce(counts, reduction="sum")
+        for name, value in zip(("tokens_feedback", "tokens_decision", "tokens_general"), counts.tolist()):
+            self._sums[name] += value
+        return counts
+
+    # ---- loss ----
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        masks = _masks(inputs)
+        counts = num_items_in_batch if isinstance(num_items_in_batch, torch.Tensor) and num_items_in_batch.numel() == 3 \
+            else step_counts(masks)
+        hidden = self._policy_hidden(model, inputs)  # [B, L, H]
+        base_hidden = self._base_hidden(model, inputs) if self.loss_settings.needs_base else None
+        lm = _causal_lm(model)
+        head = _head_tensors(lm)
+        base_head = _head_tensors(self.ref_model) if self.ref_model is not None else tuple(
+            t.detach() if t is not None else None for t in head)
+        out = mol_loss(hidden, base_hidden, head, base_head, masks, counts, self.loss_settings)
+        if model.training:
+            self._accumulate(out.metrics, inputs)
+        # Data-parallel backends average gradients over ranks; the loss is a share of a global sum.
+        loss = out.loss * self.accelerator.num_processes
+        return (loss, {"hidden": hidden}) if return_outputs else loss
+
+    def _policy_hidden(self, model, inputs) -> torch.Tensor:
+        """Final hidden states [B, L, H] through the (wrapped) model's own forward, logits for 1 position."""
+        captured = {}
+        decoder = _causal_lm(model).get_decoder()
+        hook = decoder.register_forward_hook(lambda _m, _a, out: captured.__setitem__("h", out.last_hidden_state))
+        try:
+            model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], logits_to_keep=1,
+                  use_cache=False)
+        finally:
+            hook.remove()
+        return captured["h"]
+
+    @torch.no_grad()
+    def _base_hidden(self, model, inputs) -> torch.Tensor:
+        """The frozen base model's final hidden states [B, L, H]."""
+        if self.ref_model is not None:
+            decoder, ctx = self.ref_model.get_decoder(), contextlib.nullcontext()
+        else:
+            peft_model = getattr(model, "module", model)
+            if not hasattr(peft_model, "disable_adapter"):
+                raise RuntimeError("KL needs the base model: train a LoRA adapter or pass ref_model")
+            decoder, ctx = _causal_lm(model).get_decoder(), peft_model.disable_adapter()
+        with ctx:
+            return decoder(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                           use_cache=False).last_hidden_state
+
+    # ---- logging ----
+    def _accumulate(self, metrics, inputs) -> None:
+        for name, value in vars(metrics).items():
+            self._sums[name] += value
+        domain = ~inputs["is_general"].bool()
+        self._sums["traces_without_decision"] += float((domain & (inputs["decision_mask"][:, 1:].sum(1) == 0)).sum())
+        self._sums["traces_without_feedback"] += float((domain & (inputs["feedback_mask"][:, 1:].sum(1) == 0)).sum())
+        self._sums["tokens"] += float(inputs["attention_mask"].sum())
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs and self._sums:
+            logs.update(self._step_metrics())
+        super().log(logs, start_time)
+
+    def _step_metrics(self) -> dict[str, float]:
+        """Means over the steps since the last log line, summed over ranks."""
+        counted = ("tokens_feedback", "tokens_decision", "tokens_general")  # already global
+        local = [k for k in sorted(self._sums) if k not in counted]
+        values = torch.tensor([self._sums[k] for k in local], dtype=torch.float64, device=self.args.device)
+        if self.args.world_size > 1:
+            values = self.accelerator.reduce(values, reduction="sum")
+        sums = dict(zip(local, values.tolist()))
+        sums.update({k: self._sums[k] for k in counted})
+        now = time.perf_counter()
+        out = {
+            "ce_feedback": mean_or_nan(sums["ce_feedback_sum"], sums["tokens_feedback"]),
+            "ce_decision": mean_or_nan(sums["ce_decision_sum"], sums["tokens_decision"]),
+            "kl_decision": mean_or_nan(sums["kl_decision_sum"], sums["tokens_decision"]),
+            "kl_general": mean_or_nan(sums["kl_general_sum"], sums["tokens_general"]),
+            "tokens_feedback": sums["tokens_feedback"],
+            "tokens_decision": sums["tokens_decision"],
+            "tokens_general": sums["tokens_general"],
+            "traces_without_decision": sums["traces_without_decision"],
+            "traces_without_feedback": sums["traces_without_feedback"],
+            "tokens_per_s": sums["tokens"] / max(now - self._last_log_time, 1e-9),
+        }
+        if not self.loss_settings.needs_base:
+            del out["kl_decision"], out["kl_general"]
+        self._sums.clear()
+        self._last_log_time = now
+        return out
+
+
+def _head_tensors(causal_lm: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    head = causal_lm.get_output_embeddings()
+    return head.weight, getattr(head, "bias", None)
+
+
+def _jsonable(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+class MetricsFileCallback(TrainerCallback):
+    """Appends every training log line as one JSON object to ``metrics.jsonl`` (NaN written as null)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        record = {"step": state.global_step, "epoch": state.epoch, **{k: _jsonable(v) for k, v in logs.items()}}
+        with self.path.open("a") as fh:
+            fh.write(json.dumps(record) + "\n")

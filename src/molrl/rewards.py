@@ -1,0 +1,132 @@
+"""TRL-compatible reward functions built on the graders, so RL rewards and eval scores agree.
+
+Each is called as ``reward(prompts, completions, task_json=[...], **other_columns)`` and returns
+one float per completion. Completions may be strings or chat message lists. A grader that raises
+or a sandbox failure scores that item as a failure (logged), never hangs the batch. When TRL
+passes ``log_metric``, the per-stage fractions of the batch are logged with it.
+
+>>> from molrl.tasks import Task
+>>> task = Task(id="t", prompt="What is 6*7?", kind="math", answer="42")
+>>> MathReward()(["q"], ["So the answer is \\\\boxed{42}."], task_json=[task.to_json()])
+[1.0]
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any
+
+from molrl.graders.code import CodeRewardConfig, grade_code
+from molrl.graders.grade import Grade
+from molrl.graders.math import grade_math
+from molrl.sandbox import SandboxPool
+from molrl.tasks import Task
+
+log = logging.getLogger(__name__)
+
+
+def completion_text(completion: Any) -> str:
+    """The text of a completion: a string, or the assistant content of a chat message list."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict):
+        completion = [completion]
+    parts = []
+    for message in completion or []:
+        if message.get("role", "assistant") != "assistant":
+            continue
+        content = message.get("content") or ""
+        if isinstance(content, list):  # multimodal-style parts
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        parts.append(content)
+    return "\n".join(parts)
+
+
+class _Reward:
+    """Shared bookkeeping: the last batch's grades and their stage breakdown."""
+
+    __name__ = "reward"
+
+    def __init__(self) -> None:
+        self.last_grades: list[Grade] = []
+
+    def stage_breakdown(self) -> dict[str, float]:
+        """Fraction of the last batch at each stage, plus the mean score (``<name>/<stage>`` keys)."""
+        n = len(self.last_grades) or 1
+        counts = Counter(g.stage for g in self.last_grades)
+        out = {f"{self.__name__}/{stage}": count / n for stage, count in sorted(counts.items())}
+        out[f"{self.__name__}/mean"] = sum(g.score for g in self.last_grades) / n
+        return out
+
+    def _finish(self, grades: list[Grade], kwargs: dict) -> list[float]:
+        self.last_grades = grades
+        log_metric = kwargs.get("log_metric")
+        if callable(log_metric):
+            for name, value in self.stage_breakdown().items():
+                log_metric(name, value)
+        return [g.score for g in grades]
+
+
+def _tasks(task_json: list[str] | None, n: int) -> list[Task]:
+    if task_json is None or len(task_json) != n:
+        from molrl.errors import MolrlError
+
+        raise MolrlError(f"reward needs a 'task_json' dataset column with one Task.to_json() per completion (got {None if task_json is None else len(task_json)} for {n} completions)")
+    return [Task.from_json(t) if isinstance(t, str) else t for t in task_json]
+
+
+class CodeReward(_Reward):
+    """Code reward: the task's tests run in the sandbox pool, the whole batch in parallel.
+
+    >>> from molrl.sandbox import SandboxConfig, SandboxPool
+    >>> from molrl.tasks import Task, TestCase
+    >>> task = Task(id="sq", prompt="square x", kind="code", entry_point="sq",
+    ...             tests=[TestCase("call", args=[3], expected=9)])
+    >>> with SandboxPool(SandboxConfig(workers=1)) as pool:
+    ...     reward = CodeReward(pool)
+    ...     reward(["p", "p"], ["```python\\ndef sq(x):\\n    return x * x\\n```", "no code"],
+    ...            task_json=[task.to_json()] * 2)
+    [1.0, 0.0]
+    """
+
+    __name__ = "code_reward"
+
+    def __init__(self, pool: SandboxPool, cfg: CodeRewardConfig | None = None):
+        super().__init__()
+        self.pool = pool
+        self.cfg = cfg or CodeRewardConfig()
+
+    def __call__(self, prompts: list, completions: list, task_json: list[str] | None = None, **kwargs) -> list[float]:
+        """One reward per completion."""
+        texts = [completion_text(c) for c in completions]
+        tasks = _tasks(task_json, len(texts))
+        try:
+            grades = grade_code(texts, tasks, self.pool, self.cfg)
+        except Exception as err:  # noqa: BLE001 - a failing batch scores as failures, loudly
+            log.exception("code reward failed for a batch of %d; scoring it as sandbox errors", len(texts))
+            grades = [Grade(self.cfg.sandbox_error if self.cfg.mode == "staged" else 0.0, False,
+                            "sandbox_error", None, {"error": f"{type(err).__name__}: {err}"}) for _ in texts]
+        return self._finish(grades, kwargs)
+
+
+class MathReward(_Reward):
+    """Math reward: 1.0 when the final answer is equivalent to the task's answer (math-verify).
+
+    Graded one by one on the calling thread, where math-verify's time bound works.
+    """
+
+    __name__ = "math_reward"
+
+    def __call__(self, prompts: list, completions: list, task_json: list[str] | None = None, **kwargs) -> list[float]:
+        """One reward per completion."""
+        texts = [completion_text(c) for c in completions]
+        tasks = _tasks(task_json, len(texts))
+        grades = []
+        for text, task in zip(texts, tasks):
+            try:
+                grades.append(grade_math(text, task.answer or ""))
+            except Exception as err:  # noqa: BLE001
+                log.exception("math reward failed on task %s", task.id)
+                grades.append(Grade(0.0, False, "grader_error", None, {"error": f"{type(err).__name__}: {err}"}))
+        return self._finish(grades, kwargs)

@@ -1,0 +1,41 @@
+"""Comparisons that decide test verdicts, run in the caller on plain decoded values only."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from molrl.sandbox.runtime.codec import Opaque
+
+
+def values_equal(expected: Any, got: Any, rel_tol: float = 1e-9, abs_tol: float = 0.0) -> bool:
+    """Python ``==`` on plain values, except that floats match within the tolerances.
+
+    Containers must have the same type (as ``[1] == (1,)`` is False in Python); an ``Opaque`` value
+    (something the sandbox could not express as plain data) equals nothing.
+    """
+    if isinstance(got, Opaque) or isinstance(expected, Opaque):
+        return False
+    numbers = (int, float)
+    if (type(expected) is float or type(got) is float) and isinstance(expected, numbers) and isinstance(got, numbers):
+        if type(expected) is bool or type(got) is bool:
+            return expected == got
+        return math.isclose(float(expected), float(got), rel_tol=rel_tol, abs_tol=abs_tol)
+    if type(expected) in (list, tuple) and type(got) is type(expected):
+        return len(expected) == len(got) and all(
+            values_equal(e, g, rel_tol, abs_tol) for e, g in zip(expected, got)
+        )
+    if type(expected) is dict and type(got) is dict:
+        return expected.keys() == got.keys() and all(
+            values_equal(v, got[k], rel_tol, abs_tol) for k, v in expected.items()
+        )
+    try:
+        return bool(expected == got)
+    except Exception:  # noqa: BLE001 - e.g. comparing huge ints with floats
+        return False
+
+
+def normalise_output(text: str) -> str:
+    """Whole-output normal form for stdio tests: unix newlines, no trailing spaces or blank lines."""
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return "\n".join(line.rstrip() for line in lines).strip("\n")

@@ -1,0 +1,91 @@
+"""A seccomp deny-list installed in each task process through libseccomp (ctypes, no extra package).
+
+Denied calls fail with EPERM rather than killing the process, so ordinary Python code sees a clean
+``PermissionError``. Denied: creating sockets (network and local), tracing other processes,
+mounting and namespaces, changing uid/gid, loading kernel code, and a few host-wide controls.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+
+DENIED_SYSCALLS = (
+    # network and local sockets
+    "socket", "socketpair", "connect", "bind", "listen", "accept", "accept4",
+    # other processes' memory and tracing
+    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd",
+    # mounts and namespaces
+    "mount", "umount2", "pivot_root", "chroot", "unshare", "setns", "clone3",
+    "fsopen", "fsmount", "fsconfig", "move_mount", "open_tree", "mount_setattr",
+    "open_by_handle_at", "name_to_handle_at",
+    # identity
+    "setuid", "setgid", "setreuid", "setregid", "setresuid", "setresgid", "setgroups",
+    "setfsuid", "setfsgid", "capset",
+    # kernel and host-wide state
+    "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "bpf",
+    "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key", "reboot", "swapon",
+    "swapoff", "acct", "quotactl", "syslog", "iopl", "ioperm", "sethostname", "setdomainname",
+    "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "personality", "lookup_dcookie",
+    "io_uring_setup", "io_uring_enter", "io_uring_register",
+)
+"""Syscalls that fail with EPERM inside a task (clone3 fails so libc falls back to plain clone)."""
+
+_SCMP_ACT_ALLOW = 0x7FFF0000
+_SCMP_ACT_ERRNO = 0x00050000
+_SCMP_CMP_MASKED_EQ = 7
+# CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
+_CLONE_NAMESPACE_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+
+
+class _ArgCmp(ctypes.Structure):
+    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("datum_a", ctypes.c_uint64), ("datum_b", ctypes.c_uint64)]
+
+
+def load_library():
+    """The libseccomp shared library, or None when the host has none."""
+    name = ctypes.util.find_library("seccomp") or "libseccomp.so.2"
+    try:
+        lib = ctypes.CDLL(name, use_errno=True)
+    except OSError:
+        return None
+    lib.seccomp_init.restype = ctypes.c_void_p
+    lib.seccomp_init.argtypes = [ctypes.c_uint32]
+    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    lib.seccomp_rule_add.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint]
+    lib.seccomp_rule_add_array.argtypes = [
+        ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint, ctypes.POINTER(_ArgCmp),
+    ]
+    lib.seccomp_load.argtypes = [ctypes.c_void_p]
+    lib.seccomp_release.argtypes = [ctypes.c_void_p]
+    return lib
+
+
+def install(lib) -> int:
+    """Install the deny-list in the calling process (irreversible); returns the number of rules."""
+    eperm = _SCMP_ACT_ERRNO | errno.EPERM
+    ctx = lib.seccomp_init(_SCMP_ACT_ALLOW)
+    if not ctx:
+        raise OSError("seccomp_init failed")
+    rules = 0
+    try:
+        for name in DENIED_SYSCALLS:
+            number = lib.seccomp_syscall_resolve_name(name.encode())
+            if number < 0:  # not on this architecture
+                continue
+            if lib.seccomp_rule_add(ctx, eperm, number, 0) != 0:
+                raise OSError(f"seccomp rule for {name} failed")
+            rules += 1
+        clone = lib.seccomp_syscall_resolve_name(b"clone")
+        # clone(flags) fails when any namespace flag is set (one rule per flag: rules are OR-ed)
+        for flag in (1 << bit for bit in range(32) if _CLONE_NAMESPACE_FLAGS >> bit & 1):
+            cmp = _ArgCmp(0, _SCMP_CMP_MASKED_EQ, flag, flag)
+            if lib.seccomp_rule_add_array(ctx, eperm, clone, 1, ctypes.byref(cmp)) != 0:
+                raise OSError("seccomp rule for clone failed")
+            rules += 1
+        if lib.seccomp_load(ctx) != 0:
+            raise OSError("seccomp_load failed")
+    finally:
+        lib.seccomp_release(ctx)
+    return rules

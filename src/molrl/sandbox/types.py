@@ -1,0 +1,118 @@
+"""The sandbox's configuration, job and result types."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Status = Literal["ok", "runtime_error", "timeout", "memory_limit", "output_limit", "sandbox_error"]
+
+
+@dataclass
+class SandboxConfig:
+    """How model-written code is confined and how fast it is run."""
+
+    workers: int = 0
+    """Worker slots run in parallel (0: one per CPU core)."""
+    timeout_s: float = 10.0
+    """Wall-clock limit of one execution, in seconds."""
+    memory_mb: int = 1024
+    """Address-space limit of each task process, in MiB (includes the ~100 MiB of preloaded modules)."""
+    max_output_kb: int = 64
+    """How much of stdout and of stderr comes back (the rest is counted, and flagged truncated)."""
+    max_file_mb: int = 16
+    """Largest file a task may write, stdout and stderr included; reaching it is output_limit."""
+    max_processes: int = 32
+    """Processes a task may have at once (RLIMIT_NPROC on the slot's own uid)."""
+    tmpfs_mb: int = 256
+    """Size of each slot's private writable /tmp (bwrap backend)."""
+    backend: Literal["auto", "bwrap", "process"] = "auto"
+    """auto: bubblewrap when it works here, else plain processes (with a warning naming what is lost)."""
+    seccomp: bool = True
+    """Install the seccomp deny-list (no sockets, ptrace, mounts, namespaces, uid changes)."""
+    preimport: list[str] = field(
+        default_factory=lambda: ["numpy", "math", "re", "collections", "itertools", "functools", "heapq", "json", "random", "string", "bisect", "typing"]
+    )
+    """Modules each worker imports once so tasks start warm (missing ones are skipped)."""
+    cache_size: int = 4096
+    """Results kept, keyed by hash of (code, inputs, limits); 0 disables the cache."""
+    float_rel_tol: float = 1e-9
+    """Relative tolerance when a returned float is compared with the expected one."""
+    float_abs_tol: float = 0.0
+    """Absolute tolerance when a returned float is compared with the expected one."""
+    max_result_kb: int = 4096
+    """Largest block of encoded return values a task may send back."""
+    worker_grace_s: float = 5.0
+    """Extra seconds past the deadline before a silent worker is declared hung and replaced."""
+
+
+@dataclass
+class ExecJob:
+    """One program to run: code, its stdin, and optional overrides of the pool's limits."""
+
+    code: str
+    """The program text."""
+    stdin: str | None = None
+    """Text fed on standard input."""
+    timeout_s: float | None = None
+    """Overrides SandboxConfig.timeout_s."""
+    memory_mb: int | None = None
+    """Overrides SandboxConfig.memory_mb."""
+
+
+@dataclass
+class TestOutcome:
+    """How one test of a task went; the verdict was reached outside the process that ran the code."""
+
+    index: int
+    """Position of the test in Task.tests."""
+    kind: str
+    """call / stdio / assert."""
+    passed: bool
+    """True only when a result came back and matched; a missing result is a fail."""
+    got: Any = None
+    """call: the returned value serialised with its exact type; stdio: the stdout (first KB)."""
+    error: str | None = None
+    """Why it failed: the exception raised, 'no result', 'wrong answer', ..."""
+
+    __test__ = False
+
+
+@dataclass
+class ExecResult:
+    """What happened when a program ran in the sandbox."""
+
+    status: Status
+    """ok / runtime_error / timeout / memory_limit / output_limit / sandbox_error."""
+    exit_code: int | None = None
+    """Process exit code (negative: killed by that signal, -9 at a deadline); None if never collected."""
+    stdout: str = ""
+    """The first max_output_kb of standard output."""
+    stderr: str = ""
+    """The first max_output_kb of standard error."""
+    stdout_bytes: int = 0
+    """Total bytes written to stdout."""
+    stderr_bytes: int = 0
+    """Total bytes written to stderr."""
+    truncated: bool = False
+    """True when stdout or stderr was longer than what came back."""
+    duration_s: float = 0.0
+    """Wall-clock time of the execution."""
+    tests: list[TestOutcome] = field(default_factory=list)
+    """Per-test outcomes (run_tests only)."""
+    error: str | None = None
+    """For sandbox_error, what went wrong in the sandbox itself."""
+    cached: bool = False
+    """True when this result came from the cache."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """Diagnostics: backend, milliseconds from deadline or exit to all processes reaped, strays killed."""
+
+    @property
+    def passed(self) -> int:
+        """Number of tests passed."""
+        return sum(t.passed for t in self.tests)
+
+    def to_json(self) -> str:
+        """The result as a JSON string."""
+        return json.dumps(asdict(self), indent=2, default=repr)

@@ -1,0 +1,20 @@
+"""Traces: the multi-turn episode format, importers, and role-labelled tokenisation."""
+
+from molrl.traces.schema import KINDS, Reject, Trace, TraceError, TraceReader, append_trace, read_traces, write_traces
+from molrl.traces.tokenize import TokenizeConfig, TokenizedTrace, locate_spans, tokenize_file, tokenize_trace
+
+__all__ = [
+    "KINDS",
+    "Reject",
+    "Trace",
+    "TraceError",
+    "TraceReader",
+    "TokenizeConfig",
+    "TokenizedTrace",
+    "append_trace",
+    "locate_spans",
+    "read_traces",
+    "tokenize_file",
+    "tokenize_trace",
+    "write_traces",
+]

@@ -1,0 +1,171 @@
+"""Importers: turn real trace formats into molrl traces.
+
+MINT (``xingyaoww/mint-bench`` ``results.jsonl`` rows: ``{task: {task_id, task_name, prompt,
+reference}, state: {history, success, terminate_reason, ...}}``):
+  * the first user message is the task, kept whole as the prompt (it includes MINT's in-context
+    example, which is part of what the agent saw);
+  * every later user message is environment feedback (``Observation:`` output, ``Expert
+    feedback:`` critique) and becomes a ``tool`` message;
+  * assistant messages keep their ``<thought>`` / ``<execute>`` / ``<solution>`` text; MINT's
+    transcript label ``Assistant:`` at the start of each one is removed, since the model did not
+    write it (its generation started after that label);
+  * meta keeps the task id, task name, reference answer, success, termination reason, and the
+    agent and feedback model names read from the file name ``<model>_F_<feedback>__<set>.jsonl``.
+
+OpenAI-style (``{"messages": [{role, content}, ...], ...}``): roles system/user/assistant/tool
+pass through; other role names are errors unless mapped explicitly (``role_map={"function":
+"tool"}``); extra message keys (``name``, ``tool_call_id``) are errors unless listed in
+``drop_keys``; other top-level keys go to meta.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from molrl.chat import ROLES
+from molrl.traces.schema import Reject, Trace, TraceError
+
+FORMATS = ("mint", "openai")
+_MINT_NAME = re.compile(r"^(?P<model>.+?)_F_(?P<feedback>.+?)__(?P<dataset>[^_].*)$")
+_ASSISTANT_LABEL = re.compile(r"^\s*Assistant:[ \t]*\n?")
+
+
+@dataclass
+class ImportResult:
+    """Traces converted from one input file, with every record that could not be."""
+
+    path: str
+    """The input file."""
+    traces: list[tuple[int, Trace]] = field(default_factory=list)
+    """``(line_no, trace)`` for every converted record."""
+    rejects: list[Reject] = field(default_factory=list)
+    """Records that could not be converted, with the reason."""
+
+
+def mint_file_info(path: str | Path) -> dict[str, str]:
+    """Agent model, feedback model and dataset parsed from a MINT file name (empty if it does not parse)."""
+    m = _MINT_NAME.match(Path(path).stem)
+    if not m:
+        return {}
+    feedback = None if m["feedback"] == "None" else m["feedback"]
+    return {"model": m["model"], "feedback_model": feedback, "dataset": m["dataset"]}
+
+
+def mint_record_to_trace(row: Any, file_info: dict[str, str] | None = None) -> Trace:
+    """One MINT results row as a trace; raises ``TraceError`` naming what is missing."""
+    if not isinstance(row, dict):
+        raise TraceError(f"MINT row is a JSON {type(row).__name__}; expected an object with 'task' and 'state'")
+    task, state = row.get("task"), row.get("state")
+    if not isinstance(task, dict) or not isinstance(state, dict):
+        raise TraceError("MINT row needs objects 'task' and 'state'; is this a MINT results.jsonl file?")
+    history = state.get("history")
+    if not isinstance(history, list) or not history:
+        raise TraceError("MINT row has no state.history (an empty conversation)")
+    messages = []
+    for i, turn in enumerate(history):
+        role = turn.get("role") if isinstance(turn, dict) else None
+        content = turn.get("content") if isinstance(turn, dict) else None
+        if role not in ("user", "assistant"):
+            raise TraceError(f"state.history[{i}] has role {role!r}; MINT histories hold only user/assistant")
+        if not isinstance(content, str):
+            raise TraceError(f"state.history[{i}] ({role}) has content of type {type(content).__name__}; expected a string")
+        if role == "assistant":
+            messages.append({"role": "assistant", "content": _ASSISTANT_LABEL.sub("", content, count=1)})
+        else:
+            messages.append({"role": "user" if not messages else "tool", "content": content})
+    if messages[0]["role"] != "user":
+        raise TraceError("state.history[0] should be the user's task")
+    meta = {
+        "source": "mint",
+        "kind": "domain",
+        "task_id": task.get("task_id"),
+        "task_name": task.get("task_name"),
+        "reference": task.get("reference"),
+        "success": state.get("success"),
+        "terminate_reason": state.get("terminate_reason"),
+        **(file_info or {}),
+    }
+    if not isinstance(meta["success"], bool):
+        raise TraceError(f"state.success is {meta['success']!r}; expected true or false")
+    trace = Trace(messages=messages, meta=meta)
+    trace.validate()
+    return trace
+
+
+@dataclass
+class OpenAIOptions:
+    """Explicit mappings for OpenAI-style records; nothing is renamed or dropped unless listed."""
+
+    role_map: dict[str, str] = field(default_factory=dict)
+    """Extra role names mapped onto system/user/assistant/tool, e.g. {"function": "tool"}."""
+    drop_keys: tuple[str, ...] = ()
+    """Message keys to discard (e.g. "name", "tool_call_id"); any other extra key is an error."""
+
+
+def openai_record_to_trace(record: Any, options: OpenAIOptions | None = None) -> Trace:
+    """One ``{"messages": [...], ...}`` record as a trace; other top-level keys become meta."""
+    options = options or OpenAIOptions()
+    if not isinstance(record, dict) or "messages" not in record:
+        raise TraceError("record needs a 'messages' list of {role, content} objects")
+    raw_messages = record["messages"]
+    if not isinstance(raw_messages, list):
+        raise TraceError(f"'messages' is a {type(raw_messages).__name__}; expected a list")
+    messages = []
+    for i, msg in enumerate(raw_messages):
+        if not isinstance(msg, dict):
+            raise TraceError(f"message {i} is a {type(msg).__name__}; expected an object")
+        role = msg.get("role")
+        mapped = role if role in ROLES else options.role_map.get(role)
+        if mapped not in ROLES:
+            raise TraceError(
+                f"message {i} has role {role!r}; expected one of {'/'.join(ROLES)} "
+                f"(map it explicitly, e.g. --map-role {role}=tool)"
+            )
+        extra = sorted(set(msg) - {"role", "content"} - set(options.drop_keys))
+        if extra:
+            raise TraceError(f"message {i} ({role}) has key {extra[0]!r}; drop it explicitly with --drop-key {extra[0]}")
+        messages.append({"role": mapped, "content": msg.get("content")})
+    meta = dict(record.get("meta") or {})
+    meta.update({k: v for k, v in record.items() if k not in ("messages", "meta")})
+    meta.setdefault("source", "openai")
+    meta.setdefault("kind", "domain")
+    trace = Trace(messages=messages, meta=meta)
+    trace.validate()
+    return trace
+
+
+def import_file(path: str | Path, fmt: str, options: OpenAIOptions | None = None) -> ImportResult:
+    """Convert every record of one JSONL file; bad records are kept in ``rejects`` with the reason."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown trace format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    result = ImportResult(str(path))
+    info = mint_file_info(path) if fmt == "mint" else {}
+    for line_no, raw, record, error in _json_lines(path):
+        if error:
+            result.rejects.append(Reject(str(path), line_no, error, raw))
+            continue
+        try:
+            trace = mint_record_to_trace(record, info) if fmt == "mint" else openai_record_to_trace(record, options)
+        except TraceError as err:
+            result.rejects.append(Reject(str(path), line_no, str(err), raw))
+            continue
+        result.traces.append((line_no, trace))
+    return result
+
+
+def _json_lines(path: str | Path) -> Iterator[tuple[int, str, Any, str | None]]:
+    """``(line_no, raw, parsed, error)`` for each non-blank line."""
+    with open(path, encoding="utf-8", newline="\n") as handle:
+        for line_no, raw in enumerate(handle, start=1):
+            text = raw.rstrip("\n")
+            if not text.strip():
+                continue
+            try:
+                yield line_no, text, json.loads(text), None
+            except json.JSONDecodeError as err:
+                tail = " (truncated final line without newline)" if not raw.endswith("\n") else ""
+                yield line_no, text, None, f"malformed JSON{tail} ({err.msg} at column {err.colno}); fix or delete the line"

@@ -1,0 +1,85 @@
+"""Per-file trace statistics under a chat template: traces, turns and tokens by role."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from molrl.traces.schema import Reject, read_traces
+from molrl.traces.tokenize import TokenizeConfig, tokenize_file
+
+
+@dataclass
+class FileStats:
+    """Counts for one trace file (token counts cover the traces that tokenised)."""
+
+    path: str
+    """The trace file."""
+    traces: int = 0
+    """Valid trace records."""
+    rejects: int = 0
+    """Records that are invalid or failed to tokenise (see ``reject_reasons``)."""
+    turns: int = 0
+    """Assistant turns."""
+    feedback_turns: int = 0
+    """Tool (environment feedback) messages."""
+    no_feedback: int = 0
+    """Traces without any tool message."""
+    successes: int = 0
+    """Traces whose meta.success is true."""
+    tokens: int = 0
+    """All tokens."""
+    prompt_tokens: int = 0
+    """System and user tokens."""
+    decision_tokens: int = 0
+    """Assistant-written tokens."""
+    feedback_tokens: int = 0
+    """Environment-written tokens."""
+    template_tokens: int = 0
+    """Role headers and other template tokens."""
+    max_tokens: int = 0
+    """Longest trace in tokens."""
+    reject_reasons: list[Reject] = field(default_factory=list)
+    """Every rejected record with its reason."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form (rejects as ``file:line: reason`` strings)."""
+        data = asdict(self)
+        data["reject_reasons"] = [str(r) for r in self.reject_reasons]
+        return data
+
+
+def file_stats(path: str | Path, tokenizer: Any, cfg: TokenizeConfig | None = None) -> FileStats:
+    """Read and tokenise every trace in ``path``; counts by role, rejects with file and line."""
+    cfg = replace(cfg or TokenizeConfig(), require_feedback=False)  # traces without feedback are counted, not rejected
+    stats = FileStats(str(path))
+    done, stats.reject_reasons = tokenize_file(path, tokenizer, cfg)
+    traces = dict(read_traces(path))  # line -> trace, for turn counts and meta
+    for line_no, tok in done:
+        trace = traces[line_no]
+        stats.traces += 1
+        stats.turns += trace.count("assistant")
+        stats.feedback_turns += trace.count("tool")
+        stats.no_feedback += trace.count("tool") == 0
+        stats.successes += trace.success is True
+        stats.tokens += tok.n_tokens
+        stats.prompt_tokens += tok.n_prompt
+        stats.decision_tokens += tok.n_decision
+        stats.feedback_tokens += tok.n_feedback
+        stats.template_tokens += tok.n_template
+        stats.max_tokens = max(stats.max_tokens, tok.n_tokens)
+    stats.rejects = len(stats.reject_reasons)
+    return stats
+
+
+def total(stats: list[FileStats]) -> FileStats:
+    """The column sums of several files (max for ``max_tokens``)."""
+    out = FileStats("total")
+    for s in stats:
+        for name in ("traces", "rejects", "turns", "feedback_turns", "no_feedback", "successes", "tokens",
+                     "prompt_tokens", "decision_tokens", "feedback_tokens", "template_tokens"):
+            setattr(out, name, getattr(out, name) + getattr(s, name))
+        out.max_tokens = max(out.max_tokens, s.max_tokens)
+        out.reject_reasons += s.reject_reasons
+    return out

@@ -1,0 +1,137 @@
+"""Feedback providers: the exact words each one derives from a recorded observation."""
+
+import pytest
+
+from molrl.collect.config import EpisodeConfig
+from molrl.collect.feedback import (
+    NO_FEEDBACK,
+    BudgetFeedback,
+    ExecutionFeedback,
+    Observation,
+    TestFeedback,
+    VerdictFeedback,
+    build_providers,
+    clip,
+    render_feedback,
+)
+from molrl.errors import MolrlError
+from molrl.sandbox.runtime.codec import encode
+from molrl.tasks import Task, TestCase
+
+TASK = Task(
+    id="t", prompt="p", kind="code", entry_point="f",
+    tests=[TestCase("call", args=[3], expected=9), TestCase("call", args=[0], expected=0),
+           TestCase("assert", source="assert f(2) == 4"), TestCase("call", args=[[1, 2]], expected=(1, 2))],
+)
+
+
+def _exec(status="ok", stdout="", stderr="", truncated=False, duration_s=0.5, exit_code=0):
+    return {"status": status, "exit_code": exit_code, "stdout": stdout, "stderr": stderr,
+            "truncated": truncated, "duration_s": duration_s, "error": None}
+
+
+def _grade(tests, status="ok", stage="partial", stderr_tail=""):
+    passed = sum(t["passed"] for t in tests)
+    return {"score": 0.0, "correct": stage == "all_pass", "stage": stage, "extracted": "",
+            "details": {"status": status, "passed": passed, "total": len(tests), "tests": tests,
+                        "stderr_tail": stderr_tail, "error": None}}
+
+
+def test_clip_keeps_head_or_tail_and_counts_what_it_left_out():
+    # 26 letters cut to 10: 16 characters are left out, and the marker says so.
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    assert clip(letters, 10) == "abcdefghij\n[... 16 more characters not shown]"
+    assert clip(letters, 10, keep="tail") == "[... 16 earlier characters not shown]\nqrstuvwxyz"
+    assert clip(letters, 26) == letters
+
+
+def test_execution_feedback_shows_output_and_traceback_tail():
+    obs = Observation("code", exec=_exec("runtime_error", stdout="3\n", stderr="Traceback ...\nZeroDivisionError: division by zero\n", exit_code=1))
+    assert ExecutionFeedback()(TASK, obs, []) == "Output:\n3\nError:\nTraceback ...\nZeroDivisionError: division by zero"
+
+
+def test_execution_feedback_truncates_long_output_with_a_marker():
+    obs = Observation("code", exec=_exec(stdout="x" * 50 + "\n", truncated=True))
+    text = ExecutionFeedback(max_chars=20)(TASK, obs, [])
+    assert text == ("Output:\n" + "x" * 20 + "\n[... 30 more characters not shown]\n"
+                    "(The output was longer than the sandbox keeps; the rest was not captured.)")
+
+
+def test_execution_feedback_for_silent_success_and_timeout():
+    assert ExecutionFeedback()(TASK, Observation("code", exec=_exec()), []) == "The code ran without error and printed nothing."
+    timeout = Observation("code", exec=_exec("timeout", duration_s=10.04, exit_code=None))
+    assert ExecutionFeedback()(TASK, timeout, []) == "Execution timed out after 10.0 s and was stopped."
+
+
+def test_test_feedback_describes_failures_in_words():
+    tests = [
+        {"index": 0, "kind": "call", "passed": False, "got": encode(7), "error": "wrong answer"},
+        {"index": 1, "kind": "call", "passed": True, "got": encode(0), "error": None},
+        {"index": 2, "kind": "assert", "passed": False, "got": None, "error": "AssertionError"},
+        {"index": 3, "kind": "call", "passed": False, "got": encode([1, 2]), "error": "wrong answer"},
+    ]
+    text = TestFeedback(max_failures=2)(TASK, Observation("solution", grade=_grade(tests)), [])
+    assert text == (
+        "3 of 4 tests failed:\n"
+        "- f(3) returned 7, expected 9\n"
+        "- assert f(2) == 4 failed: AssertionError\n"
+        "(and 1 more)"
+    )
+
+
+def test_test_feedback_shows_returned_types_exactly():
+    # A list came back where a tuple was expected: the words must show the difference.
+    tests = [{"index": 3, "kind": "call", "passed": False, "got": encode([1, 2]), "error": "wrong answer"}]
+    text = TestFeedback()(TASK, Observation("solution", grade=_grade(tests)), [])
+    assert text == "1 of 1 tests failed:\n- f([1, 2]) returned [1, 2], expected (1, 2)"
+
+
+def test_test_feedback_when_all_pass_or_code_does_not_compile():
+    tests = [{"index": 1, "kind": "call", "passed": True, "got": encode(0), "error": None}] * 2
+    assert TestFeedback()(TASK, Observation("solution", grade=_grade(tests, stage="all_pass")), []) == "All 2 tests passed."
+    broken = {"score": 0.0, "correct": False, "stage": "compile_error", "extracted": "def f(:",
+              "details": {"error": "SyntaxError: invalid syntax (solution.py, line 1)"}}
+    assert TestFeedback()(TASK, Observation("solution", grade=broken), []) == (
+        "The code does not compile: SyntaxError: invalid syntax (solution.py, line 1)"
+    )
+
+
+def test_verdict_and_budget_wording():
+    math = Task(id="m", prompt="1+1?", kind="math", answer="2")
+    assert VerdictFeedback()(math, Observation("solution", verdict=True), []) == "Your answer is correct."
+    assert VerdictFeedback()(TASK, Observation("solution", verdict=False), []) == "Your solution is wrong."
+    assert VerdictFeedback()(TASK, Observation("code"), []) is None
+    assert BudgetFeedback()(TASK, Observation("code", turns_left=1, solutions_left=2), []) == (
+        "You have 1 turn and 2 solution submissions left."
+    )
+    assert BudgetFeedback()(TASK, Observation("code", turns_left=0, final=True), []) is None
+
+
+def test_render_joins_pieces_and_is_never_empty():
+    providers = build_providers(["execution", "budget"], EpisodeConfig())
+    text, pieces = render_feedback(providers, TASK, Observation("code", exec=_exec(stdout="hi\n"), turns_left=2, solutions_left=1), [])
+    assert text == "Output:\nhi\n\nYou have 2 turns and 1 solution submission left."
+    assert list(pieces) == ["execution", "budget"]
+    assert render_feedback(providers, TASK, Observation("solution", final=True), [])[0] == NO_FEEDBACK
+
+
+def test_unknown_provider_name_is_a_clear_error():
+    with pytest.raises(MolrlError, match="unknown feedback provider 'tests2'"):
+        build_providers(["tests2"], EpisodeConfig())
+
+
+def test_custom_provider_by_import_path():
+    providers = build_providers(["test_collect_feedback:shout"], EpisodeConfig())
+    assert render_feedback(providers, TASK, Observation("code"), [])[0] == "LOUD"
+
+
+class _Shout:
+    name = "shout"
+
+    def __call__(self, task, obs, messages):
+        return "LOUD"
+
+
+def shout(cfg):
+    """A custom provider factory, named in the config as module:factory."""
+    return _Shout()

@@ -1,0 +1,128 @@
+"""SandboxPool basics: statuses, output bounds, limits, tests judged outside, cache, backends."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+
+from molrl.sandbox import ExecJob, SandboxConfig, SandboxPool
+from molrl.sandbox.compare import normalise_output, values_equal
+from molrl.sandbox.runtime import codec
+from molrl.tasks import Task, TestCase
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with SandboxPool(SandboxConfig(workers=2, timeout_s=3.0, max_output_kb=4)) as p:
+        yield p
+
+
+def test_stdout_stdin_and_exit_code(pool):
+    result = pool.run("import sys\nprint(input()[::-1])\nsys.exit(3)", stdin="abc\n")
+    assert (result.status, result.exit_code, result.stdout) == ("runtime_error", 3, "cba\n")
+
+
+def test_exception_is_runtime_error_with_traceback(pool):
+    result = pool.run("def f():\n    raise KeyError('boom')\nf()")
+    assert result.status == "runtime_error" and "KeyError: 'boom'" in result.stderr
+
+
+def test_numpy_is_preloaded_and_single_threaded(pool):
+    result = pool.run("import numpy as np, os\nprint(np.arange(4).sum(), os.environ['OPENBLAS_NUM_THREADS'])")
+    assert result.stdout == "6 1\n"
+
+
+def test_timeout_is_reaped_quickly(pool):
+    result = pool.run("while True:\n    pass", timeout_s=0.3)
+    assert result.status == "timeout" and result.exit_code == -9
+    assert 0.3 <= result.duration_s < 0.5 and result.info["reap_ms"] < 50
+
+
+def test_output_beyond_the_kept_head_is_counted_and_flagged(pool):
+    result = pool.run("print('z' * 10000)")
+    assert result.status == "ok" and result.truncated
+    assert len(result.stdout) == 4 * 1024 and result.stdout_bytes == 10001
+
+
+def test_run_many_keeps_order(pool):
+    results = pool.run_many([f"print({i} * 2)" for i in range(12)] + [ExecJob("print(input())", stdin="x")])
+    assert [r.stdout for r in results] == [f"{i * 2}\n" for i in range(12)] + ["x\n"]
+
+
+def test_identical_jobs_run_once_then_come_from_cache(pool):
+    code = "import random\nprint(random.random())"
+    first, second = pool.run_many([code, code])
+    third = pool.run(code)
+    assert first.stdout == second.stdout == third.stdout
+    assert (first.cached, second.cached, third.cached) == (False, False, True)
+
+
+def test_call_tests_are_compared_outside(pool):
+    task = Task(id="t", prompt="", kind="code", entry_point="f", tests=[
+        TestCase("call", args=[[3, 1, 2]], expected=[1, 2, 3]),
+        TestCase("call", args=[[1]], expected=(1,)),
+        TestCase("call", args=[[]], expected=[]),
+    ])
+    result = pool.run_tests("def f(xs):\n    return sorted(xs)", task)
+    assert [t.passed for t in result.tests] == [True, False, True]
+    assert result.tests[1].got == {"t": "list", "v": [{"t": "int", "v": "1"}]}
+
+
+def test_exception_in_one_call_leaves_the_others(pool):
+    task = Task(id="t", prompt="", kind="code", entry_point="inv", tests=[
+        TestCase("call", args=[0], expected=0.0), TestCase("call", args=[4], expected=0.25)])
+    result = pool.run_tests("def inv(x):\n    return 1 / x", task)
+    assert [t.passed for t in result.tests] == [False, True]
+    assert result.tests[0].error.startswith("ZeroDivisionError")
+
+
+def test_stdio_tests_compare_normalised_whole_output(pool):
+    task = Task(id="t", prompt="", kind="code", tests=[
+        TestCase("stdio", stdin="2 3\n", stdout="5\n"), TestCase("stdio", stdin="1 1\n", stdout="3")])
+    result = pool.run_tests("a, b = map(int, input().split())\nprint(a + b, ' ')\n\n", task)
+    assert [t.passed for t in result.tests] == [True, False]
+
+
+def test_judged_assert_tests_see_only_plain_values(pool):
+    task = Task(id="t", prompt="", kind="code", entry_point="f", tests=[
+        TestCase("assert", source="assert math.isclose(f(2), 4.0)"),
+        TestCase("assert", source="def check(candidate):\n    for i in range(5):\n        assert candidate(i) == i * i\ncheck(candidate)"),
+        TestCase("assert", source="assert f(3) == 10"),
+    ])
+    result = pool.run_tests("def f(x):\n    return x * x", task)
+    assert [t.passed for t in result.tests] == [True, True, False]
+
+
+def test_setup_code_runs_after_the_solution(pool):
+    task = Task(id="t", prompt="", kind="code", entry_point="size", setup_code="thing = Box(5)",
+                tests=[TestCase("call", expected=5, args_source="(thing,)")])
+    code = "class Box:\n    def __init__(self, n):\n        self.n = n\ndef size(b):\n    return b.n"
+    assert pool.run_tests(code, task).tests[0].passed
+
+
+def test_codec_keeps_exact_types():
+    value = {1: (2.5, float("inf")), "s": {frozenset({b"x"})}, "n": None, "c": [True, 3j]}
+    back = codec.decode(codec.encode(value))
+    assert back == value and type(back[1]) is tuple and type(back["c"][0]) is bool
+
+
+def test_float_tolerance_is_relative():
+    assert values_equal(0.1 + 0.2, 0.3) and not values_equal(0.3, 0.31)
+    assert values_equal([1.0, (2, 3.0)], [1, (2, 3.0 + 1e-12)]) and not values_equal([1], (1,))
+    assert not values_equal(math.nan, math.nan)
+
+
+def test_normalised_output_ignores_trailing_space_only():
+    assert normalise_output("a  \r\nb\n\n") == "a\nb" and normalise_output(" a") != normalise_output("a")
+
+
+def test_process_backend_warns_and_still_confines_time(caplog):
+    caplog.set_level(logging.WARNING)
+    with SandboxPool(SandboxConfig(workers=1, backend="process", timeout_s=0.5)) as pool:
+        ok = pool.run("print(2 + 2)")
+        looping = pool.run("import os\nif os.fork() == 0:\n    os.setsid()\nwhile True:\n    pass")
+    assert "WITHOUT network, pid or mount isolation" in caplog.text
+    assert (ok.status, ok.stdout) == ("ok", "4\n")
+    assert looping.status == "timeout" and looping.info["stray_processes"] == 1
