@@ -120,3 +120,23 @@ def test_interactive_mode_runs_the_collection_loop(shared_data, tmp_path):
         # each sample is a finished episode: why it stopped, and how many turns it took
         assert all(r["stage"] in {"empty_turn", "max_turns", "out_of_solutions", "token_limit"} for r in records)
         assert all(1 <= r["details"]["turns"] <= 2 or r["stage"] == "empty_turn" for r in records)
+
+
+class _SecondTryGenerator:
+    """Submits a wrong answer, then (having seen the feedback) the right one: 204 for AIME24 #60."""
+
+    def generate(self, prompts, sampling):
+        return [["<solution>204</solution>" if "<solution>7</solution>" in p else "<solution>7</solution>"]
+                for p in prompts]
+
+
+def test_interactive_verdict_comes_from_the_last_submission(shared_data, tmp_path, monkeypatch):
+    from molrl.models import load_tokenizer
+
+    monkeypatch.setattr(sources, "load_generator", lambda cfg: (_SecondTryGenerator(), load_tokenizer("tiny:chatml")))
+    cfg = _cfg(shared_data, tmp_path / "run", ["aime24"], limit=1, mode="interactive")
+    out = run_eval(cfg)
+    assert json.loads((out / "results.json").read_text())["benchmarks"]["aime24"]["pass@1"] == 1.0
+    record = _samples(out, "aime24")[0]
+    assert (record["stage"], record["extracted"], record["details"]["solutions"]) == ("solved", "204", 2)
+    assert len(record["details"]["feedback"]) == 2  # the wrong answer's feedback, then the verdict

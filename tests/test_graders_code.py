@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from molrl.graders.code import CodeRewardConfig, extract_code, grade_code
@@ -78,10 +76,8 @@ def test_a_failing_batch_scores_as_sandbox_errors():
     assert scores == [0.0]
 
 
-def humaneval_check(shared_data, pool, sample: int | None):
+def humaneval_check(shared_data, pool):
     tasks = load_tasks(shared_data / "humaneval" / "HumanEval.jsonl.gz", "humaneval")
-    if sample:
-        tasks = random.Random(0).sample(tasks, sample)
     reward = CodeReward(pool)
     good = reward(None, [fenced(t.reference) for t in tasks], task_json=[t.to_json() for t in tasks])
     bad = CodeReward(pool, CodeRewardConfig(mode="binary"))(
@@ -89,32 +85,17 @@ def humaneval_check(shared_data, pool, sample: int | None):
     return tasks, good, bad
 
 
-def test_humaneval_sample_canonical_full_and_return_none_zero(shared_data, pool):
-    tasks, good, bad = humaneval_check(shared_data, pool, sample=40)
-    assert good == [1.0] * len(tasks) and bad == [0.0] * len(tasks)
-
-
-@pytest.mark.slow
 def test_humaneval_all_canonical_full_and_return_none_zero(shared_data, pool):
-    tasks, good, bad = humaneval_check(shared_data, pool, sample=None)
+    tasks, good, bad = humaneval_check(shared_data, pool)
     assert len(tasks) == 164 and good == [1.0] * 164 and bad == [0.0] * 164
 
 
-def mbpp_failures(shared_data, pool, sample: int | None) -> tuple[int, list[str]]:
+def mbpp_failures(shared_data, pool) -> tuple[int, list[str]]:
     tasks = load_tasks(shared_data / "mbpp" / "mbpp.jsonl", "mbpp")
-    if sample:
-        quirky = [t for t in tasks if t.id in ("123", "367", "601", "927")]
-        tasks = quirky + random.Random(0).sample(tasks, sample)
     grades = grade_code([fenced(t.reference) for t in tasks], tasks, pool)
     return len(tasks), [t.id for t, g in zip(tasks, grades) if not g.correct]
 
 
-def test_mbpp_sample_and_quirky_reference_solutions_pass(shared_data, pool):
-    n, failed = mbpp_failures(shared_data, pool, sample=60)
-    assert n == 64 and failed == []
-
-
-@pytest.mark.slow
 def test_mbpp_every_reference_solution_passes(shared_data, pool):
-    n, failed = mbpp_failures(shared_data, pool, sample=None)
+    n, failed = mbpp_failures(shared_data, pool)
     assert n == 974 and failed == []

@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from molrl.collect.actions import STOP_STRINGS
 from molrl.generation import SamplingConfig
 from molrl.sandbox import SandboxConfig
 
@@ -45,10 +44,8 @@ class EpisodeConfig:
     """Most solution submissions per episode (a wrong one earns feedback and another try)."""
     max_total_tokens: int = 8192
     """Most tokens of rendered prompt plus generated turn; a turn that would pass it is cut there and ends the episode."""
-    sampling: SamplingConfig = field(
-        default_factory=lambda: SamplingConfig(temperature=0.7, top_p=0.95, max_new_tokens=1024, stop=list(STOP_STRINGS))
-    )
-    """Sampling of each model turn (``n`` must be 1; samples per task are separate episodes)."""
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    """Sampling of each turn (``n`` must be 1: samples per task are separate episodes; </execute> and </solution> are always stop strings)."""
     enable_thinking: bool = True
     """Render with thinking on (Qwen3-style templates); off adds the template's empty think block."""
     system_prompt: str = ""

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Sequence
 
 from molrl.chat import render
-from molrl.collect.actions import SYSTEM_PROMPT, Action, parse_action
+from molrl.collect.actions import STOP_STRINGS, SYSTEM_PROMPT, Action, parse_action
 from molrl.collect.config import EpisodeConfig
 from molrl.collect.environment import observe
 from molrl.collect.feedback import FeedbackProvider, Observation, build_providers, render_feedback
@@ -161,7 +161,10 @@ def model_turns(
     if not live:
         return actions
     sampling = dataclasses.replace(
-        cfg.sampling, max_new_tokens=min(cfg.sampling.max_new_tokens, max(budgets[i] for i in live)), seed=seed
+        cfg.sampling,
+        max_new_tokens=min(cfg.sampling.max_new_tokens, max(budgets[i] for i in live)),
+        seed=seed,
+        stop=list(dict.fromkeys([*cfg.sampling.stop, *STOP_STRINGS])),
     )
     completions = generator.generate([prompts[i] for i in live], sampling)
     for i, (text,) in zip(live, completions):

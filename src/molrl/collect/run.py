@@ -49,6 +49,9 @@ def run_collect(cfg: CollectConfig, *, generator: Any = None, tokenizer: Any = N
     log.info("%s: %d of %d episodes already collected, %d to go", out, total - todo, total, todo)
     if todo == 0:
         return out
+    if cfg.samples > 1 and cfg.episode.sampling.temperature == 0:
+        log.warning("samples=%d with greedy decoding (temperature 0): the samples of a task will mostly repeat; "
+                    "set episode.sampling.temperature", cfg.samples)
     if generator is None or tokenizer is None:
         generator, tokenizer = build_generator(cfg)
     settings = generation_settings(cfg)
