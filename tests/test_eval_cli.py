@@ -55,3 +55,9 @@ def test_compare_writes_table_and_png(shared_data, tmp_path, capsys):
 def test_compare_table_marks_missing_benchmarks():
     runs = [("a", {"benchmarks": {"x": {"pass@1": 0.5}}}), ("b", {"benchmarks": {"y": {"pass@1": 0.25}}})]
     assert compare_table(runs) == "| benchmark | a | b |\n|---|---:|---:|\n| x | 50.0 | - |\n| y | - | 25.0 |\n"
+
+
+def test_malformed_data_flag_is_one_error(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr("molrl.cli.setup_logging", lambda verbose: None)
+    assert main(["eval", "--benchmarks", "aime24", "--data", "aime24.jsonl", "--out", str(tmp_path / "run")]) == 1
+    assert "--data 'aime24.jsonl': expected NAME=PATH" in caplog.text

@@ -19,7 +19,7 @@ from molrl.sandbox import SandboxConfig
 
 MATH_FILES = {"math500": ("math500/test.jsonl", "unique_id"), "aime24": ("aime24/test.jsonl", "id"),
               "aime25": ("aime25/test.jsonl", "id")}
-CODE_SAMPLE = 12  # problems per code benchmark in the default suite; the slow tests run them all
+CODE_SAMPLE = 12  # problems per code benchmark given shuffled solutions
 
 
 def _rows(path: Path) -> list[dict]:
@@ -84,20 +84,12 @@ def _code_preds(shared_data: Path, name: str, limit: int | None, shuffle: bool =
     return data, [(i, f"Here it is:\n```python\n{c}\n```\n") for i, c in zip(ids, code)]
 
 
-@pytest.mark.parametrize("name", ["humaneval", "mbpp"])
-def test_canonical_code_sampled_scores_100(shared_data, tmp_path, name):
-    data, preds = _code_preds(shared_data, name, CODE_SAMPLE)
-    m = _grade(tmp_path, name, data, _write(tmp_path / "p.jsonl", preds), partial_predictions=True)
-    assert m["problems"] == CODE_SAMPLE
-    assert m["pass@1"] == 1.0, m["stages"]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["humaneval", "mbpp"])
-def test_canonical_code_full_scores_100(shared_data, tmp_path, name):
+@pytest.mark.parametrize("name,problems", [("humaneval", 164), ("mbpp", 500)])
+def test_canonical_code_scores_100(shared_data, tmp_path, name, problems):
+    # every problem of the benchmark (MBPP: the test split 11-510 out of Google's full file)
     data, preds = _code_preds(shared_data, name, None)
-    m = _grade(tmp_path, name, data, _write(tmp_path / "p.jsonl", preds), partial_predictions=True)
-    assert m["problems"] == len(preds)
+    m = _grade(tmp_path, name, data, _write(tmp_path / "p.jsonl", preds))
+    assert m["problems"] == problems
     assert m["pass@1"] == 1.0, m["stages"]
 
 
@@ -142,3 +134,11 @@ def test_missing_predictions_are_an_error(shared_data, tmp_path):
     data, preds = _math_preds(shared_data, "aime24", shuffle=False)
     with pytest.raises(MolrlError, match="1 of 30 aime24 problems have no prediction"):
         _grade(tmp_path, "aime24", data, _write(tmp_path / "p.jsonl", preds[1:]))
+
+
+def test_edited_predictions_are_regraded(shared_data, tmp_path):
+    data, preds = _math_preds(shared_data, "aime24", shuffle=False)
+    wrong_first = [(preds[0][0], "\\boxed{1}")] + preds[1:]
+    assert _grade(tmp_path, "aime24", data, _write(tmp_path / "p.jsonl", wrong_first))["pass@1"] == 29 / 30
+    # same run directory, first answer fixed: that problem is graded again, the rest are read back
+    assert _grade(tmp_path, "aime24", data, _write(tmp_path / "p.jsonl", preds))["pass@1"] == 1.0

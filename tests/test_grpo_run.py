@@ -67,9 +67,8 @@ def test_toy_reward_rises_over_thirty_steps(tmp_path, base):
     out = run_grpo(toy_config(tmp_path, base, max_steps=30))
     rewards = step_rewards(out)
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
-    # seed 0 measured: about 0.12 over the first five steps, about 0.8 over the last five
+    # seed 0 measured: 0.16 over the first five steps, 0.82 over the last five
     assert last > first + 0.3, rewards
-    print("toy rewards per step:", [round(r, 2) for r in rewards])
 
 
 def test_continue_mol_adapter_trains_it_and_keeps_a_frozen_mol_reference(tmp_path, base, mol):

@@ -234,6 +234,22 @@ def test_callers_frames_hold_no_expected_value(pool):
     assert result.tests[0].passed is False and result.tests[0].got["v"] != str(sentinel)
 
 
+def test_judged_test_programs_are_not_in_the_task_process(pool):
+    code = (
+        "import sys, gc\n"
+        "def f(x):\n"
+        "    needle, texts, frame = 'HIDDEN-' + 'MARKER', [], sys._getframe(1)\n"
+        "    while frame is not None:\n"
+        "        texts.append(repr(frame.f_locals))\n"
+        "        frame = frame.f_back\n"
+        "    texts += [repr(o) for o in gc.get_objects() if isinstance(o, dict) and 'code' in o]\n"
+        "    return 1 if any(needle in t for t in texts) else 0\n"
+    )
+    task = Task(id="t", prompt="", kind="code", entry_point="f",
+                tests=[TestCase("assert", source="assert f(0) == 0  # HIDDEN-MARKER")])
+    assert pool.run_tests(code, task).tests[0].passed
+
+
 def test_patching_builtins_and_json_cannot_forge_a_pass(pool):
     code = (
         "import builtins, json, os\n"

@@ -71,7 +71,15 @@ def to_dict(cfg: Any) -> Any:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The one-line docstrings of a dataclass's fields, read from its source."""
+    """The one-line docstrings of a dataclass's fields (inherited ones too), read from source."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            docs.update(_own_field_docs(klass))
+    return docs
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     except (OSError, TypeError):

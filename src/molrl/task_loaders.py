@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import gzip
 import json
+import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -70,7 +71,10 @@ def mbpp_prompt(text: str, tests: list[str]) -> str:
 def _mbpp_entry_point(code: str, tests: list[str]) -> str | None:
     """The function the tests call: the first called name the reference code defines."""
     try:
-        defined = {n.name for n in ast.walk(ast.parse(code)) if isinstance(n, ast.FunctionDef)}
+        with warnings.catch_warnings():  # old MBPP code has invalid escapes such as '\w'
+            warnings.simplefilter("ignore")
+            tree = ast.parse(code)
+        defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
         calls = [n.func.id for n in ast.walk(ast.parse(tests[0])) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
     except (SyntaxError, IndexError):
         return None

@@ -6,11 +6,11 @@
 
 from molrl.collect.actions import SYSTEM_PROMPT, Action, parse_action
 from molrl.collect.config import CollectConfig, CritiqueConfig, EpisodeConfig
-from molrl.collect.feedback import FeedbackProvider, Observation, build_providers, render_feedback
+from molrl.collect.feedback import FeedbackProvider, Observation, build_providers, rederive_feedback, render_feedback
 from molrl.collect.loop import Episode, run_episodes, start_episode
 from molrl.collect.run import run_collect
 
 __all__ = [
     "SYSTEM_PROMPT", "Action", "CollectConfig", "CritiqueConfig", "Episode", "EpisodeConfig", "FeedbackProvider",
-    "Observation", "build_providers", "parse_action", "render_feedback", "run_collect", "run_episodes", "start_episode",
+    "Observation", "build_providers", "parse_action", "rederive_feedback", "render_feedback", "run_collect", "run_episodes", "start_episode",
 ]

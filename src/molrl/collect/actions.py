@@ -94,6 +94,14 @@ def parse_action(text: str, task_kind: Literal["code", "math"]) -> Action:
     return min(candidates, key=lambda c: c[0])[1]
 
 
+def think_well_formed(text: str) -> bool:
+    """Whether a turn has no think tags, or one ``<think>...</think>`` block at its start (what trainers accept)."""
+    opens, closes = text.count("<think>"), text.count(_THINK_END)
+    if opens == closes == 0:
+        return True
+    return opens == closes == 1 and text.lstrip().startswith("<think>")
+
+
 def _after_thinking(text: str) -> int:
     """Offset after the last complete think block (0 when there is none)."""
     i = text.rfind(_THINK_END)

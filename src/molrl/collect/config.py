@@ -8,6 +8,7 @@ from typing import Literal
 
 from molrl.generation import SamplingConfig
 from molrl.sandbox import SandboxConfig
+from molrl.tasks import JsonlSpec
 
 DEFAULT_FEEDBACK = ["execution", "tests", "verdict", "format", "budget"]
 
@@ -90,6 +91,8 @@ class CollectConfig:
     """Trace file (JSONL) that finished episodes are appended to; re-running resumes it."""
     format: Literal["humaneval", "mbpp", "math500", "aime", "jsonl"] = "jsonl"
     """Format of the task file."""
+    jsonl: JsonlSpec = field(default_factory=JsonlSpec)
+    """Field names and task kind of a ``jsonl`` task file."""
     limit: int | None = None
     """Use only the first N tasks."""
     adapter: str | None = None

@@ -73,7 +73,7 @@ def chat_completion(cfg: CritiqueConfig, messages: list[dict[str, str]]) -> str:
     error: Exception | None = None
     for attempt in range(cfg.retries + 1):
         if attempt:
-            time.sleep(min(2.0**attempt, 10.0))
+            time.sleep(min(0.5 * 2**attempt, 10.0))  # 1 s, 2 s, 4 s, ... between attempts
         try:
             req = urllib.request.Request(url, data=body, headers=headers, method="POST")
             with urllib.request.urlopen(req, timeout=cfg.timeout_s) as response:

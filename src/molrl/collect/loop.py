@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Sequence
 
 from molrl.chat import render
-from molrl.collect.actions import STOP_STRINGS, SYSTEM_PROMPT, Action, parse_action
+from molrl.collect.actions import STOP_STRINGS, SYSTEM_PROMPT, Action, parse_action, think_well_formed
 from molrl.collect.config import EpisodeConfig
 from molrl.collect.environment import observe
 from molrl.collect.feedback import FeedbackProvider, Observation, build_providers, render_feedback
@@ -54,7 +54,9 @@ class Episode:
     verdict: bool | None = None
     """Verdict of the last submitted solution (None when none was submitted)."""
     stop_reason: str | None = None
-    """Why it ended: solved, out_of_solutions, max_turns, token_limit, empty_turn or sandbox_error."""
+    """Why it ended: solved, out_of_solutions, max_turns, token_limit, empty_turn, malformed_think or sandbox_error."""
+    dropped_turn: str | None = None
+    """A last model turn left out of the messages because no trainer could read it (malformed think block)."""
     cut_chars: dict[int, int] = field(default_factory=dict)
     """Per assistant-message index: characters generated after the action and left out."""
     tokens: int = 0
@@ -88,6 +90,7 @@ class Episode:
             "authors": list(self.authors),
             "observations": {str(i): obs for i, obs in self.observations.items()},
             "cut_chars": {str(i): n for i, n in self.cut_chars.items()},
+            "dropped_turn": self.dropped_turn,
             "generation": settings,
         }
         return Trace(messages=[dict(m) for m in self.messages], meta=meta)
@@ -152,6 +155,7 @@ def model_turns(
 ) -> list[Action | None]:
     """Generate one turn for every episode in one call; returns each turn's action (None: episode ended)."""
     prompts = [render(tokenizer, ep.messages, add_generation_prompt=True, enable_thinking=cfg.enable_thinking) for ep in episodes]
+    prefill = think_prefill(tokenizer, cfg.enable_thinking)
     budgets = [cfg.max_total_tokens - _count_tokens(tokenizer, p) for p in prompts]  # tokens each may still add
     actions: list[Action | None] = [None] * len(episodes)
     live = [i for i, b in enumerate(budgets) if b > 0]
@@ -168,20 +172,37 @@ def model_turns(
     )
     completions = generator.generate([prompts[i] for i in live], sampling)
     for i, (text,) in zip(live, completions):
-        actions[i] = _take_turn(episodes[i], text, tokenizer, budgets[i])
+        actions[i] = _take_turn(episodes[i], prefill, text, tokenizer, budgets[i])
     return actions
 
 
-def _take_turn(ep: Episode, text: str, tokenizer: Any, budget: int) -> Action | None:
+def think_prefill(tokenizer: Any, enable_thinking: bool) -> str:
+    """Think-block text the template puts after the assistant header (Qwen3 with thinking off: an empty block).
+
+    The model's turn starts after it, so it is recorded as part of the turn: the trace then holds
+    exactly what followed the assistant header, and trainers see the think block the model saw.
+    """
+    probe = [{"role": "user", "content": "?"}]
+    bare = render(tokenizer, probe, enable_thinking=enable_thinking)
+    full = render(tokenizer, probe, add_generation_prompt=True, enable_thinking=enable_thinking)
+    suffix = full[len(bare) :] if full.startswith(bare) else ""
+    return suffix[suffix.index("<think>") :] if "<think>" in suffix else ""
+
+
+def _take_turn(ep: Episode, prefill: str, completion: str, tokenizer: Any, budget: int) -> Action | None:
     """Record the model's turn (cut after its action, and at the token budget); None if the episode ends."""
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
     over_budget = len(ids) > budget
     if over_budget:
-        text = tokenizer.decode(ids[:budget], skip_special_tokens=False)
+        completion = tokenizer.decode(ids[:budget], skip_special_tokens=False)
+    text = prefill + completion
     action = parse_action(text, ep.task.kind)
     kept = text[: action.end] if action.kind != "none" else text
-    if not kept.strip():
+    if not kept[len(prefill) :].strip():
         ep.stop_reason = "empty_turn"
+        return None
+    if not think_well_formed(kept):
+        ep.stop_reason, ep.dropped_turn = "malformed_think", kept
         return None
     ep.turns += 1
     if len(kept) < len(text):

@@ -10,11 +10,13 @@ settings that change what a trace means (model, tasks, sampling, feedback...) is
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from molrl.collect.config import CollectConfig
 from molrl.collect.loop import Episode, run_episodes
@@ -34,18 +36,22 @@ def run_collect(cfg: CollectConfig, *, generator: Any = None, tokenizer: Any = N
 
     ``generator`` and ``tokenizer`` replace the ones ``cfg.model`` would load (e.g. a model already in memory).
     """
+    out = Path(cfg.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive(out):
+        return _collect(cfg, out, generator, tokenizer)
+
+
+def _collect(cfg: CollectConfig, out: Path, generator: Any, tokenizer: Any) -> Path:
     from molrl.sandbox import SandboxPool
     from molrl.tasks import load_tasks
 
-    out = Path(cfg.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     _check_resumable(cfg, config_path(out))
     save_config(cfg, config_path(out))
-    tasks = load_tasks(cfg.tasks, cfg.format)
-    tasks = tasks[: cfg.limit] if cfg.limit is not None else tasks
-    done, successes, turns = finished_pairs(out)
-    total = len(tasks) * cfg.samples
-    todo = sum(1 for t in tasks for s in range(cfg.samples) if (t.id, s) not in done)
+    tasks = load_tasks(cfg.tasks, cfg.format, limit=cfg.limit, spec=cfg.jsonl)
+    done = finished_pairs(out)
+    pairs = [(t.id, s) for t in tasks for s in range(cfg.samples)]
+    total, todo = len(pairs), sum(pair not in done for pair in pairs)
     log.info("%s: %d of %d episodes already collected, %d to go", out, total - todo, total, todo)
     if todo == 0:
         return out
@@ -55,17 +61,31 @@ def run_collect(cfg: CollectConfig, *, generator: Any = None, tokenizer: Any = N
     if generator is None or tokenizer is None:
         generator, tokenizer = build_generator(cfg)
     settings = generation_settings(cfg)
-    stats = _Stats(done=len(done), successes=successes, turns=turns)
-    with _progress(cfg.progress, total, stats) as advance, SandboxPool(cfg.sandbox) as pool:
+    stats = _Stats()
+    for pair in pairs:
+        if pair in done:
+            stats.add(*done[pair])
+    with _Progress(cfg.progress, total, stats) as advance, SandboxPool(cfg.sandbox) as pool:
 
         def save(ep: Episode) -> None:
             write_episode(out, ep, settings)
-            stats.add(ep)
+            stats.add(ep.success, ep.turns)
             advance()
 
         run_episodes(generator, tokenizer, tasks, pool, cfg.episode, samples=cfg.samples, skip=done, on_finish=save)
     log.info("%s: %d episodes, success rate %.3f, mean turns %.2f", out, stats.done, stats.rate, stats.mean_turns)
     return out
+
+
+@contextlib.contextmanager
+def _exclusive(out: Path) -> Iterator[None]:
+    """Hold ``<out>.lock`` so two runs never append to one trace file (the kernel frees it if killed)."""
+    with open(out.with_name(out.name + ".lock"), "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise MolrlError(f"{out} is being written by another molrl collect; wait for it or use another --out") from None
+        yield
 
 
 def config_path(out: Path) -> Path:
@@ -88,10 +108,9 @@ def write_episode(out: Path, ep: Episode, settings: dict[str, Any]) -> None:
         _append_line(rejects_path(out), json.dumps(record, ensure_ascii=False))
 
 
-def finished_pairs(out: Path) -> tuple[set[tuple[str, int]], int, int]:
-    """``(task_id, sample)`` pairs already in ``out`` and its rejects file, with their successes and turns."""
-    done: set[tuple[str, int]] = set()
-    successes = turns = 0
+def finished_pairs(out: Path) -> dict[tuple[str, int], tuple[bool, int]]:
+    """``(task_id, sample)`` pairs already in ``out`` or its rejects file, each with (success, turns)."""
+    done: dict[tuple[str, int], tuple[bool, int]] = {}
     if out.exists():
         repair_torn_tail(out)
         reader = read_traces(out)
@@ -99,9 +118,7 @@ def finished_pairs(out: Path) -> tuple[set[tuple[str, int]], int, int]:
             key = (trace.meta.get("task_id"), trace.meta.get("sample"))
             if key in done:
                 raise MolrlError(f"{out}:{line}: task {key[0]} sample {key[1]} appears twice; remove one of the lines")
-            done.add(key)  # type: ignore[arg-type]
-            successes += bool(trace.success)
-            turns += int(trace.meta.get("turns", 0))
+            done[key] = (bool(trace.success), int(trace.meta.get("turns", 0)))  # type: ignore[index]
         if reader.rejects:
             raise MolrlError(f"{reader.rejects[0]} (fix or delete the line, then re-run to resume)")
     rejects = rejects_path(out)
@@ -110,10 +127,10 @@ def finished_pairs(out: Path) -> tuple[set[tuple[str, int]], int, int]:
         for line, raw in enumerate(rejects.read_text(encoding="utf-8").splitlines(), start=1):
             try:
                 record = json.loads(raw)
-                done.add((record["task_id"], record["sample"]))
+                done[(record["task_id"], record["sample"])] = (False, int(record["meta"].get("turns", 0)))
             except (json.JSONDecodeError, KeyError, TypeError):
                 raise MolrlError(f"{rejects}:{line}: not a rejected-episode record; fix or delete the line") from None
-    return done, successes, turns
+    return done
 
 
 def repair_torn_tail(path: Path) -> None:
@@ -139,13 +156,12 @@ def _append_line(path: Path, line: str) -> None:
 
 def generation_settings(cfg: CollectConfig) -> dict[str, Any]:
     """What produced the traces: model, adapter, sampling and rendering settings."""
-    episode = to_dict(cfg.episode)
     return {
         "model": cfg.model,
         "adapter": cfg.adapter,
         "backend": cfg.backend,
         "dtype": cfg.dtype,
-        "sampling": episode.pop("sampling"),
+        "sampling": to_dict(cfg.episode.sampling),
         "enable_thinking": cfg.episode.enable_thinking,
         "max_turns": cfg.episode.max_turns,
         "max_solutions": cfg.episode.max_solutions,
@@ -195,13 +211,14 @@ def _check_resumable(cfg: CollectConfig, path: Path) -> None:
 class _Stats:
     """Running totals for the progress bar."""
 
-    def __init__(self, done: int, successes: int, turns: int):
-        self.done, self.successes, self.turns = done, successes, turns
+    def __init__(self) -> None:
+        self.done = self.successes = self.turns = 0
 
-    def add(self, ep: Episode) -> None:
+    def add(self, success: bool, turns: int) -> None:
+        """Count one finished episode."""
         self.done += 1
-        self.successes += ep.success
-        self.turns += ep.turns
+        self.successes += success
+        self.turns += turns
 
     @property
     def rate(self) -> float:
@@ -212,7 +229,7 @@ class _Stats:
         return self.turns / self.done if self.done else 0.0
 
 
-class _progress:
+class _Progress:
     """A rich progress bar over episodes showing success rate and mean turns (a no-op when off)."""
 
     def __init__(self, enabled: bool, total: int, stats: _Stats):

@@ -5,6 +5,7 @@
         [--out DIR] [--config FILE] [key=value ...]
     molrl eval --benchmarks humaneval --data humaneval=PATH --predictions samples.jsonl
     molrl eval compare RUN1 RUN2 ... [--out DIR] [--metric pass@1]
+    molrl eval --describe       # every config key with its default and meaning
 """
 
 from __future__ import annotations
@@ -45,15 +46,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--thinking", action="store_true", help="enable the thinking block of Qwen3-style templates")
     p.add_argument("--out", help="run directory (eval) or where compare writes its table and chart")
     p.add_argument("--metric", default="pass@1", help="compare: metric to tabulate and plot")
+    p.add_argument("--describe", action="store_true", help="print every config key and exit")
     p.set_defaults(func=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
     if args.args[:1] == ["compare"]:
         return compare(args.args[1:], args.out, args.metric)
+    from molrl.config import describe, load_config
     from molrl.eval import EvalConfig, run_eval
-    from molrl.config import load_config
 
+    if args.describe:
+        print("\n".join(describe(EvalConfig)))
+        return 0
     overrides = flag_overrides(args)
     bare = [p for p in args.predictions if not NAMED.match(p)]
     if bare:

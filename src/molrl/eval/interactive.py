@@ -32,8 +32,8 @@ class InteractiveSource:
     def select(self, name: str, tasks: Sequence[Task]) -> list[Task]:
         return list(tasks)
 
-    def samples_per_task(self, name: str, task_id: str) -> int:
-        return self.cfg.sampling.n
+    def finished(self, name: str, task_id: str, records: Sequence[SampleRecord]) -> bool:
+        return len(records) == self.cfg.sampling.n
 
     def episode_config(self, offset: int) -> Any:
         """The episode settings: turns and feedback from ``interactive``, sampling and thinking from the eval."""

@@ -36,8 +36,10 @@ def run_eval(cfg: EvalConfig) -> Path:
     suites = {name: load_suite(name, cfg) for name in cfg.benchmarks}  # all data checked before any work
     source = make_source(cfg)
     suites = {name: source.select(name, tasks) for name, tasks in suites.items()}
-    results: dict[str, Any] = {"label": source.label, "mode": source.mode, "model": cfg.model,
-                               "adapter": cfg.adapter, "benchmarks": {}}
+    results: dict[str, Any] = {
+        "label": source.label, "mode": source.mode, "model": cfg.model, "adapter": cfg.adapter,
+        "enable_thinking": cfg.enable_thinking, "sampling": to_dict(cfg.sampling), "benchmarks": {},
+    }
     # interactive episodes run the model's code whatever the task kind
     needs_sandbox = cfg.mode == "interactive" or any(t.kind == "code" for tasks in suites.values() for t in tasks)
     with _sandbox_pool(cfg, needs_sandbox) as pool, _progress() as progress:
@@ -55,8 +57,8 @@ def run_suite(
     """Graded samples of one benchmark, per task; finished problems are read back, not redone."""
     store = SampleStore(Path(cfg.output_dir) / name / "samples.jsonl")
     found = store.load()
-    done = {tid: rs for tid, rs in found.items() if len(rs) == source.samples_per_task(name, tid)}
-    if len(done) != len(found):  # a problem half-written by an interrupted run: redo it
+    done = {tid: rs for tid, rs in found.items() if source.finished(name, tid, rs)}
+    if len(done) != len(found):  # half-written by an interrupted run, or stale: redo those problems
         store.rewrite(r for rs in done.values() for r in rs)
     pending = [t for t in tasks if t.id not in done]
     if len(pending) < len(tasks):

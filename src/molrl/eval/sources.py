@@ -1,8 +1,9 @@
 """Where an eval run's graded samples come from: a model sampled single-turn, or a predictions file.
 
 Each source answers ``records(benchmark, tasks, offset, pool) -> list[list[SampleRecord]]`` (the
-graded samples of each task) and says how many samples a finished problem has, which is what
-resuming checks. The interactive source (``molrl.eval.interactive``) has the same shape.
+graded samples of each task) and ``finished(benchmark, task_id, records)``: whether the records an
+earlier run left for a problem are complete, which is what resuming checks. The interactive
+source (``molrl.eval.interactive``) has the same shape.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def make_source(cfg: EvalConfig) -> Any:
         if missing:
             raise MolrlError(f"predictions given for {', '.join(cfg.predictions)} but not for {', '.join(missing)}; "
                              "pass one --predictions NAME=PATH per benchmark")
+        if cfg.model:
+            log.warning("grading predictions: model %s is not loaded", cfg.model)
         return PredictionSource(cfg)
     if not cfg.model:
         raise MolrlError("no model to evaluate: pass --model M, or --predictions FILE to grade completions made elsewhere")
@@ -64,8 +67,9 @@ class PredictionSource:
             log.warning("%s: scoring %d of %d problems (the ones with predictions)", name, len(tasks) - len(missing), len(tasks))
         return [t for t in tasks if t.id in preds]
 
-    def samples_per_task(self, name: str, task_id: str) -> int:
-        return len(self.by_benchmark[name].get(task_id, []))
+    def finished(self, name: str, task_id: str, records: Sequence[SampleRecord]) -> bool:
+        """Graded already, and from the completions the file holds now (an edited file is regraded)."""
+        return [r.completion for r in records] == self.by_benchmark[name].get(task_id)
 
     def records(self, name: str, tasks: Sequence[Task], offset: int, pool: Any) -> list[list[SampleRecord]]:
         return grade_samples(tasks, [self.by_benchmark[name][t.id] for t in tasks], pool)
@@ -85,8 +89,8 @@ class SamplingSource:
     def select(self, name: str, tasks: Sequence[Task]) -> list[Task]:
         return list(tasks)
 
-    def samples_per_task(self, name: str, task_id: str) -> int:
-        return self.cfg.sampling.n
+    def finished(self, name: str, task_id: str, records: Sequence[SampleRecord]) -> bool:
+        return len(records) == self.cfg.sampling.n
 
     def records(self, name: str, tasks: Sequence[Task], offset: int, pool: Any) -> list[list[SampleRecord]]:
         generator, tokenizer = self.load()

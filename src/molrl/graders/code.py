@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+import warnings
 from dataclasses import dataclass
 from typing import Literal
 
@@ -107,7 +108,9 @@ def grade_code(completions: list[str], tasks: list[Task], pool: SandboxPool,
             continue
         program = program_for(code, task)
         try:
-            compile(program, "solution.py", "exec")
+            with warnings.catch_warnings():  # e.g. invalid escape sequences: the sandbox shows them
+                warnings.simplefilter("ignore")
+                compile(program, "solution.py", "exec")
         except (SyntaxError, ValueError) as err:
             grades[i] = Grade(_stage_score("compile_error", 0.0, cfg), False, "compile_error", code, {"error": f"{type(err).__name__}: {err}"})
             continue

@@ -68,8 +68,8 @@ class TaskSource:
 class RewardSettings:
     """How completions are scored."""
 
-    code_mode: Literal["multi_stage", "binary"] = "multi_stage"
-    """Code reward: partial credit by stage (extract/compile/run/tests), or 1 only when every test passes."""
+    code_mode: Literal["staged", "binary"] = "staged"
+    """Code reward: staged partial credit (no code < compile error < runtime error < tests passed), or 0/1."""
     sandbox_workers: int = 4
     """Parallel sandbox workers for code rewards."""
     timeout_s: float = 6.0

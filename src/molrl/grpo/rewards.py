@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections import Counter
 from typing import Any, Callable, Sequence
 
 log = logging.getLogger(__name__)
@@ -27,14 +26,16 @@ class TaskReward:
     def __init__(self, by_kind: dict[str, Callable[..., list[float]]]):
         self.by_kind = by_kind
         self.__name__ = "correctness"
-        self.last_stages: Counter[str] = Counter()
+        self.last_stages: list[str] = []
+        self.last_errors: list[str | None] = []
 
     def __call__(self, prompts: Sequence[str], completions: Sequence[str], task_json: Sequence[str],
                  **kwargs: Any) -> list[float]:
         """One score per completion, from its task kind's reward function."""
         kinds = [task_kind(t) for t in task_json]
-        scores: list[float] = [math.nan] * len(completions)
-        self.last_stages = Counter()
+        n = len(completions)
+        scores: list[float] = [math.nan] * n
+        self.last_stages, self.last_errors = ["scored"] * n, [None] * n
         for kind in sorted(set(kinds)):
             func = self.by_kind.get(kind)
             if func is None:
@@ -44,10 +45,13 @@ class TaskReward:
                         task_json=[task_json[i] for i in rows])
             if len(part) != len(rows):
                 raise ValueError(f"{kind} reward returned {len(part)} scores for {len(rows)} completions")
-            for i, score in zip(rows, part):
+            grades = list(getattr(func, "last_grades", None) or [])[-len(rows):]
+            for j, (i, score) in enumerate(zip(rows, part)):
                 scores[i] = score
-            for stage, count in stage_counts(func, len(rows)).items():
-                self.last_stages[f"{kind}/{stage}"] += count
+                grade = grades[j] if len(grades) == len(rows) else None
+                self.last_stages[i] = f"{kind}/{grade.stage}" if grade else kind
+                if grade is not None and grade.stage in ("sandbox_error", "grader_error"):
+                    self.last_errors[i] = str(grade.details.get("error", grade.stage))
         return scores
 
 
@@ -65,12 +69,6 @@ def task_id(task_json: str) -> str:
         return "?"
 
 
-def stage_counts(func: Any, n: int) -> Counter[str]:
-    """How many of the last ``n`` grades ended at each stage (from the grader's ``last_grades``)."""
-    grades = getattr(func, "last_grades", None) or []
-    return Counter(str(getattr(g, "stage", "unknown")) for g in list(grades)[-n:])
-
-
 class GuardedReward:
     """A TRL reward function that scores failures as ``failure_reward`` instead of raising."""
 
@@ -83,46 +81,54 @@ class GuardedReward:
     def __call__(self, prompts: Sequence[str], completions: Sequence[str], task_json: Sequence[str],
                  **kwargs: Any) -> list[float]:
         """Scores for the batch; failed rows get ``failure_reward`` and an error in completions.jsonl."""
-        log_extra, log_metric = kwargs.get("log_extra"), kwargs.get("log_metric")
         n = len(completions)
-        errors: list[str | None] = [None] * n
-        stages: Counter[str] = Counter()
         try:
-            scores = self._score(prompts, completions, task_json)
-            stages.update(getattr(self.func, "last_stages", {}))
+            scores, stages, errors = self._score(prompts, completions, task_json)
         except Exception as err:  # noqa: BLE001 - any failure is scored, logged and survived
             log.warning("reward %s failed on a batch of %d (%s: %s); scoring row by row",
                         self.__name__, n, type(err).__name__, err)
-            scores = []
+            scores, stages, errors = [], [], []
             for i in range(n):
                 try:
-                    scores.append(self._score([prompts[i]], [completions[i]], [task_json[i]])[0])
-                    stages.update(getattr(self.func, "last_stages", {}))
+                    row = self._score([prompts[i]], [completions[i]], [task_json[i]])
                 except Exception as row_err:  # noqa: BLE001
-                    scores.append(math.nan)
-                    errors[i] = f"{type(row_err).__name__}: {row_err}"
+                    row = ([math.nan], ["scoring_error"], [f"{type(row_err).__name__}: {row_err}"])
+                scores += row[0]
+                stages += row[1]
+                errors += row[2]
         for i, score in enumerate(scores):
             if errors[i] is None and not (isinstance(score, (int, float)) and math.isfinite(score)):
-                errors[i] = f"non-finite reward {score!r}"
+                errors[i], stages[i] = f"non-finite reward {score!r}", "scoring_error"
             if errors[i] is not None:
                 log.warning("reward %s: task %s (batch row %d) scored %s: %s",
                             self.__name__, task_id(task_json[i]), i, self.failure_reward, errors[i])
+            if stages[i] == "scoring_error":
                 scores[i] = self.failure_reward
-                stages["scoring_error"] += 1
+        self._log(task_json, stages, errors, kwargs)
+        return [float(s) for s in scores]
+
+    def _log(self, task_json: Sequence[str], stages: list[str], errors: list[str | None], kwargs: dict) -> None:
+        """Per-row columns for completions.jsonl and per-stage fractions for metrics.jsonl."""
+        log_extra, log_metric = kwargs.get("log_extra"), kwargs.get("log_metric")
         if log_extra is not None:
             log_extra("task_id", [task_id(t) for t in task_json])
+            log_extra("reward_stage", stages)
             log_extra("reward_error", errors)
         self.seen_stages.update(stages)
         if log_metric is not None:  # every stage seen so far, 0 when absent, so the curves have no gaps
             for stage in sorted(self.seen_stages):
-                log_metric(f"reward_stage/{stage}", stages.get(stage, 0) / n)
-        return [float(s) for s in scores]
+                log_metric(f"reward_stage/{stage}", stages.count(stage) / len(stages))
 
-    def _score(self, prompts: Sequence[str], completions: Sequence[str], task_json: Sequence[str]) -> list[float]:
+    def _score(self, prompts: Sequence[str], completions: Sequence[str],
+               task_json: Sequence[str]) -> tuple[list[float], list[str], list[str | None]]:
+        """(scores, stage per row, error per row) from the wrapped function."""
         scores = list(self.func(prompts=list(prompts), completions=list(completions), task_json=list(task_json)))
         if len(scores) != len(completions):
             raise ValueError(f"returned {len(scores)} scores for {len(completions)} completions")
-        return scores
+        n = len(scores)
+        stages = list(getattr(self.func, "last_stages", None) or ["scored"] * n)
+        errors = list(getattr(self.func, "last_errors", None) or [None] * n)
+        return scores, stages, errors
 
 
 def build_reward(cfg: Any, tasks: Sequence[Any]) -> tuple[GuardedReward, Any]:

@@ -25,18 +25,22 @@ log = logging.getLogger(__name__)
 
 def run_grpo(cfg: GrpoConfig) -> Path:
     """Train per ``cfg`` (resuming from its newest checkpoint); returns the output dir."""
+    from accelerate import PartialState
     from transformers.trainer_utils import get_last_checkpoint
 
+    state = PartialState()  # under accelerate launch: this process's rank; files are written by rank 0
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, out / "config.yaml")
     checkpoints = out / "checkpoints"
     resume = get_last_checkpoint(str(checkpoints)) if checkpoints.is_dir() else None
-    if resume is not None:
-        step = int(Path(resume).name.split("-")[-1])
-        log.info("resuming from %s (step %d)", resume, step)
-        for name in ("metrics.jsonl", "completions.jsonl"):
-            truncate_jsonl(out / name, step)
+    if state.is_main_process:
+        save_config(cfg, out / "config.yaml")
+        if resume is not None:
+            step = int(Path(resume).name.split("-")[-1])
+            log.info("resuming from %s (step %d)", resume, step)
+            for name in ("metrics.jsonl", "completions.jsonl"):
+                truncate_jsonl(out / name, step)
+    state.wait_for_everyone()
     trainer, policy, pool = build_trainer(cfg)
     try:
         trainer.train(resume_from_checkpoint=resume)
@@ -63,20 +67,25 @@ def build_trainer(cfg: GrpoConfig) -> tuple[Any, Any, Any]:
     out.mkdir(parents=True, exist_ok=True)
     policy = build_policy(cfg)
     dataset, reward, pool = _prompts_and_reward(cfg, policy.tokenizer, out, build_reward)
-    callbacks: list[Any] = [MetricsFileCallback(out / "metrics.jsonl")]
-    if cfg.eval.every_steps > 0:
-        callbacks.append(EvalHookCallback.from_config(cfg, policy, pool))
-    trainer = GrpoTrainer(
-        model=policy.model,
-        reward_funcs=[reward],
-        args=trl_args(cfg, out / "checkpoints", torch.cuda.is_available()),
-        train_dataset=dataset,
-        processing_class=policy.tokenizer,
-        peft_config=policy.peft_config,
-        callbacks=callbacks,
-        completions_path=out / "completions.jsonl",
-    )
-    described = install_reference(trainer, cfg.policy.reference, policy.adapter_mode, policy.load_base)
+    try:
+        callbacks: list[Any] = [MetricsFileCallback(out / "metrics.jsonl")]
+        if cfg.eval.every_steps > 0:
+            callbacks.append(EvalHookCallback.from_config(cfg, policy, pool))
+        trainer = GrpoTrainer(
+            model=policy.model,
+            reward_funcs=[reward],
+            args=trl_args(cfg, out / "checkpoints", torch.cuda.is_available()),
+            train_dataset=dataset,
+            processing_class=policy.tokenizer,
+            peft_config=policy.peft_config,
+            callbacks=callbacks,
+            completions_path=out / "completions.jsonl",
+        )
+        described = install_reference(trainer, cfg.policy.reference, policy.adapter_mode, policy.load_base)
+    except BaseException:
+        if pool is not None:
+            pool.close()
+        raise
     policy.trainer = trainer
     log.info("policy: %s; KL reference: %s; %d trainable parameters",
              policy.description, described, trainable_parameter_count(trainer.model))
@@ -93,7 +102,10 @@ def _prompts_and_reward(cfg: GrpoConfig, tokenizer: Any, out: Path, build_reward
     rows, summary = build_prompt_rows(
         tasks, tokenizer, enable_thinking=cfg.enable_thinking, max_prompt_length=cfg.max_prompt_length
     )
-    (out / "data_summary.json").write_text(json.dumps(dataclasses.asdict(summary), indent=2))
+    from accelerate import PartialState
+
+    if PartialState().is_main_process:
+        (out / "data_summary.json").write_text(json.dumps(dataclasses.asdict(summary), indent=2))
     if not rows:
         raise MolrlError(
             f"{cfg.train.path or cfg.train.format}: no task left to train on ({summary.tasks} read, "

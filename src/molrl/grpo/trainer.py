@@ -109,12 +109,19 @@ def install_reference(trainer: GRPOTrainer, reference: str, adapter_mode: str | 
         return "mol (frozen copy of the MoL adapter, named 'ref')"
     if reference == "mol":
         return "mol (merged MoL weights with the new adapter disabled)"
+    from trl.models import prepare_deepspeed, prepare_fsdp
+
     ref_model = base_loader()
     ref_model.requires_grad_(False)
     ref_model.eval()
-    ref_model.to(trainer.accelerator.device)
     add_fused_lm_head(ref_model, temperature=trainer.temperature, cast_lm_head_to_fp32=trainer.args.cast_lm_head_to_fp32)
-    trainer.ref_model = trainer.accelerator.prepare_model(ref_model, evaluation_mode=True)
+    if trainer.is_deepspeed_enabled:  # placed exactly as TRL places its own reference model
+        trainer.ref_model = prepare_deepspeed(ref_model, trainer.accelerator)
+    elif trainer.is_fsdp_enabled:
+        trainer.ref_model = prepare_fsdp(ref_model, trainer.accelerator)
+    else:
+        trainer.ref_model = trainer.accelerator.prepare_model(ref_model.to(trainer.accelerator.device),
+                                                              evaluation_mode=True)
     return "base (separately loaded frozen copy of the original base)"
 
 

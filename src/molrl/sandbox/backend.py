@@ -82,6 +82,8 @@ class _Slot:
         self.index, self.cfg, self.backend, self.uid = index, cfg, backend, uid
         self.host_dir = tempfile.mkdtemp(prefix="molrl-slot-") if backend == "process" else None
         self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+        """How many times this slot's worker was found hung or dead and replaced."""
         self.start()
 
     def _command(self) -> list[str]:
@@ -122,8 +124,13 @@ class _Slot:
 
     def execute(self, job: dict) -> dict:
         """Send one job and wait for its outcome; a hung or dead worker is replaced."""
+        judge = job.get("judge")
         try:
-            wire.write_msg(self.proc.stdin.fileno(), job)
+            if judge:  # the test programs go separately, after the task process is forked
+                wire.write_msg(self.proc.stdin.fileno(), dict(job, judge={"entry_point": judge["entry_point"]}))
+                wire.write_msg(self.proc.stdin.fileno(), {"sources": judge["sources"]})
+            else:
+                wire.write_msg(self.proc.stdin.fileno(), job)
         except OSError as err:
             return self._replace(f"worker {self.index} gone: {err}")
         out = self._read(time.monotonic() + float(job["timeout_s"]) + self.cfg.worker_grace_s)
@@ -133,6 +140,7 @@ class _Slot:
 
     def _replace(self, reason: str) -> dict:
         log.warning("sandbox: %s; restarting it", reason)
+        self.restarts += 1
         self.stop()
         self.start()
         return {"status": "sandbox_error", "error": reason}

@@ -47,18 +47,46 @@ def main() -> None:
     os.makedirs(slot["root"], exist_ok=True)
     task.write_msg(proto_out, {"ready": True, "pid": os.getpid(), "seccomp": lib is not None, "root": is_root})
     while True:
-        job = task.read_msg(proto_in)
-        if job is None:
+        manager = os.fork()
+        if manager == 0:
+            os._exit(_manage_one_job(proto_in, proto_out, slot, lib, is_root))
+        code = os.waitstatus_to_exitcode(os.waitpid(manager, 0)[1])
+        if code != 0:  # end of input, or a broken job manager: the pool restarts this worker
             return
-        try:
-            result = run_job(job, slot, lib, is_root)
-        except Exception as err:  # noqa: BLE001 - report, never die silently
-            result = {"status": "sandbox_error", "error": f"worker: {type(err).__name__}: {err}"}
-        task.write_msg(proto_out, result)
 
 
-def run_job(job: dict, slot: dict, lib, is_root: bool) -> dict:
-    """Run one job to completion or deadline; the raw outcome for the pool."""
+def _manage_one_job(proto_in: int, proto_out: int, slot: dict, lib, is_root: bool) -> int:
+    """In a fresh fork of the pristine worker: read one job, run it, answer. Exit code 0, or 3 at EOF.
+
+    The worker itself never reads job data, so no job's data (an assert test's expected values
+    above all) can linger in memory that a later task process inherits.
+    """
+    ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    job = task.read_msg(proto_in)
+    if job is None:
+        return 3
+    pending = [job.get("judge") is not None]  # a second message (test programs) follows
+
+    def read_sources():
+        pending[0] = False
+        return task.read_msg(proto_in)
+
+    try:
+        result = run_job(job, slot, lib, is_root, read_sources)
+    except Exception as err:  # noqa: BLE001 - report, never die silently
+        result = {"status": "sandbox_error", "error": f"worker: {type(err).__name__}: {err}"}
+        if pending[0]:
+            read_sources()  # keep the stream in step
+    task.write_msg(proto_out, result)
+    return 0
+
+
+def run_job(job: dict, slot: dict, lib, is_root: bool, read_sources) -> dict:
+    """Run one job to completion or deadline; the raw outcome for the pool.
+
+    For assert tests, the test programs arrive as a second message, read only after the task
+    process is forked, so they are never in its memory.
+    """
     io = _prepare_dirs(job, slot, is_root)
     uids = (slot["uid"], slot["judge_uid"]) if is_root else (None, None)
     result_r, result_w = os.pipe()
@@ -77,6 +105,7 @@ def run_job(job: dict, slot: dict, lib, is_root: bool) -> dict:
     pids = [pid]
     readers = {result_r: bytearray()}
     if serve:
+        job["judge"]["sources"] = (read_sources() or {}).get("sources", [])
         judge_pid = os.fork()
         if judge_pid == 0:
             os.close(result_w)

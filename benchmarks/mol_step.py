@@ -1,0 +1,262 @@
+"""MoL training step: our chunked loss vs a naive full-logits MoL step vs a plain CE (SFT) step.
+
+Measured side by side in one run on the same batch and the same LoRA model (rank 64, all linear
+layers), for the tiny test model and a Qwen3-0.6B-shaped random model with the real Qwen3
+vocabulary (151,936):
+  (a) mol    MolTrainer.compute_loss + backward: hidden states only, logits in chunks at loss positions
+  (b) naive  full [B, L, V] logits for policy and base, log_softmax, CE + reverse KL, backward
+  (c) ce     the model's own forward with labels (HF cross-entropy on full logits), backward
+Figures: step time, whole-step peak memory, and loss-path peak memory (from final hidden states to
+the loss and back to the hidden states, on the same tensors). Goals: mol <= 1.35x ce step time;
+loss-path peak memory >= 4x below naive.
+
+    python benchmarks/mol_step.py --tokenizer PATH/qwen3_tokenizer                 # CPU, reduced
+    python benchmarks/mol_step.py --tokenizer PATH/qwen3_tokenizer --device cuda --dtype bfloat16 \\
+        --seq-len 4096 --layers 28 --steps 5
+
+CPU memory is the process's resident set sampled every 0.5 ms above the level before the measured
+code (allocations that large are mmap-backed, so frees return to the OS); CUDA memory is
+``torch.cuda.max_memory_allocated`` above the level before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import threading
+import time
+from contextlib import contextmanager
+
+import torch
+
+from molrl.mol.losses import LossSettings, mol_loss, step_counts, token_masks
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def make_batch(seq_len: int, vocab: int, device: str, seed: int = 0) -> dict[str, torch.Tensor]:
+    """One trace: 25% prompt, then alternating decision (~200 tokens) and feedback (~150) spans."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (1, seq_len), generator=g)
+    decision = torch.zeros(1, seq_len, dtype=torch.long)
+    feedback = torch.zeros(1, seq_len, dtype=torch.long)
+    t, turn = seq_len // 4, 0
+    while t < seq_len:
+        span = 200 if turn % 2 == 0 else 150
+        (decision if turn % 2 == 0 else feedback)[0, t: t + span] = 1
+        t, turn = t + span, turn + 1
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "feedback_mask": feedback,
+             "decision_mask": decision, "is_general": torch.zeros(1, dtype=torch.bool)}
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def build_model(kind: str, vocab: int, layers: int, dtype: torch.dtype, device: str):
+    """A LoRA-wrapped random model: the tiny test model or a Qwen3-0.6B-shaped one."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from molrl.tiny import build_tiny_pair
+
+    if kind == "tiny":
+        model, _ = build_tiny_pair("chatml")
+    else:
+        config = Qwen3Config(vocab_size=vocab, hidden_size=1024, intermediate_size=3072, num_hidden_layers=layers,
+                             num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
+                             max_position_embeddings=40960)
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = Qwen3ForCausalLM(config)
+    model = model.to(device=device, dtype=dtype)
+    model.config.use_cache = False
+    lora = LoraConfig(r=64, lora_alpha=128, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
+    return get_peft_model(model, lora)
+
+
+def make_trainer(model, device: str):
+    from transformers import TrainingArguments
+
+    from molrl.mol.trainer import MolTrainer
+
+    args = TrainingArguments(output_dir="/tmp/mol_step_bench", report_to="none", use_cpu=device == "cpu",
+                             per_device_train_batch_size=1, remove_unused_columns=False)
+    return MolTrainer(model=model, args=args, loss_settings=LossSettings())
+
+
+def step_mol(trainer, model, batch):
+    counts = step_counts(_masks(batch))
+    trainer.compute_loss(model, batch, num_items_in_batch=counts).backward()
+
+
+def step_naive(_trainer, model, batch):
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # [B, L, V]
+    with torch.no_grad(), model.disable_adapter():
+        base_logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    naive_loss(logits, base_logits, _masks(batch)).backward()
+
+
+def step_ce(_trainer, model, batch):
+    carries = (batch["feedback_mask"] + batch["decision_mask"]).bool()
+    labels = torch.where(carries, batch["input_ids"], torch.full_like(batch["input_ids"], -100))
+    model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels).loss.backward()
+
+
+def naive_loss(logits, base_logits, masks):
+    """CE on feedback + reverse KL on decisions from full logits [B, L, V]."""
+    logp = torch.log_softmax(logits[:, :-1].float(), -1)  # [B, L-1, V]
+    logq = torch.log_softmax(base_logits[:, :-1].float(), -1)  # [B, L-1, V]
+    ce = -logp.gather(-1, masks.targets[..., None]).squeeze(-1)  # [B, L-1]
+    kl = (logp.exp() * (logp - logq)).sum(-1)  # [B, L-1]
+    return ce[masks.feedback].sum() / masks.feedback.sum() + kl[masks.decision].sum() / masks.decision.sum()
+
+
+def _masks(batch):
+    return token_masks(batch["input_ids"], batch["feedback_mask"], batch["decision_mask"],
+                       batch["attention_mask"], batch["is_general"])
+
+
+def loss_path(kind: str, hidden, base_hidden, weight, batch):
+    """Only the loss path: from final hidden states [B, L, H] to the loss, and back."""
+    masks = _masks(batch)
+    if kind == "mol":
+        out = mol_loss(hidden, base_hidden, (weight, None), (weight, None), masks, step_counts(masks), LossSettings())
+        out.loss.backward()
+    elif kind == "naive":
+        naive_loss(hidden @ weight.t(), base_hidden @ weight.t(), masks).backward()
+    else:
+        from transformers.loss.loss_utils import ForCausalLMLoss
+
+        carries = (batch["feedback_mask"] + batch["decision_mask"]).bool()
+        labels = torch.where(carries, batch["input_ids"], torch.full_like(batch["input_ids"], -100))
+        ForCausalLMLoss(hidden @ weight.t(), labels, vocab_size=weight.shape[0]).backward()
+
+
+@contextmanager
+def peak_memory(device: str):
+    """Yields a dict that holds 'peak' (bytes above the level at entry) once the block ends."""
+    result = {}
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
+        yield result
+        torch.cuda.synchronize()
+        result["peak"] = torch.cuda.max_memory_allocated() - start
+        return
+    start, peak, stop = _rss(), [0], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], _rss())
+            time.sleep(0.0005)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield result
+    finally:
+        stop.set()
+        thread.join()
+        result["peak"] = max(peak[0], _rss()) - start
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * PAGE
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure(kind_name: str, args, vocab: int) -> list[dict]:
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    model = build_model(kind_name, vocab, args.layers, dtype, args.device)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    seq_len = args.tiny_seq_len if kind_name == "tiny" else args.seq_len
+    batch = make_batch(seq_len, vocab, args.device)
+    trainer = make_trainer(model, args.device)
+    rows = []
+    for name, step in (("mol", step_mol), ("naive", step_naive), ("ce", step_ce)):
+        for _ in range(args.warmup):
+            step(trainer, model, batch)
+            model.zero_grad(set_to_none=True)
+        _sync(args.device)
+        times = []
+        with peak_memory(args.device) as mem:
+            for _ in range(args.steps):
+                t0 = time.perf_counter()
+                step(trainer, model, batch)
+                _sync(args.device)
+                times.append(time.perf_counter() - t0)
+                model.zero_grad(set_to_none=True)
+        rows.append({"model": kind_name, "variant": name, "seq_len": seq_len, "step_s": min(times),
+                     "tokens_per_s": seq_len / min(times), "step_peak_mb": mem["peak"] / 2**20})
+    weight = model.get_output_embeddings().weight.detach()
+    with torch.no_grad():
+        hidden0 = model.get_base_model().model(input_ids=batch["input_ids"]).last_hidden_state
+    for row in rows:
+        hidden = hidden0.clone().requires_grad_(True)
+        base_hidden = hidden0 + 0.01 * torch.randn_like(hidden0)
+        loss_path(row["variant"], hidden, base_hidden, weight, batch)  # warm-up
+        hidden.grad = None
+        with peak_memory(args.device) as mem:
+            loss_path(row["variant"], hidden, base_hidden, weight, batch)
+        row["loss_path_peak_mb"] = mem["peak"] / 2**20
+    del model, trainer
+    gc.collect()
+    return rows
+
+
+def report(rows: list[dict]) -> None:
+    print(f"{'model':8} {'variant':6} {'seq':>6} {'step s':>9} {'tok/s':>9} {'step peak MB':>13} {'loss-path MB':>13}")
+    for r in rows:
+        print(f"{r['model']:8} {r['variant']:6} {r['seq_len']:>6} {r['step_s']:>9.4f} {r['tokens_per_s']:>9.0f} "
+              f"{r['step_peak_mb']:>13.1f} {r['loss_path_peak_mb']:>13.1f}")
+    for model in dict.fromkeys(r["model"] for r in rows):
+        by = {r["variant"]: r for r in rows if r["model"] == model}
+        t_ratio = by["mol"]["step_s"] / by["ce"]["step_s"]
+        m_ratio = by["naive"]["loss_path_peak_mb"] / max(by["mol"]["loss_path_peak_mb"], 1e-9)
+        s_ratio = by["naive"]["step_peak_mb"] / max(by["mol"]["step_peak_mb"], 1e-9)
+        print(f"{model}: mol/ce step time {t_ratio:.2f}x (goal <= 1.35x) | naive/mol step time "
+              f"{by['naive']['step_s'] / by['mol']['step_s']:.2f}x | naive/mol loss-path memory {m_ratio:.1f}x "
+              f"(goal >= 4x) | naive/mol whole-step peak {s_ratio:.1f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokenizer", help="real Qwen3 tokenizer directory (its vocabulary sizes the 0.6B model)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--seq-len", type=int, default=4096, help="tokens per trace for the 0.6B-shaped model")
+    parser.add_argument("--tiny-seq-len", type=int, default=4096, help="tokens per trace for the tiny model")
+    parser.add_argument("--layers", type=int, default=28, help="decoder layers of the 0.6B-shaped model (28 real)")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per variant (the fastest is reported)")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch default)")
+    parser.add_argument("--models", default="tiny,qwen3-0.6b")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    vocab = 151_936
+    if args.tokenizer:
+        from transformers import AutoConfig, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(args.tokenizer)
+        vocab = max(vocab, len(tok))
+        try:
+            vocab = AutoConfig.from_pretrained(args.tokenizer).vocab_size
+        except (OSError, ValueError):
+            pass
+    print(f"device {args.device}, dtype {args.dtype}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
+          f"qwen3-0.6b shape with {args.layers} layers, vocab {vocab}")
+    rows = []
+    for kind in args.models.split(","):
+        rows += measure(kind, args, vocab)
+    report(rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""GRPO prompts from the real benchmark files, rendered with the real Qwen3 chat template."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from grpo_helpers import save_tiny_model, toy_config
+from molrl.grpo.config import TaskSource
+from molrl.grpo.data import build_prompt_rows, strip_added_bos
+from molrl.grpo.tasks import load_task_source
+from molrl.tasks import Task
+
+SOURCES = {
+    "humaneval": "humaneval/HumanEval.jsonl.gz",
+    "mbpp": "mbpp/mbpp.jsonl",
+    "math500": "math500/test.jsonl",
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(SOURCES))
+def test_benchmark_tasks_become_rendered_prompts(shared_data, qwen3_tokenizer, fmt):
+    tasks = load_task_source(TaskSource(path=shared_data / SOURCES[fmt], format=fmt, limit=5), "train")
+    rows, summary = build_prompt_rows(tasks, qwen3_tokenizer, enable_thinking=False, max_prompt_length=4096)
+    assert summary.kept == 5 and len(rows) == 5
+    first = rows[0]["prompt"]
+    assert first.startswith("<|im_start|>user\n") and first.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert Task.from_json(rows[0]["task_json"]).id == tasks[0].id
+
+
+def test_thinking_on_leaves_the_think_block_to_the_model(shared_data, qwen3_tokenizer):
+    tasks = load_task_source(TaskSource(path=shared_data / SOURCES["math500"], format="math500", limit=1), "train")
+    rows, _ = build_prompt_rows(tasks, qwen3_tokenizer, enable_thinking=True, max_prompt_length=4096)
+    assert rows[0]["prompt"].endswith("<|im_start|>assistant\n")
+
+
+def test_a_bos_the_tokenizer_adds_is_not_doubled():
+    class AddsBos:
+        bos_token, bos_token_id = "<s>", 1
+
+        def __call__(self, text):
+            return {"input_ids": [1, 2]}
+
+    assert strip_added_bos(AddsBos(), "<s>hello") == "hello"
+    AddsBos.__call__ = lambda self, text: {"input_ids": [2]}
+    assert strip_added_bos(AddsBos(), "<s>hello") == "<s>hello"
+
+
+def test_math_tasks_train_without_a_sandbox(tmp_path):
+    tasks = tmp_path / "math.jsonl"
+    tasks.write_text("\n".join(json.dumps({"id": f"m{i}", "prompt": f"What is {i}+{i}?", "answer": str(2 * i)})
+                               for i in range(4)) + "\n")
+    base = save_tiny_model(tmp_path / "base")
+    from molrl.grpo.run import run_grpo
+
+    out = run_grpo(toy_config(tmp_path / "run", base, max_steps=1, train=TaskSource(path=tasks, format="jsonl")))
+    rows = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    assert len(rows) == 8 and all(r["reward_stage"].startswith("math/") for r in rows)
+    assert all(r["rewards"]["correctness"] in (0.0, 1.0) for r in rows)

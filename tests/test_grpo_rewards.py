@@ -1,0 +1,152 @@
+"""Bad input on the way to and inside GRPO's rewards: left out or scored as failure, logged, survived."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from grpo_helpers import save_tiny_model, toy_config
+from molrl.grpo.data import build_prompt_rows
+from molrl.grpo.rewards import GuardedReward, TaskReward
+from molrl.grpo.toy import parse_checker_output
+from molrl.tasks import Task, TestCase
+
+SQUARE = Task(id="sq", prompt="Return x squared.", kind="code", entry_point="sq",
+              tests=[TestCase("call", args=[3], expected=9), TestCase("call", args=[-2], expected=4)])
+SIX_BY_SEVEN = Task(id="m1", prompt="What is 6*7?", kind="math", answer="42")
+GOOD_CODE = "```python\ndef sq(x):\n    return x * x\n```"
+
+
+class Recorder:
+    """Stands in for TRL's log_extra / log_metric."""
+
+    def __init__(self):
+        self.extra, self.metrics = {}, {}
+
+    def log_extra(self, column, values):
+        self.extra[column] = values
+
+    def log_metric(self, name, value):
+        self.metrics[name] = value
+
+
+def test_rows_without_tests_or_answer_are_left_out_by_id(tiny_pair):
+    _, tok = tiny_pair
+    no_tests = Task(id="c-no-tests", prompt="p", kind="code", entry_point="f")
+    no_answer = Task(id="m-no-answer", prompt="p", kind="math", answer="")
+    rows, summary = build_prompt_rows([SQUARE, no_tests, SIX_BY_SEVEN, no_answer], tok, enable_thinking=False,
+                                      max_prompt_length=10_000)
+    assert [Task.from_json(r["task_json"]).id for r in rows] == ["sq", "m1"]
+    assert summary.unscorable == ["c-no-tests", "m-no-answer"] and summary.kept == 2 and summary.tasks == 4
+
+
+def test_prompts_over_the_limit_are_counted(tiny_pair):
+    _, tok = tiny_pair
+    long = Task(id="long", prompt="x" * 500, kind="math", answer="1")
+    rows, summary = build_prompt_rows([SIX_BY_SEVEN, long], tok, enable_thinking=False, max_prompt_length=300)
+    # byte-level tokenizer: the long prompt alone is 500+ tokens, the short one ~130 with the instruction
+    assert summary.too_long == ["long"] and summary.kept == 1
+    assert summary.longest_prompt_tokens == len(tok(rows[0]["prompt"])["input_ids"]) <= 300
+
+
+def test_a_raising_reward_fails_only_its_row():
+    def flaky(prompts, completions, task_json):
+        return [1 / 0 if "boom" in c else float(len(c)) for c in completions]
+
+    rec = Recorder()
+    reward = GuardedReward(flaky, failure_reward=-1.0)
+    scores = reward(["p"] * 3, ["ab", "boom", "abc"], [SIX_BY_SEVEN.to_json()] * 3,
+                    log_extra=rec.log_extra, log_metric=rec.log_metric)
+    assert scores == [2.0, -1.0, 3.0]  # the batch failed, so rows were scored one by one
+    assert rec.extra["reward_error"][0] is None and "ZeroDivisionError" in rec.extra["reward_error"][1]
+    assert rec.extra["task_id"] == ["m1"] * 3
+    assert rec.metrics["reward_stage/scoring_error"] == pytest.approx(1 / 3)
+
+
+def test_a_malformed_task_row_is_scored_as_failure():
+    reward = GuardedReward(TaskReward({"math": lambda prompts, completions, task_json: [1.0] * len(completions)}))
+    rec = Recorder()
+    scores = reward(["p", "p"], ["a", "b"], [SIX_BY_SEVEN.to_json(), "{not json"], log_extra=rec.log_extra)
+    assert scores == [1.0, 0.0]
+    assert rec.extra["reward_error"][1].startswith("JSONDecodeError") and rec.extra["task_id"] == ["m1", "?"]
+
+
+def test_non_finite_rewards_become_failures():
+    reward = GuardedReward(lambda prompts, completions, task_json: [math.nan, 0.5])
+    assert reward(["p", "p"], ["a", "b"], [SIX_BY_SEVEN.to_json()] * 2) == [0.0, 0.5]
+
+
+class FailingJobBackend:
+    """A sandbox backend that loses the job whose code mentions LOST (a worker dying mid-batch)."""
+
+    name = "flaky"
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def execute(self, jobs):
+        outs = self.inner.execute(jobs)
+        return [{"status": "sandbox_error", "error": "worker lost"} if "LOST" in job["code"] else out
+                for job, out in zip(jobs, outs)]
+
+    def close(self):
+        self.inner.close()
+
+
+def test_sandbox_failure_mid_batch_scores_that_row_and_the_rest_normally():
+    from molrl.graders.code import CodeRewardConfig
+    from molrl.rewards import CodeReward, MathReward
+    from molrl.sandbox import LocalBackend, SandboxConfig, SandboxPool
+
+    cfg = SandboxConfig(workers=2, timeout_s=2.0)
+    pool = SandboxPool(cfg, backend=FailingJobBackend(LocalBackend(cfg)))
+    try:
+        reward = GuardedReward(TaskReward({"code": CodeReward(pool, CodeRewardConfig(mode="binary")),
+                                           "math": MathReward()}))
+        lost = "```python\ndef sq(x):\n    return x * x  # LOST\n```"
+        hang = "```python\ndef sq(x):\n    while True:\n        pass\n```"
+        rec = Recorder()
+        completions = [GOOD_CODE, lost, hang, "so \\boxed{42}"]
+        tasks = [SQUARE.to_json()] * 3 + [SIX_BY_SEVEN.to_json()]
+        scores = reward(["p"] * 4, completions, tasks, log_extra=rec.log_extra, log_metric=rec.log_metric)
+    finally:
+        pool.close()
+    assert scores == [1.0, 0.0, 0.0, 1.0]  # the hanging solution times out instead of hanging the batch
+    assert rec.extra["reward_stage"][:2] == ["code/all_pass", "code/sandbox_error"]
+    assert "worker lost" in rec.extra["reward_error"][1] and rec.extra["reward_error"][0] is None
+    assert rec.extra["reward_stage"][3] == "math/correct"
+    assert rec.metrics["reward_stage/code/sandbox_error"] == pytest.approx(0.25)
+
+
+def test_checker_output_is_parsed_outside_the_sandbox():
+    assert parse_checker_output("3 4\n") == 0.75
+    assert parse_checker_output("0 0") == 0.0
+    with pytest.raises(ValueError):
+        parse_checker_output("5 4")
+
+
+def test_training_continues_when_the_reward_raises(tmp_path, monkeypatch):
+    from molrl.grpo import toy
+    from molrl.grpo.run import run_grpo
+
+    calls = {"n": 0}
+    real = toy.LowercaseReward.__call__
+
+    def sometimes_raises(self, prompts, completions, **kwargs):
+        calls["n"] += 1
+        if len(completions) == 1 and calls["n"] % 3 == 0:
+            raise RuntimeError("grader crashed")
+        if len(completions) > 1:
+            raise RuntimeError("batch grader crashed")  # every batch falls back to row-by-row scoring
+        return real(self, prompts, completions, **kwargs)
+
+    monkeypatch.setattr(toy.LowercaseReward, "__call__", sometimes_raises)
+    base = save_tiny_model(tmp_path / "base")
+    out = run_grpo(toy_config(tmp_path / "run", base, max_steps=2))
+    rows = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    failed = [r for r in rows if r["reward_error"]]
+    assert len(rows) == 16 and failed and len(failed) < 16
+    assert all(r["rewards"]["correctness"] == 0.0 and "grader crashed" in r["reward_error"] for r in failed)
+    assert (out / "adapter" / "adapter_config.json").is_file()
