@@ -58,3 +58,36 @@ def test_math_tasks_train_without_a_sandbox(tmp_path):
     rows = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
     assert len(rows) == 8 and all(r["reward_stage"].startswith("math/") for r in rows)
     assert all(r["rewards"]["correctness"] in (0.0, 1.0) for r in rows)
+
+
+@pytest.mark.parametrize("name", ["grpo_tiny", "grpo_qwen3_4b", "grpo_qwen3_8b"])
+def test_shipped_configs_load(name):
+    from pathlib import Path
+
+    from molrl.config import load_config
+    from molrl.grpo.config import GrpoConfig
+
+    cfg = load_config(GrpoConfig, Path(__file__).resolve().parents[1] / "configs" / f"{name}.yaml")
+    assert cfg.num_generations == 8 and cfg.temperature == 0.9
+
+
+def test_bad_configs_name_the_key():
+    from molrl.config import ConfigError, load_config
+    from molrl.grpo.config import GrpoConfig
+
+    with pytest.raises(ConfigError, match="micro_batch_size=3 must divide"):
+        load_config(GrpoConfig, None, ["micro_batch_size=3"])
+    with pytest.raises(ConfigError, match="algorithm='ppo'"):
+        load_config(GrpoConfig, None, ["algorithm=ppo"])
+
+
+def test_vllm_requested_but_missing_is_a_clear_error(tmp_path):
+    import importlib.util
+
+    from molrl.errors import MolrlError
+    from molrl.grpo.run import build_trainer
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here")
+    with pytest.raises(MolrlError, match="vllm is not installed"):
+        build_trainer(toy_config(tmp_path, "tiny:chatml", use_vllm=True))

@@ -4,7 +4,7 @@ Everything is generated from one seed, so a world is reproducible and nothing is
 
 - Rule problems ("What is f(472)?"): ``f`` maps every digit of a number through a secret
   permutation of 0-9 (no digit maps to itself). The permutation lives only in the task's
-  ``setup_code``, which the sandbox runs before the model's code; the model never sees it. A
+  ``preamble``, which the sandbox runs before the model's code; the model never sees it. A
   model can learn ``f`` only from the environment's feedback (the printed results of its code).
   The numbers are split into a training split (collection and RL) and a held-out split whose
   numbers never appear in training, so a single-step score on them measures whether the rule was
@@ -96,7 +96,7 @@ def rule_task(key: str, number: int) -> Task:
         prompt=f"What is f({number})?",
         kind="math",
         answer=apply_rule(key, number),
-        setup_code=rule_setup_code(key),
+        preamble=rule_setup_code(key),
         meta={"family": "rule", "input": number},
     )
 

@@ -11,6 +11,7 @@ merged MoL model for ``merge_new``, which therefore also writes the full merged 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import logging
 from pathlib import Path
@@ -63,6 +64,9 @@ def build_trainer(cfg: GrpoConfig) -> tuple[Any, Any, Any]:
     from molrl.grpo.trainer import GrpoTrainer, install_reference, trainable_parameter_count
     from molrl.mol.trainer import MetricsFileCallback
 
+    if cfg.use_vllm and importlib.util.find_spec("vllm") is None:
+        raise MolrlError("use_vllm=true but vllm is not installed: pip install 'molrl[gpu]' on a GPU machine, "
+                         "or set use_vllm=false to generate with transformers")
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     policy = build_policy(cfg)
