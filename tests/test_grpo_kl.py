@@ -52,3 +52,24 @@ def test_eval_hook_writes_accuracy_and_kl_every_n_steps(tmp_path):
     assert [e["step"] for e in evals] == [1, 2]
     assert all(e["eval/accuracy"] == 0.0 for e in evals)  # a random tiny model does not add numbers
     assert all(e["eval/kl_to_base"] > 0 for e in evals)  # the LoRA update moved the policy off the base
+
+
+@pytest.mark.parametrize("reference, beta", [("base", 0.1), ("mol", 0.0)])
+def test_after_merge_new_the_hook_measures_against_the_original_base(tmp_path, reference, beta):
+    from grpo_helpers import save_mol_adapter
+    from molrl.grpo.callbacks import BaseAccess
+    from molrl.grpo.config import PolicyConfig
+    from molrl.grpo.run import build_trainer
+    from molrl.models import load_model
+
+    base = save_tiny_model(tmp_path / "base")
+    mol = save_mol_adapter(base, tmp_path / "mol")
+    cfg = toy_config(tmp_path / "run", base, beta=beta)
+    cfg.policy = PolicyConfig(base=str(base), mol_adapter=mol, adapter_mode="merge_new", reference=reference)
+    trainer, policy, pool = build_trainer(cfg)
+    pool.close()
+    hook_base = BaseAccess(policy)(trainer.model)
+    ids = torch.tensor([[60, 61, 62, 63, 64]])
+    expected = load_model(str(base))(ids).logits
+    torch.testing.assert_close(hook_base(ids).logits, expected)
+    assert (trainer.model(ids).logits - expected).abs().max() > 1e-3  # the policy (merged MoL) is not the base

@@ -20,7 +20,6 @@ from grpo_helpers import save_tiny_model
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow  # two extra interpreters with torch: ~30 s on a quiet machine
 def test_two_process_run_completes_and_aggregates_rewards_across_ranks(tmp_path):
     base = save_tiny_model(tmp_path / "base")
     out = tmp_path / "run"

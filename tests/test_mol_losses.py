@@ -164,3 +164,18 @@ def test_bias_gradient_matches_autograd():
     ref = reference_loss(torch.cat([hidden, ones], -1), torch.cat([base_hidden, ones], -1), w_aug, masks, settings)
     (ref_gw,) = torch.autograd.grad(ref, (w_aug,))
     torch.testing.assert_close(gb, ref_gw[:, -1], rtol=1e-4, atol=1e-6)
+
+
+def test_kl_is_finite_when_probabilities_underflow():
+    # Logits 200 apart: p of the losing token is exp(-200), 0 in float32. The KL must stay finite
+    # (it is ~0: both distributions put all their mass on token 0).
+    ids = torch.tensor([[0, 0, 0]])
+    masks = _masks(ids, feedback=[[0, 0, 0]], decision=[[0, 1, 1]])
+    hidden = torch.tensor([[[200.0, 0.0], [200.0, 0.0], [0.0, 0.0]]], requires_grad=True)
+    base_hidden = torch.tensor([[[150.0, 0.0], [100.0, 0.0], [0.0, 0.0]]])
+    head = (torch.eye(2), None)
+    for direction in ("reverse", "forward"):
+        out = mol_loss(hidden, base_hidden, head, head, masks, step_counts(masks), LossSettings(kl_direction=direction))
+        (grad,) = torch.autograd.grad(out.loss, (hidden,))
+        assert torch.isfinite(out.loss) and torch.isfinite(grad).all()
+        assert out.loss.item() == pytest.approx(0.0, abs=1e-6)

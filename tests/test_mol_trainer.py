@@ -117,25 +117,3 @@ def test_full_fine_tuning_trains_against_frozen_copy(tmp_path):
     logs = [h for h in trainer.state.log_history if "kl_decision" in h]
     assert logs[-1]["kl_decision"] > 0  # the policy moved away from the frozen copy
     assert all(torch.equal(p, ref_before[n]) for n, p in trainer.ref_model.named_parameters())
-
-
-def test_merged_export_matches_adapter_logits(tmp_path):
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    from molrl.models import load_model
-    from molrl.mol.export import merge_adapter
-    from molrl.tiny import build_tiny_tokenizer
-
-    trainer = build_trainer(make_cfg(tmp_path, max_steps=2, micro_batch_size=4, grad_accumulation=1),
-                            synthetic_examples(), build_tiny_tokenizer("chatml"))
-    trainer.train()
-    trainer.save_model(str(tmp_path / "adapter"))
-    merged_dir = merge_adapter(tmp_path / "adapter", tmp_path / "merged")
-    ids = torch.tensor([synthetic_examples()[0]["input_ids"]])
-    with torch.no_grad():
-        peft_logits = PeftModel.from_pretrained(load_model("tiny:chatml"), str(tmp_path / "adapter"))(ids).logits
-        merged_logits = AutoModelForCausalLM.from_pretrained(str(merged_dir))(ids).logits
-        base_logits = load_model("tiny:chatml")(ids).logits
-    torch.testing.assert_close(merged_logits, peft_logits, rtol=1e-4, atol=1e-5)
-    assert (merged_logits - base_logits).abs().max() > 1e-4

@@ -23,6 +23,8 @@ COMMANDS = [
     "molrl.commands.export",
     "molrl.commands.grpo",
     "molrl.commands.sandbox",
+    "molrl.commands.pipeline",
+    "molrl.commands.demo",
 ]
 
 

@@ -4,7 +4,8 @@
     molrl grpo --config configs/grpo_qwen3_8b.yaml policy.mol_adapter=runs/mol train.path=mbpp.jsonl
     molrl grpo --describe        # every config key with its default and meaning
 
-Multi-process: ``accelerate launch --num_processes N -m molrl.cli grpo --config FILE ...``.
+Several processes: ``accelerate launch [--config_file ...] -m molrl.cli grpo --config FILE ...``
+(on CPU: ``ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 ...``); see docs/grpo.md.
 """
 
 from __future__ import annotations

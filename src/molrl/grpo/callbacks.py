@@ -28,12 +28,10 @@ class EvalHookCallback(TrainerCallback):
         self.metrics_path = Path(metrics_path)
 
     @classmethod
-    def from_config(cls, cfg: Any, policy: Any, pool: Any) -> "EvalHookCallback":
-        """The hook for a GRPO config: its held-out tasks, greedy sampling, and the policy's base."""
+    def from_config(cls, cfg: Any, policy: Any, tasks: list, pool: Any) -> "EvalHookCallback":
+        """The hook for a GRPO config: its held-out ``tasks``, greedy sampling, and the policy's base."""
         from molrl.generation import SamplingConfig
-        from molrl.grpo.tasks import load_task_source
 
-        tasks = load_task_source(cfg.eval.tasks, "eval.tasks")
         sampling = SamplingConfig(n=1, temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.seed)
         base = BaseAccess(policy)
 
@@ -48,9 +46,13 @@ class EvalHookCallback(TrainerCallback):
         if not state.is_world_process_zero or (state.global_step % self.every_steps and not last):
             return
         start = time.perf_counter()
-        metrics = self.evaluate(model)
+        try:
+            metrics: dict[str, Any] = self.evaluate(model)
+        except Exception as err:  # noqa: BLE001 - the hook only observes; training goes on
+            log.error("step %d: evaluation hook failed: %s: %s", state.global_step, type(err).__name__, err)
+            metrics = {"eval/error": f"{type(err).__name__}: {err}"}
         metrics["eval/time_s"] = time.perf_counter() - start
-        log.info("step %d eval: %s", state.global_step, ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+        log.info("step %d eval: %s", state.global_step, ", ".join(f"{k}={v}" for k, v in metrics.items()))
         with self.metrics_path.open("a") as fh:
             fh.write(json.dumps({"step": state.global_step, **metrics}) + "\n")
 

@@ -158,6 +158,8 @@ class GrpoConfig:
     """colocate: vLLM shares the training GPU; server: a separate `trl vllm-serve` process."""
     vllm_server_url: str = "http://localhost:8000"
     """Base URL of the vLLM server (server mode)."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """Share of each GPU the colocated vLLM engine may take (colocate mode)."""
     log_every: int = 1
     """Write metrics.jsonl every N steps."""
 

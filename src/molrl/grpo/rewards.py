@@ -1,7 +1,7 @@
 """Reward functions as GRPO sees them: task-routed, guarded, logged.
 
 ``TaskReward`` sends each completion to the grader of its task's kind (the shared code reward,
-multi-stage or binary, or the math reward of ``molrl.rewards``; the toy reward for toy tasks) and
+staged or binary, or the math reward of ``molrl.rewards``; the toy reward for toy tasks) and
 reports per-stage fractions. ``GuardedReward`` wraps it for TRL: scoring never raises into the
 training loop. When a batch fails (a reward function raises, the sandbox dies mid-batch), the
 batch is scored again row by row; a row that still fails is scored ``failure_reward``, logged
@@ -16,8 +16,6 @@ import math
 from typing import Any, Callable, Sequence
 
 log = logging.getLogger(__name__)
-
-TRL_ONLY_KWARGS = ("trainer_state", "log_extra", "log_metric", "completion_ids")
 
 
 class TaskReward:

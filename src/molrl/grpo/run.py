@@ -45,9 +45,7 @@ def run_grpo(cfg: GrpoConfig) -> Path:
     trainer, policy, pool = build_trainer(cfg)
     try:
         trainer.train(resume_from_checkpoint=resume)
-        if trainer.accelerator.is_main_process:
-            _save_final(trainer, policy, out)
-        trainer.accelerator.wait_for_everyone()
+        _save_final(trainer, policy, out)
     finally:
         if pool is not None:
             pool.close()
@@ -60,7 +58,7 @@ def build_trainer(cfg: GrpoConfig) -> tuple[Any, Any, Any]:
 
     from molrl.grpo.callbacks import EvalHookCallback
     from molrl.grpo.policy import build_policy
-    from molrl.grpo.rewards import build_reward
+    from molrl.grpo.tasks import load_task_source
     from molrl.grpo.trainer import GrpoTrainer, install_reference, trainable_parameter_count
     from molrl.mol.trainer import MetricsFileCallback
 
@@ -70,11 +68,12 @@ def build_trainer(cfg: GrpoConfig) -> tuple[Any, Any, Any]:
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     policy = build_policy(cfg)
-    dataset, reward, pool = _prompts_and_reward(cfg, policy.tokenizer, out, build_reward)
+    eval_tasks = load_task_source(cfg.eval.tasks, "eval.tasks") if cfg.eval.every_steps > 0 else []
+    dataset, reward, pool = _prompts_and_reward(cfg, policy.tokenizer, out, eval_tasks)
     try:
         callbacks: list[Any] = [MetricsFileCallback(out / "metrics.jsonl")]
-        if cfg.eval.every_steps > 0:
-            callbacks.append(EvalHookCallback.from_config(cfg, policy, pool))
+        if eval_tasks:
+            callbacks.append(EvalHookCallback.from_config(cfg, policy, eval_tasks, pool))
         trainer = GrpoTrainer(
             model=policy.model,
             reward_funcs=[reward],
@@ -96,18 +95,20 @@ def build_trainer(cfg: GrpoConfig) -> tuple[Any, Any, Any]:
     return trainer, policy, pool
 
 
-def _prompts_and_reward(cfg: GrpoConfig, tokenizer: Any, out: Path, build_reward: Any) -> tuple[Any, Any, Any]:
+def _prompts_and_reward(cfg: GrpoConfig, tokenizer: Any, out: Path, eval_tasks: list) -> tuple[Any, Any, Any]:
+    """The prompt dataset (summary in data_summary.json), the guarded reward, and the sandbox pool
+    (shared with the evaluation hook, so it exists when either the training or the held-out tasks need it)."""
+    from accelerate import PartialState
     from datasets import Dataset
 
     from molrl.grpo.data import build_prompt_rows
+    from molrl.grpo.rewards import build_reward
     from molrl.grpo.tasks import load_task_source
 
     tasks = load_task_source(cfg.train, "train")
     rows, summary = build_prompt_rows(
         tasks, tokenizer, enable_thinking=cfg.enable_thinking, max_prompt_length=cfg.max_prompt_length
     )
-    from accelerate import PartialState
-
     if PartialState().is_main_process:
         (out / "data_summary.json").write_text(json.dumps(dataclasses.asdict(summary), indent=2))
     if not rows:
@@ -116,7 +117,7 @@ def _prompts_and_reward(cfg: GrpoConfig, tokenizer: Any, out: Path, build_reward
             f"{len(summary.unscorable)} unscorable, {len(summary.too_long)} longer than max_prompt_length="
             f"{cfg.max_prompt_length}); see data_summary.json"
         )
-    reward, pool = build_reward(cfg, tasks)
+    reward, pool = build_reward(cfg, tasks + list(eval_tasks))
     return Dataset.from_list(rows), reward, pool
 
 
@@ -161,20 +162,25 @@ def trl_args(cfg: GrpoConfig, output_dir: Path, cuda: bool) -> Any:
         use_vllm=cfg.use_vllm,
         vllm_mode=cfg.vllm_mode,
         vllm_server_base_url=cfg.vllm_server_url if cfg.vllm_mode == "server" else None,
+        vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
         dataloader_num_workers=0,
     )
 
 
 def _save_final(trainer: Any, policy: Any, out: Path) -> None:
-    """adapter/ (the trained adapter only), plus model/ (fully merged) for merge_new."""
+    """adapter/ (the trained adapter only), plus model/ (fully merged) for merge_new; called on every rank."""
     model = trainer.accelerator.unwrap_model(trainer.model)
-    model.save_pretrained(str(out / "adapter"), selected_adapters=["default"])
-    policy.tokenizer.save_pretrained(str(out / "adapter"))
-    if policy.adapter_mode == "merge_new":
-        merged = model.merge_and_unload()
-        merged.save_pretrained(str(out / "model"))
-        policy.tokenizer.save_pretrained(str(out / "model"))
-    log.info("saved %s", out / "adapter")
+    if "ref" in model.peft_config:  # TRL's frozen reference copy is not part of the result
+        model.delete_adapter("ref")
+    trainer.save_model(str(out / "adapter"))  # gathers sharded (ZeRO / FSDP) weights; rank 0 writes
+    if trainer.accelerator.is_main_process:
+        policy.tokenizer.save_pretrained(str(out / "adapter"))
+        if policy.adapter_mode == "merge_new":
+            merged = model.merge_and_unload()
+            merged.save_pretrained(str(out / "model"))
+            policy.tokenizer.save_pretrained(str(out / "model"))
+        log.info("saved %s", out / "adapter")
+    trainer.accelerator.wait_for_everyone()
 
 
 def truncate_jsonl(path: Path, step: int) -> None:

@@ -252,8 +252,8 @@ def _linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
 
 
 def _chunk_terms(
-    logits: torch.Tensor,  # [C, V] fp32 policy logits
-    base_logits: torch.Tensor | None,  # [C, V] fp32 base logits, or None (no KL in this chunk)
+    logits: torch.Tensor,  # [C, V] fp32 policy logits (overwritten)
+    base_logits: torch.Tensor | None,  # [C, V] fp32 base logits (overwritten), or None: no KL in this chunk
     targets: torch.Tensor,  # [C]
     ce_coef: torch.Tensor,  # [C]
     kl_coef: torch.Tensor,  # [C]
@@ -266,25 +266,46 @@ def _chunk_terms(
     With p = softmax(z/T), q = softmax(z_base/T):
       reverse KL = sum p (log p - log q);  dKL/dz = p * (log p - log q - KL) / T
       forward KL = sum q (log q - log p);  dKL/dz = (p - q) / T
+    Works in place so that at most four [C, V] tensors are alive at once.
     """
-    logp = torch.log_softmax(logits, dim=-1)  # [C, V]
+    at_t1 = temperature == 1.0
+    logits_t = logits / temperature if base_logits is not None and not at_t1 else None  # [C, V]
+    logp = _log_softmax_(logits)  # [C, V]
     ce = -logp.gather(1, targets[:, None]).squeeze(1)  # [C]
-    d_logits = logp.exp() * ce_coef[:, None]  # [C, V]
-    d_logits.scatter_add_(1, targets[:, None], -ce_coef[:, None])
-    kl = torch.zeros_like(ce)
-    if base_logits is not None:
-        logp_t = logp if temperature == 1.0 else torch.log_softmax(logits / temperature, dim=-1)  # [C, V]
-        logq_t = torch.log_softmax(base_logits / temperature, dim=-1)  # [C, V]
-        p_t = logp_t.exp()
-        if direction == "reverse":
-            log_ratio = logp_t - logq_t  # [C, V]
-            kl = (p_t * log_ratio).sum(-1)  # [C]
-            d_logits += (kl_coef / temperature)[:, None] * p_t * (log_ratio - kl[:, None])
+    coef = ce_coef[:, None]  # [C, 1]
+    if base_logits is None:
+        d_logits = logp.exp_().mul_(coef)  # [C, V]
+        return d_logits.scatter_add_(1, targets[:, None], -coef), ce, torch.zeros_like(ce)
+    p = logp.exp()  # [C, V]
+    logp_t = logp if at_t1 else _log_softmax_(logits_t)  # [C, V]
+    logq_t = _log_softmax_(base_logits if at_t1 else base_logits.div_(temperature))  # [C, V]
+    scale = (kl_coef / temperature)[:, None]  # [C, 1]
+    if direction == "reverse":
+        ratio = torch.sub(logp_t, logq_t, out=logq_t)  # [C, V] log p_t - log q_t
+        p_t = p if at_t1 else logp_t.exp_()
+        kl = _rowdot(p_t, ratio)  # [C]
+        if at_t1:  # d = p * (ce_coef + scale * (ratio - kl)), one buffer
+            d_logits = ratio.mul_(scale).add_(coef - scale * kl[:, None]).mul_(p)
         else:
-            q_t = logq_t.exp()
-            kl = (q_t * (logq_t - logp_t)).sum(-1)  # [C]
-            d_logits += (kl_coef / temperature)[:, None] * (p_t - q_t)
-    return d_logits, ce, kl
+            d_logits = p.mul_(coef).add_(ratio.sub_(kl[:, None]).mul_(scale).mul_(p_t))
+    else:
+        q_t = logq_t.exp()  # [C, V]
+        kl = _rowdot(q_t, torch.sub(logq_t, logp_t, out=logq_t))  # [C]
+        if at_t1:  # d = ce_coef * p + scale * (p - q)
+            d_logits = p.mul_(coef + scale).sub_(q_t.mul_(scale))
+        else:
+            d_logits = p.mul_(coef).add_(logp_t.exp_().sub_(q_t).mul_(scale))
+    return d_logits.scatter_add_(1, targets[:, None], -coef), ce, kl
+
+
+def _log_softmax_(x: torch.Tensor) -> torch.Tensor:
+    """log_softmax over the last dim, in place."""
+    return x.sub_(torch.logsumexp(x, dim=-1, keepdim=True))
+
+
+def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """sum_v a[c, v] * b[c, v] -> [C], without a [C, V] product tensor."""
+    return torch.bmm(a[:, None, :], b[:, :, None]).view(-1)
 
 
 def mean_or_nan(total: float, count: float) -> float:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback
 
+from molrl.errors import MolrlError
 from molrl.mol.data import RatioSampler
 from molrl.mol.losses import LossSettings, mean_or_nan, mol_loss, step_counts, token_masks
 
@@ -168,8 +169,15 @@ class MolTrainer(Trainer):
 
 
 def _head_tensors(causal_lm: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The output head's weight [V, H] and bias; refuses a head sharded by ZeRO-3 or FSDP."""
     head = causal_lm.get_output_embeddings()
-    return head.weight, getattr(head, "bias", None)
+    weight = head.weight
+    if hasattr(weight, "ds_id") or type(weight).__name__ == "DTensor" or weight.dim() != 2:
+        raise MolrlError(
+            "the output head is sharded (DeepSpeed ZeRO-3 or FSDP); the chunked MoL loss reads the whole head: "
+            "use DeepSpeed ZeRO-2 or plain data parallelism (configs/accelerate/zero2_8gpu.yaml)"
+        )
+    return weight, getattr(head, "bias", None)
 
 
 def _jsonable(value: Any) -> Any:

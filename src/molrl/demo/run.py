@@ -1,0 +1,145 @@
+"""``run_demo``: the demo world and base model, then the real pipeline on them, then the report.
+
+Steps, each skipped when its output is already there (so an interrupted demo resumes):
+
+1. the world (``world/``): task files for GRPO and evaluation, the world's description;
+2. the base model (``base/``): demonstrations through the real collection loop and sandbox, then
+   training from scratch (``molrl.demo.base``);
+3. the pipeline (``pipeline/``) from ``configs/pipeline_tiny.yaml``: collection with the base in
+   the sandbox, MoL and its ablations, GRPO and Dr.GRPO, single-step evaluation, ``report.md``.
+
+The presets (default and quick) only change sizes and step counts. Seeds and the torch thread
+count are fixed, so results repeat run to run on the same machine.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from molrl.demo.base import BaseModelConfig
+from molrl.demo.world import World, WorldConfig, build_world
+from molrl.errors import MolrlError
+
+log = logging.getLogger(__name__)
+
+@dataclass
+class DemoPreset:
+    """Sizes of one demo preset."""
+
+    world: WorldConfig = field(default_factory=WorldConfig)
+    """The world's sizes and seed."""
+    base: BaseModelConfig = field(default_factory=BaseModelConfig)
+    """The base model's size and schedule."""
+    pipeline_overrides: list[str] = field(default_factory=list)
+    """``key=value`` overrides of configs/pipeline_tiny.yaml."""
+    threads: int = 2
+    """torch threads."""
+
+
+PRESETS = {
+    "default": DemoPreset(),
+    "quick": DemoPreset(
+        world=WorldConfig(train_problems=200, heldout_problems=50, general_train=200, general_eval=50),
+        base=BaseModelConfig(steps=250),
+        pipeline_overrides=[
+            "mol.train.max_steps=30",
+            "grpo.max_steps=8",
+            "eval.limit=50",
+        ],
+    ),
+}
+
+
+def config_dir() -> Path:
+    """The repository's ``configs/`` directory (the demo reads ``pipeline_tiny.yaml`` from it)."""
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        if (parent / "configs" / "pipeline_tiny.yaml").is_file():
+            return parent / "configs"
+    raise MolrlError("configs/pipeline_tiny.yaml not found next to the molrl sources; run the demo from a checkout")
+
+
+def run_demo(out: str | Path, preset: str = "default", overrides: list[str] | None = None) -> Path:
+    """Build (or reuse) the world and base in ``out``, run the pipeline, and return the report path."""
+    import torch
+
+    chosen = PRESETS[preset]
+    torch.set_num_threads(chosen.threads)
+    torch.manual_seed(0)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    from molrl.pipeline import load_pipeline_config, run_pipeline
+
+    world_dir, base_dir = out / "world", out / "base"
+    fixed = [
+        f"model={base_dir}",
+        f"output_dir={out / 'pipeline'}",
+        f"general_traces=[{world_dir / 'general_traces.jsonl'}]",
+        f"grpo.train.path={world_dir / 'rule_train.jsonl'}",
+        f"eval.data.heldout={world_dir / 'heldout.jsonl'}",
+        f"eval.data.general={world_dir / 'general.jsonl'}",
+        f"title=molrl demo ({preset} preset)",
+    ]
+    cfg = load_pipeline_config(config_dir() / "pipeline_tiny.yaml", [*fixed, *chosen.pipeline_overrides, *(overrides or [])])
+    world = build_world(chosen.world)
+    write_world(world, chosen.world, world_dir)
+    build_base(world, chosen.base, base_dir, episode_config(cfg))
+    log.info("world and base ready after %.0f s", time.time() - started)
+    run_pipeline(cfg, collect_tasks=world.rule_train)
+    report = Path(cfg.output_dir) / "report.md"
+    log.info("demo finished in %.0f s: %s", time.time() - started, report)
+    return report
+
+
+def write_world(world: World, cfg: WorldConfig, world_dir: Path) -> Path:
+    """Task files (JSONL ``{id, prompt, answer}``) and the general replay traces of ``world``."""
+    from molrl.demo.base import direct_traces
+    from molrl.traces.schema import append_trace
+
+    world_dir.mkdir(parents=True, exist_ok=True)
+    files = {"rule_train.jsonl": world.rule_train, "heldout.jsonl": world.rule_heldout,
+             "general.jsonl": world.general_eval}
+    for name, tasks in files.items():
+        lines = [json.dumps({"id": t.id, "prompt": t.prompt, "answer": t.answer}) for t in tasks]
+        (world_dir / name).write_text("\n".join(lines) + "\n")
+    replay = world_dir / "general_traces.jsonl"
+    if not replay.exists():
+        tmp = replay.with_suffix(".tmp")
+        tmp.unlink(missing_ok=True)
+        for trace in direct_traces(world.general_train):
+            append_trace(tmp, trace)
+        os.replace(tmp, replay)
+    (world_dir / "world.json").write_text(json.dumps({"config": asdict(cfg), "key": world.key}, indent=1))
+    return world_dir
+
+
+def build_base(world: World, cfg: BaseModelConfig, base_dir: Path, episode: "EpisodeConfig") -> Path:  # noqa: F821
+    """The trained base model in ``base_dir`` (trained now unless a finished one is there)."""
+    from molrl.demo.base import demonstration_traces, direct_traces, train_base
+    from molrl.sandbox import SandboxConfig, SandboxPool
+    from molrl.tiny import build_tiny_tokenizer
+
+    marker = base_dir / "DONE"
+    if marker.is_file() and json.loads(marker.read_text()).get("config") == asdict(cfg):
+        log.info("%s: base model already trained, reused", base_dir)
+        return base_dir
+    tokenizer = build_tiny_tokenizer("chatml")
+    with SandboxPool(SandboxConfig(workers=2)) as pool:
+        demos = demonstration_traces(world, tokenizer, episode, pool)
+    train_base([*demos, *direct_traces(world.general_train)], cfg, base_dir)
+    marker.write_text(json.dumps({"config": asdict(cfg)}))
+    return base_dir
+
+
+def episode_config(cfg: "PipelineConfig") -> "EpisodeConfig":  # noqa: F821
+    """The collect section's episode settings: the demonstrations use exactly the format collection will."""
+    from molrl.collect.config import EpisodeConfig
+    from molrl.pipeline import stage_config
+
+    return stage_config(EpisodeConfig, cfg.collect.get("episode", {}), {}, [], "collect.episode")

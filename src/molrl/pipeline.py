@@ -1,0 +1,311 @@
+"""``molrl pipeline``: collect -> MoL -> GRPO -> eval in one run directory, then ``report.md``.
+
+Each stage is the real stage function (``run_collect``, ``run_mol``, ``run_grpo``, ``run_eval``)
+with its config built from a section of the pipeline config plus what the pipeline fixes (model,
+inputs, output directory). Variants are named runs: several MoL runs (modes, epochs) and several
+GRPO runs (algorithms, reward types, each starting from a named MoL run or the base), and every
+resulting model is evaluated single-step.
+
+Run directory::
+
+    config.yaml                 the resolved pipeline config
+    collect/traces.jsonl        collected traces (+ their config)
+    mol/<run>/                  each MoL run's output (adapter/, metrics.jsonl, config.yaml)
+    grpo/<run>/                 each GRPO run's output
+    eval/<model>/               each evaluated model's results.json
+    report.md, plots/*.png
+
+A stage directory is finished when its ``DONE`` marker exists (written last, with the stage's
+resolved config); a re-run skips finished stages and calls the stage function again for an
+unfinished one, which resumes from its own checkpoints / appended records. A finished stage whose
+config has since changed is an error rather than a silent reuse.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from molrl.config import ConfigError, load_config, save_config, to_dict
+from molrl.errors import MolrlError
+
+log = logging.getLogger(__name__)
+
+STAGES = ("collect", "mol", "grpo", "eval")
+DONE = "DONE"
+BASE = "base"
+
+
+@dataclass
+class MolRun:
+    """One named MoL run: the shared ``mol`` section plus overrides."""
+
+    name: str = "mol"
+    """Run name (its directory under mol/ and its label in the report)."""
+    overrides: list[str] = field(default_factory=list)
+    """``key=value`` settings of MolConfig on top of the ``mol`` section, e.g. loss.mode=ce."""
+
+
+@dataclass
+class GrpoRun:
+    """One named GRPO run: the shared ``grpo`` section plus overrides, started from a MoL run or the base."""
+
+    name: str = "grpo"
+    """Run name (its directory under grpo/ and its label in the report)."""
+    start: str = "mol"
+    """Name of the MoL run whose adapter the policy starts from, or ``base`` for the plain base model."""
+    overrides: list[str] = field(default_factory=list)
+    """``key=value`` settings of GrpoConfig on top of the ``grpo`` section, e.g. algorithm=grpo."""
+
+
+@dataclass
+class PipelineConfig:
+    """A whole MoL-RL run: which stages, their settings, and the named variants."""
+
+    model: str = ""
+    """Base model every stage starts from: a local HF directory or a hub name."""
+    output_dir: Path = Path("runs/pipeline")
+    """The run directory (every stage's artifacts, the resolved config and report.md)."""
+    stages: list[str] = field(default_factory=lambda: list(STAGES))
+    """Stages to run, in order, from collect, mol, grpo, eval."""
+    traces: list[str] = field(default_factory=list)
+    """Existing trace files for MoL (added to collected traces; used alone when collect is skipped)."""
+    general_traces: list[str] = field(default_factory=list)
+    """Trace files tagged general (replay data: KL on all their tokens in MoL)."""
+    collect: dict[str, Any] = field(default_factory=dict)
+    """CollectConfig settings (model and out are set by the pipeline)."""
+    mol: dict[str, Any] = field(default_factory=dict)
+    """MolConfig settings shared by every MoL run (model, data.traces and output_dir are set by the pipeline)."""
+    mol_runs: list[MolRun] = field(default_factory=lambda: [MolRun()])
+    """The MoL runs."""
+    grpo: dict[str, Any] = field(default_factory=dict)
+    """GrpoConfig settings shared by every GRPO run (policy.base, policy.mol_adapter, output_dir are set)."""
+    grpo_runs: list[GrpoRun] = field(default_factory=lambda: [GrpoRun()])
+    """The GRPO runs."""
+    eval: dict[str, Any] = field(default_factory=dict)
+    """EvalConfig settings for every evaluated model (model, adapter, output_dir, label are set)."""
+    eval_models: list[str] = field(default_factory=list)
+    """Models to evaluate by name (base, a MoL run, a GRPO run); empty = the base and every run."""
+    title: str = "MoL-RL pipeline"
+    """Title of report.md."""
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.stages if s not in STAGES]
+        if unknown:
+            raise ValueError(f"stages: unknown stage {unknown[0]!r}; expected some of {', '.join(STAGES)}")
+        names = [BASE] + [r.name for r in self.mol_runs] + [r.name for r in self.grpo_runs]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"run name {dupes[0]!r} is used twice (names must differ from each other and from 'base')")
+        mol_names = {r.name for r in self.mol_runs}
+        for run in self.grpo_runs:
+            if run.start != BASE and run.start not in mol_names:
+                raise ValueError(f"grpo_runs: {run.name} starts from {run.start!r}, which is not a MoL run nor 'base'")
+
+
+def run_pipeline(cfg: PipelineConfig, *, collect_tasks: Sequence[Any] | None = None) -> Path:
+    """Run the configured stages in ``cfg.output_dir`` (skipping finished ones), write report.md; returns the dir.
+
+    ``collect_tasks`` replaces the task file of the collect section with tasks held in memory.
+    """
+    if not cfg.model:
+        raise ConfigError("model is not set: give the base model (model=PATH)")
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, out / "config.yaml")
+    timings: dict[str, float] = {}
+    traces = list(cfg.traces)
+    if "collect" in cfg.stages:
+        traces.insert(0, str(_timed(timings, "collect", lambda: collect_stage(cfg, out, collect_tasks))))
+    if "mol" in cfg.stages:
+        for run in cfg.mol_runs:
+            _timed(timings, f"mol/{run.name}", lambda run=run: mol_stage(cfg, run, traces, out))
+    if "grpo" in cfg.stages:
+        for run in cfg.grpo_runs:
+            _timed(timings, f"grpo/{run.name}", lambda run=run: grpo_stage(cfg, run, out))
+    if "eval" in cfg.stages:
+        for name in cfg.eval_models or model_names(cfg):
+            _timed(timings, f"eval/{name}", lambda name=name: eval_stage(cfg, name, out))
+    _record_timings(out, timings)
+    from molrl.report import write_report
+
+    report = write_report(out)
+    log.info("report: %s", report)
+    return out
+
+
+def model_names(cfg: PipelineConfig) -> list[str]:
+    """Every model the pipeline produces, base first."""
+    names = [BASE]
+    if "mol" in cfg.stages or any((Path(cfg.output_dir) / "mol" / r.name).is_dir() for r in cfg.mol_runs):
+        names += [r.name for r in cfg.mol_runs]
+    if "grpo" in cfg.stages or any((Path(cfg.output_dir) / "grpo" / r.name).is_dir() for r in cfg.grpo_runs):
+        names += [r.name for r in cfg.grpo_runs]
+    return names
+
+
+def collect_stage(cfg: PipelineConfig, out: Path, tasks: Sequence[Any] | None) -> Path:
+    """Collected traces of the base model (``collect/traces.jsonl``)."""
+    from molrl.collect.config import CollectConfig
+
+    stage_dir = out / "collect"
+    traces = stage_dir / "traces.jsonl"
+    fixed = {"model": cfg.model, "out": str(traces)}
+    if tasks is not None:
+        fixed["tasks"] = "<in memory>"
+    collect_cfg = stage_config(CollectConfig, cfg.collect, fixed, [], "collect")
+
+    def work() -> None:
+        if tasks is None:
+            from molrl.collect.run import run_collect
+
+            run_collect(collect_cfg)
+        else:
+            collect_in_memory(collect_cfg, tasks)
+
+    run_stage(stage_dir, collect_cfg, work)
+    return traces
+
+
+def mol_stage(cfg: PipelineConfig, run: MolRun, traces: Sequence[str], out: Path) -> Path:
+    """One MoL run on the traces (``mol/<name>/``)."""
+    from molrl.mol.config import MolConfig
+    from molrl.mol.run import run_mol
+
+    if not traces and not cfg.general_traces:
+        raise ConfigError("mol: no traces to train on: run the collect stage or list files under traces")
+    stage_dir = out / "mol" / run.name
+    fixed = {"model": cfg.model, "output_dir": str(stage_dir), "data": {"traces": [*traces, *cfg.general_traces]}}
+    mol_cfg = stage_config(MolConfig, cfg.mol, fixed, run.overrides, f"mol_runs.{run.name}")
+    run_stage(stage_dir, mol_cfg, lambda: run_mol(mol_cfg))
+    return stage_dir
+
+
+def grpo_stage(cfg: PipelineConfig, run: GrpoRun, out: Path) -> Path:
+    """One GRPO run from a MoL run's adapter or the base (``grpo/<name>/``)."""
+    from molrl.grpo.config import GrpoConfig
+    from molrl.grpo.run import run_grpo
+
+    stage_dir = out / "grpo" / run.name
+    start = None
+    if run.start != BASE:
+        start = out / "mol" / run.start
+        if not (start / DONE).is_file():
+            raise MolrlError(f"grpo run {run.name} starts from MoL run {run.start}, which has not finished ({start})")
+        start = start / "adapter"
+    fixed = {"output_dir": str(stage_dir), "policy": {"base": cfg.model, "mol_adapter": str(start) if start else None}}
+    grpo_cfg = stage_config(GrpoConfig, cfg.grpo, fixed, run.overrides, f"grpo_runs.{run.name}")
+    run_stage(stage_dir, grpo_cfg, lambda: run_grpo(grpo_cfg))
+    return stage_dir
+
+
+def eval_stage(cfg: PipelineConfig, name: str, out: Path) -> Path:
+    """Single-step evaluation of one model (``eval/<name>/``)."""
+    from molrl.eval.config import EvalConfig
+    from molrl.eval.run import run_eval
+
+    model, adapter = model_weights(cfg, name, out)
+    stage_dir = out / "eval" / name
+    fixed = {"model": model, "adapter": adapter, "output_dir": str(stage_dir), "label": name}
+    eval_cfg = stage_config(EvalConfig, cfg.eval, fixed, [], "eval")
+    run_stage(stage_dir, eval_cfg, lambda: run_eval(eval_cfg))
+    return stage_dir
+
+
+def model_weights(cfg: PipelineConfig, name: str, out: Path) -> tuple[str, str | None]:
+    """(model, adapter) of a named model: the base, a MoL run's adapter, or a GRPO run's."""
+    if name == BASE:
+        return cfg.model, None
+    for group, runs in (("mol", cfg.mol_runs), ("grpo", cfg.grpo_runs)):
+        if name in {r.name for r in runs}:
+            run_dir = out / group / name
+            if not (run_dir / DONE).is_file():
+                raise MolrlError(f"cannot evaluate {name}: {group} run {run_dir} has not finished")
+            if (run_dir / "adapter").is_dir():
+                merged = run_dir / "model"  # GRPO merge_new: the adapter sits on the merged MoL model
+                return (str(merged) if merged.is_dir() else cfg.model), str(run_dir / "adapter")
+            return str(run_dir / "model"), None
+    raise ConfigError(f"eval_models: {name!r} is not base nor a MoL or GRPO run name")
+
+
+def run_stage(stage_dir: Path, stage_cfg: Any, work: Callable[[], Any]) -> bool:
+    """Run ``work`` unless ``stage_dir`` holds a DONE marker for the same config; returns whether it ran."""
+    marker = stage_dir / DONE
+    resolved = to_dict(stage_cfg)
+    if marker.is_file():
+        done = json.loads(marker.read_text())
+        if done.get("config") != resolved:
+            raise MolrlError(
+                f"{stage_dir} finished with a different config than the one asked for now; "
+                f"delete {stage_dir} to redo it, or use a new output_dir"
+            )
+        log.info("%s: finished earlier, skipped", stage_dir)
+        return False
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    log.info("%s: running", stage_dir)
+    started = time.time()
+    work()
+    marker.write_text(json.dumps({"seconds": round(time.time() - started, 1), "config": resolved}, indent=1))
+    return True
+
+
+def stage_config(cls: type, section: dict[str, Any], fixed: dict[str, Any], overrides: Sequence[str], where: str) -> Any:
+    """``cls`` built from a pipeline section, the pipeline-owned values in ``fixed``, then run overrides."""
+    owned = sorted(k for k in _flatten(fixed) if k in _flatten(section))
+    if owned:
+        raise ConfigError(f"{where}: {owned[0]} is set by the pipeline; remove it from the section")
+    items = [f"{k}={json.dumps(v)}" for k, v in {**_flatten(section), **_flatten(fixed)}.items()]
+    try:
+        return load_config(cls, None, [*items, *overrides])
+    except ConfigError as err:
+        raise ConfigError(f"pipeline section {where}: {err}") from None
+
+
+def collect_in_memory(collect_cfg: Any, tasks: Sequence[Any]) -> None:
+    """Collection over tasks held in memory (whose setup the task file formats cannot carry), resumable."""
+    from molrl.collect.loop import run_episodes
+    from molrl.collect.run import build_generator, finished_pairs, generation_settings, write_episode
+    from molrl.sandbox import SandboxPool
+
+    out = Path(collect_cfg.out)
+    save_config(collect_cfg, out.with_name(out.name + ".config.yaml"))
+    done = finished_pairs(out)  # (task_id, sample) -> (success, turns)
+    generator, tokenizer = build_generator(collect_cfg)
+    settings = generation_settings(collect_cfg)
+    with SandboxPool(collect_cfg.sandbox) as pool:
+        episodes = run_episodes(generator, tokenizer, tasks, pool, collect_cfg.episode, samples=collect_cfg.samples,
+                                skip=done, on_finish=lambda ep: write_episode(out, ep, settings))
+    solved = sum(ep.success for ep in episodes)
+    log.info("%s: %d episodes collected, %d solved", out, len(episodes), solved)
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists and other values are leaves)."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = to_dict(value)
+    return flat
+
+
+def _timed(timings: dict[str, float], name: str, fn: Callable[[], Any]) -> Any:
+    started = time.time()
+    result = fn()
+    timings[name] = round(time.time() - started, 1)
+    return result
+
+
+def _record_timings(out: Path, timings: dict[str, float]) -> None:
+    """Wall-clock seconds of each stage in this invocation (skipped stages take ~0 s)."""
+    (out / "timings.json").write_text(json.dumps(timings, indent=1))
+
+
+def load_pipeline_config(path: str | Path | None, overrides: Sequence[str] = ()) -> PipelineConfig:
+    """The pipeline config from a YAML file plus ``key=value`` overrides."""
+    return load_config(PipelineConfig, path, overrides)

@@ -1,0 +1,248 @@
+"""``report.md`` of a pipeline run: configuration, single-step score table, plots, measured findings.
+
+Everything is read back from the run directory (the resolved ``config.yaml``, each stage's
+``metrics.jsonl`` and each evaluated model's ``results.json``), so a report can be rebuilt at any
+time and never states a number that is not on disk. Plots use matplotlib's Agg backend.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+BASE = "base"
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """Write ``report.md`` and ``plots/*.png`` for the pipeline run in ``run_dir``; returns the report path."""
+    run_dir = Path(run_dir)
+    config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    results = eval_results(run_dir)
+    plots = run_dir / "plots"
+    plots.mkdir(exist_ok=True)
+    figures = [
+        ("MoL loss terms per step", plot_mol(run_dir, plots / "mol_losses.png")),
+        ("GRPO reward per step", plot_grpo(run_dir, plots / "grpo_reward.png")),
+        ("Single-step accuracy", plot_eval(results, plots / "eval_accuracy.png")),
+    ]
+    lines = [f"# {config.get('title', 'MoL-RL pipeline')}", ""]
+    lines += collection_summary(run_dir)
+    lines += ["## Single-step scores", "", score_table(results, config), ""]
+    lines += ["## What the runs show (as measured)", "", *findings(results, config), ""]
+    for title, path in figures:
+        if path is not None:
+            lines += [f"## {title}", "", f"![{title}](plots/{path.name})", ""]
+    timings = run_dir / "timings.json"
+    if timings.is_file():
+        lines += ["## Stage wall-clock times (this invocation, seconds)", "", "| stage | s |", "|---|---|"]
+        lines += [f"| {k} | {v} |" for k, v in json.loads(timings.read_text()).items()] + [""]
+    lines += ["## Configuration", "", "```yaml", yaml.safe_dump(config, sort_keys=False).rstrip(), "```", ""]
+    report = run_dir / "report.md"
+    report.write_text("\n".join(lines))
+    return report
+
+
+def eval_results(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """``results.json`` of every evaluated model, by model name (directory order: base first)."""
+    found = {}
+    eval_dir = run_dir / "eval"
+    if eval_dir.is_dir():
+        for path in sorted(eval_dir.glob("*/results.json"), key=lambda p: (p.parent.name != BASE, p.stat().st_mtime)):
+            found[path.parent.name] = json.loads(path.read_text())
+    return found
+
+
+def accuracy(metrics: dict[str, Any]) -> tuple[float, int, int]:
+    """(pass@1, problems, samples) of one benchmark's metrics."""
+    return float(metrics.get("pass@1", float("nan"))), int(metrics.get("problems", 0)), int(metrics.get("samples", 0))
+
+
+def standard_error(p: float, n: int) -> float:
+    """Binomial standard error of an accuracy over ``n`` problems: sqrt(p (1 - p) / n)."""
+    return math.sqrt(p * (1 - p) / n) if n > 0 and 0 <= p <= 1 else float("nan")
+
+
+def model_origin(name: str, config: dict[str, Any]) -> str:
+    """What a model is, in words: the base, a MoL run's mode, or a GRPO run's algorithm and start."""
+    if name == BASE:
+        return "base model"
+    for run in config.get("mol_runs", []):
+        if run["name"] == name:
+            return "MoL stage " + " ".join(run.get("overrides", [])).strip()
+    for run in config.get("grpo_runs", []):
+        if run["name"] == name:
+            return f"GRPO stage from {run.get('start')} " + " ".join(run.get("overrides", [])).strip()
+    return ""
+
+
+def score_table(results: dict[str, dict[str, Any]], config: dict[str, Any]) -> str:
+    """Markdown table: one row per model, one column per benchmark: pass@1 ± s.e. (problems x samples)."""
+    if not results:
+        return "_No model was evaluated._"
+    benchmarks = sorted({b for r in results.values() for b in r.get("benchmarks", {})})
+    head = "| model | what | " + " | ".join(f"{b} pass@1 ± s.e. (problems × samples/problem)" for b in benchmarks) + " |"
+    lines = [head, "|" + "---|" * (2 + len(benchmarks))]
+    for name, result in results.items():
+        cells = []
+        for bench in benchmarks:
+            metrics = result.get("benchmarks", {}).get(bench)
+            if metrics is None:
+                cells.append("—")
+                continue
+            p, problems, samples = accuracy(metrics)
+            per = samples // problems if problems else 0
+            cells.append(f"{p:.3f} ± {standard_error(p, problems):.3f} ({problems} × {per})")
+        lines.append(f"| {name} | {model_origin(name, config)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def findings(results: dict[str, dict[str, Any]], config: dict[str, Any]) -> list[str]:
+    """Plain statements of the measured differences: each model against the base, each GRPO run against its start."""
+    if BASE not in results:
+        return ["- The base model was not evaluated, so no model is compared against it."]
+    out = []
+    starts = {r["name"]: r.get("start") for r in config.get("grpo_runs", [])}
+    for bench, base_metrics in results[BASE].get("benchmarks", {}).items():
+        base_p, n, _ = accuracy(base_metrics)
+        scores = {name: accuracy(r["benchmarks"][bench])[0] for name, r in results.items() if bench in r.get("benchmarks", {})}
+        best = max(scores, key=lambda k: scores[k])
+        out.append(f"- **{bench}** ({n} problems): base {base_p:.3f}; best {best} {scores[best]:.3f} "
+                   f"({scores[best] - base_p:+.3f} vs base).")
+        for name, p in scores.items():
+            if name == BASE:
+                continue
+            note = f"  - {name}: {p:.3f} ({p - base_p:+.3f} vs base"
+            start = starts.get(name)
+            if start in scores:
+                note += f", {p - scores[start]:+.3f} vs its start {start}"
+            out.append(note + ")")
+    mol_names = [r["name"] for r in config.get("mol_runs", []) if r["name"] in results]
+    if len(mol_names) > 1:
+        for bench in results[BASE].get("benchmarks", {}):
+            ranked = sorted(mol_names, key=lambda k: -accuracy(results[k]["benchmarks"].get(bench, {}))[0])
+            out.append(f"- MoL-stage ablation on {bench}, best first: "
+                       + ", ".join(f"{k} {accuracy(results[k]['benchmarks'].get(bench, {}))[0]:.3f}" for k in ranked))
+    return out
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of a ``metrics.jsonl`` (missing file: none)."""
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    pairs = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float)) and "step" in r]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def plot_mol(run_dir: Path, path: Path) -> Path | None:
+    """CE on feedback tokens and KL on decision tokens per step, one line per MoL run."""
+    runs = {p.parent.name: read_metrics(p) for p in sorted((run_dir / "mol").glob("*/metrics.jsonl"))}
+    runs = {k: v for k, v in runs.items() if v}
+    if not runs:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, title in ((axes[0], "ce_feedback", "CE on feedback tokens"),
+                           (axes[1], "kl_decision", "KL(policy || base) on decision tokens")):
+        for name, rows in runs.items():
+            steps, values = _series(rows, key)
+            if steps:
+                ax.plot(steps, values, marker=".", label=name)
+        ax.set_title(title)
+        ax.set_xlabel("optimiser step")
+        ax.set_yscale("symlog", linthresh=1e-3)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    return _save(fig, path)
+
+
+def plot_grpo(run_dir: Path, path: Path) -> Path | None:
+    """Mean reward per step (and its running mean over 5 steps), one colour per GRPO run."""
+    runs = {p.parent.name: read_metrics(p) for p in sorted((run_dir / "grpo").glob("*/metrics.jsonl"))}
+    runs = {k: v for k, v in runs.items() if _series(v, "reward")[0]}
+    if not runs:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for name, rows in runs.items():
+        steps, values = _series(rows, "reward")
+        line = ax.plot(steps, values, alpha=0.35)[0]
+        smooth = [sum(values[max(0, i - 4) : i + 1]) / len(values[max(0, i - 4) : i + 1]) for i in range(len(values))]
+        ax.plot(steps, smooth, color=line.get_color(), linewidth=2, label=f"{name} (5-step mean)")
+    ax.set_title("GRPO mean reward per step")
+    ax.set_xlabel("optimiser step")
+    ax.set_ylabel("reward")
+    ax.set_ylim(-0.05, 1.05)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(fig, path)
+
+
+def plot_eval(results: dict[str, dict[str, Any]], path: Path) -> Path | None:
+    """Grouped bars: single-step pass@1 of every model on every benchmark, with standard-error bars."""
+    if not results:
+        return None
+    plt = _pyplot()
+    benchmarks = sorted({b for r in results.values() for b in r.get("benchmarks", {})})
+    names = list(results)
+    width = 0.8 / len(names)
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(names) * len(benchmarks)), 4.5))
+    for i, name in enumerate(names):
+        xs, ps, errs = [], [], []
+        for j, bench in enumerate(benchmarks):
+            metrics = results[name].get("benchmarks", {}).get(bench)
+            if metrics is None:
+                continue
+            p, n, _ = accuracy(metrics)
+            xs.append(j + (i - (len(names) - 1) / 2) * width)
+            ps.append(p)
+            errs.append(standard_error(p, n))
+        bars = ax.bar(xs, ps, width, yerr=errs, capsize=2, label=name)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    ax.set_xticks(range(len(benchmarks)), [f"{b}\n(n={accuracy(next(iter(results.values()))['benchmarks'].get(b, {}))[1]})" for b in benchmarks])
+    ax.set_ylabel("single-step pass@1")
+    ax.set_ylim(0, 1.1)
+    ax.set_title("Single-step accuracy (no execution feedback)")
+    ax.legend(fontsize=8, ncol=min(4, len(names)))
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def collection_summary(run_dir: Path) -> list[str]:
+    """A line on the collected traces: how many, how many solved, mean turns."""
+    traces = run_dir / "collect" / "traces.jsonl"
+    if not traces.is_file():
+        return []
+    metas = [json.loads(line).get("meta", {}) for line in traces.read_text().splitlines() if line.strip()]
+    if not metas:
+        return []
+    solved = sum(bool(m.get("success")) for m in metas)
+    turns = sum(int(m.get("turns", 0)) for m in metas) / len(metas)
+    return ["## Collected traces", "",
+            f"{len(metas)} episodes of the base model in the sandbox; {solved} solved "
+            f"({solved / len(metas):.3f}); mean {turns:.2f} model turns per episode.", ""]
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
