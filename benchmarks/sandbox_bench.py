@@ -11,6 +11,8 @@ fresh sandboxed interpreter). Goals: pool >= 3x the ``python -c`` baseline; dead
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -29,26 +31,75 @@ SNIPPETS = {
 }
 
 
-def fresh_rate(codes: list[str], workers: int, prefix: list[str]) -> float:
-    """Executions per second, one new interpreter per snippet."""
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _worker_cpu(pool: SandboxPool) -> float:
+    """CPU seconds used so far by the pool's worker processes and everything they reaped."""
+    total = 0
+    for slot in pool.backend.slots:
+        pids = [slot.proc.pid] + [int(p) for p in _children_of(slot.proc.pid)]
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _children_of(pid: int) -> list[str]:
+    """Descendants of a bwrap process (its init and the worker), from /proc."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/task/{p}/children") as fh:
+                kids = fh.read().split()
+        except OSError:
+            kids = []
+        out += kids
+        todo += [int(k) for k in kids]
+    return out
+
+
+def fresh_run(codes: list[str], workers: int, prefix: list[str]) -> tuple[float, float]:
+    """(executions/s, CPU ms per execution) with one new interpreter per snippet."""
     env = {"PATH": "/usr/bin:/bin", **THREAD_ENV}
 
     def one(code: str) -> None:
         subprocess.run(prefix + [sys.executable, "-c", code], capture_output=True, env=env, timeout=60, check=True)
 
-    start = time.perf_counter()
+    cpu, start = _children_cpu(), time.perf_counter()
     with ThreadPoolExecutor(workers) as ex:
         list(ex.map(one, codes))
-    return len(codes) / (time.perf_counter() - start)
+    elapsed = time.perf_counter() - start
+    return len(codes) / elapsed, (_children_cpu() - cpu) * 1000 / len(codes)
 
 
-def pool_rate(pool: SandboxPool, codes: list[str]) -> float:
-    start = time.perf_counter()
+def pool_run(pool: SandboxPool, codes: list[str]) -> tuple[float, float]:
+    """(executions/s, CPU ms per execution in the workers) for the pool."""
+    cpu, start = _worker_cpu(pool), time.perf_counter()
     results = pool.run_many(codes)
     elapsed = time.perf_counter() - start
     bad = [r.status for r in results if r.status != "ok"]
     assert not bad, f"pool runs failed: {bad[:3]}"
-    return len(codes) / elapsed
+    return len(codes) / elapsed, (_worker_cpu(pool) - cpu) * 1000 / len(codes)
+
+
+def compare(pool: SandboxPool, template: str, n: int, workers: int, rounds: int) -> dict[str, list]:
+    """Interleaved rounds of pool / python -c / bwrap+python, so load changes hit all three."""
+    rows: dict[str, list] = {"pool": [], "python -c": [], "bwrap+python -c": []}
+    for r in range(rounds):
+        codes = [template.format(i=r * n + i) for i in range(n)]
+        few = codes[: max(workers * 4, n // 4)]
+        rows["pool"].append(pool_run(pool, codes))
+        rows["python -c"].append(fresh_run(few, workers, []))
+        rows["bwrap+python -c"].append(fresh_run(few, workers, bwrap_command(pool.cfg)))
+    return rows
 
 
 def reap_latency(pool: SandboxPool, runs: int) -> tuple[list[float], list[float]]:
@@ -81,26 +132,33 @@ def reward_throughput(pool: SandboxPool, judged: bool) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--n", type=int, default=200, help="snippets per measurement")
-    parser.add_argument("--workers", type=int, default=2, help="pool workers and baseline threads")
+    parser.add_argument("--n", type=int, default=200, help="snippets per pool measurement")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved measurement rounds")
+    parser.add_argument("--workers", type=int, default=0, help="pool workers and baseline threads (0: pool default)")
     args = parser.parse_args()
     cfg = SandboxConfig(workers=args.workers, cache_size=0)
     start = time.perf_counter()
     with SandboxPool(cfg) as pool:
-        print(f"pool: {args.workers} workers, backend {pool.backend.name}, started in {time.perf_counter() - start:.2f} s")
-        pool_rate(pool, [f"print({i})" for i in range(20)])  # warm-up
+        workers = len(pool.backend.slots)
+        print(f"pool: {workers} workers on {os.cpu_count()} cores, backend {pool.backend.name}, "
+              f"started in {time.perf_counter() - start:.2f} s; baselines use {workers} threads")
+        pool_run(pool, [f"print({i})" for i in range(20)])  # warm-up
         for name, template in SNIPPETS.items():
-            codes = [template.format(i=i) for i in range(args.n)]
-            pooled = pool_rate(pool, codes)
-            n_fresh = max(20, args.n // 4)
-            plain = fresh_rate(codes[:n_fresh], args.workers, [])
-            boxed = fresh_rate(codes[:n_fresh], args.workers, bwrap_command(cfg))
-            print(f"{name:8s} pool {pooled:7.1f} exec/s | fresh python -c {plain:6.1f} exec/s "
-                  f"(pool {pooled / plain:4.1f}x) | fresh bwrap+python {boxed:6.1f} exec/s (pool {pooled / boxed:4.1f}x)")
+            rows = compare(pool, template, args.n, workers, args.rounds)
+            med = {k: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v)) for k, v in rows.items()}
+            ratios = [p[0] / f[0] for p, f in zip(rows["pool"], rows["python -c"])]
+            # bwrap's pid namespace hides its descendants' CPU from RUSAGE_CHILDREN: rate only there
+            print(f"{name:8s} " + " | ".join(
+                f"{k} {rate:7.1f} exec/s" + (f", {cpu:5.1f} CPU-ms/exec" if k != "bwrap+python -c" else "")
+                for k, (rate, cpu) in med.items()))
+            print(f"{'':8s} pool / python -c: {statistics.median(ratios):.1f}x throughput (rounds: "
+                  f"{', '.join(f'{x:.1f}' for x in ratios)}), {med['python -c'][1] / med['pool'][1]:.1f}x less CPU; "
+                  f"pool / bwrap+python -c: {med['pool'][0] / med['bwrap+python -c'][0]:.1f}x  (goal >= 3x)")
         inside, outside = reap_latency(pool, 20)
-        print(f"deadline->reaped (worker clock): median {statistics.median(inside):.2f} ms, max {max(inside):.2f} ms "
-              f"(goal < 50 ms) | result in caller after deadline: median {statistics.median(outside):.1f} ms, "
-              f"max {max(outside):.1f} ms")
+        q = statistics.quantiles
+        print(f"deadline->reaped (worker clock): median {statistics.median(inside):.2f} ms, p95 {q(inside, n=20)[-1]:.2f} ms, "
+              f"max {max(inside):.2f} ms (goal < 50 ms) | result in caller after deadline: median "
+              f"{statistics.median(outside):.1f} ms, max {max(outside):.1f} ms")
         for judged in (False, True):
             rate = reward_throughput(pool, judged)
             kind = "assert tests (judge process)" if judged else "call tests"

@@ -99,3 +99,12 @@ def mbpp_failures(shared_data, pool) -> tuple[int, list[str]]:
 def test_mbpp_every_reference_solution_passes(shared_data, pool):
     n, failed = mbpp_failures(shared_data, pool)
     assert n == 974 and failed == []
+
+
+def test_reward_docstring_examples_run():
+    import doctest
+
+    import molrl.rewards
+
+    result = doctest.testmod(molrl.rewards)
+    assert result.attempted >= 3 and result.failed == 0

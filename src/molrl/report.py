@@ -61,6 +61,11 @@ def accuracy(metrics: dict[str, Any]) -> tuple[float, int, int]:
     return float(metrics.get("pass@1", float("nan"))), int(metrics.get("problems", 0)), int(metrics.get("samples", 0))
 
 
+def benchmark_names(results: dict[str, dict[str, Any]]) -> list[str]:
+    """Every benchmark of any model, in the order they were first evaluated."""
+    return list(dict.fromkeys(b for r in results.values() for b in r.get("benchmarks", {})))
+
+
 def standard_error(p: float, n: int) -> float:
     """Binomial standard error of an accuracy over ``n`` problems: sqrt(p (1 - p) / n)."""
     return math.sqrt(p * (1 - p) / n) if n > 0 and 0 <= p <= 1 else float("nan")
@@ -83,7 +88,7 @@ def score_table(results: dict[str, dict[str, Any]], config: dict[str, Any]) -> s
     """Markdown table: one row per model, one column per benchmark: pass@1 ± s.e. (problems x samples)."""
     if not results:
         return "_No model was evaluated._"
-    benchmarks = sorted({b for r in results.values() for b in r.get("benchmarks", {})})
+    benchmarks = benchmark_names(results)
     head = "| model | what | " + " | ".join(f"{b} pass@1 ± s.e. (problems × samples/problem)" for b in benchmarks) + " |"
     lines = [head, "|" + "---|" * (2 + len(benchmarks))]
     for name, result in results.items():
@@ -149,15 +154,15 @@ def plot_mol(run_dir: Path, path: Path) -> Path | None:
         return None
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, key, title in ((axes[0], "ce_feedback", "CE on feedback tokens"),
-                           (axes[1], "kl_decision", "KL(policy || base) on decision tokens")):
+    for ax, key, title, scale in ((axes[0], "ce_feedback", "CE on feedback tokens (nats/token)", "log"),
+                                  (axes[1], "kl_decision", "KL(policy || base) on decision tokens (nats/token)", "linear")):
         for name, rows in runs.items():
             steps, values = _series(rows, key)
             if steps:
                 ax.plot(steps, values, marker=".", label=name)
         ax.set_title(title)
         ax.set_xlabel("optimiser step")
-        ax.set_yscale("symlog", linthresh=1e-3)
+        ax.set_yscale(scale)
         ax.grid(alpha=0.3)
         ax.legend()
     return _save(fig, path)
@@ -190,10 +195,10 @@ def plot_eval(results: dict[str, dict[str, Any]], path: Path) -> Path | None:
     if not results:
         return None
     plt = _pyplot()
-    benchmarks = sorted({b for r in results.values() for b in r.get("benchmarks", {})})
+    benchmarks = benchmark_names(results)
     names = list(results)
     width = 0.8 / len(names)
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(names) * len(benchmarks)), 4.5))
+    fig, ax = plt.subplots(figsize=(min(12, max(6, 0.8 * len(names) * len(benchmarks))), 5))
     for i, name in enumerate(names):
         xs, ps, errs = [], [], []
         for j, bench in enumerate(benchmarks):
@@ -210,7 +215,7 @@ def plot_eval(results: dict[str, dict[str, Any]], path: Path) -> Path | None:
     ax.set_ylabel("single-step pass@1")
     ax.set_ylim(0, 1.1)
     ax.set_title("Single-step accuracy (no execution feedback)")
-    ax.legend(fontsize=8, ncol=min(4, len(names)))
+    ax.legend(fontsize=8, ncol=min(4, len(names)), loc="upper center", bbox_to_anchor=(0.5, -0.15))
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
 

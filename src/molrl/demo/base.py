@@ -110,6 +110,12 @@ def demonstration_traces(world: World, tokenizer: Any, episode: Any, pool: Any) 
     return [ep.to_trace({"model": "demonstrator"}) for ep in episodes]
 
 
+def without_trailing_feedback(trace: Trace) -> Trace:
+    """The trace up to its last assistant turn (feedback after it carries no decision to learn)."""
+    last = max(i for i, m in enumerate(trace.messages) if m["role"] == "assistant")
+    return Trace(messages=trace.messages[: last + 1], meta=dict(trace.meta))
+
+
 def direct_traces(tasks: Sequence[Task], kind: str = "general") -> list[Trace]:
     """Single-turn conversations answering ``tasks`` directly, posed as evaluation poses them."""
     from molrl.eval.prompts import user_message
@@ -132,7 +138,7 @@ def train_base(traces: Sequence[Trace], cfg: BaseModelConfig, out_dir: Path) -> 
     torch.manual_seed(cfg.seed)
     tokenizer = build_tiny_tokenizer("chatml")
     tok_cfg = TokenizeConfig(max_length=None, enable_thinking=True, require_feedback=False)
-    examples = [tokenize_trace(t, tokenizer, tok_cfg) for t in traces]
+    examples = [tokenize_trace(without_trailing_feedback(t), tokenizer, tok_cfg) for t in traces]
     model = build_tiny_model(len(tokenizer), hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
                              num_heads=cfg.num_heads, num_kv_heads=max(1, cfg.num_heads // 2), seed=cfg.seed)
     model.config.pad_token_id = tokenizer.pad_token_id
@@ -158,7 +164,7 @@ def fit(model: Any, examples: Sequence[Any], cfg: BaseModelConfig, pad_id: int) 
     rng = random.Random(cfg.seed)
     model.train()
     losses = []
-    for _ in range(cfg.steps):
+    for step in range(cfg.steps):
         input_ids, labels = collate(rng.sample(list(examples), min(cfg.batch_size, len(examples))), pad_id)
         loss = model(input_ids=input_ids, labels=labels).loss
         loss.backward()
@@ -167,6 +173,8 @@ def fit(model: Any, examples: Sequence[Any], cfg: BaseModelConfig, pad_id: int) 
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
+        if step % 100 == 0:
+            log.info("base model: step %d of %d, decision loss %.4f", step, cfg.steps, losses[-1])
     model.eval()
     return losses
 

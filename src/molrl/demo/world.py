@@ -9,7 +9,7 @@ Everything is generated from one seed, so a world is reproducible and nothing is
   The numbers are split into a training split (collection and RL) and a held-out split whose
   numbers never appear in training, so a single-step score on them measures whether the rule was
   internalised rather than memorised.
-- General problems ("Reverse 4721." / "Sort 4721."): digit-string tasks the base model is taught
+- General problems ("What is reverse(4721)?", sort, rotate, ...): digit-string tasks the base model is taught
   to answer directly; scoring them after training measures forgetting.
 
 All problems are ordinary math ``Task`` objects with a numeric ``answer``, graded by the shared
@@ -24,10 +24,14 @@ from dataclasses import dataclass, field
 from molrl.tasks import Task
 
 GENERAL_OPS = {
-    "reverse": ("What is reverse({x})?", lambda s: s[::-1]),
-    "sort": ("What is sort({x})?", lambda s: "".join(sorted(s))),
+    "reverse": lambda s: s[::-1],
+    "sort": lambda s: "".join(sorted(s)),
+    "rotate": lambda s: s[1:] + s[:1],
+    "g": lambda s: s,
+    "h": lambda s: "".join(sorted(s, reverse=True)),
 }
-"""General task families: prompt template and the answer function on the digit string."""
+"""General task families by function name: the answer as a function of the digit string. Several
+names, two of them single letters, so the base learns to restate whichever call it is asked about."""
 
 
 @dataclass
@@ -103,8 +107,7 @@ def rule_task(key: str, number: int) -> Task:
 
 def general_task(op: str, text: str) -> Task:
     """A general digit-string problem (``reverse`` / ``sort``) with its answer."""
-    template, fn = GENERAL_OPS[op]
-    return Task(id=f"{op}/{text}", prompt=template.format(x=text), kind="math", answer=fn(text),
+    return Task(id=f"{op}/{text}", prompt=f"What is {op}({text})?", kind="math", answer=GENERAL_OPS[op](text),
                 meta={"family": op, "input": text})
 
 

@@ -7,6 +7,7 @@ pass < all tests pass. ``mode='binary'`` gives 1 for all tests passing and 0 oth
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import warnings
@@ -74,11 +75,17 @@ def _stage_score(stage: str, fraction: float, cfg: CodeRewardConfig) -> float:
     return float(getattr(cfg, stage))
 
 
+def _clip(value, limit: int = 2000):
+    """A returned value for the grade's details, replaced by a short note when it is large."""
+    text = json.dumps(value)
+    return value if len(text) <= limit else {"t": "clipped", "json_prefix": text[:limit]}
+
+
 def grade_result(code: str, result: ExecResult, cfg: CodeRewardConfig) -> Grade:
     """The grade of a finished run (pure: no sandbox involved)."""
     n = len(result.tests)
     passed = result.passed
-    tests = [{"index": t.index, "kind": t.kind, "passed": t.passed, "got": t.got, "error": t.error} for t in result.tests]
+    tests = [{"index": t.index, "kind": t.kind, "passed": t.passed, "got": _clip(t.got), "error": t.error} for t in result.tests]
     details = {"status": result.status, "passed": passed, "total": n, "tests": tests,
                "stderr_tail": result.stderr[-500:], "error": result.error}
     if result.status == "sandbox_error" and passed == 0:

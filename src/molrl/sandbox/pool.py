@@ -110,6 +110,7 @@ class SandboxPool:
         for out, indices in pieces:
             calls = {e["i"]: e for e in out.get("events", []) if e.get("e") == "call" and isinstance(e.get("i"), int)}
             verdicts = {e["i"]: e for e in out.get("verdicts", []) if e.get("e") == "verdict" and isinstance(e.get("i"), int)}
+            judge_error = next((e for e in out.get("verdicts", []) if e.get("e") == "judge_error"), None)
             n_calls = sum(task.tests[i].kind == "call" for i in indices)
             for pos, i in enumerate(indices):
                 test = task.tests[i]
@@ -118,7 +119,7 @@ class SandboxPool:
                 elif test.kind == "assert":
                     verdict = verdicts.get(pos - n_calls)
                     passed = bool(verdict and verdict.get("passed") is True)
-                    error = None if passed else (verdict or {}).get("error") or _missing(out)
+                    error = None if passed else (verdict or judge_error or {}).get("error") or _missing(out)
                     outcomes[i] = TestOutcome(i, "assert", passed, None, error)
                 else:
                     got = out.get("stdout", "")
@@ -174,14 +175,14 @@ class SandboxPool:
                 self._cache.move_to_end(key)
                 outs.append(dict(self._cache[key], cached=True))
             for key, out in fresh.items():
-                if self.cfg.cache_size and out.get("status") != "sandbox_error":
+                if self.cfg.cache_size and out.get("status") != "sandbox_error" and _small(out):
                     self._cache[key] = out
             while len(self._cache) > self.cfg.cache_size:
                 self._cache.popitem(last=False)
         return outs
 
     def _result(self, out: dict) -> ExecResult:
-        info = {k: out[k] for k in ("reap_ms", "stray_processes") if k in out}
+        info = {k: out[k] for k in ("start_ms", "reap_ms", "stray_processes") if k in out}
         info["backend"] = getattr(self.backend, "name", "backend")
         return ExecResult(
             status=out.get("status", "sandbox_error"), exit_code=out.get("exit_code"),
@@ -190,6 +191,16 @@ class SandboxPool:
             truncated=bool(out.get("truncated")), duration_s=out.get("duration_s", 0.0),
             error=out.get("error"), cached=bool(out.get("cached")), info=info,
         )
+
+
+CACHE_ENTRY_BYTES = 32 << 10
+"""Outcomes larger than this (long output, big return values) are not cached."""
+
+
+def _small(out: dict) -> bool:
+    """Whether an outcome is small enough to keep in the cache (bounds its memory)."""
+    size = len(out.get("stdout", "")) + len(out.get("stderr", ""))
+    return size < CACHE_ENTRY_BYTES and len(json.dumps(out.get("events", []))) < CACHE_ENTRY_BYTES - size
 
 
 def _missing(out: dict) -> str:

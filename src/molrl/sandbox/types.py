@@ -14,7 +14,7 @@ class SandboxConfig:
     """How model-written code is confined and how fast it is run."""
 
     workers: int = 0
-    """Worker slots run in parallel (0: one per CPU core)."""
+    """Worker slots run in parallel (0: two per CPU core, which hides each job's round trip)."""
     timeout_s: float = 10.0
     """Wall-clock limit of one execution, in seconds."""
     memory_mb: int = 1024
@@ -35,8 +35,9 @@ class SandboxConfig:
         default_factory=lambda: ["numpy", "math", "re", "collections", "itertools", "functools", "heapq", "json", "random", "string", "bisect", "typing"]
     )
     """Modules each worker imports once so tasks start warm (missing ones are skipped)."""
-    cache_size: int = 4096
-    """Results kept, keyed by hash of (code, inputs, limits); 0 disables the cache."""
+    cache_size: int = 2048
+    """Results kept, keyed by hash of (code, inputs, limits); 0 disables the cache. Outcomes over
+    32 KiB are not kept, so the cache stays under ~64 MiB."""
     float_rel_tol: float = 1e-9
     """Relative tolerance when a returned float is compared with the expected one."""
     float_abs_tol: float = 0.0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import os
 
 DENIED_SYSCALLS = (
     # network and local sockets
@@ -57,35 +58,68 @@ def load_library():
     lib.seccomp_rule_add_array.argtypes = [
         ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint, ctypes.POINTER(_ArgCmp),
     ]
-    lib.seccomp_load.argtypes = [ctypes.c_void_p]
+    lib.seccomp_export_bpf.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.seccomp_release.argtypes = [ctypes.c_void_p]
     return lib
 
 
-def install(lib) -> int:
-    """Install the deny-list in the calling process (irreversible); returns the number of rules."""
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def _rules(lib, ctx) -> int:
+    """Add the deny-list to a libseccomp context; returns the number of rules."""
     eperm = _SCMP_ACT_ERRNO | errno.EPERM
+    rules = 0
+    for name in DENIED_SYSCALLS:
+        number = lib.seccomp_syscall_resolve_name(name.encode())
+        if number < 0:  # not on this architecture
+            continue
+        if lib.seccomp_rule_add(ctx, eperm, number, 0) != 0:
+            raise OSError(f"seccomp rule for {name} failed")
+        rules += 1
+    clone = lib.seccomp_syscall_resolve_name(b"clone")
+    # clone(flags) fails when any namespace flag is set (one rule per flag: rules are OR-ed)
+    for flag in (1 << bit for bit in range(32) if _CLONE_NAMESPACE_FLAGS >> bit & 1):
+        cmp = _ArgCmp(0, _SCMP_CMP_MASKED_EQ, flag, flag)
+        if lib.seccomp_rule_add_array(ctx, eperm, clone, 1, ctypes.byref(cmp)) != 0:
+            raise OSError("seccomp rule for clone failed")
+        rules += 1
+    return rules
+
+
+def compile_filter(lib) -> bytes:
+    """The deny-list as a raw BPF program, compiled once so each task only has to load it."""
     ctx = lib.seccomp_init(_SCMP_ACT_ALLOW)
     if not ctx:
         raise OSError("seccomp_init failed")
-    rules = 0
+    read_fd, write_fd = os.pipe()
     try:
-        for name in DENIED_SYSCALLS:
-            number = lib.seccomp_syscall_resolve_name(name.encode())
-            if number < 0:  # not on this architecture
-                continue
-            if lib.seccomp_rule_add(ctx, eperm, number, 0) != 0:
-                raise OSError(f"seccomp rule for {name} failed")
-            rules += 1
-        clone = lib.seccomp_syscall_resolve_name(b"clone")
-        # clone(flags) fails when any namespace flag is set (one rule per flag: rules are OR-ed)
-        for flag in (1 << bit for bit in range(32) if _CLONE_NAMESPACE_FLAGS >> bit & 1):
-            cmp = _ArgCmp(0, _SCMP_CMP_MASKED_EQ, flag, flag)
-            if lib.seccomp_rule_add_array(ctx, eperm, clone, 1, ctypes.byref(cmp)) != 0:
-                raise OSError("seccomp rule for clone failed")
-            rules += 1
-        if lib.seccomp_load(ctx) != 0:
-            raise OSError("seccomp_load failed")
+        _rules(lib, ctx)
+        if lib.seccomp_export_bpf(ctx, write_fd) != 0:
+            raise OSError("seccomp_export_bpf failed")
+        os.close(write_fd)
+        write_fd = -1
+        chunks = []
+        while chunk := os.read(read_fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
     finally:
         lib.seccomp_release(ctx)
-    return rules
+        os.close(read_fd)
+        if write_fd >= 0:
+            os.close(write_fd)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
+
+
+def load_filter(program: bytes) -> None:
+    """Install a compiled filter in the calling process (irreversible), with no_new_privs."""
+    buf = ctypes.create_string_buffer(program, len(program))
+    prog = _SockFprog(len(program) // 8, ctypes.addressof(buf))
+    if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    if _libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")

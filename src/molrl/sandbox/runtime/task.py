@@ -17,6 +17,7 @@ import resource
 import struct
 import sys
 import traceback
+import time
 import types
 
 from . import codec
@@ -63,7 +64,7 @@ def read_msg(fd: int) -> object | None:
     return None if body is None else json.loads(body)
 
 
-def confine(job: dict, uid: int | None, seccomp_lib, keep_fds: set[int], io: dict) -> None:
+def confine(job: dict, uid: int | None, seccomp_program: bytes | None, keep_fds: set[int], io: dict) -> None:
     """Enter the task's confinement: own session, redirected stdio, rlimits, uid, seccomp."""
     os.setsid()
     fds = [os.open(io["stdin"], os.O_RDONLY)]
@@ -73,11 +74,10 @@ def confine(job: dict, uid: int | None, seccomp_lib, keep_fds: set[int], io: dic
         os.dup2(fd, target)
     _close_other_fds(keep_fds | {0, 1, 2})
     os.chdir(io["work"])
-    file_bytes = int(job["max_file_mb"]) << 20
     limits = {
         resource.RLIMIT_AS: int(job["memory_mb"]) << 20,
         resource.RLIMIT_CPU: int(job["timeout_s"]) + 2,
-        resource.RLIMIT_FSIZE: file_bytes,
+        resource.RLIMIT_FSIZE: int(job["max_file_mb"]) << 20,
         resource.RLIMIT_NOFILE: 256,
         resource.RLIMIT_CORE: 0,
     }
@@ -89,13 +89,10 @@ def confine(job: dict, uid: int | None, seccomp_lib, keep_fds: set[int], io: dic
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
-    if seccomp_lib is not None:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+    if seccomp_program is not None:
         from . import seccomp
 
-        seccomp.install(seccomp_lib)
+        seccomp.load_filter(seccomp_program)
 
 
 def _close_other_fds(keep: set[int]) -> None:
@@ -128,7 +125,7 @@ def run_task(job: dict, result_fd: int, serve_fds: tuple[int, int] | None) -> in
     module.__dict__["__builtins__"] = builtins
     sys.modules[name] = module
     ns = module.__dict__
-    _emit(result_fd, {"e": "started"})
+    _emit(result_fd, {"e": "started", "t": time.monotonic()})
     try:
         exec(compile(job["code"], "solution.py", "exec"), ns)
     except SystemExit as stop:
@@ -193,14 +190,31 @@ class CandidateError(Exception):
     """The function under test raised, timed out or returned something unreadable."""
 
 
-def run_judge(job: dict, verdict_fd: int, req_fd: int, resp_fd: int) -> int:
-    """Run each assert-style test program against a proxy of the entry point."""
+def _read_sources(fd: int, seq: int) -> list[str]:
+    """This job's test programs from the pool's pipe, skipping any left by judges that never ran."""
+    while True:
+        msg = read_msg(fd)
+        if msg is None:
+            raise CandidateError("the pool closed the test-program pipe")
+        if msg.get("seq") == seq:
+            return msg["sources"]
+
+
+def run_judge(job: dict, fds: dict[str, int]) -> int:
+    """Run each assert-style test program against a proxy of the entry point.
+
+    Verdicts go straight to the pool, tagged with the job's sequence number.
+    """
     judge = job["judge"]
+    seq = judge["seq"]
+
+    def report(record: dict) -> None:
+        _emit(fds["verdicts"], {"seq": seq, **record})
 
     def proxy(*args):
         try:
-            write_msg(req_fd, {"fn": judge["entry_point"], "args": codec.encode(args)})
-            reply = read_msg(resp_fd)
+            write_msg(fds["req"], {"fn": judge["entry_point"], "args": codec.encode(args)})
+            reply = read_msg(fds["resp"])
         except (OSError, ValueError) as err:
             raise CandidateError(f"lost the task process: {err}") from None
         if not isinstance(reply, dict) or "value" not in reply:
@@ -210,17 +224,21 @@ def run_judge(job: dict, verdict_fd: int, req_fd: int, resp_fd: int) -> int:
         except (ValueError, TypeError, KeyError) as err:
             raise CandidateError(f"unreadable return value: {err}") from None
 
-    base: dict = {"__name__": "__judge__", "__builtins__": builtins}
-    exec(JUDGE_PRELUDE, base)
-    for i, source in enumerate(judge["sources"]):
+    try:
+        sources = _read_sources(fds["sources"], seq)
+        base: dict = {"__name__": "__judge__", "__builtins__": builtins}
+        exec(JUDGE_PRELUDE, base)
+    except BaseException as err:  # noqa: BLE001
+        report({"e": "judge_error", "error": _describe(err)})
+        return 1
+    for i, source in enumerate(sources):
         ns = dict(base, candidate=proxy)
         ns[judge["entry_point"]] = proxy
         try:
             exec(compile(source, f"test_{i}.py", "exec"), ns)
-            record = {"e": "verdict", "i": i, "passed": True}
+            report({"e": "verdict", "i": i, "passed": True})
         except BaseException as err:  # noqa: BLE001 - a failed assert or a candidate error
-            record = {"e": "verdict", "i": i, "passed": False, "error": _describe(err)}
-        _emit(verdict_fd, record)
+            report({"e": "verdict", "i": i, "passed": False, "error": _describe(err)[:300]})
     return 0
 
 

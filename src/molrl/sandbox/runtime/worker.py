@@ -10,6 +10,7 @@ a child subreaper, so orphans of the task re-parent to it), reaps them, and repo
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import os
 import select
@@ -43,49 +44,29 @@ def main() -> None:
         except Exception:  # noqa: BLE001 - a missing optional module only costs speed
             pass
     lib = seccomp.load_library() if slot["seccomp"] else None
+    program = seccomp.compile_filter(lib) if lib is not None else None
     is_root = os.geteuid() == 0
     os.makedirs(slot["root"], exist_ok=True)
-    task.write_msg(proto_out, {"ready": True, "pid": os.getpid(), "seccomp": lib is not None, "root": is_root})
+    gc.freeze()  # keep the preloaded heap shared with every forked task (no GC writes to it)
+    task.write_msg(proto_out, {"ready": True, "pid": os.getpid(), "seccomp": program is not None, "root": is_root})
     while True:
-        manager = os.fork()
-        if manager == 0:
-            os._exit(_manage_one_job(proto_in, proto_out, slot, lib, is_root))
-        code = os.waitstatus_to_exitcode(os.waitpid(manager, 0)[1])
-        if code != 0:  # end of input, or a broken job manager: the pool restarts this worker
+        job = task.read_msg(proto_in)
+        if job is None:
             return
+        job["received_at"] = time.monotonic()
+        try:
+            result = run_job(job, slot, program, is_root)
+        except Exception as err:  # noqa: BLE001 - report, never die silently
+            result = {"status": "sandbox_error", "error": f"worker: {type(err).__name__}: {err}"}
+        task.write_msg(proto_out, result)
 
 
-def _manage_one_job(proto_in: int, proto_out: int, slot: dict, lib, is_root: bool) -> int:
-    """In a fresh fork of the pristine worker: read one job, run it, answer. Exit code 0, or 3 at EOF.
-
-    The worker itself never reads job data, so no job's data (an assert test's expected values
-    above all) can linger in memory that a later task process inherits.
-    """
-    ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    job = task.read_msg(proto_in)
-    if job is None:
-        return 3
-    pending = [job.get("judge") is not None]  # a second message (test programs) follows
-
-    def read_sources():
-        pending[0] = False
-        return task.read_msg(proto_in)
-
-    try:
-        result = run_job(job, slot, lib, is_root, read_sources)
-    except Exception as err:  # noqa: BLE001 - report, never die silently
-        result = {"status": "sandbox_error", "error": f"worker: {type(err).__name__}: {err}"}
-        if pending[0]:
-            read_sources()  # keep the stream in step
-    task.write_msg(proto_out, result)
-    return 0
-
-
-def run_job(job: dict, slot: dict, lib, is_root: bool, read_sources) -> dict:
+def run_job(job: dict, slot: dict, program: bytes | None, is_root: bool) -> dict:
     """Run one job to completion or deadline; the raw outcome for the pool.
 
-    For assert tests, the test programs arrive as a second message, read only after the task
-    process is forked, so they are never in its memory.
+    Assert tests' programs never pass through this process: the judge reads them straight from
+    the pool (``slot["sources_fd"]``) and writes its verdicts straight back (``slot["verdicts_fd"]``),
+    so no job's expected values can linger in memory that a later task process inherits.
     """
     io = _prepare_dirs(job, slot, is_root)
     uids = (slot["uid"], slot["judge_uid"]) if is_root else (None, None)
@@ -94,40 +75,39 @@ def run_job(job: dict, slot: dict, lib, is_root: bool, read_sources) -> dict:
     if serve:
         req_r, req_w = os.pipe()
         resp_r, resp_w = os.pipe()
-        verdict_r, verdict_w = os.pipe()
     started = time.monotonic()
     deadline = started + float(job["timeout_s"])
     pid = os.fork()
     if pid == 0:
         keep = {result_w, req_r, resp_w} if serve else {result_w}
         _child(lambda: task.run_task(job, result_w, (req_r, resp_w) if serve else None),
-               job, uids[0], lib, keep, io)
+               job, uids[0], program, keep, io)
     pids = [pid]
-    readers = {result_r: bytearray()}
     if serve:
-        job["judge"]["sources"] = (read_sources() or {}).get("sources", [])
         judge_pid = os.fork()
         if judge_pid == 0:
-            os.close(result_w)
-            _child(lambda: task.run_judge(job, verdict_w, req_w, resp_r),
-                   job, uids[1], lib, {verdict_w, req_w, resp_r}, dict(io, stdout=os.devnull, stderr=io["judge_stderr"], work="/"))
+            fds = {"sources": slot["sources_fd"], "verdicts": slot["verdicts_fd"], "req": req_w, "resp": resp_r}
+            _child(lambda: task.run_judge(job, fds), job, uids[1], program, set(fds.values()),
+                   dict(io, stdout=os.devnull, stderr=os.devnull, work="/"))
         pids.append(judge_pid)
-        for fd in (req_r, req_w, resp_r, resp_w, verdict_w):
+        for fd in (req_r, req_w, resp_r, resp_w):
             os.close(fd)
-        readers[verdict_r] = bytearray()
     os.close(result_w)
-    statuses, timed_out = _wait(pids, readers, deadline, int(job["max_result_kb"]) << 10)
+    events = bytearray()
+    statuses, timed_out = _wait(pids, {result_r: events}, deadline, int(job["max_result_kb"]) << 10)
     killed_at = time.monotonic()
-    stray = _kill_all(pids, uids)
+    stray = _kill_all(pids, uids, bool(slot.get("pid_namespace")))
     for pid_, status in _reap(pids).items():
         statuses.setdefault(pid_, status)
     reap_ms = (time.monotonic() - killed_at) * 1000
-    for fd in readers:
-        os.close(fd)
-    out = _report(job, io, statuses.get(pid), readers, timed_out, started, serve)
+    os.close(result_r)
+    out = _report(job, io, statuses.get(pid), events, timed_out, started)
     if serve and statuses.get(pids[1]) is not None:
         out["judge_exit_code"] = os.waitstatus_to_exitcode(statuses[pids[1]])
     out.update(reap_ms=round(reap_ms, 3), stray_processes=stray)
+    start_event = next((e for e in out["events"] if e.get("e") == "started"), {})
+    if isinstance(start_event.get("t"), float):  # job received -> model code about to run
+        out["start_ms"] = round((start_event["t"] - job["received_at"]) * 1000, 3)
     shutil.rmtree(io["work"], ignore_errors=True)
     return out
 
@@ -141,17 +121,17 @@ def _prepare_dirs(job: dict, slot: dict, is_root: bool) -> dict:
         os.chown(work, slot["uid"], slot["uid"])
     io_dir = os.path.join(root, "io")
     os.makedirs(io_dir, mode=0o700, exist_ok=True)
-    paths = {name: os.path.join(io_dir, name) for name in ("stdin", "stdout", "stderr", "judge_stderr")}
+    paths = {name: os.path.join(io_dir, name) for name in ("stdin", "stdout", "stderr")}
     with open(paths["stdin"], "w", encoding="utf-8") as fh:
         fh.write(job.get("stdin") or "")
     return dict(paths, work=work)
 
 
-def _child(body, job: dict, uid: int | None, lib, keep: set[int], io: dict) -> None:
+def _child(body, job: dict, uid: int | None, program: bytes | None, keep: set[int], io: dict) -> None:
     """In a freshly forked process: confine, run ``body``, exit. Never returns."""
     try:
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-        task.confine(job, uid, lib, keep, io)
+        task.confine(job, uid, program, keep, io)
     except BaseException:  # noqa: BLE001
         os._exit(task.SETUP_FAILED_EXIT)
     code = 1
@@ -211,38 +191,67 @@ def _drain(fd: int, buf: bytearray, cap: int, open_readers: set[int], once: bool
             buf += chunk[: cap - len(buf)]
 
 
-def _task_processes(uids: tuple, own_pid: int) -> list[int]:
-    """Every live process that belongs to the job: under its uids, or a descendant of the worker."""
-    parents, owners = {}, {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+def _task_processes(uids: tuple, own_pid: int, full_scan: bool) -> list[int]:
+    """Every live process that belongs to the job: a descendant of this worker (orphans re-parent
+    to it, a subreaper) or, inside a pid namespace where the scan is cheap, any process of its uids."""
+    found = _descendants(own_pid)
+    if found is None or full_scan:
+        found = set(found or ()) | set(_scan_proc(uids, own_pid))
+    return sorted(found)
+
+
+def _descendants(own_pid: int) -> set[int] | None:
+    """Live descendants from /proc/PID/task/TID/children, or None where the kernel lacks that file."""
+    found: set[int] = set()
+    todo = [own_pid]
+    while todo:
+        pid = todo.pop()
         try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                stat = fh.read()
-            with open(f"/proc/{entry}/status", "rb") as fh:
-                uid_line = next(line for line in fh if line.startswith(b"Uid:"))
-        except (OSError, StopIteration):
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
             continue
-        fields = stat.rsplit(b")", 1)[1].split()
-        if fields[0] == b"Z":
-            continue
-        parents[int(entry)] = int(fields[1])
-        owners[int(entry)] = int(uid_line.split()[1])
-    wanted = {uid for uid in uids if uid is not None}
-    found = []
-    for pid in parents:
-        if pid == own_pid:
-            continue
-        node, seen = pid, 0
-        while node in parents and node != own_pid and seen < 4096:
-            node, seen = parents[node], seen + 1
-        if node == own_pid or owners[pid] in wanted:
-            found.append(pid)
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
+                    kids = [int(k) for k in fh.read().split()]
+            except FileNotFoundError:
+                if pid == own_pid:
+                    return None
+                kids = []
+            except OSError:
+                kids = []
+            fresh = [k for k in kids if k not in found and not _is_zombie(k)]
+            found.update(fresh)
+            todo.extend(fresh)
     return found
 
 
-def _kill_all(pids: list[int], uids: tuple) -> int:
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except OSError:
+        return True
+
+
+def _scan_proc(uids: tuple, own_pid: int) -> list[int]:
+    """Every live process under the job's uids, from a full /proc scan."""
+    wanted = {uid for uid in uids if uid is not None}
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == own_pid or not wanted:
+            continue
+        try:
+            with open(f"/proc/{entry}/status", "rb") as fh:
+                fields = dict(line.split(b":", 1) for line in fh if b":" in line)
+        except OSError:
+            continue
+        if fields[b"State"].split()[0] != b"Z" and int(fields[b"Uid"].split()[0]) in wanted:
+            found.append(int(entry))
+    return found
+
+
+def _kill_all(pids: list[int], uids: tuple, full_scan: bool) -> int:
     """SIGKILL the job's process groups and every remaining job process; how many strays there were."""
     for pid in pids:
         for kill in (os.killpg, os.kill):
@@ -253,7 +262,7 @@ def _kill_all(pids: list[int], uids: tuple) -> int:
     own = os.getpid()
     strays: set[int] = set()
     for attempt in range(10_000):
-        found = [p for p in _task_processes(uids, own) if p not in pids]
+        found = [p for p in _task_processes(uids, own, full_scan) if p not in pids]
         if not found:
             break
         strays.update(found)
@@ -326,14 +335,11 @@ def _events(raw: bytearray) -> list[dict]:
     return events
 
 
-def _report(job, io, status, readers, timed_out, started, serve) -> dict:
+def _report(job, io, status, events_raw, timed_out, started) -> dict:
     limit = int(job["max_output_kb"]) << 10
     stdout, out_size = _read_head(io["stdout"], limit)
     stderr, err_size = _read_head(io["stderr"], limit)
-    fds = list(readers)
-    events = _events(readers[fds[0]])
-    verdicts = _events(readers[fds[1]]) if serve else []
-    judge_error = _read_head(io["judge_stderr"], 4096)[0] if serve and not verdicts else ""
+    events = _events(events_raw)
     exit_code = os.waitstatus_to_exitcode(status) if status is not None else None
     file_limit = int(job["max_file_mb"]) << 20
     started_ok = any(e.get("e") == "started" for e in events)
@@ -354,8 +360,7 @@ def _report(job, io, status, readers, timed_out, started, serve) -> dict:
         "status": state, "exit_code": exit_code, "stdout": stdout, "stderr": stderr,
         "stdout_bytes": out_size, "stderr_bytes": err_size,
         "truncated": out_size > limit or err_size > limit,
-        "duration_s": round(time.monotonic() - started, 6), "events": events, "verdicts": verdicts,
-        **({"error": f"judge produced no verdicts: {judge_error[-1000:] or 'no output'}"} if judge_error or (serve and not verdicts) else {}),
+        "duration_s": round(time.monotonic() - started, 6), "events": events,
     }
 
 

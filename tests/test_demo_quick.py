@@ -1,0 +1,25 @@
+"""``molrl demo --quick`` end to end: world, base, collection, MoL + ablations, GRPO, eval, report."""
+
+from __future__ import annotations
+
+import re
+
+from molrl.cli import main
+
+
+def test_quick_demo_writes_report_with_scores_and_plots(tmp_path):
+    assert main(["demo", "--quick", "--out", str(tmp_path)]) == 0
+    run = tmp_path / "pipeline"
+    report = (run / "report.md").read_text()
+    rows = [line for line in report.splitlines() if line.startswith("| ") and "±" in line]
+    names = [row.split("|")[1].strip() for row in rows]
+    assert names == ["base", "mol", "ce", "ce_feedback", "mol+grpo", "mol+dr_grpo", "base+grpo"]
+    # every cell: accuracy ± standard error (problems x samples per problem), 50 held-out problems
+    cells = re.findall(r"(\d\.\d{3}) ± (\d\.\d{3}) \((\d+) × (\d+)\)", "\n".join(rows))
+    assert len(cells) == 2 * len(names)
+    assert all(int(problems) == 50 and int(per) == 1 for _, _, problems, per in cells)
+    for png in ("mol_losses.png", "grpo_reward.png", "eval_accuracy.png"):
+        assert f"plots/{png}" in report
+        assert (run / "plots" / png).stat().st_size > 10_000
+    assert (run / "collect" / "traces.jsonl").stat().st_size > 0
+    assert all((run / stage / "DONE").is_file() for stage in ("collect", "mol/mol", "grpo/mol+grpo", "eval/base"))

@@ -1,0 +1,67 @@
+"""The demo world: a seeded hidden rule, disjoint splits, tasks the shared machinery can run."""
+
+from __future__ import annotations
+
+from molrl.demo.base import ToolDemonstrator, answer_text, expression
+from molrl.demo.world import WorldConfig, apply_rule, build_world, rule_setup_code, secret_key
+
+SMALL = WorldConfig(train_problems=50, heldout_problems=20, general_train=30, general_eval=10)
+
+
+def test_apply_rule_maps_each_digit_through_the_key():
+    # key '1032547698' swaps neighbours: 4 -> 5, 2 -> 3, 9 -> 8
+    assert apply_rule("1032547698", 429) == "538"
+
+
+def test_secret_key_is_a_permutation_without_fixed_points():
+    import random
+
+    key = secret_key(random.Random(3))
+    assert sorted(key) == list("0123456789")
+    assert all(key[d] != str(d) for d in range(10))
+
+
+def test_same_seed_same_world_other_seed_other_key():
+    a, b, c = build_world(SMALL), build_world(SMALL), build_world(WorldConfig(**{**SMALL.__dict__, "seed": 1}))
+    assert a.key == b.key and [t.id for t in a.rule_train] == [t.id for t in b.rule_train]
+    assert a.key != c.key
+
+
+def test_heldout_numbers_never_appear_in_training():
+    world = build_world(SMALL)
+    train = {t.meta["input"] for t in world.rule_train}
+    heldout = {t.meta["input"] for t in world.rule_heldout}
+    assert len(train) == 50 and len(heldout) == 20 and not train & heldout
+
+
+def test_rule_answers_have_no_leading_zero_and_match_the_preamble():
+    world = build_world(SMALL)
+    for task in world.rule_train + world.rule_heldout:
+        assert not task.answer.startswith("0")
+        assert world.key not in task.prompt  # the rule never reaches the model's view
+    scope: dict = {}
+    exec(rule_setup_code(world.key), scope)  # the sandbox runs this as the task preamble
+    task = world.rule_heldout[0]
+    assert str(scope["f"](task.meta["input"])) == task.answer
+
+
+def test_general_answers():
+    world = build_world(SMALL)
+    by_id = {t.id: t.answer for t in world.general_train + world.general_eval}
+    for task_id, answer in by_id.items():
+        op, text = task_id.split("/")
+        expected = {"reverse": text[::-1], "sort": "".join(sorted(text)), "rotate": text[1:] + text[0],
+                    "g": text, "h": "".join(sorted(text, reverse=True))}[op]
+        assert answer == expected
+
+
+def test_demonstrator_writes_code_then_copies_the_output():
+    first = ToolDemonstrator.turn("<|im_start|>user\nWhat is f(478)?<|im_end|>\n<|im_start|>assistant\n")
+    assert first == "<execute>print('f(478) =', f(478))</execute>"
+    later = ToolDemonstrator.turn("What is f(478)?...<tool_response>\nOutput:\nf(478) = 309\n</tool_response>")
+    assert later == answer_text("f(478)", "309") == "f(478) = 309\n\\boxed{309}"
+
+
+def test_expression_of_a_task():
+    world = build_world(SMALL)
+    assert expression(world.rule_train[0]) == f"f({world.rule_train[0].meta['input']})"

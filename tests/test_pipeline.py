@@ -1,0 +1,128 @@
+"""Pipeline wiring: stage configs from sections, DONE markers, and the report read back from disk."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from molrl.config import ConfigError
+from molrl.errors import MolrlError
+from molrl.pipeline import GrpoRun, MolRun, PipelineConfig, load_pipeline_config, model_weights, run_stage, stage_config
+from molrl.report import score_table, standard_error, write_report
+
+
+def test_stage_config_merges_section_fixed_values_and_run_overrides():
+    from molrl.mol.config import MolConfig
+
+    section = {"train": {"learning_rate": 0.002, "max_steps": 7}, "lora": {"rank": 4}}
+    cfg = stage_config(MolConfig, section, {"model": "m", "data": {"traces": ["t.jsonl"]}}, ["loss.mode=ce"], "mol_runs.ce")
+    assert (cfg.model, cfg.data.traces, cfg.loss.mode) == ("m", ["t.jsonl"], "ce")
+    assert (cfg.train.learning_rate, cfg.train.max_steps, cfg.lora.rank) == (0.002, 7, 4)
+
+
+def test_stage_config_refuses_a_key_the_pipeline_sets():
+    from molrl.mol.config import MolConfig
+
+    with pytest.raises(ConfigError, match="model is set by the pipeline"):
+        stage_config(MolConfig, {"model": "other"}, {"model": "m"}, [], "mol")
+
+
+def test_stage_config_names_the_section_of_a_bad_key():
+    from molrl.mol.config import MolConfig
+
+    with pytest.raises(ConfigError, match="pipeline section mol_runs.x: .*unknown key 'train.nope'"):
+        stage_config(MolConfig, {"train": {"nope": 1}}, {}, [], "mol_runs.x")
+
+
+def test_grpo_run_must_start_from_a_known_mol_run():
+    with pytest.raises(ValueError, match="not a MoL run"):
+        PipelineConfig(model="m", mol_runs=[MolRun("mol")], grpo_runs=[GrpoRun("g", start="missing")])
+
+
+def test_run_names_must_be_unique():
+    with pytest.raises(ValueError, match="used twice"):
+        PipelineConfig(model="m", mol_runs=[MolRun("base")])
+
+
+def test_finished_stage_is_skipped_and_a_changed_config_is_refused(tmp_path):
+    calls = []
+    assert run_stage(tmp_path / "s", {"a": 1}, lambda: calls.append(1)) is True
+    assert run_stage(tmp_path / "s", {"a": 1}, lambda: calls.append(2)) is False
+    assert calls == [1]
+    with pytest.raises(MolrlError, match="different config"):
+        run_stage(tmp_path / "s", {"a": 2}, lambda: calls.append(3))
+
+
+def test_interrupted_stage_runs_again(tmp_path):
+    def boom():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_stage(tmp_path / "s", {"a": 1}, boom)
+    assert not (tmp_path / "s" / "DONE").exists()
+    assert run_stage(tmp_path / "s", {"a": 1}, lambda: None) is True
+
+
+def test_model_weights_of_named_runs(tmp_path):
+    cfg = PipelineConfig(model="base_dir", mol_runs=[MolRun("mol")], grpo_runs=[GrpoRun("g", start="mol")])
+    for d in ("mol/mol/adapter", "grpo/g/adapter"):
+        (tmp_path / d).mkdir(parents=True)
+    (tmp_path / "mol/mol/DONE").write_text("{}")
+    assert model_weights(cfg, "base", tmp_path) == ("base_dir", None)
+    assert model_weights(cfg, "mol", tmp_path) == ("base_dir", str(tmp_path / "mol/mol/adapter"))
+    with pytest.raises(MolrlError, match="has not finished"):
+        model_weights(cfg, "g", tmp_path)
+
+
+def test_shipped_configs_load():
+    from pathlib import Path
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    for name in ("pipeline_tiny.yaml", "pipeline_qwen3_4b.yaml", "pipeline_qwen3_8b.yaml"):
+        cfg = load_pipeline_config(configs / name, ["model=m"])
+        assert cfg.mol_runs and cfg.grpo_runs
+
+
+def test_standard_error_closed_form():
+    # p = 0.25 over 12 problems: sqrt(0.25 * 0.75 / 12) = sqrt(0.015625) = 0.125
+    assert standard_error(0.25, 12) == pytest.approx(0.125)
+
+
+def _fake_run(tmp_path):
+    from molrl.config import save_config
+
+    cfg = PipelineConfig(model="m", mol_runs=[MolRun("mol", ["loss.mode=mol"])], grpo_runs=[GrpoRun("g", start="mol")])
+    save_config(cfg, tmp_path / "config.yaml")
+    for name, p in (("base", 0.05), ("mol", 0.25), ("g", 0.75)):
+        (tmp_path / "eval" / name).mkdir(parents=True)
+        result = {"benchmarks": {"heldout": {"problems": 40, "samples": 80, "pass@1": p}}}
+        (tmp_path / "eval" / name / "results.json").write_text(json.dumps(result))
+    (tmp_path / "mol" / "mol").mkdir(parents=True)
+    rows = [{"step": s, "ce_feedback": 2.0 / s, "kl_decision": 0.01 * s} for s in range(1, 6)]
+    (tmp_path / "mol" / "mol" / "metrics.jsonl").write_text("\n".join(map(json.dumps, rows)))
+    (tmp_path / "grpo" / "g").mkdir(parents=True)
+    rows = [{"step": s, "reward": s / 10} for s in range(1, 8)]
+    (tmp_path / "grpo" / "g" / "metrics.jsonl").write_text("\n".join(map(json.dumps, rows)))
+    return cfg
+
+
+def test_score_table_gives_accuracy_error_and_sample_sizes(tmp_path):
+    cfg = _fake_run(tmp_path)
+    from molrl.config import to_dict
+    from molrl.report import eval_results
+
+    table = score_table(eval_results(tmp_path), to_dict(cfg))
+    # 0.75 over 40 problems: sqrt(0.75 * 0.25 / 40) = 0.0685
+    assert "| g | GRPO stage from mol  | 0.750 ± 0.068 (40 × 2) |" in table
+    assert table.splitlines()[2].startswith("| base |")
+
+
+def test_report_has_table_findings_and_pngs(tmp_path):
+    _fake_run(tmp_path)
+    report = write_report(tmp_path).read_text()
+    assert "0.250 ± 0.068 (40 × 2)" in report
+    assert "g: 0.750 (+0.700 vs base, +0.500 vs its start mol)" in report
+    for png in ("mol_losses.png", "grpo_reward.png", "eval_accuracy.png"):
+        assert f"plots/{png}" in report
+        assert (tmp_path / "plots" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
