@@ -14,26 +14,21 @@ loss-path peak memory >= 4x below naive.
     python benchmarks/mol_step.py --tokenizer PATH/qwen3_tokenizer --device cuda --dtype bfloat16 \\
         --seq-len 4096 --layers 28 --steps 5
 
-CPU memory is the process's resident set sampled every 0.5 ms above the level before the measured
-code (allocations that large are mmap-backed, so frees return to the OS); CUDA memory is
-``torch.cuda.max_memory_allocated`` above the level before.
+CPU memory is the kernel's resident-set high-water mark (VmHWM, reset through /proc/self/clear_refs)
+above the resident set before the measured code (tensors that large are mmap-backed, so frees
+return to the OS); CUDA memory is ``torch.cuda.max_memory_allocated`` above the level before.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import os
-import threading
 import time
 from contextlib import contextmanager
 
 import torch
 
 from molrl.mol.losses import LossSettings, mol_loss, step_counts, token_masks
-
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
 
 def make_batch(seq_len: int, vocab: int, device: str, seed: int = 0) -> dict[str, torch.Tensor]:
     """One trace: 25% prompt, then alternating decision (~200 tokens) and feedback (~150) spans."""
@@ -144,26 +139,20 @@ def peak_memory(device: str):
         torch.cuda.synchronize()
         result["peak"] = torch.cuda.max_memory_allocated() - start
         return
-    start, peak, stop = _rss(), [0], threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            peak[0] = max(peak[0], _rss())
-            time.sleep(0.0005)
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    try:
-        yield result
-    finally:
-        stop.set()
-        thread.join()
-        result["peak"] = max(peak[0], _rss()) - start
+    # Reset the kernel's resident-set high-water mark (VmHWM) to the current level, run, read it back.
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")
+    start = _status_kb("VmRSS")
+    yield result
+    result["peak"] = (_status_kb("VmHWM") - start) * 1024
 
 
-def _rss() -> int:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * PAGE
+def _status_kb(key: str) -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {key}")
 
 
 def _sync(device: str) -> None:
@@ -249,7 +238,7 @@ def report(rows: list[dict]) -> None:
 
 
 def _ratio(a_mb: float, b_mb: float) -> str:
-    # CPU resident-set sampling cannot see allocations of a few MB (the heap reuses them).
+    # The CPU resident set cannot see allocations of a few MB (the heap reuses them).
     return f"{a_mb / b_mb:.1f}x" if min(a_mb, b_mb) >= 1.0 else "n/a (below 1 MB resolution)"
 
 

@@ -23,6 +23,7 @@ from molrl.graders.code import CodeRewardConfig
 from molrl.rewards import CodeReward
 from molrl.sandbox import ExecJob, SandboxConfig, SandboxPool
 from molrl.sandbox.backend import THREAD_ENV, bwrap_command
+from molrl.sandbox.runtime.worker import descendants
 from molrl.tasks import Task, TestCase
 
 SNIPPETS = {
@@ -40,7 +41,7 @@ def _worker_cpu(pool: SandboxPool) -> float:
     """CPU seconds used so far by the pool's worker processes and everything they reaped."""
     total = 0
     for slot in pool.backend.slots:
-        pids = [slot.proc.pid] + [int(p) for p in _children_of(slot.proc.pid)]
+        pids = [slot.proc.pid, *(descendants(slot.proc.pid) or ())]
         for pid in pids:
             try:
                 with open(f"/proc/{pid}/stat") as fh:
@@ -49,21 +50,6 @@ def _worker_cpu(pool: SandboxPool) -> float:
                 continue
             total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
     return total / os.sysconf("SC_CLK_TCK")
-
-
-def _children_of(pid: int) -> list[str]:
-    """Descendants of a bwrap process (its init and the worker), from /proc."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            with open(f"/proc/{p}/task/{p}/children") as fh:
-                kids = fh.read().split()
-        except OSError:
-            kids = []
-        out += kids
-        todo += [int(k) for k in kids]
-    return out
 
 
 def fresh_run(codes: list[str], workers: int, prefix: list[str]) -> tuple[float, float]:

@@ -69,3 +69,20 @@ def test_training_is_deterministic(tmp_path, demos):
     a = train_base(traces, cfg, tmp_path / "a")
     b = train_base(traces, cfg, tmp_path / "b")
     assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+
+
+def test_rule_format_examples_hide_the_value_but_teach_the_statement():
+    from molrl.demo.base import hide_value
+    from molrl.tiny import build_tiny_tokenizer
+    from molrl.traces.tokenize import TokenizeConfig, tokenize_trace
+
+    world = build_world(WORLD)
+    task = world.rule_train[0]
+    (trace,) = direct_traces([task], kind="domain", hide_value=True)
+    tok = build_tiny_tokenizer("chatml")
+    example = hide_value(tokenize_trace(trace, tok, TokenizeConfig(require_feedback=False)), trace, tok)
+    _, labels = collate([example], tok.pad_token_id)
+    trained = tok.decode([t if t != -100 else tok.convert_tokens_to_ids("?") for t in labels[0].tolist()])
+    # the value after "= " is never a target; the statement and the boxed copy of it are
+    n = task.meta["input"]
+    assert f"f({n}) = ???\n\\boxed{{{task.answer}}}<|im_end|>" in trained

@@ -50,3 +50,10 @@ def test_mol_then_export_on_tiny_config(tmp_path, monkeypatch):
         adapted = PeftModel.from_pretrained(load_model("tiny:chatml"), str(out / "adapter"))(ids).logits
         merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged"))(ids).logits
     torch.testing.assert_close(merged, adapted, rtol=1e-4, atol=1e-5)
+
+
+def test_shipped_qwen3_configs_load_with_paper_adapter_settings():
+    for name in ("mol_qwen3_4b.yaml", "mol_qwen3_8b.yaml"):
+        cfg = load_config(MolConfig, REPO / "configs" / name)
+        assert (cfg.lora.rank, cfg.lora.target_modules, cfg.loss.mode) == (64, ["all-linear"], "mol")
+        assert cfg.train.bf16 and cfg.train.gradient_checkpointing

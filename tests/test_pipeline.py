@@ -75,13 +75,16 @@ def test_model_weights_of_named_runs(tmp_path):
         model_weights(cfg, "g", tmp_path)
 
 
-def test_shipped_configs_load():
+@pytest.mark.parametrize("name", ["pipeline_tiny.yaml", "pipeline_qwen3_4b.yaml", "pipeline_qwen3_8b.yaml"])
+def test_shipped_configs_build_every_stage_config(name, tmp_path):
     from pathlib import Path
 
+    from molrl.pipeline import check_stages
+
     configs = Path(__file__).resolve().parents[1] / "configs"
-    for name in ("pipeline_tiny.yaml", "pipeline_qwen3_4b.yaml", "pipeline_qwen3_8b.yaml"):
-        cfg = load_pipeline_config(configs / name, ["model=m"])
-        assert cfg.mol_runs and cfg.grpo_runs
+    cfg = load_pipeline_config(configs / name, ["model=m", "stages=[collect,mol,grpo,eval]"])
+    assert len(cfg.mol_runs) >= 3 and len(cfg.grpo_runs) >= 2
+    check_stages(cfg, tmp_path, in_memory=name == "pipeline_tiny.yaml")
 
 
 def test_standard_error_closed_form():

@@ -86,6 +86,14 @@ def test_memory_bomb_is_memory_limit(pool):
     assert result.status == "memory_limit"
 
 
+def test_forked_memory_bomb_hits_the_slot_cap(pool):
+    if not pool.backend.slots[0].info.get("slot_memory_cap"):
+        pytest.skip("no writable memory cgroup on this host")
+    code = "import os, time\nfor _ in range(4):\n    os.fork()\nx = bytearray(400 << 20)\ntime.sleep(1)\n"
+    result = pool.run(code, timeout_s=10)  # 16 processes x 400 MiB, each within RLIMIT_AS (512 MiB)
+    assert result.status == "memory_limit"
+
+
 def test_ten_gigabyte_file_write_stops_at_the_file_limit(pool):
     code = (
         "block = b'x' * (1 << 20)\n"

@@ -126,3 +126,36 @@ def test_process_backend_warns_and_still_confines_time(caplog):
     assert "WITHOUT network, pid or mount isolation" in caplog.text
     assert (ok.status, ok.stdout) == ("ok", "4\n")
     assert looping.status == "timeout" and looping.info["stray_processes"] == 1
+
+
+def worker_pid(slot) -> int:
+    """Host pid of the worker.py process under a slot's bwrap (or the slot's process itself)."""
+    todo = [slot.proc.pid]
+    while todo:
+        pid = todo.pop()
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = fh.read().split(b"\0")
+        if b"python" in argv[0] and any(a.endswith(b"worker.py") for a in argv):
+            return pid
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            todo += [int(k) for k in fh.read().split()]
+    raise LookupError("no worker process")
+
+
+def test_dead_or_hung_worker_is_replaced_and_never_scores():
+    import os
+    import signal
+
+    with SandboxPool(SandboxConfig(workers=1, timeout_s=0.5, worker_grace_s=0.5, cache_size=0)) as pool:
+        slot = pool.backend.slots[0]
+        os.kill(worker_pid(slot), signal.SIGKILL)  # the worker dies between jobs
+        dead = pool.run("print(1)")
+        os.kill(worker_pid(slot), signal.SIGSTOP)  # its replacement hangs
+        hung = pool.run("print(2)")
+        after = pool.run("print(3)")
+        stopped = worker_pid(slot)
+        os.kill(stopped, signal.SIGSTOP)
+        pool.run("print(4)")
+    assert dead.status == hung.status == "sandbox_error" and slot.restarts == 3
+    assert (after.status, after.stdout) == ("ok", "3\n")
+    assert not os.path.exists(f"/proc/{stopped}")  # a replaced worker leaves nothing running

@@ -41,6 +41,8 @@ def run_stress(n: int, backend: str = "auto") -> None:
         assert [slot.proc.pid for slot in pool.backend.slots] == pids
         assert sum(slot.restarts for slot in pool.backend.slots) == 0
         assert max(r.info["reap_ms"] for r in results if r.status == "timeout") < 200
+        cgroups = [slot.cgroup.path for slot in pool.backend.slots if slot.cgroup.path is not None]
+    assert not any(path.exists() for path in cgroups)
     leaked = {name for name in set(os.listdir(tempfile.gettempdir())) - tmp_before if name.startswith("molrl-")}
     assert leaked == set()
 

@@ -116,6 +116,7 @@ def run_pipeline(cfg: PipelineConfig, *, collect_tasks: Sequence[Any] | None = N
         raise ConfigError("model is not set: give the base model (model=PATH)")
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    check_stages(cfg, out, collect_tasks is not None)
     save_config(cfg, out / "config.yaml")
     timings: dict[str, float] = {}
     traces = list(cfg.traces)
@@ -148,16 +149,60 @@ def model_names(cfg: PipelineConfig) -> list[str]:
     return names
 
 
-def collect_stage(cfg: PipelineConfig, out: Path, tasks: Sequence[Any] | None) -> Path:
-    """Collected traces of the base model (``collect/traces.jsonl``)."""
+def collect_config(cfg: PipelineConfig, out: Path, in_memory: bool) -> Any:
+    """The CollectConfig of the collect stage."""
     from molrl.collect.config import CollectConfig
 
-    stage_dir = out / "collect"
-    traces = stage_dir / "traces.jsonl"
-    fixed = {"model": cfg.model, "out": str(traces)}
-    if tasks is not None:
+    fixed = {"model": cfg.model, "out": str(out / "collect" / "traces.jsonl")}
+    if in_memory:
         fixed["tasks"] = "<in memory>"
-    collect_cfg = stage_config(CollectConfig, cfg.collect, fixed, [], "collect")
+    return stage_config(CollectConfig, cfg.collect, fixed, [], "collect")
+
+
+def mol_config(cfg: PipelineConfig, run: MolRun, traces: Sequence[str], out: Path) -> Any:
+    """The MolConfig of one MoL run."""
+    from molrl.mol.config import MolConfig
+
+    fixed = {"model": cfg.model, "output_dir": str(out / "mol" / run.name),
+             "data": {"traces": [*traces, *cfg.general_traces]}}
+    return stage_config(MolConfig, cfg.mol, fixed, run.overrides, f"mol_runs.{run.name}")
+
+
+def grpo_config(cfg: PipelineConfig, run: GrpoRun, out: Path) -> Any:
+    """The GrpoConfig of one GRPO run (its policy starts from the named MoL run's adapter, or the base)."""
+    from molrl.grpo.config import GrpoConfig
+
+    start = None if run.start == BASE else str(out / "mol" / run.start / "adapter")
+    fixed = {"output_dir": str(out / "grpo" / run.name), "policy": {"base": cfg.model, "mol_adapter": start}}
+    return stage_config(GrpoConfig, cfg.grpo, fixed, run.overrides, f"grpo_runs.{run.name}")
+
+
+def eval_config(cfg: PipelineConfig, name: str, model: str, adapter: str | None, out: Path) -> Any:
+    """The EvalConfig of one evaluated model."""
+    from molrl.eval.config import EvalConfig
+
+    fixed = {"model": model, "adapter": adapter, "output_dir": str(out / "eval" / name), "label": name}
+    return stage_config(EvalConfig, cfg.eval, fixed, [], "eval")
+
+
+def check_stages(cfg: PipelineConfig, out: Path, in_memory: bool) -> None:
+    """Build every stage's config before any work, so a bad key fails now and not after hours of training."""
+    if "collect" in cfg.stages:
+        collect_config(cfg, out, in_memory)
+    if "mol" in cfg.stages:
+        for run in cfg.mol_runs:
+            mol_config(cfg, run, ["traces.jsonl"], out)
+    if "grpo" in cfg.stages:
+        for grpo_run in cfg.grpo_runs:
+            grpo_config(cfg, grpo_run, out)
+    if "eval" in cfg.stages:
+        for name in cfg.eval_models or model_names(cfg):
+            eval_config(cfg, name, cfg.model, None, out)
+
+
+def collect_stage(cfg: PipelineConfig, out: Path, tasks: Sequence[Any] | None) -> Path:
+    """Collected traces of the base model (``collect/traces.jsonl``)."""
+    collect_cfg = collect_config(cfg, out, tasks is not None)
 
     def work() -> None:
         if tasks is None:
@@ -167,53 +212,40 @@ def collect_stage(cfg: PipelineConfig, out: Path, tasks: Sequence[Any] | None) -
         else:
             collect_in_memory(collect_cfg, tasks)
 
-    run_stage(stage_dir, collect_cfg, work)
-    return traces
+    run_stage(out / "collect", collect_cfg, work)
+    return Path(collect_cfg.out)
 
 
 def mol_stage(cfg: PipelineConfig, run: MolRun, traces: Sequence[str], out: Path) -> Path:
     """One MoL run on the traces (``mol/<name>/``)."""
-    from molrl.mol.config import MolConfig
     from molrl.mol.run import run_mol
 
     if not traces and not cfg.general_traces:
         raise ConfigError("mol: no traces to train on: run the collect stage or list files under traces")
-    stage_dir = out / "mol" / run.name
-    fixed = {"model": cfg.model, "output_dir": str(stage_dir), "data": {"traces": [*traces, *cfg.general_traces]}}
-    mol_cfg = stage_config(MolConfig, cfg.mol, fixed, run.overrides, f"mol_runs.{run.name}")
-    run_stage(stage_dir, mol_cfg, lambda: run_mol(mol_cfg))
-    return stage_dir
+    mol_cfg = mol_config(cfg, run, traces, out)
+    run_stage(Path(mol_cfg.output_dir), mol_cfg, lambda: run_mol(mol_cfg))
+    return Path(mol_cfg.output_dir)
 
 
 def grpo_stage(cfg: PipelineConfig, run: GrpoRun, out: Path) -> Path:
     """One GRPO run from a MoL run's adapter or the base (``grpo/<name>/``)."""
-    from molrl.grpo.config import GrpoConfig
     from molrl.grpo.run import run_grpo
 
-    stage_dir = out / "grpo" / run.name
-    start = None
-    if run.start != BASE:
-        start = out / "mol" / run.start
-        if not (start / DONE).is_file():
-            raise MolrlError(f"grpo run {run.name} starts from MoL run {run.start}, which has not finished ({start})")
-        start = start / "adapter"
-    fixed = {"output_dir": str(stage_dir), "policy": {"base": cfg.model, "mol_adapter": str(start) if start else None}}
-    grpo_cfg = stage_config(GrpoConfig, cfg.grpo, fixed, run.overrides, f"grpo_runs.{run.name}")
-    run_stage(stage_dir, grpo_cfg, lambda: run_grpo(grpo_cfg))
-    return stage_dir
+    if run.start != BASE and not (out / "mol" / run.start / DONE).is_file():
+        raise MolrlError(f"grpo run {run.name} starts from MoL run {run.start}, which has not finished "
+                         f"({out / 'mol' / run.start}); add mol to stages")
+    grpo_cfg = grpo_config(cfg, run, out)
+    run_stage(Path(grpo_cfg.output_dir), grpo_cfg, lambda: run_grpo(grpo_cfg))
+    return Path(grpo_cfg.output_dir)
 
 
 def eval_stage(cfg: PipelineConfig, name: str, out: Path) -> Path:
     """Single-step evaluation of one model (``eval/<name>/``)."""
-    from molrl.eval.config import EvalConfig
     from molrl.eval.run import run_eval
 
-    model, adapter = model_weights(cfg, name, out)
-    stage_dir = out / "eval" / name
-    fixed = {"model": model, "adapter": adapter, "output_dir": str(stage_dir), "label": name}
-    eval_cfg = stage_config(EvalConfig, cfg.eval, fixed, [], "eval")
-    run_stage(stage_dir, eval_cfg, lambda: run_eval(eval_cfg))
-    return stage_dir
+    eval_cfg = eval_config(cfg, name, *model_weights(cfg, name, out), out)
+    run_stage(Path(eval_cfg.output_dir), eval_cfg, lambda: run_eval(eval_cfg))
+    return Path(eval_cfg.output_dir)
 
 
 def model_weights(cfg: PipelineConfig, name: str, out: Path) -> tuple[str, str | None]:

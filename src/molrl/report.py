@@ -21,7 +21,7 @@ def write_report(run_dir: str | Path) -> Path:
     """Write ``report.md`` and ``plots/*.png`` for the pipeline run in ``run_dir``; returns the report path."""
     run_dir = Path(run_dir)
     config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-    results = eval_results(run_dir)
+    results = eval_results(run_dir, run_order(config))
     plots = run_dir / "plots"
     plots.mkdir(exist_ok=True)
     figures = [
@@ -46,14 +46,16 @@ def write_report(run_dir: str | Path) -> Path:
     return report
 
 
-def eval_results(run_dir: Path) -> dict[str, dict[str, Any]]:
-    """``results.json`` of every evaluated model, by model name (directory order: base first)."""
-    found = {}
-    eval_dir = run_dir / "eval"
-    if eval_dir.is_dir():
-        for path in sorted(eval_dir.glob("*/results.json"), key=lambda p: (p.parent.name != BASE, p.stat().st_mtime)):
-            found[path.parent.name] = json.loads(path.read_text())
-    return found
+def run_order(config: dict[str, Any]) -> list[str]:
+    """Model names in report order: the base, the MoL runs, then the GRPO runs."""
+    return [BASE, *(r["name"] for r in config.get("mol_runs", [])), *(r["name"] for r in config.get("grpo_runs", []))]
+
+
+def eval_results(run_dir: Path, order: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """``results.json`` of every evaluated model, by model name, in ``order`` (others after, by name)."""
+    rank = {name: i for i, name in enumerate(order or [BASE])}
+    paths = sorted((run_dir / "eval").glob("*/results.json"), key=lambda p: (rank.get(p.parent.name, len(rank)), p.parent.name))
+    return {path.parent.name: json.loads(path.read_text()) for path in paths}
 
 
 def accuracy(metrics: dict[str, Any]) -> tuple[float, int, int]:

@@ -8,7 +8,9 @@ The base learns two things and nothing more:
   ever uses the tool; the loss covers decision tokens only, never the tool's output, so the base
   cannot compute ``f`` itself;
 - general problems (reverse / sort a digit string) answered directly in the single-turn format
-  evaluation uses.
+  evaluation uses;
+- the same direct format on rule problems, with no loss on the rule's value (``hide_value``): the
+  base learns to state ``f(478) = ...`` and box it, but is never told what ``f`` gives.
 
 Training is a plain loop (AdamW, linear warm-up and decay) with fixed seeds and thread count, so
 the same machine gives the same weights run to run. The model and tokenizer are saved with
@@ -116,18 +118,37 @@ def without_trailing_feedback(trace: Trace) -> Trace:
     return Trace(messages=trace.messages[: last + 1], meta=dict(trace.meta))
 
 
-def direct_traces(tasks: Sequence[Task], kind: str = "general") -> list[Trace]:
-    """Single-turn conversations answering ``tasks`` directly, posed as evaluation poses them."""
+def direct_traces(tasks: Sequence[Task], kind: str = "general", hide_value: bool = False) -> list[Trace]:
+    """Single-turn conversations answering ``tasks`` directly, posed as evaluation poses them.
+
+    ``hide_value`` marks the stated value (``= 309``) as not to be learned (see ``train_base``).
+    """
     from molrl.eval.prompts import user_message
 
     return [
         Trace(
             messages=[{"role": "user", "content": user_message(t)},
                       {"role": "assistant", "content": answer_text(expression(t), t.answer or "")}],
-            meta={"source": "demo", "kind": kind, "task_id": t.id, "success": True},
+            meta={"source": "demo", "kind": kind, "task_id": t.id, "success": True,
+                  **({"hide_value": f"{expression(t)} = {t.answer}"} if hide_value else {})},
         )
         for t in tasks
     ]
+
+
+def hide_value(example: Any, trace: Trace, tokenizer: Any) -> Any:
+    """``example`` with the value after ``meta['hide_value']``'s `` = `` taken out of the decision mask."""
+    from molrl.chat import render
+
+    text = render(tokenizer, trace.messages, enable_thinking=True)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    if list(enc["input_ids"]) != list(example.input_ids):
+        raise ValueError(f"trace {trace.meta.get('task_id')}: rendering differs from its tokenisation")
+    statement = trace.meta["hide_value"]
+    start = text.rindex(statement) + statement.index(" = ") + len(" = ")
+    end = text.rindex(statement) + len(statement)  # [start, end): the value's characters
+    example.decision_mask = [d and not (a < end and b > start) for d, (a, b) in zip(example.decision_mask, enc["offset_mapping"])]
+    return example
 
 
 def train_base(traces: Sequence[Trace], cfg: BaseModelConfig, out_dir: Path) -> Path:
@@ -138,7 +159,11 @@ def train_base(traces: Sequence[Trace], cfg: BaseModelConfig, out_dir: Path) -> 
     torch.manual_seed(cfg.seed)
     tokenizer = build_tiny_tokenizer("chatml")
     tok_cfg = TokenizeConfig(max_length=None, enable_thinking=True, require_feedback=False)
-    examples = [tokenize_trace(without_trailing_feedback(t), tokenizer, tok_cfg) for t in traces]
+    examples = []
+    for trace in traces:
+        trace = without_trailing_feedback(trace)
+        example = tokenize_trace(trace, tokenizer, tok_cfg)
+        examples.append(hide_value(example, trace, tokenizer) if "hide_value" in trace.meta else example)
     model = build_tiny_model(len(tokenizer), hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
                              num_heads=cfg.num_heads, num_kv_heads=max(1, cfg.num_heads // 2), seed=cfg.seed)
     model.config.pad_token_id = tokenizer.pad_token_id

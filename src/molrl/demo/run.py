@@ -132,7 +132,8 @@ def build_base(world: World, cfg: BaseModelConfig, base_dir: Path, episode: "Epi
     tokenizer = build_tiny_tokenizer("chatml")
     with SandboxPool(SandboxConfig(workers=2)) as pool:
         demos = demonstration_traces(world, tokenizer, episode, pool)
-    train_base([*demos, *direct_traces(world.general_train)], cfg, base_dir)
+    rule_format = direct_traces(world.rule_train, kind="domain", hide_value=True)
+    train_base([*demos, *rule_format, *direct_traces(world.general_train)], cfg, base_dir)
     marker.write_text(json.dumps({"config": asdict(cfg)}))
     return base_dir
 

@@ -50,7 +50,7 @@ class WorldConfig:
     """General problems the base model is trained on."""
     general_eval: int = 100
     """General problems held out to measure forgetting."""
-    general_digits: int = 4
+    general_digits: int = 3
     """Digits of the general problems' strings (digits 1-9, so answers have no leading zero)."""
 
 

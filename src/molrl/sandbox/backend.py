@@ -129,6 +129,9 @@ class LocalBackend(Backend):
         base = 1_000_000 + (os.getpid() % 100_000) * 256
         with ThreadPoolExecutor(max_workers=n) as ex:
             self.slots = list(ex.map(lambda i: WorkerSlot(i, cfg, self.name, base + 2 * i), range(n)))
+        if not self.slots[0].info.get("slot_memory_cap"):
+            log.warning("sandbox: no writable memory cgroup; a task's processes together may use up to "
+                        "max_processes x memory_mb (%d MiB)", cfg.max_processes * cfg.memory_mb)
         if cfg.seccomp and not self.slots[0].info.get("seccomp"):
             log.warning("sandbox: libseccomp not found; tasks may open sockets and call ptrace/mount")
         self.free: queue.SimpleQueue[WorkerSlot] = queue.SimpleQueue()

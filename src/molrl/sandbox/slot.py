@@ -14,12 +14,15 @@ import logging
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 
+from molrl.sandbox.cgroup import SlotCgroup
 from molrl.sandbox.runtime import task as wire
+from molrl.sandbox.runtime.worker import descendants
 from molrl.sandbox.types import SandboxConfig
 
 log = logging.getLogger(__name__)
@@ -68,6 +71,8 @@ class WorkerSlot:
             self.prefix = bwrap_command(cfg) + [sys.executable, "-I", f"{SANDBOX_RUNTIME}/worker.py"]
         self.env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **THREAD_ENV}
         self.proc: subprocess.Popen | None = None
+        limit = cfg.slot_memory_mb or 2 * cfg.memory_mb + 256
+        self.cgroup = SlotCgroup(f"molrl-{os.getpid()}-slot{index}", limit)
         self.seq = 0
         self.restarts = 0
         """How many times this slot's worker was found hung or dead and replaced."""
@@ -95,6 +100,8 @@ class WorkerSlot:
             self.stop()
             raise RuntimeError(f"sandbox worker {self.index} failed to start: {err or hello}")
         self.info = hello
+        self.cgroup.add([self.proc.pid, *(descendants(self.proc.pid) or ())])
+        self.info["slot_memory_cap"] = self.cgroup.path is not None
 
     def _read(self, deadline: float):
         fd = self.proc.stdout.fileno()
@@ -129,9 +136,12 @@ class WorkerSlot:
             wire.write_msg(self.proc.stdin.fileno(), job)
         except OSError as err:
             return self._replace(f"worker {self.index} gone: {err}")
+        ooms = self.cgroup.oom_kills()
         out = self._read(time.monotonic() + float(job["timeout_s"]) + self.cfg.worker_grace_s)
         if out is None:
             return self._replace(f"worker {self.index} hung or died ({self._stderr() or 'no message'})")
+        if self.cgroup.oom_kills() > ooms and out.get("status") == "runtime_error":
+            out["status"] = "memory_limit"  # the slot's cgroup cap, not the task's own rlimit
         if judge:
             out["verdicts"] = self._verdicts()
         return out
@@ -151,19 +161,23 @@ class WorkerSlot:
     def _replace(self, reason: str) -> dict:
         log.warning("sandbox: %s; restarting it", reason)
         self.restarts += 1
-        self.stop()
+        self.stop(graceful=False)
         self.start()
         return {"status": "sandbox_error", "error": reason}
 
-    def stop(self) -> None:
+    def stop(self, graceful: bool = True) -> None:
         """Stop the worker (end of input, then SIGKILL if it lingers) and close the pipes."""
         if self.proc is None:
             return
         self.proc.stdin.close()
         try:
-            self.proc.wait(timeout=2)
+            self.proc.wait(timeout=2 if graceful else 0)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            for pid in [*(descendants(self.proc.pid) or ()), self.proc.pid]:  # bwrap's init, the worker, its tasks
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             self.proc.wait()
         for stream in (self.proc.stdout, self.proc.stderr):
             stream.close()
@@ -172,7 +186,8 @@ class WorkerSlot:
         self.proc = None
 
     def close(self) -> None:
-        """Stop the worker and remove its temporary directory."""
+        """Stop the worker and remove its temporary directory and cgroup."""
         self.stop()
+        self.cgroup.remove()
         if self.host_dir:
             shutil.rmtree(self.host_dir, ignore_errors=True)

@@ -25,6 +25,9 @@ class SandboxConfig:
     """Largest file a task may write, stdout and stderr included; reaching it is output_limit."""
     max_processes: int = 32
     """Processes a task may have at once (RLIMIT_NPROC on the slot's own uid)."""
+    slot_memory_mb: int = 0
+    """Memory cap of a whole slot (worker, task and its children) via a cgroup where the host
+    allows one (0: 2 * memory_mb + 256)."""
     tmpfs_mb: int = 256
     """Size of each slot's private writable /tmp (bwrap backend)."""
     backend: Literal["auto", "bwrap", "process"] = "auto"

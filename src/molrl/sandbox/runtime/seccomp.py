@@ -1,4 +1,4 @@
-"""A seccomp deny-list installed in each task process through libseccomp (ctypes, no extra package).
+"""Seccomp deny-lists, compiled with libseccomp (ctypes, no extra package) and loaded as raw BPF.
 
 Denied calls fail with EPERM rather than killing the process, so ordinary Python code sees a clean
 ``PermissionError``. Denied: creating sockets (network and local), tracing other processes,
@@ -21,9 +21,6 @@ DENIED_SYSCALLS = (
     "mount", "umount2", "pivot_root", "chroot", "unshare", "setns", "clone3",
     "fsopen", "fsmount", "fsconfig", "move_mount", "open_tree", "mount_setattr",
     "open_by_handle_at", "name_to_handle_at",
-    # identity
-    "setuid", "setgid", "setreuid", "setregid", "setresuid", "setresgid", "setgroups",
-    "setfsuid", "setfsgid", "capset",
     # kernel and host-wide state
     "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "bpf",
     "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key", "reboot", "swapon",
@@ -31,7 +28,14 @@ DENIED_SYSCALLS = (
     "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "personality", "lookup_dcookie",
     "io_uring_setup", "io_uring_enter", "io_uring_register",
 )
-"""Syscalls that fail with EPERM inside a task (clone3 fails so libc falls back to plain clone)."""
+"""Syscalls that fail with EPERM in the worker and every task (clone3 fails so libc falls back to
+plain clone). The worker never needs them, so it installs this filter once and every fork inherits it."""
+
+IDENTITY_SYSCALLS = (
+    "setuid", "setgid", "setreuid", "setregid", "setresuid", "setresgid", "setgroups",
+    "setfsuid", "setfsgid", "capset",
+)
+"""Denied on top, in each task after it has dropped to its own uid (the worker needs them for that)."""
 
 _SCMP_ACT_ALLOW = 0x7FFF0000
 _SCMP_ACT_ERRNO = 0x00050000
@@ -67,17 +71,19 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-def _rules(lib, ctx) -> int:
-    """Add the deny-list to a libseccomp context; returns the number of rules."""
+def _rules(lib, ctx, names: tuple[str, ...], clone_namespaces: bool) -> int:
+    """Add EPERM rules for ``names`` (and namespace-creating clone) to a libseccomp context."""
     eperm = _SCMP_ACT_ERRNO | errno.EPERM
     rules = 0
-    for name in DENIED_SYSCALLS:
+    for name in names:
         number = lib.seccomp_syscall_resolve_name(name.encode())
         if number < 0:  # not on this architecture
             continue
         if lib.seccomp_rule_add(ctx, eperm, number, 0) != 0:
             raise OSError(f"seccomp rule for {name} failed")
         rules += 1
+    if not clone_namespaces:
+        return rules
     clone = lib.seccomp_syscall_resolve_name(b"clone")
     # clone(flags) fails when any namespace flag is set (one rule per flag: rules are OR-ed)
     for flag in (1 << bit for bit in range(32) if _CLONE_NAMESPACE_FLAGS >> bit & 1):
@@ -88,14 +94,14 @@ def _rules(lib, ctx) -> int:
     return rules
 
 
-def compile_filter(lib) -> bytes:
-    """The deny-list as a raw BPF program, compiled once so each task only has to load it."""
+def compile_filter(lib, names: tuple[str, ...] = DENIED_SYSCALLS, clone_namespaces: bool = True) -> bytes:
+    """A deny-list as a raw BPF program, compiled once so each process only has to load it."""
     ctx = lib.seccomp_init(_SCMP_ACT_ALLOW)
     if not ctx:
         raise OSError("seccomp_init failed")
     read_fd, write_fd = os.pipe()
     try:
-        _rules(lib, ctx)
+        _rules(lib, ctx, names, clone_namespaces)
         if lib.seccomp_export_bpf(ctx, write_fd) != 0:
             raise OSError("seccomp_export_bpf failed")
         os.close(write_fd)

@@ -44,7 +44,10 @@ def main() -> None:
         except Exception:  # noqa: BLE001 - a missing optional module only costs speed
             pass
     lib = seccomp.load_library() if slot["seccomp"] else None
-    program = seccomp.compile_filter(lib) if lib is not None else None
+    program = None
+    if lib is not None:  # the main deny-list binds this worker and so every fork; tasks add the rest
+        seccomp.load_filter(seccomp.compile_filter(lib))
+        program = seccomp.compile_filter(lib, seccomp.IDENTITY_SYSCALLS, clone_namespaces=False)
     is_root = os.geteuid() == 0
     os.makedirs(slot["root"], exist_ok=True)
     gc.freeze()  # keep the preloaded heap shared with every forked task (no GC writes to it)
@@ -108,23 +111,36 @@ def run_job(job: dict, slot: dict, program: bytes | None, is_root: bool) -> dict
     start_event = next((e for e in out["events"] if e.get("e") == "started"), {})
     if isinstance(start_event.get("t"), float):  # job received -> model code about to run
         out["start_ms"] = round((start_event["t"] - job["received_at"]) * 1000, 3)
-    shutil.rmtree(io["work"], ignore_errors=True)
+    _remove(io["work"])
     return out
 
 
 def _prepare_dirs(job: dict, slot: dict, is_root: bool) -> dict:
     root = slot["root"]
     work = os.path.join(root, "work")
-    shutil.rmtree(work, ignore_errors=True)
+    _remove(work)
     os.mkdir(work, 0o700)
     if is_root:
         os.chown(work, slot["uid"], slot["uid"])
     io_dir = os.path.join(root, "io")
     os.makedirs(io_dir, mode=0o700, exist_ok=True)
     paths = {name: os.path.join(io_dir, name) for name in ("stdin", "stdout", "stderr")}
-    with open(paths["stdin"], "w", encoding="utf-8") as fh:
-        fh.write(job.get("stdin") or "")
+    if job.get("stdin"):
+        with open(paths["stdin"], "w", encoding="utf-8") as fh:
+            fh.write(job["stdin"])
+    else:
+        paths["stdin"] = os.devnull
     return dict(paths, work=work)
+
+
+def _remove(path: str) -> None:
+    """Remove a work directory (usually empty, so try the one-syscall way first)."""
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _child(body, job: dict, uid: int | None, program: bytes | None, keep: set[int], io: dict) -> None:
@@ -194,13 +210,13 @@ def _drain(fd: int, buf: bytearray, cap: int, open_readers: set[int], once: bool
 def _task_processes(uids: tuple, own_pid: int, full_scan: bool) -> list[int]:
     """Every live process that belongs to the job: a descendant of this worker (orphans re-parent
     to it, a subreaper) or, inside a pid namespace where the scan is cheap, any process of its uids."""
-    found = _descendants(own_pid)
+    found = descendants(own_pid)
     if found is None or full_scan:
         found = set(found or ()) | set(_scan_proc(uids, own_pid))
     return sorted(found)
 
 
-def _descendants(own_pid: int) -> set[int] | None:
+def descendants(own_pid: int) -> set[int] | None:
     """Live descendants from /proc/PID/task/TID/children, or None where the kernel lacks that file."""
     found: set[int] = set()
     todo = [own_pid]
