@@ -159,3 +159,31 @@ def test_dead_or_hung_worker_is_replaced_and_never_scores():
     assert dead.status == hung.status == "sandbox_error" and slot.restarts == 3
     assert (after.status, after.stdout) == ("ok", "3\n")
     assert not os.path.exists(f"/proc/{stopped}")  # a replaced worker leaves nothing running
+
+
+def test_two_pools_in_one_process_use_distinct_uids():
+    with SandboxPool(SandboxConfig(workers=2)) as a, SandboxPool(SandboxConfig(workers=2)) as b:
+        uids_a = {u for s in a.backend.slots for u in (s.uid, s.uid + 1)}
+        uids_b = {u for s in b.backend.slots for u in (s.uid, s.uid + 1)}
+        outs = [a.run("print('a')"), b.run("print('b')")]
+    assert len(uids_a) == len(uids_b) == 4 and not uids_a & uids_b
+    assert [o.stdout for o in outs] == ["a\n", "b\n"]
+
+
+def test_a_slot_failing_to_start_stops_the_others(monkeypatch):
+    from molrl.errors import MolrlError
+    from molrl.sandbox import slot as slot_module
+
+    started = []
+    real_start = slot_module.WorkerSlot.start
+
+    def start(self):
+        if self.index == 1:
+            raise RuntimeError("cannot start")
+        real_start(self)
+        started.append(self)
+
+    monkeypatch.setattr(slot_module.WorkerSlot, "start", start)
+    with pytest.raises(MolrlError, match="cannot start"):
+        SandboxPool(SandboxConfig(workers=3))
+    assert len(started) == 2 and all(s.proc is None and s.cgroup.path is None for s in started)

@@ -13,6 +13,7 @@ passes ``log_metric``, the per-stage fractions of the batch are logged with it.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 from typing import Any
@@ -73,7 +74,11 @@ def _tasks(task_json: list[str] | None, n: int) -> list[Task]:
         from molrl.errors import MolrlError
 
         raise MolrlError(f"reward needs a 'task_json' dataset column with one Task.to_json() per completion (got {None if task_json is None else len(task_json)} for {n} completions)")
-    return [Task.from_json(t) if isinstance(t, str) else t for t in task_json]
+    return [_parse_task(t) if isinstance(t, str) else t for t in task_json]
+
+
+_parse_task = functools.lru_cache(maxsize=4096)(Task.from_json)
+"""Task.from_json, remembered: a GRPO group repeats the same task for each of its completions."""
 
 
 class CodeReward(_Reward):

@@ -9,6 +9,7 @@ implementing ``execute`` and ``close``.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import queue
@@ -112,13 +113,44 @@ def _world_readable(path: str) -> bool:
     return all(os.stat(p).st_mode & 0o001 for p in [parts, *parts.parents])
 
 
+MAX_SLOTS = 64
+"""Worker slots per pool (each uses two uids from the pool's block of 128)."""
+_pools_started = itertools.count()
+
+
+def _uid_base() -> int:
+    """First uid of a block of 128 owned by this pool: distinct per process and per pool within it,
+    so no two live pools on the host share a slot uid (kills and RLIMIT_NPROC go by uid)."""
+    return 1_000_000 + ((os.getpid() % 1_000_000) * 8 + next(_pools_started) % 8) * 128
+
+
+def _start_slots(cfg: SandboxConfig, backend: str, base: int, n: int) -> list[WorkerSlot]:
+    """Start n slots in parallel; if any fails, stop the others and say why."""
+    with ThreadPoolExecutor(max_workers=n) as ex:
+        futures = [ex.submit(WorkerSlot, i, cfg, backend, base + 2 * i) for i in range(n)]
+    slots, errors = [], []
+    for future in futures:
+        try:
+            slots.append(future.result())
+        except Exception as err:  # noqa: BLE001 - reported below after cleaning up
+            errors.append(err)
+    if errors:
+        for slot in slots:
+            slot.close()
+        from molrl.errors import MolrlError
+
+        raise MolrlError(f"sandbox workers failed to start ({backend} backend): {errors[0]}; "
+                         "try sandbox.backend=process, or check that bwrap works here")
+    return slots
+
+
 class LocalBackend(Backend):
     """Pre-forked worker slots on this host; jobs are spread over them by a thread per slot."""
 
     def __init__(self, cfg: SandboxConfig):
         self.cfg = cfg
         self.name = detect_backend(cfg)
-        n = cfg.workers or 2 * (os.cpu_count() or 1)
+        n = min(cfg.workers or 2 * (os.cpu_count() or 1), MAX_SLOTS)
         if os.geteuid() == 0 and self.name == "process" and not _world_readable(sys.base_prefix):
             log.warning("sandbox: %s is not readable by unprivileged uids, so tasks can import only "
                         "the preloaded modules (install Python outside /root or use the bwrap backend)",
@@ -126,9 +158,8 @@ class LocalBackend(Backend):
         if os.geteuid() != 0:
             log.warning("sandbox: not root, so tasks run under your own uid: a task can signal your "
                         "other processes of that uid and RLIMIT_NPROC counts them too")
-        base = 1_000_000 + (os.getpid() % 100_000) * 256
-        with ThreadPoolExecutor(max_workers=n) as ex:
-            self.slots = list(ex.map(lambda i: WorkerSlot(i, cfg, self.name, base + 2 * i), range(n)))
+        base = _uid_base()
+        self.slots = _start_slots(cfg, self.name, base, n)
         if not self.slots[0].info.get("slot_memory_cap"):
             log.warning("sandbox: no writable memory cgroup; a task's processes together may use up to "
                         "max_processes x memory_mb (%d MiB)", cfg.max_processes * cfg.memory_mb)

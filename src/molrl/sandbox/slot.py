@@ -72,11 +72,15 @@ class WorkerSlot:
         self.env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **THREAD_ENV}
         self.proc: subprocess.Popen | None = None
         limit = cfg.slot_memory_mb or 2 * cfg.memory_mb + 256
-        self.cgroup = SlotCgroup(f"molrl-{os.getpid()}-slot{index}", limit)
+        self.cgroup = SlotCgroup(f"molrl-uid{uid}", limit)  # the slot's uid is unique on the host
         self.seq = 0
         self.restarts = 0
         """How many times this slot's worker was found hung or dead and replaced."""
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
 
     def start(self) -> None:
         """Start the worker and wait for it to report ready."""

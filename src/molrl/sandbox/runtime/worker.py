@@ -35,7 +35,6 @@ def main() -> None:
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1):
         os.dup2(devnull, fd)
-    ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     judge_modules = task.JUDGE_PRELUDE.split("import", 1)[1].replace(",", " ").split()
     for name in [*judge_modules, *slot.get("preimport", [])]:
@@ -49,7 +48,10 @@ def main() -> None:
         seccomp.load_filter(seccomp.compile_filter(lib))
         program = seccomp.compile_filter(lib, seccomp.IDENTITY_SYSCALLS, clone_namespaces=False)
     is_root = os.geteuid() == 0
+    # without a uid of its own, RLIMIT_NPROC counts all the user's processes: allow for those
+    nproc_base = 0 if is_root else len(_scan_proc((os.getuid(),), -1)) + 64
     os.makedirs(slot["root"], exist_ok=True)
+    ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     gc.freeze()  # keep the preloaded heap shared with every forked task (no GC writes to it)
     task.write_msg(proto_out, {"ready": True, "pid": os.getpid(), "seccomp": program is not None, "root": is_root})
     while True:
@@ -57,6 +59,8 @@ def main() -> None:
         if job is None:
             return
         job["received_at"] = time.monotonic()
+        if job.get("max_processes"):
+            job["max_processes"] = int(job["max_processes"]) + nproc_base
         try:
             result = run_job(job, slot, program, is_root)
         except Exception as err:  # noqa: BLE001 - report, never die silently
