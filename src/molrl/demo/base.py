@@ -67,6 +67,15 @@ def answer_text(expression: str, value: str) -> str:
     return f"{expression} = {value}\n\\boxed{{{value}}}"
 
 
+def direct_text(expression: str, value: str) -> str:
+    """A direct (single-step) answer: the output the call would print, then the boxed value.
+
+    It states the value in the same words the tool's feedback uses (``Output:`` + the printed
+    line), so what the model learns to predict in feedback is the same text it writes here.
+    """
+    return f"Output:\n{answer_text(expression, value)}"
+
+
 def expression(task: Task) -> str:
     """The call a problem asks about, e.g. ``f(478)`` or ``reverse(5125)``."""
     match = _QUESTION.search(task.prompt)
@@ -128,7 +137,7 @@ def direct_traces(tasks: Sequence[Task], kind: str = "general", hide_value: bool
     return [
         Trace(
             messages=[{"role": "user", "content": user_message(t)},
-                      {"role": "assistant", "content": answer_text(expression(t), t.answer or "")}],
+                      {"role": "assistant", "content": direct_text(expression(t), t.answer or "")}],
             meta={"source": "demo", "kind": kind, "task_id": t.id, "success": True,
                   **({"hide_value": f"{expression(t)} = {t.answer}"} if hide_value else {})},
         )
