@@ -85,4 +85,4 @@ def test_rule_format_examples_hide_the_value_but_teach_the_statement():
     trained = tok.decode([t if t != -100 else tok.convert_tokens_to_ids("?") for t in labels[0].tolist()])
     # the value after "= " is never a target; the statement and the boxed copy of it are
     n = task.meta["input"]
-    assert f"Output:\nf({n}) = ???\n\\boxed{{{task.answer}}}<|im_end|>" in trained
+    assert f"Output:\nf({n}) = {'?' * len(task.answer)}\n\\boxed{{{task.answer}}}<|im_end|>" in trained

@@ -8,9 +8,10 @@ from molrl.demo.world import WorldConfig, apply_rule, build_world, rule_setup_co
 SMALL = WorldConfig(train_problems=50, heldout_problems=20, general_train=30, general_eval=10)
 
 
-def test_apply_rule_maps_each_digit_through_the_key():
-    # key '1032547698' swaps neighbours: 4 -> 5, 2 -> 3, 9 -> 8
-    assert apply_rule("1032547698", 429) == "538"
+def test_apply_rule_maps_the_last_digit_through_the_key():
+    # key '1032547698' swaps neighbours: the last digit 9 -> 8, 2 -> 3
+    assert apply_rule("1032547698", 429) == "8"
+    assert apply_rule("1032547698", 112) == "3"
 
 
 def test_secret_key_is_a_permutation_without_fixed_points():
@@ -34,10 +35,10 @@ def test_heldout_numbers_never_appear_in_training():
     assert len(train) == 50 and len(heldout) == 20 and not train & heldout
 
 
-def test_rule_answers_have_no_leading_zero_and_match_the_preamble():
+def test_rule_answers_match_the_preamble_and_stay_hidden():
     world = build_world(SMALL)
     for task in world.rule_train + world.rule_heldout:
-        assert not task.answer.startswith("0")
+        assert len(task.answer) == 1
         assert world.key not in task.prompt  # the rule never reaches the model's view
     scope: dict = {}
     exec(rule_setup_code(world.key), scope)  # the sandbox runs this as the task preamble

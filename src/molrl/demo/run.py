@@ -45,12 +45,8 @@ PRESETS = {
     "default": DemoPreset(),
     "quick": DemoPreset(
         world=WorldConfig(train_problems=200, heldout_problems=50, general_train=200, general_eval=50),
-        base=BaseModelConfig(steps=250),
-        pipeline_overrides=[
-            "mol.train.max_steps=30",
-            "grpo.max_steps=8",
-            "eval.limit=50",
-        ],
+        base=BaseModelConfig(steps=200),
+        pipeline_overrides=["mol.train.max_steps=20", "grpo.max_steps=5", "grpo.prompts_per_step=4"],
     ),
 }
 
@@ -89,7 +85,7 @@ def run_demo(out: str | Path, preset: str = "default", overrides: list[str] | No
     cfg = load_pipeline_config(config_dir() / "pipeline_tiny.yaml", [*fixed, *chosen.pipeline_overrides, *(overrides or [])])
     world = build_world(chosen.world)
     write_world(world, chosen.world, world_dir)
-    build_base(world, chosen.base, base_dir, episode_config(cfg))
+    build_base(world, chosen, base_dir, episode_config(cfg))
     log.info("world and base ready after %.0f s", time.time() - started)
     run_pipeline(cfg, collect_tasks=world.rule_train)
     report = Path(cfg.output_dir) / "report.md"
@@ -109,32 +105,32 @@ def write_world(world: World, cfg: WorldConfig, world_dir: Path) -> Path:
         lines = [json.dumps({"id": t.id, "prompt": t.prompt, "answer": t.answer}) for t in tasks]
         (world_dir / name).write_text("\n".join(lines) + "\n")
     replay = world_dir / "general_traces.jsonl"
-    if not replay.exists():
-        tmp = replay.with_suffix(".tmp")
-        tmp.unlink(missing_ok=True)
-        for trace in direct_traces(world.general_train):
-            append_trace(tmp, trace)
-        os.replace(tmp, replay)
+    tmp = replay.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    for trace in direct_traces(world.general_train):
+        append_trace(tmp, trace)
+    os.replace(tmp, replay)
     (world_dir / "world.json").write_text(json.dumps({"config": asdict(cfg), "key": world.key}, indent=1))
     return world_dir
 
 
-def build_base(world: World, cfg: BaseModelConfig, base_dir: Path, episode: "EpisodeConfig") -> Path:  # noqa: F821
-    """The trained base model in ``base_dir`` (trained now unless a finished one is there)."""
+def build_base(world: World, preset: DemoPreset, base_dir: Path, episode: "EpisodeConfig") -> Path:  # noqa: F821
+    """The trained base model in ``base_dir`` (trained now unless one of the same world and settings is there)."""
     from molrl.demo.base import demonstration_traces, direct_traces, train_base
     from molrl.sandbox import SandboxConfig, SandboxPool
     from molrl.tiny import build_tiny_tokenizer
 
     marker = base_dir / "DONE"
-    if marker.is_file() and json.loads(marker.read_text()).get("config") == asdict(cfg):
+    made_of = {"world": asdict(preset.world), "base": asdict(preset.base), "threads": preset.threads}
+    if marker.is_file() and json.loads(marker.read_text()) == made_of:
         log.info("%s: base model already trained, reused", base_dir)
         return base_dir
     tokenizer = build_tiny_tokenizer("chatml")
     with SandboxPool(SandboxConfig(workers=2)) as pool:
         demos = demonstration_traces(world, tokenizer, episode, pool)
     rule_format = direct_traces(world.rule_train, kind="domain", hide_value=True)
-    train_base([*demos, *rule_format, *direct_traces(world.general_train)], cfg, base_dir)
-    marker.write_text(json.dumps({"config": asdict(cfg)}))
+    train_base([*demos, *rule_format, *direct_traces(world.general_train)], preset.base, base_dir)
+    marker.write_text(json.dumps(made_of))
     return base_dir
 
 

@@ -2,8 +2,8 @@
 
 Everything is generated from one seed, so a world is reproducible and nothing is downloaded.
 
-- Rule problems ("What is f(472)?"): ``f`` maps every digit of a number through a secret
-  permutation of 0-9 (no digit maps to itself). The permutation lives only in the task's
+- Rule problems ("What is f(472)?"): ``f`` maps the last digit of a number through a secret
+  permutation of 0-9 (no digit maps to itself), so an answer is one digit. The permutation lives only in the task's
   ``preamble``, which the sandbox runs before the model's code; the model never sees it. A
   model can learn ``f`` only from the environment's feedback (the printed results of its code).
   The numbers are split into a training split (collection and RL) and a held-out split whose
@@ -75,13 +75,13 @@ class World:
 
 
 def apply_rule(key: str, number: int) -> str:
-    """Map every digit of ``number`` through ``key``: apply_rule('1032547698', 42) == '57'."""
-    return "".join(key[int(c)] for c in str(number))
+    """Map the last digit of ``number`` through ``key``: apply_rule('1032547698', 42) == '3'."""
+    return key[number % 10]
 
 
 def rule_setup_code(key: str) -> str:
     """The code that defines ``f`` in the sandbox before the model's code runs."""
-    return f'def f(n):\n    return int("".join("{key}"[int(c)] for c in str(int(n))))\n'
+    return f'def f(n):\n    return int("{key}"[int(n) % 10])\n'
 
 
 def secret_key(rng: random.Random) -> str:
@@ -116,8 +116,7 @@ def build_world(cfg: WorldConfig) -> World:
     rng = random.Random(cfg.seed)
     key = secret_key(rng)
     low, high = 10 ** (cfg.digits - 1), 10**cfg.digits
-    # Inputs whose image would start with 0 are left out: "07" and "7" would be the same number.
-    numbers = [n for n in range(low, high) if key[int(str(n)[0])] != "0"]
+    numbers = list(range(low, high))
     rng.shuffle(numbers)
     need = cfg.train_problems + cfg.heldout_problems
     if need > len(numbers):
