@@ -77,7 +77,7 @@ def run_demo(out: str | Path, preset: str = "default", overrides: list[str] | No
         f"model={base_dir}",
         f"output_dir={out / 'pipeline'}",
         f"general_traces=[{world_dir / 'general_traces.jsonl'}]",
-        f"grpo.train.path={world_dir / 'rule_train.jsonl'}",
+        f"grpo.train.path={world_dir / 'rl_train.jsonl'}",
         f"eval.data.heldout={world_dir / 'heldout.jsonl'}",
         f"eval.data.general={world_dir / 'general.jsonl'}",
         f"title=molrl demo ({preset} preset)",
@@ -99,8 +99,10 @@ def write_world(world: World, cfg: WorldConfig, world_dir: Path) -> Path:
     from molrl.traces.schema import append_trace
 
     world_dir.mkdir(parents=True, exist_ok=True)
-    files = {"rule_train.jsonl": world.rule_train, "heldout.jsonl": world.rule_heldout,
-             "general.jsonl": world.general_eval}
+    # RL prompts: the training rule problems plus half as many general problems, so RL keeps
+    # rewarding what the base could already do instead of trading it away.
+    rl_mix = world.rule_train + world.general_train[: len(world.rule_train) // 2]
+    files = {"rl_train.jsonl": rl_mix, "heldout.jsonl": world.rule_heldout, "general.jsonl": world.general_eval}
     for name, tasks in files.items():
         lines = [json.dumps({"id": t.id, "prompt": t.prompt, "answer": t.answer}) for t in tasks]
         (world_dir / name).write_text("\n".join(lines) + "\n")

@@ -9,7 +9,7 @@ Everything is generated from one seed, so a world is reproducible and nothing is
   The numbers are split into a training split (collection and RL) and a held-out split whose
   numbers never appear in training, so a single-step score on them measures whether the rule was
   internalised rather than memorised.
-- General problems ("What is reverse(4721)?", sort, rotate, ...): digit-string tasks the base model is taught
+- General problems ("What is reverse(472)?", rotate, copy, swap): digit-string tasks the base model is taught
   to answer directly; scoring them after training measures forgetting.
 
 All problems are ordinary math ``Task`` objects with a numeric ``answer``, graded by the shared
@@ -25,10 +25,9 @@ from molrl.tasks import Task
 
 GENERAL_OPS = {
     "reverse": lambda s: s[::-1],
-    "sort": lambda s: "".join(sorted(s)),
     "rotate": lambda s: s[1:] + s[:1],
     "g": lambda s: s,
-    "h": lambda s: "".join(sorted(s, reverse=True)),
+    "h": lambda s: s[1] + s[0] + s[2:],
 }
 """General task families by function name: the answer as a function of the digit string. Several
 names, two of them single letters, so the base learns to restate whichever call it is asked about."""
