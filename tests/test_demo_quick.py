@@ -11,7 +11,7 @@ def test_quick_demo_writes_report_with_scores_and_plots(tmp_path):
     assert main(["demo", "--quick", "--out", str(tmp_path)]) == 0
     run = tmp_path / "pipeline"
     report = (run / "report.md").read_text()
-    rows = [line for line in report.splitlines() if line.startswith("| ") and "±" in line]
+    rows = [line for line in report.splitlines() if line.startswith("| ") and "±" in line and not line.startswith("| model")]
     names = [row.split("|")[1].strip() for row in rows]
     assert names == ["base", "mol", "ce", "ce_feedback", "mol+grpo", "mol+dr_grpo", "base+grpo"]
     # every cell: accuracy ± standard error (problems x samples per problem), 50 held-out problems

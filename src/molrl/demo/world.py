@@ -3,14 +3,16 @@
 Everything is generated from one seed, so a world is reproducible and nothing is downloaded.
 
 - Rule problems ("What is f(472)?"): ``f`` maps the last digit of a number through a secret
-  permutation of 0-9 (no digit maps to itself), so an answer is one digit. The permutation lives only in the task's
-  ``preamble``, which the sandbox runs before the model's code; the model never sees it. A
+  permutation of 0-9 (no digit maps to itself), so an answer is one digit. The permutation
+  lives only in the task's ``preamble``, which the sandbox runs before the model's code; the
+  model never sees it. A
   model can learn ``f`` only from the environment's feedback (the printed results of its code).
   The numbers are split into a training split (collection and RL) and a held-out split whose
   numbers never appear in training, so a single-step score on them measures whether the rule was
   internalised rather than memorised.
-- General problems ("What is reverse(472)?", rotate, copy, swap): digit-string tasks the base model is taught
-  to answer directly; scoring them after training measures forgetting.
+- General problems ("What is reverse(472)?", rotate, copy ``g``, swap ``h``): digit-string
+  tasks the base model is taught to answer directly; scoring them after training measures
+  forgetting.
 
 All problems are ordinary math ``Task`` objects with a numeric ``answer``, graded by the shared
 math grader, so collection, GRPO and evaluation run on them unchanged.
