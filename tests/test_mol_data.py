@@ -80,3 +80,4 @@ def test_real_qwen3_tokenizer_labels_shipped_traces(qwen3_tokenizer):
     ex = examples[0]
     feedback_text = qwen3_tokenizer.decode([t for t, m in zip(ex["input_ids"], ex["feedback_mask"]) if m])
     assert feedback_text.strip() == "Observation:\n5"
+

@@ -34,8 +34,6 @@ class DataStats:
     """Domain traces with no feedback token (they contribute nothing to the CE term)."""
     truncated: int = 0
     """Traces cut to max_length."""
-    skipped_no_decision: int = 0
-    """Traces with no decision token left after tokenisation (nothing of the policy to train on)."""
     tokens: int = 0
     """Tokens kept over all examples."""
     files: list[str] = field(default_factory=list)
@@ -56,24 +54,20 @@ def load_examples(paths: Sequence[str], tokenizer: Any, max_length: int, enable_
     """Read and tokenise every trace in ``paths``; returns (examples, DataStats).
 
     A malformed record or a trace the tokenizer cannot label is an error naming its file and line.
-    Traces without feedback are kept (they add nothing to the CE term, and are counted); traces
-    whose decision tokens do not survive tokenisation are counted as skipped.
+    Traces without feedback or without decision tokens are kept and counted: each adds nothing to
+    the term it lacks and its share to the other.
     """
     from molrl.traces.schema import TraceError, read_traces
     from molrl.traces.tokenize import TokenizeConfig, tokenize_trace
 
     tcfg = TokenizeConfig(max_length=max_length, truncation="truncate", enable_thinking=enable_thinking,
-                          require_feedback=False)
+                          require_feedback=False, require_decision=False)
     examples, stats = [], DataStats(files=[str(p) for p in paths])
     for path in paths:
         for line_no, trace in read_traces(path, strict=True):
             try:
                 tok = tokenize_trace(trace, tokenizer, tcfg)
             except TraceError as err:
-                if str(err).startswith("no decision tokens"):
-                    stats.skipped_no_decision += 1
-                    log.warning("%s:%d: skipped: %s", path, line_no, err)
-                    continue
                 raise DataError(str(path), line_no, str(err)) from None
             stats.truncated += tok.truncated
             ex = example_from_tokenized(tok, max_length)

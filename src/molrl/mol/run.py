@@ -35,9 +35,8 @@ def run_mol(cfg: MolConfig) -> Path:
     examples, stats = load_examples(cfg.data.traces, tokenizer, cfg.data.max_length, cfg.data.enable_thinking)
     (out / "data_stats.json").write_text(json.dumps(dataclasses.asdict(stats), indent=2))
     log.info("%d traces (%d general), %d tokens; %d without decision tokens, %d without feedback tokens, "
-             "%d skipped (no decision token left), %d truncated to %d tokens", stats.traces, stats.general,
-             stats.tokens, stats.without_decision, stats.without_feedback, stats.skipped_no_decision,
-             stats.truncated, cfg.data.max_length)
+             "%d truncated to %d tokens", stats.traces, stats.general, stats.tokens, stats.without_decision,
+             stats.without_feedback, stats.truncated, cfg.data.max_length)
 
     trainer = build_trainer(cfg, examples, tokenizer)
     resume = _last_checkpoint(out) if cfg.train.resume == "auto" else None

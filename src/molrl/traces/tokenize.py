@@ -68,6 +68,8 @@ class TokenizeConfig:
     """Count empty <think></think> blocks as decision tokens (default no: it teaches the model to stop thinking)."""
     require_feedback: bool = True
     """A trace without feedback tokens is an error (MoL learns from feedback); false allows it."""
+    require_decision: bool = True
+    """A trace without decision tokens is an error; false allows it (it still carries feedback CE)."""
 
 
 @dataclass
@@ -175,7 +177,7 @@ def tokenize_trace(trace: Trace, tokenizer: Any, cfg: TokenizeConfig | None = No
         roles, owner = roles[: cfg.max_length], owner[: cfg.max_length]
         truncated = True
     result = _build(ids, roles, owner, trace.kind, n_empty, truncated, notes)
-    if result.n_decision == 0:
+    if cfg.require_decision and result.n_decision == 0:
         raise TraceError("no decision tokens: no assistant text survives tokenisation (or truncation)")
     if cfg.require_feedback and result.n_feedback == 0:
         raise TraceError(
