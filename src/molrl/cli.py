@@ -28,6 +28,17 @@ COMMANDS = [
 ]
 
 
+def add_stage_parser(
+    subparsers: argparse._SubParsersAction, name: str, *, help: str, doc: str | None, config: str, example: str
+) -> argparse.ArgumentParser:
+    """A stage's subparser with the common ``key=value`` overrides, ``--config`` and ``--describe``."""
+    p = subparsers.add_parser(name, help=help, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("overrides", nargs="*", metavar="key=value", help=f"config overrides, e.g. {example}")
+    p.add_argument("--config", help=f"YAML {config} file (see configs/)")
+    p.add_argument("--describe", action="store_true", help="print every config key with its default and meaning, then exit")
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser with every registered stage."""
     parser = argparse.ArgumentParser(

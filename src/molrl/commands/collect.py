@@ -13,14 +13,11 @@ import argparse
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "collect",
-        help="run a model as an agent on code/math tasks and write multi-turn feedback traces",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (see --show-config)")
-    p.add_argument("--config", help="YAML CollectConfig file")
+    from molrl.cli import add_stage_parser
+
+    p = add_stage_parser(subparsers, "collect",
+                         help="run a model as an agent on code/math tasks and write multi-turn feedback traces",
+                         doc=__doc__, config="CollectConfig", example="episode.sampling.temperature=0.8")
     p.add_argument("--model", help="model directory or hub name (tiny:chatml for smoke runs)")
     p.add_argument("--adapter", help="PEFT adapter directory to put on the model")
     p.add_argument("--tasks", help="task file")
@@ -29,7 +26,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--samples", type=int, help="episodes per task")
     p.add_argument("--max-turns", type=int, help="most model turns per episode")
     p.add_argument("--limit", type=int, help="use only the first N tasks")
-    p.add_argument("--show-config", action="store_true", help="print every config key with its default and exit")
     p.set_defaults(func=handle)
 
 
@@ -44,7 +40,7 @@ def handle(args: argparse.Namespace) -> int:
     from molrl.collect import CollectConfig, run_collect
     from molrl.config import describe, load_config
 
-    if args.show_config:
+    if args.describe:
         print("\n".join(describe(CollectConfig)))
         return 0
     overrides = [f"{key}={getattr(args, attr)}" for attr, key in FLAGS.items() if getattr(args, attr) is not None]

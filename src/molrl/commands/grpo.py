@@ -14,15 +14,10 @@ import argparse
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "grpo",
-        help="GRPO / Dr.GRPO post-training with code and math rewards",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. algorithm=grpo beta=0.04")
-    p.add_argument("--config", help="YAML GrpoConfig file (see configs/grpo_tiny.yaml)")
-    p.add_argument("--describe", action="store_true", help="print every config key with its default and exit")
+    from molrl.cli import add_stage_parser
+
+    p = add_stage_parser(subparsers, "grpo", help="GRPO / Dr.GRPO post-training with code and math rewards",
+                         doc=__doc__, config="GrpoConfig", example="algorithm=grpo beta=0.04")
     p.set_defaults(func=handle)
 
 

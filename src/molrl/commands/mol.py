@@ -16,15 +16,10 @@ log = logging.getLogger(__name__)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "mol",
-        help="MoL continual training on traces (LoRA or full fine-tuning), resumable",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. loss.mode=ce")
-    p.add_argument("--config", help="YAML MolConfig file (see configs/mol_tiny.yaml)")
-    p.add_argument("--describe", action="store_true", help="print every config key and exit")
+    from molrl.cli import add_stage_parser
+
+    p = add_stage_parser(subparsers, "mol", help="MoL continual training on traces (LoRA or full fine-tuning), resumable",
+                         doc=__doc__, config="MolConfig", example="loss.mode=ce")
     p.set_defaults(func=handle)
 
 

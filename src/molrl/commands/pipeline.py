@@ -17,15 +17,10 @@ log = logging.getLogger(__name__)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "pipeline",
-        help="the whole method: collect, MoL, GRPO, eval and report.md, resumable",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. mol.train.epochs=3")
-    p.add_argument("--config", help="YAML PipelineConfig file (see configs/pipeline_*.yaml)")
-    p.add_argument("--describe", action="store_true", help="print every config key and exit")
+    from molrl.cli import add_stage_parser
+
+    p = add_stage_parser(subparsers, "pipeline", help="the whole method: collect, MoL, GRPO, eval and report.md, resumable",
+                         doc=__doc__, config="PipelineConfig", example="mol.train.epochs=3")
     p.add_argument("--report", metavar="RUN_DIR", help="only rebuild RUN_DIR/report.md")
     p.set_defaults(func=handle)
 
