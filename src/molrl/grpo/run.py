@@ -29,6 +29,8 @@ def run_grpo(cfg: GrpoConfig) -> Path:
     from accelerate import PartialState
     from transformers.trainer_utils import get_last_checkpoint
 
+    from molrl.mol.trainer import drop_records_after
+
     state = PartialState()  # under accelerate launch: this process's rank; files are written by rank 0
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -40,7 +42,7 @@ def run_grpo(cfg: GrpoConfig) -> Path:
             step = int(Path(resume).name.split("-")[-1])
             log.info("resuming from %s (step %d)", resume, step)
             for name in ("metrics.jsonl", "completions.jsonl"):
-                truncate_jsonl(out / name, step)
+                drop_records_after(out / name, step)
     state.wait_for_everyone()
     trainer, policy, pool = build_trainer(cfg)
     try:
@@ -183,9 +185,3 @@ def _save_final(trainer: Any, policy: Any, out: Path) -> None:
     trainer.accelerator.wait_for_everyone()
 
 
-def truncate_jsonl(path: Path, step: int) -> None:
-    """Drop records after ``step`` (a resumed run writes them again)."""
-    if not path.is_file():
-        return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
-    path.write_text("".join(line + "\n" for line in kept))

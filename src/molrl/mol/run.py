@@ -42,7 +42,9 @@ def run_mol(cfg: MolConfig) -> Path:
     resume = _last_checkpoint(out) if cfg.train.resume == "auto" else None
     if resume is not None:
         log.info("resuming from %s", resume)
-        _truncate_metrics(out / "metrics.jsonl", _checkpoint_step(resume))
+        from molrl.mol.trainer import drop_records_after
+
+        drop_records_after(out / "metrics.jsonl", _checkpoint_step(resume))
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     final = out / ("adapter" if cfg.lora.enabled else "model")
     trainer.save_model(str(final))
@@ -191,9 +193,3 @@ def _checkpoint_step(path: Path) -> int:
     return int(match.group(1)) if match else -1
 
 
-def _truncate_metrics(path: Path, step: int) -> None:
-    """Drop logged steps after the checkpoint a run resumes from (they will be logged again)."""
-    if not path.is_file():
-        return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
-    path.write_text("".join(line + "\n" for line in kept))

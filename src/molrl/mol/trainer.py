@@ -196,3 +196,11 @@ class MetricsFileCallback(TrainerCallback):
         record = {"step": state.global_step, "epoch": state.epoch, **{k: _jsonable(v) for k, v in logs.items()}}
         with self.path.open("a") as fh:
             fh.write(json.dumps(record) + "\n")
+
+
+def drop_records_after(path: Path, step: int) -> None:
+    """Drop JSONL records logged after ``step`` (a run resumed from that checkpoint logs them again)."""
+    if not path.is_file():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
+    path.write_text("".join(line + "\n" for line in kept))
