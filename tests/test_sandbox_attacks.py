@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest

@@ -15,7 +15,7 @@ Add a provider without touching the loop: any object with a ``name`` and a
 from __future__ import annotations
 
 import importlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 from molrl.errors import MolrlError
