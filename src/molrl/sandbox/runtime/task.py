@@ -132,7 +132,8 @@ def run_task(job: dict, result_fd: int, serve_fds: tuple[int, int] | None) -> in
         _emit(result_fd, {"e": "exit", "code": repr(stop.code)[:200]})
         return _exit_code(stop.code)
     except BaseException as err:  # noqa: BLE001 - the model's code may raise anything
-        traceback.print_exc()
+        # Skip this runner's own frame: the model sees the traceback `python solution.py` prints.
+        traceback.print_exception(type(err), err, err.__traceback__.tb_next if err.__traceback__ else None)
         _emit(result_fd, {"e": "load_error", "error": _describe(err), "type": type(err).__name__})
         return 1
     _emit(result_fd, {"e": "loaded"})
