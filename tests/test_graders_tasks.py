@@ -89,3 +89,15 @@ def test_bad_input_names_file_line_and_fix(tmp_path):
         load_tasks(path, "jsonl")
     with pytest.raises(MolrlError, match="unknown task format"):
         load_tasks(path, "gsm8k")
+
+
+def test_jsonl_tasks_keep_their_sandbox_preamble(tmp_path):
+    import json
+
+    from molrl.tasks import JsonlSpec, load_tasks
+
+    path = tmp_path / "rule.jsonl"
+    path.write_text(json.dumps({"id": "r1", "prompt": "What is f(3)?", "answer": "7",
+                                "preamble": "def f(n):\n    return n + 4\n"}) + "\n")
+    (task,) = load_tasks(path, "jsonl", spec=JsonlSpec(kind="math"))
+    assert task.preamble == "def f(n):\n    return n + 4\n" and task.answer == "7"

@@ -106,6 +106,8 @@ class JsonlSpec:
     """code: field holding the function name under test (needed for call/assert tests)."""
     setup_field: str = "setup_code"
     """code: optional field with code run after the solution, before the tests."""
+    preamble_field: str = "preamble"
+    """Optional field with code the sandbox runs before the model's code (never shown to the model)."""
 
 
 def load_tasks(path: str | Path, fmt: str, limit: int | None = None, spec: JsonlSpec | None = None) -> list[Task]:
