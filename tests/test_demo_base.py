@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from molrl.demo.base import BaseModelConfig, collate, demonstration_traces, direct_traces, train_base
 from molrl.demo.world import WorldConfig, build_world
