@@ -75,7 +75,10 @@ def bwrap_command(cfg: SandboxConfig) -> list[str]:
     """The bubblewrap prefix that confines one worker slot."""
     cmd = ["bwrap", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
            "--unshare-cgroup-try", "--new-session", "--hostname", "sandbox",
-           "--ro-bind", "/usr", "/usr"]
+           "--ro-bind", "/usr", "/usr",
+           # the private /tmp comes before the Python binds: an interpreter or venv under /tmp
+           # (a checkout in /tmp, say) is then bound on top of it rather than hidden by it
+           "--size", str(cfg.tmpfs_mb << 20), "--tmpfs", "/tmp"]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
         if os.path.islink(top):
             cmd += ["--symlink", os.readlink(top), top]
@@ -96,7 +99,7 @@ def bwrap_command(cfg: SandboxConfig) -> list[str]:
                 cmd += ["--perms", "0755", "--dir", str(parent)]
         cmd += ["--ro-bind", path, path]
     cmd += ["--ro-bind", str(RUNTIME_DIR), SANDBOX_RUNTIME, "--proc", "/proc", "--dev", "/dev",
-            "--size", str(cfg.tmpfs_mb << 20), "--tmpfs", "/tmp", "--chdir", "/tmp", "--clearenv",
+            "--chdir", "/tmp", "--clearenv",
             "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp"]
     for key, value in THREAD_ENV.items():
         cmd += ["--setenv", key, value]
