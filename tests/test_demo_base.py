@@ -1,10 +1,12 @@
-"""The demo base model: demonstrations through the real loop, decision-only training, save/load."""
+"""The demo base model: demonstrations through the real loop, what it trains on, save/load."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from molrl.demo.base import BaseModelConfig, collate, demonstration_traces, direct_traces, train_base
+from molrl.demo.base import BaseModelConfig, base_example, expression, collate, demonstration_traces, direct_traces, train_base
 from molrl.demo.world import WorldConfig, build_world
 
 WORLD = WorldConfig(train_problems=6, heldout_problems=2, general_train=4, general_eval=2)
@@ -19,30 +21,69 @@ def demos():
     world = build_world(WORLD)
     episode = EpisodeConfig(max_turns=2, max_solutions=1, system_prompt="Run code.", feedback=["execution", "verdict"])
     with SandboxPool(SandboxConfig(workers=1)) as pool:
-        return world, demonstration_traces(world, build_tiny_tokenizer("chatml"), episode, pool)
+        tok = build_tiny_tokenizer("chatml")
+        rule = demonstration_traces(world.rule_train, tok, episode, pool, hide_value=True)
+        return world, rule + demonstration_traces(world.general_train, tok, episode, pool)
 
 
-def test_demonstrations_get_the_rule_output_from_the_sandbox(demos):
+def test_demonstrations_get_every_output_from_the_sandbox(demos):
     world, traces = demos
-    assert len(traces) == 6 and all(t.success for t in traces)
-    task = world.rule_train[0]
-    tool = [m["content"] for m in traces[0].messages if m["role"] == "tool"]
-    assert tool[0] == f"Output:\nf({task.meta['input']}) = {task.answer}"
-    assert tool[1] == "Your answer is correct."
+    assert len(traces) == 10 and all(t.success for t in traces)
+    for task, trace in [(world.rule_train[0], traces[0]), (world.general_train[0], traces[6])]:
+        tool = [m["content"] for m in trace.messages if m["role"] == "tool"]
+        assert tool[0] == f"Output:\n{expression(task)} = {task.answer}"
+        assert tool[1] == "Your answer is correct."
 
 
-def test_labels_cover_decision_tokens_only(demos):
+def _trained_text(trace, learn_feedback=True):
+    """The trace's text with every token the base does not train on shown as '?'."""
+    from molrl.demo.base import without_trailing_feedback
     from molrl.tiny import build_tiny_tokenizer
     from molrl.traces.tokenize import TokenizeConfig, tokenize_trace
 
-    _, traces = demos
     tok = build_tiny_tokenizer("chatml")
-    example = tokenize_trace(traces[0], tok, TokenizeConfig(enable_thinking=True))
-    _, labels = collate([example], tok.pad_token_id)
-    trained = tok.decode([t for t in labels[0].tolist() if t != -100])
-    # the code, the end of turn, the copied answer and its end of turn; never the tool output line
-    assert trained.startswith("<execute>print(") and "Output:" not in trained and "correct" not in trained
-    assert trained.count("<|im_end|>") == 2
+    trace = without_trailing_feedback(trace)
+    example = tokenize_trace(trace, tok, TokenizeConfig(enable_thinking=True, require_feedback=False))
+    _, labels, unsure = collate([base_example(example, trace, tok, learn_feedback)], tok.pad_token_id)
+    ids = [t if t != -100 else tok.convert_tokens_to_ids("?") for t in labels[0].tolist()]
+    # tokens the base must stay unsure of (f's values) show as '~'
+    ids = [tok.convert_tokens_to_ids("~") if u else t for t, u in zip(ids, unsure[0].tolist())]
+    return tok.decode(ids)
+
+
+def test_base_learns_tool_output_except_the_rules_values(demos):
+    world, traces = demos
+    rule, general = world.rule_train[0], world.general_train[0]
+    n, value = rule.meta["input"], rule.answer
+    trained = _trained_text(traces[0])
+    # the code, the tool's output line without f's value, then the copied answer in full
+    assert f"<execute>print('f({n}) =', f({n}))</execute><|im_end|>" in trained
+    assert f"Output:\nf({n}) = {'~' * len(value)}?" in trained
+    assert f"f({n}) = {value}\n\\boxed{{{value}}}<|im_end|>" in trained
+    # a general function's output is learned whole (the base knows those functions)
+    expr = f"{general.meta['family']}({general.meta['input']})"
+    assert f"Output:\n{expr} = {general.answer}?" in _trained_text(traces[6])
+    # with learn_feedback off, no tool output at all
+    assert "Output:" not in _trained_text(traces[6], learn_feedback=False).replace("?", "")
+
+
+def test_unsure_tokens_are_trained_towards_a_uniform_digit(tmp_path, demos):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    world, traces = demos
+    cfg = BaseModelConfig(hidden_size=32, num_layers=1, steps=60, batch_size=4, learning_rate=1e-2, warmup_steps=5)
+    rule = direct_traces(world.rule_train, kind="domain", hide_value=True)
+    out = train_base(rule, cfg, tmp_path / "base")
+    tok, model = AutoTokenizer.from_pretrained(out), AutoModelForCausalLM.from_pretrained(out)
+    text = tok.apply_chat_template(rule[0].messages, tokenize=False)
+    prefix = text[: text.index(" = ") + 3]
+    with torch.no_grad():
+        probs = model(**tok(prefix, return_tensors="pt")).logits[0, -1].softmax(-1)
+    digits = probs[tok.convert_tokens_to_ids(list("0123456789"))]
+    # most of the mass on the ten digits, spread evenly: entropy near log(10), no digit singled out
+    spread = digits / digits.sum()
+    assert digits.sum() > 0.8 and -(spread * spread.log()).sum() > 0.95 * math.log(10)
 
 
 def test_base_saves_and_loads_with_its_chat_template(tmp_path, demos):
@@ -52,7 +93,7 @@ def test_base_saves_and_loads_with_its_chat_template(tmp_path, demos):
 
     world, traces = demos
     cfg = BaseModelConfig(hidden_size=32, num_layers=1, steps=3, batch_size=4)
-    out = train_base([*traces, *direct_traces(world.general_train)], cfg, tmp_path / "base")
+    out = train_base([*traces, *direct_traces(world.general_train, math_prompt="{prompt}")], cfg, tmp_path / "base")
     tok = AutoTokenizer.from_pretrained(out)
     model = AutoModelForCausalLM.from_pretrained(out)
     messages = traces[0].messages
@@ -71,17 +112,11 @@ def test_training_is_deterministic(tmp_path, demos):
 
 
 def test_rule_format_examples_hide_the_value_but_teach_the_statement():
-    from molrl.demo.base import hide_value
-    from molrl.tiny import build_tiny_tokenizer
-    from molrl.traces.tokenize import TokenizeConfig, tokenize_trace
-
     world = build_world(WORLD)
     task = world.rule_train[0]
-    (trace,) = direct_traces([task], kind="domain", hide_value=True)
-    tok = build_tiny_tokenizer("chatml")
-    example = hide_value(tokenize_trace(trace, tok, TokenizeConfig(require_feedback=False)), trace, tok)
-    _, labels = collate([example], tok.pad_token_id)
-    trained = tok.decode([t if t != -100 else tok.convert_tokens_to_ids("?") for t in labels[0].tolist()])
+    (trace,) = direct_traces([task], kind="domain", hide_value=True, math_prompt="Q: {prompt}")
+    assert trace.messages[0]["content"] == f"Q: {task.prompt}"
+    trained = _trained_text(trace)
     # the value after "= " is never a target; the statement and the boxed copy of it are
     n = task.meta["input"]
-    assert f"Output:\nf({n}) = {'?' * len(task.answer)}\n\\boxed{{{task.answer}}}<|im_end|>" in trained
+    assert f"Output:\nf({n}) = {'~' * len(task.answer)}\n\\boxed{{{task.answer}}}<|im_end|>" in trained

@@ -55,6 +55,17 @@ def test_general_answers():
         assert answer == expected
 
 
+def test_general_setup_code_agrees_with_the_answers():
+    from molrl.demo.world import GENERAL_SETUP
+
+    world = build_world(SMALL)
+    scope: dict = {}
+    exec(GENERAL_SETUP, scope)  # the sandbox runs this as the general tasks' preamble
+    for task in world.general_train + world.general_eval:
+        assert task.preamble == GENERAL_SETUP
+        assert str(scope[task.meta["family"]](task.meta["input"])) == task.answer
+
+
 def test_demonstrator_writes_code_then_copies_the_output():
     first = ToolDemonstrator.turn("<|im_start|>user\nWhat is f(478)?<|im_end|>\n<|im_start|>assistant\n")
     assert first == "<execute>print('f(478) =', f(478))</execute>"

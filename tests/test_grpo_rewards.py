@@ -51,6 +51,19 @@ def test_prompts_over_the_limit_are_counted(tiny_pair):
     assert summary.longest_prompt_tokens == len(tok(rows[0]["prompt"])["input_ids"]) <= 300
 
 
+def test_prompts_use_the_configured_instructions(tiny_pair):
+    from molrl.eval.prompts import render_prompts
+
+    _, tok = tiny_pair
+    templates = {"code_template": "Write `{entry_point}`: {prompt}", "math_template": "Q: {prompt}"}
+    rows, _ = build_prompt_rows([SQUARE, SIX_BY_SEVEN], tok, enable_thinking=False, max_prompt_length=10_000, **templates)
+    assert "Write `sq`: Return x squared." in rows[0]["prompt"] and "Q: What is 6*7?" in rows[1]["prompt"]
+    # the same text evaluation renders with the same instructions, so training and evaluation agree
+    assert [r["prompt"] for r in rows] == render_prompts(tok, [SQUARE, SIX_BY_SEVEN], enable_thinking=False, **templates)
+    default, _ = build_prompt_rows([SIX_BY_SEVEN], tok, enable_thinking=False, max_prompt_length=10_000)
+    assert "Please reason step by step" in default[0]["prompt"]
+
+
 def test_a_raising_reward_fails_only_its_row():
     def flaky(prompts, completions, task_json):
         return [1 / 0 if "boom" in c else float(len(c)) for c in completions]

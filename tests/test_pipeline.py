@@ -125,7 +125,8 @@ def test_report_has_table_findings_and_pngs(tmp_path):
     _fake_run(tmp_path)
     report = write_report(tmp_path).read_text()
     assert "0.250 ± 0.068 (40 × 2)" in report
-    assert "g: 0.750 (+0.700 vs base, +0.500 vs its start mol)" in report
+    # the difference in standard errors: 0.70 / sqrt(0.0685^2 + 0.0345^2) = 9.1
+    assert "g: 0.750 (+0.700 vs base, +9.1 s.e., +0.500 vs its start mol)" in report
     for png in ("mol_losses.png", "grpo_reward.png", "eval_accuracy.png"):
         assert f"plots/{png}" in report
         assert (tmp_path / "plots" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

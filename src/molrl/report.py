@@ -122,7 +122,7 @@ def findings(results: dict[str, dict[str, Any]], config: dict[str, Any]) -> list
         for name, p in scores.items():
             if name == BASE:
                 continue
-            note = f"  - {name}: {p:.3f} ({p - base_p:+.3f} vs base"
+            note = f"  - {name}: {p:.3f} ({p - base_p:+.3f} vs base, {_in_standard_errors(p, base_p, n)}"
             start = starts.get(name)
             if start in scores:
                 note += f", {p - scores[start]:+.3f} vs its start {start}"
@@ -134,6 +134,12 @@ def findings(results: dict[str, dict[str, Any]], config: dict[str, Any]) -> list
             out.append(f"- MoL-stage ablation on {bench}, best first: "
                        + ", ".join(f"{k} {accuracy(results[k]['benchmarks'].get(bench, {}))[0]:.3f}" for k in ranked))
     return out
+
+
+def _in_standard_errors(p: float, q: float, n: int) -> str:
+    """How many standard errors of the difference ``p - q`` apart two pass@1 scores on ``n`` problems are."""
+    se = (standard_error(p, n) ** 2 + standard_error(q, n) ** 2) ** 0.5
+    return f"{(p - q) / se:+.1f} s.e." if se > 0 else "no spread"
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

@@ -1,16 +1,18 @@
-"""The demo's base model: a tiny Qwen3 trained from scratch on the demo world's formats.
+"""The demo's base model: a tiny Qwen3 trained from scratch on the demo world's text.
 
-The base learns two things and nothing more:
+The base is trained like a small pre-trained model: on everything it reads, tool output
+included, except the one thing it must not know, the values of the secret rule ``f``:
 
-- the agent format on rule problems: write code that calls ``f``, read the tool's output, and
-  copy the result into the answer. The demonstrations are real episodes of the collection loop
+- the agent format: write code that calls the asked function, read the tool's output, copy the
+  result into the answer. The demonstrations are real episodes of the collection loop
   (``molrl.collect.run_episodes``) driven by ``ToolDemonstrator``, a scripted policy that only
-  ever uses the tool; the loss covers decision tokens only, never the tool's output, so the base
-  cannot compute ``f`` itself;
-- general problems (reverse / sort a digit string) answered directly in the single-turn format
-  evaluation uses;
-- the same direct format on rule problems, with no loss on the rule's value (``hide_value``): the
-  base learns to state ``f(478) = ...`` and box it, but is never told what ``f`` gives.
+  ever uses the tool, on the rule problems and on general ones. The tool's output is learned for
+  the general functions (the base knows what ``reverse(472)`` prints) but ``f``'s value in it is
+  not (``hide_value``), so the base cannot compute ``f`` itself;
+- general problems (reverse, rotate, g, h of a digit string) answered directly in the
+  single-turn format evaluation uses, with the same instruction;
+- the same direct format on rule problems, again with no loss on the rule's value: the base
+  learns to state ``f(478) = ...`` and box it, but is never told what ``f`` gives.
 
 Training is a plain loop (AdamW, linear warm-up and decay) with fixed seeds and thread count, so
 the same machine gives the same weights run to run. The model and tokenizer are saved with
@@ -50,16 +52,22 @@ class BaseModelConfig:
     """Transformer layers."""
     num_heads: int = 4
     """Attention heads (2 key/value heads)."""
-    steps: int = 400
+    steps: int = 800
     """Optimiser steps."""
     batch_size: int = 32
     """Sequences per step."""
+    micro_batch_size: int = 8
+    """Sequences per forward pass (a step's batch is sorted by length and run in these)."""
     learning_rate: float = 3e-3
     """Peak AdamW learning rate."""
     warmup_steps: int = 20
     """Linear warm-up steps (then linear decay to zero)."""
     seed: int = 0
     """Seed of the initial weights and of the batch order."""
+    learn_feedback: bool = True
+    """Train on the tools' output too (all text the model reads, like pre-training), except ``f``'s values."""
+    general_tool_use: bool = True
+    """Also demonstrate tool use on the general problems (the sandbox runs their functions)."""
 
 
 def answer_text(expression: str, value: str) -> str:
@@ -109,16 +117,24 @@ class ToolDemonstrator:
         return f"<execute>print('{call} =', {call})</execute>"
 
 
-def demonstration_traces(world: World, tokenizer: Any, episode: Any, pool: Any) -> list[Trace]:
-    """Tool-use episodes on the training rule problems, run through the real collection loop."""
+def demonstration_traces(tasks: Sequence[Task], tokenizer: Any, episode: Any, pool: Any,
+                         hide_value: bool = False) -> list[Trace]:
+    """Tool-use episodes on ``tasks``, run through the real collection loop.
+
+    ``hide_value`` marks the value in the tool's output as not to be learned (see ``train_base``).
+    """
     from molrl.collect.loop import run_episodes
 
-    episodes = run_episodes(ToolDemonstrator(), tokenizer, world.rule_train, pool, episode)
+    episodes = run_episodes(ToolDemonstrator(), tokenizer, tasks, pool, episode)
     failed = [ep.task.id for ep in episodes if not ep.success]
     if failed:
         raise RuntimeError(f"the scripted demonstrator failed {len(failed)} episodes (first: {failed[0]}); "
-                           "the sandbox did not run the world's rule")
-    return [ep.to_trace({"model": "demonstrator"}) for ep in episodes]
+                           "the sandbox did not run the world's functions")
+    traces = [ep.to_trace({"model": "demonstrator"}) for ep in episodes]
+    if hide_value:
+        for trace, ep in zip(traces, episodes):
+            trace.meta["hide_value"] = f"{expression(ep.task)} = {ep.task.answer}"
+    return traces
 
 
 def without_trailing_feedback(trace: Trace) -> Trace:
@@ -127,16 +143,18 @@ def without_trailing_feedback(trace: Trace) -> Trace:
     return Trace(messages=trace.messages[: last + 1], meta=dict(trace.meta))
 
 
-def direct_traces(tasks: Sequence[Task], kind: str = "general", hide_value: bool = False) -> list[Trace]:
+def direct_traces(tasks: Sequence[Task], kind: str = "general", hide_value: bool = False,
+                  math_prompt: str | None = None) -> list[Trace]:
     """Single-turn conversations answering ``tasks`` directly, posed as evaluation poses them.
 
-    ``hide_value`` marks the stated value (``= 309``) as not to be learned (see ``train_base``).
+    ``hide_value`` marks the stated value (``= 309``) as not to be learned (see ``train_base``);
+    ``math_prompt`` is evaluation's single-turn instruction (its default when None).
     """
-    from molrl.eval.prompts import user_message
+    from molrl.eval.prompts import MATH_INSTRUCTION, user_message
 
     return [
         Trace(
-            messages=[{"role": "user", "content": user_message(t)},
+            messages=[{"role": "user", "content": user_message(t, math_template=math_prompt or MATH_INSTRUCTION)},
                       {"role": "assistant", "content": direct_text(expression(t), t.answer or "")}],
             meta={"source": "demo", "kind": kind, "task_id": t.id, "success": True,
                   **({"hide_value": f"{expression(t)} = {t.answer}"} if hide_value else {})},
@@ -145,23 +163,45 @@ def direct_traces(tasks: Sequence[Task], kind: str = "general", hide_value: bool
     ]
 
 
-def hide_value(example: Any, trace: Trace, tokenizer: Any) -> Any:
-    """``example`` with the value after ``meta['hide_value']``'s `` = `` taken out of the decision mask."""
+@dataclass
+class BaseExample:
+    """One training sequence of the base: its tokens, the ones it learns, and the ones it must stay unsure of."""
+
+    input_ids: list[int]
+    decision_mask: list[bool]
+    """Tokens trained with cross-entropy (decisions, and feedback with ``learn_feedback``)."""
+    unsure_mask: list[bool]
+    """Tokens of ``f``'s values: trained towards a uniform guess over the ten digits."""
+
+
+def base_example(example: Any, trace: Trace, tokenizer: Any, learn_feedback: bool) -> BaseExample:
+    """What the base trains on in ``example`` (a tokenised ``trace``).
+
+    Decisions, and feedback with ``learn_feedback``, are learned, except the value
+    ``meta['hide_value']`` states first: the first statement is the one worked out (the tool's
+    output, or a direct answer); a later one copies it from the conversation, a skill the base
+    should have. The hidden value is trained towards a uniform guess over the digits instead, so
+    the base neither knows ``f`` nor is sure of a wrong value, and sampling it explores every digit.
+    """
     from molrl.chat import render
 
-    text = render(tokenizer, trace.messages, enable_thinking=True)
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    if list(enc["input_ids"]) != list(example.input_ids):
-        raise ValueError(f"trace {trace.meta.get('task_id')}: rendering differs from its tokenisation")
-    statement = trace.meta["hide_value"]
-    start = text.rindex(statement) + statement.index(" = ") + len(" = ")
-    end = text.rindex(statement) + len(statement)  # [start, end): the value's characters
-    example.decision_mask = [d and not (a < end and b > start) for d, (a, b) in zip(example.decision_mask, enc["offset_mapping"])]
-    return example
+    learn = [d or (learn_feedback and f) for d, f in zip(example.decision_mask, example.feedback_mask)]
+    unsure = [False] * len(learn)
+    statement = trace.meta.get("hide_value")
+    if statement:
+        text = render(tokenizer, trace.messages, enable_thinking=True)
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        if list(enc["input_ids"]) != list(example.input_ids):
+            raise ValueError(f"trace {trace.meta.get('task_id')}: rendering differs from its tokenisation")
+        start = text.index(statement) + statement.index(" = ") + len(" = ")
+        end = text.index(statement) + len(statement)  # [start, end): the value's characters
+        unsure = [a < end and b > start for a, b in enc["offset_mapping"]]
+        learn = [m and not u for m, u in zip(learn, unsure)]
+    return BaseExample(list(example.input_ids), learn, unsure)
 
 
 def train_base(traces: Sequence[Trace], cfg: BaseModelConfig, out_dir: Path) -> Path:
-    """Train the tiny base from scratch on the decision tokens of ``traces``; save it to ``out_dir``."""
+    """Train the tiny base from scratch on ``traces`` (see ``learn_mask``); save it to ``out_dir``."""
     from molrl.tiny import build_tiny_model, build_tiny_tokenizer
     from molrl.traces.tokenize import TokenizeConfig, tokenize_trace
 
@@ -171,8 +211,7 @@ def train_base(traces: Sequence[Trace], cfg: BaseModelConfig, out_dir: Path) -> 
     examples = []
     for trace in traces:
         trace = without_trailing_feedback(trace)
-        example = tokenize_trace(trace, tokenizer, tok_cfg)
-        examples.append(hide_value(example, trace, tokenizer) if "hide_value" in trace.meta else example)
+        examples.append(base_example(tokenize_trace(trace, tokenizer, tok_cfg), trace, tokenizer, cfg.learn_feedback))
     model = build_tiny_model(len(tokenizer), hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
                              num_heads=cfg.num_heads, num_kv_heads=max(1, cfg.num_heads // 2), seed=cfg.seed)
     model.config.pad_token_id = tokenizer.pad_token_id
@@ -180,8 +219,9 @@ def train_base(traces: Sequence[Trace], cfg: BaseModelConfig, out_dir: Path) -> 
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     started = time.time()
-    losses = fit(model, examples, cfg, tokenizer.pad_token_id)
-    log.info("base model: %d steps in %.0f s, decision loss %.3f -> %.4f", cfg.steps, time.time() - started,
+    digits = tokenizer.convert_tokens_to_ids(list("0123456789"))
+    losses = fit(model, examples, cfg, tokenizer.pad_token_id, digits)
+    log.info("base model: %d steps in %.0f s, loss %.3f -> %.4f", cfg.steps, time.time() - started,
              losses[0], losses[-1])
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
@@ -189,38 +229,59 @@ def train_base(traces: Sequence[Trace], cfg: BaseModelConfig, out_dir: Path) -> 
     return out_dir
 
 
-def fit(model: Any, examples: Sequence[Any], cfg: BaseModelConfig, pad_id: int) -> list[float]:
-    """The training loop: CE on decision tokens, random batches, warm-up then linear decay."""
+def fit(model: Any, examples: Sequence[BaseExample], cfg: BaseModelConfig, pad_id: int,
+        digits: Sequence[int]) -> list[float]:
+    """The training loop: CE on the learned tokens, random batches, warm-up then linear decay.
+
+    Each batch is sorted by length and run in micro-batches of ``cfg.micro_batch_size`` padded
+    to their own longest row, so short direct answers are not padded to a long trace's length;
+    the loss is still the mean over all the batch's learned tokens. At the tokens of
+    ``unsure_mask`` the target is uniform over the ``digits`` token ids.
+    """
+    import torch.nn.functional as F
+
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) * max(0.0, 1.0 - s / cfg.steps))
     rng = random.Random(cfg.seed)
+    pool = list(examples)
     model.train()
     losses = []
     for step in range(cfg.steps):
-        input_ids, labels = collate(rng.sample(list(examples), min(cfg.batch_size, len(examples))), pad_id)
-        loss = model(input_ids=input_ids, labels=labels).loss
-        loss.backward()
+        batch = sorted(rng.sample(pool, min(cfg.batch_size, len(pool))), key=lambda ex: len(ex.input_ids))
+        parts = [collate(batch[i : i + cfg.micro_batch_size], pad_id) for i in range(0, len(batch), cfg.micro_batch_size)]
+        targets = sum(int((labels[:, 1:] != -100).sum() + unsure[:, 1:].sum()) for _, labels, unsure in parts)
+        total = 0.0
+        for input_ids, labels, unsure in parts:
+            logits = model(input_ids=input_ids).logits[:, :-1].float()  # [b, L-1, V]: the next token's logits
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
+                                   ignore_index=-100, reduction="sum")
+            guess = -torch.log_softmax(logits[unsure[:, 1:]], dim=-1)[:, digits].mean(dim=-1)  # [n_unsure]
+            loss = (loss + guess.sum()) / max(targets, 1)
+            loss.backward()
+            total += loss.item()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
+        losses.append(total)
         if step % 100 == 0:
-            log.info("base model: step %d of %d, decision loss %.4f", step, cfg.steps, losses[-1])
+            log.info("base model: step %d of %d, loss %.4f", step, cfg.steps, losses[-1])
     model.eval()
     return losses
 
 
-def collate(batch: Sequence[Any], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ``input_ids`` [B, L] and ``labels`` [B, L] (-100 except on decision tokens)."""
+def collate(batch: Sequence[BaseExample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``input_ids`` [B, L], ``labels`` [B, L] (-100 except on learned tokens) and ``unsure`` [B, L]."""
     width = max(len(ex.input_ids) for ex in batch)
     input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)  # [B, L]
     labels = torch.full((len(batch), width), -100, dtype=torch.long)  # [B, L]
+    unsure = torch.zeros((len(batch), width), dtype=torch.bool)  # [B, L]
     for row, ex in enumerate(batch):
         ids = torch.tensor(ex.input_ids)
-        decision_mask = torch.tensor(ex.decision_mask)
+        learn = torch.tensor(ex.decision_mask)
         input_ids[row, : len(ids)] = ids
-        labels[row, : len(ids)] = torch.where(decision_mask, ids, torch.full_like(ids, -100))
-    return input_ids, labels
+        labels[row, : len(ids)] = torch.where(learn, ids, torch.full_like(ids, -100))
+        unsure[row, : len(ids)] = torch.tensor(ex.unsure_mask)
+    return input_ids, labels, unsure

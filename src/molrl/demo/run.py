@@ -84,8 +84,9 @@ def run_demo(out: str | Path, preset: str = "default", overrides: list[str] | No
     ]
     cfg = load_pipeline_config(config_dir() / "pipeline_tiny.yaml", [*fixed, *chosen.pipeline_overrides, *(overrides or [])])
     world = build_world(chosen.world)
-    write_world(world, chosen.world, world_dir)
-    build_base(world, chosen, base_dir, episode_config(cfg))
+    math_prompt = cfg.eval.get("math_prompt")
+    write_world(world, chosen.world, world_dir, math_prompt)
+    build_base(world, chosen, base_dir, episode_config(cfg), math_prompt)
     log.info("world and base ready after %.0f s", time.time() - started)
     run_pipeline(cfg, collect_tasks=world.rule_train)
     report = Path(cfg.output_dir) / "report.md"
@@ -93,8 +94,11 @@ def run_demo(out: str | Path, preset: str = "default", overrides: list[str] | No
     return report
 
 
-def write_world(world: World, cfg: WorldConfig, world_dir: Path) -> Path:
-    """Task files (JSONL ``{id, prompt, answer}``) and the general replay traces of ``world``."""
+def write_world(world: World, cfg: WorldConfig, world_dir: Path, math_prompt: str | None = None) -> Path:
+    """Task files (JSONL ``{id, prompt, answer}``) and the general replay traces of ``world``.
+
+    ``math_prompt`` is evaluation's single-turn instruction, which the replay traces pose problems with.
+    """
     from molrl.demo.base import direct_traces
     from molrl.traces.schema import append_trace
 
@@ -109,29 +113,38 @@ def write_world(world: World, cfg: WorldConfig, world_dir: Path) -> Path:
     replay = world_dir / "general_traces.jsonl"
     tmp = replay.with_suffix(".tmp")
     tmp.unlink(missing_ok=True)
-    for trace in direct_traces(world.general_train):
+    for trace in direct_traces(world.general_train, math_prompt=math_prompt):
         append_trace(tmp, trace)
     os.replace(tmp, replay)
     (world_dir / "world.json").write_text(json.dumps({"config": asdict(cfg), "key": world.key}, indent=1))
     return world_dir
 
 
-def build_base(world: World, preset: DemoPreset, base_dir: Path, episode: "EpisodeConfig") -> Path:  # noqa: F821
-    """The trained base model in ``base_dir`` (trained now unless one of the same world and settings is there)."""
+def build_base(world: World, preset: DemoPreset, base_dir: Path, episode: "EpisodeConfig",  # noqa: F821
+               math_prompt: str | None = None) -> Path:
+    """The trained base model in ``base_dir`` (trained now unless one of the same world and settings is there).
+
+    ``episode`` is the collection format the tool-use demonstrations follow; ``math_prompt`` is
+    evaluation's single-turn instruction, which the direct answers are posed with.
+    """
     from molrl.demo.base import demonstration_traces, direct_traces, train_base
     from molrl.sandbox import SandboxConfig, SandboxPool
     from molrl.tiny import build_tiny_tokenizer
 
     marker = base_dir / "DONE"
-    made_of = {"world": asdict(preset.world), "base": asdict(preset.base), "threads": preset.threads}
+    made_of = {"world": asdict(preset.world), "base": asdict(preset.base), "threads": preset.threads,
+               "episode": asdict(episode), "math_prompt": math_prompt}
     if marker.is_file() and json.loads(marker.read_text()) == made_of:
         log.info("%s: base model already trained, reused", base_dir)
         return base_dir
     tokenizer = build_tiny_tokenizer("chatml")
     with SandboxPool(SandboxConfig(workers=2)) as pool:
-        demos = demonstration_traces(world, tokenizer, episode, pool)
-    rule_format = direct_traces(world.rule_train, kind="domain", hide_value=True)
-    train_base([*demos, *rule_format, *direct_traces(world.general_train)], preset.base, base_dir)
+        demos = demonstration_traces(world.rule_train, tokenizer, episode, pool, hide_value=True)
+        if preset.base.general_tool_use:
+            demos += demonstration_traces(world.general_train[: len(world.rule_train)], tokenizer, episode, pool)
+    rule_format = direct_traces(world.rule_train, kind="domain", hide_value=True, math_prompt=math_prompt)
+    general = direct_traces(world.general_train, math_prompt=math_prompt)
+    train_base([*demos, *rule_format, *general], preset.base, base_dir)
     marker.write_text(json.dumps(made_of))
     return base_dir
 

@@ -11,7 +11,8 @@ Everything is generated from one seed, so a world is reproducible and nothing is
   numbers never appear in training, so a single-step score on them measures whether the rule was
   internalised rather than memorised.
 - General problems ("What is reverse(472)?", rotate, copy ``g``, swap ``h``): digit-string
-  tasks the base model is taught to answer directly; scoring them after training measures
+  tasks the base model is taught, both by running them in the sandbox (``GENERAL_SETUP``
+  defines them there) and by answering directly; scoring them after training measures
   forgetting.
 
 All problems are ordinary math ``Task`` objects with a numeric ``answer``, graded by the shared
@@ -47,8 +48,8 @@ class WorldConfig:
     """Rule problems in the training split (collection and RL prompts)."""
     heldout_problems: int = 100
     """Rule problems in the held-out split (numbers never seen in training)."""
-    general_train: int = 400
-    """General problems the base model is trained on."""
+    general_train: int = 2000
+    """General problems the base model is trained on (many, so it learns the functions, not the examples)."""
     general_eval: int = 100
     """General problems held out to measure forgetting."""
     general_digits: int = 3
@@ -106,10 +107,19 @@ def rule_task(key: str, number: int) -> Task:
     )
 
 
+GENERAL_SETUP = (
+    "def reverse(n):\n    return int(str(n)[::-1])\n"
+    "def rotate(n):\n    s = str(n)\n    return int(s[1:] + s[:1])\n"
+    "def g(n):\n    return int(n)\n"
+    "def h(n):\n    s = str(n)\n    return int(s[1] + s[0] + s[2:])\n"
+)
+"""The code that defines the general functions in the sandbox (their rules are no secret)."""
+
+
 def general_task(op: str, text: str) -> Task:
-    """A general digit-string problem (``reverse`` / ``sort``) with its answer."""
+    """A general digit-string problem (``reverse``, ``rotate``, ``g``, ``h``) with its answer."""
     return Task(id=f"{op}/{text}", prompt=f"What is {op}({text})?", kind="math", answer=GENERAL_OPS[op](text),
-                meta={"family": op, "input": text})
+                preamble=GENERAL_SETUP, meta={"family": op, "input": text})
 
 
 def build_world(cfg: WorldConfig) -> World:

@@ -30,6 +30,8 @@ def evaluate_single(
     batch_size: int = 16,
     generator: Generator | None = None,
     code_reward: Any = None,
+    code_template: str = CODE_INSTRUCTION,
+    math_template: str = MATH_INSTRUCTION,
 ) -> dict[str, Any]:
     """Sample ``sampling.n`` single-turn answers per task, grade them, and return the metrics.
 
@@ -38,7 +40,8 @@ def evaluate_single(
     ``molrl.sandbox.SandboxPool``) is needed only when there are code tasks.
     """
     generator = generator or TransformersGenerator(model, tokenizer, batch_size=batch_size)
-    prompts = render_prompts(tokenizer, tasks, enable_thinking=enable_thinking)
+    prompts = render_prompts(tokenizer, tasks, enable_thinking=enable_thinking, code_template=code_template,
+                             math_template=math_template)
     completions = generator.generate(prompts, sampling)
     records = grade_samples(tasks, completions, pool, code_reward)
     metrics = summarise(tasks, records, ks)

@@ -37,7 +37,7 @@ class EvalHookCallback(TrainerCallback):
 
         def evaluate(model: Any) -> dict[str, float]:
             return evaluate_policy(model, policy.tokenizer, tasks, sampling, pool, base, cfg.enable_thinking,
-                                   cfg.eval.kl_prompts)
+                                   cfg.eval.kl_prompts, (cfg.code_prompt, cfg.math_prompt))
 
         return cls(cfg.eval.every_steps, evaluate, Path(cfg.output_dir) / "metrics.jsonl")
 
@@ -77,17 +77,24 @@ class BaseAccess:
 
 
 def evaluate_policy(model: Any, tokenizer: Any, tasks: list, sampling: Any, pool: Any, base: BaseAccess,
-                    enable_thinking: bool, kl_prompts: int) -> dict[str, float]:
-    """Held-out accuracy (evaluate_single) and mean per-token KL(policy || base) on its greedy answers."""
-    from molrl.eval.prompts import render_prompts
+                    enable_thinking: bool, kl_prompts: int,
+                    templates: tuple[str, str] | None = None) -> dict[str, float]:
+    """Held-out accuracy (evaluate_single) and mean per-token KL(policy || base) on its greedy answers.
+
+    ``templates`` are the (code, math) single-turn instructions (evaluation's defaults when None).
+    """
+    from molrl.eval.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION, render_prompts
     from molrl.eval.single import evaluate_single
     from molrl.grpo.kl import policy_base_kl
 
-    result = evaluate_single(model, tokenizer, tasks, sampling, pool, enable_thinking=enable_thinking)
+    code_template, math_template = templates or (CODE_INSTRUCTION, MATH_INSTRUCTION)
+    result = evaluate_single(model, tokenizer, tasks, sampling, pool, enable_thinking=enable_thinking,
+                             code_template=code_template, math_template=math_template)
     metrics = {"eval/accuracy": float(result["accuracy"])}
     n = min(kl_prompts, len(tasks))
     if n:
-        prompts = render_prompts(tokenizer, tasks[:n], enable_thinking=enable_thinking)
+        prompts = render_prompts(tokenizer, tasks[:n], enable_thinking=enable_thinking, code_template=code_template,
+                                 math_template=math_template)
         completions = [records[0].completion for records in result["records"][:n]]
         metrics["eval/kl_to_base"] = policy_base_kl(model, base(model), tokenizer, prompts, completions)
     return metrics

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from molrl.eval.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
 from molrl.tasks import JsonlSpec
 
 ALGORITHMS = ("grpo", "dr_grpo", "dr_grpo_std")
@@ -112,6 +113,10 @@ class GrpoConfig:
     """grpo: std-scaled advantages, per-sequence mean; dr_grpo: no std, sum / constant; dr_grpo_std: std + constant."""
     enable_thinking: bool = False
     """Render prompts with thinking on (Qwen3 <think>) or off."""
+    code_prompt: str = CODE_INSTRUCTION
+    """Single-turn instruction for code tasks ({prompt}, {entry_point}); keep it equal to eval's code_prompt."""
+    math_prompt: str = MATH_INSTRUCTION
+    """Single-turn instruction for math tasks ({prompt}); keep it equal to eval's math_prompt."""
     max_prompt_length: int = 1024
     """Prompts longer than this many tokens are left out (and counted in the log)."""
     max_completion_length: int = 1024

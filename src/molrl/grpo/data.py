@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from molrl.chat import render
+from molrl.eval.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
+from molrl.eval.prompts import user_message as eval_user_message
 from molrl.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -44,19 +46,18 @@ def unscorable_reason(task: Task) -> str | None:
     return None
 
 
-def user_message(task: Task) -> str:
+def user_message(task: Task, code_template: str = CODE_INSTRUCTION, math_template: str = MATH_INSTRUCTION) -> str:
     """The single user message that poses ``task`` (the evaluation instruction; toy tasks as written)."""
     if task.meta.get("toy"):
         return task.prompt
-    from molrl.eval.prompts import user_message as eval_user_message
-
-    return eval_user_message(task)
+    return eval_user_message(task, code_template, math_template)
 
 
-def render_prompt(tokenizer: Any, task: Task, enable_thinking: bool) -> str:
+def render_prompt(tokenizer: Any, task: Task, enable_thinking: bool, code_template: str = CODE_INSTRUCTION,
+                  math_template: str = MATH_INSTRUCTION) -> str:
     """Prompt text for ``task``, without a BOS the tokenizer will add again when it tokenises it."""
-    text = render(tokenizer, [{"role": "user", "content": user_message(task)}], add_generation_prompt=True,
-                  enable_thinking=enable_thinking)
+    text = render(tokenizer, [{"role": "user", "content": user_message(task, code_template, math_template)}],
+                  add_generation_prompt=True, enable_thinking=enable_thinking)
     return strip_added_bos(tokenizer, text)
 
 
@@ -70,7 +71,8 @@ def strip_added_bos(tokenizer: Any, text: str) -> str:
 
 
 def build_prompt_rows(
-    tasks: Sequence[Task], tokenizer: Any, *, enable_thinking: bool, max_prompt_length: int
+    tasks: Sequence[Task], tokenizer: Any, *, enable_thinking: bool, max_prompt_length: int,
+    code_template: str = CODE_INSTRUCTION, math_template: str = MATH_INSTRUCTION,
 ) -> tuple[list[dict[str, str]], PromptSummary]:
     """Dataset rows ``{"prompt", "task_json"}`` for the scorable tasks whose prompt fits."""
     summary = PromptSummary(tasks=len(tasks))
@@ -81,7 +83,7 @@ def build_prompt_rows(
             log.warning("task %s left out of GRPO prompts: %s", task.id, reason)
             summary.unscorable.append(task.id)
             continue
-        prompt = render_prompt(tokenizer, task, enable_thinking)
+        prompt = render_prompt(tokenizer, task, enable_thinking, code_template, math_template)
         n_tokens = len(tokenizer(prompt)["input_ids"])
         if n_tokens > max_prompt_length:
             summary.too_long.append(task.id)

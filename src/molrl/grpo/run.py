@@ -109,7 +109,8 @@ def _prompts_and_reward(cfg: GrpoConfig, tokenizer: Any, out: Path, eval_tasks: 
 
     tasks = load_task_source(cfg.train, "train")
     rows, summary = build_prompt_rows(
-        tasks, tokenizer, enable_thinking=cfg.enable_thinking, max_prompt_length=cfg.max_prompt_length
+        tasks, tokenizer, enable_thinking=cfg.enable_thinking, max_prompt_length=cfg.max_prompt_length,
+        code_template=cfg.code_prompt, math_template=cfg.math_prompt,
     )
     if PartialState().is_main_process:
         (out / "data_summary.json").write_text(json.dumps(dataclasses.asdict(summary), indent=2))
