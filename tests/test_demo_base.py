@@ -42,7 +42,7 @@ def _trained_text(trace, learn_feedback=True):
     from molrl.traces.tokenize import TokenizeConfig, tokenize_trace
 
     tok = build_tiny_tokenizer("chatml")
-    trace = without_trailing_feedback(trace)
+    trace = trace if learn_feedback else without_trailing_feedback(trace)
     example = tokenize_trace(trace, tok, TokenizeConfig(enable_thinking=True, require_feedback=False))
     _, labels, unsure = collate([base_example(example, trace, tok, learn_feedback)], tok.pad_token_id)
     ids = [t if t != -100 else tok.convert_tokens_to_ids("?") for t in labels[0].tolist()]
@@ -56,10 +56,11 @@ def test_base_learns_tool_output_except_the_rules_values(demos):
     rule, general = world.rule_train[0], world.general_train[0]
     n, value = rule.meta["input"], rule.answer
     trained = _trained_text(traces[0])
-    # the code, the tool's output line without f's value, then the copied answer in full
+    # the code, the tool's output line with f's value as a uniform guess, the answer without the
+    # copied value (fitting it could teach f as well as copying), the verdict
     assert f"<execute>print('f({n}) =', f({n}))</execute><|im_end|>" in trained
     assert f"Output:\nf({n}) = {'~' * len(value)}?" in trained
-    assert f"f({n}) = {value}\n\\boxed{{{value}}}<|im_end|>" in trained
+    assert f"f({n}) = {'?' * len(value)}\n\\boxed{{{value}}}<|im_end|>" in trained and "Your answer is correct." in trained
     # a general function's output is learned whole (the base knows those functions)
     expr = f"{general.meta['family']}({general.meta['input']})"
     assert f"Output:\n{expr} = {general.answer}?" in _trained_text(traces[6])

@@ -87,6 +87,20 @@ def test_shipped_configs_build_every_stage_config(name, tmp_path):
     check_stages(cfg, tmp_path, in_memory=name == "pipeline_tiny.yaml")
 
 
+def test_grpo_prompts_that_differ_from_eval_are_warned_about(tmp_path, caplog):
+    from pathlib import Path
+
+    from molrl.pipeline import check_stages
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    cfg = load_pipeline_config(configs / "pipeline_tiny.yaml", ["model=m"])
+    check_stages(cfg, tmp_path, in_memory=True)
+    assert "differs from eval" not in caplog.text  # the shipped config poses tasks alike
+    cfg = load_pipeline_config(configs / "pipeline_tiny.yaml", ["model=m", "grpo.math_prompt=Question {prompt}"])
+    check_stages(cfg, tmp_path, in_memory=True)
+    assert "grpo_runs.mol+grpo: math_prompt differs from eval's" in caplog.text
+
+
 def test_standard_error_closed_form():
     # p = 0.25 over 12 problems: sqrt(0.25 * 0.75 / 12) = sqrt(0.015625) = 0.125
     assert standard_error(0.25, 12) == pytest.approx(0.125)
@@ -105,7 +119,7 @@ def _fake_run(tmp_path):
     rows = [{"step": s, "ce_feedback": 2.0 / s, "kl_decision": 0.01 * s} for s in range(1, 6)]
     (tmp_path / "mol" / "mol" / "metrics.jsonl").write_text("\n".join(map(json.dumps, rows)))
     (tmp_path / "grpo" / "g").mkdir(parents=True)
-    rows = [{"step": s, "reward": s / 10} for s in range(1, 8)]
+    rows = [{"step": s, "reward": s / 10} for s in range(1, 21)]
     (tmp_path / "grpo" / "g" / "metrics.jsonl").write_text("\n".join(map(json.dumps, rows)))
     return cfg
 
@@ -127,6 +141,8 @@ def test_report_has_table_findings_and_pngs(tmp_path):
     assert "0.250 ± 0.068 (40 × 2)" in report
     # the difference in standard errors: 0.70 / sqrt(0.0685^2 + 0.0345^2) = 9.1
     assert "g: 0.750 (+0.700 vs base, +9.1 s.e., +0.500 vs its start mol)" in report
+    # rewards 0.1 ... 2.0 over 20 steps: first ten average 0.55, last ten 1.55
+    assert "GRPO training reward of g: 0.550 over its first 10 steps, 1.550 over its last 10 (20 steps)" in report
     for png in ("mol_losses.png", "grpo_reward.png", "eval_accuracy.png"):
         assert f"plots/{png}" in report
         assert (tmp_path / "plots" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

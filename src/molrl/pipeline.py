@@ -192,12 +192,14 @@ def check_stages(cfg: PipelineConfig, out: Path, in_memory: bool) -> None:
     if "mol" in cfg.stages:
         for run in cfg.mol_runs:
             mol_config(cfg, run, ["traces.jsonl"], out)
-    if "grpo" in cfg.stages:
-        for grpo_run in cfg.grpo_runs:
-            grpo_config(cfg, grpo_run, out)
+    grpo_cfgs = [grpo_config(cfg, grpo_run, out) for grpo_run in cfg.grpo_runs] if "grpo" in cfg.stages else []
     if "eval" in cfg.stages:
-        for name in cfg.eval_models or model_names(cfg):
-            eval_config(cfg, name, cfg.model, None, out)
+        eval_cfgs = [eval_config(cfg, name, cfg.model, None, out) for name in cfg.eval_models or model_names(cfg)]
+        for grpo_cfg, run in zip(grpo_cfgs, cfg.grpo_runs):
+            for key in ("math_prompt", "code_prompt"):
+                if eval_cfgs and getattr(grpo_cfg, key) != getattr(eval_cfgs[0], key):
+                    log.warning("grpo_runs.%s: %s differs from eval's, so the policy is trained on other prompts "
+                                "than it is evaluated on; set grpo.%s and eval.%s alike", run.name, key, key, key)
 
 
 def collect_stage(cfg: PipelineConfig, out: Path, tasks: Sequence[Any] | None) -> Path:

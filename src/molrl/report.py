@@ -32,7 +32,7 @@ def write_report(run_dir: str | Path) -> Path:
     lines = [f"# {config.get('title', 'MoL-RL pipeline')}", ""]
     lines += collection_summary(run_dir)
     lines += ["## Single-step scores", "", score_table(results, config), ""]
-    lines += ["## What the runs show (as measured)", "", *findings(results, config), ""]
+    lines += ["## What the runs show (as measured)", "", *findings(results, config), *reward_findings(run_dir), ""]
     for title, path in figures:
         if path is not None:
             lines += [f"## {title}", "", f"![{title}](plots/{path.name})", ""]
@@ -140,6 +140,18 @@ def _in_standard_errors(p: float, q: float, n: int) -> str:
     """How many standard errors of the difference ``p - q`` apart two pass@1 scores on ``n`` problems are."""
     se = (standard_error(p, n) ** 2 + standard_error(q, n) ** 2) ** 0.5
     return f"{(p - q) / se:+.1f} s.e." if se > 0 else "no spread"
+
+
+def reward_findings(run_dir: Path, window: int = 10) -> list[str]:
+    """Each GRPO run's mean training reward over its first and its last ``window`` logged steps."""
+    out = []
+    for path in sorted((run_dir / "grpo").glob("*/metrics.jsonl")):
+        _, rewards = _series(read_metrics(path), "reward")
+        if len(rewards) >= 2 * window:
+            first, last = sum(rewards[:window]) / window, sum(rewards[-window:]) / window
+            out.append(f"- GRPO training reward of {path.parent.name}: {first:.3f} over its first {window} steps, "
+                       f"{last:.3f} over its last {window} ({len(rewards)} steps)")
+    return out
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

@@ -6,13 +6,14 @@ included, except the one thing it must not know, the values of the secret rule `
 - the agent format: write code that calls the asked function, read the tool's output, copy the
   result into the answer. The demonstrations are real episodes of the collection loop
   (``molrl.collect.run_episodes``) driven by ``ToolDemonstrator``, a scripted policy that only
-  ever uses the tool, on the rule problems and on general ones. The tool's output is learned for
-  the general functions (the base knows what ``reverse(472)`` prints) but ``f``'s value in it is
-  not (``hide_value``), so the base cannot compute ``f`` itself;
+  ever uses the tool, on the rule problems and on general ones. The environment's text (tool
+  output, verdicts) is learned for the general functions (the base knows what ``reverse(472)``
+  prints) but ``f``'s value in it is not (``hide_value``): there the base is trained towards a
+  uniform guess over the digits, so it cannot compute ``f`` itself and is not sure of a wrong value;
 - general problems (reverse, rotate, g, h of a digit string) answered directly in the
   single-turn format evaluation uses, with the same instruction;
-- the same direct format on rule problems, again with no loss on the rule's value: the base
-  learns to state ``f(478) = ...`` and box it, but is never told what ``f`` gives.
+- the same direct format on rule problems, again with the uniform guess at the rule's value:
+  the base learns to state ``f(478) = ...`` and box it, but is never told what ``f`` gives.
 
 Training is a plain loop (AdamW, linear warm-up and decay) with fixed seeds and thread count, so
 the same machine gives the same weights run to run. The model and tokenizer are saved with
@@ -177,11 +178,13 @@ class BaseExample:
 def base_example(example: Any, trace: Trace, tokenizer: Any, learn_feedback: bool) -> BaseExample:
     """What the base trains on in ``example`` (a tokenised ``trace``).
 
-    Decisions, and feedback with ``learn_feedback``, are learned, except the value
-    ``meta['hide_value']`` states first: the first statement is the one worked out (the tool's
-    output, or a direct answer); a later one copies it from the conversation, a skill the base
-    should have. The hidden value is trained towards a uniform guess over the digits instead, so
-    the base neither knows ``f`` nor is sure of a wrong value, and sampling it explores every digit.
+    Decisions, and feedback with ``learn_feedback``, are learned, except every statement of the
+    value ``meta['hide_value']`` names. The first one (the tool's output, or a direct answer) is
+    trained towards a uniform guess over the digits instead, so the base neither knows ``f`` nor
+    is sure of a wrong value, and sampling it explores every digit. Later ones (the answer copying
+    the tool's output) are not trained at all: a model can fit a copy by computing ``f`` as well
+    as by copying, so learning them would teach ``f`` (the base learns to copy from the general
+    functions' episodes).
     """
     from molrl.chat import render
 
@@ -193,11 +196,20 @@ def base_example(example: Any, trace: Trace, tokenizer: Any, learn_feedback: boo
         enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         if list(enc["input_ids"]) != list(example.input_ids):
             raise ValueError(f"trace {trace.meta.get('task_id')}: rendering differs from its tokenisation")
-        start = text.index(statement) + statement.index(" = ") + len(" = ")
-        end = text.index(statement) + len(statement)  # [start, end): the value's characters
-        unsure = [a < end and b > start for a, b in enc["offset_mapping"]]
-        learn = [m and not u for m, u in zip(learn, unsure)]
+        offset = statement.index(" = ") + len(" = ")
+        spans = [(i + offset, i + len(statement)) for i in _occurrences(text, statement)]  # the values' characters
+        inside = [[a < end and b > start for a, b in enc["offset_mapping"]] for start, end in spans]
+        unsure = inside[0]
+        learn = [m and not any(col) for m, col in zip(learn, zip(*inside))]
     return BaseExample(list(example.input_ids), learn, unsure)
+
+
+def _occurrences(text: str, part: str) -> list[int]:
+    """Start offsets of every occurrence of ``part`` in ``text`` (at least one, else ValueError)."""
+    found = [text.index(part)]
+    while (nxt := text.find(part, found[-1] + 1)) != -1:
+        found.append(nxt)
+    return found
 
 
 def train_base(traces: Sequence[Trace], cfg: BaseModelConfig, out_dir: Path) -> Path:
@@ -210,7 +222,8 @@ def train_base(traces: Sequence[Trace], cfg: BaseModelConfig, out_dir: Path) -> 
     tok_cfg = TokenizeConfig(max_length=None, enable_thinking=True, require_feedback=False)
     examples = []
     for trace in traces:
-        trace = without_trailing_feedback(trace)
+        if not cfg.learn_feedback:
+            trace = without_trailing_feedback(trace)
         examples.append(base_example(tokenize_trace(trace, tokenizer, tok_cfg), trace, tokenizer, cfg.learn_feedback))
     model = build_tiny_model(len(tokenizer), hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
                              num_heads=cfg.num_heads, num_kv_heads=max(1, cfg.num_heads // 2), seed=cfg.seed)
