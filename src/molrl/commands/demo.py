@@ -1,6 +1,6 @@
 """``molrl demo``: the whole method on a laptop CPU, in a world molrl builds itself.
 
-    molrl demo                 # 6-11 minutes on 2 shared cores: runs/demo/pipeline/report.md
+    molrl demo                 # 5-6 minutes on 2 cores: runs/demo/pipeline/report.md
     molrl demo --quick         # the same steps, smaller, in about 2 minutes
     molrl demo --out DIR [key.sub=value ...]   # pipeline overrides, e.g. grpo.max_steps=60
 

@@ -122,7 +122,7 @@ def demonstration_traces(tasks: Sequence[Task], tokenizer: Any, episode: Any, po
                          hide_value: bool = False) -> list[Trace]:
     """Tool-use episodes on ``tasks``, run through the real collection loop.
 
-    ``hide_value`` marks the value in the tool's output as not to be learned (see ``train_base``).
+    ``hide_value`` marks the task's value as one the base must not learn (see ``base_example``).
     """
     from molrl.collect.loop import run_episodes
 
@@ -148,7 +148,7 @@ def direct_traces(tasks: Sequence[Task], kind: str = "general", hide_value: bool
                   math_prompt: str | None = None) -> list[Trace]:
     """Single-turn conversations answering ``tasks`` directly, posed as evaluation poses them.
 
-    ``hide_value`` marks the stated value (``= 309``) as not to be learned (see ``train_base``);
+    ``hide_value`` marks the stated value (``= 309``) as one the base must not learn (see ``base_example``);
     ``math_prompt`` is evaluation's single-turn instruction (its default when None).
     """
     from molrl.eval.prompts import MATH_INSTRUCTION, user_message
@@ -169,7 +169,7 @@ class BaseExample:
     """One training sequence of the base: its tokens, the ones it learns, and the ones it must stay unsure of."""
 
     input_ids: list[int]
-    decision_mask: list[bool]
+    learn_mask: list[bool]
     """Tokens trained with cross-entropy (decisions, and feedback with ``learn_feedback``)."""
     unsure_mask: list[bool]
     """Tokens of ``f``'s values: trained towards a uniform guess over the ten digits."""
@@ -213,7 +213,7 @@ def _occurrences(text: str, part: str) -> list[int]:
 
 
 def train_base(traces: Sequence[Trace], cfg: BaseModelConfig, out_dir: Path) -> Path:
-    """Train the tiny base from scratch on ``traces`` (see ``learn_mask``); save it to ``out_dir``."""
+    """Train the tiny base from scratch on ``traces`` (see ``base_example``); save it to ``out_dir``."""
     from molrl.tiny import build_tiny_model, build_tiny_tokenizer
     from molrl.traces.tokenize import TokenizeConfig, tokenize_trace
 
@@ -293,7 +293,7 @@ def collate(batch: Sequence[BaseExample], pad_id: int) -> tuple[torch.Tensor, to
     unsure = torch.zeros((len(batch), width), dtype=torch.bool)  # [B, L]
     for row, ex in enumerate(batch):
         ids = torch.tensor(ex.input_ids)
-        learn = torch.tensor(ex.decision_mask)
+        learn = torch.tensor(ex.learn_mask)
         input_ids[row, : len(ids)] = ids
         labels[row, : len(ids)] = torch.where(learn, ids, torch.full_like(ids, -100))
         unsure[row, : len(ids)] = torch.tensor(ex.unsure_mask)

@@ -16,6 +16,8 @@ from typing import Any, Callable
 
 from transformers import TrainerCallback
 
+from molrl.eval.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
+
 log = logging.getLogger(__name__)
 
 
@@ -37,7 +39,7 @@ class EvalHookCallback(TrainerCallback):
 
         def evaluate(model: Any) -> dict[str, float]:
             return evaluate_policy(model, policy.tokenizer, tasks, sampling, pool, base, cfg.enable_thinking,
-                                   cfg.eval.kl_prompts, (cfg.code_prompt, cfg.math_prompt))
+                                   cfg.eval.kl_prompts, code_template=cfg.code_prompt, math_template=cfg.math_prompt)
 
         return cls(cfg.eval.every_steps, evaluate, Path(cfg.output_dir) / "metrics.jsonl")
 
@@ -77,17 +79,14 @@ class BaseAccess:
 
 
 def evaluate_policy(model: Any, tokenizer: Any, tasks: list, sampling: Any, pool: Any, base: BaseAccess,
-                    enable_thinking: bool, kl_prompts: int,
-                    templates: tuple[str, str] | None = None) -> dict[str, float]:
-    """Held-out accuracy (evaluate_single) and mean per-token KL(policy || base) on its greedy answers.
-
-    ``templates`` are the (code, math) single-turn instructions (evaluation's defaults when None).
-    """
-    from molrl.eval.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION, render_prompts
+                    enable_thinking: bool, kl_prompts: int, code_template: str = CODE_INSTRUCTION,
+                    math_template: str = MATH_INSTRUCTION) -> dict[str, float]:
+    """Held-out accuracy (evaluate_single) and mean per-token KL(policy || base) on its greedy answers,
+    with tasks posed by the single-turn instructions ``code_template`` / ``math_template``."""
+    from molrl.eval.prompts import render_prompts
     from molrl.eval.single import evaluate_single
     from molrl.grpo.kl import policy_base_kl
 
-    code_template, math_template = templates or (CODE_INSTRUCTION, MATH_INSTRUCTION)
     result = evaluate_single(model, tokenizer, tasks, sampling, pool, enable_thinking=enable_thinking,
                              code_template=code_template, math_template=math_template)
     metrics = {"eval/accuracy": float(result["accuracy"])}
