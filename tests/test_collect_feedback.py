@@ -96,6 +96,14 @@ def test_test_feedback_when_all_pass_or_code_does_not_compile():
     )
 
 
+def test_test_feedback_when_grading_failed():
+    failed = {"score": 0.0, "correct": False, "stage": "grader_error", "extracted": "def f(x): ...",
+              "details": {"error": "OverflowError: int too large to convert to float"}}
+    assert TestFeedback()(TASK, Observation("solution", grade=failed), []) == (
+        "The tests could not be judged: grading failed (OverflowError: int too large to convert to float)."
+    )
+
+
 def test_verdict_and_budget_wording():
     math = Task(id="m", prompt="1+1?", kind="math", answer="2")
     assert VerdictFeedback()(math, Observation("solution", verdict=True), []) == "Your answer is correct."

@@ -67,13 +67,114 @@ def test_reward_accepts_chat_messages_and_logs_stages(pool):
     assert completion_text([{"role": "assistant", "content": [{"type": "text", "text": "a"}]}]) == "a"
 
 
-def test_a_failing_batch_scores_as_sandbox_errors():
+def test_a_pool_that_always_raises_fails_each_row_with_the_error():
     class BrokenPool:
         def run_tests_many(self, pairs):
             raise RuntimeError("worker exploded")
 
-    scores = CodeReward(BrokenPool())(["p"], [fenced("def sq(x):\n    return x * x")], task_json=[square_task().to_json()])
-    assert scores == [0.0]
+    reward = CodeReward(BrokenPool())
+    scores = reward(["p"] * 2, [fenced("def sq(x):\n    return x * x")] * 2, task_json=[square_task().to_json()] * 2)
+    assert scores == [0.0, 0.0]
+    assert [(g.stage, g.details["error"]) for g in reward.last_grades] == [("grader_error", "RuntimeError: worker exploded")] * 2
+
+
+class RaisingJudgePool:
+    """Real results for every program, except that judging one whose code says JUDGE_RAISES raises."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.batches = 0
+
+    def run_tests_many(self, pairs):
+        self.batches += 1
+        if any("JUDGE_RAISES" in code for code, _ in pairs):
+            raise OverflowError("int too large to convert to float")
+        return self.inner.run_tests_many(pairs)
+
+
+def test_a_raising_judgement_fails_only_its_own_row(pool):
+    good, bad = fenced("def sq(x):\n    return x * x"), fenced("def sq(x):\n    return x * x  # JUDGE_RAISES")
+    completions = [good, good, bad, good, "no code"]
+    grades = grade_code(completions, [square_task()] * 5, RaisingJudgePool(pool))
+    assert [g.stage for g in grades] == ["all_pass", "all_pass", "grader_error", "all_pass", "no_code"]
+
+
+def test_a_raising_judgement_is_logged_with_the_task_and_error(pool, caplog):
+    bad = fenced("def sq(x):\n    return x * x  # JUDGE_RAISES")
+    with caplog.at_level("ERROR", logger="molrl.graders.code"):
+        grade = grade_code([bad], [square_task()], RaisingJudgePool(pool))[0]
+    assert grade.details["error"] == "OverflowError: int too large to convert to float"
+    assert "task sq" in caplog.text and "OverflowError" in caplog.text
+
+
+def test_one_bad_row_costs_about_log2_n_extra_batches(pool):
+    wrapped = RaisingJudgePool(pool)
+    completions = [fenced(f"def sq(x):\n    return x * x  # {i}") for i in range(15)]
+    completions.append(fenced("def sq(x):\n    return x * x  # JUDGE_RAISES"))
+    grade_code(completions, [square_task()] * 16, wrapped)
+    # 16 rows -> 16, 8+8, 4+4, 2+2, 1+1: the bad row's halves fail, each good half passes once
+    assert wrapped.batches == 1 + 2 * 4
+
+
+def triangle_task() -> Task:
+    """HumanEval/45's tests: the expected values are floats."""
+    tests = [TestCase("call", args=list(a), expected=e) for a, e in (((5, 3), 7.5), ((2, 2), 2.0), ((10, 8), 40.0))]
+    return Task(id="HumanEval/45", prompt="", kind="code", entry_point="triangle_area", tests=tests)
+
+
+def test_a_huge_int_where_a_float_is_expected_fails_only_its_row(pool):
+    right = fenced("def triangle_area(a, h):\n    return a * h / 2.0")
+    huge = fenced("def triangle_area(a, h):\n    return 10**400")
+    grades = grade_code([right, huge, right], [triangle_task()] * 3, pool)
+    assert [g.correct for g in grades] == [True, False, True] and grades[0].score == grades[2].score == 1.0
+
+
+def test_a_huge_int_row_leaves_the_rest_of_a_reward_batch_scored(pool):
+    right = fenced("def triangle_area(a, h):\n    return a * h / 2.0")
+    huge = fenced("def triangle_area(a, h):\n    return 10**400")
+    scores = CodeReward(pool, CodeRewardConfig(mode="binary"))(
+        ["p"] * 3, [right, huge, right], task_json=[triangle_task().to_json()] * 3)
+    assert scores == [1.0, 0.0, 1.0]
+
+
+COMPILE_BOMBS = {
+    "nested parentheses": "(" * 3000 + ")" * 3000,
+    "nested unary minus": "x = " + "-" * 3000 + "1",
+    "long unary chain": "-" * 100000 + "1",
+    "nested lists": "x = " + "[" * 3000 + "]" * 3000,
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMPILE_BOMBS))
+def test_a_compile_bomb_is_a_compile_error(pool, name):
+    grades = grade_code([fenced(COMPILE_BOMBS[name]), fenced("def sq(x):\n    return x * x")], [square_task()] * 2, pool)
+    assert [g.stage for g in grades] == ["compile_error", "all_pass"]
+
+
+@pytest.mark.parametrize("code", [
+    "exec('def')",  # the program compiled; a SyntaxError raised while running is a runtime error
+    "raise SyntaxError('made up')",
+    "import sys\nsys.stderr.write('note\\n')\nraise SystemExit(3)",
+])
+def test_errors_raised_by_running_code_are_runtime_errors(pool, code):
+    assert grade_code([fenced(code)], [square_task()], pool)[0].stage == "runtime_error"
+
+
+def test_a_compile_error_names_the_compilers_complaint(pool):
+    grade = grade_code([fenced("def sq(x) return x")], [square_task()], pool)[0]
+    assert grade.details["error"] == "SyntaxError: expected ':' (solution.py, line 1)"
+
+
+def test_a_syntax_error_on_a_line_longer_than_the_output_limit_is_a_compile_error(pool):
+    # the error display repeats the 80 KB line, so stderr is cut before the "SyntaxError" line
+    grade = grade_code([fenced("x = (" + "1," * 40000 + "]")], [square_task()], pool)[0]
+    assert grade.stage == "compile_error"
+
+
+def test_stdio_tasks_read_compile_errors_too(pool):
+    task = Task(id="io", prompt="", kind="code", tests=[TestCase("stdio", stdin="2\n", stdout="4\n")])
+    grades = grade_code([fenced("print(int(input()) ** 2"), fenced("print(int(input()) ** 2)")], [task] * 2, pool)
+    assert [g.stage for g in grades] == ["compile_error", "all_pass"]
 
 
 def humaneval_check(shared_data, pool):

@@ -106,13 +106,8 @@ class CodeReward(_Reward):
         """One reward per completion."""
         texts = [completion_text(c) for c in completions]
         tasks = _tasks(task_json, len(texts))
-        try:
-            grades = grade_code(texts, tasks, self.pool, self.cfg)
-        except Exception as err:  # noqa: BLE001 - a failing batch scores as failures, loudly
-            log.exception("code reward failed for a batch of %d; scoring it as sandbox errors", len(texts))
-            grades = [Grade(self.cfg.sandbox_error if self.cfg.mode == "staged" else 0.0, False,
-                            "sandbox_error", None, {"error": f"{type(err).__name__}: {err}"}) for _ in texts]
-        return self._finish(grades, kwargs)
+        # grade_code fails only the rows that fail, so one bad row never costs the others their scores
+        return self._finish(grade_code(texts, tasks, self.pool, self.cfg), kwargs)
 
 
 class MathReward(_Reward):

@@ -132,6 +132,8 @@ class TestFeedback:
             return f"The code does not compile: {details['error']}"
         if stage == "sandbox_error":
             return f"The tests could not be run: the sandbox failed ({details.get('error')})."
+        if stage == "grader_error":
+            return f"The tests could not be judged: grading failed ({details.get('error')})."
         total, passed = details["total"], details["passed"]
         if total and passed == total:
             return f"All {total} tests passed." if total > 1 else "The test passed."
