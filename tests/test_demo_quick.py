@@ -13,7 +13,7 @@ def test_quick_demo_writes_report_with_scores_and_plots(tmp_path):
     report = (run / "report.md").read_text()
     rows = [line for line in report.splitlines() if line.startswith("| ") and "±" in line and not line.startswith("| model")]
     names = [row.split("|")[1].strip() for row in rows]
-    assert names == ["base", "mol", "ce", "ce_feedback", "mol+grpo", "mol+dr_grpo", "base+grpo"]
+    assert names == ["base", "mol", "mol+grpo", "base+grpo"]
     # every cell: accuracy ± standard error (problems x samples per problem), 50 held-out problems
     cells = re.findall(r"(\d\.\d{3}) ± (\d\.\d{3}) \((\d+) × (\d+)\)", "\n".join(rows))
     assert len(cells) == 2 * len(names)
@@ -22,4 +22,5 @@ def test_quick_demo_writes_report_with_scores_and_plots(tmp_path):
         assert f"plots/{png}" in report
         assert (run / "plots" / png).stat().st_size > 10_000
     assert (run / "collect" / "traces.jsonl").stat().st_size > 0
+    assert "## Reproducibility" in report and "episodes carry feedback" in report
     assert all((run / stage / "DONE").is_file() for stage in ("collect", "mol/mol", "grpo/mol+grpo", "eval/base"))

@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="MoL-RL: absorb multi-step environment feedback into an LLM, then reason without it.",
     )
     parser.add_argument("--version", action="version", version=f"molrl {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-v", "--verbose", action="store_true", help="detail: debug logging, third-party warnings, every raw training log line")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(name).register(sub)
@@ -54,16 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def setup_logging(verbose: bool = False) -> None:
-    """Rich console logging for every stage."""
-    from rich.logging import RichHandler
+    """Console logging for every stage (``molrl.console``): quiet by default, detailed with -v."""
+    from molrl.console import setup_logging as setup
 
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(message)s",
-        datefmt="[%X]",
-        handlers=[RichHandler(rich_tracebacks=False, show_path=False)],
-        force=True,
-    )
+    setup(verbose)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,8 +23,10 @@ config has since changed is an error rather than a silent reuse.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,10 +109,12 @@ class PipelineConfig:
                 raise ValueError(f"grpo_runs: {run.name} starts from {run.start!r}, which is not a MoL run nor 'base'")
 
 
-def run_pipeline(cfg: PipelineConfig, *, collect_tasks: Sequence[Any] | None = None) -> Path:
+def run_pipeline(cfg: PipelineConfig, *, collect_tasks: Sequence[Any] | None = None,
+                 before_stage: Callable[[str], None] | None = None) -> Path:
     """Run the configured stages in ``cfg.output_dir`` (skipping finished ones), write report.md; returns the dir.
 
-    ``collect_tasks`` replaces the task file of the collect section with tasks held in memory.
+    ``collect_tasks`` replaces the task file of the collect section with tasks held in memory;
+    ``before_stage(name)`` is called before each stage runs (the demo sets its thread count there).
     """
     if not cfg.model:
         raise ConfigError("model is not set: give the base model (model=PATH)")
@@ -118,7 +122,9 @@ def run_pipeline(cfg: PipelineConfig, *, collect_tasks: Sequence[Any] | None = N
     out.mkdir(parents=True, exist_ok=True)
     check_stages(cfg, out, collect_tasks is not None)
     save_config(cfg, out / "config.yaml")
+    (out / "environment.json").write_text(json.dumps(environment(), indent=1))
     timings: dict[str, float] = {}
+    _timed = functools.partial(_timed_stage, before_stage)
     traces = list(cfg.traces)
     if "collect" in cfg.stages:
         traces.insert(0, str(_timed(timings, "collect", lambda: collect_stage(cfg, out, collect_tasks))))
@@ -137,6 +143,29 @@ def run_pipeline(cfg: PipelineConfig, *, collect_tasks: Sequence[Any] | None = N
     report = write_report(out)
     log.info("report: %s", report)
     return out
+
+
+def environment() -> dict[str, Any]:
+    """What the numbers of a run depend on besides its config: versions, CPU, cores, torch threads."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    import torch
+
+    versions = {}
+    for name in ("molrl", "torch", "transformers", "peft", "trl"):
+        try:
+            versions[name] = version(name)
+        except PackageNotFoundError:
+            versions[name] = None
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            cpu = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"versions": versions, "python": platform.python_version(), "cpu": cpu, "cores": os.cpu_count(),
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
 def model_names(cfg: PipelineConfig) -> list[str]:
@@ -204,17 +233,10 @@ def check_stages(cfg: PipelineConfig, out: Path, in_memory: bool) -> None:
 
 def collect_stage(cfg: PipelineConfig, out: Path, tasks: Sequence[Any] | None) -> Path:
     """Collected traces of the base model (``collect/traces.jsonl``)."""
+    from molrl.collect.run import run_collect
+
     collect_cfg = collect_config(cfg, out, tasks is not None)
-
-    def work() -> None:
-        if tasks is None:
-            from molrl.collect.run import run_collect
-
-            run_collect(collect_cfg)
-        else:
-            collect_in_memory(collect_cfg, tasks)
-
-    run_stage(out / "collect", collect_cfg, work)
+    run_stage(out / "collect", collect_cfg, lambda: run_collect(collect_cfg, tasks=tasks))
     return Path(collect_cfg.out)
 
 
@@ -299,24 +321,6 @@ def stage_config(cls: type, section: dict[str, Any], fixed: dict[str, Any], over
         raise ConfigError(f"pipeline section {where}: {err}") from None
 
 
-def collect_in_memory(collect_cfg: Any, tasks: Sequence[Any]) -> None:
-    """Collection over tasks held in memory (whose setup the task file formats cannot carry), resumable."""
-    from molrl.collect.loop import run_episodes
-    from molrl.collect.run import build_generator, finished_pairs, generation_settings, write_episode
-    from molrl.sandbox import SandboxPool
-
-    out = Path(collect_cfg.out)
-    save_config(collect_cfg, out.with_name(out.name + ".config.yaml"))
-    done = finished_pairs(out)  # (task_id, sample) -> (success, turns)
-    generator, tokenizer = build_generator(collect_cfg)
-    settings = generation_settings(collect_cfg)
-    with SandboxPool(collect_cfg.sandbox) as pool:
-        episodes = run_episodes(generator, tokenizer, tasks, pool, collect_cfg.episode, samples=collect_cfg.samples,
-                                skip=done, on_finish=lambda ep: write_episode(out, ep, settings))
-    solved = sum(ep.success for ep in episodes)
-    log.info("%s: %d episodes collected, %d solved", out, len(episodes), solved)
-
-
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists and other values are leaves)."""
     flat: dict[str, Any] = {}
@@ -328,7 +332,10 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _timed(timings: dict[str, float], name: str, fn: Callable[[], Any]) -> Any:
+def _timed_stage(before: Callable[[str], None] | None, timings: dict[str, float], name: str,
+                 fn: Callable[[], Any]) -> Any:
+    if before is not None:
+        before(name)
     started = time.time()
     result = fn()
     timings[name] = round(time.time() - started, 1)

@@ -16,12 +16,13 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from molrl.collect.config import CollectConfig
 from molrl.collect.loop import Episode, run_episodes
 from molrl.config import save_config, to_dict
 from molrl.errors import MolrlError
+from molrl.tasks import Task
 from molrl.traces.schema import TraceError, append_trace, read_traces
 
 log = logging.getLogger(__name__)
@@ -31,24 +32,28 @@ RESUMABLE_KEYS = ("out", "limit", "samples", "backend", "device", "progress", "s
 RESUMABLE_EPISODE_KEYS = ("batch_size",)
 
 
-def run_collect(cfg: CollectConfig, *, generator: Any = None, tokenizer: Any = None) -> Path:
+def run_collect(cfg: CollectConfig, *, generator: Any = None, tokenizer: Any = None,
+                tasks: Sequence[Task] | None = None) -> Path:
     """Collect traces for every (task, sample) not yet in ``cfg.out``; returns the trace file.
 
-    ``generator`` and ``tokenizer`` replace the ones ``cfg.model`` would load (e.g. a model already in memory).
+    ``generator`` and ``tokenizer`` replace the ones ``cfg.model`` would load (e.g. a model already
+    in memory); ``tasks`` replaces the task file (tasks held in memory, whose sandbox setup a task
+    file cannot carry).
     """
     out = Path(cfg.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with _exclusive(out):
-        return _collect(cfg, out, generator, tokenizer)
+        return _collect(cfg, out, generator, tokenizer, tasks)
 
 
-def _collect(cfg: CollectConfig, out: Path, generator: Any, tokenizer: Any) -> Path:
+def _collect(cfg: CollectConfig, out: Path, generator: Any, tokenizer: Any, tasks: Sequence[Task] | None) -> Path:
     from molrl.sandbox import SandboxPool
     from molrl.tasks import load_tasks
 
     _check_resumable(cfg, config_path(out))
     save_config(cfg, config_path(out))
-    tasks = load_tasks(cfg.tasks, cfg.format, limit=cfg.limit, spec=cfg.jsonl)
+    if tasks is None:
+        tasks = load_tasks(cfg.tasks, cfg.format, limit=cfg.limit, spec=cfg.jsonl)
     done = finished_pairs(out)
     pairs = [(t.id, s) for t in tasks for s in range(cfg.samples)]
     total, todo = len(pairs), sum(pair not in done for pair in pairs)
@@ -230,29 +235,25 @@ class _Stats:
 
 
 class _Progress:
-    """A rich progress bar over episodes showing success rate and mean turns (a no-op when off)."""
+    """One progress bar over episodes showing success rate and mean turns (a no-op when off)."""
 
     def __init__(self, enabled: bool, total: int, stats: _Stats):
         self.enabled, self.total, self.stats = enabled, total, stats
-        self.bar: Any = None
+        self._stack = contextlib.ExitStack()
+        self._bar: Any = None
 
     def __enter__(self):
         if self.enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            from molrl.console import stage_bar
 
-            self.bar = Progress(
-                TextColumn("collect"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("success {task.fields[rate]:.1%}  mean turns {task.fields[turns]:.2f}"), TimeElapsedColumn(),
-            )
-            self.bar.start()
-            self.task = self.bar.add_task("collect", total=self.total, completed=self.stats.done,
-                                          rate=self.stats.rate, turns=self.stats.mean_turns)
+            self._bar = self._stack.enter_context(stage_bar("collect", self.total, self.stats.done))
+            self.advance()
         return self.advance
 
     def advance(self) -> None:
-        if self.bar is not None:
-            self.bar.update(self.task, completed=self.stats.done, rate=self.stats.rate, turns=self.stats.mean_turns)
+        if self._bar is not None:
+            figures = f"solved {self.stats.rate:.1%}  turns {self.stats.mean_turns:.2f}"
+            self._bar.update(completed=self.stats.done, figures=figures)
 
     def __exit__(self, *exc: Any) -> None:
-        if self.bar is not None:
-            self.bar.stop()
+        self._stack.close()

@@ -27,6 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of configs/pipeline_tiny.yaml")
     p.add_argument("--quick", action="store_true", help="the small preset (about 2 minutes)")
+    p.add_argument("--seeds", type=int, default=1, metavar="N",
+                   help="repeat with world and training seeds 0..N-1 and report the headline over seeds (N times as long)")
     p.add_argument("--out", default=None, help="run directory (default runs/demo, or runs/demo_quick with --quick)")
     p.set_defaults(func=handle)
 
@@ -36,6 +38,6 @@ def handle(args: argparse.Namespace) -> int:
 
     preset = "quick" if args.quick else "default"
     out = args.out or ("runs/demo_quick" if args.quick else "runs/demo")
-    report = run_demo(out, preset, args.overrides)
+    report = run_demo(out, preset, args.overrides, seeds=args.seeds)
     print(report)
     return 0

@@ -68,7 +68,8 @@ def handle(args: argparse.Namespace) -> int:
                              "use --predictions NAME=PATH for each of several")
         overrides.append(f"predictions.{cfg.benchmarks[0]}={bare[0]}")
     cfg = load_config(EvalConfig, args.config, overrides + list(args.args))
-    run_eval(cfg)
+    out = run_eval(cfg)
+    print((out / "results.md").read_text(), end="")
     return 0
 
 

@@ -32,6 +32,7 @@ from typing import Any, Sequence
 
 import torch
 
+from molrl.console import stage_bar
 from molrl.demo.world import World
 from molrl.generation import SamplingConfig
 from molrl.tasks import Task
@@ -251,8 +252,6 @@ def fit(model: Any, examples: Sequence[BaseExample], cfg: BaseModelConfig, pad_i
     the loss is still the mean over all the batch's learned tokens. At the tokens of
     ``unsure_mask`` the target is uniform over the ``digits`` token ids.
     """
-    import torch.nn.functional as F
-
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -261,28 +260,36 @@ def fit(model: Any, examples: Sequence[BaseExample], cfg: BaseModelConfig, pad_i
     pool = list(examples)
     model.train()
     losses = []
-    for step in range(cfg.steps):
-        batch = sorted(rng.sample(pool, min(cfg.batch_size, len(pool))), key=lambda ex: len(ex.input_ids))
-        parts = [collate(batch[i : i + cfg.micro_batch_size], pad_id) for i in range(0, len(batch), cfg.micro_batch_size)]
-        targets = sum(int((labels[:, 1:] != -100).sum() + unsure[:, 1:].sum()) for _, labels, unsure in parts)
-        total = 0.0
-        for input_ids, labels, unsure in parts:
-            logits = model(input_ids=input_ids).logits[:, :-1].float()  # [b, L-1, V]: the next token's logits
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
-                                   ignore_index=-100, reduction="sum")
-            guess = -torch.log_softmax(logits[unsure[:, 1:]], dim=-1)[:, digits].mean(dim=-1)  # [n_unsure]
-            loss = (loss + guess.sum()) / max(targets, 1)
-            loss.backward()
-            total += loss.item()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(total)
-        if step % 100 == 0:
-            log.info("base model: step %d of %d, loss %.4f", step, cfg.steps, losses[-1])
+    with stage_bar("base model", cfg.steps) as bar:
+        for step in range(cfg.steps):
+            losses.append(_fit_step(model, rng, pool, cfg, pad_id, digits, params, optimizer, schedule))
+            bar.update(completed=step + 1, figures=f"loss {losses[-1]:.4f}")
     model.eval()
     return losses
+
+
+def _fit_step(model: Any, rng: random.Random, pool: list, cfg: BaseModelConfig, pad_id: int, digits: Sequence[int],
+              params: list, optimizer: Any, schedule: Any) -> float:
+    """One optimiser step on a random batch of ``pool``; returns its loss."""
+    import torch.nn.functional as F
+
+    batch = sorted(rng.sample(pool, min(cfg.batch_size, len(pool))), key=lambda ex: len(ex.input_ids))
+    parts = [collate(batch[i : i + cfg.micro_batch_size], pad_id) for i in range(0, len(batch), cfg.micro_batch_size)]
+    targets = sum(int((labels[:, 1:] != -100).sum() + unsure[:, 1:].sum()) for _, labels, unsure in parts)
+    total = 0.0
+    for input_ids, labels, unsure in parts:
+        logits = model(input_ids=input_ids).logits[:, :-1].float()  # [b, L-1, V]: the next token's logits
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
+                               ignore_index=-100, reduction="sum")
+        guess = -torch.log_softmax(logits[unsure[:, 1:]], dim=-1)[:, digits].mean(dim=-1)  # [n_unsure]
+        loss = (loss + guess.sum()) / max(targets, 1)
+        loss.backward()
+        total += loss.item()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    optimizer.step()
+    schedule.step()
+    optimizer.zero_grad(set_to_none=True)
+    return total
 
 
 def collate(batch: Sequence[BaseExample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

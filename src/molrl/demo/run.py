@@ -6,10 +6,16 @@ Steps, each skipped when its output is already there (so an interrupted demo res
 2. the base model (``base/``): demonstrations through the real collection loop and sandbox, then
    training from scratch (``molrl.demo.base``);
 3. the pipeline (``pipeline/``) from ``configs/pipeline_tiny.yaml``: collection with the base in
-   the sandbox, MoL and its ablations, GRPO and Dr.GRPO, single-step evaluation, ``report.md``.
+   the sandbox, MoL, GRPO from the MoL model and from the base, single-step evaluation, ``report.md``.
 
-The presets (default and quick) only change sizes and step counts. Seeds and the torch thread
-count are fixed, so results repeat run to run on the same machine.
+The presets (default and quick) only change sizes and step counts. Every seed is fixed, so the
+same machine gives the same table run to run; another machine (other BLAS kernels) gives other
+numbers and the same comparison. ``seeds > 1`` repeats the whole demo with world and training seeds
+1, 2, ... in ``seed-N/`` beside the first, and adds the headline comparison over seeds (mean,
+standard error, per-seed values) to the first report and to ``seeds.md``.
+
+Before each training stage the demo uses as many torch threads as there are idle cores (at most
+``threads``): beside another CPU-bound process two threads run about three times slower than one.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from molrl.demo.base import BaseModelConfig
@@ -26,6 +32,7 @@ from molrl.demo.world import World, WorldConfig, build_world
 from molrl.errors import MolrlError
 
 log = logging.getLogger(__name__)
+
 
 @dataclass
 class DemoPreset:
@@ -38,7 +45,7 @@ class DemoPreset:
     pipeline_overrides: list[str] = field(default_factory=list)
     """``key=value`` overrides of configs/pipeline_tiny.yaml."""
     threads: int = 2
-    """torch threads."""
+    """Most torch threads (fewer while other processes keep cores busy)."""
 
 
 PRESETS = {
@@ -60,14 +67,29 @@ def config_dir() -> Path:
     raise MolrlError("configs/pipeline_tiny.yaml not found next to the molrl sources; run the demo from a checkout")
 
 
-def run_demo(out: str | Path, preset: str = "default", overrides: list[str] | None = None) -> Path:
-    """Build (or reuse) the world and base in ``out``, run the pipeline, and return the report path."""
+def run_demo(out: str | Path, preset: str = "default", overrides: list[str] | None = None, seeds: int = 1) -> Path:
+    """The demo in ``out`` (seed 0) and ``out/seed-N`` (further seeds); returns the first report's path."""
+    from molrl.demo.seeds import seed_summary
+
+    if seeds < 1:
+        raise MolrlError(f"--seeds {seeds}: give 1 or more")
+    out = Path(out)
+    reports = [run_one(out if seed == 0 else out / f"seed-{seed}", preset, overrides, seed) for seed in range(seeds)]
+    if seeds > 1:
+        summary = seed_summary([r.parent for r in reports])
+        (out / "seeds.md").write_text(summary)
+        with reports[0].open("a") as fh:
+            fh.write("\n" + summary)
+        log.info("headline over %d seeds: %s", seeds, out / "seeds.md")
+    return reports[0]
+
+
+def run_one(out: Path, preset: str, overrides: list[str] | None, seed: int) -> Path:
+    """One whole demo with world and training seed ``seed``; returns its report's path."""
     import torch
 
-    chosen = PRESETS[preset]
-    torch.set_num_threads(chosen.threads)
-    torch.manual_seed(0)
-    out = Path(out)
+    chosen = seeded(PRESETS[preset], seed)
+    torch.manual_seed(seed)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     from molrl.pipeline import load_pipeline_config, run_pipeline
@@ -80,18 +102,39 @@ def run_demo(out: str | Path, preset: str = "default", overrides: list[str] | No
         f"grpo.train.path={world_dir / 'rl_train.jsonl'}",
         f"eval.data.heldout={world_dir / 'heldout.jsonl'}",
         f"eval.data.general={world_dir / 'general.jsonl'}",
-        f"title=molrl demo ({preset} preset)",
+        f"title=molrl demo ({preset} preset, seed {seed})",
+        f"mol.train.seed={seed}",
+        f"grpo.seed={seed}",
     ]
     cfg = load_pipeline_config(config_dir() / "pipeline_tiny.yaml", [*fixed, *chosen.pipeline_overrides, *(overrides or [])])
     world = build_world(chosen.world)
     math_prompt = cfg.eval.get("math_prompt")
     write_world(world, chosen.world, world_dir, math_prompt)
+    use_idle_threads(chosen.threads, "base model")
     build_base(world, chosen, base_dir, episode_config(cfg), math_prompt)
     log.info("world and base ready after %.0f s", time.time() - started)
-    run_pipeline(cfg, collect_tasks=world.rule_train)
+    run_pipeline(cfg, collect_tasks=world.rule_train, before_stage=lambda stage: use_idle_threads(chosen.threads, stage))
     report = Path(cfg.output_dir) / "report.md"
     log.info("demo finished in %.0f s: %s", time.time() - started, report)
     return report
+
+
+def seeded(preset: DemoPreset, seed: int) -> DemoPreset:
+    """``preset`` with its world and base model seeded by ``seed``."""
+    return replace(preset, world=replace(preset.world, seed=seed), base=replace(preset.base, seed=seed))
+
+
+def use_idle_threads(most: int, stage: str) -> None:
+    """Give torch as many threads as there are idle cores now (at most ``most``) for a training stage."""
+    import torch
+
+    from molrl.cpu import idle_threads
+
+    if stage.startswith("eval/"):  # a second of work: not worth measuring the machine for
+        return
+    threads = idle_threads(most)
+    torch.set_num_threads(threads)
+    log.debug("%s: %d torch thread(s)", stage, threads)
 
 
 def write_world(world: World, cfg: WorldConfig, world_dir: Path, math_prompt: str | None = None) -> Path:
@@ -132,8 +175,8 @@ def build_base(world: World, preset: DemoPreset, base_dir: Path, episode: "Episo
     from molrl.tiny import build_tiny_tokenizer
 
     marker = base_dir / "DONE"
-    made_of = {"world": asdict(preset.world), "base": asdict(preset.base), "threads": preset.threads,
-               "episode": asdict(episode), "math_prompt": math_prompt}
+    made_of = {"world": asdict(preset.world), "base": asdict(preset.base), "episode": asdict(episode),
+               "math_prompt": math_prompt}
     if marker.is_file() and json.loads(marker.read_text()) == made_of:
         log.info("%s: base model already trained, reused", base_dir)
         return base_dir

@@ -47,7 +47,9 @@ def run_eval(cfg: EvalConfig) -> Path:
             records = run_suite(name, tasks, source, pool, cfg, progress)
             results["benchmarks"][name] = summarise(tasks, records, cfg.ks)
     write_results(out, results)
-    log.info("results in %s\n%s", out, results_markdown(results))
+    scores = ", ".join(f"{name} pass@1 {m.get('pass@1', float('nan')):.3f}" for name, m in results["benchmarks"].items())
+    log.info("eval %s: %s (%s)", source.label, scores, out / "results.md")
+    log.debug("%s", results_markdown(results))
     return out
 
 
@@ -63,7 +65,7 @@ def run_suite(
     pending = [t for t in tasks if t.id not in done]
     if len(pending) < len(tasks):
         log.info("%s: %d of %d problems already done in %s", name, len(tasks) - len(pending), len(tasks), store.path)
-    bar = progress.add_task(name, total=len(tasks), completed=len(tasks) - len(pending))
+    bar = progress.add_task(f"eval {name}", total=len(tasks), completed=len(tasks) - len(pending), figures="")
     position = {t.id: i for i, t in enumerate(tasks)}
     for start in range(0, len(pending), cfg.batch_size):
         chunk = pending[start : start + cfg.batch_size]
@@ -105,8 +107,7 @@ def _sandbox_pool(cfg: EvalConfig, needed: bool) -> Iterator[Any]:
 
 @contextlib.contextmanager
 def _progress() -> Iterator[Any]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from molrl.console import new_progress
 
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
-    with Progress(*columns) as progress:
+    with new_progress() as progress:
         yield progress

@@ -58,6 +58,7 @@ def build_trainer(cfg: GrpoConfig) -> tuple[Any, Any, Any]:
     """The ready-to-train ``GrpoTrainer``, its ``Policy`` and the sandbox pool (None without code tasks)."""
     import torch
 
+    from molrl.console import use_trainer_progress
     from molrl.grpo.callbacks import EvalHookCallback
     from molrl.grpo.policy import build_policy
     from molrl.grpo.tasks import load_task_source
@@ -86,6 +87,7 @@ def build_trainer(cfg: GrpoConfig) -> tuple[Any, Any, Any]:
             callbacks=callbacks,
             completions_path=out / "completions.jsonl",
         )
+        use_trainer_progress(trainer, f"grpo {out.name}", {"reward": "reward", "kl": "kl", "completions/mean_length": "len"})
         described = install_reference(trainer, cfg.policy.reference, policy.adapter_mode, policy.load_base)
     except BaseException:
         if pool is not None:

@@ -57,6 +57,7 @@ def build_trainer(cfg: MolConfig, examples: list[dict[str, Any]], tokenizer: Any
     import torch
     from transformers import TrainingArguments, set_seed
 
+    from molrl.console import use_trainer_progress
     from molrl.models import load_model
     from molrl.mol.data import MolCollator
     from molrl.mol.trainer import MetricsFileCallback, MolTrainer
@@ -70,7 +71,7 @@ def build_trainer(cfg: MolConfig, examples: list[dict[str, Any]], tokenizer: Any
         model = _add_lora(model, cfg)
     elif cfg.loss.needs_base:
         ref_model = copy.deepcopy(model)
-    return MolTrainer(
+    trainer = MolTrainer(
         model=model,
         args=_training_arguments(cfg, TrainingArguments, torch.cuda.is_available()),
         train_dataset=examples,
@@ -81,6 +82,9 @@ def build_trainer(cfg: MolConfig, examples: list[dict[str, Any]], tokenizer: Any
         domain_general_ratio=cfg.data.domain_general_ratio,
         ref_model=ref_model,
     )
+    figures = {"loss": "loss", "ce_feedback": "ce_fb", "kl_decision": "kl_dec"}
+    use_trainer_progress(trainer, f"mol {Path(cfg.output_dir).name}", figures)
+    return trainer
 
 
 def check_config(cfg: MolConfig) -> None:
