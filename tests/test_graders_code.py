@@ -6,18 +6,11 @@ import pytest
 
 from molrl.graders.code import CodeRewardConfig, extract_code, grade_code
 from molrl.rewards import CodeReward, completion_text
-from molrl.sandbox import SandboxConfig, SandboxPool
 from molrl.tasks import Task, TestCase, load_tasks
 
-
-@pytest.fixture(scope="module")
-def pool():
-    with SandboxPool(SandboxConfig(workers=2, timeout_s=10.0)) as p:
-        yield p
+from graders_helpers import fenced, pool  # noqa: F401 - pool is a fixture
 
 
-def fenced(code: str) -> str:
-    return f"Here you go:\n```python\n{code}\n```\n"
 
 
 def test_last_code_block_wins():

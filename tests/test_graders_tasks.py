@@ -101,3 +101,9 @@ def test_jsonl_tasks_keep_their_sandbox_preamble(tmp_path):
                                 "preamble": "def f(n):\n    return n + 4\n"}) + "\n")
     (task,) = load_tasks(path, "jsonl", spec=JsonlSpec(kind="math"))
     assert task.preamble == "def f(n):\n    return n + 4\n" and task.answer == "7"
+
+
+def test_test_sources_nested_past_the_compilers_limit_stay_unconverted():
+    deep = "[" * 3000 + "]" * 3000
+    assert assert_to_call(f"assert f({deep}) == 1", {"f"}) is None
+    assert check_function_to_calls(f"def check(candidate):\n    assert candidate({deep}) == 1\n") is None

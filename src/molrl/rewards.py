@@ -1,9 +1,10 @@
 """TRL-compatible reward functions built on the graders, so RL rewards and eval scores agree.
 
 Each is called as ``reward(prompts, completions, task_json=[...], **other_columns)`` and returns
-one float per completion. Completions may be strings or chat message lists. A grader that raises
-or a sandbox failure scores that item as a failure (logged), never hangs the batch. When TRL
-passes ``log_metric``, the per-stage fractions of the batch are logged with it.
+one float per completion. Completions may be strings or chat message lists. A completion the grader
+cannot grade (it raises on it, or the sandbox fails) scores as a failure of its own (logged); the
+other completions of the batch keep their scores. When TRL passes ``log_metric``, the per-stage
+fractions of the batch are logged with it.
 
 >>> from molrl.tasks import Task
 >>> task = Task(id="t", prompt="What is 6*7?", kind="math", answer="42")
@@ -14,7 +15,6 @@ passes ``log_metric``, the per-stage fractions of the batch are logged with it.
 from __future__ import annotations
 
 import functools
-import logging
 from collections import Counter
 from typing import Any
 
@@ -23,8 +23,6 @@ from molrl.graders.grade import Grade
 from molrl.graders.math import grade_math
 from molrl.sandbox import SandboxPool
 from molrl.tasks import Task
-
-log = logging.getLogger(__name__)
 
 
 def completion_text(completion: Any) -> str:
@@ -122,11 +120,5 @@ class MathReward(_Reward):
         """One reward per completion."""
         texts = [completion_text(c) for c in completions]
         tasks = _tasks(task_json, len(texts))
-        grades = []
-        for text, task in zip(texts, tasks):
-            try:
-                grades.append(grade_math(text, task.answer or ""))
-            except Exception as err:  # noqa: BLE001
-                log.exception("math reward failed on task %s", task.id)
-                grades.append(Grade(0.0, False, "grader_error", None, {"error": f"{type(err).__name__}: {err}"}))
-        return self._finish(grades, kwargs)
+        # grade_math never raises: a completion it cannot grade is its own grader_error
+        return self._finish([grade_math(text, task.answer or "") for text, task in zip(texts, tasks)], kwargs)

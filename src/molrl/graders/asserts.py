@@ -13,10 +13,14 @@ from typing import Any
 from molrl.tasks import TestCase
 
 
+_UNPARSABLE = (ValueError, TypeError, SyntaxError, MemoryError, RecursionError)
+"""What parsing or reading a literal can raise, deep nesting included."""
+
+
 def _literal(node: ast.expr) -> tuple[bool, Any]:
     try:
         return True, ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+    except _UNPARSABLE:
         return False, None
 
 
@@ -57,7 +61,7 @@ def assert_to_call(source: str, names: set[str], allow_source_args: bool = False
     """``assert_node_to_call`` for a one-statement source string (None when it does not parse)."""
     try:
         tree = ast.parse(source.strip())
-    except SyntaxError:
+    except _UNPARSABLE:
         return None
     if len(tree.body) != 1:
         return None
@@ -77,7 +81,7 @@ def check_function_to_calls(test_source: str, check_name: str = "check", arg_nam
     """Call tests for every assert of ``def check(candidate): ...``, or None if any will not convert."""
     try:
         tree = ast.parse(test_source)
-    except SyntaxError:
+    except _UNPARSABLE:
         return None
     checks = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == check_name]
     if len(checks) != 1:
