@@ -21,6 +21,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from transformers import TrainerCallback
 
+from molrl import cpu
+
 CONSOLE = Console(stderr=True)
 """The one console that log lines and progress bars share."""
 
@@ -82,10 +84,10 @@ def figures_text(figures: Mapping[str, str], values: Mapping[str, Any]) -> str:
 
 
 def new_progress() -> Progress:
-    """A progress display on the shared console: name, bar, n/N, live figures, elapsed, remaining."""
+    """A progress display on the shared console: name, bar, n/N, live figures, elapsed < remaining."""
     return Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[figures]}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+        TextColumn("[bold]{task.description}"), BarColumn(bar_width=16), MofNCompleteColumn(),
+        TextColumn("{task.fields[figures]}"), TimeElapsedColumn(), TextColumn("<"), TimeRemainingColumn(),
         console=CONSOLE,
     )
 
@@ -127,6 +129,7 @@ class TrainerProgress(TrainerCallback):
         self._handle = self._bar.enter_context(stage_bar(self.description, state.max_steps, state.global_step))
 
     def on_step_end(self, args, state, control, **kwargs):
+        cpu.tick()
         if self._handle is not None:
             self._handle.update(completed=state.global_step)
 

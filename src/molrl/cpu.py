@@ -3,7 +3,9 @@
 A torch parallel region waits for its slowest thread, so when another process keeps one of two
 cores busy, two torch threads run about three times slower than one (measured on the demo: the
 quick preset took 274 s with two threads beside a CPU-bound process, 118 s with one). The demo
-therefore asks, before each stage, how many cores are idle right now and uses that many threads.
+therefore asks, before each stage, how many cores are idle right now and uses that many threads,
+and while a stage trains, ``ThreadGovernor`` re-asks every few seconds how busy the other
+processes keep the machine (``govern_threads`` installs one; ``tick`` is called once per step).
 """
 
 from __future__ import annotations
@@ -48,3 +50,68 @@ def idle_threads(most: int, interval_s: float = 0.3) -> int:
     except (OSError, ValueError, IndexError):  # no /proc/stat: assume the machine is ours
         return max(1, min(most, usable))
     return threads_for(cores - busy_cores(before, after, cores), usable, most)
+
+
+def own_cpu_seconds() -> float:
+    """CPU seconds this process (all its threads) has used."""
+    t = os.times()
+    return t.user + t.system
+
+
+def others_busy(busy_s: float, own_s: float, wall_s: float) -> float:
+    """Cores kept busy by other processes: the machine's busy CPU seconds minus ours, per wall second.
+
+    >>> others_busy(busy_s=6.0, own_s=2.0, wall_s=2.0), others_busy(busy_s=1.0, own_s=2.0, wall_s=1.0)
+    (2.0, 0.0)
+    """
+    return max(0.0, busy_s - own_s) / wall_s if wall_s > 0 else 0.0
+
+
+class ThreadGovernor:
+    """Sets torch's thread count, every ``every_s`` seconds of ``tick`` calls, to the cores other processes leave idle."""
+
+    def __init__(self, most: int, every_s: float = 5.0):
+        self.most, self.every_s = most, every_s
+        self.usable = len(os.sched_getaffinity(0))
+        self.cores = os.cpu_count() or self.usable
+        self.hz = os.sysconf("SC_CLK_TCK")
+        self._last = self._reading()
+
+    def _reading(self) -> tuple[float, float, float] | None:
+        try:
+            busy, _ = cpu_times()
+        except (OSError, ValueError, IndexError):
+            return None
+        return time.monotonic(), busy / self.hz, own_cpu_seconds()
+
+    def tick(self) -> int | None:
+        """Re-measure if ``every_s`` has passed; returns the thread count it set, or None."""
+        if self._last is None or time.monotonic() - self._last[0] < self.every_s:
+            return None
+        now = self._reading()
+        if now is None:
+            return None
+        (t0, busy0, own0), (t1, busy1, own1) = self._last, now
+        self._last = now
+        idle = self.cores - others_busy(busy1 - busy0, own1 - own0, t1 - t0)
+        threads = threads_for(idle, self.usable, self.most)
+        import torch
+
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        return threads
+
+
+_GOVERNOR: ThreadGovernor | None = None
+
+
+def govern_threads(most: int | None) -> None:
+    """Adjust torch's threads to the idle cores during training (``None``: stop, leave the count as it is)."""
+    global _GOVERNOR
+    _GOVERNOR = ThreadGovernor(most) if most else None
+
+
+def tick() -> None:
+    """One training step passed: let the installed governor (if any) re-measure the machine."""
+    if _GOVERNOR is not None:
+        _GOVERNOR.tick()

@@ -3,6 +3,8 @@
     molrl demo                 # 5-6 minutes on 2 cores: runs/demo/pipeline/report.md
     molrl demo --quick         # the same steps, smaller, in about 2 minutes
     molrl demo --out DIR [key.sub=value ...]   # pipeline overrides, e.g. grpo.max_steps=60
+    molrl demo --seeds 3       # the headline (MoL + GRPO vs base + GRPO) over 3 seeds
+    molrl demo --study         # the paper's ablations over 3 seeds: runs/study/study.md
 
 A hidden digit rule that only code execution reveals, a tiny base model trained from scratch
 to use the tool, then the real pipeline: collection in the sandbox, MoL and its ablations,
@@ -27,17 +29,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of configs/pipeline_tiny.yaml")
     p.add_argument("--quick", action="store_true", help="the small preset (about 2 minutes)")
-    p.add_argument("--seeds", type=int, default=1, metavar="N",
-                   help="repeat with world and training seeds 0..N-1 and report the headline over seeds (N times as long)")
-    p.add_argument("--out", default=None, help="run directory (default runs/demo, or runs/demo_quick with --quick)")
+    p.add_argument("--seeds", type=int, default=None, metavar="N",
+                   help="repeat with world and training seeds 0..N-1 and report the headline over seeds "
+                        "(N times as long; default 1, or 3 with --study)")
+    p.add_argument("--study", action="store_true",
+                   help="the paper's ablations over seeds (default 3) in one report, study.md (see molrl.demo.study)")
+    p.add_argument("--out", default=None,
+                   help="run directory (default runs/demo, runs/demo_quick, runs/study or runs/study_quick)")
     p.set_defaults(func=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
     from molrl.demo.run import run_demo
+    from molrl.demo.study import run_study
 
-    preset = "quick" if args.quick else "default"
-    out = args.out or ("runs/demo_quick" if args.quick else "runs/demo")
-    report = run_demo(out, preset, args.overrides, seeds=args.seeds)
+    name = ("study" if args.study else "demo") + ("_quick" if args.quick else "")
+    out = args.out or f"runs/{name}"
+    if args.study:
+        report = run_study(out, quick=args.quick, seeds=args.seeds or 3, overrides=args.overrides)
+    else:
+        report = run_demo(out, "quick" if args.quick else "default", args.overrides, seeds=args.seeds or 1)
     print(report)
     return 0

@@ -32,6 +32,7 @@ from typing import Any, Sequence
 
 import torch
 
+from molrl import cpu
 from molrl.console import stage_bar
 from molrl.demo.world import World
 from molrl.generation import SamplingConfig
@@ -105,18 +106,27 @@ class ToolDemonstrator:
         """One scripted turn per prompt (``sampling`` is ignored: the policy is deterministic)."""
         return [[self.turn(p)] for p in prompts]
 
-    @staticmethod
-    def turn(prompt: str) -> str:
+    @classmethod
+    def turn(cls, prompt: str) -> str:
         """The next assistant turn for a rendered conversation."""
         outputs = _OUTPUT.findall(prompt)
         if outputs:
             call, value = outputs[-1]
-            return answer_text(call, value)
+            return cls.answer(call, value)
         questions = _QUESTION.findall(prompt)
         if not questions:
             raise ValueError(f"no 'What is name(number)?' question in prompt: {prompt[-200:]!r}")
-        call = questions[-1]
+        return cls.code(questions[-1])
+
+    @staticmethod
+    def code(call: str) -> str:
+        """The turn that runs ``call`` (e.g. ``f(478)``) in the tool."""
         return f"<execute>print('{call} =', {call})</execute>"
+
+    @staticmethod
+    def answer(call: str, value: str) -> str:
+        """The turn that answers with the value the tool printed."""
+        return answer_text(call, value)
 
 
 def demonstration_traces(tasks: Sequence[Task], tokenizer: Any, episode: Any, pool: Any,
@@ -263,6 +273,7 @@ def fit(model: Any, examples: Sequence[BaseExample], cfg: BaseModelConfig, pad_i
     with stage_bar("base model", cfg.steps) as bar:
         for step in range(cfg.steps):
             losses.append(_fit_step(model, rng, pool, cfg, pad_id, digits, params, optimizer, schedule))
+            cpu.tick()
             bar.update(completed=step + 1, figures=f"loss {losses[-1]:.4f}")
     model.eval()
     return losses

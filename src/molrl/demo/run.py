@@ -14,8 +14,9 @@ numbers and the same comparison. ``seeds > 1`` repeats the whole demo with world
 1, 2, ... in ``seed-N/`` beside the first, and adds the headline comparison over seeds (mean,
 standard error, per-seed values) to the first report and to ``seeds.md``.
 
-Before each training stage the demo uses as many torch threads as there are idle cores (at most
-``threads``): beside another CPU-bound process two threads run about three times slower than one.
+Each training stage uses as many torch threads as there are idle cores (at most ``threads``),
+re-measured every few seconds while it trains: beside another CPU-bound process two threads run
+about three times slower than one.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from pathlib import Path
 
 from molrl.demo.base import BaseModelConfig
 from molrl.demo.world import World, WorldConfig, build_world
+from molrl.cpu import govern_threads
 from molrl.errors import MolrlError
+from molrl.pipeline import run_pipeline
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,12 @@ PRESETS = {
         base=BaseModelConfig(steps=200),
         pipeline_overrides=["mol.train.max_steps=20", "grpo.max_steps=5", "grpo.prompts_per_step=4"],
     ),
+    "study_quick": DemoPreset(  # `molrl demo --study --quick`: a check that every table of the study fills
+        world=WorldConfig(train_problems=60, heldout_problems=50, general_train=200, general_eval=50),
+        base=BaseModelConfig(steps=120),
+        pipeline_overrides=["grpo.max_steps=3", "grpo.prompts_per_step=2", "grpo.num_generations=4",
+                            "grpo.micro_batch_size=8"],
+    ),
 }
 
 
@@ -74,7 +83,10 @@ def run_demo(out: str | Path, preset: str = "default", overrides: list[str] | No
     if seeds < 1:
         raise MolrlError(f"--seeds {seeds}: give 1 or more")
     out = Path(out)
-    reports = [run_one(out if seed == 0 else out / f"seed-{seed}", preset, overrides, seed) for seed in range(seeds)]
+    try:
+        reports = [run_one(out if seed == 0 else out / f"seed-{seed}", preset, overrides, seed) for seed in range(seeds)]
+    finally:
+        govern_threads(None)
     if seeds > 1:
         summary = seed_summary([r.parent for r in reports])
         (out / "seeds.md").write_text(summary)
@@ -86,14 +98,27 @@ def run_demo(out: str | Path, preset: str = "default", overrides: list[str] | No
 
 def run_one(out: Path, preset: str, overrides: list[str] | None, seed: int) -> Path:
     """One whole demo with world and training seed ``seed``; returns its report's path."""
+    started = time.time()
+    cfg, world, threads = prepare_seed(out, preset, overrides, seed)
+    run_pipeline(cfg, collect_tasks=world.rule_train, before_stage=lambda stage: use_idle_threads(threads, stage))
+    report = Path(cfg.output_dir) / "report.md"
+    log.info("demo finished in %.0f s: %s", time.time() - started, report)
+    return report
+
+
+def prepare_seed(out: Path, preset: str, overrides: list[str] | None, seed: int) -> tuple["PipelineConfig", World, int]:  # noqa: F821
+    """The world and trained base of seed ``seed`` in ``out``, and the pipeline config to run on them.
+
+    Returns (pipeline config, world, most torch threads).
+    """
     import torch
+
+    from molrl.pipeline import load_pipeline_config
 
     chosen = seeded(PRESETS[preset], seed)
     torch.manual_seed(seed)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    from molrl.pipeline import load_pipeline_config, run_pipeline
-
     world_dir, base_dir = out / "world", out / "base"
     fixed = [
         f"model={base_dir}",
@@ -112,11 +137,8 @@ def run_one(out: Path, preset: str, overrides: list[str] | None, seed: int) -> P
     write_world(world, chosen.world, world_dir, math_prompt)
     use_idle_threads(chosen.threads, "base model")
     build_base(world, chosen, base_dir, episode_config(cfg), math_prompt)
-    log.info("world and base ready after %.0f s", time.time() - started)
-    run_pipeline(cfg, collect_tasks=world.rule_train, before_stage=lambda stage: use_idle_threads(chosen.threads, stage))
-    report = Path(cfg.output_dir) / "report.md"
-    log.info("demo finished in %.0f s: %s", time.time() - started, report)
-    return report
+    log.info("world and base of seed %d ready after %.0f s", seed, time.time() - started)
+    return cfg, world, chosen.threads
 
 
 def seeded(preset: DemoPreset, seed: int) -> DemoPreset:
@@ -125,15 +147,17 @@ def seeded(preset: DemoPreset, seed: int) -> DemoPreset:
 
 
 def use_idle_threads(most: int, stage: str) -> None:
-    """Give torch as many threads as there are idle cores now (at most ``most``) for a training stage."""
+    """Give torch as many threads as there are idle cores now (at most ``most``) for a training stage,
+    and keep adjusting while it trains (``molrl.cpu.ThreadGovernor``)."""
     import torch
 
-    from molrl.cpu import idle_threads
+    from molrl.cpu import govern_threads, idle_threads
 
     if stage.startswith("eval/"):  # a second of work: not worth measuring the machine for
         return
     threads = idle_threads(most)
     torch.set_num_threads(threads)
+    govern_threads(most)
     log.debug("%s: %d torch thread(s)", stage, threads)
 
 

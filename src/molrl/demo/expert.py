@@ -1,0 +1,61 @@
+"""A second agent for the study: solves the demo world's problems in a style of its own.
+
+The study asks whether cross-entropy on another agent's decisions pulls a model off its own
+distribution (the MoL-RL paper's forgetting claim), so it needs traces whose decision tokens the
+base would not write. ``StyledExpert`` uses the same tool the same way (so the environment's
+feedback text is the same as in the base's traces) but words everything else differently: it
+announces its plan, binds the argument to a variable before calling, and answers in a sentence.
+
+    base:   <execute>print('f(472) =', f(472))</execute>  ...  f(472) = 3\\boxed{3}
+    expert: I will ask the tool.<execute>n = 472\\nprint(f'f({n}) =', f(n))</execute>
+            ...  The tool printed f(472) = 3, so the answer is \\boxed{3}.
+
+Its episodes run through the real collection loop and sandbox, like every other trace.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from molrl.demo.base import ToolDemonstrator
+from molrl.tasks import Task
+
+
+class StyledExpert(ToolDemonstrator):
+    """A scripted policy that uses the tool and copies its result, in wording the base never saw."""
+
+    @staticmethod
+    def code(call: str) -> str:
+        """Announce the plan, bind the argument, then call."""
+        name, number = call.rstrip(")").split("(")
+        return f"I will ask the tool.<execute>n = {number}\nprint(f'{name}({{n}}) =', {name}(n))</execute>"
+
+    @staticmethod
+    def answer(call: str, value: str) -> str:
+        """Answer in a sentence."""
+        return f"The tool printed {call} = {value}, so the answer is \\boxed{{{value}}}."
+
+
+def expert_traces(tasks: Sequence[Task], tokenizer: Any, episode: Any, out: Path, workers: int = 2) -> Path:
+    """The expert's episodes on ``tasks`` in ``out`` (trace JSONL), unless ``out`` is already there."""
+    from molrl.collect.loop import run_episodes
+    from molrl.sandbox import SandboxConfig, SandboxPool
+    from molrl.traces.schema import append_trace
+
+    if out.is_file():
+        return out
+    with SandboxPool(SandboxConfig(workers=workers)) as pool:
+        episodes = run_episodes(StyledExpert(), tokenizer, tasks, pool, episode)
+    failed = [ep.task.id for ep in episodes if not ep.success]
+    if failed:
+        raise RuntimeError(f"the expert failed {len(failed)} of {len(episodes)} episodes (first: {failed[0]}); "
+                           "the sandbox did not run the world's functions")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    for ep in episodes:
+        append_trace(tmp, ep.to_trace({"model": "expert"}))
+    os.replace(tmp, out)
+    return out
