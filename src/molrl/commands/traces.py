@@ -1,6 +1,6 @@
 """``molrl traces``: convert, inspect and filter multi-turn traces.
 
-  molrl traces convert --from mint|openai IN OUT [--rejects FILE] [--strict]
+  molrl traces convert --from mint|openai|tora IN OUT [--rejects FILE] [--strict]
   molrl traces stats FILE... --tokenizer PATH
   molrl traces show FILE --tokenizer PATH [--index N] [--html OUT]
   molrl traces filter IN OUT [--success-only] [--min-feedback-turns N] [--kind domain|general]
@@ -21,6 +21,15 @@ from molrl.errors import DataError, MolrlError
 
 log = logging.getLogger("molrl.traces")
 _SHOWN_REJECTS = 10
+CONVERT_FORMATS = """input formats (one JSON object per line):
+  mint    MINT results.jsonl rows {task, state: {history, success, ...}}: later user turns
+          (Observation:, Expert feedback:) become tool messages
+  openai  {"messages": [{role, content}, ...], ...}: roles pass through (--map-role for others)
+  tora    ToRA tool-integrated completions: the ToRA corpus {"messages": [...], "id", "gt"} or
+          ToRA's inference outputs {"idx", "question", "code": [completion, ...], "pred", ...}
+          (one trace per completion); each ```output block's content becomes a tool message
+          and the text and ```python code around it assistant turns
+"""
 
 
 def register(subparsers: Any) -> None:
@@ -29,8 +38,9 @@ def register(subparsers: Any) -> None:
     sub = parser.add_subparsers(dest="traces_command", metavar="SUBCOMMAND")
     parser.set_defaults(func=lambda args: parser.print_help() or 2)
 
-    p = sub.add_parser("convert", help="import MINT or OpenAI-style traces into the molrl format")
-    p.add_argument("--from", dest="fmt", choices=["mint", "openai"], required=True, help="input format")
+    p = sub.add_parser("convert", help="import MINT, OpenAI-style or ToRA traces into the molrl format",
+                       description=CONVERT_FORMATS, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--from", dest="fmt", choices=["mint", "openai", "tora"], required=True, help="input format (see above)")
     p.add_argument("input", type=Path, metavar="IN", help="input .jsonl file or directory of them")
     p.add_argument("output", type=Path, metavar="OUT", help="output file (or directory when IN is one)")
     _add_reject_args(p)
@@ -129,7 +139,7 @@ def _report_rejects(rejects: list, out: Path | None, explicit: Path | None) -> N
 
 
 def run_convert(args: argparse.Namespace) -> int:
-    """Convert MINT/OpenAI files into molrl trace files, reporting every rejected record."""
+    """Convert MINT/OpenAI/ToRA files into molrl trace files, reporting every rejected record."""
     from rich.console import Console
     from rich.table import Table
 

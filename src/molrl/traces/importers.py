@@ -16,6 +16,10 @@ OpenAI-style (``{"messages": [{role, content}, ...], ...}``): roles system/user/
 pass through; other role names are errors unless mapped explicitly (``role_map={"function":
 "tool"}``); extra message keys (``name``, ``tool_call_id``) are errors unless listed in
 ``drop_keys``; other top-level keys go to meta.
+
+ToRA (``microsoft/ToRA`` corpus rows and inference outputs): tool-integrated completions whose
+```` ```output ```` blocks become ``tool`` messages between assistant turns; see
+``molrl.traces.tora``. One inference row holds several completions and gives one trace each.
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ from typing import Any, Iterator
 
 from molrl.chat import ROLES
 from molrl.traces.schema import Reject, Trace, TraceError
+from molrl.traces.tora import tora_record_to_traces
 
-FORMATS = ("mint", "openai")
+FORMATS = ("mint", "openai", "tora")
 _MINT_NAME = re.compile(r"^(?P<model>.+?)_F_(?P<feedback>.+?)__(?P<dataset>[^_].*)$")
 _ASSISTANT_LABEL = re.compile(r"^\s*Assistant:[ \t]*\n?")
 
@@ -41,7 +46,7 @@ class ImportResult:
     path: str
     """The input file."""
     traces: list[tuple[int, Trace]] = field(default_factory=list)
-    """``(line_no, trace)`` for every converted record."""
+    """``(line_no, trace)`` for every converted trace (a ToRA inference row gives several per line)."""
     rejects: list[Reject] = field(default_factory=list)
     """Records that could not be converted, with the reason."""
 
@@ -149,12 +154,21 @@ def import_file(path: str | Path, fmt: str, options: OpenAIOptions | None = None
             result.rejects.append(Reject(str(path), line_no, error, raw))
             continue
         try:
-            trace = mint_record_to_trace(record, info) if fmt == "mint" else openai_record_to_trace(record, options)
+            traces = _convert(record, fmt, info, options)
         except TraceError as err:
             result.rejects.append(Reject(str(path), line_no, str(err), raw))
             continue
-        result.traces.append((line_no, trace))
+        result.traces += [(line_no, trace) for trace in traces]
     return result
+
+
+def _convert(record: Any, fmt: str, mint_info: dict[str, str], options: OpenAIOptions | None) -> list[Trace]:
+    """The traces of one record in format ``fmt``; raises ``TraceError`` saying what is wrong."""
+    if fmt == "mint":
+        return [mint_record_to_trace(record, mint_info)]
+    if fmt == "tora":
+        return tora_record_to_traces(record)
+    return [openai_record_to_trace(record, options)]
 
 
 def _json_lines(path: str | Path) -> Iterator[tuple[int, str, Any, str | None]]:
