@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from molrl.eval.grading import same_answer
 from molrl.graders.math import extract_answer, grade_math
 from molrl.rewards import MathReward
 from molrl.tasks import Task, load_tasks
@@ -197,3 +198,10 @@ def test_a_grader_exception_fails_only_its_row(monkeypatch):
     scores = reward(None, ["\\boxed{4}", "\\boxed{BOOM}", "\\boxed{4}"], task_json=[t.to_json() for t in tasks])
     assert scores == [1.0, 0.0, 1.0]
     assert reward.last_grades[1].stage == "grader_error" and "RecursionError" in reward.last_grades[1].details["error"]
+
+
+def test_a_nested_gold_answer_is_not_parsed():
+    # majority voting grades one sample's extracted answer as the gold answer of another
+    grade = grade_math("\\boxed{1}", "(" * 400 + "1" + ")" * 400)
+    assert grade.stage == "grader_error" and grade.details["error"].startswith("gold answer: answer nests brackets")
+    assert same_answer("1", "(" * 400 + "1" + ")" * 400) is False
