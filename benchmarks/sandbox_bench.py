@@ -23,7 +23,7 @@ from molrl.graders.code import CodeRewardConfig
 from molrl.rewards import CodeReward
 from molrl.sandbox import SandboxConfig, SandboxPool
 from molrl.sandbox.backend import THREAD_ENV, bwrap_command
-from molrl.sandbox.runtime.worker import descendants
+from molrl.sandbox.runtime.cleanup import descendants
 from molrl.tasks import Task, TestCase
 
 SNIPPETS = {

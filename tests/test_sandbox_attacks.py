@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from molrl.sandbox import SandboxConfig, SandboxPool
+from molrl.sandbox import ExecJob, SandboxConfig, SandboxPool
 from molrl.tasks import Task, TestCase
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the full containment suite needs root (distinct uids)")
@@ -73,8 +73,8 @@ def test_setsid_grandchild_does_not_outlive_its_task(pool, uids):
         "    os._exit(0)\n"
         "print('parent done')\n"
     )
-    result = pool.run(code)
-    assert result.status == "ok" and result.duration_s < 2.0
+    result = pool.run(code, timeout_s=30)
+    assert result.status == "ok" and result.duration_s < 10  # not held to the deadline by the grandchild
     assert result.info["stray_processes"] >= 1
     assert live_processes(uids) == []
 
@@ -138,7 +138,7 @@ def test_etc_passwd_is_not_readable(pool):
 
 def test_another_tasks_files_are_invisible(pool):
     secret = uuid.uuid4().hex
-    writer = f"import time\nopen('secret.txt', 'w').write('{secret}')\ntime.sleep(1.5)\n"
+    writer = f"import time\nopen('secret.txt', 'w').write('{secret}')\ntime.sleep(5)\n"  # alive through the walk
     reader = (
         "import os, time\ntime.sleep(0.3)\nfound = []\n"
         "for root, dirs, files in os.walk('/', onerror=lambda e: None):\n"
@@ -152,7 +152,8 @@ def test_another_tasks_files_are_invisible(pool):
         "            pass\n"
         "print(found)\n"
     )
-    results = pool.run_many([writer, reader])
+    # the reader walks the whole filesystem: a generous deadline, as speed is not the point here
+    results = pool.run_many([ExecJob(writer, timeout_s=60), ExecJob(reader, timeout_s=60)])
     assert results[1].status == "ok" and results[1].stdout.strip() == "[]"
     # the same slot's next task starts from an empty work dir
     later = pool.run_many(["import os\nprint(sorted(os.listdir('.')))"] * 2)
@@ -179,7 +180,7 @@ def test_sockets_to_localhost_fail(pool):
 def test_kill_minus_one_spares_the_host_and_the_concurrent_task(pool):
     slow = "import time\ntime.sleep(1.0)\nprint('survived')\n"
     killer = "import os, signal, time\ntime.sleep(0.2)\nos.kill(-1, signal.SIGKILL)\n"
-    results = pool.run_many([slow, killer])
+    results = pool.run_many([ExecJob(slow, timeout_s=30), killer])
     assert (results[0].status, results[0].stdout) == ("ok", "survived\n")
     assert results[1].status == "ok"  # kill(-1) reaches only its own uid's processes: itself excluded
 

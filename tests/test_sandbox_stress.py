@@ -40,7 +40,7 @@ def run_stress(n: int, backend: str = "auto") -> None:
         assert live_processes(uids) == []
         assert [slot.proc.pid for slot in pool.backend.slots] == pids
         assert sum(slot.restarts for slot in pool.backend.slots) == 0
-        assert max(r.info["reap_ms"] for r in results if r.status == "timeout") < 200
+        assert max(r.info["reap_ms"] for r in results if r.status == "timeout") < 1000  # margin for a loaded machine
         cgroups = [slot.cgroup.path for slot in pool.backend.slots if slot.cgroup.path is not None]
     assert not any(path.exists() for path in cgroups)
     leaked = {name for name in set(os.listdir(tempfile.gettempdir())) - tmp_before if name.startswith("molrl-")}

@@ -9,13 +9,14 @@ implementing ``execute`` and ``close``.
 
 from __future__ import annotations
 
-import itertools
+import fcntl
 import logging
 import os
 import queue
 import shutil
 import subprocess
 import sys
+import tempfile
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -118,13 +119,37 @@ def _world_readable(path: str) -> bool:
 
 MAX_SLOTS = 64
 """Worker slots per pool (each uses two uids from the pool's block of 128)."""
-_pools_started = itertools.count()
+UID_BASE, UID_BLOCK = 1_000_000, 128
+UID_BLOCKS = (2**32 - 2 - UID_BASE) // UID_BLOCK
+"""Blocks of slot uids between UID_BASE and the largest uid."""
 
 
-def _uid_base() -> int:
-    """First uid of a block of 128 owned by this pool: distinct per process and per pool within it,
-    so no two live pools on the host share a slot uid (kills and RLIMIT_NPROC go by uid)."""
-    return 1_000_000 + ((os.getpid() % 1_000_000) * 8 + next(_pools_started) % 8) * 128
+def _registry_dir() -> Path:
+    """Where pools on this host record the uid blocks they hold (one locked file per block)."""
+    run_lock = Path("/run/lock")
+    base = run_lock if os.access(run_lock, os.W_OK) else Path(tempfile.gettempdir())
+    path = base / "molrl-uid-blocks"
+    path.mkdir(mode=0o755, exist_ok=True)
+    return path
+
+
+def claim_uid_block() -> tuple[int, int]:
+    """(first uid of a block of 128 no other live pool on the host holds, the fd that holds it).
+
+    A block is held by an exclusive ``flock`` on its file for as long as the fd stays open, so
+    every pool, in this process or another, gets its own uids (kills and RLIMIT_NPROC go by uid)
+    and memory cgroups (named by uid); a pool that dies releases its block with its fds.
+    """
+    registry = _registry_dir()
+    for block in range(UID_BLOCKS):
+        fd = os.open(registry / f"{block}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return UID_BASE + block * UID_BLOCK, fd
+    raise RuntimeError(f"every uid block in {registry} is held")
 
 
 def _start_slots(cfg: SandboxConfig, backend: str, base: int, n: int) -> list[WorkerSlot]:
@@ -161,8 +186,12 @@ class LocalBackend(Backend):
         if os.geteuid() != 0:
             log.warning("sandbox: not root, so tasks run under your own uid: a task can signal your "
                         "other processes of that uid and RLIMIT_NPROC counts them too")
-        base = _uid_base()
-        self.slots = _start_slots(cfg, self.name, base, n)
+        base, self._uid_block = claim_uid_block()
+        try:
+            self.slots = _start_slots(cfg, self.name, base, n)
+        except BaseException:
+            os.close(self._uid_block)
+            raise
         if not self.slots[0].info.get("slot_memory_cap"):
             log.warning("sandbox: no writable memory cgroup; a task's processes together may use up to "
                         "max_processes x memory_mb (%d MiB)", cfg.max_processes * cfg.memory_mb)
@@ -190,3 +219,6 @@ class LocalBackend(Backend):
         self.executor.shutdown(wait=True)
         for slot in self.slots:
             slot.close()
+        if self._uid_block >= 0:
+            os.close(self._uid_block)  # the block's uids are free again
+            self._uid_block = -1

@@ -108,6 +108,7 @@ class SandboxPool:
         """Decide every test's verdict from the raw outcomes (here, outside the sandbox)."""
         outcomes: dict[int, TestOutcome] = {}
         for out, indices in pieces:
+            _log_unreadable(task.id, out)
             calls = {e["i"]: e for e in out.get("events", []) if e.get("e") == "call" and isinstance(e.get("i"), int)}
             verdicts = {e["i"]: e for e in out.get("verdicts", []) if e.get("e") == "verdict" and isinstance(e.get("i"), int)}
             judge_error = next((e for e in out.get("verdicts", []) if e.get("e") == "judge_error"), None)
@@ -204,9 +205,24 @@ def _small(out: dict) -> bool:
 
 
 def _missing(out: dict) -> str:
-    """Why a test has no result: the run's status and its last error line."""
+    """Why a test has no result: the run's status and its last error line, or its unreadable records."""
     status = out.get("status", "sandbox_error")
     for event in out.get("events", []):
         if event.get("e") in ("load_error", "setup_error", "exit"):
             return f"no result ({status}; {event.get('error') or 'exit ' + str(event.get('code'))})"
+    bad = _unreadable(out)
+    if bad:
+        return f"no result ({status}; unreadable record: {bad[0]})"
     return f"no result ({status}{': ' + out['error'] if out.get('error') else ''})"
+
+
+def _unreadable(out: dict) -> list[str]:
+    """What was wrong with each result record the sandbox could not read."""
+    return [f"record {e.get('record')}: {e.get('error')}" for e in out.get("events", []) if e.get("e") == "unreadable"]
+
+
+def _log_unreadable(task_id: str, out: dict) -> None:
+    bad = _unreadable(out)
+    if bad:
+        log.warning("sandbox: task %s: %d unreadable record(s) on the result pipe, their rows fail: %s",
+                    task_id, len(bad), "; ".join(bad)[:500])

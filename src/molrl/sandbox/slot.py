@@ -22,7 +22,7 @@ import time
 
 from molrl.sandbox.cgroup import SlotCgroup
 from molrl.sandbox.runtime import task as wire
-from molrl.sandbox.runtime.worker import descendants
+from molrl.sandbox.runtime.cleanup import descendants
 from molrl.sandbox.types import SandboxConfig
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ class WorkerSlot:
             return None
         try:
             return wire.read_msg(fd)
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return None
 
     def _stderr(self) -> str:
@@ -144,10 +144,16 @@ class WorkerSlot:
         out = self._read(time.monotonic() + float(job["timeout_s"]) + self.cfg.worker_grace_s)
         if out is None:
             return self._replace(f"worker {self.index} hung or died ({self._stderr() or 'no message'})")
-        if self.cgroup.oom_kills() > ooms and out.get("status") == "runtime_error":
-            out["status"] = "memory_limit"  # the slot's cgroup cap, not the task's own rlimit
+        if self.cgroup.oom_kills() > ooms and out.get("status") in ("ok", "runtime_error"):
+            out["status"] = "memory_limit"  # the slot's cgroup cap killed one of the job's processes
         if judge:
             out["verdicts"] = self._verdicts()
+        if out.get("cleanup_error") or out.get("replace"):  # this outcome stands; the next job gets a fresh worker
+            try:
+                self._restart(f"worker {self.index} could not clean up after a job: "
+                              f"{out.get('cleanup_error') or out.get('error')}")
+            except Exception as err:  # noqa: BLE001 - later jobs on this slot fail as sandbox_error
+                log.error("sandbox: worker %d could not be restarted: %s", self.index, err)
         return out
 
     def _verdicts(self) -> list[dict]:
@@ -156,18 +162,22 @@ class WorkerSlot:
         for line in _drain(self.verdicts_r).split(b"\n"):
             try:
                 record = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if isinstance(record, dict) and record.get("seq") == self.seq:
                 records.append(record)
         return records
 
     def _replace(self, reason: str) -> dict:
+        self._restart(reason)
+        return {"status": "sandbox_error", "error": reason}
+
+    def _restart(self, reason: str) -> None:
+        """Replace the worker: a fresh sandbox (processes, /tmp, IPC namespace) for the next job."""
         log.warning("sandbox: %s; restarting it", reason)
         self.restarts += 1
         self.stop(graceful=False)
         self.start()
-        return {"status": "sandbox_error", "error": reason}
 
     def stop(self, graceful: bool = True) -> None:
         """Stop the worker (end of input, then SIGKILL if it lingers) and close the pipes."""

@@ -17,6 +17,10 @@ MAX_DEPTH = 64
 """Nesting beyond this is encoded as opaque (the caller never recurses without bound)."""
 MAX_ITEMS = 200_000
 """Total number of encoded nodes per value; larger values are encoded as opaque."""
+MAX_COLLIDING_PAIRS = 100_000
+"""Pairs of items with equal hashes that one decoded set or dict may hold: building it costs a
+comparison per pair, so a value made to collide (multiples of 2**61 - 1 all hash to 0) would
+take quadratic time in the caller. Beyond this the value is refused as malformed."""
 
 _DICT_TYPES = (dict, OrderedDict, defaultdict, Counter)
 _BUILTIN_TYPES = {t.__name__: t for t in (int, float, complex, str, bytes, bool, list, tuple, dict, set, frozenset, object)}
@@ -131,14 +135,29 @@ def decode(data: Any, _depth: int = 0) -> Any:
         return bytes.fromhex(v)
     if tag in ("list", "tuple", "set", "frozenset") and isinstance(v, list):
         items = [decode(item, _depth + 1) for item in v]
+        if tag in ("set", "frozenset"):
+            _check_hashes(items, tag)
         return {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}[tag](items)
     if tag == "dict" and isinstance(v, list):
-        return {decode(k, _depth + 1): decode(val, _depth + 1) for k, val in v}
+        pairs = [(decode(k, _depth + 1), decode(val, _depth + 1)) for k, val in v]
+        _check_hashes([k for k, _ in pairs], "dict")
+        return dict(pairs)
     if tag == "type" and v in _BUILTIN_TYPES:
         return _BUILTIN_TYPES[v]
     if tag == "opaque":
         return Opaque(str(data.get("type", "?")), str(data.get("repr", ""))[:200])
     raise ValueError(f"malformed encoded value with tag {tag!r}")
+
+
+def _check_hashes(items: list, kind: str) -> None:
+    """Refuse items whose equal hashes would make building a set or dict of them quadratic."""
+    if len(items) < 2:
+        return
+    groups = Counter(map(hash, items))  # hash values are ints that hash to themselves: no collisions here
+    pairs = sum(n * (n - 1) // 2 for n in groups.values() if n > 1)
+    if pairs > MAX_COLLIDING_PAIRS:
+        raise ValueError(f"{kind} of {len(items)} items with {len(items) - len(groups)} hash collisions "
+                         f"({pairs} colliding pairs, at most {MAX_COLLIDING_PAIRS} accepted)")
 
 
 def is_nan(value: Any) -> bool:

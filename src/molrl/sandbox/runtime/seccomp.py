@@ -2,7 +2,10 @@
 
 Denied calls fail with EPERM rather than killing the process, so ordinary Python code sees a clean
 ``PermissionError``. Denied: creating sockets (network and local), tracing other processes,
-mounting and namespaces, changing uid/gid, loading kernel code, and a few host-wide controls.
+mounting and namespaces, changing uid/gid, loading kernel code, POSIX message queues, and a few
+host-wide controls. ``clone3`` fails with ENOSYS instead, so libc falls back to plain ``clone``,
+whose flags (unlike clone3's, passed in memory) the filter can inspect: threads and
+``posix_spawn`` work, new namespaces do not.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ DENIED_SYSCALLS = (
     # other processes' memory and tracing
     "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd",
     # mounts and namespaces
-    "mount", "umount2", "pivot_root", "chroot", "unshare", "setns", "clone3",
+    "mount", "umount2", "pivot_root", "chroot", "unshare", "setns",
     "fsopen", "fsmount", "fsconfig", "move_mount", "open_tree", "mount_setattr",
     "open_by_handle_at", "name_to_handle_at",
     # kernel and host-wide state
@@ -27,9 +30,15 @@ DENIED_SYSCALLS = (
     "swapoff", "acct", "quotactl", "syslog", "iopl", "ioperm", "sethostname", "setdomainname",
     "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "personality", "lookup_dcookie",
     "io_uring_setup", "io_uring_enter", "io_uring_register",
+    # POSIX message queues outlive their task and cannot be listed to be cleaned up
+    "mq_open",
 )
-"""Syscalls that fail with EPERM in the worker and every task (clone3 fails so libc falls back to
-plain clone). The worker never needs them, so it installs this filter once and every fork inherits it."""
+"""Syscalls that fail with EPERM in the worker and every task. The worker never needs them, so it
+installs this filter once and every fork inherits it."""
+
+UNIMPLEMENTED_SYSCALLS = ("clone3",)
+"""Syscalls that fail with ENOSYS along with the deny-list: libc then falls back to an older call
+the filter can inspect (clone3 -> clone)."""
 
 IDENTITY_SYSCALLS = (
     "setuid", "setgid", "setreuid", "setregid", "setresuid", "setresgid", "setgroups",
@@ -72,14 +81,18 @@ class _SockFprog(ctypes.Structure):
 
 
 def _rules(lib, ctx, names: tuple[str, ...], clone_namespaces: bool) -> int:
-    """Add EPERM rules for ``names`` (and namespace-creating clone) to a libseccomp context."""
+    """Add EPERM rules for ``names`` (and, with ``clone_namespaces``, for namespace-creating clone
+    and ENOSYS for clone3) to a libseccomp context."""
     eperm = _SCMP_ACT_ERRNO | errno.EPERM
+    actions = [(name, eperm) for name in names]
+    if clone_namespaces:
+        actions += [(name, _SCMP_ACT_ERRNO | errno.ENOSYS) for name in UNIMPLEMENTED_SYSCALLS]
     rules = 0
-    for name in names:
+    for name, action in actions:
         number = lib.seccomp_syscall_resolve_name(name.encode())
         if number < 0:  # not on this architecture
             continue
-        if lib.seccomp_rule_add(ctx, eperm, number, 0) != 0:
+        if lib.seccomp_rule_add(ctx, action, number, 0) != 0:
             raise OSError(f"seccomp rule for {name} failed")
         rules += 1
     if not clone_namespaces:

@@ -14,8 +14,8 @@ import gc
 import json
 import os
 import select
-import shutil
 import signal
+import stat
 import sys
 import time
 
@@ -23,13 +23,25 @@ if __package__ in (None, ""):  # run as a script inside the sandbox
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     __package__ = "runtime"
 
-from . import seccomp, task  # noqa: E402
+from . import codec, seccomp, task  # noqa: E402
+from .cleanup import kill_all, reap, remove_ipc, remove_tree, scan_proc  # noqa: E402
 
+_libc = ctypes.CDLL(None, use_errno=True)
+
+PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+END_OF_JOBS_EXIT = 3
+"""Exit code of a job server that found the pool's pipe closed instead of a job."""
 
 
 def main() -> None:
-    """Serve jobs from the pool until it closes the pipe."""
+    """Serve jobs from the pool until it closes the pipe, each from a fresh fork of this process.
+
+    This process never reads a job, a result or any output: each job is read, run and reported
+    by a *job server* forked from it for that job alone, which exits when the job is done. So the
+    task process (forked from the job server) starts from memory that never held another job's
+    code, arguments, output or results, live or freed.
+    """
     slot = json.loads(sys.argv[1])
     proto_in, proto_out = os.dup(0), os.dup(1)
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -49,23 +61,48 @@ def main() -> None:
         program = seccomp.compile_filter(lib, seccomp.IDENTITY_SYSCALLS, clone_namespaces=False)
     is_root = os.geteuid() == 0
     # without a uid of its own, RLIMIT_NPROC counts all the user's processes: allow for those
-    nproc_base = 0 if is_root else len(_scan_proc((os.getuid(),), -1)) + 64
+    nproc_base = 0 if is_root else len(scan_proc((os.getuid(),), -1)) + 64
     os.makedirs(slot["root"], exist_ok=True)
-    ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     gc.freeze()  # keep the preloaded heap shared with every forked task (no GC writes to it)
     task.write_msg(proto_out, {"ready": True, "pid": os.getpid(), "seccomp": program is not None, "root": is_root})
+    uids = (slot["uid"], slot["judge_uid"]) if is_root else (None, None)
     while True:
+        server = os.fork()
+        if server == 0:
+            _serve_one(proto_in, proto_out, slot, program, is_root, nproc_base)
+        status = os.waitpid(server, 0)[1]
+        code = os.waitstatus_to_exitcode(status)
+        if code == 0:
+            continue
+        if code != END_OF_JOBS_EXIT:  # it died before reporting: clear up, report, and be replaced
+            kill_all([], uids, bool(slot.get("pid_namespace")))
+            task.write_msg(proto_out, {"status": "sandbox_error", "replace": True,
+                                       "error": f"worker: job server ended with exit code {code}"})
+        return
+
+
+def _serve_one(proto_in: int, proto_out: int, slot: dict, program: bytes | None, is_root: bool,
+               nproc_base: int) -> None:
+    """In a fresh fork of the worker: read one job, run it, report its outcome, exit. Never returns."""
+    code = 1
+    try:
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # never outlive the worker
+        _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # the job's orphans re-parent here
         job = task.read_msg(proto_in)
         if job is None:
-            return
+            os._exit(END_OF_JOBS_EXIT)
         job["received_at"] = time.monotonic()
         if job.get("max_processes"):
             job["max_processes"] = int(job["max_processes"]) + nproc_base
         try:
             result = run_job(job, slot, program, is_root)
-        except Exception as err:  # noqa: BLE001 - report, never die silently
-            result = {"status": "sandbox_error", "error": f"worker: {type(err).__name__}: {err}"}
+        except Exception as err:  # noqa: BLE001 - report, never die silently; the pool replaces us
+            result = {"status": "sandbox_error", "replace": True, "error": f"worker: {type(err).__name__}: {err}"}
         task.write_msg(proto_out, result)
+        code = 0
+    finally:
+        os._exit(code)
 
 
 def run_job(job: dict, slot: dict, program: bytes | None, is_root: bool) -> dict:
@@ -103,8 +140,8 @@ def run_job(job: dict, slot: dict, program: bytes | None, is_root: bool) -> dict
     events = bytearray()
     statuses, timed_out = _wait(pids, {result_r: events}, deadline, int(job["max_result_kb"]) << 10)
     killed_at = time.monotonic()
-    stray = _kill_all(pids, uids, bool(slot.get("pid_namespace")))
-    for pid_, status in _reap(pids).items():
+    stray = kill_all(pids, uids, bool(slot.get("pid_namespace")))
+    for pid_, status in reap(pids).items():
         statuses.setdefault(pid_, status)
     reap_ms = (time.monotonic() - killed_at) * 1000
     os.close(result_r)
@@ -115,14 +152,18 @@ def run_job(job: dict, slot: dict, program: bytes | None, is_root: bool) -> dict
     start_event = next((e for e in out["events"] if e.get("e") == "started"), {})
     if isinstance(start_event.get("t"), float):  # job received -> model code about to run
         out["start_ms"] = round((start_event["t"] - job["received_at"]) * 1000, 3)
-    _remove(io["work"])
+    left = _clean_up(io, uids)
+    if left:  # the pool replaces a worker that cannot clean up; this job's outcome stands
+        out["cleanup_error"] = "; ".join(left)
     return out
 
 
 def _prepare_dirs(job: dict, slot: dict, is_root: bool) -> dict:
     root = slot["root"]
     work = os.path.join(root, "work")
-    _remove(work)
+    left = remove_tree(work)
+    if left:
+        raise OSError(f"cannot remove the last job's work dir {left}")
     os.mkdir(work, 0o700)
     if is_root:
         os.chown(work, slot["uid"], slot["uid"])
@@ -137,14 +178,19 @@ def _prepare_dirs(job: dict, slot: dict, is_root: bool) -> dict:
     return dict(paths, work=work)
 
 
-def _remove(path: str) -> None:
-    """Remove a work directory (usually empty, so try the one-syscall way first)."""
-    try:
-        os.rmdir(path)
-    except FileNotFoundError:
-        pass
-    except OSError:
-        shutil.rmtree(path, ignore_errors=True)
+def _clean_up(io: dict, uids: tuple) -> list[str]:
+    """Remove the job's files and SysV IPC objects (its processes are gone); what could not be."""
+    left = [f"IPC {error}" for error in remove_ipc(uids)]
+    for name in ("stdin", "stdout", "stderr"):
+        if io[name] != os.devnull:
+            try:
+                os.unlink(io[name])
+            except FileNotFoundError:
+                pass
+            except OSError as err:
+                left.append(f"{io[name]}: {err.strerror}")
+    work = remove_tree(io["work"])
+    return left + ([f"work dir {work}"] if work else [])
 
 
 def _child(body, job: dict, uid: int | None, program: bytes | None, keep: set[int], io: dict) -> None:
@@ -211,128 +257,6 @@ def _drain(fd: int, buf: bytearray, cap: int, open_readers: set[int], once: bool
             buf += chunk[: cap - len(buf)]
 
 
-def _task_processes(uids: tuple, own_pid: int, full_scan: bool) -> list[int]:
-    """Every live process that belongs to the job: a descendant of this worker (orphans re-parent
-    to it, a subreaper) or, inside a pid namespace where the scan is cheap, any process of its uids."""
-    found = descendants(own_pid)
-    if found is None or full_scan:
-        found = set(found or ()) | set(_scan_proc(uids, own_pid))
-    return sorted(found)
-
-
-def descendants(own_pid: int) -> set[int] | None:
-    """Live descendants from /proc/PID/task/TID/children, or None where the kernel lacks that file."""
-    found: set[int] = set()
-    todo = [own_pid]
-    while todo:
-        pid = todo.pop()
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
-                    kids = [int(k) for k in fh.read().split()]
-            except FileNotFoundError:
-                if pid == own_pid:
-                    return None
-                kids = []
-            except OSError:
-                kids = []
-            fresh = [k for k in kids if k not in found and not _is_zombie(k)]
-            found.update(fresh)
-            todo.extend(fresh)
-    return found
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] == b"Z"
-    except OSError:
-        return True
-
-
-def _scan_proc(uids: tuple, own_pid: int) -> list[int]:
-    """Every live process under the job's uids, from a full /proc scan."""
-    wanted = {uid for uid in uids if uid is not None}
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == own_pid or not wanted:
-            continue
-        try:
-            with open(f"/proc/{entry}/status", "rb") as fh:
-                fields = dict(line.split(b":", 1) for line in fh if b":" in line)
-        except OSError:
-            continue
-        if fields[b"State"].split()[0] != b"Z" and int(fields[b"Uid"].split()[0]) in wanted:
-            found.append(int(entry))
-    return found
-
-
-def _kill_all(pids: list[int], uids: tuple, full_scan: bool) -> int:
-    """SIGKILL the job's process groups and every remaining job process; how many strays there were."""
-    for pid in pids:
-        for kill in (os.killpg, os.kill):
-            try:
-                kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-    own = os.getpid()
-    strays: set[int] = set()
-    for attempt in range(10_000):
-        found = [p for p in _task_processes(uids, own, full_scan) if p not in pids]
-        if not found:
-            break
-        strays.update(found)
-        if attempt % 50 == 0:  # again now and then: kill(-1) as the uid catches whatever forked since
-            for uid in uids:
-                if uid is not None:
-                    _kill_uid(uid)
-        for p in found:
-            try:
-                os.kill(p, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        _reap([])
-        time.sleep(0.001)
-    return len(strays)
-
-
-def _kill_uid(uid: int) -> None:
-    """kill(-1, SIGKILL) as ``uid``: the kernel signals all its processes in one pass, so a fork
-    bomb cannot outrun it (a fork with a fatal signal pending fails)."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setgid(uid)
-            os.setuid(uid)
-            os.kill(-1, signal.SIGKILL)
-        finally:
-            os._exit(0)
-    os.waitpid(pid, 0)
-
-
-def _reap(pids: list[int]) -> dict[int, int]:
-    """Reap the job's processes (blocking: they were killed) and any exited orphan."""
-    statuses = {}
-    for pid in pids:
-        try:
-            _, status = os.waitpid(pid, 0)
-            statuses[pid] = status
-        except ChildProcessError:
-            pass
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            break
-        if pid == 0:
-            break
-    return statuses
-
-
 def _read_head(path: str, limit: int) -> tuple[str, int]:
     try:
         with open(path, "rb") as fh:
@@ -343,16 +267,59 @@ def _read_head(path: str, limit: int) -> tuple[str, int]:
     return head.decode("utf-8", errors="replace"), size
 
 
+MAX_RECORD_DEPTH = 3 * (codec.MAX_DEPTH + 2) + 2
+"""Deepest JSON nesting of a result record: an encoded value nests at most three JSON levels per
+level of the value (a dict's pairs), plus the record around it. Deeper records are unreadable, so
+the outcome that carries them can always be parsed again in the pool."""
+MAX_UNREADABLE = 10
+"""Unreadable records described one by one in an outcome; the rest are only counted."""
+
+
 def _events(raw: bytearray) -> list[dict]:
-    events = []
-    for line in bytes(raw).split(b"\n"):
+    """The task's result records; each line that is not one becomes an ``unreadable`` record.
+
+    A malformed record (bad JSON, nested too deep, not an object) costs only itself: the rows it
+    would have answered have no result, and every other record stands.
+    """
+    events, unreadable = [], 0
+    for number, line in enumerate(bytes(raw).split(b"\n")):
+        if not line:
+            continue
+        why = None
         try:
             record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
+        except RecursionError:
+            why = "JSON nested too deeply to parse"
+        except ValueError as err:
+            why = f"not JSON ({str(err)[:100]})"
+        else:
+            if not isinstance(record, dict):
+                why = f"a JSON {type(record).__name__}, not an object"
+            elif _nested_deeper(record, MAX_RECORD_DEPTH):
+                why = f"nested deeper than {MAX_RECORD_DEPTH} levels"
+        if why is None:
             events.append(record)
+            continue
+        unreadable += 1
+        if unreadable <= MAX_UNREADABLE:
+            events.append({"e": "unreadable", "record": number, "bytes": len(line), "error": why})
+    if unreadable > MAX_UNREADABLE:
+        events.append({"e": "unreadable", "record": None, "error": f"{unreadable - MAX_UNREADABLE} more"})
     return events
+
+
+def _nested_deeper(value, limit: int) -> bool:
+    """Whether JSON data nests deeper than ``limit`` (without recursion)."""
+    todo = [(value, 1)]
+    while todo:
+        value, depth = todo.pop()
+        if depth > limit:
+            return True
+        if type(value) is dict:
+            todo += [(item, depth + 1) for item in value.values()]
+        elif type(value) is list:
+            todo += [(item, depth + 1) for item in value]
+    return False
 
 
 def _report(job, io, status, events_raw, timed_out, started) -> dict:
