@@ -205,3 +205,12 @@ def test_a_nested_gold_answer_is_not_parsed():
     grade = grade_math("\\boxed{1}", "(" * 400 + "1" + ")" * 400)
     assert grade.stage == "grader_error" and grade.details["error"].startswith("gold answer: answer nests brackets")
     assert same_answer("1", "(" * 400 + "1" + ")" * 400) is False
+
+
+@pytest.mark.parametrize("text", ["<solution>x " * 20_000, "The answer is " * 20_000, "\\boxed{" * 20_000])
+def test_unclosed_markers_are_read_in_linear_time(text):
+    # a lazy <solution>(.*?)</solution> search rescans the rest of the text from every open tag:
+    # about a minute for these 20,000 tags, against milliseconds for one scan
+    start = time.monotonic()
+    grade_math(text, "1")
+    assert time.monotonic() - start < 30

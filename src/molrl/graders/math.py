@@ -48,7 +48,6 @@ TIMEOUT_S = 5
 
 _ANSWER_IS = re.compile(r"(?:final answer|the answer)\s*(?:is|:)\s*:?\s*", re.I)
 _SENTENCE_END = re.compile(r"\.\s")
-_SOLUTION = re.compile(r"<solution>(.*?)</solution>", re.S)
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BOX_SEPARATOR = re.compile(
     r"(?:\s|\$|\\[,;:!]|\\q?quad\b|,|;|\band\b|\bor\b|\\text\s*+\{\s*+(?:and|or|,)?\s*+\}|(?<![A-Za-z])[A-Za-z]\s*=)*")
@@ -101,6 +100,14 @@ def _is_sentence(clause: str) -> bool:
     return _PROSE_WORD.search(_MATH_MARKUP.sub(" ", clause)) is not None
 
 
+def _last_solution(text: str) -> str | None:
+    """The content of the last closed ``<solution>...</solution>`` block (found in linear time)."""
+    end = text.rfind("</solution>")
+    start = text.rfind("<solution>", 0, end) if end >= 0 else -1
+    content = text[start + len("<solution>"): end].strip() if start >= 0 else ""
+    return content or None
+
+
 def _clause(text: str, start: int) -> tuple[str, int]:
     """The clause from ``start`` to the end of its sentence or line, stripped, and where it ends."""
     end = text.find("\n", start)
@@ -147,9 +154,9 @@ def extract_answer(text: str) -> str | None:
     boxed = _final_boxed(text)
     if boxed:
         return boxed
-    blocks = _SOLUTION.findall(text)
-    if blocks and blocks[-1].strip():
-        return blocks[-1].strip()
+    solution = _last_solution(text)
+    if solution:
+        return solution
     # the last anchor, so "Final Answer: The final answer is $X$" reads from the second one
     for anchor in reversed(list(_ANSWER_IS.finditer(text))):
         answer, end = _clause(text, anchor.end())
