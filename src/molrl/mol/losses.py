@@ -266,7 +266,8 @@ def _chunk_terms(
     With p = softmax(z/T), q = softmax(z_base/T):
       reverse KL = sum p (log p - log q);  dKL/dz = p * (log p - log q - KL) / T
       forward KL = sum q (log q - log p);  dKL/dz = (p - q) / T
-    Works in place so that at most four [C, V] tensors are alive at once.
+    Works in place so that at most four [C, V] tensors are alive at once; the KL's row sums reuse
+    the log-ratio's buffer for the product, so they add no [C, V] tensor either.
     """
     at_t1 = temperature == 1.0
     logits_t = logits / temperature if base_logits is not None and not at_t1 else None  # [C, V]
@@ -282,15 +283,14 @@ def _chunk_terms(
     scale = (kl_coef / temperature)[:, None]  # [C, 1]
     if direction == "reverse":
         ratio = torch.sub(logp_t, logq_t, out=logq_t)  # [C, V] log p_t - log q_t
-        p_t = p if at_t1 else logp_t.exp_()
-        kl = _rowdot(p_t, ratio)  # [C]
-        if at_t1:  # d = p * (ce_coef + scale * (ratio - kl)), one buffer
-            d_logits = ratio.mul_(scale).add_(coef - scale * kl[:, None]).mul_(p)
-        else:
-            d_logits = p.mul_(coef).add_(ratio.sub_(kl[:, None]).mul_(scale).mul_(p_t))
+        p_t = p if at_t1 else logp_t.exp_()  # [C, V]
+        weighted = ratio.mul_(p_t)  # [C, V] p_t * (log p_t - log q_t), in the ratio's buffer
+        kl = _row_sum(weighted)  # [C]
+        # d = p * ce_coef + scale * p_t * (ratio - kl), built in the same buffer
+        d_logits = weighted.addcmul_(p_t, kl[:, None], value=-1.0).mul_(scale).addcmul_(p, coef)
     else:
         q_t = logq_t.exp()  # [C, V]
-        kl = _rowdot(q_t, torch.sub(logq_t, logp_t, out=logq_t))  # [C]
+        kl = _row_sum(torch.sub(logq_t, logp_t, out=logq_t).mul_(q_t))  # [C] sum q_t (log q_t - log p_t)
         if at_t1:  # d = ce_coef * p + scale * (p - q)
             d_logits = p.mul_(coef + scale).sub_(q_t.mul_(scale))
         else:
@@ -303,9 +303,14 @@ def _log_softmax_(x: torch.Tensor) -> torch.Tensor:
     return x.sub_(torch.logsumexp(x, dim=-1, keepdim=True))
 
 
-def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """sum_v a[c, v] * b[c, v] -> [C], without a [C, V] product tensor."""
-    return torch.bmm(a[:, None, :], b[:, :, None]).view(-1)
+def _row_sum(x: torch.Tensor) -> torch.Tensor:
+    """sum_v x[c, v] -> [C] in float32 by torch's tree reduction.
+
+    Not a ``bmm`` row dot product: at a real vocabulary (V = 151,936) the matrix-multiply kernel
+    accumulates sequentially, which puts a relative error of ~1e-4 on the KL and its gradient
+    (and TF32 matmuls on GPU would make it far worse); the reduction stays near 1e-7.
+    """
+    return x.sum(dim=-1)
 
 
 def mean_or_nan(total: float, count: float) -> float:
