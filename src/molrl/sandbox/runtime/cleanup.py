@@ -75,17 +75,18 @@ def scan_proc(uids: tuple, own_pid: int) -> list[int]:
     return found
 
 
-def _task_processes(uids: tuple, own_pid: int, full_scan: bool) -> list[int]:
-    """Every live process that belongs to the job: a descendant of this process or, with
-    ``full_scan``, any process of its uids."""
-    found = descendants(own_pid)
+def _task_processes(uids: tuple, root: int, full_scan: bool) -> list[int]:
+    """Every live process that belongs to the job: a descendant of ``root`` or, with ``full_scan``,
+    any process of its uids."""
+    found = descendants(root)
     if found is None or full_scan:
-        found = set(found or ()) | set(scan_proc(uids, own_pid))
+        found = set(found or ()) | set(scan_proc(uids, root))
     return sorted(found)
 
 
-def kill_all(pids: list[int], uids: tuple, full_scan: bool) -> int:
-    """SIGKILL the job's process groups and every remaining job process; how many strays there were."""
+def kill_all(pids: list[int], uids: tuple, full_scan: bool, root: int | None = None) -> int:
+    """SIGKILL the job's process groups and every remaining job process (below ``root``, default this
+    process, or with ``full_scan`` under the job's uids); how many strays there were."""
     for pid in pids:
         for kill in (os.killpg, os.kill):
             try:
@@ -95,7 +96,7 @@ def kill_all(pids: list[int], uids: tuple, full_scan: bool) -> int:
     own = os.getpid()
     strays: set[int] = set()
     for attempt in range(10_000):
-        found = [p for p in _task_processes(uids, own, full_scan) if p not in pids]
+        found = [p for p in _task_processes(uids, root or own, full_scan) if p not in pids and p != own]
         if not found:
             break
         strays.update(found)

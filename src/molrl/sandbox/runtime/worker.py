@@ -15,7 +15,6 @@ import json
 import os
 import select
 import signal
-import stat
 import sys
 import time
 
@@ -23,25 +22,17 @@ if __package__ in (None, ""):  # run as a script inside the sandbox
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     __package__ = "runtime"
 
-from . import codec, seccomp, task  # noqa: E402
-from .cleanup import kill_all, reap, remove_ipc, remove_tree, scan_proc  # noqa: E402
+from . import codec, seccomp, task, zygote  # noqa: E402
+from .cleanup import kill_all, remove_ipc, remove_tree, scan_proc  # noqa: E402
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
-END_OF_JOBS_EXIT = 3
-"""Exit code of a job server that found the pool's pipe closed instead of a job."""
 
 
 def main() -> None:
-    """Serve jobs from the pool until it closes the pipe, each from a fresh fork of this process.
-
-    This process never reads a job, a result or any output: each job is read, run and reported
-    by a *job server* forked from it for that job alone, which exits when the job is done. So the
-    task process (forked from the job server) starts from memory that never held another job's
-    code, arguments, output or results, live or freed.
-    """
+    """Start the job server and the zygote, then serve jobs until the pool closes the pipe."""
     slot = json.loads(sys.argv[1])
     proto_in, proto_out = os.dup(0), os.dup(1)
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -60,93 +51,75 @@ def main() -> None:
         seccomp.load_filter(seccomp.compile_filter(lib))
         program = seccomp.compile_filter(lib, seccomp.IDENTITY_SYSCALLS, clone_namespaces=False)
     is_root = os.geteuid() == 0
+    uids = (slot["uid"], slot["judge_uid"]) if is_root else (None, None)
     # without a uid of its own, RLIMIT_NPROC counts all the user's processes: allow for those
     nproc_base = 0 if is_root else len(scan_proc((os.getuid(),), -1)) + 64
     os.makedirs(slot["root"], exist_ok=True)
-    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # the job's orphans re-parent to the zygote
+    pipes = zygote.Pipes.make()
     gc.freeze()  # keep the preloaded heap shared with every forked task (no GC writes to it)
-    task.write_msg(proto_out, {"ready": True, "pid": os.getpid(), "seccomp": program is not None, "root": is_root})
-    uids = (slot["uid"], slot["judge_uid"]) if is_root else (None, None)
+    zygote_pid = os.getpid()
+    if os.fork() == 0:  # the job server
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # never outlive the zygote
+        pipes.keep(zygote.SERVER_ENDS)
+        for fd in (slot["sources_fd"], slot["verdicts_fd"]):
+            os.close(fd)
+        link = zygote.ZygoteLink(zygote_pid, pipes)
+        task.write_msg(proto_out, {"ready": True, "pid": zygote_pid, "seccomp": program is not None, "root": is_root})
+        serve(proto_in, proto_out, link, slot, uids, nproc_base)
+        os._exit(0)
+    pipes.keep(zygote.ZYGOTE_ENDS)
+    for fd in (proto_in, proto_out):
+        os.close(fd)
+    zygote.serve_forks(pipes, uids, program, (slot["sources_fd"], slot["verdicts_fd"]))
+    kill_all([], uids, bool(slot.get("pid_namespace")))  # the job server is gone: leave nothing behind
+
+
+def serve(proto_in: int, proto_out: int, link: zygote.ZygoteLink, slot: dict, uids: tuple, nproc_base: int) -> None:
+    """The job server's loop: read a job, run it, report its outcome, until the pool closes the pipe."""
     while True:
-        server = os.fork()
-        if server == 0:
-            _serve_one(proto_in, proto_out, slot, program, is_root, nproc_base)
-        status = os.waitpid(server, 0)[1]
-        code = os.waitstatus_to_exitcode(status)
-        if code == 0:
-            continue
-        if code != END_OF_JOBS_EXIT:  # it died before reporting: clear up, report, and be replaced
-            kill_all([], uids, bool(slot.get("pid_namespace")))
-            task.write_msg(proto_out, {"status": "sandbox_error", "replace": True,
-                                       "error": f"worker: job server ended with exit code {code}"})
-        return
-
-
-def _serve_one(proto_in: int, proto_out: int, slot: dict, program: bytes | None, is_root: bool,
-               nproc_base: int) -> None:
-    """In a fresh fork of the worker: read one job, run it, report its outcome, exit. Never returns."""
-    code = 1
-    try:
-        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # never outlive the worker
-        _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # the job's orphans re-parent here
         job = task.read_msg(proto_in)
         if job is None:
-            os._exit(END_OF_JOBS_EXIT)
+            return
         job["received_at"] = time.monotonic()
         if job.get("max_processes"):
             job["max_processes"] = int(job["max_processes"]) + nproc_base
         try:
-            result = run_job(job, slot, program, is_root)
+            result = run_job(job, slot, link, uids)
         except Exception as err:  # noqa: BLE001 - report, never die silently; the pool replaces us
             result = {"status": "sandbox_error", "replace": True, "error": f"worker: {type(err).__name__}: {err}"}
         task.write_msg(proto_out, result)
-        code = 0
-    finally:
-        os._exit(code)
 
 
-def run_job(job: dict, slot: dict, program: bytes | None, is_root: bool) -> dict:
+def run_job(job: dict, slot: dict, link: zygote.ZygoteLink, uids: tuple) -> dict:
     """Run one job to completion or deadline; the raw outcome for the pool.
 
     Assert tests' programs never pass through this process: the judge reads them straight from
-    the pool (``slot["sources_fd"]``) and writes its verdicts straight back (``slot["verdicts_fd"]``),
-    so no job's expected values can linger in memory that a later task process inherits.
+    the pool (``slot["sources_fd"]``) and writes its verdicts straight back (``slot["verdicts_fd"]``).
     """
-    io = _prepare_dirs(job, slot, is_root)
-    uids = (slot["uid"], slot["judge_uid"]) if is_root else (None, None)
-    result_r, result_w = os.pipe()
-    serve = job.get("judge") is not None
-    if serve:
-        req_r, req_w = os.pipe()
-        resp_r, resp_w = os.pipe()
+    pipes = link.pipes
+    cap = int(job["max_result_kb"]) << 10
+    for fd in (pipes.result_r, pipes.task_job_r, pipes.judge_job_r):  # whatever an earlier job left
+        _drain(fd, bytearray(), 0, once=False)
+    io = _prepare_dirs(job, slot, uids[0])
+    judged = job.get("judge") is not None
     started = time.monotonic()
     deadline = started + float(job["timeout_s"])
-    pid = os.fork()
-    if pid == 0:
-        keep = {result_w, req_r, resp_w} if serve else {result_w}
-        _child(lambda: task.run_task(job, result_w, (req_r, resp_w) if serve else None),
-               job, uids[0], program, keep, io)
-    pids = [pid]
-    if serve:
-        judge_pid = os.fork()
-        if judge_pid == 0:
-            fds = {"sources": slot["sources_fd"], "verdicts": slot["verdicts_fd"], "req": req_w, "resp": resp_r}
-            _child(lambda: task.run_judge(job, fds), job, uids[1], program, set(fds.values()),
-                   dict(io, stdout=os.devnull, stderr=os.devnull, work="/"))
-        pids.append(judge_pid)
-        for fd in (req_r, req_w, resp_r, resp_w):
-            os.close(fd)
-    os.close(result_w)
+    pids = link.spawn(judged)
+    zygote.send_job(pipes.task_job_w, job, io)
+    if judged:
+        zygote.send_job(pipes.judge_job_w, job, dict(io, stdout=os.devnull, stderr=os.devnull, work="/"))
     events = bytearray()
-    statuses, timed_out = _wait(pids, {result_r: events}, deadline, int(job["max_result_kb"]) << 10)
+    statuses, timed_out = _wait(link, pids, events, deadline, cap)
     killed_at = time.monotonic()
-    stray = kill_all(pids, uids, bool(slot.get("pid_namespace")))
-    for pid_, status in reap(pids).items():
-        statuses.setdefault(pid_, status)
+    stray = kill_all(pids, uids, bool(slot.get("pid_namespace")), root=link.pid)
+    if stray or not set(pids) <= set(statuses):  # else the zygote has reaped them all already
+        for pid_, status in link.reap().items():
+            statuses.setdefault(pid_, status)
     reap_ms = (time.monotonic() - killed_at) * 1000
-    os.close(result_r)
-    out = _report(job, io, statuses.get(pid), events, timed_out, started)
-    if serve and statuses.get(pids[1]) is not None:
+    _drain(pipes.result_r, events, cap, once=False)
+    out = _report(job, io, statuses.get(pids[0]), events, timed_out, started)
+    if judged and statuses.get(pids[1]) is not None:
         out["judge_exit_code"] = os.waitstatus_to_exitcode(statuses[pids[1]])
     out.update(reap_ms=round(reap_ms, 3), stray_processes=stray)
     start_event = next((e for e in out["events"] if e.get("e") == "started"), {})
@@ -158,15 +131,15 @@ def run_job(job: dict, slot: dict, program: bytes | None, is_root: bool) -> dict
     return out
 
 
-def _prepare_dirs(job: dict, slot: dict, is_root: bool) -> dict:
+def _prepare_dirs(job: dict, slot: dict, uid: int | None) -> dict:
     root = slot["root"]
     work = os.path.join(root, "work")
     left = remove_tree(work)
     if left:
         raise OSError(f"cannot remove the last job's work dir {left}")
     os.mkdir(work, 0o700)
-    if is_root:
-        os.chown(work, slot["uid"], slot["uid"])
+    if uid is not None:
+        os.chown(work, uid, uid)
     io_dir = os.path.join(root, "io")
     os.makedirs(io_dir, mode=0o700, exist_ok=True)
     paths = {name: os.path.join(io_dir, name) for name in ("stdin", "stdout", "stderr")}
@@ -193,65 +166,36 @@ def _clean_up(io: dict, uids: tuple) -> list[str]:
     return left + ([f"work dir {work}"] if work else [])
 
 
-def _child(body, job: dict, uid: int | None, program: bytes | None, keep: set[int], io: dict) -> None:
-    """In a freshly forked process: confine, run ``body``, exit. Never returns."""
-    try:
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-        task.confine(job, uid, program, keep, io)
-    except BaseException:  # noqa: BLE001
-        os._exit(task.SETUP_FAILED_EXIT)
-    code = 1
-    try:
-        code = body()
-    except BaseException:  # noqa: BLE001 - show it on the process's stderr, then exit
-        import traceback
+def _wait(link: zygote.ZygoteLink, pids: list[int], events: bytearray, deadline: float, cap: int):
+    """Collect result records until the job's processes exit, or the deadline: (statuses, timed out).
 
-        traceback.print_exc()
-    finally:
-        task.finish(code)
-
-
-def _wait(pids: list[int], readers: dict[int, bytearray], deadline: float, cap: int):
-    """Collect pipe output until the job's processes exit (then drain the pipes), or the deadline.
-
-    Waiting stops when the processes themselves exit, not when their pipes close: a daemonised
-    grandchild holding a pipe open must not stretch the job to its deadline.
+    Waiting stops when the processes themselves exit, not when a pipe closes: a daemonised
+    grandchild holding the result pipe open must not stretch the job to its deadline.
     """
-    pidfds = {os.pidfd_open(pid): pid for pid in pids}
-    statuses: dict[int, int] = {}
-    for fd in readers:
-        os.set_blocking(fd, False)
-    open_readers = set(readers)
-    try:
-        while pidfds:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return statuses, True
-            ready, _, _ = select.select(list(pidfds) + list(open_readers), [], [], left)
-            for fd in ready:
-                if fd in pidfds:
-                    pid = pidfds.pop(fd)
-                    os.close(fd)
-                    statuses[pid] = os.waitpid(pid, 0)[1]
-                else:
-                    _drain(fd, readers[fd], cap, open_readers, once=True)
-        for fd in list(open_readers):
-            _drain(fd, readers[fd], cap, open_readers, once=False)
-        return statuses, False
-    finally:
-        for fd in pidfds:
-            os.close(fd)
+    result_r, report_r = link.pipes.result_r, link.pipes.report_r
+    statuses = zygote.exit_statuses(link.lines(0))
+    while not set(pids) <= set(statuses):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return statuses, True
+        ready, _, _ = select.select([report_r, result_r], [], [], left)
+        if result_r in ready:
+            _drain(result_r, events, cap, once=True)
+        if report_r in ready:
+            statuses.update(zygote.exit_statuses(link.lines(0)))
+    return statuses, False
 
 
-def _drain(fd: int, buf: bytearray, cap: int, open_readers: set[int], once: bool) -> None:
-    """Read what ``fd`` has now (one chunk when ``once``), keeping at most ``cap`` bytes."""
+def _drain(fd: int, buf: bytearray, cap: int, once: bool) -> None:
+    """Read what ``fd`` has now (one chunk when ``once``), keeping at most ``cap`` bytes in ``buf``.
+
+    Polls rather than setting O_NONBLOCK, which the job pipes' other readers would share.
+    """
     for _ in range(1 if once else 1024):
-        try:
-            chunk = os.read(fd, 1 << 16)
-        except BlockingIOError:
+        if not select.select([fd], [], [], 0)[0]:
             return
+        chunk = os.read(fd, 1 << 16)
         if not chunk:
-            open_readers.discard(fd)
             return
         if len(buf) < cap:
             buf += chunk[: cap - len(buf)]

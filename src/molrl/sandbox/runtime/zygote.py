@@ -1,0 +1,213 @@
+"""The zygote: a pristine copy of the worker that forks each job's task and judge processes.
+
+The worker forks itself once at start, before any job exists: the child serves jobs (reads them,
+waits on them, reads their results and output), the parent stays behind as the zygote. The zygote
+never reads a job, a result or any output, only one-byte requests from the job server, so each
+task process forked from it starts from memory that never held another job's code, arguments,
+output or results, live or freed. A forked task reads its own job from its own pipe, then confines
+itself. The job server's memory, which does hold earlier jobs, is never inherited by a task.
+
+Requests (job server -> zygote, one byte): ``T`` fork a task, ``J`` fork a task and a judge,
+``R`` reap the job's processes (the server has killed them). Replies (one line each):
+``pids T [J]``, ``exit PID STATUS`` as each exits, ``reaped`` after ``R``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import marshal
+import os
+import select
+import signal
+import struct
+from dataclasses import dataclass
+
+from . import task
+from .cleanup import reap
+
+F_SETPIPE_SZ = 1031
+
+
+@dataclass
+class Pipes:
+    """The worker's long-lived pipes, made before the job server and zygote part."""
+
+    spawn_r: int
+    spawn_w: int
+    report_r: int
+    report_w: int
+    result_r: int
+    result_w: int
+    task_job_r: int
+    task_job_w: int
+    judge_job_r: int
+    judge_job_w: int
+
+    @classmethod
+    def make(cls) -> Pipes:
+        """All pipes; the job pipes sized for a job's largest code (a 1 MiB write does not block)."""
+        fds = []
+        for name in ("spawn", "report", "result", "task_job", "judge_job"):
+            read_fd, write_fd = os.pipe()
+            if name.endswith("job"):
+                try:
+                    fcntl.fcntl(write_fd, F_SETPIPE_SZ, 1 << 20)
+                except OSError:  # capped by /proc/sys/fs/pipe-max-size: writes may block instead
+                    pass
+            fds += [read_fd, write_fd]
+        return cls(*fds)
+
+    def keep(self, names: tuple[str, ...]) -> None:
+        """Close every pipe end not named (each process keeps only its own ends)."""
+        for name, fd in vars(self).items():
+            if name not in names:
+                os.close(fd)
+
+
+SERVER_ENDS = ("spawn_w", "report_r", "result_r", "task_job_r", "task_job_w", "judge_job_r", "judge_job_w")
+"""The job server's pipe ends: it keeps the job pipes' read ends only to drain stale jobs."""
+ZYGOTE_ENDS = ("spawn_r", "report_w", "result_w", "task_job_r", "judge_job_r")
+
+
+def serve_forks(pipes: Pipes, uids: tuple, program: bytes | None, judge_fds: tuple[int, int]) -> None:
+    """The zygote's loop: fork, report and reap job processes until the job server goes away."""
+    children: dict[int, int] = {}  # pidfd -> pid
+    while True:
+        ready, _, _ = select.select([pipes.spawn_r, *children], [], [])
+        for fd in ready:
+            if fd == pipes.spawn_r:
+                request = os.read(fd, 1)
+                if not request:
+                    return
+                if request in (b"T", b"J"):
+                    pids = _fork_job(request == b"J", pipes, uids, program, judge_fds)
+                    children.update((os.pidfd_open(pid), pid) for pid in pids)
+                    _say(pipes.report_w, "pids " + " ".join(map(str, pids)))
+                elif request == b"R":
+                    for pidfd, pid in children.items():
+                        os.close(pidfd)
+                        _say(pipes.report_w, f"exit {pid} {os.waitpid(pid, 0)[1]}")
+                    children.clear()
+                    reap([])  # orphans re-parented here (a child subreaper)
+                    _say(pipes.report_w, "reaped")
+            elif fd in children:
+                pid = children.pop(fd)
+                os.close(fd)
+                _say(pipes.report_w, f"exit {pid} {os.waitpid(pid, 0)[1]}")
+
+
+def _say(fd: int, line: str) -> None:
+    os.write(fd, line.encode() + b"\n")  # short lines: one atomic pipe write each
+
+
+def _fork_job(judged: bool, pipes: Pipes, uids: tuple, program: bytes | None, judge_fds: tuple[int, int]) -> list[int]:
+    """Fork the task (and the judge, joined to it by a request and a response pipe); their pids."""
+    if not judged:
+        return [_fork(pipes.task_job_r, uids[0], program, lambda job: task.run_task(job, pipes.result_w, None),
+                      {pipes.result_w})]
+    req_r, req_w = os.pipe()
+    resp_r, resp_w = os.pipe()
+    task_pid = _fork(pipes.task_job_r, uids[0], program,
+                     lambda job: task.run_task(job, pipes.result_w, (req_r, resp_w)), {pipes.result_w, req_r, resp_w})
+    fds = {"sources": judge_fds[0], "verdicts": judge_fds[1], "req": req_w, "resp": resp_r}
+    judge_pid = _fork(pipes.judge_job_r, uids[1], program, lambda job: task.run_judge(job, fds), set(fds.values()))
+    for fd in (req_r, req_w, resp_r, resp_w):
+        os.close(fd)
+    return [task_pid, judge_pid]
+
+
+def _fork(job_fd: int, uid: int | None, program: bytes | None, body, keep: set[int]) -> int:
+    """Fork a process that reads its job, confines itself and runs ``body(job)``; its pid."""
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        job, io = _read_job(job_fd)
+        task.confine(job, uid, program, keep, io)
+    except BaseException:  # noqa: BLE001
+        os._exit(task.SETUP_FAILED_EXIT)
+    code = 1
+    try:
+        code = body(job)
+    except BaseException:  # noqa: BLE001 - show it on the process's stderr, then exit
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        task.finish(code)
+
+
+def send_job(fd: int, job: dict, io: dict) -> None:
+    """Hand a forked process its job (marshal: plain data only, and cheaper to load than JSON)."""
+    data = marshal.dumps((job, io))
+    view = memoryview(struct.pack("<I", len(data)) + data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _read_job(fd: int) -> tuple[dict, dict]:
+    (size,) = struct.unpack("<I", task.read_exact(fd, 4))
+    return marshal.loads(task.read_exact(fd, size))
+
+
+class ZygoteLink:
+    """The job server's end of the zygote's pipes."""
+
+    def __init__(self, pid: int, pipes: Pipes):
+        self.pid, self.pipes = pid, pipes
+        self._buffer = b""
+        self._pending: list[str] = []  # lines read past the one a request waited for
+        os.set_blocking(pipes.report_r, False)
+
+    def lines(self, timeout: float | None) -> list[str]:
+        """The complete reply lines available within ``timeout`` seconds (None: wait for one)."""
+        if self._pending:
+            lines, self._pending = self._pending, []
+            return lines
+        while b"\n" not in self._buffer:
+            ready, _, _ = select.select([self.pipes.report_r], [], [], timeout)
+            if not ready:
+                return []
+            self._read()
+        *lines, self._buffer = self._buffer.split(b"\n")
+        return [line.decode() for line in lines]
+
+    def _read(self) -> None:
+        try:
+            chunk = os.read(self.pipes.report_r, 1 << 16)
+        except BlockingIOError:
+            return
+        if not chunk:
+            raise OSError(f"the zygote (pid {self.pid}) is gone")
+        self._buffer += chunk
+
+    def spawn(self, judged: bool) -> list[int]:
+        """Ask for the job's processes; their pids (they then wait for their job on their pipes)."""
+        os.write(self.pipes.spawn_w, b"J" if judged else b"T")
+        while True:
+            lines = self.lines(None)
+            for n, line in enumerate(lines):
+                if line.startswith("pids "):
+                    self._pending = lines[n + 1:]
+                    return [int(p) for p in line.split()[1:]]
+
+    def reap(self) -> dict[int, int]:
+        """Have the zygote reap the job's killed processes; the exit statuses it reports."""
+        os.write(self.pipes.spawn_w, b"R")
+        statuses = {}
+        while True:
+            for line in self.lines(None):
+                if line == "reaped":
+                    return statuses
+                statuses.update(exit_statuses([line]))
+
+
+def exit_statuses(lines: list[str]) -> dict[int, int]:
+    """pid -> wait status from the zygote's ``exit`` lines."""
+    found = {}
+    for line in lines:
+        if line.startswith("exit "):
+            _, pid, status = line.split()
+            found[int(pid)] = int(status)
+    return found
