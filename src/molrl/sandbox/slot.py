@@ -2,8 +2,8 @@
 
 Jobs go in on the worker's stdin and outcomes come back on its stdout (length-prefixed JSON).
 Assert tests' programs bypass the worker: they go down a separate pipe that only the judge
-process reads, and the judge's verdicts come back up another, so the worker (whose memory every
-task process inherits) never holds a test's expected values.
+process reads, and the judge's verdicts come back up another, so the worker never holds a test's
+expected values. A worker that hangs, dies or cannot clean up after a job is replaced.
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
-"""A long-lived worker: imports common modules once, then forks one confined process per job.
+"""A long-lived worker: imports common modules once, then serves jobs as two processes.
 
 Started (inside bubblewrap when the host has it) as ``python worker.py SLOT_JSON``; speaks
-length-prefixed JSON on its stdin/stdout with the pool in the caller. Per job it forks the task
-process (and the judge process for assert-style tests), waits on them until the deadline, then
-kills their process groups and every process left under the slot's uids or below itself (it is
-a child subreaper, so orphans of the task re-parent to it), reaps them, and reports the outcome.
+length-prefixed JSON on its stdin/stdout with the pool in the caller. Once its modules are loaded
+it forks: the child is the *job server*, which reads each job, has the *zygote* (the parent, which
+never reads a job: see ``zygote.py``) fork the task process (and the judge process for assert-style
+tests), hands them the job, waits on them until the deadline, then kills their process groups and
+every process left under the slot's uids or below the zygote (a child subreaper, so orphans of the
+task re-parent to it), has them reaped, removes the job's files and SysV IPC objects, and reports
+the outcome. A task never inherits the job server's memory, which holds earlier jobs.
 """
 
 from __future__ import annotations
