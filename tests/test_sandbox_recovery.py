@@ -119,12 +119,22 @@ def test_a_hash_colliding_set_fails_only_its_row(pool):
     assert time.perf_counter() - start < 20  # a quadratic decode of 90k items took 133 s
 
 
+DEEP_TREE = "import os\nfor _ in range(3000):\n    os.mkdir('d')\n    os.chdir('d')\nopen('leaf', 'w').write('x')\nprint('deep')\n"
+
+
 def test_a_three_thousand_level_tree_is_removed_and_the_slot_carries_on(pool):
-    deep = "import os\nfor _ in range(3000):\n    os.mkdir('d')\n    os.chdir('d')\nopen('leaf', 'w').write('x')\nprint('deep')\n"
-    assert pool.run(deep).stdout == "deep\n"
+    assert pool.run(DEEP_TREE).stdout == "deep\n"
     later = [pool.run("import os\nprint(os.listdir('.'))") for _ in range(3)]
     assert [(r.status, r.stdout) for r in later] == [("ok", "[]\n")] * 3
     assert pool.backend.slots[0].restarts == 0
+
+
+def test_the_process_backend_removes_a_deep_tree_too():
+    with SandboxPool(SandboxConfig(workers=1, backend="process", cache_size=0)) as pool:
+        host_dir = pool.backend.slots[0].host_dir
+        assert pool.run(DEEP_TREE).stdout == "deep\n"
+        assert pool.run("import os\nprint(os.listdir('.'))").stdout == "[]\n"
+    assert not os.path.exists(host_dir)
 
 
 def test_remove_tree_handles_depth_beyond_the_path_limit(tmp_path, monkeypatch):

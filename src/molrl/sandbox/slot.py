@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import time
 
 from molrl.sandbox.cgroup import SlotCgroup
 from molrl.sandbox.runtime import task as wire
-from molrl.sandbox.runtime.cleanup import descendants
+from molrl.sandbox.runtime.cleanup import descendants, remove_tree
 from molrl.sandbox.types import SandboxConfig
 
 log = logging.getLogger(__name__)
@@ -177,7 +176,15 @@ class WorkerSlot:
         log.warning("sandbox: %s; restarting it", reason)
         self.restarts += 1
         self.stop(graceful=False)
+        if self.host_dir:  # the process backend's files outlive the worker: start from a new dir
+            self._remove_host_dir()
+            self.host_dir = tempfile.mkdtemp(prefix="molrl-slot-")
         self.start()
+
+    def _remove_host_dir(self) -> None:
+        left = remove_tree(self.host_dir)
+        if left:
+            log.warning("sandbox: could not remove slot %d's files: %s", self.index, left)
 
     def stop(self, graceful: bool = True) -> None:
         """Stop the worker (end of input, then SIGKILL if it lingers) and close the pipes."""
@@ -204,4 +211,4 @@ class WorkerSlot:
         self.stop()
         self.cgroup.remove()
         if self.host_dir:
-            shutil.rmtree(self.host_dir, ignore_errors=True)
+            self._remove_host_dir()
