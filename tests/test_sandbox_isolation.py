@@ -198,3 +198,12 @@ def test_pools_in_other_processes_share_no_uids():
             proc.communicate("", timeout=60)
     blocks = [{u, u + 1} for u in theirs + ours]
     assert len(theirs) == 4 and len(set().union(*blocks)) == 2 * len(blocks)
+
+
+def test_zombies_of_orphans_never_count_against_the_next_task(pool):
+    # each job's child exits first and is left unwaited: its zombie re-parents to the slot
+    leave_zombie = "import os, time\nif os.fork() == 0:\n    os._exit(0)\ntime.sleep(0.05)\nprint('left')\n"
+    left = pool.run_many([f"# {i}\n{leave_zombie}" for i in range(pool.cfg.max_processes + 8)])
+    assert {(r.status, r.stdout) for r in left} == {("ok", "left\n")}
+    fork = "import os\nkids = [os.fork() for _ in range(4)]\nif 0 in kids:\n    os._exit(0)\nprint('forked')\n"
+    assert pool.run(fork).stdout == "forked\n"

@@ -109,7 +109,7 @@ def kill_all(pids: list[int], uids: tuple, full_scan: bool, root: int | None = N
                 os.kill(p, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        reap([])
+        reap_exited()
         time.sleep(0.001)
     return len(strays)
 
@@ -128,23 +128,17 @@ def _kill_uid(uid: int) -> None:
     os.waitpid(pid, 0)
 
 
-def reap(pids: list[int]) -> dict[int, int]:
-    """Reap the job's processes (blocking: they were killed) and any exited orphan."""
+def reap_exited() -> dict[int, int]:
+    """Reap every child that has exited, without waiting; pid -> wait status."""
     statuses = {}
-    for pid in pids:
-        try:
-            _, status = os.waitpid(pid, 0)
-            statuses[pid] = status
-        except ChildProcessError:
-            pass
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            break
+            return statuses
         if pid == 0:
-            break
-    return statuses
+            return statuses
+        statuses[pid] = status
 
 
 def remove_ipc(uids: tuple) -> list[str]:

@@ -23,7 +23,7 @@ import struct
 from dataclasses import dataclass
 
 from . import task
-from .cleanup import reap
+from .cleanup import reap_exited
 
 F_SETPIPE_SZ = 1031
 
@@ -70,30 +70,42 @@ ZYGOTE_ENDS = ("spawn_r", "report_w", "result_w", "task_job_r", "judge_job_r")
 
 
 def serve_forks(pipes: Pipes, uids: tuple, program: bytes | None, judge_fds: tuple[int, int]) -> None:
-    """The zygote's loop: fork, report and reap job processes until the job server goes away."""
-    children: dict[int, int] = {}  # pidfd -> pid
+    """The zygote's loop: fork, report and reap job processes until the job server goes away.
+
+    Every wake-up also reaps exited orphans (they re-parent here), so their zombies never count
+    against the next task's process limit.
+    """
+    children: dict[int, int] = {}  # pid -> pidfd (a pidfd only wakes this loop when its process exits)
     while True:
-        ready, _, _ = select.select([pipes.spawn_r, *children], [], [])
-        for fd in ready:
-            if fd == pipes.spawn_r:
-                request = os.read(fd, 1)
-                if not request:
-                    return
-                if request in (b"T", b"J"):
-                    pids = _fork_job(request == b"J", pipes, uids, program, judge_fds)
-                    children.update((os.pidfd_open(pid), pid) for pid in pids)
-                    _say(pipes.report_w, "pids " + " ".join(map(str, pids)))
-                elif request == b"R":
-                    for pidfd, pid in children.items():
-                        os.close(pidfd)
-                        _say(pipes.report_w, f"exit {pid} {os.waitpid(pid, 0)[1]}")
-                    children.clear()
-                    reap([])  # orphans re-parented here (a child subreaper)
-                    _say(pipes.report_w, "reaped")
-            elif fd in children:
-                pid = children.pop(fd)
-                os.close(fd)
-                _say(pipes.report_w, f"exit {pid} {os.waitpid(pid, 0)[1]}")
+        ready, _, _ = select.select([pipes.spawn_r, *children.values()], [], [])
+        if pipes.spawn_r in ready:
+            request = os.read(pipes.spawn_r, 1)
+            if not request:
+                return
+            if request == b"R":  # the job server has killed the job's processes
+                for pid in list(children):
+                    _report_exit(pipes.report_w, children, pid, os.waitpid(pid, 0)[1])
+            _reap_exited(pipes.report_w, children)
+            if request in (b"T", b"J"):
+                pids = _fork_job(request == b"J", pipes, uids, program, judge_fds)
+                children.update((pid, os.pidfd_open(pid)) for pid in pids)
+                _say(pipes.report_w, "pids " + " ".join(map(str, pids)))
+            elif request == b"R":
+                _say(pipes.report_w, "reaped")
+        else:
+            _reap_exited(pipes.report_w, children)
+
+
+def _reap_exited(report_w: int, children: dict[int, int]) -> None:
+    """Reap every exited child (job processes and orphans alike), reporting the job's own."""
+    for pid, status in reap_exited().items():
+        if pid in children:
+            _report_exit(report_w, children, pid, status)
+
+
+def _report_exit(report_w: int, children: dict[int, int], pid: int, status: int) -> None:
+    os.close(children.pop(pid))
+    _say(report_w, f"exit {pid} {status}")
 
 
 def _say(fd: int, line: str) -> None:
