@@ -37,7 +37,7 @@ def test_bad_prediction_line_is_one_error(shared_data, tmp_path, caplog, monkeyp
     preds = _aime_preds(shared_data, tmp_path / "p.jsonl", right=30)
     preds.write_text(preds.read_text() + "{not json\n")
     assert _eval(shared_data, preds, tmp_path / "run") == 1
-    assert "p.jsonl:31: not valid JSON" in caplog.text
+    assert "p.jsonl:31: malformed JSON" in caplog.text
 
 
 def test_compare_writes_table_and_png(shared_data, tmp_path, capsys):

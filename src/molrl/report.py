@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from molrl.jsonl import read_records
+
 BASE = "base"
 
 
@@ -157,9 +159,7 @@ def reward_findings(run_dir: Path, window: int = 10) -> list[str]:
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """The JSON lines of a ``metrics.jsonl`` (missing file: none)."""
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_records(path) if path.is_file() else []
 
 
 def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
@@ -246,7 +246,7 @@ def collection_summary(run_dir: Path) -> list[str]:
     traces = run_dir / "collect" / "traces.jsonl"
     if not traces.is_file():
         return []
-    records = [json.loads(line) for line in traces.read_text().splitlines() if line.strip()]
+    records = read_records(traces)
     if not records:
         return []
     metas = [r.get("meta", {}) for r in records]

@@ -22,6 +22,7 @@ from molrl.collect.config import CollectConfig
 from molrl.collect.loop import Episode, run_episodes
 from molrl.config import save_config, to_dict
 from molrl.errors import MolrlError
+from molrl.jsonl import repair_torn_tail
 from molrl.tasks import Task
 from molrl.traces.schema import TraceError, append_trace, read_traces
 
@@ -136,20 +137,6 @@ def finished_pairs(out: Path) -> dict[tuple[str, int], tuple[bool, int]]:
             except (json.JSONDecodeError, KeyError, TypeError):
                 raise MolrlError(f"{rejects}:{line}: not a rejected-episode record; fix or delete the line") from None
     return done
-
-
-def repair_torn_tail(path: Path) -> None:
-    """Cut a final line left unfinished by a killed writer, keeping it in ``<path>.torn``."""
-    data = path.read_bytes()
-    if not data or data.endswith(b"\n"):
-        return
-    keep = data.rfind(b"\n") + 1
-    log.warning("%s: the last line was cut off mid-write (the run was killed); that episode will be collected again", path)
-    with path.with_name(path.name + ".torn").open("ab") as handle:
-        handle.write(data[keep:] + b"\n")
-    with path.open("r+b") as handle:
-        handle.truncate(keep)
-        os.fsync(handle.fileno())
 
 
 def _append_line(path: Path, line: str) -> None:

@@ -2,16 +2,17 @@
 
 One JSON object per line, ``{"id": ..., "completion": "..."}``, where ``id`` is the benchmark's
 own id (``task_id`` for HumanEval/MBPP, ``unique_id`` for MATH-500, ``id`` for AIME). Several
-lines with one id are that problem's samples, in file order.
+lines with one id are that problem's samples, in file order. The file may be gzip-compressed
+(whatever its name) and may start with a byte-order mark.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Sequence
 
 from molrl.errors import DataError, MolrlError
+from molrl.jsonl import read_lines
 from molrl.tasks import Task
 
 
@@ -23,26 +24,20 @@ def read_predictions(path: str | Path, tasks: Sequence[Task], benchmark: str) ->
     known = {t.id for t in tasks}
     example = next(iter(known), "?")
     out: dict[str, list[str]] = {}
-    with path.open() as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(str(path), line_no, f"not valid JSON ({err.msg})") from None
-            if not isinstance(row, dict) or "id" not in row or "completion" not in row:
-                raise DataError(str(path), line_no, 'expected an object {"id": ..., "completion": "..."}')
-            if not isinstance(row["completion"], str):
-                raise DataError(str(path), line_no, f"completion must be a string, got {type(row['completion']).__name__}")
-            task_id = str(row["id"])
-            if task_id not in known:
-                raise DataError(
-                    str(path), line_no,
-                    f"id {row['id']!r} is not a problem of {benchmark} (its ids look like {example!r}); "
-                    "check the benchmark name and the data file",
-                )
-            out.setdefault(task_id, []).append(row["completion"])
+    for line in read_lines(path):
+        line_no, row = line.number, line.json()
+        if not isinstance(row, dict) or "id" not in row or "completion" not in row:
+            raise DataError(str(path), line_no, 'expected an object {"id": ..., "completion": "..."}')
+        if not isinstance(row["completion"], str):
+            raise DataError(str(path), line_no, f"completion must be a string, got {type(row['completion']).__name__}")
+        task_id = str(row["id"])
+        if task_id not in known:
+            raise DataError(
+                str(path), line_no,
+                f"id {row['id']!r} is not a problem of {benchmark} (its ids look like {example!r}); "
+                "check the benchmark name and the data file",
+            )
+        out.setdefault(task_id, []).append(row["completion"])
     if not out:
         raise DataError(str(path), None, "no predictions in the file")
     return out

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from molrl.errors import DataError
+from molrl.jsonl import repair_torn_tail
 
 
 @dataclass
@@ -47,10 +48,10 @@ class SampleStore:
         done: dict[str, list[SampleRecord]] = {}
         if not self.path.exists():
             return done
-        lines = self.path.read_text().split("\n")
-        # The last element is "" when the file ends with a newline; anything else there is a
-        # record cut short by an interrupted run, and its problem is redone.
-        for line_no, line in enumerate(lines[:-1], 1):
+        # A record cut short by an interrupted run goes (its problem is redone), so that the next
+        # append starts on a line of its own.
+        repair_torn_tail(self.path)
+        for line_no, line in enumerate(self.path.read_text().split("\n"), 1):
             if not line.strip():
                 continue
             try:

@@ -26,6 +26,7 @@ def run_mol(cfg: MolConfig) -> Path:
     """Train per ``cfg`` (resuming from its newest checkpoint when allowed); returns the output dir."""
     from molrl.models import load_tokenizer
     from molrl.mol.data import load_examples
+    from molrl.mol.trainer import drop_records_after
 
     check_config(cfg)
     out = Path(cfg.output_dir)
@@ -42,9 +43,9 @@ def run_mol(cfg: MolConfig) -> Path:
     resume = _last_checkpoint(out) if cfg.train.resume == "auto" else None
     if resume is not None:
         log.info("resuming from %s", resume)
-        from molrl.mol.trainer import drop_records_after
-
-        drop_records_after(out / "metrics.jsonl", _checkpoint_step(resume))
+    if trainer.is_world_process_zero():  # the one process that writes metrics.jsonl
+        # Lines past the resumed step (all of them on a fresh start) are logged again by this run.
+        drop_records_after(out / "metrics.jsonl", _checkpoint_step(resume) if resume is not None else 0)
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     final = out / ("adapter" if cfg.lora.enabled else "model")
     trainer.save_model(str(final))

@@ -26,6 +26,7 @@ import torch
 from transformers import Trainer, TrainerCallback
 
 from molrl.errors import MolrlError
+from molrl.jsonl import read_records, repair_torn_tail, write_jsonl
 from molrl.mol.data import RatioSampler
 from molrl.mol.losses import LossSettings, mean_or_nan, mol_loss, step_counts, token_masks
 
@@ -190,6 +191,10 @@ class MetricsFileCallback(TrainerCallback):
     def __init__(self, path: Path):
         self.path = Path(path)
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            repair_torn_tail(self.path)  # else the first new line would be glued to a killed run's last one
+
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
             return
@@ -199,8 +204,11 @@ class MetricsFileCallback(TrainerCallback):
 
 
 def drop_records_after(path: Path, step: int) -> None:
-    """Drop JSONL records logged after ``step`` (a run resumed from that checkpoint logs them again)."""
+    """Drop JSONL records logged after ``step`` (a run resumed from that checkpoint logs them again).
+
+    A last line cut off mid-write by a kill goes too, with a warning; a damaged line anywhere
+    else is a ``DataError`` naming the file and line.
+    """
     if not path.is_file():
         return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
-    path.write_text("".join(line + "\n" for line in kept))
+    write_jsonl(path, [r for r in read_records(path) if r.get("step", 0) <= step])

@@ -13,7 +13,8 @@ Meta conventions shared by every stage:
 Reading never drops a bad record silently: ``read_traces`` yields the good ones and keeps every
 bad one (file, line, reason) in ``reader.rejects``, or raises on the first with ``strict=True``.
 Writing appends one complete line with a single write plus fsync, so a killed writer leaves at
-worst a truncated final line, which the reader reports instead of crashing.
+worst a truncated final line, which the reader reports instead of crashing. Files are read by
+``molrl.jsonl``: gzip is read through, a byte-order mark skipped, a line that is not UTF-8 rejected.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any, Iterable, Iterator
 
 from molrl.chat import ROLES
 from molrl.errors import DataError, MolrlError
+from molrl.jsonl import Line, read_lines, write_jsonl
 
 KINDS = ("domain", "general")
 
@@ -175,34 +177,19 @@ class TraceReader:
         self.rejects.append(Reject(str(self.path), line, reason, raw))
 
     def __iter__(self) -> Iterator[tuple[int, Trace]]:
-        try:
-            handle = self.path.open("r", encoding="utf-8", newline="\n")
-        except FileNotFoundError:
-            raise MolrlError(f"{self.path}: trace file not found") from None
-        with handle:
-            for line_no, raw in enumerate(handle, start=1):
-                trace = self._parse(line_no, raw)
-                if trace is not None:
-                    yield line_no, trace
+        for line in read_lines(self.path):
+            trace = self._parse(line)
+            if trace is not None:
+                yield line.number, trace
 
-    def _parse(self, line_no: int, raw: str) -> Trace | None:
-        text = raw.rstrip("\n")
-        if not text.strip():
-            return None  # blank lines separate nothing and carry nothing
+    def _parse(self, line: Line) -> Trace | None:
         try:
-            record = json.loads(text)
-        except json.JSONDecodeError as err:
-            if not raw.endswith("\n"):
-                self.reject(line_no, "truncated final line (no newline): the writer was stopped mid-write; "
-                            "delete this line or re-run the step that wrote it", text)
-            else:
-                self.reject(line_no, f"malformed JSON ({err.msg} at column {err.colno}); fix or delete the line", text)
-            return None
-        try:
-            return Trace.from_dict(record)
+            return Trace.from_dict(line.json())
+        except DataError as err:
+            self.reject(line.number, err.message, line.text)
         except TraceError as err:
-            self.reject(line_no, str(err), text)
-            return None
+            self.reject(line.number, str(err), line.text)
+        return None
 
 
 def read_traces(path: str | Path, strict: bool = False) -> TraceReader:
@@ -234,19 +221,3 @@ def append_trace(path: str | Path, trace: Trace) -> None:
 def write_traces(path: str | Path, traces: Iterable[Trace]) -> int:
     """Write a whole trace file atomically (temp file + rename); returns the number written."""
     return write_jsonl(path, (t.to_dict() for t in traces))
-
-
-def write_jsonl(path: str | Path, records: Iterable[dict[str, Any]]) -> int:
-    """Write JSON records one per line atomically (temp file + rename); returns the number written."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    n = 0
-    with tmp.open("w", encoding="utf-8") as out:
-        for record in records:
-            out.write(json.dumps(record, ensure_ascii=False) + "\n")
-            n += 1
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
-    return n
