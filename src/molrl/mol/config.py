@@ -22,7 +22,11 @@ class LoraConfig:
     dropout: float = 0.05
     """Dropout on the adapter's input."""
     target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
-    """Module names to adapt; ``all-linear`` means every linear layer except the output head."""
+    """Module names to adapt; ``all-linear`` means every linear layer except the output head.
+
+    ``lm_head`` may be listed with ``dropout`` 0: the loss applies the head's adapter as a merged
+    weight (one extra [vocab, hidden] tensor and its gradient), which cannot drop inputs out.
+    """
 
 
 @dataclass

@@ -58,6 +58,7 @@ class MolTrainer(Trainer):
         self.ref_model = ref_model
         if ref_model is not None:
             ref_model.to(self.args.device).eval().requires_grad_(False)
+        _head_tensors(_causal_lm(self.model))  # an output head the loss cannot read is refused before training
         self._sums: dict[str, float] = defaultdict(float)
         self._last_log_time = time.perf_counter()
 
@@ -91,8 +92,8 @@ class MolTrainer(Trainer):
         base_hidden = self._base_hidden(model, inputs) if self.loss_settings.needs_base else None
         lm = _causal_lm(model)
         head = _head_tensors(lm)
-        base_head = _head_tensors(self.ref_model) if self.ref_model is not None else tuple(
-            t.detach() if t is not None else None for t in head)
+        base_lm = self.ref_model if self.ref_model is not None else lm
+        base_head = tuple(t.detach() if t is not None else None for t in _head_tensors(base_lm, adapter=False))
         out = mol_loss(hidden, base_hidden, head, base_head, masks, counts, self.loss_settings)
         if model.training:
             self._accumulate(out.metrics, inputs)
@@ -169,16 +170,45 @@ class MolTrainer(Trainer):
         return out
 
 
-def _head_tensors(causal_lm: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The output head's weight [V, H] and bias; refuses a head sharded by ZeRO-3 or FSDP."""
+def _head_tensors(causal_lm: Any, adapter: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The output head's weight [V, H] and bias, with its LoRA delta when it has one and ``adapter``.
+
+    A LoRA adapter on the head enters as ``W + scaling * B @ A``, so the chunked loss sees the
+    head the model's forward uses and the adapter gets its gradient through the sum (at the cost
+    of one [V, H] temporary and its fp32 gradient). Refuses a head sharded by ZeRO-3 or FSDP,
+    and a head adapter the merge cannot express (dropout, DoRA and other variants).
+    """
     head = causal_lm.get_output_embeddings()
-    weight = head.weight
+    layer = getattr(head, "base_layer", head)  # peft wraps a targeted head around the original
+    weight = layer.weight
     if hasattr(weight, "ds_id") or type(weight).__name__ == "DTensor" or weight.dim() != 2:
         raise MolrlError(
             "the output head is sharded (DeepSpeed ZeRO-3 or FSDP); the chunked MoL loss reads the whole head: "
             "use DeepSpeed ZeRO-2 or plain data parallelism (configs/accelerate/zero2_8gpu.yaml)"
         )
-    return weight, getattr(head, "bias", None)
+    if adapter:
+        for delta in _head_lora_deltas(head):
+            weight = weight + delta.to(weight.dtype)  # [V, H]
+    return weight, getattr(layer, "bias", None)
+
+
+def _head_lora_deltas(head: Any) -> list[torch.Tensor]:
+    """``scaling * B @ A`` [V, H] of each active LoRA adapter on the head (none for a plain or merged head)."""
+    if not hasattr(head, "lora_A") or head.disable_adapters or head.merged:
+        return []
+    deltas = []
+    for name in head.active_adapters:
+        if name not in head.lora_A:
+            continue
+        if name in getattr(head, "lora_variant", {}) or head.use_dora.get(name):
+            raise MolrlError(f"adapter {name!r} on the output head is a LoRA variant (DoRA or another); the MoL loss "
+                             "supports plain LoRA on the head: leave the head out of lora.target_modules")
+        if not isinstance(head.lora_dropout[name], torch.nn.Identity):
+            raise MolrlError(f"lora.dropout={head.lora_dropout[name].p} with the output head among "
+                             "lora.target_modules: the MoL loss applies the head's adapter as a merged weight, "
+                             "which has no dropout; set lora.dropout=0, or leave the head out")
+        deltas.append(head.get_delta_weight(name))
+    return deltas
 
 
 def _jsonable(value: Any) -> Any:
