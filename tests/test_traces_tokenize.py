@@ -305,3 +305,85 @@ def test_template_that_rewrites_content_is_an_error(rewrite):
     tok.chat_template = MISTRAL_LIKE.replace("[TOOL_RESULTS] {{ m.content }}", f"[TOOL_RESULTS] {{{{ m.content | {rewrite} }}}}")
     with pytest.raises(TraceError, match=r"message 2 \(tool\): the chat template changed its text beyond whitespace"):
         tokenize_trace(PLAIN, tok)
+
+
+class CountingTokenizer:
+    """The tokenizer, recording how many characters each encoding call was given."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.sizes = tokenizer, []
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+    def __call__(self, text, *args, **kwargs):
+        self.sizes.append(len(text))
+        return self.tokenizer(text, *args, **kwargs)
+
+
+def huge_trace(chars: int) -> Trace:
+    """A trace whose one tool message (a runaway traceback) holds ``chars`` characters."""
+    line = "Traceback line 17: ValueError in module x: 3.14159\n"
+    return Trace([
+        {"role": "user", "content": "Run it."},
+        {"role": "assistant", "content": "<execute>run()</execute>"},
+        {"role": "tool", "content": line * (chars // len(line))},
+        {"role": "assistant", "content": "It failed."},
+    ])
+
+
+def test_huge_trace_is_cut_before_tokenising(llama3_tokenizer):
+    counting = CountingTokenizer(llama3_tokenizer)
+    tok = tokenize_trace(huge_trace(8_000_000), counting, TokenizeConfig(max_length=256, truncation="truncate"))
+    # 256 tokens need a few thousand characters; the tokenizer never sees more than 64 KB of 8 MB.
+    assert max(counting.sizes) < 65_536
+    assert tok.n_tokens == 256 and tok.truncated
+    assert tok.notes[0].startswith("truncated at 256 tokens inside feedback message 2 (tool): kept ")
+    assert tok.notes[0].endswith("(and more: only the trace's start was tokenised)")
+
+
+def test_huge_trace_over_max_length_is_dropped_without_tokenising_it(llama3_tokenizer):
+    counting = CountingTokenizer(llama3_tokenizer)
+    with pytest.raises(TraceError, match=r"trace has more than \d+ tokens \(8,0\d\d,\d{3} characters\), over max_length "
+                                         r"256; raise max_length or set truncation=truncate"):
+        tokenize_trace(huge_trace(8_000_000), counting, TokenizeConfig(max_length=256))
+    assert max(counting.sizes) < 65_536
+
+
+def test_huge_trace_without_max_length_is_refused_with_the_fix(llama3_tokenizer):
+    counting = CountingTokenizer(llama3_tokenizer)
+    with pytest.raises(TraceError, match=r"renders to 8,0\d\d,\d{3} characters, more than the 4,000,000 .* "
+                                         r"--max-length N --truncation truncate"):
+        tokenize_trace(huge_trace(8_000_000), counting, TokenizeConfig(max_length=None))
+    assert counting.sizes == []
+
+
+def _varied_text(chars: int, seed: int = 0) -> str:
+    """Words, numbers, code, runs of spaces and non-ASCII text, so that token lengths vary widely."""
+    import random
+
+    rng = random.Random(seed)
+    pieces = ["def f(x):\n", "    return x ** 2", " " * 37, "\u00e9t\u00e9 ", "\u4f60\u597d", "1234567890", "\n\n",
+              "assert f(3) == 9", "=" * 80, "Error: ", "\U0001F600", "a" * 300]
+    out: list[str] = []
+    while sum(map(len, out)) < chars:
+        out.append(rng.choice(pieces))
+    return "".join(out)
+
+
+@pytest.mark.parametrize("tokenizer_name", ["llama3_tokenizer", "qwen3_tokenizer"])
+@pytest.mark.parametrize("max_length", [40, 700, 5000])
+def test_cut_before_tokenising_keeps_exactly_the_tokens_of_the_whole_text(request, tokenizer_name, max_length):
+    tokenizer = request.getfixturevalue(tokenizer_name)
+    trace = Trace([
+        {"role": "user", "content": _varied_text(3000, seed=1)},
+        {"role": "assistant", "content": "<execute>f(3)</execute>"},
+        {"role": "tool", "content": _varied_text(200_000, seed=2)},
+        {"role": "assistant", "content": "done"},
+    ])
+    loose = dict(require_decision=False, require_feedback=False)
+    whole = tokenize_trace(trace, tokenizer, TokenizeConfig(max_length=None, **loose))
+    cut = tokenize_trace(trace, tokenizer, TokenizeConfig(max_length=max_length, truncation="truncate", **loose))
+    assert whole.n_tokens > 2 * max_length  # only a prefix was tokenised for the cut version
+    assert cut.input_ids == whole.input_ids[:max_length]
+    assert cut.roles() == whole.roles()[:max_length]

@@ -28,7 +28,9 @@ Decision-token rule for assistant turns:
 
 Truncation (``max_length``): ``drop`` rejects a longer trace; ``truncate`` keeps the first
 ``max_length`` tokens and records in ``notes`` which message the cut fell inside (a cut inside a
-feedback span is always reported there, never silent).
+feedback span is always reported there, never silent). Only a prefix of the rendering long enough
+for ``max_length`` tokens is tokenised (``encode_prefix``), so a huge record costs no more than a
+long one.
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ TOKEN_ROLES = ("prompt", "decision", "feedback", "template")
 IGNORE_INDEX = -100
 _THINK = re.compile(r"(\s*<think>\s*)(.*?)(\s*</think>\s*)(.*?)(\s*)\Z", re.S)
 _EMPTY_THINK_AT_END = re.compile(r"<think>\s*</think>\s*\Z")
+UNLIMITED_CHARS = 4_000_000
+"""Longest rendering tokenised whole when there is no max_length (~1M tokens, seconds)."""
+_CHARS_PER_TOKEN_GUESS = 8  # first prefix tried under a max_length; doubled until it holds
+_CUT_MARGIN = 1024  # characters kept between token max_length and the end of the tokenised prefix
 
 
 @dataclass
@@ -160,19 +166,18 @@ def tokenize_trace(trace: Trace, tokenizer: Any, cfg: TokenizeConfig | None = No
     if not getattr(tokenizer, "is_fast", False):
         raise TraceError("tokenisation needs a fast (Rust) tokenizer for character offsets")
     text, spans, n_empty = locate_spans(tokenizer, trace.messages, cfg.enable_thinking, cfg.empty_think_is_decision)
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids, offsets = list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+    ids, offsets, whole = encode_prefix(tokenizer, text, cfg.max_length)
     roles, owner = _label_tokens(offsets, spans)
     _mark_end_of_turn(tokenizer, text, ids, offsets, spans, roles, owner)
     notes: list[str] = []
     truncated = False
     if cfg.max_length is not None and len(ids) > cfg.max_length:
         if cfg.truncation == "drop":
+            count = f"{len(ids)} tokens" if whole else f"more than {len(ids)} tokens ({len(text):,} characters)"
             raise TraceError(
-                f"trace has {len(ids)} tokens, over max_length {cfg.max_length}; "
-                "raise max_length or set truncation=truncate"
+                f"trace has {count}, over max_length {cfg.max_length}; raise max_length or set truncation=truncate"
             )
-        notes += _describe_cut(trace, roles, owner, cfg.max_length)
+        notes += _describe_cut(trace, roles, owner, cfg.max_length, whole)
         ids, offsets = ids[: cfg.max_length], offsets[: cfg.max_length]
         roles, owner = roles[: cfg.max_length], owner[: cfg.max_length]
         truncated = True
@@ -186,6 +191,37 @@ def tokenize_trace(trace: Trace, tokenizer: Any, cfg: TokenizeConfig | None = No
         )
     verify_feedback(trace, result, tokenizer)
     return result
+
+
+def encode_prefix(
+    tokenizer: Any, text: str, max_length: int | None
+) -> tuple[list[int], list[tuple[int, int]], bool]:
+    """Token ids and character offsets of ``text``, or of a prefix that holds its first ``max_length`` tokens.
+
+    With a ``max_length``, a prefix of ``max_length * 8`` characters is tokenised first and doubled
+    until token ``max_length`` ends ``_CUT_MARGIN`` characters before the cut (only the words the
+    cut falls in can tokenise differently), so a 50 MB trace costs what its first tokens cost.
+    The flag is True when the whole text was tokenised. Without a ``max_length``, a text over
+    ``UNLIMITED_CHARS`` is refused: counting all its tokens would take minutes and gigabytes.
+    """
+    if max_length is None and len(text) > UNLIMITED_CHARS:
+        raise TraceError(
+            f"trace renders to {len(text):,} characters, more than the {UNLIMITED_CHARS:,} tokenised whole when "
+            "there is no max_length; set max_length with truncation=truncate (traces stats: --max-length N "
+            "--truncation truncate) to use its first N tokens, or cut the trace"
+        )
+    cut = len(text) if max_length is None else max_length * _CHARS_PER_TOKEN_GUESS + _CUT_MARGIN
+    while cut < len(text):
+        ids, offsets = _encode(tokenizer, text[:cut])
+        if len(ids) > max_length and offsets[max_length][1] <= cut - _CUT_MARGIN:  # type: ignore[operator]
+            return ids, offsets, False
+        cut *= 2
+    return (*_encode(tokenizer, text), True)
+
+
+def _encode(tokenizer: Any, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
 
 
 def tokenize_file(
@@ -401,15 +437,16 @@ def _mark_end_of_turn(
                 roles[k], owner[k] = "decision", span.message
 
 
-def _describe_cut(trace: Trace, roles: list[str], owner: list[int], max_length: int) -> list[str]:
-    """A note when the cut at ``max_length`` falls inside a message's span."""
+def _describe_cut(trace: Trace, roles: list[str], owner: list[int], max_length: int, whole: bool) -> list[str]:
+    """A note when the cut at ``max_length`` falls inside a message's span (``whole``: all tokens are known)."""
     msg = owner[max_length - 1]
     if msg < 0 or owner[max_length] != msg:
         return [f"truncated at {max_length} tokens between messages"]
     kept = sum(1 for o in owner[:max_length] if o == msg)
     total = sum(1 for o in owner if o == msg)
+    more = "" if whole or owner[-1] != msg else " (and more: only the trace's start was tokenised)"
     return [f"truncated at {max_length} tokens inside {roles[max_length - 1]} message {msg} "
-            f"({trace.messages[msg]['role']}): kept {kept} of its {total} tokens"]
+            f"({trace.messages[msg]['role']}): kept {kept} of its {total} tokens{more}"]
 
 
 def _build(
