@@ -36,3 +36,9 @@ def tiny_pair():
     from molrl.tiny import build_tiny_pair
 
     return build_tiny_pair("chatml")
+
+
+@pytest.fixture
+def cli_logs(monkeypatch):
+    """Keep pytest's log capture under ``molrl.cli.main``, which otherwise installs its own handlers."""
+    monkeypatch.setattr("molrl.cli.setup_logging", lambda verbose=False: None)

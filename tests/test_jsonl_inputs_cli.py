@@ -19,11 +19,7 @@ from molrl.tiny import build_tiny_tokenizer
 REPO = Path(__file__).resolve().parents[1]
 INPUTS = ["gzip", "bom", "latin1"]
 
-
-@pytest.fixture(autouse=True)
-def keep_pytest_log_capture(monkeypatch):
-    """The CLI installs its own log handlers; keep pytest's so caplog sees error lines."""
-    monkeypatch.setattr("molrl.cli.setup_logging", lambda verbose=False: None)
+pytestmark = pytest.mark.usefixtures("cli_logs")
 
 
 def write_variant(path: Path, lines: list[str], variant: str) -> Path:

@@ -81,3 +81,51 @@ def test_real_qwen3_tokenizer_labels_shipped_traces(qwen3_tokenizer):
     feedback_text = qwen3_tokenizer.decode([t for t, m in zip(ex["input_ids"], ex["feedback_mask"]) if m])
     assert feedback_text.strip() == "Observation:\n5"
 
+
+
+def _tool_integrated_record(i: int) -> dict:
+    """A whole tool-integrated completion kept as one assistant message: no tool message at all."""
+    text = f"Let me compute.\n```python\nprint({i} + 1)\n```\n```output\n{i + 1}\n```\nThe answer is {i + 1}."
+    return {"messages": [{"role": "user", "content": f"What is {i} + 1?"}, {"role": "assistant", "content": text}]}
+
+
+def test_mol_refuses_traces_without_any_feedback_token_before_training(tmp_path, caplog):
+    from molrl.errors import MolrlError
+    from molrl.mol.config import MolConfig
+    from molrl.mol.run import run_mol
+
+    path = tmp_path / "tora.jsonl"
+    path.write_text("".join(json.dumps(_tool_integrated_record(i)) + "\n" for i in range(4)))
+    cfg = MolConfig(model="tiny:chatml", output_dir=tmp_path / "run")
+    cfg.data.traces = [str(path)]
+    with pytest.raises(MolrlError, match=r"tora\.jsonl: none of the 4 domain traces has a feedback token, so "
+                                         r"loss\.mode=mol has nothing to learn .* --from tora"):
+        run_mol(cfg)
+    assert f"{path}: none of its 4 domain traces has a feedback token" in caplog.text  # the per-file warning
+    assert not list((tmp_path / "run").glob("checkpoint-*")) and not (tmp_path / "run/metrics.jsonl").exists()
+
+
+def test_empty_trace_file_among_others_is_a_warning_naming_it(tmp_path, caplog):
+    from molrl.tiny import build_tiny_tokenizer
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    shipped = str(REPO / "configs/data/mol_tiny_traces.jsonl")
+    _, stats = load_examples([shipped, str(empty)], build_tiny_tokenizer("chatml"), max_length=4096)
+    assert stats.traces == 8
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [f"{empty}: no trace records (the file is empty or blank); check the path, or re-run the "
+                        "step that writes it"]
+
+
+def test_huge_trace_line_is_cut_at_max_length_with_a_warning(tmp_path, caplog):
+    from molrl.tiny import build_tiny_tokenizer
+
+    record = json.loads((REPO / "configs/data/mol_tiny_traces.jsonl").read_text().splitlines()[0])
+    tool = next(m for m in record["messages"] if m["role"] == "tool")
+    tool["content"] += "\n" + "x = [1, 2, 3]  # runaway output\n" * 200_000  # a 6 MB line
+    path = tmp_path / "huge.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    examples, stats = load_examples([str(path)], build_tiny_tokenizer("chatml"), max_length=512)
+    assert len(examples[0]["input_ids"]) == 512 and stats.truncated == 1
+    assert f"{path}:1: truncated at 512 tokens inside feedback message" in caplog.text

@@ -18,6 +18,7 @@ import torch
 from molrl.errors import DataError, MolrlError
 
 log = logging.getLogger(__name__)
+_SHOWN_CUTS = 5  # cuts at max_length logged one by one; the rest are counted
 
 
 @dataclass
@@ -36,6 +37,10 @@ class DataStats:
     """Traces cut to max_length."""
     tokens: int = 0
     """Tokens kept over all examples."""
+    feedback_tokens: int = 0
+    """Feedback tokens of domain traces that carry a loss (the CE term's tokens)."""
+    decision_tokens: int = 0
+    """Decision tokens of domain traces that carry a loss (the KL term's tokens)."""
     files: list[str] = field(default_factory=list)
     """Trace files read."""
 
@@ -55,29 +60,59 @@ def load_examples(paths: Sequence[str], tokenizer: Any, max_length: int, enable_
 
     A malformed record or a trace the tokenizer cannot label is an error naming its file and line.
     Traces without feedback or without decision tokens are kept and counted: each adds nothing to
-    the term it lacks and its share to the other.
+    the term it lacks and its share to the other. An empty file, or one whose domain traces hold no
+    feedback token, gets a warning naming it; cuts at ``max_length`` are logged with file and line.
     """
     from molrl.traces.schema import TraceError, read_traces
+    from molrl.traces.stats import file_warnings
     from molrl.traces.tokenize import TokenizeConfig, tokenize_trace
 
     tcfg = TokenizeConfig(max_length=max_length, truncation="truncate", enable_thinking=enable_thinking,
                           require_feedback=False, require_decision=False)
     examples, stats = [], DataStats(files=[str(p) for p in paths])
     for path in paths:
+        start = len(examples)
         for line_no, trace in read_traces(path, strict=True):
             try:
                 tok = tokenize_trace(trace, tokenizer, tcfg)
             except TraceError as err:
                 raise DataError(str(path), line_no, str(err)) from None
+            if tok.truncated and stats.truncated < _SHOWN_CUTS:
+                log.warning("%s:%d: %s", path, line_no, "; ".join(tok.notes))
             stats.truncated += tok.truncated
             ex = example_from_tokenized(tok, max_length)
             _count(stats, ex)
             examples.append(ex)
+        domain = [ex for ex in examples[start:] if not ex["is_general"]]
+        n_feedback = sum(sum(ex["feedback_mask"][1:]) for ex in domain)
+        for warning in file_warnings(path, len(examples) - start, len(domain), n_feedback):
+            log.warning("%s", warning)
+    if stats.truncated > _SHOWN_CUTS:
+        log.warning("... %d more traces cut at max_length %d (data_stats.json counts them)",
+                    stats.truncated - _SHOWN_CUTS, max_length)
     if not examples:
         raise MolrlError(f"no usable traces in {', '.join(map(str, paths)) or '(no files given)'}; set data.traces")
     if all(ex["is_general"] for ex in examples):
         raise MolrlError(f"{', '.join(map(str, paths))}: every trace is tagged general; MoL needs domain traces")
     return examples, stats
+
+
+def check_feedback(stats: DataStats, mode: str) -> None:
+    """Refuse to train when no domain trace holds a feedback token and the loss mode learns from feedback.
+
+    Then MoL's cross-entropy term is empty and its KL term starts at 0 with zero gradient: the
+    run would log loss 0 and change nothing.
+    """
+    from molrl.traces.stats import NO_FEEDBACK_CAUSE
+
+    if mode == "ce" or stats.feedback_tokens:
+        return
+    domain = stats.traces - stats.general
+    raise MolrlError(
+        f"{', '.join(stats.files)}: none of the {domain} domain traces has a feedback token, so loss.mode={mode} "
+        f"has nothing to learn (its loss would stay 0); refusing to train. {NO_FEEDBACK_CAUSE}; "
+        "or train plain SFT on the decisions with loss.mode=ce"
+    )
 
 
 def _count(stats: DataStats, ex: dict[str, Any]) -> None:
@@ -87,6 +122,8 @@ def _count(stats: DataStats, ex: dict[str, Any]) -> None:
         stats.general += 1
         return
     # Position 0 is never predicted, so a mask set only there carries nothing.
+    stats.feedback_tokens += sum(ex["feedback_mask"][1:])
+    stats.decision_tokens += sum(ex["decision_mask"][1:])
     stats.without_decision += not any(ex["decision_mask"][1:])
     stats.without_feedback += not any(ex["feedback_mask"][1:])
 

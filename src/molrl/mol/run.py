@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 def run_mol(cfg: MolConfig) -> Path:
     """Train per ``cfg`` (resuming from its newest checkpoint when allowed); returns the output dir."""
     from molrl.models import load_tokenizer
-    from molrl.mol.data import load_examples
+    from molrl.mol.data import check_feedback, load_examples
     from molrl.mol.trainer import drop_records_after
 
     check_config(cfg)
@@ -38,6 +38,7 @@ def run_mol(cfg: MolConfig) -> Path:
     log.info("%d traces (%d general), %d tokens; %d without decision tokens, %d without feedback tokens, "
              "%d truncated to %d tokens", stats.traces, stats.general, stats.tokens, stats.without_decision,
              stats.without_feedback, stats.truncated, cfg.data.max_length)
+    check_feedback(stats, cfg.loss.mode)
 
     trainer = build_trainer(cfg, examples, tokenizer)
     resume = _last_checkpoint(out) if cfg.train.resume == "auto" else None

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from molrl.traces.schema import Reject, read_traces
 from molrl.traces.tokenize import TokenizeConfig, tokenize_file
+
+log = logging.getLogger("molrl.traces")
+
+NO_FEEDBACK_CAUSE = (
+    "MoL learns from tool messages (environment feedback). A common cause: whole tool-integrated completions "
+    "imported as one assistant message each; import them with `molrl traces convert --from tora` (tool output "
+    "becomes tool messages), or keep the traces that have feedback (`molrl traces filter --min-feedback-turns 1`)"
+)
 
 
 @dataclass
@@ -18,6 +27,8 @@ class FileStats:
     """The trace file."""
     traces: int = 0
     """Valid trace records."""
+    general: int = 0
+    """Valid traces tagged general (replay data, which needs no feedback)."""
     rejects: int = 0
     """Records that are invalid or failed to tokenise (see ``reject_reasons``)."""
     turns: int = 0
@@ -59,6 +70,7 @@ def file_stats(path: str | Path, tokenizer: Any, cfg: TokenizeConfig | None = No
     for line_no, tok in done:
         trace = traces[line_no]
         stats.traces += 1
+        stats.general += trace.kind == "general"
         stats.turns += trace.count("assistant")
         stats.feedback_turns += trace.count("tool")
         stats.no_feedback += trace.count("tool") == 0
@@ -70,14 +82,25 @@ def file_stats(path: str | Path, tokenizer: Any, cfg: TokenizeConfig | None = No
         stats.template_tokens += tok.n_template
         stats.max_tokens = max(stats.max_tokens, tok.n_tokens)
     stats.rejects = len(stats.reject_reasons)
+    for warning in file_warnings(path, stats.traces + stats.rejects, stats.traces - stats.general, stats.feedback_tokens):
+        log.warning("%s", warning)
     return stats
+
+
+def file_warnings(path: str | Path, records: int, domain: int, feedback_tokens: int) -> list[str]:
+    """What makes a trace file useless for MoL though it reads without error: no records, no feedback."""
+    if records == 0:
+        return [f"{path}: no trace records (the file is empty or blank); check the path, or re-run the step that writes it"]
+    if domain and not feedback_tokens:
+        return [f"{path}: none of its {domain} domain traces has a feedback token. {NO_FEEDBACK_CAUSE}"]
+    return []
 
 
 def total(stats: list[FileStats]) -> FileStats:
     """The column sums of several files (max for ``max_tokens``)."""
     out = FileStats("total")
     for s in stats:
-        for name in ("traces", "rejects", "turns", "feedback_turns", "no_feedback", "successes", "tokens",
+        for name in ("traces", "general", "rejects", "turns", "feedback_turns", "no_feedback", "successes", "tokens",
                      "prompt_tokens", "decision_tokens", "feedback_tokens", "template_tokens"):
             setattr(out, name, getattr(out, name) + getattr(s, name))
         out.max_tokens = max(out.max_tokens, s.max_tokens)
