@@ -82,3 +82,13 @@ def test_eval_predictions(shared_data, tmp_path, variant, caplog):
     if code == 0:
         results = json.loads((tmp_path / "run/results.json").read_text())
         assert results["benchmarks"]["aime24"]["pass@1"] == 1.0
+
+
+@pytest.mark.parametrize("variant", INPUTS)
+def test_traces_convert(tmp_path, variant, caplog):
+    lines = (REPO / "configs/data/mol_tiny_traces.jsonl").read_text().splitlines()
+    path = write_variant(tmp_path / "in.jsonl", lines, variant)
+    code = main(["traces", "convert", "--from", "openai", str(path), str(tmp_path / "out.jsonl")])
+    assert_outcome(variant, code, path, caplog)
+    converted = (tmp_path / "out.jsonl").read_text().splitlines()
+    assert len(converted) == (7 if variant == "latin1" else 8)

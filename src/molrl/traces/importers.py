@@ -24,13 +24,14 @@ ToRA (``microsoft/ToRA`` corpus rows and inference outputs): tool-integrated com
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 from molrl.chat import ROLES
+from molrl.errors import DataError
+from molrl.jsonl import read_lines
 from molrl.traces.schema import Reject, Trace, TraceError
 from molrl.traces.tora import tora_record_to_traces
 
@@ -172,14 +173,9 @@ def _convert(record: Any, fmt: str, mint_info: dict[str, str], options: OpenAIOp
 
 
 def _json_lines(path: str | Path) -> Iterator[tuple[int, str, Any, str | None]]:
-    """``(line_no, raw, parsed, error)`` for each non-blank line."""
-    with open(path, encoding="utf-8", newline="\n") as handle:
-        for line_no, raw in enumerate(handle, start=1):
-            text = raw.rstrip("\n")
-            if not text.strip():
-                continue
-            try:
-                yield line_no, text, json.loads(text), None
-            except json.JSONDecodeError as err:
-                tail = " (truncated final line without newline)" if not raw.endswith("\n") else ""
-                yield line_no, text, None, f"malformed JSON{tail} ({err.msg} at column {err.colno}); fix or delete the line"
+    """``(line_no, raw, parsed, error)`` for each non-blank line (read by ``molrl.jsonl``)."""
+    for line in read_lines(path):
+        try:
+            yield line.number, line.text, line.json(), None
+        except DataError as err:
+            yield line.number, line.text, None, err.message
