@@ -68,6 +68,20 @@ def test_grpo_resumes_past_torn_last_lines(tmp_path, caplog):
     assert "completions.jsonl" in caplog.text and "cut off mid-write" in caplog.text
 
 
+def test_grpo_fresh_start_drops_a_killed_attempts_lines(tmp_path):
+    from molrl.grpo.run import run_grpo
+
+    base = save_tiny_model(tmp_path / "base")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for name in ("metrics.jsonl", "completions.jsonl"):  # killed before any checkpoint, torn mid-write
+        (run_dir / name).write_text('{"step": 1, "reward": 9.0}\n' + TORN)
+    out = run_grpo(toy_config(run_dir, base, max_steps=1, save_steps=5))
+    rewards = [r["reward"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "reward" in r]
+    assert len(rewards) == 1 and rewards[0] != 9.0
+    assert all("ce_fee" not in line for line in (out / "completions.jsonl").read_text().splitlines())
+
+
 def test_torn_metrics_line_in_the_middle_names_file_and_line(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "loss": 1.0}\n' + TORN + '\n{"step": 2, "loss": 0.9}\n')

@@ -43,6 +43,9 @@ def run_grpo(cfg: GrpoConfig) -> Path:
             log.info("resuming from %s (step %d)", resume, step)
             for name in ("metrics.jsonl", "completions.jsonl"):
                 drop_records_after(out / name, step)
+        else:  # a fresh start logs every step again: lines of a killed attempt without a checkpoint go
+            for name in ("metrics.jsonl", "completions.jsonl"):
+                (out / name).unlink(missing_ok=True)
     state.wait_for_everyone()
     trainer, policy, pool = build_trainer(cfg)
     try:
