@@ -83,7 +83,9 @@ def test_shipped_configs_build_every_stage_config(name, tmp_path):
 
     configs = Path(__file__).resolve().parents[1] / "configs"
     cfg = load_pipeline_config(configs / name, ["model=m", "stages=[collect,mol,grpo,eval]"])
-    assert len(cfg.mol_runs) >= 3 and len(cfg.grpo_runs) >= 2
+    # the demo's config runs the headline pair only (its ablations are `molrl demo --study`); the real
+    # configs carry the paper's ablations as named runs
+    assert len(cfg.mol_runs) >= (1 if name == "pipeline_tiny.yaml" else 3) and len(cfg.grpo_runs) >= 2
     check_stages(cfg, tmp_path, in_memory=name == "pipeline_tiny.yaml")
 
 
