@@ -1,14 +1,15 @@
 """``molrl demo``: the whole method on a laptop CPU, in a world molrl builds itself.
 
-    molrl demo                 # 5-6 minutes on 2 cores: runs/demo/pipeline/report.md
-    molrl demo --quick         # the same steps, smaller, in about 2 minutes
+    molrl demo                 # 7-14 minutes on 2 shared cores: runs/demo/pipeline/report.md
+    molrl demo --quick         # the same steps, smaller, in 1.5-3 minutes
     molrl demo --out DIR [key.sub=value ...]   # pipeline overrides, e.g. grpo.max_steps=60
     molrl demo --seeds 3       # the headline (MoL + GRPO vs base + GRPO) over 3 seeds
     molrl demo --study         # the paper's ablations over 3 seeds: runs/study/study.md
 
 A hidden digit rule that only code execution reveals, a tiny base model trained from scratch
-to use the tool, then the real pipeline: collection in the sandbox, MoL and its ablations,
-GRPO and Dr.GRPO, single-step evaluation on held-out problems and general tasks, report.md.
+to use the tool, then the real pipeline: collection in the sandbox, MoL, the same GRPO from the
+MoL model and from the base, single-step evaluation on held-out problems and general tasks,
+report.md. The paper's ablations are --study.
 Re-running with the same --out reuses finished steps.
 """
 
@@ -28,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of configs/pipeline_tiny.yaml")
-    p.add_argument("--quick", action="store_true", help="the small preset (about 2 minutes)")
+    p.add_argument("--quick", action="store_true", help="the small preset (1.5-3 minutes on 2 shared cores)")
     p.add_argument("--seeds", type=int, default=None, metavar="N",
                    help="repeat with world and training seeds 0..N-1 and report the headline over seeds "
                         "(N times as long; default 1, or 3 with --study)")
