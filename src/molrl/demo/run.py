@@ -151,7 +151,7 @@ def use_idle_threads(most: int, stage: str) -> None:
     and keep adjusting while it trains (``molrl.cpu.ThreadGovernor``)."""
     import torch
 
-    from molrl.cpu import govern_threads, idle_threads
+    from molrl.cpu import idle_threads
 
     if stage.startswith("eval/"):  # a second of work: not worth measuring the machine for
         return
