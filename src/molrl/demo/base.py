@@ -57,7 +57,7 @@ class BaseModelConfig:
     """Attention heads (2 key/value heads)."""
     steps: int = 800
     """Optimiser steps."""
-    batch_size: int = 32
+    batch_size: int = 24
     """Sequences per step."""
     micro_batch_size: int = 8
     """Sequences per forward pass (a step's batch is sorted by length and run in these)."""
