@@ -71,15 +71,18 @@ def pool():
         yield p
 
 
-def test_a_task_finds_no_trace_of_earlier_jobs_in_its_memory(pool):
+@pytest.mark.parametrize("earlier_head,later_head", [("", ""), ("", "import numpy\n"), ("import numpy\n", "")],
+                         ids=["lean-lean", "lean-warm", "warm-lean"])
+def test_a_task_finds_no_trace_of_earlier_jobs_in_its_memory(pool, earlier_head, later_head):
+    """Neither zygote (lean, or warm for code naming a preimported module) ever holds a job."""
     mark = uuid.uuid4().hex
     earlier = Task(id="earlier", prompt="", kind="code", entry_point="f", tests=[
         TestCase("call", args=[f"ZQJARGS{mark}"], expected="?"),
         TestCase("stdio", stdin=f"ZQJSTDN{mark}\n", stdout="?")])
-    honest = f"# ZQJCODE{mark}\nimport sys\ndef f(x):\n    return x.replace('ARGS', 'RSLT')\nprint(sys.stdin.read().replace('STDN', 'STDO'))\n"
+    honest = earlier_head + f"# ZQJCODE{mark}\nimport sys\ndef f(x):\n    return x.replace('ARGS', 'RSLT')\nprint(sys.stdin.read().replace('STDN', 'STDO'))\n"
     first = pool.run_tests(honest, earlier)
     assert first.tests[0].got["v"] == f"ZQJRSLT{mark}"  # the earlier job really ran and returned it
-    scanner = MEMORY_SCAN + "def f():\n    return scan(rb'ZQJ(?:CODE|ARGS|STDN|STDO|RSLT)[0-9a-f]{32}')\n"
+    scanner = later_head + MEMORY_SCAN + "def f():\n    return scan(rb'ZQJ(?:CODE|ARGS|STDN|STDO|RSLT)[0-9a-f]{32}')\n"
     later = pool.run_tests(scanner, Task(id="later", prompt="", kind="code", entry_point="f",
                                          tests=[TestCase("call", args=[], expected=[])]))
     assert later.status == "ok" and later.tests[0].got["t"] == "list", later.tests[0].error

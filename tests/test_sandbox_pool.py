@@ -25,6 +25,13 @@ def test_stdout_stdin_and_exit_code(pool):
     assert (result.status, result.exit_code, result.stdout) == ("runtime_error", 3, "cba\n")
 
 
+def test_code_naming_a_preimported_module_starts_where_it_is_loaded(pool):
+    pytest.importorskip("numpy")
+    probe = "import sys\nprint(('nu' + 'mpy') in sys.modules)"
+    plain, naming = pool.run(probe), pool.run("# numpy\n" + probe)
+    assert (plain.stdout, naming.stdout) == ("False\n", "True\n")  # lean zygote, then warm zygote
+
+
 def test_exception_is_runtime_error_with_traceback(pool):
     result = pool.run("def f():\n    raise KeyError('boom')\nf()")
     assert result.status == "runtime_error" and "KeyError: 'boom'" in result.stderr

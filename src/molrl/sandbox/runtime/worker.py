@@ -1,19 +1,24 @@
-"""A long-lived worker: imports common modules once, then serves jobs as two processes.
+"""A long-lived worker: the job server of one slot, and the two zygotes it forks tasks from.
 
 Started (inside bubblewrap when the host has it) as ``python worker.py SLOT_JSON``; speaks
-length-prefixed JSON on its stdin/stdout with the pool in the caller. Once its modules are loaded
-it forks: the child is the *job server*, which reads each job, has the *zygote* (the parent, which
-never reads a job: see ``zygote.py``) fork the task process (and the judge process for assert-style
-tests), hands them the job, waits on them until the deadline, then kills their process groups and
-every process left under the slot's uids or below the zygote (a child subreaper, so orphans of the
-task re-parent to it), has them reaped, removes the job's files and SysV IPC objects, and reports
-the outcome. A task never inherits the job server's memory, which holds earlier jobs.
+length-prefixed JSON on its stdin/stdout with the pool in the caller. Before it reads any job it
+imports the modules test programs use, forks the *lean zygote*, imports the pool's ``preimport``
+modules (numpy and the like), forks the *warm zygote*, and then serves jobs as the *job server*:
+it reads each job, has a zygote (see ``zygote.py``; neither ever reads a job) fork the task process
+(and the judge process for assert-style tests), hands them the job, waits on them until the
+deadline, then kills their process groups and every process left under the slot's uids or below
+that zygote (a child subreaper, so orphans of the task re-parent to it), has them reaped, removes
+the job's files and SysV IPC objects, and reports the outcome. A task never inherits the job
+server's memory, which holds earlier jobs.
+
+Two zygotes because a fork costs in proportion to the memory it copies: code that names a
+preimported module (``numpy`` in its text) is forked from the warm zygote, where that module is
+already loaded; all other code from the lean one, about half the size, so most tasks start and
+exit faster. Code that imports a module without naming it runs in the lean zygote and imports it.
 """
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import json
 import os
 import select
@@ -28,14 +33,8 @@ if __package__ in (None, ""):  # run as a script inside the sandbox
 from . import codec, seccomp, task, zygote  # noqa: E402
 from .cleanup import kill_all, remove_ipc, remove_tree, scan_proc  # noqa: E402
 
-_libc = ctypes.CDLL(None, use_errno=True)
-
-PR_SET_PDEATHSIG = 1
-PR_SET_CHILD_SUBREAPER = 36
-
-
 def main() -> None:
-    """Start the job server and the zygote, then serve jobs until the pool closes the pipe."""
+    """Fork the lean and the warm zygote, then serve jobs until the pool closes the pipe."""
     slot = json.loads(sys.argv[1])
     proto_in, proto_out = os.dup(0), os.dup(1)
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -43,11 +42,8 @@ def main() -> None:
         os.dup2(devnull, fd)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     judge_modules = task.JUDGE_PRELUDE.split("import", 1)[1].replace(",", " ").split()
-    for name in [*judge_modules, *slot.get("preimport", [])]:
-        try:
-            __import__(name)
-        except Exception:  # noqa: BLE001 - a missing optional module only costs speed
-            pass
+    _import(judge_modules)
+    compile("0", "warm-up", "eval")  # compile() builds its AST types on first use: here, not in every task
     lib = seccomp.load_library() if slot["seccomp"] else None
     program = None
     if lib is not None:  # the main deny-list binds this worker and so every fork; tasks add the rest
@@ -58,27 +54,34 @@ def main() -> None:
     # without a uid of its own, RLIMIT_NPROC counts all the user's processes: allow for those
     nproc_base = 0 if is_root else len(scan_proc((os.getuid(),), -1)) + 64
     os.makedirs(slot["root"], exist_ok=True)
-    _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # the job's orphans re-parent to the zygote
-    pipes = zygote.Pipes.make()
-    gc.freeze()  # keep the preloaded heap shared with every forked task (no GC writes to it)
-    zygote_pid = os.getpid()
-    if os.fork() == 0:  # the job server
-        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # never outlive the zygote
-        pipes.keep(zygote.SERVER_ENDS)
-        for fd in (slot["sources_fd"], slot["verdicts_fd"]):
-            os.close(fd)
-        link = zygote.ZygoteLink(zygote_pid, pipes)
-        task.write_msg(proto_out, {"ready": True, "pid": zygote_pid, "seccomp": program is not None, "root": is_root})
-        serve(proto_in, proto_out, link, slot, uids, nproc_base)
-        os._exit(0)
-    pipes.keep(zygote.ZYGOTE_ENDS)
-    for fd in (proto_in, proto_out):
+    judge_fds = (slot["sources_fd"], slot["verdicts_fd"])
+    pid_namespace = bool(slot.get("pid_namespace"))
+    lean = zygote.start(uids, program, judge_fds, pid_namespace, close=(proto_in, proto_out))
+    warm_modules = _import([name for name in slot.get("preimport", []) if name not in sys.modules])
+    warm = None
+    if warm_modules:
+        warm = zygote.start(uids, program, judge_fds, pid_namespace, close=(proto_in, proto_out, *lean.fds()))
+    for fd in judge_fds:  # test programs and verdicts pass between the pool and the judges only
         os.close(fd)
-    zygote.serve_forks(pipes, uids, program, (slot["sources_fd"], slot["verdicts_fd"]))
-    kill_all([], uids, bool(slot.get("pid_namespace")))  # the job server is gone: leave nothing behind
+    zygotes = zygote.Zygotes(lean, warm, warm_modules)
+    task.write_msg(proto_out, {"ready": True, "pid": os.getpid(), "zygotes": zygotes.pids(),
+                               "seccomp": program is not None, "root": is_root})
+    serve(proto_in, proto_out, zygotes, slot, uids, nproc_base)
 
 
-def serve(proto_in: int, proto_out: int, link: zygote.ZygoteLink, slot: dict, uids: tuple, nproc_base: int) -> None:
+def _import(names: list[str]) -> list[str]:
+    """Import each module named; the names that imported."""
+    loaded = []
+    for name in names:
+        try:
+            __import__(name)
+            loaded.append(name)
+        except Exception:  # noqa: BLE001 - a missing optional module only costs speed
+            pass
+    return loaded
+
+
+def serve(proto_in: int, proto_out: int, zygotes: zygote.Zygotes, slot: dict, uids: tuple, nproc_base: int) -> None:
     """The job server's loop: read a job, run it, report its outcome, until the pool closes the pipe."""
     while True:
         job = task.read_msg(proto_in)
@@ -88,14 +91,14 @@ def serve(proto_in: int, proto_out: int, link: zygote.ZygoteLink, slot: dict, ui
         if job.get("max_processes"):
             job["max_processes"] = int(job["max_processes"]) + nproc_base
         try:
-            result = run_job(job, slot, link, uids)
+            result = run_job(job, slot, zygotes.for_job(job), uids)
         except Exception as err:  # noqa: BLE001 - report, never die silently; the pool replaces us
             result = {"status": "sandbox_error", "replace": True, "error": f"worker: {type(err).__name__}: {err}"}
         task.write_msg(proto_out, result)
 
 
 def run_job(job: dict, slot: dict, link: zygote.ZygoteLink, uids: tuple) -> dict:
-    """Run one job to completion or deadline; the raw outcome for the pool.
+    """Run one job to completion or deadline, forked from the zygote ``link`` leads to; the raw outcome.
 
     Assert tests' programs never pass through this process: the judge reads them straight from
     the pool (``slot["sources_fd"]``) and writes its verdicts straight back (``slot["verdicts_fd"]``).

@@ -1,11 +1,11 @@
-"""The zygote: a pristine copy of the worker that forks each job's task and judge processes.
+"""Zygotes: pristine copies of the worker that fork each job's task and judge processes.
 
-The worker forks itself once at start, before any job exists: the child serves jobs (reads them,
-waits on them, reads their results and output), the parent stays behind as the zygote. The zygote
-never reads a job, a result or any output, only one-byte requests from the job server, so each
-task process forked from it starts from memory that never held another job's code, arguments,
-output or results, live or freed. A forked task reads its own job from its own pipe, then confines
-itself. The job server's memory, which does hold earlier jobs, is never inherited by a task.
+The worker forks its zygotes at start, before any job exists, and then serves jobs itself as the
+job server (reads them, waits on them, reads their results and output). A zygote never reads a
+job, a result or any output, only one-byte requests from the job server, so each task process
+forked from it starts from memory that never held another job's code, arguments, output or
+results, live or freed. A forked task reads its own job from its own pipe, then confines itself.
+The job server's memory, which does hold earlier jobs, is never inherited by a task.
 
 Requests (job server -> zygote, one byte): ``T`` fork a task, ``J`` fork a task and a judge,
 ``R`` reap the job's processes (the server has killed them). Replies (one line each):
@@ -14,59 +14,81 @@ Requests (job server -> zygote, one byte): ``T`` fork a task, ``J`` fork a task 
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
+import gc
 import marshal
 import os
 import select
 import signal
 import struct
-from dataclasses import dataclass
 
 from . import task
-from .cleanup import reap_exited
+from .cleanup import kill_all, reap_exited
 
+_libc = ctypes.CDLL(None, use_errno=True)
 F_SETPIPE_SZ = 1031
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+PIPES = ("spawn", "report", "result", "task_job", "judge_job")
+"""The pipes between the job server and one zygote (and the processes it forks)."""
 
 
-@dataclass
 class Pipes:
-    """The worker's long-lived pipes, made before the job server and zygote part."""
+    """A zygote's long-lived pipes, made before the job server and the zygote part."""
 
-    spawn_r: int
-    spawn_w: int
-    report_r: int
-    report_w: int
-    result_r: int
-    result_w: int
-    task_job_r: int
-    task_job_w: int
-    judge_job_r: int
-    judge_job_w: int
+    def __init__(self, fds: dict[str, int]):
+        self.fds = fds
+        for name, fd in fds.items():
+            setattr(self, name, fd)
 
     @classmethod
     def make(cls) -> Pipes:
         """All pipes; the job pipes sized for a job's largest code (a 1 MiB write does not block)."""
-        fds = []
-        for name in ("spawn", "report", "result", "task_job", "judge_job"):
+        fds = {}
+        for name in PIPES:
             read_fd, write_fd = os.pipe()
             if name.endswith("job"):
                 try:
                     fcntl.fcntl(write_fd, F_SETPIPE_SZ, 1 << 20)
                 except OSError:  # capped by /proc/sys/fs/pipe-max-size: writes may block instead
                     pass
-            fds += [read_fd, write_fd]
-        return cls(*fds)
+            fds.update({f"{name}_r": read_fd, f"{name}_w": write_fd})
+        return cls(fds)
 
     def keep(self, names: tuple[str, ...]) -> None:
         """Close every pipe end not named (each process keeps only its own ends)."""
-        for name, fd in vars(self).items():
-            if name not in names:
-                os.close(fd)
+        for name in [n for n in self.fds if n not in names]:
+            os.close(self.fds.pop(name))
 
 
 SERVER_ENDS = ("spawn_w", "report_r", "result_r", "task_job_r", "task_job_w", "judge_job_r", "judge_job_w")
 """The job server's pipe ends: it keeps the job pipes' read ends only to drain stale jobs."""
 ZYGOTE_ENDS = ("spawn_r", "report_w", "result_w", "task_job_r", "judge_job_r")
+
+
+def start(uids: tuple, program: bytes | None, judge_fds: tuple[int, int], pid_namespace: bool,
+          close: tuple[int, ...]) -> ZygoteLink:
+    """Fork a zygote from this process as it is now (it closes ``close``); the job server's link to it."""
+    pipes = Pipes.make()
+    gc.freeze()  # keep the preloaded heap shared with every forked task (no GC writes to it)
+    parent = os.getpid()
+    pid = os.fork()
+    if pid:
+        pipes.keep(SERVER_ENDS)
+        return ZygoteLink(pid, pipes)
+    try:
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # never outlive the job server
+        if os.getppid() != parent:
+            os._exit(0)
+        _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # the job's orphans re-parent here
+        pipes.keep(ZYGOTE_ENDS)
+        for fd in close:
+            os.close(fd)
+        serve_forks(pipes, uids, program, judge_fds)
+        kill_all([], uids, pid_namespace)  # the job server is gone: leave nothing behind
+    finally:
+        os._exit(0)
 
 
 def serve_forks(pipes: Pipes, uids: tuple, program: bytes | None, judge_fds: tuple[int, int]) -> None:
@@ -164,13 +186,17 @@ def _read_job(fd: int) -> tuple[dict, dict]:
 
 
 class ZygoteLink:
-    """The job server's end of the zygote's pipes."""
+    """The job server's end of one zygote's pipes."""
 
     def __init__(self, pid: int, pipes: Pipes):
         self.pid, self.pipes = pid, pipes
         self._buffer = b""
         self._pending: list[str] = []  # lines read past the one a request waited for
         os.set_blocking(pipes.report_r, False)
+
+    def fds(self) -> tuple[int, ...]:
+        """The job server's pipe ends to this zygote (a later zygote closes them)."""
+        return tuple(self.pipes.fds.values())
 
     def lines(self, timeout: float | None) -> list[str]:
         """The complete reply lines available within ``timeout`` seconds (None: wait for one)."""
@@ -213,6 +239,26 @@ class ZygoteLink:
                 if line == "reaped":
                     return statuses
                 statuses.update(exit_statuses([line]))
+
+
+class Zygotes:
+    """The job server's zygotes: lean (the test programs' modules) and warm (the preimports too)."""
+
+    def __init__(self, lean: ZygoteLink, warm: ZygoteLink | None, warm_modules: list[str]):
+        self.lean, self.warm = lean, warm
+        self.warm_names = sorted({name.split(".")[0] for name in warm_modules})
+
+    def for_job(self, job: dict) -> ZygoteLink:
+        """The warm zygote for code that names a module only it has loaded; else the lean one."""
+        if self.warm is not None:
+            text = job.get("code", "") + (job.get("setup_code") or "")
+            if any(name in text for name in self.warm_names):
+                return self.warm
+        return self.lean
+
+    def pids(self) -> list[int]:
+        """The zygotes' pids."""
+        return [link.pid for link in (self.lean, self.warm) if link is not None]
 
 
 def exit_statuses(lines: list[str]) -> dict[int, int]:
