@@ -1,7 +1,7 @@
 """``molrl demo``: the whole method on a laptop CPU, in a world molrl builds itself.
 
-    molrl demo                 # 7-14 minutes on 2 shared cores: runs/demo/pipeline/report.md
-    molrl demo --quick         # the same steps, smaller, in 1.5-3 minutes
+    molrl demo                 # about 8 minutes on 2 shared cores: runs/demo/pipeline/report.md
+    molrl demo --quick         # the same steps, smaller (a smoke run), in about 1.5 minutes
     molrl demo --out DIR [key.sub=value ...]   # pipeline overrides, e.g. grpo.max_steps=60
     molrl demo --seeds 3       # the headline (MoL + GRPO vs base + GRPO) over 3 seeds
     molrl demo --study         # the paper's ablations over 3 seeds: runs/study/study.md
@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of configs/pipeline_tiny.yaml")
-    p.add_argument("--quick", action="store_true", help="the small preset (1.5-3 minutes on 2 shared cores)")
+    p.add_argument("--quick", action="store_true", help="the small preset, a smoke run (about 1.5 minutes on 2 shared cores)")
     p.add_argument("--seeds", type=int, default=None, metavar="N",
                    help="repeat with world and training seeds 0..N-1 and report the headline over seeds "
                         "(N times as long; default 1, or 3 with --study)")

@@ -55,7 +55,7 @@ PRESETS = {
     "default": DemoPreset(),
     "quick": DemoPreset(
         world=WorldConfig(train_problems=200, heldout_problems=50, general_train=200, general_eval=50),
-        base=BaseModelConfig(steps=200),
+        base=BaseModelConfig(steps=120),
         pipeline_overrides=["mol.train.max_steps=20", "grpo.max_steps=5", "grpo.prompts_per_step=4"],
     ),
     "study_quick": DemoPreset(  # `molrl demo --study --quick`: a check that every table of the study fills
