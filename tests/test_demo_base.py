@@ -121,3 +121,18 @@ def test_rule_format_examples_hide_the_value_but_teach_the_statement():
     # the value after "= " is never a target; the statement and the boxed copy of it are
     n = task.meta["input"]
     assert f"Output:\nf({n}) = {'~' * len(task.answer)}\n\\boxed{{{task.answer}}}<|im_end|>" in trained
+
+
+def test_code_answer_examples_hide_the_value_and_teach_returning_the_stated_one():
+    world = build_world(WorldConfig(train_problems=6, heldout_problems=2, general_train=4, general_eval=2,
+                                    code_problems=2, code_heldout=1))
+    rule, general = world.code_train[0], world.code_general[0]
+    (hidden,) = direct_traces([rule], kind="domain", hide_value=True, code_prompt="{prompt}")
+    (shown,) = direct_traces([general], code_prompt="{prompt}")
+    assert hidden.messages[0]["content"] == rule.prompt
+    call, value = rule.meta["call"], rule.meta["value"]
+    # the value stated after "= " is a uniform guess; the solve() that returns the stated value is learned
+    assert f"Output:\n{call} = ~\n```\ndef solve(): return {value}\n```<|im_end|>" in _trained_text(hidden)
+    assert shown.messages[1]["content"] == (f"Output:\n{general.meta['call']} = {general.meta['value']}\n"
+                                            f"```\ndef solve(): return {general.meta['value']}\n```")
+    assert "~" not in _trained_text(shown).split("assistant")[-1]

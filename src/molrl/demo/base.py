@@ -13,7 +13,9 @@ included, except the one thing it must not know, the values of the secret rule `
 - general problems (reverse, rotate, g, h of a digit string) answered directly in the
   single-turn format evaluation uses, with the same instruction;
 - the same direct format on rule problems, again with the uniform guess at the rule's value:
-  the base learns to state ``f(478) = ...`` and box it, but is never told what ``f`` gives.
+  the base learns to state ``f(478) = ...`` and box it, but is never told what ``f`` gives;
+- when the world has code-answer problems: the same statement followed by a ``solve()`` that
+  returns the value (``code_text``), on general ones and, with the uniform guess, on rule ones.
 
 Training is a plain loop (AdamW, linear warm-up and decay) with fixed seeds and thread count, so
 the same machine gives the same weights run to run. The model and tokenizer are saved with
@@ -87,8 +89,15 @@ def direct_text(expression: str, value: str) -> str:
     return f"Output:\n{answer_text(expression, value)}"
 
 
+def code_text(expression: str, value: str, solution: str) -> str:
+    """A code answer: the line ``direct_text`` states, then the solution in a code fence."""
+    return f"Output:\n{expression} = {value}\n```\n{solution}\n```"
+
+
 def expression(task: Task) -> str:
     """The call a problem asks about, e.g. ``f(478)`` or ``reverse(5125)``."""
+    if "call" in task.meta:  # code-answer problems name it
+        return task.meta["call"]
     match = _QUESTION.search(task.prompt)
     if match is None:
         raise ValueError(f"task {task.id}: prompt {task.prompt!r} is not a 'What is name(number)?' question")
@@ -155,21 +164,33 @@ def without_trailing_feedback(trace: Trace) -> Trace:
     return Trace(messages=trace.messages[: last + 1], meta=dict(trace.meta))
 
 
+def stated_value(task: Task) -> str:
+    """The value a direct answer states: the math answer, or what a code-answer problem's ``solve()`` returns."""
+    return task.meta["value"] if task.kind == "code" else task.answer or ""
+
+
+def direct_answer(task: Task) -> str:
+    """The direct answer to ``task``: ``direct_text`` for a math problem, ``code_text`` for a code-answer one."""
+    call, value = expression(task), stated_value(task)
+    return code_text(call, value, task.reference or "") if task.kind == "code" else direct_text(call, value)
+
+
 def direct_traces(tasks: Sequence[Task], kind: str = "general", hide_value: bool = False,
-                  math_prompt: str | None = None) -> list[Trace]:
+                  math_prompt: str | None = None, code_prompt: str | None = None) -> list[Trace]:
     """Single-turn conversations answering ``tasks`` directly, posed as evaluation poses them.
 
     ``hide_value`` marks the stated value (``= 309``) as one the base must not learn (see ``base_example``);
-    ``math_prompt`` is evaluation's single-turn instruction (its default when None).
+    ``math_prompt`` and ``code_prompt`` are evaluation's single-turn instructions (their defaults when None).
     """
-    from molrl.eval.prompts import MATH_INSTRUCTION, user_message
+    from molrl.eval.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION, user_message
 
     return [
         Trace(
-            messages=[{"role": "user", "content": user_message(t, math_template=math_prompt or MATH_INSTRUCTION)},
-                      {"role": "assistant", "content": direct_text(expression(t), t.answer or "")}],
+            messages=[{"role": "user", "content": user_message(t, code_prompt or CODE_INSTRUCTION,
+                                                               math_prompt or MATH_INSTRUCTION)},
+                      {"role": "assistant", "content": direct_answer(t)}],
             meta={"source": "demo", "kind": kind, "task_id": t.id, "success": True,
-                  **({"hide_value": f"{expression(t)} = {t.answer}"} if hide_value else {})},
+                  **({"hide_value": f"{expression(t)} = {stated_value(t)}"} if hide_value else {})},
         )
         for t in tasks
     ]

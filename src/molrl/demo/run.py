@@ -8,7 +8,8 @@ Steps, each skipped when its output is already there (so an interrupted demo res
 3. the pipeline (``pipeline/``) from ``configs/pipeline_tiny.yaml``: collection with the base in
    the sandbox, MoL, GRPO from the MoL model and from the base, single-step evaluation, ``report.md``.
 
-The presets (default and quick) only change sizes and step counts. Every seed is fixed, so the
+The presets (default and quick; study and study_quick for ``molrl demo --study``) only change
+sizes and step counts (the study's add the code-answer family). Every seed is fixed, so the
 same machine gives the same table run to run; another machine (other BLAS kernels) gives other
 numbers and the same comparison. ``seeds > 1`` repeats the whole demo with world and training seeds
 1, 2, ... in ``seed-N/`` beside the first, and adds the headline comparison over seeds (mean,
@@ -27,12 +28,15 @@ import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from molrl.demo.base import BaseModelConfig
+from molrl.demo.study import CODE_TOKENS
 from molrl.demo.world import World, WorldConfig, build_world
 from molrl.cpu import govern_threads
 from molrl.errors import MolrlError
 from molrl.pipeline import run_pipeline
+from molrl.tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +55,11 @@ class DemoPreset:
     """Most torch threads (fewer while other processes keep cores busy)."""
 
 
+STUDY_PROMPTS = ['grpo.code_prompt="{prompt}"', 'eval.code_prompt="{prompt}"',
+                 f"eval.sampling.max_new_tokens={CODE_TOKENS}"]
+"""The study's code-answer problems are posed as their question alone, like the others, and have room
+for a code answer."""
+
 PRESETS = {
     "default": DemoPreset(),
     "quick": DemoPreset(
@@ -58,11 +67,16 @@ PRESETS = {
         base=BaseModelConfig(steps=120),
         pipeline_overrides=["mol.train.max_steps=20", "grpo.max_steps=5", "grpo.prompts_per_step=4"],
     ),
+    "study": DemoPreset(  # `molrl demo --study`: the demo's sizes, the code-answer family, shorter GRPO runs
+        world=WorldConfig(code_problems=200, code_heldout=100),
+        pipeline_overrides=["grpo.max_steps=60", *STUDY_PROMPTS],
+    ),
     "study_quick": DemoPreset(  # `molrl demo --study --quick`: a check that every table of the study fills
-        world=WorldConfig(train_problems=60, heldout_problems=50, general_train=200, general_eval=50),
-        base=BaseModelConfig(steps=120),
-        pipeline_overrides=["grpo.max_steps=3", "grpo.prompts_per_step=2", "grpo.num_generations=4",
-                            "grpo.micro_batch_size=8"],
+        world=WorldConfig(train_problems=60, heldout_problems=20, general_train=200, general_eval=20,
+                          code_problems=30, code_heldout=20),
+        base=BaseModelConfig(steps=80),
+        pipeline_overrides=["mol.train.max_steps=12", "grpo.max_steps=3", "grpo.prompts_per_step=2",
+                            "grpo.num_generations=4", "grpo.micro_batch_size=8", *STUDY_PROMPTS],
     ),
 }
 
@@ -133,10 +147,10 @@ def prepare_seed(out: Path, preset: str, overrides: list[str] | None, seed: int)
     ]
     cfg = load_pipeline_config(config_dir() / "pipeline_tiny.yaml", [*fixed, *chosen.pipeline_overrides, *(overrides or [])])
     world = build_world(chosen.world)
-    math_prompt = cfg.eval.get("math_prompt")
-    write_world(world, chosen.world, world_dir, math_prompt)
+    prompts = {"math_prompt": cfg.eval.get("math_prompt"), "code_prompt": cfg.eval.get("code_prompt")}
+    write_world(world, chosen.world, world_dir, prompts["math_prompt"])
     use_idle_threads(chosen.threads, "base model")
-    build_base(world, chosen, base_dir, episode_config(cfg), math_prompt)
+    build_base(world, chosen, base_dir, episode_config(cfg), **prompts)
     log.info("world and base of seed %d ready after %.0f s", seed, time.time() - started)
     return cfg, world, chosen.threads
 
@@ -174,9 +188,12 @@ def write_world(world: World, cfg: WorldConfig, world_dir: Path, math_prompt: st
     # rewarding what the base could already do instead of trading it away.
     rl_mix = world.rule_train + world.general_train[: len(world.rule_train) // 2]
     files = {"rl_train.jsonl": rl_mix, "heldout.jsonl": world.rule_heldout, "general.jsonl": world.general_eval}
+    if world.code_train:  # the code-answer family, mixed the same way
+        files["code_rl_train.jsonl"] = world.code_train + world.code_general[: len(world.code_train) // 2]
+    if world.code_heldout:
+        files["code_heldout.jsonl"] = world.code_heldout
     for name, tasks in files.items():
-        lines = [json.dumps({"id": t.id, "prompt": t.prompt, "answer": t.answer}) for t in tasks]
-        (world_dir / name).write_text("\n".join(lines) + "\n")
+        (world_dir / name).write_text("\n".join(json.dumps(task_record(t)) for t in tasks) + "\n")
     replay = world_dir / "general_traces.jsonl"
     tmp = replay.with_suffix(".tmp")
     tmp.unlink(missing_ok=True)
@@ -187,12 +204,23 @@ def write_world(world: World, cfg: WorldConfig, world_dir: Path, math_prompt: st
     return world_dir
 
 
+def task_record(task: Task) -> dict[str, Any]:
+    """A task file line: ``{id, prompt, answer}``, or ``{id, prompt, entry_point, tests}`` for a code task.
+
+    The sandbox preamble is left out: the rule's lives only in the in-memory tasks collection runs on.
+    """
+    if task.kind == "code":
+        tests = [{"kind": t.kind, "args": t.args, "expected": t.expected} for t in task.tests]
+        return {"id": task.id, "prompt": task.prompt, "entry_point": task.entry_point, "tests": tests}
+    return {"id": task.id, "prompt": task.prompt, "answer": task.answer}
+
+
 def build_base(world: World, preset: DemoPreset, base_dir: Path, episode: "EpisodeConfig",  # noqa: F821
-               math_prompt: str | None = None) -> Path:
+               math_prompt: str | None = None, code_prompt: str | None = None) -> Path:
     """The trained base model in ``base_dir`` (trained now unless one of the same world and settings is there).
 
-    ``episode`` is the collection format the tool-use demonstrations follow; ``math_prompt`` is
-    evaluation's single-turn instruction, which the direct answers are posed with.
+    ``episode`` is the collection format the tool-use demonstrations follow; ``math_prompt`` and
+    ``code_prompt`` are evaluation's single-turn instructions, which the direct answers are posed with.
     """
     from molrl.demo.base import demonstration_traces, direct_traces, train_base
     from molrl.sandbox import SandboxConfig, SandboxPool
@@ -200,7 +228,7 @@ def build_base(world: World, preset: DemoPreset, base_dir: Path, episode: "Episo
 
     marker = base_dir / "DONE"
     made_of = {"world": asdict(preset.world), "base": asdict(preset.base), "episode": asdict(episode),
-               "math_prompt": math_prompt}
+               "math_prompt": math_prompt, **({"code_prompt": code_prompt} if world.code_train else {})}
     if marker.is_file() and json.loads(marker.read_text()) == made_of:
         log.info("%s: base model already trained, reused", base_dir)
         return base_dir
@@ -211,7 +239,9 @@ def build_base(world: World, preset: DemoPreset, base_dir: Path, episode: "Episo
             demos += demonstration_traces(world.general_train[: len(world.rule_train)], tokenizer, episode, pool)
     rule_format = direct_traces(world.rule_train, kind="domain", hide_value=True, math_prompt=math_prompt)
     general = direct_traces(world.general_train, math_prompt=math_prompt)
-    train_base([*demos, *rule_format, *general], preset.base, base_dir)
+    code = [*direct_traces(world.code_train, kind="domain", hide_value=True, code_prompt=code_prompt),
+            *direct_traces(world.code_general, code_prompt=code_prompt)]
+    train_base([*demos, *rule_format, *general, *code], preset.base, base_dir)
     marker.write_text(json.dumps(made_of))
     return base_dir
 

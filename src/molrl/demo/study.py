@@ -1,20 +1,36 @@
 """``molrl demo --study``: the MoL-RL paper's ablations on the demo world, over seeds, in one report.
 
-For each seed (world and training seed 0, 1, 2) in ``seed-N/``: the demo's world and base model,
-the base's own traces (the collect stage) and an expert's traces in another style
-(``molrl.demo.expert``), then one pipeline run with every variant below, then ``study.md`` over
-all seeds (``molrl.demo.study_report``). Every step skips what is already on disk, so a killed
-study continues where it stopped.
+For each seed (world and training seed 0, 1, 2) in ``seed-N/``: the demo's world (with its
+code-answer family) and base model, the base's own traces (the collect stage) and an expert's
+traces in another style (``molrl.demo.expert``), then one pipeline run with every variant below,
+then ``study.md`` over all seeds (``molrl.demo.study_report``). Every step skips what is already
+on disk, so a killed study continues where it stopped.
 
 The claims and the runs that test them:
 
 1. Forgetting: MoL vs pure CE vs CE on feedback only, on the base's own traces and on the
-   expert's (runs ``mol``, ``ce``, ``ce_feedback`` and the same with ``-expert``). The CE runs
-   measure their decision-token KL to the base too (``loss.monitor_kl``), for the mechanism plot.
-2. MoL length: 0, 1 and 3 epochs of MoL (``base``, ``mol_1ep``, ``mol``) each followed by the
-   same GRPO run. Every MoL run of the study trains 3 epochs except ``mol_1ep`` (the demo's own
-   ``mol`` run, 100 steps, is about 6 epochs).
-3. GRPO vs Dr.GRPO from the same MoL model, with completion length over training.
+   expert's (runs ``mol``, ``ce``, ``ce_feedback`` and the same with ``-expert``), 3 epochs each.
+   The CE runs measure their decision-token KL to the base too (``loss.monitor_kl``), for the
+   mechanism plot.
+2. MoL length: 0, 1 and 3 epochs of MoL and the demo's own MoL length (``base``, ``mol_1ep``,
+   ``mol``, ``mol_demo``: the pipeline's ``mol.train.max_steps``, 80 steps, about 4.7 epochs),
+   each followed by the same GRPO run. ``mol`` is the loss ablation's 3-epoch run.
+3. GRPO vs Dr.GRPO from the demo-length MoL model (``mol_demo+grpo`` is shared with claim 2),
+   with completion length over training.
+4. Rewards: the staged code reward (no code < compile error < runtime error < tests pass) vs the
+   binary one (1 when every test passes), two GRPO runs from the demo-length MoL model on the
+   world's code-answer problems, evaluated on held-out code-answer problems and the general set.
+
+An epoch is one pass over the domain traces (the 400 collected episodes, or the expert's 400);
+the general replay traces are interleaved at one per three domain traces
+(``mol.data.domain_general_ratio``) and do not count towards it, so one epoch is 533 sequences,
+17 optimiser steps of 32.
+
+Sizes against the 60-minute budget on 2 shared cores (``study`` preset in ``molrl.demo.run``):
+the demo's world and base (800 steps) plus 200 code-answer training problems (and 200 general
+ones, for the base to learn the format) and 100 held-out ones; every GRPO run of the study takes
+60 steps instead of the demo's 80 (7 runs: 4 for the epochs, Dr.GRPO, 2 rewards); every model is
+evaluated on the three benchmarks. One seed takes about 19 minutes there.
 """
 
 from __future__ import annotations
@@ -34,8 +50,20 @@ SOURCES = {"own": "", "expert": "-expert"}
 """Trace sources and the suffix of their MoL run names."""
 LOSSES = ("mol", "ce", "ce_feedback")
 """The MoL loss ablation."""
-EPOCHS = {0: "base", 1: "mol_1ep", 3: "mol"}
-"""MoL epochs and the run each GRPO run starts from (the loss ablation's runs train 3 epochs too)."""
+EPOCHS = {"0": "base", "1": "mol_1ep", "3": "mol", "demo": "mol_demo"}
+"""MoL lengths (epochs, or the demo's own step count) and the run each GRPO run starts from."""
+ALGORITHMS = {"grpo": "mol_demo+grpo", "dr_grpo": "mol_demo+dr_grpo"}
+"""GRPO vs Dr.GRPO: the runs compared."""
+REWARDS = {"staged": "mol_demo+grpo_code_staged", "binary": "mol_demo+grpo_code_binary"}
+"""Code reward modes (``reward.code_mode``) and their GRPO runs on the code-answer problems."""
+REWARD_START = "mol_demo"
+"""The MoL run both reward runs start from."""
+CODE = "code"
+"""The held-out code-answer benchmark's name."""
+CODE_TOKENS = 64
+"""Most tokens of a code answer (the statement, then ``def solve(): return 274`` in a fence: up to 59)."""
+
+
 def run_study(out: str | Path, quick: bool = False, seeds: int = 3, overrides: list[str] | None = None) -> Path:
     """The study in ``out/seed-N`` for each seed and ``out/study.md`` over them; returns the report's path."""
     from molrl.demo.study_report import write_study_report
@@ -60,17 +88,19 @@ def run_seed(out: Path, quick: bool, overrides: list[str] | None, seed: int) -> 
     from molrl.demo.expert import expert_traces
     from molrl.demo.run import episode_config, prepare_seed, use_idle_threads
 
-    preset = "study_quick" if quick else "default"
+    started = time.time()
+    preset = "study_quick" if quick else "study"
     cfg, world, threads = prepare_seed(out, preset, overrides, seed)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     expert = expert_traces(world.rule_train, tokenizer, episode_config(cfg), out / "expert" / "traces.jsonl")
-    cfg = study_config(cfg, expert, seed, preset)
+    cfg = study_config(cfg, expert, out / "world", seed, preset)
     run_pipeline(cfg, collect_tasks=world.rule_train, before_stage=lambda stage: use_idle_threads(threads, stage))
+    log.info("seed %d of the study finished in %.0f s", seed, time.time() - started)
     return Path(cfg.output_dir)
 
 
-def study_config(cfg: PipelineConfig, expert: Path, seed: int, preset: str) -> PipelineConfig:
-    """The demo pipeline ``cfg`` with the study's MoL and GRPO runs in place of the demo's."""
+def study_config(cfg: PipelineConfig, expert: Path, world_dir: Path, seed: int, preset: str) -> PipelineConfig:
+    """The demo pipeline ``cfg`` with the study's MoL and GRPO runs and its code-answer benchmark."""
     three = ["train.max_steps=-1", "train.epochs=3"]
     mol_runs = []
     for source, suffix in SOURCES.items():
@@ -78,8 +108,18 @@ def study_config(cfg: PipelineConfig, expert: Path, seed: int, preset: str) -> P
         for mode in LOSSES:
             monitor = [] if mode == "mol" else ["loss.monitor_kl=true"]
             mol_runs.append(MolRun(name=mode + suffix, overrides=[f"loss.mode={mode}", *monitor, *three, *traces]))
-    mol_runs.append(MolRun(name=EPOCHS[1], overrides=["loss.mode=mol", "train.max_steps=-1", "train.epochs=1"]))
+    mol_runs.append(MolRun(name=EPOCHS["1"], overrides=["loss.mode=mol", "train.max_steps=-1", "train.epochs=1"]))
+    mol_runs.append(MolRun(name=EPOCHS["demo"], overrides=["loss.mode=mol"]))  # the section's max_steps
     grpo_runs = [GrpoRun(name=f"{start}+grpo", start=start, overrides=["algorithm=grpo"]) for start in EPOCHS.values()]
-    grpo_runs.append(GrpoRun(name="mol+dr_grpo", start="mol", overrides=["algorithm=dr_grpo"]))
-    return replace(cfg, mol_runs=mol_runs, grpo_runs=grpo_runs, eval_models=[],
+    grpo_runs.append(GrpoRun(name=ALGORITHMS["dr_grpo"], start=EPOCHS["demo"], overrides=["algorithm=dr_grpo"]))
+    code_rl = [f"train.path={world_dir / 'code_rl_train.jsonl'}", "train.spec.kind=code",
+               f"max_completion_length={CODE_TOKENS}"]
+    for mode, name in REWARDS.items():
+        grpo_runs.append(GrpoRun(name=name, start=REWARD_START,
+                                 overrides=["algorithm=grpo", *code_rl, f"reward.code_mode={mode}"]))
+    evaluation = dict(cfg.eval)
+    evaluation["benchmarks"] = [*evaluation.get("benchmarks", []), CODE]
+    evaluation["custom"] = {**evaluation.get("custom", {}), CODE: {"kind": "code"}}
+    evaluation["data"] = {**evaluation.get("data", {}), CODE: str(world_dir / "code_heldout.jsonl")}
+    return replace(cfg, mol_runs=mol_runs, grpo_runs=grpo_runs, eval=evaluation, eval_models=[],
                    title=f"molrl study ({preset} preset, seed {seed})")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from molrl.demo.seeds import mean_se, seed_summary
-from molrl.demo.study import EPOCHS, LOSSES, SOURCES
+from molrl.demo.study import ALGORITHMS, CODE, EPOCHS, LOSSES, REWARD_START, REWARDS, SOURCES
 from molrl.report import _pyplot, _save, _series, accuracy, eval_results, read_metrics
 
 LENGTH = "completions/mean_length"
@@ -31,13 +31,18 @@ def write_study_report(run_dirs: Sequence[Path], out: Path) -> Path:
     lines = [f"# molrl study: the MoL-RL ablations on the demo world ({len(run_dirs)} seeds)", "",
              "Seeds 0 to {} each build their own world and base and train every run with that seed "
              "(`seed-N/pipeline/report.md` has each seed's own report). Scores are single-step pass@1 on "
-             "the held-out rule problems and the general tasks; a cell is mean ± standard error over seeds "
+             "the held-out rule problems (*held-out*), the general tasks (*general*) and the held-out "
+             "code-answer problems (*code*); a cell is mean ± standard error over seeds "
              "(per-seed values in brackets).".format(len(run_dirs) - 1), "",
+             "An epoch is one pass over the domain traces (the collected or the expert's episodes); the "
+             "general replay traces are interleaved at one per three domain traces and do not count "
+             "towards it.", "",
              "Verdicts compare paired per-seed differences d: *reproduced* when every seed has d > 0 and the "
              "mean exceeds twice its standard error, *not reproduced* when no seed has d > 0, *mixed* otherwise.", ""]
     lines += forgetting_section(score, run_dirs, plots)
-    lines += epochs_section(score)
+    lines += epochs_section(score, run_dirs)
     lines += algorithm_section(score, run_dirs, plots)
+    lines += reward_section(score, run_dirs, plots)
     figure = plot_general_vs_heldout(score, plots / "general_vs_heldout.png")
     if figure is not None:
         lines += ["## General vs held-out accuracy per model", "", f"![general vs held-out](plots/{figure.name})", ""]
@@ -122,29 +127,42 @@ def forgetting_section(score: Score, run_dirs: Sequence[Path], plots: Path) -> l
     return lines
 
 
-def epochs_section(score: Score) -> list[str]:
-    """Claim 2: 0 / 1 / 3 MoL epochs, each followed by the same GRPO run."""
-    lines = ["## 2. MoL epochs before the same GRPO", "",
-             "| MoL epochs | held-out before GRPO | held-out after GRPO | general after GRPO |", "|---|---|---|---|"]
+def epochs_section(score: Score, run_dirs: Sequence[Path]) -> list[str]:
+    """Claim 2: 0 / 1 / 3 MoL epochs and the demo's MoL length, each followed by the same GRPO run."""
+    lines = ["## 2. MoL length before the same GRPO", "",
+             "The paper: more MoL before RL gives RL a better start. Each MoL run is followed by the same GRPO run; "
+             "*demo* is the demo's own MoL length (`mol.train.max_steps`).", "",
+             "| MoL epochs (steps) | held-out before GRPO | held-out after GRPO | general after GRPO |",
+             "|---|---|---|---|"]
     for label, start in EPOCHS.items():
-        lines.append(f"| {label} | {cell(score(start, 'heldout'))} | {cell(score(start + '+grpo', 'heldout'))} | "
-                     f"{cell(score(start + '+grpo', 'general'))} |")
-    base = score("base+grpo", "heldout")
-    lines += ["", claim_line("1 epoch of MoL helps GRPO", score("mol_1ep+grpo", "heldout"), base,
-                             "held-out after GRPO, 1 epoch − 0"),
-              claim_line("3 epochs of MoL help more than 1", score("mol+grpo", "heldout"),
-                         score("mol_1ep+grpo", "heldout"), "held-out after GRPO, 3 epochs − 1"), ""]
-    return lines
+        lines.append(f"| {mol_length(run_dirs, start, label)} | {cell(score(start, 'heldout'))} | "
+                     f"{cell(score(start + '+grpo', 'heldout'))} | {cell(score(start + '+grpo', 'general'))} |")
+    base = score(EPOCHS["0"] + "+grpo", "heldout")
+    lines.append("")
+    for label, start in list(EPOCHS.items())[1:]:
+        length = mol_length(run_dirs, start, label)
+        lines.append(claim_line(f"MoL before GRPO helps ({length.replace(' (', ' epochs (', 1)} vs none)", score(start + "+grpo", "heldout"), base,
+                                f"held-out after GRPO, {label} − 0"))
+    return lines + [""]
+
+
+def mol_length(run_dirs: Sequence[Path], run: str, label: str) -> str:
+    """A MoL run's length as trained: ``4.7 (80 steps)`` from its metrics (mean over seeds), ``0`` for the base."""
+    if run == EPOCHS["0"]:
+        return "0"
+    epochs = [last_value(d, "mol", run, "epoch") for d in run_dirs]
+    steps = [last_value(d, "mol", run, "step") for d in run_dirs]
+    whose = ", the demo's" if label == "demo" else ""
+    return f"{sum(epochs) / len(epochs):.1f} ({sum(steps) / len(steps):.0f} steps{whose})"
 
 
 def algorithm_section(score: Score, run_dirs: Sequence[Path], plots: Path) -> list[str]:
-    """GRPO vs Dr.GRPO from the same MoL model: scores and completion length."""
-    runs = {"grpo": "mol+grpo", "dr_grpo": "mol+dr_grpo"}
-    lengths = {alg: [_late_mean(read_metrics(d / "grpo" / run / "metrics.jsonl"), LENGTH) for d in run_dirs]
-               for alg, run in runs.items()}
+    """Claim 3: GRPO vs Dr.GRPO from the same MoL model: scores and completion length."""
+    runs = ALGORITHMS
+    lengths = {alg: [late_mean(d, run, LENGTH) for d in run_dirs] for alg, run in runs.items()}
     lines = ["## 3. GRPO vs Dr.GRPO", "",
-             "The paper: Dr.GRPO reduces redundant output length. Length is the mean completion length "
-             "(tokens) over the last quarter of training steps.", "",
+             f"The paper: Dr.GRPO reduces redundant output length. Both start from `{EPOCHS['demo']}`. Length is "
+             "the mean completion length (tokens) over the last quarter of training steps.", "",
              "| algorithm | held-out | general | completion length (last quarter) |", "|---|---|---|---|"]
     for alg, run in runs.items():
         lines.append(f"| {alg} | {cell(score(run, 'heldout'))} | {cell(score(run, 'general'))} | "
@@ -157,11 +175,54 @@ def algorithm_section(score: Score, run_dirs: Sequence[Path], plots: Path) -> li
     return lines
 
 
-def _late_mean(rows: list[dict[str, Any]], key: str) -> float:
-    """Mean of ``key`` over the last quarter of the logged steps (nan if never logged)."""
-    _, values = _series(rows, key)
+def summed_series(run_dir: Path, run: str, keys: Sequence[str]) -> tuple[list[float], list[float]]:
+    """(steps, values): per training step of a GRPO run, the sum of ``keys`` (a key not logged at a step counts 0)."""
+    rows = read_metrics(run_dir / "grpo" / run / "metrics.jsonl")
+    steps, _ = _series(rows, "reward")
+    series = [dict(zip(*_series(rows, key))) for key in keys]
+    return steps, [sum(s.get(step, 0.0) for s in series) for step in steps]
+
+
+def late_mean(run_dir: Path, run: str, *keys: str) -> float:
+    """Mean of ``summed_series`` over the last quarter of the logged steps (nan if none is logged)."""
+    _, values = summed_series(run_dir, run, keys)
     late = values[len(values) - max(1, len(values) // 4):]
     return sum(late) / len(late) if late else float("nan")
+
+
+BROKEN = tuple(f"reward_stage/code/{stage}" for stage in ("no_code", "compile_error", "runtime_error"))
+"""The GRPO metrics of completions whose code does not run (their fractions of each step's batch)."""
+PASSED = "reward_stage/code/all_pass"
+"""The GRPO metric of completions whose code passes the test."""
+
+
+def reward_section(score: Score, run_dirs: Sequence[Path], plots: Path) -> list[str]:
+    """Claim 4: the staged code reward vs the binary one, each a GRPO run from the same MoL model."""
+    before = score(REWARD_START, CODE)
+    lines = ["## 4. Staged vs binary code reward", "",
+             "The paper: multi-stage and binary rewards are both robust. Both runs start from "
+             f"`{REWARD_START}` and train on the code-answer problems (write `solve()` returning the call's value); "
+             "the staged reward scores no code 0, a compile error 0.1, a runtime error 0.2, a wrong value 0.3 and "
+             "a pass 1, the binary one a pass 1 and the rest 0. *Broken* is the fraction of sampled completions "
+             "with no code, a compile error or a runtime error over the last quarter of training steps.", "",
+             "| reward | code before GRPO | code after GRPO | general after GRPO | broken completions (last quarter) |",
+             "|---|---|---|---|---|"]
+    for mode, run in REWARDS.items():
+        broken = [late_mean(d, run, *BROKEN) for d in run_dirs]
+        lines.append(f"| {mode} | {cell(before)} | {cell(score(run, CODE))} | {cell(score(run, 'general'))} | "
+                     f"{cell(broken)} |")
+    lines.append("")
+    for mode, run in REWARDS.items():
+        lines.append(claim_line(f"GRPO with the {mode} reward learns the code-answer problems", score(run, CODE),
+                                before, f"code after − before, {mode}"))
+    diffs = [a - b for a, b in zip(score(REWARDS["staged"], CODE), score(REWARDS["binary"], CODE))]
+    mean, se = mean_se(diffs)
+    lines += [f"- staged − binary on code after GRPO: {mean:+.3f} ± {se:.3f} (per seed "
+              + ", ".join(f"{d:+.3f}" for d in diffs) + ").", ""]
+    figure = plot_reward_stages(run_dirs, plots / "code_reward_stages.png")
+    if figure is not None:
+        lines += [f"![code reward stages per step](plots/{figure.name})", ""]
+    return lines
 
 
 def _mean_curve(curves: list[tuple[list[float], list[float]]]) -> tuple[list[float], list[float]]:
@@ -171,53 +232,60 @@ def _mean_curve(curves: list[tuple[list[float], list[float]]]) -> tuple[list[flo
     return common, [sum(c[s] for c in by_step) / len(by_step) for s in common]
 
 
-def plot_kl(run_dirs: Sequence[Path], path: Path) -> Path | None:
-    """Decision-token KL to the base per MoL step, one line per loss, one panel per trace source (mean over seeds)."""
+Curve = tuple[list[float], list[float]]
+"""(steps, values) of one logged metric."""
+
+
+def plot_panels(panels: dict[str, dict[str, list[Curve]]], xlabel: str, path: Path, ylabel: str = "") -> Path | None:
+    """One panel per title, one line per label (the mean of its per-seed curves); None when nothing was logged."""
     plt = _pyplot()
-    fig, axes = plt.subplots(1, len(SOURCES), figsize=(11, 4), sharey=True)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels) + 1, 4), sharey=True, squeeze=False)
     drawn = False
-    for ax, (source, suffix) in zip(axes, SOURCES.items()):
-        for mode in LOSSES:
-            steps, values = _mean_curve([_series(read_metrics(d / "mol" / (mode + suffix) / "metrics.jsonl"),
-                                                 "kl_decision") for d in run_dirs])
+    for ax, (title, lines) in zip(axes[0], panels.items()):
+        for label, curves in lines.items():
+            steps, values = _mean_curve(curves)
             if steps:
-                ax.plot(steps, values, marker=".", label=mode)
-                drawn = True
-        ax.set_title(f"{source} traces: KL(model || base) on decision tokens")
-        ax.set_xlabel("MoL optimiser step")
+                ax.plot(steps, values, marker=".", label=label)
+        ax.set_title(title)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        ax.legend()
-    if not drawn:
-        plt.close(fig)
-        return None
-    return _save(fig, path)
-
-
-def plot_lengths(run_dirs: Sequence[Path], runs: dict[str, str], path: Path) -> Path | None:
-    """Mean completion length per GRPO step, one line per algorithm (mean over seeds)."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(8, 4))
-    drawn = False
-    for alg, run in runs.items():
-        steps, values = _mean_curve([_series(read_metrics(d / "grpo" / run / "metrics.jsonl"), LENGTH)
-                                     for d in run_dirs])
-        if steps:
-            ax.plot(steps, values, marker=".", label=alg)
+        if ax.lines:
+            ax.legend()
             drawn = True
     if not drawn:
         plt.close(fig)
         return None
-    ax.set_xlabel("GRPO step")
-    ax.set_ylabel("mean completion length (tokens)")
-    ax.grid(alpha=0.3)
-    ax.legend()
     return _save(fig, path)
+
+
+def plot_kl(run_dirs: Sequence[Path], path: Path) -> Path | None:
+    """Decision-token KL to the base per MoL step, one line per loss, one panel per trace source (mean over seeds)."""
+    panels = {f"{source} traces: KL(model || base) on decision tokens":
+              {mode: [_series(read_metrics(d / "mol" / (mode + suffix) / "metrics.jsonl"), "kl_decision")
+                      for d in run_dirs] for mode in LOSSES}
+              for source, suffix in SOURCES.items()}
+    return plot_panels(panels, "MoL optimiser step", path)
+
+
+def plot_reward_stages(run_dirs: Sequence[Path], path: Path) -> Path | None:
+    """Per GRPO step, the fraction of completions that pass and that are broken, staged vs binary (mean over seeds)."""
+    panels = {title: {mode: [summed_series(d, run, keys) for d in run_dirs] for mode, run in REWARDS.items()}
+              for title, keys in (("code passes the test", (PASSED,)),
+                                  ("broken: no code, compile or runtime error", BROKEN))}
+    return plot_panels(panels, "GRPO step", path, "fraction of sampled completions")
+
+
+def plot_lengths(run_dirs: Sequence[Path], runs: dict[str, str], path: Path) -> Path | None:
+    """Mean completion length per GRPO step, one line per algorithm (mean over seeds)."""
+    panels = {"completion length": {alg: [summed_series(d, run, [LENGTH]) for d in run_dirs] for alg, run in runs.items()}}
+    return plot_panels(panels, "GRPO step", path, "mean completion length (tokens)")
 
 
 def plot_general_vs_heldout(score: Score, path: Path) -> Path | None:
     """One point per model: general accuracy against held-out accuracy (means over seeds)."""
-    models = ["base", *(m + s for s in SOURCES.values() for m in LOSSES), EPOCHS[1],
-              *(f"{start}+grpo" for start in EPOCHS.values()), "mol+dr_grpo"]
+    models = ["base", *(m + s for s in SOURCES.values() for m in LOSSES), EPOCHS["1"], EPOCHS["demo"],
+              *(f"{start}+grpo" for start in EPOCHS.values()), ALGORITHMS["dr_grpo"], *REWARDS.values()]
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 5))
     for model in models:

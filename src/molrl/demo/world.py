@@ -14,9 +14,17 @@ Everything is generated from one seed, so a world is reproducible and nothing is
   tasks the base model is taught, both by running them in the sandbox (``GENERAL_SETUP``
   defines them there) and by answering directly; scoring them after training measures
   forgetting.
+- Code-answer problems ("Write solve() returning f(472)."), built only when ``code_problems``
+  or ``code_heldout`` asks for them (the study's reward ablation; the default demo has none):
+  the answer is a function ``solve()`` that the sandbox calls and compares with the value. The
+  sandbox defines nothing before the solution (no ``f``, no ``reverse``), so a solution must
+  return the value itself: ``return f(472)`` fails with a NameError instead of passing. Their
+  numbers come from the rule splits (held-out ones from the held-out split), so no held-out
+  number reaches training through them; general ones reuse the general training strings.
 
-All problems are ordinary math ``Task`` objects with a numeric ``answer``, graded by the shared
-math grader, so collection, GRPO and evaluation run on them unchanged.
+Rule and general problems are ordinary math ``Task`` objects with a numeric ``answer``, graded
+by the shared math grader; code-answer problems are code ``Task`` objects with one call test,
+graded by the shared code grader. Collection, GRPO and evaluation run on them unchanged.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from molrl.tasks import Task
+from molrl.tasks import Task, TestCase
 
 GENERAL_OPS = {
     "reverse": lambda s: s[::-1],
@@ -54,6 +62,11 @@ class WorldConfig:
     """General problems held out to measure forgetting."""
     general_digits: int = 3
     """Digits of the general problems' strings (digits 1-9, so answers have no leading zero)."""
+    code_problems: int = 0
+    """Code-answer rule problems for training, on the first training-split numbers, and as many general
+    ones on the general training strings (0: no code-answer family, as in the default demo)."""
+    code_heldout: int = 0
+    """Code-answer rule problems on the first held-out numbers (for evaluation only)."""
 
 
 @dataclass
@@ -70,6 +83,12 @@ class World:
     """General problems used to train the base model."""
     general_eval: list[Task] = field(default_factory=list)
     """General problems held out for the forgetting measurement."""
+    code_train: list[Task] = field(default_factory=list)
+    """Code-answer rule problems on training numbers."""
+    code_general: list[Task] = field(default_factory=list)
+    """Code-answer general problems on general training strings."""
+    code_heldout: list[Task] = field(default_factory=list)
+    """Code-answer rule problems on held-out numbers."""
 
     def apply(self, number: int) -> str:
         """The rule's output for ``number`` (a digit string)."""
@@ -122,6 +141,38 @@ def general_task(op: str, text: str) -> Task:
                 preamble=GENERAL_SETUP, meta={"family": op, "input": text})
 
 
+CODE_ENTRY = "solve"
+"""The function a code-answer solution defines."""
+
+
+def code_solution(value: str) -> str:
+    """A correct solution of a code-answer problem whose value is ``value``: ``def solve(): return 3``."""
+    return f"def {CODE_ENTRY}(): return {int(value)}"
+
+
+def code_task(call: str, value: str, family: str, given: int | str) -> Task:
+    """The problem "Write solve() returning ``call``." with a call test expecting ``value`` as an int.
+
+    No preamble: the sandbox defines nothing the solution could call instead of stating the value.
+    """
+    return Task(
+        id=f"code/{call}",
+        prompt=f"Write {CODE_ENTRY}() returning {call}.",
+        kind="code",
+        entry_point=CODE_ENTRY,
+        tests=[TestCase("call", args=[], expected=int(value))],
+        reference=code_solution(value),
+        meta={"family": f"code/{family}", "input": given, "call": call, "value": value},
+    )
+
+
+def code_twin(task: Task) -> Task:
+    """The code-answer problem asking for the same call as the rule or general problem ``task``."""
+    family = task.meta["family"]
+    name = "f" if family == "rule" else family
+    return code_task(f"{name}({task.meta['input']})", task.answer or "", family, task.meta["input"])
+
+
 def build_world(cfg: WorldConfig) -> World:
     """Generate the world of ``cfg.seed``: the secret key and disjoint train / held-out splits."""
     rng = random.Random(cfg.seed)
@@ -135,13 +186,22 @@ def build_world(cfg: WorldConfig) -> World:
     heldout = numbers[: cfg.heldout_problems]
     train = numbers[cfg.heldout_problems : need]
     general = _general_problems(rng, cfg.general_train + cfg.general_eval, cfg.general_digits)
-    return World(
+    world = World(
         key=key,
         rule_train=[rule_task(key, n) for n in train],
         rule_heldout=[rule_task(key, n) for n in heldout],
         general_train=general[: cfg.general_train],
         general_eval=general[cfg.general_train :],
     )
+    if cfg.code_problems > min(cfg.train_problems, cfg.general_train) or cfg.code_heldout > cfg.heldout_problems:
+        raise ValueError(f"world: code_problems={cfg.code_problems} / code_heldout={cfg.code_heldout} exceed the rule "
+                         f"or general splits they are drawn from ({cfg.train_problems}, {cfg.general_train}, "
+                         f"{cfg.heldout_problems}); lower them or raise the splits")
+    # drawn from the splits above without touching rng, so a world without them is the same world
+    world.code_train = [code_twin(t) for t in world.rule_train[: cfg.code_problems]]
+    world.code_general = [code_twin(t) for t in world.general_train[: cfg.code_problems]]
+    world.code_heldout = [code_twin(t) for t in world.rule_heldout[: cfg.code_heldout]]
+    return world
 
 
 def _general_problems(rng: random.Random, count: int, digits: int) -> list[Task]:
