@@ -3,7 +3,7 @@
     python benchmarks/grpo_step.py [--tasks HumanEval.jsonl.gz --format humaneval] [--steps 6]
         [--workers 4] [--completion-tokens 128] [--model tiny:chatml]
 
-Runs the real stage (``build_trainer``: TRL GRPOTrainer, guarded task reward, sandbox pool) on a
+Runs the real stage (``build_trainer``: ``RlTrainer``, its scorer, the sandbox pool) on a
 tiny random model. A random model writes no runnable code, so its completions would all stop at
 "no code block" and cost the sandbox nothing; to time the reward a trained model costs, each
 completion is scored as the task's reference solution (a distinct comment per completion, so the
@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from molrl.grpo.config import GrpoConfig, LoraSettings, PolicyConfig, TaskSource
-from molrl.grpo.run import build_trainer
+from molrl.rl.config import RlConfig, LoraSettings, PolicyConfig, TaskSource
+from molrl.rl.run import build_trainer
 from molrl.tasks import JsonlSpec, Task, TestCase
 
 BUILT_IN = [  # used when no task file is given: small functions with call tests and references
@@ -46,18 +46,17 @@ BUILT_IN = [  # used when no task file is given: small functions with call tests
 
 
 class ReferenceCompletions:
-    """Scores each row's reference solution in place of the model's text (see the module docstring)."""
+    """Grades each row's reference solution in place of the model's text (see the module docstring)."""
 
-    def __init__(self, reward, references: dict[str, str]):
-        self.reward = reward
+    def __init__(self, scorer, references: dict[str, str]):
+        self.scorer = scorer
         self.references = references  # for tasks whose file carries no reference (the built-in JSONL)
-        self.__name__ = reward.__name__
+        self.real_score = scorer.score
         self.counter = itertools.count()
 
-    def __call__(self, prompts, completions, task_json, **kwargs):
-        tasks = [Task.from_json(t) for t in task_json]
+    def __call__(self, tasks, completions):
         subs = [f"```python\n{t.reference or self.references[t.id]}\n# sample {next(self.counter)}\n```" for t in tasks]
-        return self.reward(prompts=prompts, completions=subs, task_json=task_json, **kwargs)
+        return self.real_score(tasks, subs)
 
 
 class StepTimer(TrainerCallback):
@@ -103,13 +102,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = GrpoConfig(output_dir=Path(tmp) / "run", policy=PolicyConfig(base=args.model),
-                         lora=LoraSettings(rank=64, alpha=128), train=task_source(args, Path(tmp)),
-                         num_generations=8, micro_batch_size=8, max_completion_length=args.completion_tokens,
-                         max_prompt_length=4096, max_steps=args.steps, save_steps=10_000, learning_rate=1e-4)
+        cfg = RlConfig(output_dir=Path(tmp) / "run", policy=PolicyConfig(base=args.model),
+                       lora=LoraSettings(rank=64, alpha=128), train=task_source(args, Path(tmp)),
+                       num_generations=8, micro_batch_size=8, max_completion_length=args.completion_tokens,
+                       max_prompt_length=4096, max_steps=args.steps, save_steps=10_000, learning_rate=1e-4)
         cfg.reward.sandbox_workers = args.workers
         trainer, _, pool = build_trainer(cfg)
-        trainer.reward_funcs[0] = ReferenceCompletions(trainer.reward_funcs[0], {t.id: t.reference for t in BUILT_IN})
+        trainer.scorer.score = ReferenceCompletions(trainer.scorer, {t.id: t.reference for t in BUILT_IN})
         timer = StepTimer()
         trainer.add_callback(timer)
         try:
@@ -138,25 +137,22 @@ def report(args, cfg, wall: list[float], rows: list[dict]) -> None:
 
 
 def serial_baseline(trainer, pool, args) -> None:
-    """The last step's batch scored with the configured pool and with a one-worker pool."""
+    """One batch of 8 scored with the configured pool and with a one-worker pool."""
     from molrl.sandbox import SandboxConfig, SandboxPool
 
-    reward = trainer.reward_funcs[0]
-    batch = [trainer.train_dataset[i] for i in range(min(8, len(trainer.train_dataset)))]
-    task_json = [row["task_json"] for row in batch]
-    prompts = [row["prompt"] for row in batch]
+    scorer = trainer.scorer
+    tasks = [Task.from_json(trainer.train_dataset[i]["task_json"]) for i in range(min(8, len(trainer.train_dataset)))]
 
-    def timed(func) -> float:
+    def timed() -> float:
         start = time.perf_counter()
-        func(prompts=prompts, completions=[""] * len(prompts), task_json=task_json)
+        scorer.score(tasks, [""] * len(tasks))
         return time.perf_counter() - start
 
-    parallel = timed(reward)
-    inner = reward.reward.func.by_kind["code"]
-    with SandboxPool(SandboxConfig(workers=1, timeout_s=inner.pool.cfg.timeout_s)) as serial_pool:
-        inner.pool = serial_pool
-        serial = timed(reward)
-        inner.pool = pool
+    parallel = timed()
+    with SandboxPool(SandboxConfig(workers=1, timeout_s=pool.cfg.timeout_s)) as serial_pool:
+        scorer.pool = serial_pool
+        serial = timed()
+        scorer.pool = pool
     print(f"8 completions scored: {args.workers} workers {parallel:.3f} s, 1 worker {serial:.3f} s "
           f"(parallel / serial = {parallel / serial:.2f})")
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from molrl.grpo.config import GrpoConfig, LoraSettings, PolicyConfig, TaskSource
+from molrl.rl.config import RlConfig, LoraSettings, PolicyConfig, TaskSource
 
 
 def save_tiny_model(path: Path) -> Path:
@@ -41,7 +41,7 @@ def save_mol_adapter(base: Path, path: Path, seed: int = 1) -> Path:
     return path
 
 
-def toy_config(out: Path, base: Path, **overrides) -> GrpoConfig:
+def toy_config(out: Path, base: Path, **overrides) -> RlConfig:
     """A short toy-task run on ``base`` (8 completions of 8 tokens per step)."""
     settings = dict(
         output_dir=out,
@@ -57,6 +57,6 @@ def toy_config(out: Path, base: Path, **overrides) -> GrpoConfig:
         save_steps=1000,
     )
     settings.update(overrides)
-    cfg = GrpoConfig(**settings)
+    cfg = RlConfig(**settings)
     cfg.reward.sandbox_workers = 2
     return cfg

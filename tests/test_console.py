@@ -36,9 +36,9 @@ def test_known_third_party_warnings_are_hidden_unless_verbose():
 
 def test_grpo_run_prints_no_raw_log_dicts(tmp_path, capsys):
     from grpo_helpers import save_tiny_model, toy_config
-    from molrl.grpo.run import run_grpo
+    from molrl.rl.run import run_rl
 
-    out = run_grpo(toy_config(tmp_path / "run", save_tiny_model(tmp_path / "base"), max_steps=3))
+    out = run_rl(toy_config(tmp_path / "run", save_tiny_model(tmp_path / "base"), max_steps=3))
     printed = capsys.readouterr()
     assert "{'loss'" not in printed.out + printed.err and "'grad_norm'" not in printed.out + printed.err
     assert len((out / "metrics.jsonl").read_text().splitlines()) >= 3  # the figures are in the file instead

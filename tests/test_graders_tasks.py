@@ -7,7 +7,7 @@ import json
 import pytest
 
 from molrl.errors import DataError, MolrlError
-from molrl.graders.asserts import assert_to_call, check_function_to_calls
+from molrl.tasks.asserts import assert_to_call, check_function_to_calls
 from molrl.tasks import JsonlSpec, Task, TestCase, load_tasks
 
 

@@ -55,28 +55,28 @@ def test_mol_fresh_start_drops_a_killed_attempts_lines(tmp_path):
 
 
 def test_grpo_resumes_past_torn_last_lines(tmp_path, caplog):
-    from molrl.grpo.run import run_grpo
+    from molrl.rl.run import run_rl
 
     base = save_tiny_model(tmp_path / "base")
-    out = run_grpo(toy_config(tmp_path / "run", base, max_steps=2, save_steps=2))
+    out = run_rl(toy_config(tmp_path / "run", base, max_steps=2, save_steps=2))
     for name in ("metrics.jsonl", "completions.jsonl"):
         with (out / name).open("a") as fh:
             fh.write(TORN)
-    run_grpo(toy_config(tmp_path / "run", base, max_steps=3, save_steps=2))
+    run_rl(toy_config(tmp_path / "run", base, max_steps=3, save_steps=2))
     assert _steps(out / "metrics.jsonl", "reward") == [1, 2, 3]
     assert sorted(set(_steps(out / "completions.jsonl", "step"))) == [1, 2, 3]
     assert "completions.jsonl" in caplog.text and "cut off mid-write" in caplog.text
 
 
 def test_grpo_fresh_start_drops_a_killed_attempts_lines(tmp_path):
-    from molrl.grpo.run import run_grpo
+    from molrl.rl.run import run_rl
 
     base = save_tiny_model(tmp_path / "base")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     for name in ("metrics.jsonl", "completions.jsonl"):  # killed before any checkpoint, torn mid-write
         (run_dir / name).write_text('{"step": 1, "reward": 9.0}\n' + TORN)
-    out = run_grpo(toy_config(run_dir, base, max_steps=1, save_steps=5))
+    out = run_rl(toy_config(run_dir, base, max_steps=1, save_steps=5))
     rewards = [r["reward"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "reward" in r]
     assert len(rewards) == 1 and rewards[0] != 9.0
     assert all("ce_fee" not in line for line in (out / "completions.jsonl").read_text().splitlines())

@@ -28,7 +28,7 @@ KEYS = ("reward", "loss", "kl", "grad_norm", "entropy", "completions/mean_length
 
 def golden_run(root: Path, algorithm: str) -> list[dict[str, float]]:
     """Per-step figures of a 4-step run of ``algorithm`` on the toy task."""
-    from molrl.grpo import run_grpo
+    from molrl.rl import run_rl
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one thread: the same float sums on every run
@@ -38,7 +38,7 @@ def golden_run(root: Path, algorithm: str) -> list[dict[str, float]]:
             save_tiny_model(base)
         cfg = toy_config(root / algorithm, base, algorithm=algorithm, max_steps=4, beta=0.05, num_generations=8,
                          micro_batch_size=8, prompts_per_step=2, max_completion_length=32)
-        out = run_grpo(cfg)
+        out = run_rl(cfg)
     finally:
         torch.set_num_threads(threads)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

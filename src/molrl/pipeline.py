@@ -1,6 +1,6 @@
 """``molrl pipeline``: collect -> MoL -> GRPO -> eval in one run directory, then ``report.md``.
 
-Each stage is the real stage function (``run_collect``, ``run_mol``, ``run_grpo``, ``run_eval``)
+Each stage is the real stage function (``run_collect``, ``run_mol``, ``run_rl``, ``run_eval``)
 with its config built from a section of the pipeline config plus what the pipeline fixes (model,
 inputs, output directory). Variants are named runs: several MoL runs (modes, epochs) and several
 GRPO runs (algorithms, reward types, each starting from a named MoL run or the base), and every
@@ -61,7 +61,7 @@ class GrpoRun:
     start: str = "mol"
     """Name of the MoL run whose adapter the policy starts from, or ``base`` for the plain base model."""
     overrides: list[str] = field(default_factory=list)
-    """``key=value`` settings of GrpoConfig on top of the ``grpo`` section, e.g. algorithm=grpo."""
+    """``key=value`` settings of RlConfig on top of the ``grpo`` section, e.g. algorithm=grpo."""
 
 
 @dataclass
@@ -85,7 +85,7 @@ class PipelineConfig:
     mol_runs: list[MolRun] = field(default_factory=lambda: [MolRun()])
     """The MoL runs."""
     grpo: dict[str, Any] = field(default_factory=dict)
-    """GrpoConfig settings shared by every GRPO run (policy.base, policy.mol_adapter, output_dir are set)."""
+    """RlConfig settings shared by every GRPO run (policy.base, policy.mol_adapter, output_dir are set)."""
     grpo_runs: list[GrpoRun] = field(default_factory=lambda: [GrpoRun()])
     """The GRPO runs."""
     eval: dict[str, Any] = field(default_factory=dict)
@@ -198,12 +198,12 @@ def mol_config(cfg: PipelineConfig, run: MolRun, traces: Sequence[str], out: Pat
 
 
 def grpo_config(cfg: PipelineConfig, run: GrpoRun, out: Path) -> Any:
-    """The GrpoConfig of one GRPO run (its policy starts from the named MoL run's adapter, or the base)."""
-    from molrl.grpo.config import GrpoConfig
+    """The RlConfig of one GRPO run (its policy starts from the named MoL run's adapter, or the base)."""
+    from molrl.rl.config import RlConfig
 
     start = None if run.start == BASE else str(out / "mol" / run.start / "adapter")
     fixed = {"output_dir": str(out / "grpo" / run.name), "policy": {"base": cfg.model, "mol_adapter": start}}
-    return stage_config(GrpoConfig, cfg.grpo, fixed, run.overrides, f"grpo_runs.{run.name}")
+    return stage_config(RlConfig, cfg.grpo, fixed, run.overrides, f"grpo_runs.{run.name}")
 
 
 def eval_config(cfg: PipelineConfig, name: str, model: str, adapter: str | None, out: Path) -> Any:
@@ -253,13 +253,13 @@ def mol_stage(cfg: PipelineConfig, run: MolRun, traces: Sequence[str], out: Path
 
 def grpo_stage(cfg: PipelineConfig, run: GrpoRun, out: Path) -> Path:
     """One GRPO run from a MoL run's adapter or the base (``grpo/<name>/``)."""
-    from molrl.grpo.run import run_grpo
+    from molrl.rl.run import run_rl
 
     if run.start != BASE and not (out / "mol" / run.start / DONE).is_file():
         raise MolrlError(f"grpo run {run.name} starts from MoL run {run.start}, which has not finished "
                          f"({out / 'mol' / run.start}); add mol to stages")
     grpo_cfg = grpo_config(cfg, run, out)
-    run_stage(Path(grpo_cfg.output_dir), grpo_cfg, lambda: run_grpo(grpo_cfg))
+    run_stage(Path(grpo_cfg.output_dir), grpo_cfg, lambda: run_rl(grpo_cfg))
     return Path(grpo_cfg.output_dir)
 
 

@@ -1,4 +1,6 @@
-"""TRL-compatible reward functions built on the graders, so RL rewards and eval scores agree.
+"""Reward functions for training with TRL directly, on ``molrl.tasks.grade`` like molrl's own RL stage.
+
+molrl's RL stage scores in ``molrl.rl.step``; these are for users who build their own TRL trainer.
 
 Each is called as ``reward(prompts, completions, task_json=[...], **other_columns)`` and returns
 one float per completion. Completions may be strings or chat message lists. A completion the grader
@@ -18,11 +20,11 @@ import functools
 from collections import Counter
 from typing import Any
 
-from molrl.graders.code import CodeRewardConfig, grade_code
+from molrl.graders.code import CodeRewardConfig
 from molrl.graders.grade import Grade
-from molrl.graders.math import grade_math
 from molrl.sandbox import SandboxPool
-from molrl.tasks import Task
+from molrl.tasks.grade import grade
+from molrl.tasks.types import Task
 
 
 def completion_text(completion: Any) -> str:
@@ -104,8 +106,8 @@ class CodeReward(_Reward):
         """One reward per completion."""
         texts = [completion_text(c) for c in completions]
         tasks = _tasks(task_json, len(texts))
-        # grade_code fails only the rows that fail, so one bad row never costs the others their scores
-        return self._finish(grade_code(texts, tasks, self.pool, self.cfg), kwargs)
+        # grading fails only the rows that fail, so one bad row never costs the others their scores
+        return self._finish(grade(tasks, texts, self.pool, self.cfg), kwargs)
 
 
 class MathReward(_Reward):
@@ -120,5 +122,5 @@ class MathReward(_Reward):
         """One reward per completion."""
         texts = [completion_text(c) for c in completions]
         tasks = _tasks(task_json, len(texts))
-        # grade_math never raises: a completion it cannot grade is its own grader_error
-        return self._finish([grade_math(text, task.answer or "") for text, task in zip(texts, tasks)], kwargs)
+        # math grading never raises: a completion it cannot grade is its own grader_error
+        return self._finish(grade(tasks, texts), kwargs)

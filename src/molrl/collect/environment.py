@@ -1,9 +1,9 @@
 """The environment side of an episode: carry out model actions and record what happened.
 
 Code to run goes to the sandbox (all episodes of a round in one ``run_many``); submitted code
-solutions are graded by ``molrl.graders.code.grade_code`` (the sandbox runs the tests, the verdict
-is decided here, outside it) and math answers by ``molrl.graders.math.grade_math`` — the same
-graders evaluation and RL rewards use. The result is an ``Observation`` per action.
+solutions and math answers are graded by ``molrl.tasks.grade.grade`` (binary for code: the sandbox
+runs the tests, the verdict is decided outside it), the dispatch evaluation and RL rewards use.
+The result is an ``Observation`` per action.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any, Sequence
 
 from molrl.collect.actions import Action
 from molrl.collect.feedback import Observation
-from molrl.graders.code import CodeRewardConfig, grade_code, program_for
-from molrl.graders.math import grade_math
-from molrl.tasks import Task
+from molrl.graders.code import CodeRewardConfig, program_for
+from molrl.tasks.grade import grade
+from molrl.tasks.types import Task
 
 _BINARY = CodeRewardConfig(mode="binary")
 
@@ -29,16 +29,14 @@ def observe(pool: Any, items: Sequence[tuple[Task, Action]], tests_on_execute: b
         results = pool.run_many([program_for(items[i][1].content, items[i][0]) for i in runs])
         for i, result in zip(runs, results):
             observations[i].exec = exec_record(result)
-    graded = [i for i, (task, action) in enumerate(items) if task.kind == "code" and (
-        action.kind == "solution" or (tests_on_execute and action.kind == "code" and defines(action.content, task.entry_point))
+    graded = [i for i, (task, action) in enumerate(items) if action.kind == "solution" or (
+        task.kind == "code" and tests_on_execute and action.kind == "code" and defines(action.content, task.entry_point)
     )]
     if graded:
-        grades = grade_code([items[i][1].raw for i in graded], [items[i][0] for i in graded], pool, _BINARY)
-        for i, grade in zip(graded, grades):
-            observations[i].grade = grade.to_dict()
-    for i, (task, action) in enumerate(items):
-        if action.kind == "solution" and task.kind == "math":
-            observations[i].grade = grade_math(action.raw, task.answer or "").to_dict()
+        grades = grade([items[i][0] for i in graded], [items[i][1].raw for i in graded], pool, _BINARY)
+        for i, g in zip(graded, grades):
+            observations[i].grade = g.to_dict()
+    for i, (_, action) in enumerate(items):
         if action.kind == "solution":
             observations[i].verdict = bool(observations[i].grade and observations[i].grade["correct"])
     return observations

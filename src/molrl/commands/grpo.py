@@ -17,20 +17,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from molrl.cli import add_stage_parser
 
     p = add_stage_parser(subparsers, "grpo", help="GRPO / Dr.GRPO post-training with code and math rewards",
-                         doc=__doc__, config="GrpoConfig", example="algorithm=grpo beta=0.04")
+                         doc=__doc__, config="RlConfig", example="algorithm=grpo beta=0.04")
     p.set_defaults(func=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
     from molrl.config import describe, load_config
-    from molrl.grpo.config import GrpoConfig
+    from molrl.rl.config import RlConfig
 
     if args.describe:
-        print("\n".join(describe(GrpoConfig)))
+        print("\n".join(describe(RlConfig)))
         return 0
-    cfg = load_config(GrpoConfig, args.config, args.overrides)
-    from molrl.grpo.run import run_grpo
+    cfg = load_config(RlConfig, args.config, args.overrides)
+    from molrl.rl.run import run_rl
 
-    out = run_grpo(cfg)
+    out = run_rl(cfg)
     print(out)
     return 0

@@ -182,7 +182,7 @@ def direct_traces(tasks: Sequence[Task], kind: str = "general", hide_value: bool
     ``hide_value`` marks the stated value (``= 309``) as one the base must not learn (see ``base_example``);
     ``math_prompt`` and ``code_prompt`` are evaluation's single-turn instructions (their defaults when None).
     """
-    from molrl.eval.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION, user_message
+    from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION, user_message
 
     return [
         Trace(

@@ -10,7 +10,7 @@ from molrl.collect.config import EpisodeConfig
 from molrl.generation import SamplingConfig
 from molrl.sandbox import SandboxConfig
 from molrl.tasks import JsonlSpec
-from molrl.eval.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
+from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
 
 
 @dataclass

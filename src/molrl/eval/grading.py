@@ -1,8 +1,8 @@
 """Grading completions into sample records through the shared graders (the ones RL rewards use).
 
-Math goes through ``molrl.graders.math.grade_math`` (math-verify); code through
-``molrl.graders.code.grade_code``, which runs every program in the sandbox pool and decides the
-verdict outside it. Nothing here judges an answer itself.
+Every completion goes through ``molrl.tasks.grade.grade``, the dispatch RL rewards and trace
+collection use: math-verify for math, the sandbox pool for code with the verdict decided
+outside it. Nothing here judges an answer itself.
 """
 
 from __future__ import annotations
@@ -26,22 +26,13 @@ def grade_samples(
     ``molrl.graders.code.CodeRewardConfig`` setting the partial-credit ``score`` (the verdict
     ``correct`` is all tests passing either way).
     """
-    from molrl.graders.code import grade_code
-    from molrl.graders.math import grade_math
+    from molrl.tasks.grade import grade
 
     if len(tasks) != len(completions):
         raise ValueError(f"grade_samples: {len(tasks)} tasks but {len(completions)} completion lists")
     flat = [(i, j, t, c) for i, (t, cs) in enumerate(zip(tasks, completions)) for j, c in enumerate(cs)]
-    grades: dict[tuple[int, int], Any] = {}
-    code = [item for item in flat if item[2].kind == "code"]
-    if code:
-        if pool is None:
-            raise ValueError("grade_samples: code tasks need a sandbox pool")
-        code_grades = grade_code([c for *_, c in code], [t for _, _, t, _ in code], pool, code_reward)
-        grades.update({(i, j): g for (i, j, _, _), g in zip(code, code_grades)})
-    for i, j, task, completion in flat:
-        if task.kind == "math":
-            grades[(i, j)] = grade_math(completion, task.answer)
+    graded = grade([t for *_, t, _ in flat], [c for *_, c in flat], pool, code_reward)
+    grades = {(i, j): g for (i, j, _, _), g in zip(flat, graded)}
     return [
         [_record(t, j, c, grades[(i, j)]) for j, c in enumerate(cs)]
         for i, (t, cs) in enumerate(zip(tasks, completions))

@@ -20,7 +20,7 @@ from typing import Literal
 
 from molrl.graders.grade import Grade
 from molrl.sandbox import ExecResult, SandboxPool
-from molrl.tasks import Task
+from molrl.tasks.types import Task
 
 log = logging.getLogger(__name__)
 

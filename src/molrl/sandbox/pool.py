@@ -17,7 +17,7 @@ from molrl.sandbox.backend import Backend, LocalBackend
 from molrl.sandbox.compare import normalise_output, values_equal
 from molrl.sandbox.runtime import codec
 from molrl.sandbox.types import ExecJob, ExecResult, SandboxConfig, TestOutcome
-from molrl.tasks import Task
+from molrl.tasks.types import Task
 
 log = logging.getLogger(__name__)
 

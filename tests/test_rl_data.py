@@ -7,9 +7,10 @@ import json
 import pytest
 
 from grpo_helpers import save_tiny_model, toy_config
-from molrl.grpo.config import TaskSource
-from molrl.grpo.data import build_prompt_rows, strip_added_bos
-from molrl.grpo.tasks import load_task_source
+from molrl.rl.config import TaskSource
+from molrl.rl.data import build_prompt_rows
+from molrl.tasks.prompts import strip_added_bos
+from molrl.rl.data import load_task_source
 from molrl.tasks import Task
 
 SOURCES = {
@@ -52,9 +53,9 @@ def test_math_tasks_train_without_a_sandbox(tmp_path):
     tasks.write_text("\n".join(json.dumps({"id": f"m{i}", "prompt": f"What is {i}+{i}?", "answer": str(2 * i)})
                                for i in range(4)) + "\n")
     base = save_tiny_model(tmp_path / "base")
-    from molrl.grpo.run import run_grpo
+    from molrl.rl.run import run_rl
 
-    out = run_grpo(toy_config(tmp_path / "run", base, max_steps=1, train=TaskSource(path=tasks, format="jsonl")))
+    out = run_rl(toy_config(tmp_path / "run", base, max_steps=1, train=TaskSource(path=tasks, format="jsonl")))
     rows = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
     assert len(rows) == 8 and all(r["reward_stage"].startswith("math/") for r in rows)
     assert all(r["rewards"]["correctness"] in (0.0, 1.0) for r in rows)
@@ -65,27 +66,27 @@ def test_shipped_configs_load(name):
     from pathlib import Path
 
     from molrl.config import load_config
-    from molrl.grpo.config import GrpoConfig
+    from molrl.rl.config import RlConfig
 
-    cfg = load_config(GrpoConfig, Path(__file__).resolve().parents[1] / "configs" / f"{name}.yaml")
+    cfg = load_config(RlConfig, Path(__file__).resolve().parents[1] / "configs" / f"{name}.yaml")
     assert cfg.num_generations == 8 and cfg.temperature == 0.9
 
 
 def test_bad_configs_name_the_key():
     from molrl.config import ConfigError, load_config
-    from molrl.grpo.config import GrpoConfig
+    from molrl.rl.config import RlConfig
 
     with pytest.raises(ConfigError, match="micro_batch_size=3 must divide"):
-        load_config(GrpoConfig, None, ["micro_batch_size=3"])
+        load_config(RlConfig, None, ["micro_batch_size=3"])
     with pytest.raises(ConfigError, match="algorithm='ppo'"):
-        load_config(GrpoConfig, None, ["algorithm=ppo"])
+        load_config(RlConfig, None, ["algorithm=ppo"])
 
 
 def test_vllm_requested_but_missing_is_a_clear_error(tmp_path):
     import importlib.util
 
     from molrl.errors import MolrlError
-    from molrl.grpo.run import build_trainer
+    from molrl.rl.run import build_trainer
 
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vllm is installed here")

@@ -1,4 +1,6 @@
-"""Single-turn evaluation prompts: one user message per task, rendered with ``molrl.chat.render``.
+"""Single-turn prompts: one user message per task, rendered with ``molrl.chat.render``.
+
+Evaluation, RL and the demo pose a task with these, so a task is posed the same way everywhere.
 
 The instruction tells the model how to present its answer so that the shared graders can find it:
 a fenced ```python block for code (``molrl.graders.extract_code``), a final ``\\boxed{}`` for
@@ -11,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from molrl.chat import render
-from molrl.tasks import Task
+from molrl.tasks.types import Task
 
 CODE_INSTRUCTION = (
     "Write a Python function `{entry_point}` that solves the following problem. "
@@ -22,7 +24,9 @@ MATH_INSTRUCTION = "{prompt}\n\nPlease reason step by step, and put your final a
 
 
 def user_message(task: Task, code_template: str = CODE_INSTRUCTION, math_template: str = MATH_INSTRUCTION) -> str:
-    """The user message that poses ``task`` in a single turn."""
+    """The user message that poses ``task`` in a single turn (the toy task as written)."""
+    if task.kind == "toy":
+        return task.prompt
     template = code_template if task.kind == "code" else math_template
     try:
         return template.format(prompt=task.prompt, entry_point=task.entry_point or "solution")
@@ -51,3 +55,20 @@ def render_prompts(
         )
         for t in tasks
     ]
+
+
+def render_prompt(tokenizer: Any, task: Task, enable_thinking: bool, code_template: str = CODE_INSTRUCTION,
+                  math_template: str = MATH_INSTRUCTION) -> str:
+    """Prompt text for ``task``, without a BOS the tokenizer will add again when it tokenises it (RL prompts)."""
+    text = render(tokenizer, [{"role": "user", "content": user_message(task, code_template, math_template)}],
+                  add_generation_prompt=True, enable_thinking=enable_thinking)
+    return strip_added_bos(tokenizer, text)
+
+
+def strip_added_bos(tokenizer: Any, text: str) -> str:
+    """Drop a leading BOS from ``text`` when tokenising adds one anyway (Llama 3), so there is one, not two."""
+    bos = getattr(tokenizer, "bos_token", None)
+    if not bos or not text.startswith(bos):
+        return text
+    ids = tokenizer("x")["input_ids"]
+    return text[len(bos):] if ids and ids[0] == tokenizer.bos_token_id else text

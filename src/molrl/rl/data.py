@@ -1,4 +1,4 @@
-"""GRPO prompts: tasks -> chat-rendered prompt text, one dataset row per task.
+"""RL prompts: a task source -> tasks -> chat-rendered prompt text, one dataset row per task.
 
 Rows carry ``prompt`` (text rendered by ``molrl.chat.render`` with the same single-turn
 instruction evaluation uses, so training and evaluation pose a task identically) and
@@ -13,12 +13,25 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from molrl.chat import render
-from molrl.eval.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
-from molrl.eval.prompts import user_message as eval_user_message
-from molrl.tasks import Task
+from molrl.errors import MolrlError
+from molrl.rl.config import TaskSource
+from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION, render_prompt
+from molrl.tasks.types import Task
 
 log = logging.getLogger(__name__)
+
+
+def load_task_source(src: TaskSource, role: str) -> list[Task]:
+    """The tasks ``src`` names: a benchmark or JSONL file, or the toy (``role``, train / eval.tasks, names it in errors)."""
+    if src.format == "toy":
+        from molrl.tasks.toy import toy_tasks
+
+        return toy_tasks(src.limit or 64)
+    if src.path is None:
+        raise MolrlError(f"{role}.path is not set: give a task file ({role}.path=FILE {role}.format=FORMAT)")
+    from molrl.tasks import load_tasks
+
+    return load_tasks(src.path, src.format, limit=src.limit, spec=src.spec)
 
 
 @dataclass
@@ -46,30 +59,6 @@ def unscorable_reason(task: Task) -> str | None:
     return None
 
 
-def user_message(task: Task, code_template: str = CODE_INSTRUCTION, math_template: str = MATH_INSTRUCTION) -> str:
-    """The single user message that poses ``task`` (the evaluation instruction; toy tasks as written)."""
-    if task.meta.get("toy"):
-        return task.prompt
-    return eval_user_message(task, code_template, math_template)
-
-
-def render_prompt(tokenizer: Any, task: Task, enable_thinking: bool, code_template: str = CODE_INSTRUCTION,
-                  math_template: str = MATH_INSTRUCTION) -> str:
-    """Prompt text for ``task``, without a BOS the tokenizer will add again when it tokenises it."""
-    text = render(tokenizer, [{"role": "user", "content": user_message(task, code_template, math_template)}],
-                  add_generation_prompt=True, enable_thinking=enable_thinking)
-    return strip_added_bos(tokenizer, text)
-
-
-def strip_added_bos(tokenizer: Any, text: str) -> str:
-    """Drop a leading BOS from ``text`` when tokenising adds one anyway (Llama 3), so there is one, not two."""
-    bos = getattr(tokenizer, "bos_token", None)
-    if not bos or not text.startswith(bos):
-        return text
-    ids = tokenizer("x")["input_ids"]
-    return text[len(bos):] if ids and ids[0] == tokenizer.bos_token_id else text
-
-
 def build_prompt_rows(
     tasks: Sequence[Task], tokenizer: Any, *, enable_thinking: bool, max_prompt_length: int,
     code_template: str = CODE_INSTRUCTION, math_template: str = MATH_INSTRUCTION,
@@ -78,7 +67,7 @@ def build_prompt_rows(
     summary = PromptSummary(tasks=len(tasks))
     rows = []
     for task in tasks:
-        reason = None if task.meta.get("toy") else unscorable_reason(task)
+        reason = unscorable_reason(task)
         if reason:
             log.warning("task %s left out of GRPO prompts: %s", task.id, reason)
             summary.unscorable.append(task.id)

@@ -1,4 +1,4 @@
-"""Bad input on the way to and inside GRPO's rewards: left out or scored as failure, logged, survived."""
+"""Bad input on the way to and inside the RL step's scoring: left out or scored as failure, logged, survived."""
 
 from __future__ import annotations
 
@@ -8,28 +8,16 @@ import math
 import pytest
 
 from grpo_helpers import save_tiny_model, toy_config
-from molrl.grpo.data import build_prompt_rows
-from molrl.grpo.rewards import GuardedReward, TaskReward
-from molrl.grpo.toy import parse_checker_output
+from molrl.graders.grade import Grade
+from molrl.rl.data import build_prompt_rows
+from molrl.rl.step import score
 from molrl.tasks import Task, TestCase
+from molrl.tasks.toy import parse_checker_output
 
 SQUARE = Task(id="sq", prompt="Return x squared.", kind="code", entry_point="sq",
               tests=[TestCase("call", args=[3], expected=9), TestCase("call", args=[-2], expected=4)])
 SIX_BY_SEVEN = Task(id="m1", prompt="What is 6*7?", kind="math", answer="42")
 GOOD_CODE = "```python\ndef sq(x):\n    return x * x\n```"
-
-
-class Recorder:
-    """Stands in for TRL's log_extra / log_metric."""
-
-    def __init__(self):
-        self.extra, self.metrics = {}, {}
-
-    def log_extra(self, column, values):
-        self.extra[column] = values
-
-    def log_metric(self, name, value):
-        self.metrics[name] = value
 
 
 def test_rows_without_tests_or_answer_are_left_out_by_id(tiny_pair):
@@ -52,7 +40,7 @@ def test_prompts_over_the_limit_are_counted(tiny_pair):
 
 
 def test_prompts_use_the_configured_instructions(tiny_pair):
-    from molrl.eval.prompts import render_prompts
+    from molrl.tasks.prompts import render_prompts
 
     _, tok = tiny_pair
     templates = {"code_template": "Write `{entry_point}`: {prompt}", "math_template": "Q: {prompt}"}
@@ -64,31 +52,30 @@ def test_prompts_use_the_configured_instructions(tiny_pair):
     assert "Please reason step by step" in default[0]["prompt"]
 
 
-def test_a_raising_reward_fails_only_its_row():
-    def flaky(prompts, completions, task_json):
-        return [1 / 0 if "boom" in c else float(len(c)) for c in completions]
+def test_a_raising_grader_fails_only_its_row(monkeypatch):
+    def flaky(tasks, completions, pool=None, code=None):
+        return [Grade(1 / 0 if "boom" in c else float(len(c)), True, "correct") for c in completions]
 
-    rec = Recorder()
-    reward = GuardedReward(flaky, failure_reward=-1.0)
-    scores = reward(["p"] * 3, ["ab", "boom", "abc"], [SIX_BY_SEVEN.to_json()] * 3,
-                    log_extra=rec.log_extra, log_metric=rec.log_metric)
-    assert scores == [2.0, -1.0, 3.0]  # the batch failed, so rows were scored one by one
-    assert rec.extra["reward_error"][0] is None and "ZeroDivisionError" in rec.extra["reward_error"][1]
-    assert rec.extra["task_id"] == ["m1"] * 3
-    assert rec.metrics["reward_stage/scoring_error"] == pytest.approx(1 / 3)
+    monkeypatch.setattr("molrl.rl.step.grade", flaky)
+    scores = score([SIX_BY_SEVEN] * 3, ["ab", "boom", "abc"], failure_reward=-1.0)
+    assert scores.rewards == [2.0, -1.0, 3.0]  # the batch failed, so rows were graded one by one
+    assert scores.errors[0] is None and "ZeroDivisionError" in scores.errors[1]
+    assert scores.stages == ["math/correct", "scoring_error", "math/correct"]
 
 
-def test_a_malformed_task_row_is_scored_as_failure():
-    reward = GuardedReward(TaskReward({"math": lambda prompts, completions, task_json: [1.0] * len(completions)}))
-    rec = Recorder()
-    scores = reward(["p", "p"], ["a", "b"], [SIX_BY_SEVEN.to_json(), "{not json"], log_extra=rec.log_extra)
-    assert scores == [1.0, 0.0]
-    assert rec.extra["reward_error"][1].startswith("JSONDecodeError") and rec.extra["task_id"] == ["m1", "?"]
+def test_a_task_of_unknown_kind_is_scored_as_failure_and_the_rest_normally():
+    odd = Task(id="odd", prompt="?", kind="chess")  # type: ignore[arg-type]
+    scores = score([SIX_BY_SEVEN, odd], ["\\boxed{42}", "e4"])
+    assert scores.rewards == [1.0, 0.0]
+    assert scores.stages == ["math/correct", "scoring_error"] and "kind 'chess'" in scores.errors[1]
 
 
-def test_non_finite_rewards_become_failures():
-    reward = GuardedReward(lambda prompts, completions, task_json: [math.nan, 0.5])
-    assert reward(["p", "p"], ["a", "b"], [SIX_BY_SEVEN.to_json()] * 2) == [0.0, 0.5]
+def test_non_finite_rewards_become_failures(monkeypatch):
+    monkeypatch.setattr("molrl.rl.step.grade",
+                        lambda tasks, completions, pool=None, code=None: [Grade(math.nan, False, "wrong"),
+                                                                          Grade(0.5, False, "wrong")])
+    scores = score([SIX_BY_SEVEN] * 2, ["a", "b"])
+    assert scores.rewards == [0.0, 0.5] and scores.stages[0] == "scoring_error" and "non-finite" in scores.errors[0]
 
 
 class FailingJobBackend:
@@ -110,27 +97,21 @@ class FailingJobBackend:
 
 def test_sandbox_failure_mid_batch_scores_that_row_and_the_rest_normally():
     from molrl.graders.code import CodeRewardConfig
-    from molrl.rewards import CodeReward, MathReward
     from molrl.sandbox import LocalBackend, SandboxConfig, SandboxPool
 
     cfg = SandboxConfig(workers=2, timeout_s=2.0)
     pool = SandboxPool(cfg, backend=FailingJobBackend(LocalBackend(cfg)))
     try:
-        reward = GuardedReward(TaskReward({"code": CodeReward(pool, CodeRewardConfig(mode="binary")),
-                                           "math": MathReward()}))
         lost = "```python\ndef sq(x):\n    return x * x  # LOST\n```"
         hang = "```python\ndef sq(x):\n    while True:\n        pass\n```"
-        rec = Recorder()
         completions = [GOOD_CODE, lost, hang, "so \\boxed{42}"]
-        tasks = [SQUARE.to_json()] * 3 + [SIX_BY_SEVEN.to_json()]
-        scores = reward(["p"] * 4, completions, tasks, log_extra=rec.log_extra, log_metric=rec.log_metric)
+        scores = score([SQUARE] * 3 + [SIX_BY_SEVEN], completions, pool, CodeRewardConfig(mode="binary"))
     finally:
         pool.close()
-    assert scores == [1.0, 0.0, 0.0, 1.0]  # the hanging solution times out instead of hanging the batch
-    assert rec.extra["reward_stage"][:2] == ["code/all_pass", "code/sandbox_error"]
-    assert "worker lost" in rec.extra["reward_error"][1] and rec.extra["reward_error"][0] is None
-    assert rec.extra["reward_stage"][3] == "math/correct"
-    assert rec.metrics["reward_stage/code/sandbox_error"] == pytest.approx(0.25)
+    assert scores.rewards == [1.0, 0.0, 0.0, 1.0]  # the hanging solution times out instead of hanging the batch
+    assert scores.stages[:2] == ["code/all_pass", "code/sandbox_error"]
+    assert "worker lost" in scores.errors[1] and scores.errors[0] is None
+    assert scores.stages[3] == "math/correct"
 
 
 def test_checker_output_is_parsed_outside_the_sandbox():
@@ -140,26 +121,29 @@ def test_checker_output_is_parsed_outside_the_sandbox():
         parse_checker_output("5 4")
 
 
-def test_training_continues_when_the_reward_raises(tmp_path, monkeypatch):
-    from molrl.grpo import toy
-    from molrl.grpo.run import run_grpo
+def test_training_continues_when_the_grader_raises(tmp_path, monkeypatch):
+    from molrl.rl.run import run_rl
+    from molrl.tasks import toy
 
     calls = {"n": 0}
-    real = toy.LowercaseReward.__call__
+    real = toy.grade_toy
 
-    def sometimes_raises(self, prompts, completions, **kwargs):
+    def sometimes_raises(completions, pool):
         calls["n"] += 1
         if len(completions) == 1 and calls["n"] % 3 == 0:
             raise RuntimeError("grader crashed")
         if len(completions) > 1:
-            raise RuntimeError("batch grader crashed")  # every batch falls back to row-by-row scoring
-        return real(self, prompts, completions, **kwargs)
+            raise RuntimeError("batch grader crashed")  # every batch falls back to row-by-row grading
+        return real(completions, pool)
 
-    monkeypatch.setattr(toy.LowercaseReward, "__call__", sometimes_raises)
+    monkeypatch.setattr(toy, "grade_toy", sometimes_raises)
     base = save_tiny_model(tmp_path / "base")
-    out = run_grpo(toy_config(tmp_path / "run", base, max_steps=2))
+    out = run_rl(toy_config(tmp_path / "run", base, max_steps=2))
     rows = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
     failed = [r for r in rows if r["reward_error"]]
     assert len(rows) == 16 and failed and len(failed) < 16
     assert all(r["rewards"]["correctness"] == 0.0 and "grader crashed" in r["reward_error"] for r in failed)
+    assert all(r["reward_stage"] == "scoring_error" for r in failed)
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any(m.get("reward_stage/scoring_error", 0) > 0 for m in metrics)  # per-stage fractions, logged once
     assert (out / "adapter" / "adapter_config.json").is_file()

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from molrl.errors import MolrlError
-from molrl.grpo.config import GrpoConfig
+from molrl.rl.config import RlConfig
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def resolve_adapter_dir(path: Path) -> Path:
     raise MolrlError(f"{path}: no PEFT adapter here (no adapter_config.json in it or in adapter/){hint}")
 
 
-def lora_config(cfg: GrpoConfig) -> Any:
+def lora_config(cfg: RlConfig) -> Any:
     """The PEFT LoraConfig for a freshly created adapter."""
     from peft import LoraConfig
 
@@ -64,7 +64,7 @@ def lora_config(cfg: GrpoConfig) -> Any:
     )
 
 
-def build_policy(cfg: GrpoConfig) -> Policy:
+def build_policy(cfg: RlConfig) -> Policy:
     """Load the base, put the MoL adapter on it as ``adapter_mode`` says, and describe the result."""
     from molrl.models import load_model, load_tokenizer
 

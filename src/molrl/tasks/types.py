@@ -1,6 +1,6 @@
-"""Tasks: code problems with tests and math problems with answers.
+"""The task record: code problems with tests, math problems with answers, and the toy task.
 
-One record type serves trace collection, GRPO prompts and evaluation. Code tests come in three
+One record type serves trace collection, RL prompts and evaluation. Code tests come in three
 forms, all graded outside the sandbox that ran the code (see ``molrl.graders``):
 ``call`` (call ``entry_point(*args)``; the return value comes back and is compared here),
 ``stdio`` (feed stdin, compare the whole normalised stdout) and ``assert`` (a test program that a
@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
-from molrl.errors import MolrlError
 
 
 @dataclass
@@ -48,8 +46,8 @@ class Task:
     """The benchmark's own id (task_id for HumanEval/MBPP, unique_id for MATH-500, id for AIME)."""
     prompt: str
     """The problem statement as the user message shows it."""
-    kind: Literal["code", "math"]
-    """Which grader scores it."""
+    kind: Literal["code", "math", "toy"]
+    """Which grader scores it (``molrl.tasks.grade``); toy is the RL smoke task of ``molrl.tasks.toy``."""
     answer: str | None = None
     """math: the gold final answer."""
     entry_point: str | None = None
@@ -109,22 +107,3 @@ class JsonlSpec:
     preamble_field: str = "preamble"
     """Optional field with code the sandbox runs before the model's code (never shown to the model)."""
 
-
-def load_tasks(path: str | Path, fmt: str, limit: int | None = None, spec: JsonlSpec | None = None) -> list[Task]:
-    """Tasks from a benchmark file: fmt is humaneval, mbpp, math500, aime or jsonl (with ``spec``)."""
-    from molrl import task_loaders
-
-    loaders = {
-        "humaneval": task_loaders.load_humaneval, "mbpp": task_loaders.load_mbpp,
-        "math500": task_loaders.load_math500, "aime": task_loaders.load_aime,
-    }
-    path = Path(path)
-    if not path.is_file():
-        raise MolrlError(f"{path}: task file not found; pass the path of the {fmt} file")
-    if fmt == "jsonl":
-        tasks = task_loaders.load_jsonl(path, spec or JsonlSpec())
-    elif fmt in loaders:
-        tasks = loaders[fmt](path)
-    else:
-        raise MolrlError(f"unknown task format {fmt!r}; expected one of humaneval, mbpp, math500, aime, jsonl")
-    return tasks[:limit] if limit is not None else tasks

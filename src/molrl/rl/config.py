@@ -1,8 +1,8 @@
-"""The GRPO stage's config: policy, reference, tasks, reward, algorithm, sampling and logging.
+"""The RL stage's config: policy, reference, tasks, reward, algorithm, sampling and logging.
 
 Defaults follow the MoL-RL authors' published RL settings (group size 8, temperature 0.9, LoRA
-rank 64, learning rate 1e-4 for LoRA). Every field maps either onto TRL's ``GRPOConfig`` (see
-``molrl.grpo.trainer.trl_args``) or onto the wiring around it.
+rank 64, learning rate 1e-4 for LoRA). Every field maps either onto the step (``molrl.rl.step``), onto
+TRL's ``GRPOConfig`` for the loop and generation (``molrl.rl.run.trl_args``), or onto the wiring.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from molrl.eval.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
-from molrl.tasks import JsonlSpec
+from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
+from molrl.tasks.types import JsonlSpec
 
 ALGORITHMS = ("grpo", "dr_grpo", "dr_grpo_std")
 
@@ -94,7 +94,7 @@ class EvalHookSettings:
 
 
 @dataclass
-class GrpoConfig:
+class RlConfig:
     """GRPO / Dr.GRPO post-training with sandbox-execution rewards."""
 
     output_dir: Path = Path("runs/grpo")

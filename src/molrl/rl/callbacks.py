@@ -2,7 +2,7 @@
 
 Accuracy comes from ``molrl.eval.evaluate_single`` (the evaluation stage's own loop and graders,
 greedy, one answer per task); the KL is the exact per-token KL(policy || base) over the greedy
-answers of the first ``kl_prompts`` held-out tasks (``molrl.grpo.kl``). Results are appended to
+answers of the first ``kl_prompts`` held-out tasks (``molrl.rl.kl``). Results are appended to
 ``metrics.jsonl`` as ``eval/accuracy`` and ``eval/kl_to_base`` with the step, by the main process.
 """
 
@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from transformers import TrainerCallback
 
-from molrl.eval.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
+from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
 
 log = logging.getLogger(__name__)
 
@@ -83,9 +83,9 @@ def evaluate_policy(model: Any, tokenizer: Any, tasks: list, sampling: Any, pool
                     math_template: str = MATH_INSTRUCTION) -> dict[str, float]:
     """Held-out accuracy (evaluate_single) and mean per-token KL(policy || base) on its greedy answers,
     with tasks posed by the single-turn instructions ``code_template`` / ``math_template``."""
-    from molrl.eval.prompts import render_prompts
+    from molrl.tasks.prompts import render_prompts
     from molrl.eval.single import evaluate_single
-    from molrl.grpo.kl import policy_base_kl
+    from molrl.rl.kl import policy_base_kl
 
     result = evaluate_single(model, tokenizer, tasks, sampling, pool, enable_thinking=enable_thinking,
                              code_template=code_template, math_template=math_template)

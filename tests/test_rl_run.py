@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from grpo_helpers import save_mol_adapter, save_tiny_model, toy_config
-from molrl.grpo.config import PolicyConfig
-from molrl.grpo.run import build_trainer, run_grpo
+from molrl.rl.config import PolicyConfig
+from molrl.rl.run import build_trainer, run_rl
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def lora_tensors(adapter_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def test_toy_run_logs_every_step_and_every_completion(tmp_path, base):
-    out = run_grpo(toy_config(tmp_path, base, max_steps=3))
+    out = run_rl(toy_config(tmp_path, base, max_steps=3))
     metrics = [r for r in read_jsonl(out / "metrics.jsonl") if "reward" in r]
     assert [r["step"] for r in metrics] == [1, 2, 3]
     assert all(0.0 <= r["reward"] <= 1.0 and r["time/generation_s"] > 0 and r["time/reward_s"] > 0 for r in metrics)
@@ -55,7 +55,7 @@ def test_saved_adapter_loads_with_peft_and_every_lora_weight_trained(tmp_path, b
     from peft import PeftModel
     from molrl.models import load_model
 
-    out = run_grpo(toy_config(tmp_path, base, max_steps=2))
+    out = run_rl(toy_config(tmp_path, base, max_steps=2))
     model = PeftModel.from_pretrained(load_model(str(base)), str(out / "adapter"))
     assert model.peft_config["default"].r == 16
     weights = lora_tensors(out / "adapter")
@@ -64,7 +64,7 @@ def test_saved_adapter_loads_with_peft_and_every_lora_weight_trained(tmp_path, b
 
 
 def test_toy_reward_rises_over_thirty_steps(tmp_path, base):
-    out = run_grpo(toy_config(tmp_path, base, max_steps=30))
+    out = run_rl(toy_config(tmp_path, base, max_steps=30))
     rewards = step_rewards(out)
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     # seed 0 measured: 0.16 over the first five steps, 0.82 over the last five
@@ -95,7 +95,7 @@ def test_mol_adapter_runs_save_adapters_peft_loads(tmp_path, base, mol):
     for mode in ("continue", "merge_new"):
         cfg = toy_config(tmp_path / mode, base, max_steps=1)
         cfg.policy = PolicyConfig(base=str(base), mol_adapter=mol, adapter_mode=mode)
-        out = run_grpo(cfg)
+        out = run_rl(cfg)
         assert not (out / "adapter" / "ref").exists()
         if mode == "continue":  # the MoL adapter, trained further, on the original base
             model = PeftModel.from_pretrained(load_model(str(base)), str(out / "adapter"))
@@ -109,8 +109,8 @@ def test_mol_adapter_runs_save_adapters_peft_loads(tmp_path, base, mol):
 
 
 def test_rerun_resumes_from_the_last_checkpoint(tmp_path, base):
-    run_grpo(toy_config(tmp_path, base, max_steps=2, save_steps=2))
-    out = run_grpo(toy_config(tmp_path, base, max_steps=3, save_steps=2))
+    run_rl(toy_config(tmp_path, base, max_steps=2, save_steps=2))
+    out = run_rl(toy_config(tmp_path, base, max_steps=3, save_steps=2))
     assert [r["step"] for r in read_jsonl(out / "metrics.jsonl") if "reward" in r] == [1, 2, 3]
     assert sorted({c["step"] for c in read_jsonl(out / "completions.jsonl")}) == [1, 2, 3]
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from grpo_helpers import save_tiny_model, toy_config
-from molrl.grpo.config import EvalHookSettings, TaskSource
-from molrl.grpo.kl import mean_token_kl, policy_base_kl
+from molrl.rl.config import EvalHookSettings, TaskSource
+from molrl.rl.kl import mean_token_kl, policy_base_kl
 
 
 def test_mean_token_kl_closed_form():
@@ -45,9 +45,9 @@ def test_eval_hook_writes_accuracy_and_kl_every_n_steps(tmp_path):
     cfg = toy_config(tmp_path / "run", base, max_steps=2,
                      eval=EvalHookSettings(every_steps=1, tasks=TaskSource(path=held_out, format="jsonl"),
                                            max_new_tokens=8, kl_prompts=2))
-    from molrl.grpo.run import run_grpo
+    from molrl.rl.run import run_rl
 
-    out = run_grpo(cfg)
+    out = run_rl(cfg)
     evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "eval/accuracy" in line]
     assert [e["step"] for e in evals] == [1, 2]
     assert all(e["eval/accuracy"] == 0.0 for e in evals)  # a random tiny model does not add numbers
@@ -57,9 +57,9 @@ def test_eval_hook_writes_accuracy_and_kl_every_n_steps(tmp_path):
 @pytest.mark.parametrize("reference, beta", [("base", 0.1), ("mol", 0.0)])
 def test_after_merge_new_the_hook_measures_against_the_original_base(tmp_path, reference, beta):
     from grpo_helpers import save_mol_adapter
-    from molrl.grpo.callbacks import BaseAccess
-    from molrl.grpo.config import PolicyConfig
-    from molrl.grpo.run import build_trainer
+    from molrl.rl.callbacks import BaseAccess
+    from molrl.rl.config import PolicyConfig
+    from molrl.rl.run import build_trainer
     from molrl.models import load_model
 
     base = save_tiny_model(tmp_path / "base")

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from grpo_helpers import save_mol_adapter, save_tiny_model, toy_config
-from molrl.grpo.config import PolicyConfig
-from molrl.grpo.run import build_trainer
+from molrl.rl.config import PolicyConfig
+from molrl.rl.run import build_trainer
 from molrl.models import load_model
 
 

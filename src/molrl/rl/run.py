@@ -1,4 +1,4 @@
-"""``run_grpo``: tasks -> prompts -> policy (+ reference) -> TRL GRPOTrainer -> adapter on disk.
+"""``run_rl``: tasks -> prompts -> policy (+ reference) -> ``RlTrainer`` (molrl.rl.step) -> adapter on disk.
 
 Outputs in ``cfg.output_dir``: ``config.yaml`` (resolved), ``data_summary.json`` (tasks kept and
 left out), ``metrics.jsonl`` (one line per logged step: reward, per-stage reward fractions, KL,
@@ -19,12 +19,12 @@ from typing import Any
 
 from molrl.config import save_config
 from molrl.errors import MolrlError
-from molrl.grpo.config import GrpoConfig
+from molrl.rl.config import RlConfig
 
 log = logging.getLogger(__name__)
 
 
-def run_grpo(cfg: GrpoConfig) -> Path:
+def run_rl(cfg: RlConfig) -> Path:
     """Train per ``cfg`` (resuming from its newest checkpoint); returns the output dir."""
     from accelerate import PartialState
     from transformers.trainer_utils import get_last_checkpoint
@@ -57,15 +57,16 @@ def run_grpo(cfg: GrpoConfig) -> Path:
     return out
 
 
-def build_trainer(cfg: GrpoConfig) -> tuple[Any, Any, Any]:
-    """The ready-to-train ``GrpoTrainer``, its ``Policy`` and the sandbox pool (None without code tasks)."""
+def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
+    """The ready-to-train ``RlTrainer``, its ``Policy`` and the sandbox pool (None without code or toy tasks)."""
     import torch
 
     from molrl.console import use_trainer_progress
-    from molrl.grpo.callbacks import EvalHookCallback
-    from molrl.grpo.policy import build_policy
-    from molrl.grpo.tasks import load_task_source
-    from molrl.grpo.trainer import GrpoTrainer, install_reference, trainable_parameter_count
+    from molrl.rl.callbacks import EvalHookCallback
+    from molrl.rl.data import load_task_source
+    from molrl.rl.policy import build_policy
+    from molrl.rl.reference import install_reference, trainable_parameter_count
+    from molrl.rl.step import RlTrainer
     from molrl.mol.trainer import MetricsFileCallback
 
     if cfg.use_vllm and importlib.util.find_spec("vllm") is None:
@@ -75,14 +76,15 @@ def build_trainer(cfg: GrpoConfig) -> tuple[Any, Any, Any]:
     out.mkdir(parents=True, exist_ok=True)
     policy = build_policy(cfg)
     eval_tasks = load_task_source(cfg.eval.tasks, "eval.tasks") if cfg.eval.every_steps > 0 else []
-    dataset, reward, pool = _prompts_and_reward(cfg, policy.tokenizer, out, eval_tasks)
+    dataset, scorer, pool = _prompts_and_scorer(cfg, policy.tokenizer, out, eval_tasks)
     try:
         callbacks: list[Any] = [MetricsFileCallback(out / "metrics.jsonl")]
         if eval_tasks:
             callbacks.append(EvalHookCallback.from_config(cfg, policy, eval_tasks, pool))
-        trainer = GrpoTrainer(
+        trainer = RlTrainer(
             model=policy.model,
-            reward_funcs=[reward],
+            scorer=scorer,
+            algorithm=cfg.algorithm,
             args=trl_args(cfg, out / "checkpoints", torch.cuda.is_available()),
             train_dataset=dataset,
             processing_class=policy.tokenizer,
@@ -90,7 +92,7 @@ def build_trainer(cfg: GrpoConfig) -> tuple[Any, Any, Any]:
             callbacks=callbacks,
             completions_path=out / "completions.jsonl",
         )
-        use_trainer_progress(trainer, f"grpo {out.name}", {"reward": "reward", "kl": "kl", "completions/mean_length": "len"})
+        use_trainer_progress(trainer, f"{cfg.algorithm} {out.name}", {"reward": "reward", "kl": "kl", "completions/mean_length": "len"})
         described = install_reference(trainer, cfg.policy.reference, policy.adapter_mode, policy.load_base)
     except BaseException:
         if pool is not None:
@@ -102,15 +104,16 @@ def build_trainer(cfg: GrpoConfig) -> tuple[Any, Any, Any]:
     return trainer, policy, pool
 
 
-def _prompts_and_reward(cfg: GrpoConfig, tokenizer: Any, out: Path, eval_tasks: list) -> tuple[Any, Any, Any]:
-    """The prompt dataset (summary in data_summary.json), the guarded reward, and the sandbox pool
-    (shared with the evaluation hook, so it exists when either the training or the held-out tasks need it)."""
+def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: list) -> tuple[Any, Any, Any]:
+    """The prompt dataset (summary in data_summary.json), the scorer, and the sandbox pool (shared with
+    the evaluation hook, so it exists when either the training or the held-out tasks need it)."""
     from accelerate import PartialState
     from datasets import Dataset
 
-    from molrl.grpo.data import build_prompt_rows
-    from molrl.grpo.rewards import build_reward
-    from molrl.grpo.tasks import load_task_source
+    from molrl.graders.code import CodeRewardConfig
+    from molrl.rl.data import build_prompt_rows, load_task_source
+    from molrl.rl.step import Scorer
+    from molrl.sandbox import SandboxConfig, SandboxPool
 
     tasks = load_task_source(cfg.train, "train")
     rows, summary = build_prompt_rows(
@@ -125,15 +128,16 @@ def _prompts_and_reward(cfg: GrpoConfig, tokenizer: Any, out: Path, eval_tasks: 
             f"{len(summary.unscorable)} unscorable, {len(summary.too_long)} longer than max_prompt_length="
             f"{cfg.max_prompt_length}); see data_summary.json"
         )
-    reward, pool = build_reward(cfg, tasks + list(eval_tasks))
-    return Dataset.from_list(rows), reward, pool
+    pool = None
+    if {t.kind for t in [*tasks, *eval_tasks]} & {"code", "toy"}:
+        pool = SandboxPool(SandboxConfig(workers=cfg.reward.sandbox_workers, timeout_s=cfg.reward.timeout_s))
+    scorer = Scorer(pool, CodeRewardConfig(mode=cfg.reward.code_mode), cfg.reward.failure_reward)
+    return Dataset.from_list(rows), scorer, pool
 
 
-def trl_args(cfg: GrpoConfig, output_dir: Path, cuda: bool) -> Any:
+def trl_args(cfg: RlConfig, output_dir: Path, cuda: bool) -> Any:
     """TRL ``GRPOConfig`` for our config (one optimiser step = prompts_per_step groups per process)."""
     from trl import GRPOConfig as TrlGRPOConfig
-
-    from molrl.grpo.algorithms import trl_loss_settings
 
     completions_per_step = cfg.prompts_per_step * cfg.num_generations
     return TrlGRPOConfig(
@@ -155,7 +159,6 @@ def trl_args(cfg: GrpoConfig, output_dir: Path, cuda: bool) -> Any:
         num_iterations=cfg.num_iterations,
         max_steps=cfg.max_steps,
         seed=cfg.seed,
-        **trl_loss_settings(cfg.algorithm),
         gradient_checkpointing=cfg.gradient_checkpointing,
         activation_checkpointing=cfg.gradient_checkpointing,
         bf16=cuda and cfg.policy.dtype in ("bfloat16", "bf16"),

@@ -1,6 +1,6 @@
-"""Readers for the benchmark files behind ``molrl.tasks.load_tasks``.
+"""``load_tasks``: benchmark files and users' JSONL files to ``Task`` records.
 
-Assert-style tests become call tests where they parse cleanly (see ``molrl.graders.asserts``);
+Assert-style tests become call tests where they parse cleanly (see ``molrl.tasks.asserts``);
 the rest stay assert tests for the judge process. MBPP quirks handled here: the solution runs
 before ``test_setup_code`` (tasks 367 and 927 build trees from the solution's own ``Node`` class),
 and task 123 gets a longer time limit.
@@ -15,9 +15,9 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
-from molrl.errors import DataError
-from molrl.graders.asserts import assert_to_call, check_function_to_calls, without_function
-from molrl.tasks import JsonlSpec, Task, TestCase
+from molrl.errors import DataError, MolrlError
+from molrl.tasks.asserts import assert_to_call, check_function_to_calls, without_function
+from molrl.tasks.types import JsonlSpec, Task, TestCase
 
 MBPP_TIME_LIMITS = {123: 30.0}
 """MBPP tasks whose reference solution needs more than the usual 10 s (seconds)."""
@@ -177,3 +177,18 @@ def load_jsonl(path: Path, spec: JsonlSpec) -> list[Task]:
                           setup_code=rec.get(spec.setup_field, "") or "",
                           preamble=rec.get(spec.preamble_field, "") or ""))
     return tasks
+
+
+def load_tasks(path: str | Path, fmt: str, limit: int | None = None, spec: JsonlSpec | None = None) -> list[Task]:
+    """Tasks from a benchmark file: fmt is humaneval, mbpp, math500, aime or jsonl (with ``spec``)."""
+    loaders = {"humaneval": load_humaneval, "mbpp": load_mbpp, "math500": load_math500, "aime": load_aime}
+    path = Path(path)
+    if not path.is_file():
+        raise MolrlError(f"{path}: task file not found; pass the path of the {fmt} file")
+    if fmt == "jsonl":
+        tasks = load_jsonl(path, spec or JsonlSpec())
+    elif fmt in loaders:
+        tasks = loaders[fmt](path)
+    else:
+        raise MolrlError(f"unknown task format {fmt!r}; expected one of humaneval, mbpp, math500, aime, jsonl")
+    return tasks[:limit] if limit is not None else tasks

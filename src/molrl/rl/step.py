@@ -1,0 +1,450 @@
+"""One RL step, top to bottom: rollout -> score -> advantages -> loss.
+
+A step samples G completions for each of a batch of prompts, grades them in the sandbox, turns
+the grades into per-token advantages and takes a clipped policy-gradient step on them. Each
+arrow below is a function, and each crosses a typed contract (shapes in the annotations; B
+completions of the local process, T completion tokens, N completions over all processes):
+
+1. ``RlTrainer.rollout``: prompts -> ``RolloutBatch`` (token ids, masks, behaviour and
+   reference log-probs, the task behind each row, whether each completion finished).
+2. ``score``: (tasks, completions) -> ``Scores`` through ``molrl.tasks.grade``, the dispatch
+   evaluation uses; a row whose grading fails scores ``failure_reward`` and keeps its error.
+3. ``ADVANTAGES[algorithm]``: rewards ``[N]`` + mask ``[N, T]`` -> advantages ``[N, T]``.
+4. ``policy_loss``: log-probs + advantages ``[B, T]`` -> the PPO-clipped loss with its
+   aggregation (``LossSettings``) and detached statistics.
+
+The algorithms (Dr.GRPO paper, arXiv 2503.20783; MoL-RL's public training code):
+
+=============  ==========================================  =========================================
+algorithm      advantage of completion i in its group      aggregation of token losses
+=============  ==========================================  =========================================
+grpo           (R_i - mean_j R_j) / (std_j R_j + 1e-4)     per completion mean, then mean over B
+dr_grpo        R_i - mean_j R_j                            sum over tokens and B / (B * T_max)
+dr_grpo_std    (R_i - mean_j R_j) / (std_j R_j + 1e-4)     sum over tokens and B / (B * T_max)
+=============  ==========================================  =========================================
+
+``std`` is the sample standard deviation over the G completions of a prompt and ``T_max`` is
+``max_completion_length``. The loss of a token is ``-min(r A, clip(r, 1-eps_low, 1+eps_high) A)
++ beta * r * KL3`` with ``r = pi_theta / pi_behaviour`` and ``KL3 = exp(ref - logp) - (ref - logp) - 1``;
+``r`` on the KL term is 1 in value on-policy, and its gradient makes the KL gradient the unbiased
+reverse-KL gradient (DeepSeek-V3.2, arXiv 2512.02556).
+
+TRL's ``GRPOTrainer`` stays underneath for what it does well and we cannot test here: the
+training loop (accumulation, checkpoints, resume), generation with transformers or vLLM
+(colocate or server, with weight sync), and DeepSpeed / FSDP placement. ``RlTrainer`` replaces
+its scoring, advantages and loss through two overrides, and ``TRL_SURFACE`` lists every private
+TRL name it relies on (``tests/test_rl_step.py`` checks them against the pinned TRL).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Literal, Sequence
+
+import torch
+from trl import GRPOTrainer
+
+from molrl.graders.code import CodeRewardConfig
+from molrl.tasks.grade import FAILED, grade
+from molrl.tasks.types import Task
+
+log = logging.getLogger(__name__)
+
+
+# --- 1. rollout ------------------------------------------------------------------------------
+
+@dataclass
+class RolloutBatch:
+    """The local rows of one generation batch; rows ``g*G .. g*G+G-1`` share prompt g."""
+
+    prompt_ids: torch.Tensor
+    """[B, P] prompt token ids, left-padded."""
+    prompt_mask: torch.Tensor
+    """[B, P] 1 on prompt tokens, 0 on padding."""
+    completion_ids: torch.Tensor
+    """[B, T] completion token ids, right-padded."""
+    completion_mask: torch.Tensor
+    """[B, T] 1 on tokens that enter the loss: 0 on padding (and on truncated completions when
+    ``mask_truncated_completions`` is set)."""
+    behaviour_logps: torch.Tensor | None
+    """[B, T] log-probs under the policy that sampled the batch, when it differs from the one being
+    trained (several optimiser steps per generation, or vLLM); None: the trained policy sampled them."""
+    sampler_weights: torch.Tensor | None
+    """[B, 1] vLLM correction: pi_trainer / pi_vLLM of each completion, 0 where it exceeds its cap; None without vLLM."""
+    reference_logps: torch.Tensor | None
+    """[B, T] log-probs under the KL reference; None when beta = 0."""
+    tasks: list[Task]
+    """B tasks, the one behind each row."""
+    prompts: list[str]
+    """B prompt texts."""
+    completions: list[str]
+    """B decoded completions."""
+    finished: torch.Tensor
+    """[B] bool: the completion ended (EOS or pad) before ``max_completion_length``."""
+
+
+# --- 2. score --------------------------------------------------------------------------------
+
+@dataclass
+class Scores:
+    """What grading said about each row of a batch."""
+
+    rewards: list[float]
+    """B rewards (``failure_reward`` where grading failed)."""
+    stages: list[str]
+    """B stages, ``<kind>/<stage>`` (``code/all_pass``, ``math/wrong``, ``toy/scored``, ``scoring_error``)."""
+    errors: list[str | None]
+    """B errors of rows whose grading failed, else None."""
+
+
+def score(tasks: Sequence[Task], completions: Sequence[str], pool: Any = None,
+          code: CodeRewardConfig | None = None, failure_reward: float = 0.0) -> Scores:
+    """Grade each completion against its task; a failed grading never stops training.
+
+    A batch whose grading raises is graded again row by row; a row that still raises, or whose
+    grade failed (sandbox or grader error) or is not finite, scores ``failure_reward`` and keeps
+    its error (logged with its task id).
+    """
+    try:
+        grades: list[Any] = grade(tasks, completions, pool, code)
+    except Exception as err:  # noqa: BLE001 - any failure is scored, logged and survived
+        log.warning("grading a batch of %d failed (%s: %s); grading row by row", len(tasks), type(err).__name__, err)
+        grades = []
+        for task, completion in zip(tasks, completions):
+            try:
+                grades += grade([task], [completion], pool, code)
+            except Exception as row_err:  # noqa: BLE001
+                grades.append(f"{type(row_err).__name__}: {row_err}")
+    rewards, stages, errors = [], [], []
+    for task, g in zip(tasks, grades):
+        error = g if isinstance(g, str) else None
+        if error is None and g.stage in FAILED:
+            error = str(g.details.get("error", g.stage))
+        elif error is None and not (isinstance(g.score, (int, float)) and math.isfinite(g.score)):
+            error = f"non-finite reward {g.score!r}"
+        if isinstance(g, str) or (error is not None and g.stage not in FAILED):
+            stages.append("scoring_error")
+        else:
+            stages.append(f"{task.kind}/{g.stage}")
+        if error is not None:
+            log.warning("task %s scored %s: %s", task.id, failure_reward, error)
+        rewards.append(failure_reward if error is not None else float(g.score))
+        errors.append(error)
+    return Scores(rewards, stages, errors)
+
+
+# --- 3. advantages ---------------------------------------------------------------------------
+
+def _group_stats(rewards: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row mean and sample std of its group's rewards, each [N]."""
+    grouped = rewards.view(-1, group_size)  # [N / G, G]
+    mean = grouped.mean(dim=1)
+    std = grouped.std(dim=1) if group_size > 1 else torch.zeros_like(mean)
+    return mean.repeat_interleave(group_size), std.repeat_interleave(group_size)
+
+
+def grpo_advantages(rewards: torch.Tensor, mask: torch.Tensor, group_size: int) -> torch.Tensor:
+    """GRPO: ``(R_i - mean) / (std + 1e-4)`` over the group, on every token of completion i: [N, T]."""
+    mean, std = _group_stats(rewards, group_size)
+    return ((rewards - mean) / (std + 1e-4)).unsqueeze(1) * mask
+
+
+def dr_grpo_advantages(rewards: torch.Tensor, mask: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Dr.GRPO: ``R_i - mean`` over the group (no std division), on every token of completion i: [N, T]."""
+    mean, _ = _group_stats(rewards, group_size)
+    return (rewards - mean).unsqueeze(1) * mask
+
+
+ADVANTAGES: dict[str, Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]] = {
+    "grpo": grpo_advantages,
+    "dr_grpo": dr_grpo_advantages,
+    "dr_grpo_std": grpo_advantages,  # the MoL-RL authors' code: std-scaled, with Dr.GRPO's aggregation
+}
+"""Algorithm name -> advantages(rewards [N], mask [N, T], group size G) -> [N, T]."""
+
+AGGREGATION: dict[str, Literal["sequence_mean", "constant"]] = {
+    "grpo": "sequence_mean", "dr_grpo": "constant", "dr_grpo_std": "constant",
+}
+"""Algorithm name -> how ``policy_loss`` aggregates token losses."""
+
+
+def zero_std_fraction(rewards: torch.Tensor, group_size: int) -> float:
+    """Fraction of rows whose group's rewards are all equal (they carry no learning signal)."""
+    _, std = _group_stats(rewards, group_size)
+    return torch.isclose(std, torch.zeros_like(std)).float().mean().item()
+
+
+# --- 4. loss ---------------------------------------------------------------------------------
+
+@dataclass
+class LossSettings:
+    """How token losses become the step's loss."""
+
+    aggregation: Literal["sequence_mean", "constant"]
+    """sequence_mean: mean over each completion's tokens, then over completions (GRPO);
+    constant: sum over all tokens / (B * max_completion_length) (Dr.GRPO)."""
+    max_completion_length: int
+    """The constant normaliser's T_max."""
+    epsilon_low: float = 0.2
+    """Lower clip: the ratio is clipped below at 1 - epsilon_low."""
+    epsilon_high: float = 0.2
+    """Upper clip: the ratio is clipped above at 1 + epsilon_high."""
+    beta: float = 0.0
+    """Weight of the per-token KL to the reference (0: no reference term)."""
+
+
+@dataclass
+class LossStats:
+    """Masked sums over the tokens of a micro-batch (detached), for logging over processes."""
+
+    tokens: torch.Tensor
+    """Number of loss tokens."""
+    kl: torch.Tensor
+    """Sum of the per-token KL3 to the reference (0 when beta = 0)."""
+    clipped_low: torch.Tensor
+    """Tokens whose ratio fell under 1 - epsilon_low with a negative advantage."""
+    clipped_high: torch.Tensor
+    """Tokens whose ratio rose over 1 + epsilon_high with a positive advantage."""
+
+
+def policy_loss(logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, settings: LossSettings,
+                behaviour_logps: torch.Tensor | None = None, reference_logps: torch.Tensor | None = None,
+                sampler_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, LossStats]:
+    """The clipped policy-gradient loss of one micro-batch and its statistics.
+
+    ``logps``, ``advantages``, ``mask``, ``behaviour_logps`` and ``reference_logps`` are [B, T];
+    ``behaviour_logps`` None means the batch was sampled by the policy being trained (ratio 1 in
+    value, gradient of log pi); ``sampler_weights`` [B, 1] multiplies each completion's token losses.
+    """
+    behaviour = logps.detach() if behaviour_logps is None else behaviour_logps
+    ratio = torch.exp(logps - behaviour)  # [B, T]
+    clipped = torch.clamp(ratio, 1 - settings.epsilon_low, 1 + settings.epsilon_high)
+    token_loss = -torch.min(ratio * advantages, clipped * advantages)  # [B, T]
+    if sampler_weights is not None:
+        token_loss = token_loss * sampler_weights
+    kl = torch.zeros_like(logps)
+    if settings.beta != 0.0:
+        if reference_logps is None:
+            raise ValueError("policy_loss: beta > 0 needs reference_logps")
+        delta = reference_logps - logps
+        kl = torch.exp(delta) - delta - 1  # [B, T], KL3 estimator of KL(pi_theta || pi_ref)
+        token_loss = token_loss + settings.beta * ratio * kl  # the ratio (1 in value) makes the gradient unbiased
+    if settings.aggregation == "sequence_mean":
+        loss = ((token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    elif settings.aggregation == "constant":
+        loss = (token_loss * mask).sum() / (token_loss.size(0) * settings.max_completion_length)
+    else:
+        raise ValueError(f"unknown aggregation {settings.aggregation!r}; expected sequence_mean or constant")
+    with torch.no_grad():
+        low = (ratio < 1 - settings.epsilon_low) & (advantages < 0)
+        high = (ratio > 1 + settings.epsilon_high) & (advantages > 0)
+        stats = LossStats(tokens=mask.sum().float(), kl=(kl * mask).sum(), clipped_low=(low * mask).sum().float(),
+                          clipped_high=(high * mask).sum().float())
+    return loss, stats
+
+
+# --- the step in TRL's loop ------------------------------------------------------------------
+
+TRL_SURFACE = {
+    "methods": {  # private GRPOTrainer methods: (parameters we rely on)
+        "_generate_and_score_completions": ("inputs",),  # overridden: rollout -> score -> advantages
+        "_compute_loss": ("model", "inputs"),  # overridden: loss
+        "_generate": ("prompts",),  # called: generation (transformers or vLLM, with weight sync)
+        "_get_per_token_logps_and_entropies": ("model", "input_ids", "attention_mask", "logits_to_keep",
+                                               "batch_size", "compute_entropy"),  # called: log-probs
+    },
+    "attributes": ("_metrics", "eos_token_ids", "_tokenizer", "ref_model", "beta", "num_iterations",
+                   "current_gradient_accumulation_steps", "use_vllm", "vllm_importance_sampling_correction",
+                   "mask_truncated_completions", "max_completion_length", "epsilon_low", "epsilon_high",
+                   "num_generations", "pad_to_multiple_of"),
+}
+"""The private TRL names ``RlTrainer`` relies on, checked against the pinned TRL by a test."""
+
+SAMPLER_CAP = 3.0
+"""vLLM correction: a completion whose pi_trainer / pi_vLLM exceeds this is left out (TRL's default,
+``sequence_mask`` at 3.0)."""
+
+
+class Scorer:
+    """The reward of the stage: ``score`` with its settings; also callable as a TRL reward function."""
+
+    __name__ = "correctness"
+
+    def __init__(self, pool: Any, code: CodeRewardConfig, failure_reward: float):
+        self.pool, self.code, self.failure_reward = pool, code, failure_reward
+
+    def score(self, tasks: Sequence[Task], completions: Sequence[str]) -> Scores:
+        """``score`` of the batch with this stage's pool and settings."""
+        return score(tasks, completions, self.pool, self.code, self.failure_reward)
+
+    def __call__(self, prompts: Sequence[str], completions: Sequence[str], task_json: Sequence[str],
+                 **kwargs: Any) -> list[float]:
+        """TRL's reward-function form: one reward per completion of a ``task_json`` dataset."""
+        return self.score([Task.from_json(t) for t in task_json], list(completions)).rewards
+
+
+class RlTrainer(GRPOTrainer):
+    """TRL's loop and generation with molrl's scoring, advantages and loss (the two overrides below)."""
+
+    def __init__(self, *args: Any, scorer: Scorer, algorithm: str, completions_path: Path | None = None,
+                 **kwargs: Any):
+        super().__init__(*args, reward_funcs=[scorer], **kwargs)
+        if algorithm not in ADVANTAGES:
+            raise ValueError(f"algorithm {algorithm!r}; expected one of {', '.join(ADVANTAGES)}")
+        self.scorer, self.algorithm = scorer, algorithm
+        self.loss_settings = LossSettings(AGGREGATION[algorithm], self.max_completion_length, self.epsilon_low,
+                                          self.epsilon_high, self.beta)
+        self.completions_path = completions_path
+        self.seen_stages: set[str] = set()
+
+    def _mode(self) -> str:
+        return "train" if self.model.training else "eval"
+
+    # 1. rollout
+    def rollout(self, inputs: list[dict[str, Any]]) -> RolloutBatch:
+        """Sample the completions of ``inputs`` (``prompt`` and ``task_json`` rows) and score them under the models."""
+        from trl.models.utils import disable_gradient_checkpointing
+        from trl.trainer.utils import pad, use_adapter
+
+        device, mode = self.accelerator.device, self._mode()
+        prompts = [x["prompt"] for x in inputs]
+        start = time.perf_counter()
+        prompt_lists, completion_lists, _, completions, sampler_lists, *_ = self._generate(prompts)
+        self._metrics[mode]["time/generation_s"].append(time.perf_counter() - start)
+
+        def padded(rows: list, value: float, side: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+            return pad([torch.tensor(r, dtype=dtype) for r in rows], padding_value=value, padding_side=side,
+                       pad_to_multiple_of=self.pad_to_multiple_of).to(device)
+
+        pad_id = self._tokenizer.pad_token_id
+        prompt_ids = padded(prompt_lists, pad_id, "left")
+        prompt_mask = padded([[1] * len(r) for r in prompt_lists], 0, "left")
+        completion_ids = padded(completion_lists, pad_id, "right")
+        completion_mask = padded([[1] * len(r) for r in completion_lists], 0, "right")
+        ends = [*self.eos_token_ids, pad_id]
+        finished = torch.tensor([len(r) > 0 and r[-1] in ends for r in completion_lists], device=device)
+        if self.mask_truncated_completions:
+            completion_mask = completion_mask * finished.unsqueeze(1).int()
+
+        ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [B, P+T]
+        attention = torch.cat([prompt_mask, completion_mask], dim=1)
+        batch_size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+
+        def logps_of(model: Any) -> torch.Tensor:
+            return self._get_per_token_logps_and_entropies(model, ids, attention, completion_ids.size(1),
+                                                           batch_size=batch_size)[0]
+
+        use_sampler = self.use_vllm and self.vllm_importance_sampling_correction
+        behaviour = reference = weights = None
+        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            generate_every = self.args.steps_per_generation * self.num_iterations
+            if self.args.gradient_accumulation_steps % generate_every != 0 or use_sampler:
+                behaviour = logps_of(self.model)
+            if use_sampler:
+                sampler = padded([[math.nan if x is None else x for x in r] for r in sampler_lists], 0.0, "right",
+                                 torch.float32)
+                weights = sampler_weights(behaviour, sampler, completion_mask)
+            if self.beta != 0.0:
+                if self.ref_model is not None:
+                    reference = logps_of(self.ref_model)
+                else:  # the policy's adapter disabled, or its frozen "ref" adapter (see molrl.rl.reference)
+                    model = self.accelerator.unwrap_model(self.model)
+                    with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
+                        reference = logps_of(self.model)
+        return RolloutBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, behaviour, weights, reference,
+                            [Task.from_json(x["task_json"]) for x in inputs], prompts, completions, finished)
+
+    # the step's first half: rollout -> score -> advantages
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        batch = self.rollout(inputs)
+        start = time.perf_counter()
+        scores = self.scorer.score(batch.tasks, batch.completions)
+        mode = self._mode()
+        self._metrics[mode]["time/reward_s"].append(time.perf_counter() - start)
+
+        device, local = self.accelerator.device, len(batch.tasks)
+        rewards = self.accelerator.gather(torch.tensor(scores.rewards, dtype=torch.float32, device=device))  # [N]
+        masks = self.accelerator.gather(self.accelerator.pad_across_processes(batch.completion_mask, dim=1))  # [N, T']
+        group = self.num_generations if mode == "train" else self.num_generations_eval
+        advantages = ADVANTAGES[self.algorithm](rewards, masks.float(), group)  # [N, T']
+        rows = slice(self.accelerator.process_index * local, (self.accelerator.process_index + 1) * local)
+        self._log_scores(batch, scores, rewards, advantages, group)
+
+        out = {"prompt_ids": batch.prompt_ids, "prompt_mask": batch.prompt_mask,
+               "completion_ids": batch.completion_ids, "completion_mask": batch.completion_mask,
+               "advantages": advantages[rows, : batch.completion_ids.size(1)],
+               "num_items_in_batch": self.accelerator.gather(batch.completion_mask.sum()).sum()}
+        for key, value in (("old_per_token_logps", batch.behaviour_logps), ("ref_per_token_logps", batch.reference_logps),
+                           ("importance_sampling_ratio", batch.sampler_weights)):
+            if value is not None:
+                out[key] = value
+        return out
+
+    # the step's second half: loss
+    def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        logps, entropies, _ = self._get_per_token_logps_and_entropies(
+            model, ids, attention, inputs["completion_ids"].size(1), compute_entropy=True)
+        mask = inputs["completion_mask"]
+        loss, stats = policy_loss(logps, inputs["advantages"], mask, self.loss_settings,
+                                  inputs.get("old_per_token_logps"), inputs.get("ref_per_token_logps"),
+                                  inputs.get("importance_sampling_ratio"))
+        mode = self._mode()
+        sums = self.accelerator.reduce(torch.stack([stats.tokens, stats.kl, stats.clipped_low, stats.clipped_high,
+                                                    (entropies.detach() * mask).sum()]), reduction="sum")
+        tokens = sums[0].clamp(min=1.0)
+        if self.beta != 0.0:
+            self._metrics[mode]["kl"].append((sums[1] / tokens).item())
+        self._metrics[mode]["entropy"].append((sums[4] / tokens).item())
+        self._metrics[mode]["clip_ratio/low_mean"].append((sums[2] / tokens).item())
+        self._metrics[mode]["clip_ratio/high_mean"].append((sums[3] / tokens).item())
+        self._metrics[mode]["clip_ratio/region_mean"].append(((sums[2] + sums[3]) / tokens).item())
+        return loss / (self.current_gradient_accumulation_steps if mode == "train" else 1.0)
+
+    def _log_scores(self, batch: RolloutBatch, scores: Scores, rewards: torch.Tensor, advantages: torch.Tensor,
+                    group: int) -> None:
+        """Reward metrics (all processes) and one completions.jsonl line per completion (main process)."""
+        from accelerate.utils import gather_object
+
+        mode = self._mode()
+        metrics = self._metrics[mode]
+        name = self.scorer.__name__
+        metrics["reward"].append(rewards.mean().item())
+        metrics["reward_std"].append(rewards.std().item() if rewards.numel() > 1 else 0.0)
+        metrics[f"rewards/{name}/mean"].append(rewards.mean().item())
+        metrics[f"rewards/{name}/std"].append(rewards.std().item() if rewards.numel() > 1 else 0.0)
+        metrics["frac_reward_zero_std"].append(zero_std_fraction(rewards, group))
+        stages = gather_object(scores.stages)
+        self.seen_stages.update(stages)
+        for stage in sorted(self.seen_stages):  # every stage seen so far, 0 when absent, so curves have no gaps
+            metrics[f"reward_stage/{stage}"].append(stages.count(stage) / len(stages))
+        prompts, completions = gather_object(batch.prompts), gather_object(batch.completions)
+        task_ids, errors = gather_object([t.id for t in batch.tasks]), gather_object(scores.errors)
+        if mode != "train" or self.completions_path is None or not self.accelerator.is_main_process:
+            return
+        per_completion = ADVANTAGES[self.algorithm](rewards, torch.ones_like(rewards)[:, None], group)[:, 0]  # [N]
+        step = self.state.global_step + 1
+        with open(self.completions_path, "a") as fh:
+            for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+                fh.write(json.dumps({"step": step, "prompt": prompt, "completion": completion,
+                                     "rewards": {name: rewards[i].item()}, "advantage": per_completion[i].item(),
+                                     "task_id": task_ids[i], "reward_stage": stages[i],
+                                     "reward_error": errors[i]}, default=str) + "\n")
+
+
+def sampler_weights(trainer_logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor,
+                    cap: float = SAMPLER_CAP) -> torch.Tensor:
+    """[B, 1] per completion pi_trainer / pi_sampler (product over its tokens), 0 where it exceeds ``cap``.
+
+    Corrects for vLLM sampling from slightly other probabilities than the trained model computes;
+    tokens whose sampler log-prob is unknown (NaN) count as ratio 1.
+    """
+    diff = torch.nan_to_num((trainer_logps - sampler_logps) * mask, nan=0.0)  # [B, T]
+    ratio = torch.exp(diff.sum(dim=-1, keepdim=True))  # [B, 1]
+    return ratio.masked_fill(ratio > cap, 0.0)
