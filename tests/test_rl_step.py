@@ -32,7 +32,7 @@ class FixedScorer(Scorer):
 
     def score(self, tasks, completions):
         n = len(completions)
-        return Scores(list(self.rewards)[:n], ["math/wrong"] * n, [None] * n)
+        return Scores(list(self.rewards)[:n], ["math/wrong"] * n, [None] * n, [None] * n)
 
 
 def make_trainer(tmp_path, algorithm="dr_grpo", beta=0.0, epsilon=0.2, rewards=None):
@@ -111,7 +111,8 @@ def test_a_group_of_ties_carries_no_signal_and_is_counted():
 
 
 def test_aggregation_is_per_algorithm():
-    assert AGGREGATION == {"grpo": "sequence_mean", "dr_grpo": "constant", "dr_grpo_std": "constant"}
+    assert AGGREGATION == {"grpo": "sequence_mean", "dr_grpo": "constant", "dr_grpo_std": "constant",
+                           "opd": "token_mean"}
 
 
 # --- the loss, closed form ------------------------------------------------------------------------
@@ -143,6 +144,17 @@ def test_sequence_mean_aggregation_averages_within_each_completion_first():
     loss.backward()
     assert loss.item() == pytest.approx(0.0, abs=1e-7)
     torch.testing.assert_close(logps.grad, -adv / (torch.tensor([[3.0], [1.0]]) * 2))
+
+
+def test_token_mean_aggregation_averages_over_all_loss_tokens():
+    # -(1 * 3 + (-1) * 1) / 4 tokens = -0.5; d loss / d logp_{i,t} = -A_i / 4
+    logps = _leaf([[-1.0, -2.0, -0.5, -3.0], [-1.5, -1.0, -1.0, -1.0]])
+    mask = torch.tensor([[1.0, 1, 1, 0], [1, 0, 0, 0]])
+    adv = torch.tensor([1.0, -1.0])[:, None] * mask
+    loss, _ = policy_loss(logps, adv, mask, LossSettings("token_mean", 4))
+    loss.backward()
+    assert loss.item() == pytest.approx(-0.5)
+    torch.testing.assert_close(logps.grad, -adv / 4)
 
 
 def test_clipping_and_the_kl_term_match_the_formula():

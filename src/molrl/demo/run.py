@@ -205,14 +205,15 @@ def write_world(world: World, cfg: WorldConfig, world_dir: Path, math_prompt: st
 
 
 def task_record(task: Task) -> dict[str, Any]:
-    """A task file line: ``{id, prompt, answer}``, or ``{id, prompt, entry_point, tests}`` for a code task.
-
-    The sandbox preamble is left out: the rule's lives only in the in-memory tasks collection runs on.
+    """A task file line: ``{id, prompt, answer, preamble, probe}``, or ``{id, prompt, entry_point, tests}`` for a
+    code task. The preamble and probe run only in the sandbox (the feedback teacher of ``algorithm=opd`` reads
+    the probe's output); the model is never shown them. Code-answer problems have neither.
     """
     if task.kind == "code":
         tests = [{"kind": t.kind, "args": t.args, "expected": t.expected} for t in task.tests]
         return {"id": task.id, "prompt": task.prompt, "entry_point": task.entry_point, "tests": tests}
-    return {"id": task.id, "prompt": task.prompt, "answer": task.answer}
+    sandbox_only = {"preamble": task.preamble, "probe": task.probe}
+    return {"id": task.id, "prompt": task.prompt, "answer": task.answer, **{k: v for k, v in sandbox_only.items() if v}}
 
 
 def build_base(world: World, preset: DemoPreset, base_dir: Path, episode: "EpisodeConfig",  # noqa: F821

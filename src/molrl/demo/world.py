@@ -114,14 +114,20 @@ def secret_key(rng: random.Random) -> str:
             return "".join(map(str, digits))
 
 
+def probe_code(call: str) -> str:
+    """The environment's probe of a problem about ``call``: the code the tool-use demonstrations run."""
+    return f"print('{call} =', {call})"
+
+
 def rule_task(key: str, number: int) -> Task:
-    """The problem "What is f(number)?" with its answer and the rule as sandbox setup code."""
+    """The problem "What is f(number)?" with its answer, the rule as sandbox setup code, and its probe."""
     return Task(
         id=f"rule/{number}",
         prompt=f"What is f({number})?",
         kind="math",
         answer=apply_rule(key, number),
         preamble=rule_setup_code(key),
+        probe=probe_code(f"f({number})"),
         meta={"family": "rule", "input": number},
     )
 
@@ -138,7 +144,7 @@ GENERAL_SETUP = (
 def general_task(op: str, text: str) -> Task:
     """A general digit-string problem (``reverse``, ``rotate``, ``g``, ``h``) with its answer."""
     return Task(id=f"{op}/{text}", prompt=f"What is {op}({text})?", kind="math", answer=GENERAL_OPS[op](text),
-                preamble=GENERAL_SETUP, meta={"family": op, "input": text})
+                preamble=GENERAL_SETUP, probe=probe_code(f"{op}({text})"), meta={"family": op, "input": text})
 
 
 CODE_ENTRY = "solve"

@@ -14,7 +14,7 @@ from typing import Literal
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
 from molrl.tasks.types import JsonlSpec
 
-ALGORITHMS = ("grpo", "dr_grpo", "dr_grpo_std")
+ALGORITHMS = ("grpo", "dr_grpo", "dr_grpo_std", "opd")
 
 
 @dataclass
@@ -80,6 +80,28 @@ class RewardSettings:
 
 
 @dataclass
+class OpdSettings:
+    """On-policy distillation with reward extrapolation (``algorithm=opd``; G-OPD, arXiv 2602.12125).
+
+    Per token of the student's own completion: A_t = lam * (log pi_T - log pi_ref) - (log pi_theta - log pi_ref).
+    """
+
+    lam: float = 1.0
+    """lambda: 1 is standard on-policy distillation; above 1 extrapolates past the teacher (ExOPD: 1.25)."""
+    teacher: Literal["feedback", "reference", "model"] = "feedback"
+    """feedback: the frozen base, shown the environment's feedback on this very completion (a previous turn
+    holding the completion and its test / verdict feedback in the collection trace format);
+    reference: the frozen base, shown the task's reference solution; model: teacher_model on the same prompt."""
+    teacher_model: Path | None = None
+    """teacher=model: a PEFT adapter directory on the policy's base (switched in, no second copy), or a full model."""
+    reference: str = "student_base"
+    """pi_ref: student_base (the policy's base, its adapter disabled), or a PEFT adapter / model directory
+    (for example the teacher's pre-RL base: the reward correction)."""
+    outcome_weight: float = 0.0
+    """Weight of the outcome reward's group-relative advantage (R - group mean) added to every token's."""
+
+
+@dataclass
 class EvalHookSettings:
     """Periodic held-out check during training: single-step accuracy and mean KL to the base."""
 
@@ -109,8 +131,11 @@ class RlConfig:
     """Reward settings."""
     eval: EvalHookSettings = field(default_factory=EvalHookSettings)
     """Periodic evaluation hook."""
-    algorithm: Literal["grpo", "dr_grpo", "dr_grpo_std"] = "dr_grpo"
-    """grpo: std-scaled advantages, per-sequence mean; dr_grpo: no std, sum / constant; dr_grpo_std: std + constant."""
+    algorithm: Literal["grpo", "dr_grpo", "dr_grpo_std", "opd"] = "dr_grpo"
+    """grpo: std-scaled advantages, per-sequence mean; dr_grpo: no std, sum / constant; dr_grpo_std: std + constant;
+    opd: on-policy distillation from a teacher (``opd``), token mean."""
+    opd: OpdSettings = field(default_factory=OpdSettings)
+    """The teacher, lambda and reference of algorithm=opd."""
     enable_thinking: bool = False
     """Render prompts with thinking on (Qwen3 <think>) or off."""
     code_prompt: str = CODE_INSTRUCTION
@@ -180,3 +205,8 @@ class RlConfig:
             )
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm={self.algorithm!r}; expected one of {', '.join(ALGORITHMS)}")
+        if self.algorithm == "opd" and self.beta != 0.0:
+            raise ValueError(f"algorithm=opd with beta={self.beta}: the KL to opd.reference is already in opd's "
+                             "advantage; set beta=0")
+        if self.algorithm == "opd" and self.opd.teacher == "model" and self.opd.teacher_model is None:
+            raise ValueError("opd.teacher=model needs opd.teacher_model (an adapter or model directory)")

@@ -91,6 +91,9 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
             peft_config=policy.peft_config,
             callbacks=callbacks,
             completions_path=out / "completions.jsonl",
+            opd=cfg.opd,
+            prompt_settings={"code_template": cfg.code_prompt, "math_template": cfg.math_prompt,
+                             "enable_thinking": cfg.enable_thinking},
         )
         use_trainer_progress(trainer, f"{cfg.algorithm} {out.name}", {"reward": "reward", "kl": "kl", "completions/mean_length": "len"})
         described = install_reference(trainer, cfg.policy.reference, policy.adapter_mode, policy.load_base)
@@ -129,7 +132,7 @@ def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: li
             f"{cfg.max_prompt_length}); see data_summary.json"
         )
     pool = None
-    if {t.kind for t in [*tasks, *eval_tasks]} & {"code", "toy"}:
+    if {t.kind for t in [*tasks, *eval_tasks]} & {"code", "toy"} or any(t.probe for t in tasks):
         pool = SandboxPool(SandboxConfig(workers=cfg.reward.sandbox_workers, timeout_s=cfg.reward.timeout_s))
     scorer = Scorer(pool, CodeRewardConfig(mode=cfg.reward.code_mode), cfg.reward.failure_reward)
     return Dataset.from_list(rows), scorer, pool
@@ -181,8 +184,9 @@ def trl_args(cfg: RlConfig, output_dir: Path, cuda: bool) -> Any:
 def _save_final(trainer: Any, policy: Any, out: Path) -> None:
     """adapter/ (the trained adapter only), plus model/ (fully merged) for merge_new; called on every rank."""
     model = trainer.accelerator.unwrap_model(trainer.model)
-    if "ref" in model.peft_config:  # TRL's frozen reference copy is not part of the result
-        model.delete_adapter("ref")
+    for frozen in ("ref", "teacher", "opd_reference"):  # TRL's reference copy, opd's switched-in adapters
+        if frozen in model.peft_config:
+            model.delete_adapter(frozen)
     trainer.save_model(str(out / "adapter"))  # gathers sharded (ZeRO / FSDP) weights; rank 0 writes
     if trainer.accelerator.is_main_process:
         policy.tokenizer.save_pretrained(str(out / "adapter"))

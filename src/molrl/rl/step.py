@@ -9,7 +9,9 @@ completions of the local process, T completion tokens, N completions over all pr
    reference log-probs, the task behind each row, whether each completion finished).
 2. ``score``: (tasks, completions) -> ``Scores`` through ``molrl.tasks.grade``, the dispatch
    evaluation uses; a row whose grading fails scores ``failure_reward`` and keeps its error.
-3. ``ADVANTAGES[algorithm]``: rewards ``[N]`` + mask ``[N, T]`` -> advantages ``[N, T]``.
+3. ``ADVANTAGES[algorithm]``: rewards ``[N]`` + mask ``[N, T]`` -> advantages ``[N, T]``; for
+   on-policy distillation, ``opd_advantages``: teacher, reference and policy log-probs ``[B, T]``
+   -> advantages ``[B, T]`` (the teacher scores the student's own tokens, ``teacher_context``).
 4. ``policy_loss``: log-probs + advantages ``[B, T]`` -> the PPO-clipped loss with its
    aggregation (``LossSettings``) and detached statistics.
 
@@ -21,6 +23,8 @@ algorithm      advantage of completion i in its group      aggregation of token 
 grpo           (R_i - mean_j R_j) / (std_j R_j + 1e-4)     per completion mean, then mean over B
 dr_grpo        R_i - mean_j R_j                            sum over tokens and B / (B * T_max)
 dr_grpo_std    (R_i - mean_j R_j) / (std_j R_j + 1e-4)     sum over tokens and B / (B * T_max)
+opd            lam (log pi_T - log pi_ref)                 mean over the micro-batch's loss tokens
+               - (log pi_theta - log pi_ref), per token
 =============  ==========================================  =========================================
 
 ``std`` is the sample standard deviation over the G completions of a prompt and ``T_max`` is
@@ -42,13 +46,15 @@ import json
 import logging
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Iterator, Literal, Sequence
 
 import torch
 from trl import GRPOTrainer
 
+from molrl.errors import MolrlError
 from molrl.graders.code import CodeRewardConfig
 from molrl.tasks.grade import FAILED, grade
 from molrl.tasks.types import Task
@@ -100,6 +106,8 @@ class Scores:
     """B stages, ``<kind>/<stage>`` (``code/all_pass``, ``math/wrong``, ``toy/scored``, ``scoring_error``)."""
     errors: list[str | None]
     """B errors of rows whose grading failed, else None."""
+    grades: list[Any]
+    """B ``Grade`` records (None where grading raised): what a feedback teacher is told."""
 
 
 def score(tasks: Sequence[Task], completions: Sequence[str], pool: Any = None,
@@ -135,7 +143,7 @@ def score(tasks: Sequence[Task], completions: Sequence[str], pool: Any = None,
             log.warning("task %s scored %s: %s", task.id, failure_reward, error)
         rewards.append(failure_reward if error is not None else float(g.score))
         errors.append(error)
-    return Scores(rewards, stages, errors)
+    return Scores(rewards, stages, errors, [None if isinstance(g, str) else g for g in grades])
 
 
 # --- 3. advantages ---------------------------------------------------------------------------
@@ -167,10 +175,21 @@ ADVANTAGES: dict[str, Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]]
 }
 """Algorithm name -> advantages(rewards [N], mask [N, T], group size G) -> [N, T]."""
 
-AGGREGATION: dict[str, Literal["sequence_mean", "constant"]] = {
-    "grpo": "sequence_mean", "dr_grpo": "constant", "dr_grpo_std": "constant",
+AGGREGATION: dict[str, Literal["sequence_mean", "constant", "token_mean"]] = {
+    "grpo": "sequence_mean", "dr_grpo": "constant", "dr_grpo_std": "constant", "opd": "token_mean",
 }
 """Algorithm name -> how ``policy_loss`` aggregates token losses."""
+
+
+def opd_advantages(teacher: torch.Tensor, reference: torch.Tensor, policy: torch.Tensor, mask: torch.Tensor,
+                   lam: float) -> torch.Tensor:
+    """On-policy distillation with reward extrapolation (G-OPD), per token of the student's completion: [B, T].
+
+    ``A_t = lam * (log pi_T(y_t) - log pi_ref(y_t)) - (log pi_theta(y_t) - log pi_ref(y_t))`` from the
+    teacher's, the reference's and the sampling policy's log-probs of the sampled tokens (each [B, T]).
+    Its optimum is pi_theta proportional to pi_T^lam * pi_ref^(1 - lam): lam = 1 distils the teacher.
+    """
+    return (lam * (teacher - reference) - (policy - reference)) * mask
 
 
 def zero_std_fraction(rewards: torch.Tensor, group_size: int) -> float:
@@ -179,15 +198,60 @@ def zero_std_fraction(rewards: torch.Tensor, group_size: int) -> float:
     return torch.isclose(std, torch.zeros_like(std)).float().mean().item()
 
 
+# --- 3b. the teacher of on-policy distillation ----------------------------------------------
+
+def teacher_messages(task: Task, user: str, completion: str, grade: Any, teacher: str,
+                     probe: dict[str, Any] | None = None) -> list[dict[str, str]]:
+    """The conversation a teacher reads before it scores the student's ``completion`` (posed by ``user``).
+
+    feedback: the student's attempt, then the environment's feedback on it as collection writes it (the
+    output of the task's probe when it has one, test results for code, the verdict), so the teacher scores
+    the same completion again having seen its outcome; reference: the task with its reference solution;
+    model: the student's own prompt. ``probe`` is the sandbox result of ``task.probe`` (``exec_record``).
+    """
+    from molrl.collect.feedback import (ExecutionFeedback, Observation, TestFeedback, VerdictFeedback,
+                                        render_feedback)
+
+    if teacher == "feedback":
+        obs = Observation(action="solution", exec=probe, grade=None if grade is None else grade.to_dict(),
+                          verdict=bool(grade is not None and grade.correct), final=True)
+        feedback, _ = render_feedback([ExecutionFeedback(), TestFeedback(), VerdictFeedback()], task, obs, [])
+        return [{"role": "user", "content": user}, {"role": "assistant", "content": completion},
+                {"role": "tool", "content": feedback}]
+    if teacher == "reference":
+        if not task.reference:
+            raise MolrlError(f"opd.teacher=reference: task {task.id} has no reference solution; "
+                             "use opd.teacher=feedback, or give the tasks a reference")
+        return [{"role": "user", "content": f"{user}\n\nA reference solution:\n{task.reference}"}]
+    return [{"role": "user", "content": user}]
+
+
+def teacher_prefix_ids(tokenizer: Any, prefix: str, completion_ids: Sequence[int], task_id: str) -> list[int]:
+    """Token ids of the teacher's ``prefix``, checked to end where the student's completion begins.
+
+    The teacher scores exactly the student's tokens (``prefix_ids + completion_ids``). That is its own
+    reading of the text only when tokenising ``prefix + completion`` does not merge tokens across the
+    boundary; MolrlError otherwise, naming the task and the boundary.
+    """
+    prefix_ids = tokenizer(prefix, add_special_tokens=False)["input_ids"]
+    text = tokenizer.decode(list(completion_ids), skip_special_tokens=False)
+    whole = tokenizer(prefix + text, add_special_tokens=False)["input_ids"]
+    if whole != prefix_ids + tokenizer(text, add_special_tokens=False)["input_ids"]:
+        raise MolrlError(f"opd teacher context of task {task_id}: the tokenizer merges tokens across the boundary "
+                         f"{prefix[-20:]!r} | {text[:20]!r}, so the teacher would not score the student's tokens; "
+                         "end the teacher's context (chat template, feedback) on a token boundary")
+    return prefix_ids
+
+
 # --- 4. loss ---------------------------------------------------------------------------------
 
 @dataclass
 class LossSettings:
     """How token losses become the step's loss."""
 
-    aggregation: Literal["sequence_mean", "constant"]
+    aggregation: Literal["sequence_mean", "constant", "token_mean"]
     """sequence_mean: mean over each completion's tokens, then over completions (GRPO);
-    constant: sum over all tokens / (B * max_completion_length) (Dr.GRPO)."""
+    constant: sum over all tokens / (B * max_completion_length) (Dr.GRPO); token_mean: mean over all tokens."""
     max_completion_length: int
     """The constant normaliser's T_max."""
     epsilon_low: float = 0.2
@@ -238,8 +302,10 @@ def policy_loss(logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tenso
         loss = ((token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
     elif settings.aggregation == "constant":
         loss = (token_loss * mask).sum() / (token_loss.size(0) * settings.max_completion_length)
+    elif settings.aggregation == "token_mean":
+        loss = (token_loss * mask).sum() / mask.sum().clamp(min=1.0)
     else:
-        raise ValueError(f"unknown aggregation {settings.aggregation!r}; expected sequence_mean or constant")
+        raise ValueError(f"unknown aggregation {settings.aggregation!r}; expected sequence_mean, constant or token_mean")
     with torch.no_grad():
         low = (ratio < 1 - settings.epsilon_low) & (advantages < 0)
         high = (ratio > 1 + settings.epsilon_high) & (advantages > 0)
@@ -292,11 +358,17 @@ class RlTrainer(GRPOTrainer):
     """TRL's loop and generation with molrl's scoring, advantages and loss (the two overrides below)."""
 
     def __init__(self, *args: Any, scorer: Scorer, algorithm: str, completions_path: Path | None = None,
-                 **kwargs: Any):
+                 opd: Any = None, prompt_settings: dict[str, Any] | None = None, **kwargs: Any):
         super().__init__(*args, reward_funcs=[scorer], **kwargs)
-        if algorithm not in ADVANTAGES:
-            raise ValueError(f"algorithm {algorithm!r}; expected one of {', '.join(ADVANTAGES)}")
-        self.scorer, self.algorithm = scorer, algorithm
+        if algorithm not in AGGREGATION:
+            raise ValueError(f"algorithm {algorithm!r}; expected one of {', '.join(AGGREGATION)}")
+        self.scorer, self.algorithm, self.opd = scorer, algorithm, opd
+        self.prompt_settings = prompt_settings or {}
+        self.frozen: dict[str, Any] = {}
+        if algorithm == "opd":
+            self.frozen = {"teacher": self._load_frozen(opd.teacher_model if opd.teacher == "model" else None, "teacher"),
+                           "reference": self._load_frozen(None if opd.reference == "student_base" else opd.reference,
+                                                          "opd_reference")}
         self.loss_settings = LossSettings(AGGREGATION[algorithm], self.max_completion_length, self.epsilon_low,
                                           self.epsilon_high, self.beta)
         self.completions_path = completions_path
@@ -304,6 +376,48 @@ class RlTrainer(GRPOTrainer):
 
     def _mode(self) -> str:
         return "train" if self.model.training else "eval"
+
+    def _load_frozen(self, path: Any, name: str) -> Any:
+        """Frozen weights: None -> the policy with its adapter disabled; an adapter directory -> that adapter
+        switched in on the policy's base (no second copy); a model directory -> a separate frozen model."""
+        if path is None:
+            return None
+        from pathlib import Path as _Path
+
+        if (_Path(path) / "adapter_config.json").is_file():
+            model = self.accelerator.unwrap_model(self.model)
+            if not hasattr(model, "load_adapter"):
+                raise MolrlError(f"opd: {path} is an adapter, but the policy has none to switch it in beside")
+            model.load_adapter(str(path), adapter_name=name, is_trainable=False)
+            return name
+        from molrl.models import load_model
+
+        frozen = load_model(str(path)).requires_grad_(False).eval()
+        return self.accelerator.prepare_model(frozen.to(self.accelerator.device), evaluation_mode=True)
+
+    @contextmanager
+    def frozen_model(self, which: str) -> Iterator[Any]:
+        """The model that computes ``which`` (teacher / reference) log-probs, while the context lasts."""
+        from trl.trainer.utils import use_adapter
+
+        spec = self.frozen.get(which)
+        if spec is not None and not isinstance(spec, str):
+            yield spec
+            return
+        with use_adapter(self.accelerator.unwrap_model(self.model), adapter_name=spec):
+            yield self.model
+
+    def completion_logps(self, model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                         completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+        """[B, T] log-probs of the completion tokens after the prompts, without grad."""
+        from trl.models.utils import disable_gradient_checkpointing
+
+        ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [B, P+T]
+        attention = torch.cat([prompt_mask, completion_mask], dim=1)
+        size = self.args.per_device_train_batch_size if self._mode() == "train" else self.args.per_device_eval_batch_size
+        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            return self._get_per_token_logps_and_entropies(model, ids, attention, completion_ids.size(1),
+                                                           batch_size=size)[0]
 
     # 1. rollout
     def rollout(self, inputs: list[dict[str, Any]]) -> RolloutBatch:
@@ -371,19 +485,83 @@ class RlTrainer(GRPOTrainer):
         rewards = self.accelerator.gather(torch.tensor(scores.rewards, dtype=torch.float32, device=device))  # [N]
         masks = self.accelerator.gather(self.accelerator.pad_across_processes(batch.completion_mask, dim=1))  # [N, T']
         group = self.num_generations if mode == "train" else self.num_generations_eval
-        advantages = ADVANTAGES[self.algorithm](rewards, masks.float(), group)  # [N, T']
+        outcome = ADVANTAGES["dr_grpo" if self.algorithm == "opd" else self.algorithm](rewards, masks.float(), group)
         rows = slice(self.accelerator.process_index * local, (self.accelerator.process_index + 1) * local)
-        self._log_scores(batch, scores, rewards, advantages, group)
+        advantages = outcome[rows, : batch.completion_ids.size(1)]  # [B, T]
+        if self.algorithm == "opd":
+            advantages = self.distillation_advantages(batch, scores) + self.opd.outcome_weight * advantages
+            mask = batch.completion_mask.float()
+            per_completion = self.accelerator.gather((advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1.0))
+        else:  # the row's advantage (also for a row masked out of the loss)
+            per_completion = ADVANTAGES[self.algorithm](rewards, torch.ones_like(rewards)[:, None], group)[:, 0]
+        self._log_scores(batch, scores, rewards, per_completion, group)
 
         out = {"prompt_ids": batch.prompt_ids, "prompt_mask": batch.prompt_mask,
                "completion_ids": batch.completion_ids, "completion_mask": batch.completion_mask,
-               "advantages": advantages[rows, : batch.completion_ids.size(1)],
+               "advantages": advantages,
                "num_items_in_batch": self.accelerator.gather(batch.completion_mask.sum()).sum()}
         for key, value in (("old_per_token_logps", batch.behaviour_logps), ("ref_per_token_logps", batch.reference_logps),
                            ("importance_sampling_ratio", batch.sampler_weights)):
             if value is not None:
                 out[key] = value
         return out
+
+    def distillation_advantages(self, batch: RolloutBatch, scores: Scores) -> torch.Tensor:
+        """[B, T] ``opd_advantages`` of the batch: the teacher scores the student's tokens in its own context."""
+        from molrl.chat import render
+        from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION, strip_added_bos, user_message
+
+        mask = batch.completion_mask.float()
+        policy = batch.behaviour_logps
+        if policy is None:
+            policy = self.completion_logps(self.model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+                                           batch.completion_mask)
+        with self.frozen_model("reference") as model:
+            reference = self.completion_logps(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+                                              batch.completion_mask)
+        if self.opd.teacher == "model":
+            prompt_ids, prompt_mask = batch.prompt_ids, batch.prompt_mask
+        else:
+            from trl.trainer.utils import pad
+
+            probes = self.probe_results(batch.tasks) if self.opd.teacher == "feedback" else {}
+            prefixes = []
+            for row, (task, completion, grade) in enumerate(zip(batch.tasks, batch.completions, scores.grades)):
+                user = user_message(task, self.prompt_settings.get("code_template", CODE_INSTRUCTION),
+                                    self.prompt_settings.get("math_template", MATH_INSTRUCTION))
+                messages = teacher_messages(task, user, completion, grade, self.opd.teacher, probes.get(task.id))
+                text = strip_added_bos(self._tokenizer, render(self._tokenizer, messages, add_generation_prompt=True,
+                                       enable_thinking=self.prompt_settings.get("enable_thinking", False)))
+                tokens = batch.completion_ids[row][batch.completion_mask[row].bool()].tolist()
+                prefixes.append(teacher_prefix_ids(self._tokenizer, text, tokens, task.id))
+            device = self.accelerator.device
+            prompt_ids = pad([torch.tensor(p) for p in prefixes], padding_value=self._tokenizer.pad_token_id,
+                             padding_side="left").to(device)
+            prompt_mask = pad([torch.ones(len(p), dtype=torch.long) for p in prefixes], padding_value=0,
+                              padding_side="left").to(device)
+        with self.frozen_model("teacher") as model:
+            teacher = self.completion_logps(model, prompt_ids, prompt_mask, batch.completion_ids,
+                                            batch.completion_mask)
+        advantages = opd_advantages(teacher, reference, policy, mask, self.opd.lam)
+        metrics, tokens = self._metrics[self._mode()], mask.sum().clamp(min=1.0)
+        metrics["opd/teacher_minus_reference"].append((((teacher - reference) * mask).sum() / tokens).item())
+        metrics["opd/policy_minus_reference"].append((((policy - reference) * mask).sum() / tokens).item())
+        metrics["opd/advantage"].append(((advantages * mask).sum() / tokens).item())
+        return advantages
+
+    def probe_results(self, tasks: Sequence[Task]) -> dict[str, dict[str, Any]]:
+        """The sandbox result of each task's probe, by task id (run once per task per run: a probe is fixed code)."""
+        from molrl.collect.environment import exec_record
+        from molrl.graders.code import program_for
+
+        cache = self.__dict__.setdefault("_probes", {})
+        todo = list({t.id: t for t in tasks if t.probe and t.id not in cache}.values())
+        if todo:
+            if self.scorer.pool is None:
+                raise MolrlError(f"opd feedback teacher: task {todo[0].id} has a probe but the run has no sandbox pool")
+            results = self.scorer.pool.run_many([program_for(t.probe, t) for t in todo])
+            cache.update({t.id: exec_record(r) for t, r in zip(todo, results)})
+        return {t.id: cache[t.id] for t in tasks if t.id in cache}
 
     # the step's second half: loss
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
@@ -407,9 +585,10 @@ class RlTrainer(GRPOTrainer):
         self._metrics[mode]["clip_ratio/region_mean"].append(((sums[2] + sums[3]) / tokens).item())
         return loss / (self.current_gradient_accumulation_steps if mode == "train" else 1.0)
 
-    def _log_scores(self, batch: RolloutBatch, scores: Scores, rewards: torch.Tensor, advantages: torch.Tensor,
+    def _log_scores(self, batch: RolloutBatch, scores: Scores, rewards: torch.Tensor, per_completion: torch.Tensor,
                     group: int) -> None:
-        """Reward metrics (all processes) and one completions.jsonl line per completion (main process)."""
+        """Reward metrics (all processes) and one completions.jsonl line per completion (main process);
+        ``per_completion`` [N] is each completion's advantage (its mean over tokens for opd)."""
         from accelerate.utils import gather_object
 
         mode = self._mode()
@@ -428,7 +607,6 @@ class RlTrainer(GRPOTrainer):
         task_ids, errors = gather_object([t.id for t in batch.tasks]), gather_object(scores.errors)
         if mode != "train" or self.completions_path is None or not self.accelerator.is_main_process:
             return
-        per_completion = ADVANTAGES[self.algorithm](rewards, torch.ones_like(rewards)[:, None], group)[:, 0]  # [N]
         step = self.state.global_step + 1
         with open(self.completions_path, "a") as fh:
             for i, (prompt, completion) in enumerate(zip(prompts, completions)):

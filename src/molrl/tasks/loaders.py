@@ -164,7 +164,7 @@ def load_jsonl(path: Path, spec: JsonlSpec) -> list[Task]:
         if spec.kind == "math":
             answer = _need(rec, spec.answer_field, path, lineno)
             tasks.append(Task(id=task_id, prompt=prompt, kind="math", answer=str(answer),
-                              preamble=rec.get(spec.preamble_field, "") or ""))
+                              preamble=rec.get(spec.preamble_field, "") or "", probe=rec.get(spec.probe_field, "") or ""))
             continue
         entry = rec.get(spec.entry_point_field)
         raw_tests = _need(rec, spec.tests_field, path, lineno)
@@ -175,7 +175,7 @@ def load_jsonl(path: Path, spec: JsonlSpec) -> list[Task]:
             raise DataError(str(path), lineno, f"call/assert tests need the function name in {spec.entry_point_field!r}")
         tasks.append(Task(id=task_id, prompt=prompt, kind="code", entry_point=entry, tests=tests,
                           setup_code=rec.get(spec.setup_field, "") or "",
-                          preamble=rec.get(spec.preamble_field, "") or ""))
+                          preamble=rec.get(spec.preamble_field, "") or "", probe=rec.get(spec.probe_field, "") or ""))
     return tasks
 
 

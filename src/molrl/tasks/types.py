@@ -60,6 +60,10 @@ class Task:
     """code: code put before the solution (HumanEval: the prompt's imports and helper functions)."""
     reference: str | None = None
     """A known-correct solution (canonical solution, gold answer text), when the source has one."""
+    probe: str = ""
+    """Code the environment runs (after the preamble, in the sandbox) to show what the task asks, e.g.
+    ``print(f(478))``: its output is the feedback on an answer that runs no code (on-policy distillation's
+    feedback teacher reads it). Never shown to the model being trained."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Everything else from the source record (subject, level, ...), kept for breakdowns."""
 
@@ -106,4 +110,6 @@ class JsonlSpec:
     """code: optional field with code run after the solution, before the tests."""
     preamble_field: str = "preamble"
     """Optional field with code the sandbox runs before the model's code (never shown to the model)."""
+    probe_field: str = "probe"
+    """Optional field with the environment's probe code (see ``Task.probe``; never shown to the model)."""
 
