@@ -132,7 +132,8 @@ def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: li
             f"{cfg.max_prompt_length}); see data_summary.json"
         )
     pool = None
-    if {t.kind for t in [*tasks, *eval_tasks]} & {"code", "toy"} or any(t.probe for t in tasks):
+    probes = cfg.algorithm == "opd" and cfg.opd.teacher == "feedback" and any(t.probe for t in tasks)
+    if {t.kind for t in [*tasks, *eval_tasks]} & {"code", "toy"} or probes:
         pool = SandboxPool(SandboxConfig(workers=cfg.reward.sandbox_workers, timeout_s=cfg.reward.timeout_s))
     scorer = Scorer(pool, CodeRewardConfig(mode=cfg.reward.code_mode), cfg.reward.failure_reward)
     return Dataset.from_list(rows), scorer, pool
