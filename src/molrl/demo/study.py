@@ -30,7 +30,8 @@ Sizes against the 60-minute budget on 2 shared cores (``study`` preset in ``molr
 the demo's world and base (800 steps) plus 200 code-answer training problems (and 200 general
 ones, for the base to learn the format) and 100 held-out ones; every GRPO run of the study takes
 60 steps instead of the demo's 80 (7 runs: 4 for the epochs, Dr.GRPO, 2 rewards); every model is
-evaluated on the three benchmarks. One seed takes about 19 minutes there.
+evaluated on the three benchmarks. The three seeds took 39 minutes there (11 to 14 per seed), beside
+other work.
 """
 
 from __future__ import annotations
