@@ -78,8 +78,8 @@ def test_bad_configs_name_the_key():
 
     with pytest.raises(ConfigError, match="micro_batch_size=3 must divide"):
         load_config(RlConfig, None, ["micro_batch_size=3"])
-    with pytest.raises(ConfigError, match="algorithm='ppo'"):
-        load_config(RlConfig, None, ["algorithm=ppo"])
+    with pytest.raises(ConfigError, match="algorithm='reinforce'"):
+        load_config(RlConfig, None, ["algorithm=reinforce"])
 
 
 def test_vllm_requested_but_missing_is_a_clear_error(tmp_path):

@@ -112,7 +112,7 @@ def test_a_group_of_ties_carries_no_signal_and_is_counted():
 
 def test_aggregation_is_per_algorithm():
     assert AGGREGATION == {"grpo": "sequence_mean", "dr_grpo": "constant", "dr_grpo_std": "constant",
-                           "opd": "token_mean"}
+                           "opd": "token_mean", "ppo": "token_mean"}
 
 
 # --- the loss, closed form ------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Literal
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
 from molrl.tasks.types import JsonlSpec
 
-ALGORITHMS = ("grpo", "dr_grpo", "dr_grpo_std", "opd")
+ALGORITHMS = ("grpo", "dr_grpo", "dr_grpo_std", "opd", "ppo")
 
 
 @dataclass
@@ -80,6 +80,32 @@ class RewardSettings:
 
 
 @dataclass
+class PpoSettings:
+    """PPO with a learned critic (``algorithm=ppo``): per-token KL rewards, GAE over macro actions."""
+
+    gamma: float = 1.0
+    """GAE discount."""
+    lam: float = 0.95
+    """GAE lambda (the MA-RLHF authors' value)."""
+    value_clip: float = 0.2
+    """The value loss clips new values to old value +- this."""
+    value_coef: float = 0.5
+    """Weight of the value loss beside the policy loss."""
+
+
+@dataclass
+class MacroSettings:
+    """Macro actions (MA-RLHF): how tokens are grouped for credit assignment (``molrl.rl.macro``)."""
+
+    rule: str = "token"
+    """token (plain token level), fixed:N (every N tokens; the authors use 5), randomized, ppl, parsing or turn."""
+    pooling: Literal["equal", "unit", "position"] = "equal"
+    """How an MA's token values (and pooled advantages) are weighted: equally, the last token, or by 1/position."""
+    pool_advantages: bool = False
+    """Replace each token's advantage by its MA's pooled advantage (any algorithm with per-token advantages)."""
+
+
+@dataclass
 class OpdSettings:
     """On-policy distillation with reward extrapolation (``algorithm=opd``; G-OPD, arXiv 2602.12125).
 
@@ -131,11 +157,15 @@ class RlConfig:
     """Reward settings."""
     eval: EvalHookSettings = field(default_factory=EvalHookSettings)
     """Periodic evaluation hook."""
-    algorithm: Literal["grpo", "dr_grpo", "dr_grpo_std", "opd"] = "dr_grpo"
+    algorithm: Literal["grpo", "dr_grpo", "dr_grpo_std", "opd", "ppo"] = "dr_grpo"
     """grpo: std-scaled advantages, per-sequence mean; dr_grpo: no std, sum / constant; dr_grpo_std: std + constant;
-    opd: on-policy distillation from a teacher (``opd``), token mean."""
+    opd: on-policy distillation from a teacher (``opd``), token mean; ppo: a learned critic, GAE over macro actions."""
     opd: OpdSettings = field(default_factory=OpdSettings)
     """The teacher, lambda and reference of algorithm=opd."""
+    ppo: PpoSettings = field(default_factory=PpoSettings)
+    """The critic and GAE of algorithm=ppo (its per-token reward KL weight is ``beta``)."""
+    macro: MacroSettings = field(default_factory=MacroSettings)
+    """Macro actions: the grouping of ppo's GAE, and optional pooling of any algorithm's advantages."""
     enable_thinking: bool = False
     """Render prompts with thinking on (Qwen3 <think>) or off."""
     code_prompt: str = CODE_INSTRUCTION

@@ -92,6 +92,8 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
             callbacks=callbacks,
             completions_path=out / "completions.jsonl",
             opd=cfg.opd,
+            ppo=cfg.ppo,
+            macro=cfg.macro,
             prompt_settings={"code_template": cfg.code_prompt, "math_template": cfg.math_prompt,
                              "enable_thinking": cfg.enable_thinking},
         )
@@ -188,6 +190,12 @@ def _save_final(trainer: Any, policy: Any, out: Path) -> None:
     for frozen in ("ref", "teacher", "opd_reference"):  # TRL's reference copy, opd's switched-in adapters
         if frozen in model.peft_config:
             model.delete_adapter(frozen)
+    if hasattr(model, "molrl_value_head"):  # ppo's critic is not part of the policy: saved beside it
+        if trainer.accelerator.is_main_process:
+            import torch
+
+            torch.save(model.molrl_value_head.state_dict(), out / "value_head.pt")
+        del model.molrl_value_head
     trainer.save_model(str(out / "adapter"))  # gathers sharded (ZeRO / FSDP) weights; rank 0 writes
     if trainer.accelerator.is_main_process:
         policy.tokenizer.save_pretrained(str(out / "adapter"))

@@ -25,6 +25,8 @@ dr_grpo        R_i - mean_j R_j                            sum over tokens and B
 dr_grpo_std    (R_i - mean_j R_j) / (std_j R_j + 1e-4)     sum over tokens and B / (B * T_max)
 opd            lam (log pi_T - log pi_ref)                 mean over the micro-batch's loss tokens
                - (log pi_theta - log pi_ref), per token
+ppo            GAE over macro actions (``molrl.rl.macro``)  mean over the micro-batch's loss tokens,
+               of per-token rewards and a learned critic   plus the clipped value loss
 =============  ==========================================  =========================================
 
 ``std`` is the sample standard deviation over the G completions of a prompt and ``T_max`` is
@@ -177,6 +179,7 @@ ADVANTAGES: dict[str, Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]]
 
 AGGREGATION: dict[str, Literal["sequence_mean", "constant", "token_mean"]] = {
     "grpo": "sequence_mean", "dr_grpo": "constant", "dr_grpo_std": "constant", "opd": "token_mean",
+    "ppo": "token_mean",
 }
 """Algorithm name -> how ``policy_loss`` aggregates token losses."""
 
@@ -190,6 +193,16 @@ def opd_advantages(teacher: torch.Tensor, reference: torch.Tensor, policy: torch
     Its optimum is pi_theta proportional to pi_T^lam * pi_ref^(1 - lam): lam = 1 distils the teacher.
     """
     return (lam * (teacher - reference) - (policy - reference)) * mask
+
+
+def token_rewards(outcome: torch.Tensor, policy: torch.Tensor, reference: torch.Tensor | None, mask: torch.Tensor,
+                  beta: float) -> torch.Tensor:
+    """PPO's per-token rewards [B, T]: ``-beta (log pi_theta - log pi_ref)`` on each loss token, plus the
+    outcome reward ``outcome`` [B] on the last one."""
+    rewards = torch.zeros_like(policy) if reference is None or beta == 0.0 else -beta * (policy - reference)
+    rewards = rewards * mask
+    last = (mask.cumsum(-1) == mask.sum(-1, keepdim=True)) & mask.bool()  # [B, T] the last loss token
+    return rewards + last * outcome.unsqueeze(1)
 
 
 def zero_std_fraction(rewards: torch.Tensor, group_size: int) -> float:
@@ -314,6 +327,23 @@ def policy_loss(logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tenso
     return loss, stats
 
 
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+               clip: float) -> torch.Tensor:
+    """The clipped value loss, mean over loss tokens: ``0.5 max((V - R)^2, (clip(V, V_old +- clip) - R)^2)``; all [B, T]."""
+    clipped = torch.clamp(values, old_values - clip, old_values + clip)
+    loss = 0.5 * torch.max((values - returns) ** 2, (clipped - returns) ** 2)
+    return (loss * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """``1 - Var(R - V) / Var(R)`` over loss tokens: 1 for a perfect critic, 0 for a constant one."""
+    inside = mask.bool()
+    target = returns[inside]
+    if target.numel() < 2 or target.var() == 0:
+        return float("nan")
+    return (1 - (target - values[inside]).var() / target.var()).item()
+
+
 # --- the step in TRL's loop ------------------------------------------------------------------
 
 TRL_SURFACE = {
@@ -358,11 +388,12 @@ class RlTrainer(GRPOTrainer):
     """TRL's loop and generation with molrl's scoring, advantages and loss (the two overrides below)."""
 
     def __init__(self, *args: Any, scorer: Scorer, algorithm: str, completions_path: Path | None = None,
-                 opd: Any = None, prompt_settings: dict[str, Any] | None = None, **kwargs: Any):
+                 opd: Any = None, ppo: Any = None, macro: Any = None, prompt_settings: dict[str, Any] | None = None,
+                 **kwargs: Any):
         super().__init__(*args, reward_funcs=[scorer], **kwargs)
         if algorithm not in AGGREGATION:
             raise ValueError(f"algorithm {algorithm!r}; expected one of {', '.join(AGGREGATION)}")
-        self.scorer, self.algorithm, self.opd = scorer, algorithm, opd
+        self.scorer, self.algorithm, self.opd, self.ppo, self.macro = scorer, algorithm, opd, ppo, macro
         self.prompt_settings = prompt_settings or {}
         self.frozen: dict[str, Any] = {}
         if algorithm == "opd":
@@ -370,7 +401,14 @@ class RlTrainer(GRPOTrainer):
                            "reference": self._load_frozen(None if opd.reference == "student_base" else opd.reference,
                                                           "opd_reference")}
         self.loss_settings = LossSettings(AGGREGATION[algorithm], self.max_completion_length, self.epsilon_low,
-                                          self.epsilon_high, self.beta)
+                                          self.epsilon_high, 0.0 if algorithm == "ppo" else self.beta)  # ppo: KL in rewards
+        if algorithm == "ppo":  # the critic: a linear value head on the policy's last hidden states
+            model = self.accelerator.unwrap_model(self.model)
+            head = torch.nn.Linear(model.config.hidden_size, 1).to(self.accelerator.device)
+            torch.nn.init.zeros_(head.weight)
+            torch.nn.init.zeros_(head.bias)
+            model.add_module("molrl_value_head", head)  # a submodule, so the optimiser trains it
+        self._macro_rng = __import__("random").Random(self.args.seed)
         self.completions_path = completions_path
         self.seen_stages: set[str] = set()
 
@@ -485,11 +523,22 @@ class RlTrainer(GRPOTrainer):
         rewards = self.accelerator.gather(torch.tensor(scores.rewards, dtype=torch.float32, device=device))  # [N]
         masks = self.accelerator.gather(self.accelerator.pad_across_processes(batch.completion_mask, dim=1))  # [N, T']
         group = self.num_generations if mode == "train" else self.num_generations_eval
-        outcome = ADVANTAGES["dr_grpo" if self.algorithm == "opd" else self.algorithm](rewards, masks.float(), group)
+        # group-relative advantages: the algorithm's own, or (opd's optional outcome term) Dr.GRPO's
+        outcome = ADVANTAGES[self.algorithm if self.algorithm in ADVANTAGES else "dr_grpo"](rewards, masks.float(), group)
         rows = slice(self.accelerator.process_index * local, (self.accelerator.process_index + 1) * local)
         advantages = outcome[rows, : batch.completion_ids.size(1)]  # [B, T]
+        extra: dict[str, torch.Tensor] = {}
+        macro = self.macro is not None and (self.algorithm == "ppo" or self.macro.pool_advantages)
+        ma_ids = self.macro_ids(batch) if macro else None
         if self.algorithm == "opd":
             advantages = self.distillation_advantages(batch, scores) + self.opd.outcome_weight * advantages
+        elif self.algorithm == "ppo":
+            advantages, extra["returns"], extra["old_values"] = self.critic_advantages(batch, rewards[rows], ma_ids)
+        if ma_ids is not None and self.macro.pool_advantages:
+            from molrl.rl.macro import pool_advantages
+
+            advantages = pool_advantages(advantages.cpu(), ma_ids.cpu(), self.macro.pooling).to(advantages.device)
+        if self.algorithm in ("opd", "ppo"):  # each completion's mean token advantage
             mask = batch.completion_mask.float()
             per_completion = self.accelerator.gather((advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1.0))
         else:  # the row's advantage (also for a row masked out of the loss)
@@ -500,11 +549,65 @@ class RlTrainer(GRPOTrainer):
                "completion_ids": batch.completion_ids, "completion_mask": batch.completion_mask,
                "advantages": advantages,
                "num_items_in_batch": self.accelerator.gather(batch.completion_mask.sum()).sum()}
+        out.update(extra)
         for key, value in (("old_per_token_logps", batch.behaviour_logps), ("ref_per_token_logps", batch.reference_logps),
                            ("importance_sampling_ratio", batch.sampler_weights)):
             if value is not None:
                 out[key] = value
         return out
+
+    def values(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+               completion_mask: torch.Tensor, grad: bool = False) -> torch.Tensor:
+        """[B, T] the critic's value of the state before each completion token: a linear head on the policy's
+        last hidden states (the trunk is shared: with ``grad`` the value loss trains the LoRA as well)."""
+        model = self.accelerator.unwrap_model(self.model)
+        ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention = torch.cat([prompt_mask, completion_mask], dim=1)
+        with torch.set_grad_enabled(grad):
+            hidden = model.get_base_model().get_decoder()(input_ids=ids, attention_mask=attention).last_hidden_state
+            states = hidden[:, -completion_ids.size(1) - 1 : -1].float()  # [B, T, H]
+            return model.molrl_value_head(states).squeeze(-1)
+
+    def macro_ids(self, batch: RolloutBatch) -> torch.Tensor:
+        """[B, T] macro-action index of each loss token (-1 off the mask) under ``macro.rule``."""
+        from molrl.rl.macro import segment
+
+        rule = self.macro.rule
+        reference = batch.reference_logps
+        if rule == "ppl" and reference is None:
+            with self.frozen_model("reference") as model:
+                reference = self.completion_logps(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+                                                  batch.completion_mask)
+        rows = []
+        for row in range(batch.completion_ids.size(0)):
+            texts = [self._tokenizer.decode([t]) for t in batch.completion_ids[row].tolist()] if rule == "parsing" else None
+            rows.append(segment(rule, batch.completion_mask[row].cpu(), rng=self._macro_rng,
+                                reference_logps=None if reference is None else reference[row].cpu(), token_texts=texts))
+        return torch.stack(rows).to(batch.completion_ids.device)
+
+    def critic_advantages(self, batch: RolloutBatch, outcome: torch.Tensor,
+                          ma_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(advantages, returns, old values), each [B, T]: GAE over macro actions of PPO's per-token rewards."""
+        from molrl.rl.macro import macro_gae
+
+        mask = batch.completion_mask.float()
+        policy = batch.behaviour_logps
+        if policy is None:
+            policy = self.completion_logps(self.model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+                                           batch.completion_mask)
+        rewards = token_rewards(outcome, policy, batch.reference_logps, mask, self.beta)
+        old = self.values(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask) * mask
+        advantages, returns = torch.zeros_like(rewards), torch.zeros_like(rewards)
+        for row in range(rewards.size(0)):
+            advantages[row], returns[row] = macro_gae(rewards[row].cpu(), old[row].cpu(), ma_ids[row].cpu(),
+                                                      self.ppo.gamma, self.ppo.lam, self.macro.pooling)
+        metrics = self._metrics[self._mode()]
+        if batch.reference_logps is not None:  # the KL in the rewards, per token
+            metrics["kl"].append((((policy - batch.reference_logps) * mask).sum() / mask.sum().clamp(min=1.0)).item())
+        metrics["critic/explained_variance"].append(explained_variance(old, returns, mask))
+        metrics["critic/macro_actions_per_completion"].append(
+            ((ma_ids.max(-1).values + 1).float().mean()).item())
+        return advantages.to(old.device), returns.to(old.device), old
 
     def distillation_advantages(self, batch: RolloutBatch, scores: Scores) -> torch.Tensor:
         """[B, T] ``opd_advantages`` of the batch: the teacher scores the student's tokens in its own context."""
@@ -574,10 +677,15 @@ class RlTrainer(GRPOTrainer):
                                   inputs.get("old_per_token_logps"), inputs.get("ref_per_token_logps"),
                                   inputs.get("importance_sampling_ratio"))
         mode = self._mode()
+        if self.algorithm == "ppo":
+            values = self.values(inputs["prompt_ids"], inputs["prompt_mask"], inputs["completion_ids"], mask, grad=True)
+            critic = value_loss(values, inputs["old_values"], inputs["returns"], mask, self.ppo.value_clip)
+            loss = loss + self.ppo.value_coef * critic
+            self._metrics[mode]["critic/value_loss"].append(critic.item())
         sums = self.accelerator.reduce(torch.stack([stats.tokens, stats.kl, stats.clipped_low, stats.clipped_high,
                                                     (entropies.detach() * mask).sum()]), reduction="sum")
         tokens = sums[0].clamp(min=1.0)
-        if self.beta != 0.0:
+        if self.loss_settings.beta != 0.0:
             self._metrics[mode]["kl"].append((sums[1] / tokens).item())
         self._metrics[mode]["entropy"].append((sums[4] / tokens).item())
         self._metrics[mode]["clip_ratio/low_mean"].append((sums[2] / tokens).item())
