@@ -80,6 +80,8 @@ def test_bad_configs_name_the_key():
         load_config(RlConfig, None, ["micro_batch_size=3"])
     with pytest.raises(ConfigError, match="algorithm='reinforce'"):
         load_config(RlConfig, None, ["algorithm=reinforce"])
+    with pytest.raises(ConfigError, match="macro.rule='fixed:0'"):
+        load_config(RlConfig, None, ["macro.rule=fixed:0"])
 
 
 def test_vllm_requested_but_missing_is_a_clear_error(tmp_path):

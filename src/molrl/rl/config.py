@@ -238,5 +238,9 @@ class RlConfig:
         if self.algorithm == "opd" and self.beta != 0.0:
             raise ValueError(f"algorithm=opd with beta={self.beta}: the KL to opd.reference is already in opd's "
                              "advantage; set beta=0")
+        rule = self.macro.rule
+        if rule not in ("token", "randomized", "ppl", "parsing", "turn") and not (
+                rule.startswith("fixed:") and rule[6:].isdigit() and int(rule[6:]) >= 1):
+            raise ValueError(f"macro.rule={rule!r}; expected token, fixed:N (N >= 1), randomized, ppl, parsing or turn")
         if self.algorithm == "opd" and self.opd.teacher == "model" and self.opd.teacher_model is None:
             raise ValueError("opd.teacher=model needs opd.teacher_model (an adapter or model directory)")
