@@ -430,7 +430,7 @@ class RlTrainer(GRPOTrainer):
             return name
         from molrl.models import load_model
 
-        frozen = load_model(str(path)).requires_grad_(False).eval()
+        frozen = load_model(str(path)).requires_grad_(False).train(False)  # inference mode
         return self.accelerator.prepare_model(frozen.to(self.accelerator.device), evaluation_mode=True)
 
     @contextmanager
