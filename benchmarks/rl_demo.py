@@ -1,0 +1,150 @@
+"""RL algorithms against the demo's GRPO on the demo world, over seeds.
+
+    python benchmarks/rl_demo.py --set opd|macro [--out runs/rl_bench] [--seeds 3] [--every 10]
+
+For each seed: the demo's world, base and MoL model (``molrl demo``'s default preset, reused
+when already on disk, so both sets can share one ``--out``), then RL runs of the demo's length
+(80 steps) from the same models, ``mol+grpo`` (the demo's GRPO run) always among them.
+
+- ``--set opd``: ``algorithm=opd`` with the feedback teacher (the frozen base, shown the
+  environment's probe output and the verdict on the student's own attempt) at lambda 1
+  (``mol+opd``) and 1.25 (``mol+exopd``), and from the base (``base+opd``);
+- ``--set macro``: ``algorithm=ppo`` with a critic, token level (``mol+ppo``) and over macro
+  actions: ``fixed:5`` (the authors' setting), ``parsing`` and ``ppl``.
+
+Every run evaluates the held-out rule problems every ``--every`` steps (greedy, single step) and
+after training both benchmarks. Printed: final held-out and general accuracy (mean ± s.e. over
+seeds, per-seed values), held-out accuracy at each evaluated step, mean training reward per step
+window, completion lengths, wall time per run, and the first step at which each run reaches the
+first run's final held-out accuracy and final training reward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+GRPO = {"mol+grpo": ("mol", ["algorithm=grpo"])}
+SETS = {
+    "opd": {**GRPO,
+            "mol+opd": ("mol", ["algorithm=opd", "beta=0", "opd.lam=1.0"]),
+            "mol+exopd": ("mol", ["algorithm=opd", "beta=0", "opd.lam=1.25"]),
+            "base+opd": ("base", ["algorithm=opd", "beta=0", "opd.lam=1.0"])},
+    "macro": {"mol+ppo": ("mol", ["algorithm=ppo", "macro.rule=token"]),
+              "mol+ppo_fixed5": ("mol", ["algorithm=ppo", "macro.rule=fixed:5"]),
+              "mol+ppo_parsing": ("mol", ["algorithm=ppo", "macro.rule=parsing"]),
+              "mol+ppo_ppl": ("mol", ["algorithm=ppo", "macro.rule=ppl"]),
+              **GRPO},
+}
+"""Runs per set, {name: (start, overrides)}; the first run is the one the others are measured against."""
+
+
+def overrides(world: Path, every: int, runs_of_set: dict) -> list[str]:
+    runs = ", ".join(f"{{name: {name}, start: {start}, overrides: [{', '.join(o)}]}}"
+                     for name, (start, o) in runs_of_set.items())
+    return [f"grpo_runs=[{runs}]", f"grpo.eval.every_steps={every}", f"grpo.eval.tasks.path={world / 'heldout.jsonl'}",
+            "grpo.eval.tasks.format=jsonl", "grpo.eval.tasks.spec.kind=math", "grpo.eval.max_new_tokens=48",
+            "grpo.eval.kl_prompts=0"]
+
+
+def run_seed(out: Path, seed: int, every: int, runs_of_set: dict) -> Path:
+    from molrl.demo.run import prepare_seed, use_idle_threads
+    from molrl.pipeline import run_pipeline
+
+    cfg, world, threads = prepare_seed(out, "default", overrides(out / "world", every, runs_of_set), seed)
+    run_pipeline(cfg, collect_tasks=world.rule_train, before_stage=lambda stage: use_idle_threads(threads, stage))
+    return Path(cfg.output_dir)
+
+
+def mean_se(values: list[float]) -> tuple[float, float]:
+    n = len(values)
+    mean = sum(values) / n
+    se = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n) if n > 1 else 0.0
+    return mean, se
+
+
+def cell(values: list[float], digits: int = 3) -> str:
+    mean, se = mean_se(values)
+    return f"{mean:.{digits}f} ± {se:.{digits}f} [" + ", ".join(f"{v:.{digits}f}" for v in values) + "]"
+
+
+def final_accuracy(pipeline: Path, run: str, benchmark: str) -> float:
+    results = json.loads((pipeline / "eval" / run / "results.json").read_text())
+    return float(results["benchmarks"][benchmark]["pass@1"])
+
+
+def curve(pipeline: Path, run: str) -> tuple[dict[int, float], float]:
+    """(held-out accuracy by step, training wall time in s without the evaluation hook)."""
+    rows = metrics(pipeline, run)
+    accuracy = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
+    return accuracy, sum(r.get("step_time", 0.0) for r in rows)
+
+
+def metrics(pipeline: Path, run: str) -> list[dict]:
+    return [json.loads(line) for line in (pipeline / "grpo" / run / "metrics.jsonl").read_text().splitlines()]
+
+
+def reward_windows(pipeline: Path, run: str, width: int = 10) -> list[float]:
+    """Mean training reward over steps 1-10, 11-20, ..."""
+    rewards = [r["reward"] for r in metrics(pipeline, run) if "reward" in r]
+    return [sum(rewards[i:i + width]) / len(rewards[i:i + width]) for i in range(0, len(rewards), width)]
+
+
+def lengths(pipeline: Path, run: str) -> list[int]:
+    rows = [json.loads(line) for line in (pipeline / "grpo" / run / "completions.jsonl").read_text().splitlines()]
+    return sorted(len(r["completion"]) for r in rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--set", choices=sorted(SETS), required=True)
+    parser.add_argument("--out", default="runs/rl_bench")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--every", type=int, default=10)
+    args = parser.parse_args()
+    RUNS = SETS[args.set]
+    first = next(iter(RUNS))
+    pipelines = [run_seed(Path(args.out) / f"seed-{seed}", seed, args.every, RUNS) for seed in range(args.seeds)]
+
+    print(f"\n{args.seeds} seeds, 80 RL steps per run; mean ± standard error over seeds [per seed]")
+    print(f"| run | held-out | general | training wall s |\n|---|---|---|---|")
+    curves = {run: [curve(p, run) for p in pipelines] for run in RUNS}
+    for run in RUNS:
+        heldout = [final_accuracy(p, run, "heldout") for p in pipelines]
+        general = [final_accuracy(p, run, "general") for p in pipelines]
+        print(f"| {run} | {cell(heldout)} | {cell(general)} | {cell([c[1] for c in curves[run]], 0)} |")
+    steps = sorted(set.intersection(*(set(c[0]) for cs in curves.values() for c in cs)))
+    print("\nheld-out accuracy by step (mean over seeds)\n| run | " + " | ".join(map(str, steps)) + " |")
+    print("|---|" + "---|" * len(steps))
+    for run in RUNS:
+        print(f"| {run} | " + " | ".join(f"{mean_se([c[0][s] for c in curves[run]])[0]:.3f}" for s in steps) + " |")
+    targets = [final_accuracy(p, first, "heldout") for p in pipelines]
+    print(f"\nfirst evaluated step reaching {first}'s final held-out accuracy (per seed; - = never)")
+    for run in RUNS:
+        reached = []
+        for (accuracy, _), target in zip(curves[run], targets):
+            hit = [s for s in sorted(accuracy) if accuracy[s] >= target]
+            reached.append(str(hit[0]) if hit else "-")
+        print(f"- {run}: " + ", ".join(reached))
+    windows = {run: [reward_windows(p, run) for p in pipelines] for run in RUNS}
+    print("\ntraining reward, mean over steps 1-10, 11-20, ... (mean over seeds)")
+    for run in RUNS:
+        print(f"- {run}: " + ", ".join(f"{sum(w[i] for w in windows[run]) / len(pipelines):.3f}"
+                                       for i in range(min(len(w) for w in windows[run]))))
+    print(f"\nfirst 10-step window whose mean reward reaches {first}'s last window (per seed; - = never)")
+    for run in RUNS:
+        reached = []
+        for w, target in zip(windows[run], [w[-1] for w in windows[first]]):
+            hit = [i for i, value in enumerate(w) if value >= target]
+            reached.append(f"steps {hit[0] * 10 + 1}-{hit[0] * 10 + 10}" if hit else "-")
+        print(f"- {run}: " + ", ".join(reached))
+    print("\ncompletion length in characters, all sampled completions of all seeds: p50 / p90 / max")
+    for run in RUNS:
+        every = sorted(x for p in pipelines for x in lengths(p, run))
+        print(f"- {run}: {every[len(every) // 2]} / {every[int(len(every) * 0.9)]} / {every[-1]}")
+
+
+if __name__ == "__main__":
+    main()
