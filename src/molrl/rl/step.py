@@ -47,6 +47,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import random
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -408,7 +409,8 @@ class RlTrainer(GRPOTrainer):
             torch.nn.init.zeros_(head.weight)
             torch.nn.init.zeros_(head.bias)
             model.add_module("molrl_value_head", head)  # a submodule, so the optimiser trains it
-        self._macro_rng = __import__("random").Random(self.args.seed)
+        self._macro_rng = random.Random(self.args.seed)
+        self._probes: dict[str, dict[str, Any]] = {}  # task id -> its probe's sandbox result (probes are fixed code)
         self.completions_path = completions_path
         self.seen_stages: set[str] = set()
 
@@ -420,9 +422,7 @@ class RlTrainer(GRPOTrainer):
         switched in on the policy's base (no second copy); a model directory -> a separate frozen model."""
         if path is None:
             return None
-        from pathlib import Path as _Path
-
-        if (_Path(path) / "adapter_config.json").is_file():
+        if (Path(path) / "adapter_config.json").is_file():
             model = self.accelerator.unwrap_model(self.model)
             if not hasattr(model, "load_adapter"):
                 raise MolrlError(f"opd: {path} is an adapter, but the policy has none to switch it in beside")
@@ -457,10 +457,16 @@ class RlTrainer(GRPOTrainer):
             return self._get_per_token_logps_and_entropies(model, ids, attention, completion_ids.size(1),
                                                            batch_size=size)[0]
 
+    def policy_logps(self, batch: RolloutBatch) -> torch.Tensor:
+        """[B, T] log-probs of the batch under the policy that sampled it (recorded, or the current one)."""
+        if batch.behaviour_logps is not None:
+            return batch.behaviour_logps
+        return self.completion_logps(self.model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+                                     batch.completion_mask)
+
     # 1. rollout
     def rollout(self, inputs: list[dict[str, Any]]) -> RolloutBatch:
         """Sample the completions of ``inputs`` (``prompt`` and ``task_json`` rows) and score them under the models."""
-        from trl.models.utils import disable_gradient_checkpointing
         from trl.trainer.utils import pad, use_adapter
 
         device, mode = self.accelerator.device, self._mode()
@@ -483,33 +489,29 @@ class RlTrainer(GRPOTrainer):
         if self.mask_truncated_completions:
             completion_mask = completion_mask * finished.unsqueeze(1).int()
 
-        ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [B, P+T]
-        attention = torch.cat([prompt_mask, completion_mask], dim=1)
-        batch_size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
 
         def logps_of(model: Any) -> torch.Tensor:
-            return self._get_per_token_logps_and_entropies(model, ids, attention, completion_ids.size(1),
-                                                           batch_size=batch_size)[0]
+            return self.completion_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
 
         use_sampler = self.use_vllm and self.vllm_importance_sampling_correction
         behaviour = reference = weights = None
-        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-            generate_every = self.args.steps_per_generation * self.num_iterations
-            if self.args.gradient_accumulation_steps % generate_every != 0 or use_sampler:
-                behaviour = logps_of(self.model)
-            if use_sampler:
-                sampler = padded([[math.nan if x is None else x for x in r] for r in sampler_lists], 0.0, "right",
-                                 torch.float32)
-                weights = sampler_weights(behaviour, sampler, completion_mask)
-            if self.beta != 0.0:
-                if self.ref_model is not None:
-                    reference = logps_of(self.ref_model)
-                else:  # the policy's adapter disabled, or its frozen "ref" adapter (see molrl.rl.reference)
-                    model = self.accelerator.unwrap_model(self.model)
-                    with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
-                        reference = logps_of(self.model)
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        if self.args.gradient_accumulation_steps % generate_every != 0 or use_sampler:
+            behaviour = logps_of(self.model)
+        if use_sampler:
+            sampler = padded([[math.nan if x is None else x for x in r] for r in sampler_lists], 0.0, "right",
+                             torch.float32)
+            weights = sampler_weights(behaviour, sampler, completion_mask)
+        if self.beta != 0.0:
+            if self.ref_model is not None:
+                reference = logps_of(self.ref_model)
+            else:  # the policy's adapter disabled, or its frozen "ref" adapter (see molrl.rl.reference)
+                model = self.accelerator.unwrap_model(self.model)
+                with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
+                    reference = logps_of(self.model)
+        tasks = {text: Task.from_json(text) for text in {x["task_json"] for x in inputs}}  # a group shares its task
         return RolloutBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, behaviour, weights, reference,
-                            [Task.from_json(x["task_json"]) for x in inputs], prompts, completions, finished)
+                            [tasks[x["task_json"]] for x in inputs], prompts, completions, finished)
 
     # the step's first half: rollout -> score -> advantages
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -591,10 +593,7 @@ class RlTrainer(GRPOTrainer):
         from molrl.rl.macro import macro_gae
 
         mask = batch.completion_mask.float()
-        policy = batch.behaviour_logps
-        if policy is None:
-            policy = self.completion_logps(self.model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
-                                           batch.completion_mask)
+        policy = self.policy_logps(batch)
         rewards = token_rewards(outcome, policy, batch.reference_logps, mask, self.beta)
         old = self.values(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask) * mask
         advantages, returns = torch.zeros_like(rewards), torch.zeros_like(rewards)
@@ -615,10 +614,7 @@ class RlTrainer(GRPOTrainer):
         from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION, strip_added_bos, user_message
 
         mask = batch.completion_mask.float()
-        policy = batch.behaviour_logps
-        if policy is None:
-            policy = self.completion_logps(self.model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
-                                           batch.completion_mask)
+        policy = self.policy_logps(batch)
         with self.frozen_model("reference") as model:
             reference = self.completion_logps(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
                                               batch.completion_mask)
@@ -657,7 +653,7 @@ class RlTrainer(GRPOTrainer):
         from molrl.collect.environment import exec_record
         from molrl.graders.code import program_for
 
-        cache = self.__dict__.setdefault("_probes", {})
+        cache = self._probes
         todo = list({t.id: t for t in tasks if t.probe and t.id not in cache}.values())
         if todo:
             if self.scorer.pool is None:
@@ -702,10 +698,11 @@ class RlTrainer(GRPOTrainer):
         mode = self._mode()
         metrics = self._metrics[mode]
         name = self.scorer.__name__
-        metrics["reward"].append(rewards.mean().item())
-        metrics["reward_std"].append(rewards.std().item() if rewards.numel() > 1 else 0.0)
-        metrics[f"rewards/{name}/mean"].append(rewards.mean().item())
-        metrics[f"rewards/{name}/std"].append(rewards.std().item() if rewards.numel() > 1 else 0.0)
+        mean, std = rewards.mean().item(), rewards.std().item() if rewards.numel() > 1 else 0.0
+        metrics["reward"].append(mean)
+        metrics["reward_std"].append(std)
+        metrics[f"rewards/{name}/mean"].append(mean)
+        metrics[f"rewards/{name}/std"].append(std)
         metrics["frac_reward_zero_std"].append(zero_std_fraction(rewards, group))
         stages = gather_object(scores.stages)
         self.seen_stages.update(stages)
