@@ -75,7 +75,8 @@ def test_model_weights_of_named_runs(tmp_path):
         model_weights(cfg, "g", tmp_path)
 
 
-@pytest.mark.parametrize("name", ["pipeline_tiny.yaml", "pipeline_qwen3_4b.yaml", "pipeline_qwen3_8b.yaml"])
+@pytest.mark.parametrize("name", ["pipeline_tiny.yaml", "pipeline_tiny_rl.yaml", "pipeline_qwen3_4b.yaml",
+                                  "pipeline_qwen3_8b.yaml"])
 def test_shipped_configs_build_every_stage_config(name, tmp_path):
     from pathlib import Path
 
@@ -85,8 +86,34 @@ def test_shipped_configs_build_every_stage_config(name, tmp_path):
     cfg = load_pipeline_config(configs / name, ["model=m", "stages=[collect,mol,grpo,eval]"])
     # the demo's config runs the headline pair only (its ablations are `molrl demo --study`); the real
     # configs carry the paper's ablations as named runs
-    assert len(cfg.mol_runs) >= (1 if name == "pipeline_tiny.yaml" else 3) and len(cfg.grpo_runs) >= 2
-    check_stages(cfg, tmp_path, in_memory=name == "pipeline_tiny.yaml")
+    tiny = name.startswith("pipeline_tiny")
+    assert len(cfg.mol_runs) >= (1 if tiny else 3) and len(cfg.grpo_runs) >= 2
+    check_stages(cfg, tmp_path, in_memory=tiny)
+
+
+def test_the_algorithms_config_extends_the_demo_config():
+    from pathlib import Path
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    demo = load_pipeline_config(configs / "pipeline_tiny.yaml", ["model=m"])
+    every = load_pipeline_config(configs / "pipeline_tiny_rl.yaml", ["model=m"])
+    assert every.grpo == demo.grpo and every.mol == demo.mol and every.eval == demo.eval
+    algorithms = {o.split("=")[1] for run in every.grpo_runs for o in run.overrides if o.startswith("algorithm=")}
+    assert algorithms == {"grpo", "opd", "ppo"}
+
+
+def test_extends_merges_sections_and_replaces_lists(tmp_path):
+    (tmp_path / "base.yaml").write_text("title: a\nmol: {data: {max_length: 5}, lora: {rank: 2}}\nstages: [mol, eval]\n")
+    (tmp_path / "child.yaml").write_text("extends: base.yaml\nmol: {lora: {rank: 4}}\nstages: [eval]\n")
+    cfg = load_pipeline_config(tmp_path / "child.yaml", ["model=m"])
+    assert cfg.title == "a" and cfg.stages == ["eval"]
+    assert cfg.mol == {"data": {"max_length": 5}, "lora": {"rank": 4}}
+    (tmp_path / "base.yaml").write_text("extends: child.yaml\n")
+    with pytest.raises(MolrlError, match="cycle"):
+        load_pipeline_config(tmp_path / "child.yaml")
+    (tmp_path / "child.yaml").write_text("extends: missing.yaml\n")
+    with pytest.raises(MolrlError, match=r"missing.yaml: config file not found \(extended by .*child.yaml\)"):
+        load_pipeline_config(tmp_path / "child.yaml")
 
 
 def test_grpo_prompts_that_differ_from_eval_are_warned_about(tmp_path, caplog):

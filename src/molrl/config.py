@@ -34,21 +34,43 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequenc
     source = "defaults"
     if path is not None:
         source = str(path)
-        try:
-            loaded = yaml.safe_load(Path(path).read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: config file not found") from None
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML: {err}") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: top level must be a mapping of keys, got {type(loaded).__name__}")
-        data = loaded
+        data = _read_yaml(Path(path), ())
     for item in overrides:
         _apply_override(data, item)
     where = source if not overrides else f"{source} + command-line overrides"
     return _build(cls, data, prefix="", where=where)
+
+
+def _read_yaml(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    """The mapping in ``path``; a top-level ``extends: other.yaml`` (relative to ``path``) is read first and
+    ``path``'s keys are merged over it: sections key by key, every other value (lists too) replaced."""
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        where = f" (extended by {chain[-1]})" if chain else ""
+        raise ConfigError(f"{path}: config file not found{where}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if loaded is None:
+        loaded = {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of keys, got {type(loaded).__name__}")
+    parent = loaded.pop("extends", None)
+    if parent is None:
+        return loaded
+    if not isinstance(parent, str) or not parent:
+        raise ConfigError(f"{path}: extends must be one file name, relative to {path.parent}; got {parent!r}")
+    base_path = (path.parent / parent).resolve()
+    if base_path in chain or base_path == path.resolve():
+        raise ConfigError(f"{path}: extends {parent} closes a cycle ({' -> '.join(str(c) for c in (*chain, path))})")
+    return _merged(_read_yaml(base_path, (*chain, path.resolve())), loaded)
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def save_config(cfg: Any, path: str | Path) -> None:

@@ -35,6 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(N times as long; default 1, or 3 with --study)")
     p.add_argument("--study", action="store_true",
                    help="the paper's ablations over seeds (default 3) in one report, study.md (see molrl.demo.study)")
+    p.add_argument("--config", default=None, metavar="YAML",
+                   help="the pipeline config (default configs/pipeline_tiny.yaml; configs/pipeline_tiny_rl.yaml "
+                        "adds a run of every RL algorithm)")
     p.add_argument("--out", default=None,
                    help="run directory (default runs/demo, runs/demo_quick, runs/study or runs/study_quick)")
     p.set_defaults(func=handle)
@@ -49,6 +52,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.study:
         report = run_study(out, quick=args.quick, seeds=args.seeds or 3, overrides=args.overrides)
     else:
-        report = run_demo(out, "quick" if args.quick else "default", args.overrides, seeds=args.seeds or 1)
+        report = run_demo(out, "quick" if args.quick else "default", args.overrides, seeds=args.seeds or 1,
+                          config=args.config)
     print(report)
     return 0

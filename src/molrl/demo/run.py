@@ -90,15 +90,20 @@ def config_dir() -> Path:
     raise MolrlError("configs/pipeline_tiny.yaml not found next to the molrl sources; run the demo from a checkout")
 
 
-def run_demo(out: str | Path, preset: str = "default", overrides: list[str] | None = None, seeds: int = 1) -> Path:
-    """The demo in ``out`` (seed 0) and ``out/seed-N`` (further seeds); returns the first report's path."""
+def run_demo(out: str | Path, preset: str = "default", overrides: list[str] | None = None, seeds: int = 1,
+             config: str | Path | None = None) -> Path:
+    """The demo in ``out`` (seed 0) and ``out/seed-N`` (further seeds); returns the first report's path.
+
+    ``config``: the pipeline config (default ``configs/pipeline_tiny.yaml``; ``pipeline_tiny_rl.yaml``
+    adds every RL algorithm's run)."""
     from molrl.demo.seeds import seed_summary
 
     if seeds < 1:
         raise MolrlError(f"--seeds {seeds}: give 1 or more")
     out = Path(out)
     try:
-        reports = [run_one(out if seed == 0 else out / f"seed-{seed}", preset, overrides, seed) for seed in range(seeds)]
+        reports = [run_one(out if seed == 0 else out / f"seed-{seed}", preset, overrides, seed, config)
+                   for seed in range(seeds)]
     finally:
         govern_threads(None)
     if seeds > 1:
@@ -110,17 +115,18 @@ def run_demo(out: str | Path, preset: str = "default", overrides: list[str] | No
     return reports[0]
 
 
-def run_one(out: Path, preset: str, overrides: list[str] | None, seed: int) -> Path:
+def run_one(out: Path, preset: str, overrides: list[str] | None, seed: int, config: str | Path | None = None) -> Path:
     """One whole demo with world and training seed ``seed``; returns its report's path."""
     started = time.time()
-    cfg, world, threads = prepare_seed(out, preset, overrides, seed)
+    cfg, world, threads = prepare_seed(out, preset, overrides, seed, config)
     run_pipeline(cfg, collect_tasks=world.rule_train, before_stage=lambda stage: use_idle_threads(threads, stage))
     report = Path(cfg.output_dir) / "report.md"
     log.info("demo finished in %.0f s: %s", time.time() - started, report)
     return report
 
 
-def prepare_seed(out: Path, preset: str, overrides: list[str] | None, seed: int) -> tuple["PipelineConfig", World, int]:  # noqa: F821
+def prepare_seed(out: Path, preset: str, overrides: list[str] | None, seed: int,
+                 config: str | Path | None = None) -> tuple["PipelineConfig", World, int]:  # noqa: F821
     """The world and trained base of seed ``seed`` in ``out``, and the pipeline config to run on them.
 
     Returns (pipeline config, world, most torch threads).
@@ -145,7 +151,8 @@ def prepare_seed(out: Path, preset: str, overrides: list[str] | None, seed: int)
         f"mol.train.seed={seed}",
         f"grpo.seed={seed}",
     ]
-    cfg = load_pipeline_config(config_dir() / "pipeline_tiny.yaml", [*fixed, *chosen.pipeline_overrides, *(overrides or [])])
+    cfg = load_pipeline_config(config or config_dir() / "pipeline_tiny.yaml",
+                               [*fixed, *chosen.pipeline_overrides, *(overrides or [])])
     world = build_world(chosen.world)
     prompts = {"math_prompt": cfg.eval.get("math_prompt"), "code_prompt": cfg.eval.get("code_prompt")}
     write_world(world, chosen.world, world_dir, prompts["math_prompt"])
