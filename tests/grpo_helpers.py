@@ -9,15 +9,19 @@ import torch
 from molrl.rl.config import RlConfig, LoraSettings, PolicyConfig, TaskSource
 
 
-def save_tiny_model(path: Path) -> Path:
+def save_tiny_model(path: Path, eos_logit: float | None = None) -> Path:
     """A tiny ChatML model saved as an HF directory.
 
     Initialised with std 0.1 instead of 0.02: at 0.02 the tied output embeddings are so small that
-    every next-token distribution is near uniform and a LoRA update barely moves it.
+    every next-token distribution is near uniform and a LoRA update barely moves it. ``eos_logit``
+    (for example 2.0) gives EOS about that logit at a typical state, so completions end at varied
+    lengths (``molrl.tiny.with_eos_logit``).
     """
-    from molrl.tiny import build_tiny_pair
+    from molrl.tiny import build_tiny_pair, with_eos_logit
 
     model, tok = build_tiny_pair("chatml", initializer_range=0.1)
+    if eos_logit is not None:
+        with_eos_logit(model, tok.eos_token_id, eos_logit)
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path

@@ -55,3 +55,81 @@ def test_sampling_error_is_the_kl_of_the_sample_from_the_policy():
     # sample 3, 3, 3, 5: p = (0.75, 0.25) -> 0.75 ln(0.75 / 0.5) + 0.25 ln(0.25 / 0.25)
     assert sampling_error(["3", "3", "3", "5"], policy) == pytest.approx(0.75 * math.log(1.5))
     assert sampling_error(["9"], policy) == math.inf
+
+
+def test_shared_state_sampling_error_in_closed_form():
+    import math
+
+    import torch
+
+    from molrl.rl.props import shared_state_sampling_error
+
+    # one prompt, 4 completions: first tokens 5, 5, 5, 7 (policy: p(5) = 0.5, p(7) = 0.25); after 5 the
+    # three continue 1, 1, 2 (policy: p(1) = 0.5, p(2) = 0.5); the state after 7 is reached once (left out)
+    ids = torch.tensor([[5, 1], [5, 1], [5, 2], [7, 3]])
+    logps = torch.log(torch.tensor([[0.5, 0.5], [0.5, 0.5], [0.5, 0.5], [0.25, 0.9]]))
+    mask = torch.ones_like(ids)
+    root = 0.75 * math.log(0.75 / 0.5) + 0.25 * math.log(0.25 / 0.25)
+    after5 = (2 / 3) * math.log((2 / 3) / 0.5) + (1 / 3) * math.log((1 / 3) / 0.5)
+    error, states = shared_state_sampling_error(ids, logps, mask, group=4)
+    assert states == 2
+    assert error == pytest.approx((4 * root + 3 * after5) / 7)
+    # a second prompt whose 4 samples match the policy exactly (two 1s, two 2s at p = 0.5): error 0; mean of the two
+    ids2 = torch.cat([ids, torch.tensor([[1, 0], [1, 0], [2, 0], [2, 0]])])
+    logps2 = torch.cat([logps, torch.log(torch.full((4, 2), 0.5))])
+    mask2 = torch.cat([mask, torch.tensor([[1, 0]] * 4)])
+    error2, states2 = shared_state_sampling_error(ids2, logps2, mask2, group=4)
+    assert states2 == 3 and error2 == pytest.approx(((4 * root + 3 * after5) / 7 + 0.0) / 2)
+
+
+def test_props_settings_are_checked():
+    from molrl.rl.config import RlConfig, RolloutSettings
+
+    with pytest.raises(ValueError, match="must divide num_generations"):
+        RlConfig(rollout=RolloutSettings(rounds=3), num_generations=8)
+    with pytest.raises(ValueError, match="stale"):
+        RlConfig(rollout=RolloutSettings(behaviour="props"), algorithm="opd", beta=0.0)
+    assert RlConfig(rollout=RolloutSettings(behaviour="props"), algorithm="grpo").rollout.resolved_buffer() == 2
+
+
+def run_props(root, behaviour: str, base):
+    import json
+
+    import torch
+
+    from grpo_helpers import toy_config
+    from molrl.rl import run_rl
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cfg = toy_config(root / behaviour, base, algorithm="grpo", max_steps=3, prompts_per_step=2,
+                         max_completion_length=16)
+        cfg.rollout.behaviour, cfg.rollout.rounds, cfg.rollout.buffer_batches = behaviour, 2, 2
+        cfg.props.update_epochs = 0
+        out = run_rl(cfg)
+    finally:
+        torch.set_num_threads(threads)
+    lines = [json.loads(x) for x in (out / "completions.jsonl").read_text().splitlines()]
+    metrics = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if "reward" in x]
+    from safetensors.torch import load_file
+
+    return lines, metrics, load_file(str(out / "adapter" / "adapter_model.safetensors"))
+
+
+def test_props_with_zero_behaviour_steps_equals_on_policy_sampling_with_the_same_buffer(tmp_path):
+    import torch
+
+    from grpo_helpers import save_tiny_model
+
+    base = save_tiny_model(tmp_path / "base")
+    props_lines, props_metrics, props_weights = run_props(tmp_path, "props", base)
+    policy_lines, policy_metrics, policy_weights = run_props(tmp_path, "policy", base)
+    assert [x["completion"] for x in props_lines] == [x["completion"] for x in policy_lines]
+    for a, b in zip(props_metrics, policy_metrics):
+        for key in ("reward", "loss", "grad_norm", "sampling_error", "buffer/rows"):
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
+    assert props_metrics[-1]["buffer/rows"] == 32  # two steps' batches of 16
+    assert props_weights.keys() == policy_weights.keys()  # the behaviour adapter is not saved with the policy
+    for name in props_weights:
+        torch.testing.assert_close(props_weights[name], policy_weights[name])

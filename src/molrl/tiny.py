@@ -122,3 +122,18 @@ def build_tiny_pair(template: Literal["llama3", "chatml"] = "chatml", seed: int 
         model.generation_config.pad_token_id = tok.pad_token_id
         model.generation_config.eos_token_id = tok.eos_token_id
     return model, tok
+
+
+def with_eos_logit(model: Qwen3ForCausalLM, eos_id: int, logit: float, seed: int = 0) -> Qwen3ForCausalLM:
+    """Set the EOS row of the output embeddings so that EOS gets about ``logit`` at a typical state.
+
+    A random tiny model almost never ends a completion by itself; with ``logit`` 2.0 (about 4% per
+    token, varying by state) its completion lengths are spread and long-tailed, like real RL rollouts.
+    The row points along the mean last hidden state of random token sequences.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (16, 40), generator=generator)
+    with torch.no_grad():
+        hidden = model.model(ids).last_hidden_state.reshape(-1, model.config.hidden_size).mean(0)
+        model.lm_head.weight[eos_id] = hidden / hidden.norm() ** 2 * logit
+    return model

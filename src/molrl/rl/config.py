@@ -128,6 +128,61 @@ class OpdSettings:
 
 
 @dataclass
+class RolloutSettings:
+    """How a step's completions are sampled: partial rollouts (APRIL), the behaviour policy (PROPS), the buffer."""
+
+    partial: bool = False
+    """Active partial rollouts (APRIL, ``molrl.rl.partial``): start more groups than a step needs, stop once
+    enough have finished, keep the unfinished ones (tokens and behaviour log-probs) and resume them first."""
+    over_provision: float = 2.0
+    """Partial rollouts: groups in flight per group a step trains on (the APRIL authors recommend about 2)."""
+    off_policy: Literal["importance", "mask"] = "importance"
+    """Partial rollouts: tokens a resumed completion got from an older policy are importance-weighted
+    (min(pi_old / pi_behaviour, importance_cap)) or left out of the loss (slime's mask-offpolicy)."""
+    importance_cap: float = 2.0
+    """Partial rollouts: the truncation of the off-policy tokens' importance weights."""
+    behaviour: Literal["policy", "props"] = "policy"
+    """policy: sample from the policy being trained; props: from a behaviour adapter (PROPS, ``props``) that
+    lowers the probability of what the buffered data over-samples (experimental)."""
+    rounds: int | None = None
+    """Each step samples its groups' completions in this many rounds (G split evenly); PROPS updates its
+    behaviour adapter before each round. None: 2 with behaviour=props, else 1."""
+    buffer_batches: int | None = None
+    """The policy trains on the last this many steps' batches (outcome-advantage algorithms only).
+    None: 2 with behaviour=props (the PROPS authors' b), else 1."""
+    sampling_error: bool = True
+    """Log ``sampling_error``: KL(empirical || policy) at the states two or more of a prompt's completions share,
+    over the data of each update (one no-grad forward pass per step)."""
+
+    def resolved_rounds(self) -> int:
+        return self.rounds if self.rounds is not None else (2 if self.behaviour == "props" else 1)
+
+    def resolved_buffer(self) -> int:
+        return self.buffer_batches if self.buffer_batches is not None else (2 if self.behaviour == "props" else 1)
+
+
+@dataclass
+class PropsSettings:
+    """PROPS (arXiv 2311.08290): the behaviour adapter's update, defaults of the authors."""
+
+    clip: float = 0.3
+    """epsilon of the clipped behaviour objective max(rho, clip(rho, 1 - eps, 1 + eps)), rho = pi_phi / pi_theta."""
+    lambda_kl: float = 0.3
+    """Weight of KL(pi_theta || pi_phi) (full vocabulary, per buffered state) in the behaviour objective."""
+    target_kl: float = 0.05
+    """The update stops once the mean KL(pi_theta || pi_phi) passes this (delta; the authors' discrete-action
+    scripts use 0.01)."""
+    learning_rate: float = 1e-3
+    """Adam learning rate of the behaviour adapter."""
+    update_epochs: int = 16
+    """Passes over the buffer per behaviour update (0: phi stays a copy of theta, sampling is on-policy)."""
+    minibatches: int = 4
+    """Minibatches per pass."""
+    copy_every: int = 1
+    """phi is re-copied from theta every this many behaviour updates (the authors' code: every update)."""
+
+
+@dataclass
 class EvalHookSettings:
     """Periodic held-out check during training: single-step accuracy and mean KL to the base."""
 
@@ -166,6 +221,10 @@ class RlConfig:
     """The critic and GAE of algorithm=ppo (its per-token reward KL weight is ``beta``)."""
     macro: MacroSettings = field(default_factory=MacroSettings)
     """Macro actions: the grouping of ppo's GAE, and optional pooling of any algorithm's advantages."""
+    rollout: RolloutSettings = field(default_factory=RolloutSettings)
+    """Partial rollouts, the behaviour policy and the training buffer."""
+    props: PropsSettings = field(default_factory=PropsSettings)
+    """The behaviour update of rollout.behaviour=props."""
     enable_thinking: bool = False
     """Render prompts with thinking on (Qwen3 <think>) or off."""
     code_prompt: str = CODE_INSTRUCTION
@@ -242,5 +301,31 @@ class RlConfig:
         if rule not in ("token", "randomized", "ppl", "parsing", "turn") and not (
                 rule.startswith("fixed:") and rule[6:].isdigit() and int(rule[6:]) >= 1):
             raise ValueError(f"macro.rule={rule!r}; expected token, fixed:N (N >= 1), randomized, ppl, parsing or turn")
+        ro = self.rollout
+        if ro.partial and ro.over_provision < 1.0:
+            raise ValueError(f"rollout.over_provision={ro.over_provision}: start at least as many groups as a step "
+                             "trains on (1.0 = no over-provisioning; the APRIL authors use about 2)")
+        if ro.importance_cap <= 0:
+            raise ValueError(f"rollout.importance_cap={ro.importance_cap}: must be > 0")
+        rounds, buffer = ro.resolved_rounds(), ro.resolved_buffer()
+        if rounds < 1 or self.num_generations % rounds:
+            raise ValueError(f"rollout.rounds={rounds} must divide num_generations={self.num_generations}")
+        if buffer < 1:
+            raise ValueError(f"rollout.buffer_batches={buffer}: must be 1 or more")
+        if buffer > 1 and self.algorithm not in ("grpo", "dr_grpo", "dr_grpo_std"):
+            raise ValueError(f"rollout.buffer_batches={buffer} with algorithm={self.algorithm}: its advantages depend on "
+                             "the policy, so buffered batches would train on stale ones; use grpo, dr_grpo or dr_grpo_std")
+        if ro.partial and (buffer > 1 or rounds > 1 or ro.behaviour != "policy"):
+            raise ValueError("rollout.partial cannot be combined with rollout.behaviour=props, rounds > 1 or "
+                             "buffer_batches > 1: each completion is trained on once, when its group finishes")
+        if ro.partial and self.use_vllm and self.vllm_mode != "colocate":
+            raise ValueError("rollout.partial with use_vllm needs vllm_mode=colocate (the trainer aborts the engine's "
+                             "unfinished requests itself)")
+        if ro.behaviour == "props" and self.use_vllm:
+            raise ValueError("rollout.behaviour=props samples from a second adapter, which vLLM does not hold; "
+                             "set use_vllm=false")
+        pr = self.props
+        if pr.update_epochs < 0 or pr.minibatches < 1 or pr.copy_every < 1 or pr.clip <= 0 or pr.target_kl <= 0:
+            raise ValueError("props: update_epochs >= 0, minibatches >= 1, copy_every >= 1, clip > 0 and target_kl > 0")
         if self.algorithm == "opd" and self.opd.teacher == "model" and self.opd.teacher_model is None:
             raise ValueError("opd.teacher=model needs opd.teacher_model (an adapter or model directory)")

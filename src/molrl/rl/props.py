@@ -54,3 +54,46 @@ def sampling_error(answers: Sequence[Hashable], policy: Mapping[Hashable, float]
             return math.inf
         total += p * math.log(p / q)
     return total
+
+
+def shared_state_sampling_error(completion_ids: torch.Tensor, logps: torch.Tensor, mask: torch.Tensor,
+                                group: int) -> tuple[float, int]:
+    """Token-level sampling error of a batch: (mean KL, number of states it is measured at).
+
+    Rows ``g*group .. g*group+group-1`` are one prompt's completions. A state is a prompt plus a completion
+    prefix; at every state that two or more of the prompt's completions reach, the empirical distribution
+    of their next tokens is compared with the policy's (``logps`` [B, T]: the policy's log-prob of each
+    row's token, the same for every row at a shared state): KL(empirical || policy) =
+    sum_a (n_a / n) log((n_a / n) / pi(a)). States reached once carry no frequency and are left out.
+    Per prompt, the states' KL is averaged weighted by how many completions reach them; the result is
+    the mean over prompts with a shared state (0.0, 0 when none has one). On the demo world, where
+    every completion writes its one-digit answer after the same prefix, this includes the answer-level
+    KL at that state.
+    """
+    rows = completion_ids.size(0)
+    per_prompt, measured = [], 0
+    for first in range(0, rows, group):
+        # a prefix tree: children[state] = {next token: [count, log-prob, child state]}; state 0 is the prompt
+        children: list[dict[int, list]] = [{}]
+        for r in range(first, min(first + group, rows)):
+            tokens = completion_ids[r][mask[r].bool()].tolist()
+            values = logps[r][mask[r].bool()].tolist()
+            state = 0
+            for token, logp in zip(tokens, values):
+                entry = children[state].get(token)
+                if entry is None:
+                    children.append({})
+                    entry = children[state][token] = [0, logp, len(children) - 1]
+                entry[0] += 1
+                state = entry[2]
+        total, weight = 0.0, 0
+        for nxt in children:
+            n = sum(entry[0] for entry in nxt.values())
+            if n < 2:
+                continue
+            total += n * sum((c / n) * (math.log(c / n) - logp) for c, logp, _ in nxt.values())
+            weight += n
+            measured += 1
+        if weight:
+            per_prompt.append(total / weight)
+    return (sum(per_prompt) / len(per_prompt) if per_prompt else 0.0), measured

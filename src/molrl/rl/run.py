@@ -27,7 +27,6 @@ log = logging.getLogger(__name__)
 def run_rl(cfg: RlConfig) -> Path:
     """Train per ``cfg`` (resuming from its newest checkpoint); returns the output dir."""
     from accelerate import PartialState
-    from transformers.trainer_utils import get_last_checkpoint
 
     from molrl.mol.trainer import drop_records_after
 
@@ -35,7 +34,7 @@ def run_rl(cfg: RlConfig) -> Path:
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     checkpoints = out / "checkpoints"
-    resume = get_last_checkpoint(str(checkpoints)) if checkpoints.is_dir() else None
+    resume = last_whole_checkpoint(checkpoints)
     if state.is_main_process:
         save_config(cfg, out / "config.yaml")
         if resume is not None:
@@ -50,11 +49,30 @@ def run_rl(cfg: RlConfig) -> Path:
     trainer, policy, pool = build_trainer(cfg)
     try:
         trainer.train(resume_from_checkpoint=resume)
+        if trainer.partial_state is not None and state.is_main_process:  # what partial rollouts left unfinished
+            (out / "rollout_buffer.json").write_text(json.dumps(trainer.partial_state.to_json()))
         _save_final(trainer, policy, out)
     finally:
         if pool is not None:
             pool.close()
     return out
+
+
+def last_whole_checkpoint(checkpoints: Path) -> str | None:
+    """The newest ``checkpoint-N`` whose trainer state (written last) reads back; a checkpoint torn by a kill
+    while it was being written is passed over."""
+    if not checkpoints.is_dir():
+        return None
+    found = sorted((int(p.name.split("-")[1]), p) for p in checkpoints.glob("checkpoint-*")
+                   if p.is_dir() and p.name.split("-")[1].isdigit())
+    for step, path in reversed(found):
+        try:
+            json.loads((path / "trainer_state.json").read_text())
+        except (OSError, ValueError):
+            log.warning("%s: incomplete (killed while it was written?); resuming from an earlier one", path)
+            continue
+        return str(path)
+    return None
 
 
 def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
@@ -94,6 +112,8 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
             opd=cfg.opd,
             ppo=cfg.ppo,
             macro=cfg.macro,
+            rollout=cfg.rollout,
+            props=cfg.props,
             prompt_settings={"code_template": cfg.code_prompt, "math_template": cfg.math_prompt,
                              "enable_thinking": cfg.enable_thinking},
         )
@@ -187,7 +207,7 @@ def trl_args(cfg: RlConfig, output_dir: Path, cuda: bool) -> Any:
 def _save_final(trainer: Any, policy: Any, out: Path) -> None:
     """adapter/ (the trained adapter only), plus model/ (fully merged) for merge_new; called on every rank."""
     model = trainer.accelerator.unwrap_model(trainer.model)
-    for frozen in ("ref", "teacher", "opd_reference"):  # TRL's reference copy, opd's switched-in adapters
+    for frozen in ("ref", "teacher", "opd_reference", "behaviour"):  # TRL's reference, opd's adapters, PROPS' phi
         if frozen in model.peft_config:
             model.delete_adapter(frozen)
     if hasattr(model, "molrl_value_head"):  # ppo's critic is not part of the policy: saved beside it

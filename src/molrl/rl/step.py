@@ -95,6 +95,13 @@ class RolloutBatch:
     """B decoded completions."""
     finished: torch.Tensor
     """[B] bool: the completion ended (EOS or pad) before ``max_completion_length``."""
+    token_weights: torch.Tensor | None = None
+    """[B, T] partial rollouts with ``off_policy=importance``: each token's truncated importance weight
+    (1 on tokens the step's own policy sampled); None otherwise."""
+    off_policy: torch.Tensor | None = None
+    """[B, T] bool, partial rollouts: tokens an earlier step's policy sampled; None otherwise."""
+    ids: list[str] | None = None
+    """B completion ids (``<group>/<row>``) of partial rollouts; None otherwise."""
 
 
 # --- 2. score --------------------------------------------------------------------------------
@@ -354,11 +361,15 @@ TRL_SURFACE = {
         "_generate": ("prompts",),  # called: generation (transformers or vLLM, with weight sync)
         "_get_per_token_logps_and_entropies": ("model", "input_ids", "attention_mask", "logits_to_keep",
                                                "batch_size", "compute_entropy"),  # called: log-probs
+        "_tokenize_prompts": ("prompts",),  # called: partial rollouts tokenise the prompts they start
+        "_save_checkpoint": ("model", "trial"),  # overridden: partial rollouts add their buffer
+        "_get_output_dir": ("trial",),  # called: where that checkpoint is
     },
     "attributes": ("_metrics", "eos_token_ids", "_tokenizer", "ref_model", "beta", "num_iterations",
                    "current_gradient_accumulation_steps", "use_vllm", "vllm_importance_sampling_correction",
                    "mask_truncated_completions", "max_completion_length", "epsilon_low", "epsilon_high",
-                   "num_generations", "pad_to_multiple_of"),
+                   "num_generations", "pad_to_multiple_of", "generation_config", "generation_kwargs", "model_wrapped",
+                   "temperature"),
 }
 """The private TRL names ``RlTrainer`` relies on, checked against the pinned TRL by a test."""
 
@@ -390,8 +401,30 @@ class RlTrainer(GRPOTrainer):
 
     def __init__(self, *args: Any, scorer: Scorer, algorithm: str, completions_path: Path | None = None,
                  opd: Any = None, ppo: Any = None, macro: Any = None, prompt_settings: dict[str, Any] | None = None,
-                 **kwargs: Any):
+                 rollout: Any = None, props: Any = None, **kwargs: Any):
+        from collections import deque
+
+        from molrl.rl.config import PropsSettings, RolloutSettings
+        from molrl.rl.partial import RolloutState
+
         super().__init__(*args, reward_funcs=[scorer], **kwargs)
+        self.rollout_settings = rollout or RolloutSettings()
+        self.props = props or PropsSettings()
+        self.partial_state = RolloutState() if self.rollout_settings.partial else None
+        self._past_batches: deque = deque(maxlen=self.rollout_settings.resolved_buffer() - 1)  # earlier steps' rows
+        self._behaviour_updates = 0
+        if self.rollout_settings.behaviour == "props":  # phi: a second adapter on the same base, not trained by the loop
+            model = self.accelerator.unwrap_model(self.model)
+            if not hasattr(model, "add_adapter") or not hasattr(model, "peft_config"):
+                raise MolrlError("rollout.behaviour=props needs a LoRA policy (its behaviour policy is a second adapter)")
+            import copy
+
+            cuda = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+            with torch.random.fork_rng(devices=cuda):  # its initial weights (overwritten from theta) draw no sample
+                model.add_adapter("behaviour", copy.deepcopy(model.peft_config[model.active_adapter]))
+            for name, param in model.named_parameters():
+                if ".behaviour." in name:
+                    param.requires_grad_(False)
         if algorithm not in AGGREGATION:
             raise ValueError(f"algorithm {algorithm!r}; expected one of {', '.join(AGGREGATION)}")
         self.scorer, self.algorithm, self.opd, self.ppo, self.macro = scorer, algorithm, opd, ppo, macro
@@ -467,13 +500,53 @@ class RlTrainer(GRPOTrainer):
     # 1. rollout
     def rollout(self, inputs: list[dict[str, Any]]) -> RolloutBatch:
         """Sample the completions of ``inputs`` (``prompt`` and ``task_json`` rows) and score them under the models."""
-        from trl.trainer.utils import pad, use_adapter
-
-        device, mode = self.accelerator.device, self._mode()
+        if self.partial_state is not None:
+            return self.partial_rollout(inputs)
         prompts = [x["prompt"] for x in inputs]
         start = time.perf_counter()
-        prompt_lists, completion_lists, _, completions, sampler_lists, *_ = self._generate(prompts)
-        self._metrics[mode]["time/generation_s"].append(time.perf_counter() - start)
+        prompt_lists, completion_lists, completions, sampler_lists = self.sample(prompts)
+        self._metrics[self._mode()]["time/generation_s"].append(time.perf_counter() - start)
+        return self.to_batch(inputs, prompt_lists, completion_lists, completions, sampler_lists)
+
+    def sample(self, prompts: list[str]) -> tuple[list, list, list, list]:
+        """(prompt ids, completion ids, completion texts, sampler log-probs) of each row, in rows' order.
+
+        Rows ``g*G .. g*G+G-1`` share prompt g. With ``rollout.rounds`` R > 1 each group's completions are
+        sampled in R rounds of G/R; with ``rollout.behaviour=props`` the behaviour adapter, updated before
+        each round on the buffer and the step's earlier rounds, samples them.
+        """
+        from trl.trainer.utils import use_adapter
+
+        rounds = self.rollout_settings.resolved_rounds() if self._mode() == "train" else 1
+        props = self.rollout_settings.behaviour == "props" and self._mode() == "train"
+        if rounds == 1 and not props:
+            prompt_lists, completion_lists, _, completions, sampler_lists, *_ = self._generate(prompts)
+            return prompt_lists, completion_lists, completions, sampler_lists
+        group, out = self.num_generations, [None] * len(prompts)
+        per_round = group // rounds
+        sampled: list[tuple[list[int], list[int]]] = []  # (prompt ids, completion ids) of the step's earlier rounds
+        for r in range(rounds):
+            rows = [i for i in range(len(prompts)) if r * per_round <= i % group < (r + 1) * per_round]
+            if props:
+                self.behaviour_update(sampled)
+                model = self.accelerator.unwrap_model(self.model)
+                with use_adapter(model, "behaviour"):
+                    result = self._generate([prompts[i] for i in rows])
+            else:
+                result = self._generate([prompts[i] for i in rows])
+            for j, i in enumerate(rows):
+                out[i] = (result[0][j], result[1][j], result[3][j], None if result[4] is None else result[4][j])
+                sampled.append((result[0][j], result[1][j]))
+        prompt_lists, completion_lists, completions, sampler_lists = (list(x) for x in zip(*out))
+        return prompt_lists, completion_lists, completions, (None if sampler_lists[0] is None else sampler_lists)
+
+    def to_batch(self, inputs: list[dict[str, Any]], prompt_lists: list, completion_lists: list, completions: list[str],
+                 sampler_lists: list | None, behaviour: torch.Tensor | None = None) -> RolloutBatch:
+        """The ``RolloutBatch`` of sampled rows: padded tensors, behaviour log-probs (computed when the loss needs
+        them, or ``behaviour`` as given), the vLLM correction and the reference log-probs."""
+        from trl.trainer.utils import pad, use_adapter
+
+        device = self.accelerator.device
 
         def padded(rows: list, value: float, side: str, dtype: torch.dtype | None = None) -> torch.Tensor:
             return pad([torch.tensor(r, dtype=dtype) for r in rows], padding_value=value, padding_side=side,
@@ -489,16 +562,15 @@ class RlTrainer(GRPOTrainer):
         if self.mask_truncated_completions:
             completion_mask = completion_mask * finished.unsqueeze(1).int()
 
-
         def logps_of(model: Any) -> torch.Tensor:
             return self.completion_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
 
         use_sampler = self.use_vllm and self.vllm_importance_sampling_correction
-        behaviour = reference = weights = None
+        reference = weights = None
         generate_every = self.args.steps_per_generation * self.num_iterations
-        if self.args.gradient_accumulation_steps % generate_every != 0 or use_sampler:
+        if behaviour is None and (self.args.gradient_accumulation_steps % generate_every != 0 or use_sampler):
             behaviour = logps_of(self.model)
-        if use_sampler:
+        if use_sampler and sampler_lists is not None:
             sampler = padded([[math.nan if x is None else x for x in r] for r in sampler_lists], 0.0, "right",
                              torch.float32)
             weights = sampler_weights(behaviour, sampler, completion_mask)
@@ -511,7 +583,260 @@ class RlTrainer(GRPOTrainer):
                     reference = logps_of(self.model)
         tasks = {text: Task.from_json(text) for text in {x["task_json"] for x in inputs}}  # a group shares its task
         return RolloutBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, behaviour, weights, reference,
-                            [tasks[x["task_json"]] for x in inputs], prompts, completions, finished)
+                            [tasks[x["task_json"]] for x in inputs], [x["prompt"] for x in inputs], completions, finished)
+
+    def behaviour_update(self, sampled: list[tuple[list[int], list[int]]]) -> None:
+        """PROPS: phi (the ``behaviour`` adapter) from theta, then minimise ``props.behaviour_objective`` on the
+        buffered batches and the step's earlier rounds (``sampled``: (prompt ids, completion ids) rows),
+        stopping once KL(pi_theta || pi_phi) passes ``props.target_kl``."""
+        from trl.trainer.utils import pad, use_adapter
+
+        from molrl.rl.props import behaviour_objective
+
+        cfg, model = self.props, self.accelerator.unwrap_model(self.model)
+        policy = [a for a in model.peft_config if a not in ("behaviour", "ref", "teacher", "opd_reference")][0]
+        params = dict(model.named_parameters())
+        behaviour_params = [p for n, p in params.items() if ".behaviour." in n]
+        if self._behaviour_updates % cfg.copy_every == 0:
+            with torch.no_grad():
+                for name, param in params.items():
+                    if ".behaviour." in name:
+                        param.copy_(params[name.replace(".behaviour.", f".{policy}.")])
+        self._behaviour_updates += 1
+        start, device, pad_id = time.perf_counter(), self.accelerator.device, self._tokenizer.pad_token_id
+        rows: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for past in self._past_batches:
+            for i in range(past["prompt_ids"].size(0)):
+                rows.append((past["prompt_ids"][i][past["prompt_mask"][i].bool()],
+                             past["completion_ids"][i][past["completion_mask"][i].bool()]))
+        rows += [(torch.tensor(p), torch.tensor(c)) for p, c in sampled]
+        rows = [r for r in rows if r[1].numel() > 0]
+        metrics = self._metrics["train"]
+        if cfg.update_epochs == 0 or not rows:
+            return
+        if not hasattr(self, "_behaviour_optimizer"):
+            self._behaviour_optimizer = torch.optim.Adam(behaviour_params, lr=cfg.learning_rate, eps=1e-5)
+        size = max(1, len(rows) // cfg.minibatches)
+        order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(self.args.seed + self._behaviour_updates))
+        kl, steps = torch.tensor(0.0), 0
+        for _ in range(cfg.update_epochs):
+            for first in range(0, len(rows), size):
+                chosen = [rows[i] for i in order[first:first + size].tolist()]
+                prompt_ids = pad([p for p, _ in chosen], padding_value=pad_id, padding_side="left").to(device)
+                prompt_mask = pad([torch.ones_like(p) for p, _ in chosen], padding_value=0, padding_side="left").to(device)
+                completion_ids = pad([c for _, c in chosen], padding_value=pad_id, padding_side="right").to(device)
+                mask = pad([torch.ones_like(c) for _, c in chosen], padding_value=0, padding_side="right").to(device)
+                ids = torch.cat([prompt_ids, completion_ids], 1)
+                attention = torch.cat([prompt_mask, mask], 1)
+                length = completion_ids.size(1)
+                with torch.no_grad():
+                    theta = model(input_ids=ids, attention_mask=attention).logits[:, -length - 1:-1] / self.temperature
+                with use_adapter(model, "behaviour"):
+                    phi = model(input_ids=ids, attention_mask=attention).logits[:, -length - 1:-1] / self.temperature
+                    gather = completion_ids.unsqueeze(-1)
+                    loss, kl = behaviour_objective(torch.log_softmax(phi.float(), -1).gather(-1, gather).squeeze(-1),
+                                                   torch.log_softmax(theta.float(), -1).gather(-1, gather).squeeze(-1),
+                                                   phi, theta, mask.float(), cfg.clip, cfg.lambda_kl)
+                    self._behaviour_optimizer.zero_grad()
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_(behaviour_params, self.args.max_grad_norm)
+                    self._behaviour_optimizer.step()
+                steps += 1
+                if kl.item() > cfg.target_kl:
+                    break
+            if kl.item() > cfg.target_kl:
+                break
+        metrics["props/kl"].append(kl.item())
+        metrics["props/minibatch_steps"].append(float(steps))
+        metrics["props/rows"].append(float(len(rows)))
+        metrics["time/behaviour_update_s"].append(time.perf_counter() - start)
+
+    def partial_rollout(self, inputs: list[dict[str, Any]]) -> RolloutBatch:
+        """APRIL (``molrl.rl.partial``): resume the buffered groups and start new ones up to
+        ``over_provision`` times the groups needed, stop once enough have finished, train on those."""
+        from molrl.rl.partial import PartialCompletion, PartialGroup, choose_trained, groups_to_start, importance_weights, off_policy_mask
+
+        state, group, mode = self.partial_state, self.num_generations, self._mode()
+        step = self.state.global_step + 1
+        needed = len(inputs) // group
+        state.pending.extend(dict(x) for x in inputs[::group])  # one row per group (a group shares its prompt)
+        fresh = groups_to_start(len(state.buffer), needed, self.rollout_settings.over_provision)
+        if sum(grp.done for grp in state.buffer) >= needed:  # the buffer alone fills the step: nothing to generate
+            fresh = 0
+        rows = [state.pending.pop(0) for _ in range(min(fresh, len(state.pending)))]
+        rows += [self._extra_prompt() for _ in range(fresh - len(rows))]
+        prompt_ids, *_ = self._tokenize_prompts([r["prompt"] for r in rows])
+        resumed = sum(any(c.tokens for c in g.completions) for g in state.buffer)
+        flight = list(state.buffer)
+        for row, ids in zip(rows, prompt_ids):
+            number = state.started_groups
+            state.started_groups += 1
+            flight.append(PartialGroup(number, row, list(ids), [PartialCompletion(f"{number}/{r}") for r in range(group)],
+                                       step))
+        start = time.perf_counter()
+        todo = [(g, c) for g, grp in enumerate(flight) for c, comp in enumerate(grp.completions) if not comp.finished]
+        done_before = [g for g, grp in enumerate(flight) if grp.done]
+        finish_order, new_tokens = done_before, {}
+        if todo and len(done_before) < needed:
+            finish_order, new_tokens = self.partial_generate(flight, todo, done_before, needed)
+        generated = sum(len(tokens) for tokens, _ in new_tokens.values())
+        for (g, c), (tokens, finished) in new_tokens.items():
+            comp = flight[g].completions[c]
+            comp.tokens += tokens
+            comp.steps += [step] * len(tokens)
+            comp.finished = finished
+        trained = choose_trained(finish_order, needed)
+        # one forward pass under the step's policy: behaviour log-probs of the new tokens, and the trained rows' own
+        touched = sorted({*new_tokens, *((g, c) for g in trained for c in range(group))})
+        touched = [(g, c) for g, c in touched if flight[g].completions[c].tokens]
+        current = self._row_logps([flight[g].prompt_ids for g, _ in touched],
+                                  [flight[g].completions[c].tokens for g, c in touched])
+        logps = dict(zip(touched, current))
+        for key, (tokens, _) in new_tokens.items():
+            if tokens:
+                flight[key[0]].completions[key[1]].behaviour_logps += logps[key][len(logps[key]) - len(tokens):]
+        state.buffer = [grp for g, grp in enumerate(flight) if g not in set(trained)]
+        elapsed = time.perf_counter() - start
+
+        chosen = [(g, c) for g in trained for c in range(group)]
+        comps = [flight[g].completions[c] for g, c in chosen]
+        batch_rows = [flight[g].row for g, _ in chosen]
+        completion_lists = [comp.tokens for comp in comps]
+        texts = self.processing_class.batch_decode(completion_lists, skip_special_tokens=True)
+        current_rows = [logps.get(key, []) for key in chosen]
+        from trl.trainer.utils import pad
+
+        device = self.accelerator.device
+        current_t = pad([torch.tensor(r, dtype=torch.float32) for r in current_rows], padding_value=0.0,
+                        padding_side="right", pad_to_multiple_of=self.pad_to_multiple_of).to(device)
+        batch = self.to_batch(batch_rows, [flight[g].prompt_ids for g, _ in chosen], completion_lists, texts, None,
+                              behaviour=current_t)
+        width = batch.completion_ids.size(1)
+
+        def tensor_of(rows: list[list], value: float, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor([r + [value] * (width - len(r)) for r in rows], dtype=dtype, device=device)
+
+        recorded = tensor_of([comp.behaviour_logps for comp in comps], 0.0, torch.float32)
+        steps = tensor_of([comp.steps for comp in comps], step, torch.long)
+        batch.off_policy = off_policy_mask(steps, step, batch.completion_mask)
+        if self.rollout_settings.off_policy == "mask":
+            batch.completion_mask = batch.completion_mask * (~batch.off_policy).int()
+        else:
+            batch.token_weights = importance_weights(batch.behaviour_logps, recorded, batch.off_policy,
+                                                     self.rollout_settings.importance_cap)
+        batch.ids = [comp.id for comp in comps]
+        metrics = self._metrics[mode]
+        tokens = torch.tensor([len(t) for t in completion_lists], dtype=torch.float32)
+        loss_tokens = (batch.off_policy | batch.completion_mask.bool()).sum().clamp(min=1)
+        metrics["time/generation_s"].append(elapsed)
+        metrics["completions/mean_length"].append(tokens.mean().item())
+        metrics["completions/max_length"].append(tokens.max().item())
+        metrics["completions/clipped_ratio"].append((~batch.finished).float().mean().item())
+        metrics["partial/off_policy_token_fraction"].append((batch.off_policy.sum() / loss_tokens).item())
+        metrics["partial/buffer_groups"].append(float(len(state.buffer)))
+        metrics["partial/buffer_tokens"].append(float(sum(len(c.tokens) for g in state.buffer for c in g.completions)))
+        metrics["partial/resumed_groups"].append(float(resumed))
+        metrics["partial/started_groups"].append(float(state.started_groups))
+        metrics["partial/generated_tokens"].append(float(generated))
+        metrics["partial/trained_tokens"].append(tokens.sum().item())
+        if mode == "train":
+            self.state.num_input_tokens_seen += generated
+        return batch
+
+    def partial_generate(self, flight: list, todo: list[tuple[int, int]], done_before: list[int],
+                         needed: int) -> tuple[list[int], dict[tuple[int, int], tuple[list[int], bool]]]:
+        """Generate the unfinished completions of ``flight`` (``todo``: (group, row) pairs), each from its prompt and
+        tokens so far with its remaining budget, until ``needed`` groups have finished.
+
+        Returns the groups in the order they finished and, per (group, row), (new tokens, finished).
+        """
+        import copy
+
+        from transformers import StoppingCriteriaList
+        from trl.models.utils import unwrap_model_for_generation
+        from trl.trainer.utils import pad
+
+        from molrl.rl.partial import StopWhenGroupsDone
+
+        if self.use_vllm:
+            raise MolrlError("rollout.partial: generation with vLLM is not available in this version; set use_vllm=false "
+                             "(partial rollouts then generate with transformers)")
+        sequences = [flight[g].prompt_ids + flight[g].completions[c].tokens for g, c in todo]
+        budgets = [self.max_completion_length - len(flight[g].completions[c].tokens) for g, c in todo]
+        inputs = [torch.tensor(s) for s in sequences]
+        ids = pad(inputs, padding_value=self._tokenizer.pad_token_id, padding_side="left").to(self.accelerator.device)
+        mask = pad([torch.ones_like(t) for t in inputs], padding_value=0, padding_side="left").to(self.accelerator.device)
+        sizes = [len(grp.completions) for grp in flight]
+        before = [sum(c.finished for c in grp.completions) for grp in flight]
+        stopper = StopWhenGroupsDone([g for g, _ in todo], budgets, self.eos_token_ids, ids.size(1), sizes, before,
+                                     needed, done_before)
+        config = copy.deepcopy(self.generation_config)
+        config.max_new_tokens = max(budgets)
+        with (unwrap_model_for_generation(self.model_wrapped, self.accelerator,
+                                          gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+                                          generation_kwargs=self.generation_kwargs,
+                                          gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs) as model,
+              torch.no_grad()):
+            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                                 stopping_criteria=StoppingCriteriaList([stopper]))
+        new = out[:, ids.size(1):].tolist()
+        result = {key: (new[i][:stopper.lengths[i]], stopper.done[i]) for i, key in enumerate(todo)}
+        return stopper.finish_order, result
+
+    def _row_logps(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
+        """Each row's completion-token log-probs under the current policy (one batched no-grad pass)."""
+        from trl.trainer.utils import pad
+
+        if not prompts:
+            return []
+        device, pad_id = self.accelerator.device, self._tokenizer.pad_token_id
+        prompt_t = [torch.tensor(p) for p in prompts]
+        completion_t = [torch.tensor(c) for c in completions]
+        logps = self.completion_logps(
+            self.model,
+            pad(prompt_t, padding_value=pad_id, padding_side="left").to(device),
+            pad([torch.ones_like(t) for t in prompt_t], padding_value=0, padding_side="left").to(device),
+            pad(completion_t, padding_value=pad_id, padding_side="right").to(device),
+            pad([torch.ones_like(t) for t in completion_t], padding_value=0, padding_side="right").to(device))
+        return [logps[i, : len(c)].tolist() for i, c in enumerate(completions)]
+
+    def _extra_prompt(self) -> dict[str, Any]:
+        """The next prompt drawn beyond the data loader's, to over-provision (a seeded shuffle per pass)."""
+        state, data = self.partial_state, self.train_dataset
+        epoch, index = divmod(state.extra_draws, len(data))
+        order = random.Random(self.args.seed * 7919 + epoch).sample(range(len(data)), len(data))
+        state.extra_draws += 1
+        row = data[order[index]]
+        return {"prompt": row["prompt"], "task_json": row["task_json"]}
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        """The trainer's checkpoint, plus the partial-rollout buffer (``rollout_state.json``), written first
+        (and atomically): the trainer's own state file comes last, so a checkpoint that has it is whole."""
+        if self.partial_state is not None:
+            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+            folder = Path(self._get_output_dir(trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            folder.mkdir(parents=True, exist_ok=True)
+            name = "rollout_state.json" if self.accelerator.num_processes == 1 else \
+                f"rollout_state-{self.accelerator.process_index}.json"
+            tmp = folder / f".{name}.tmp"
+            tmp.write_text(json.dumps(self.partial_state.to_json()))
+            tmp.replace(folder / name)
+        super()._save_checkpoint(model, trial)
+
+    def train(self, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """TRL's training loop; a resumed run with partial rollouts gets its checkpoint's buffer back first."""
+        if self.partial_state is not None and isinstance(resume_from_checkpoint, (str, Path)):
+            from molrl.rl.partial import RolloutState
+
+            name = "rollout_state.json" if self.accelerator.num_processes == 1 else \
+                f"rollout_state-{self.accelerator.process_index}.json"
+            path = Path(resume_from_checkpoint) / name
+            if not path.is_file():
+                raise MolrlError(f"{path}: missing; this checkpoint was not written by a run with rollout.partial=true "
+                                 "(resume it with rollout.partial=false, or start a fresh output_dir)")
+            self.partial_state = RolloutState.from_json(json.loads(path.read_text()))
+        return super().train(resume_from_checkpoint, *args, **kwargs)
 
     # the step's first half: rollout -> score -> advantages
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -552,11 +877,50 @@ class RlTrainer(GRPOTrainer):
                "advantages": advantages,
                "num_items_in_batch": self.accelerator.gather(batch.completion_mask.sum()).sum()}
         out.update(extra)
+        weights = batch.sampler_weights
+        if batch.token_weights is not None:  # partial rollouts: [B, T] truncated importance weights
+            weights = batch.token_weights if weights is None else weights * batch.token_weights
         for key, value in (("old_per_token_logps", batch.behaviour_logps), ("ref_per_token_logps", batch.reference_logps),
-                           ("importance_sampling_ratio", batch.sampler_weights)):
+                           ("importance_sampling_ratio", weights)):
             if value is not None:
                 out[key] = value
+        if mode == "train" and self._past_batches.maxlen:
+            out = self.with_past_batches(out)
+        if self.rollout_settings.sampling_error:
+            self.log_sampling_error(out, group)
         return out
+
+    def with_past_batches(self, out: dict[str, Any]) -> dict[str, Any]:
+        """The step's rows after those of the last ``rollout.buffer_batches - 1`` steps (their rewards and
+        advantages as scored; log-probs recomputed under the current policy, no importance correction)."""
+        pad_id = self._tokenizer.pad_token_id
+        keep = {k: v.detach().cpu() for k, v in out.items() if isinstance(v, torch.Tensor) and v.dim() > 0}
+        batches = [*self._past_batches, keep]
+        self._past_batches.append(keep)
+        merged = merge_batches(batches, pad_id)
+        device = self.accelerator.device
+        merged = {k: v.to(device) for k, v in merged.items()}
+        merged["num_items_in_batch"] = self.accelerator.gather(merged["completion_mask"].sum()).sum()
+        if "old_per_token_logps" in merged:
+            merged["old_per_token_logps"] = self.completion_logps(self.model, merged["prompt_ids"], merged["prompt_mask"],
+                                                                  merged["completion_ids"], merged["completion_mask"])
+        self._metrics["train"]["buffer/rows"].append(float(merged["completion_ids"].size(0)))
+        return merged
+
+    def log_sampling_error(self, out: dict[str, Any], group: int) -> None:
+        """``sampling_error``: KL(empirical || policy) at states two or more of a prompt's completions share,
+        over the rows of this update (``props.shared_state_sampling_error``), under the current policy."""
+        from molrl.rl.props import shared_state_sampling_error
+
+        logps = out.get("old_per_token_logps")
+        if logps is None:  # (old_per_token_logps, when present, are the current policy's: computed at the step's start)
+            logps = self.completion_logps(self.model, out["prompt_ids"], out["prompt_mask"], out["completion_ids"],
+                                          out["completion_mask"])
+        error, states = shared_state_sampling_error(out["completion_ids"].cpu(), logps.cpu(),
+                                                    out["completion_mask"].cpu(), group)
+        metrics = self._metrics[self._mode()]
+        metrics["sampling_error"].append(error)
+        metrics["sampling_error/shared_states"].append(float(states))
 
     def values(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
                completion_mask: torch.Tensor, grad: bool = False) -> torch.Tensor:
@@ -710,15 +1074,34 @@ class RlTrainer(GRPOTrainer):
             metrics[f"reward_stage/{stage}"].append(stages.count(stage) / len(stages))
         prompts, completions = gather_object(batch.prompts), gather_object(batch.completions)
         task_ids, errors = gather_object([t.id for t in batch.tasks]), gather_object(scores.errors)
+        ids = gather_object(batch.ids) if batch.ids is not None else None
+        off = gather_object(batch.off_policy.sum(-1).tolist()) if batch.off_policy is not None else None
         if mode != "train" or self.completions_path is None or not self.accelerator.is_main_process:
             return
         step = self.state.global_step + 1
         with open(self.completions_path, "a") as fh:
             for i, (prompt, completion) in enumerate(zip(prompts, completions)):
-                fh.write(json.dumps({"step": step, "prompt": prompt, "completion": completion,
-                                     "rewards": {name: rewards[i].item()}, "advantage": per_completion[i].item(),
-                                     "task_id": task_ids[i], "reward_stage": stages[i],
-                                     "reward_error": errors[i]}, default=str) + "\n")
+                record = {"step": step, "prompt": prompt, "completion": completion,
+                          "rewards": {name: rewards[i].item()}, "advantage": per_completion[i].item(),
+                          "task_id": task_ids[i], "reward_stage": stages[i], "reward_error": errors[i]}
+                if ids is not None:
+                    record.update(id=ids[i], off_policy_tokens=off[i])
+                fh.write(json.dumps(record, default=str) + "\n")
+
+
+def merge_batches(batches: Sequence[dict[str, torch.Tensor]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Rows of several step batches in one: ``prompt_*`` left-padded, [B, T] tensors right-padded (ids with
+    ``pad_id``, the rest with 0), [B, 1] tensors stacked; only keys every batch has."""
+    from trl.trainer.utils import pad
+
+    keys = [k for k in batches[-1] if all(k in b for b in batches)]
+    merged = {}
+    for key in keys:
+        rows = [row for b in batches for row in b[key]]
+        side = "left" if key.startswith("prompt_") else "right"
+        value = pad_id if key in ("prompt_ids", "completion_ids") else 0
+        merged[key] = pad(rows, padding_value=value, padding_side=side)
+    return merged
 
 
 def sampler_weights(trainer_logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor,
