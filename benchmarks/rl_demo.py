@@ -1,6 +1,6 @@
 """RL algorithms against the demo's GRPO on the demo world, over seeds.
 
-    python benchmarks/rl_demo.py --set opd|macro [--out runs/rl_bench] [--seeds 3] [--every 10]
+    python benchmarks/rl_demo.py --set opd|macro|props [--out runs/rl_bench] [--seeds 3] [--every 10]
 
 For each seed: the demo's world, base and MoL model (``molrl demo``'s default preset, reused
 when already on disk, so both sets can share one ``--out``), then RL runs of the demo's length
@@ -10,7 +10,12 @@ when already on disk, so both sets can share one ``--out``), then RL runs of the
   environment's probe output and the verdict on the student's own attempt) at lambda 1
   (``mol+opd``) and 1.25 (``mol+exopd``), and from the base (``base+opd``);
 - ``--set macro``: ``algorithm=ppo`` with a critic, token level (``mol+ppo``) and over macro
-  actions: ``fixed:5`` (the authors' setting), ``parsing`` and ``ppl``.
+  actions: ``fixed:5`` (the authors' setting), ``parsing`` and ``ppl``;
+- ``--set props``: PROPS behaviour sampling (``mol+props``: rounds of 4 of each group's 8, the
+  behaviour adapter updated before each round, training on the last 2 steps' batches) against
+  on-policy sampling with the same rounds and buffer (``mol+grpo_buffer2``) and without
+  (``mol+grpo``); every run samples the same number of completions. Also printed: the sampling
+  error by step window and the behaviour update's share of a step.
 
 Every run evaluates the held-out rule problems every ``--every`` steps (greedy, single step) and
 after training both benchmarks. Printed: final held-out and general accuracy (mean ± s.e. over
@@ -37,6 +42,9 @@ SETS = {
               "mol+ppo_parsing": ("mol", ["algorithm=ppo", "macro.rule=parsing"]),
               "mol+ppo_ppl": ("mol", ["algorithm=ppo", "macro.rule=ppl"]),
               **GRPO},
+    "props": {**GRPO,
+              "mol+grpo_buffer2": ("mol", ["algorithm=grpo", "rollout.rounds=2", "rollout.buffer_batches=2"]),
+              "mol+props": ("mol", ["algorithm=grpo", "rollout.behaviour=props"])},
 }
 """Runs per set, {name: (start, overrides)}; the first run is the one the others are measured against."""
 
@@ -92,6 +100,12 @@ def reward_windows(pipeline: Path, run: str, width: int = 10) -> list[float]:
     return [sum(rewards[i:i + width]) / len(rewards[i:i + width]) for i in range(0, len(rewards), width)]
 
 
+def metric_windows(pipeline: Path, run: str, key: str, width: int = 10) -> list[float]:
+    """Mean of ``key`` over steps 1-10, 11-20, ... (steps that logged it)."""
+    values = [r[key] for r in metrics(pipeline, run) if key in r and "reward" in r]
+    return [sum(values[i:i + width]) / len(values[i:i + width]) for i in range(0, len(values), width)]
+
+
 def lengths(pipeline: Path, run: str) -> list[int]:
     rows = [json.loads(line) for line in (pipeline / "grpo" / run / "completions.jsonl").read_text().splitlines()]
     return sorted(len(r["completion"]) for r in rows)
@@ -140,6 +154,20 @@ def main() -> None:
             hit = [i for i, value in enumerate(w) if value >= target]
             reached.append(f"steps {hit[0] * 10 + 1}-{hit[0] * 10 + 10}" if hit else "-")
         print(f"- {run}: " + ", ".join(reached))
+    if all("sampling_error" in r for p in pipelines for run in RUNS for r in metrics(p, run)[:1]):
+        print("\nsampling error (token level, at states >= 2 of a prompt's completions share), mean over steps "
+              "1-10, 11-20, ... (mean over seeds)")
+        for run in RUNS:
+            series = [metric_windows(p, run, "sampling_error") for p in pipelines]
+            print(f"- {run}: " + ", ".join(f"{sum(s[i] for s in series) / len(series):.3f}"
+                                           for i in range(min(len(s) for s in series)))
+                  + f"; whole run {cell([sum(s) / len(s) for s in series])}")
+    if any("time/behaviour_update_s" in r for p in pipelines for run in RUNS for r in metrics(p, run)):
+        print("\nwall time per step (s) and the behaviour update's part of it, mean ± s.e. over seeds")
+        for run in RUNS:
+            step = [sum(metric_windows(p, run, "step_time", 1000)) for p in pipelines]
+            update = [sum(metric_windows(p, run, "time/behaviour_update_s", 1000)) for p in pipelines]
+            print(f"- {run}: step {cell(step, 2)}; behaviour update {cell(update, 2)}")
     print("\ncompletion length in characters, all sampled completions of all seeds: p50 / p90 / max")
     for run in RUNS:
         every = sorted(x for p in pipelines for x in lengths(p, run))
