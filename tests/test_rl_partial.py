@@ -181,3 +181,55 @@ def test_partial_rollouts_refuse_settings_they_cannot_honour(tmp_path):
         RlConfig(rollout=RolloutSettings(partial=True, behaviour="props"), algorithm="grpo")
     with pytest.raises(ValueError, match="vllm_mode=colocate"):
         RlConfig(rollout=RolloutSettings(partial=True), use_vllm=True, vllm_mode="server")
+
+
+class FakeOutput:
+    def __init__(self, request_id, token_ids, finished):
+        self.request_id, self.finished = request_id, finished
+        self.outputs = [type("Completion", (), {"token_ids": token_ids})()]
+
+
+class FakeEngine:
+    """vLLM's LLMEngine surface that partial rollouts use: request i emits token i+1 per step and
+    finishes after its own length (or its max_tokens), outputs cumulative."""
+
+    def __init__(self, lengths):
+        self.lengths, self.requests, self.aborted, self.steps = lengths, {}, [], 0
+
+    def add_request(self, name, prompt, params):
+        i = len(self.requests)
+        self.requests[name] = {"i": i, "tokens": [], "limit": min(self.lengths[i], params["max_tokens"]), "done": False}
+
+    def has_unfinished_requests(self):
+        return any(not r["done"] for r in self.requests.values())
+
+    def step(self):
+        self.steps += 1
+        outs = []
+        for name, r in self.requests.items():
+            if r["done"]:
+                continue
+            r["tokens"].append(r["i"] + 1)
+            r["done"] = len(r["tokens"]) >= r["limit"]
+            outs.append(FakeOutput(name, list(r["tokens"]), r["done"]))
+        return outs
+
+    def abort_request(self, names):
+        self.aborted += names
+        for name in names:
+            self.requests[name]["done"] = True
+
+
+def test_the_engine_backend_aborts_unfinished_requests_once_enough_groups_are_done():
+    from molrl.rl.partial import GroupTracker, engine_generate
+
+    # groups of 2 rows: g0 rows finish after 2 and 3 tokens, g1 after 9 and 1, g2 after 4 and 4 (budget 3 on row 4)
+    engine = FakeEngine([2, 3, 9, 1, 4, 4])
+    tracker = GroupTracker([0, 0, 1, 1, 2, 2], [2, 2, 2], [0, 0, 0], needed=2)
+    params = [{"max_tokens": m} for m in (10, 10, 10, 10, 3, 10)]
+    tokens = engine_generate(engine, [[7]] * 6, params, tracker, "t")
+    # step 3: g0 done; step 4: g2 done (row 4 at its budget of 3, row 5 at 4) -> 2 groups, g1's row 2 aborted
+    assert tracker.finish_order == [0, 2] and engine.steps == 4
+    assert engine.aborted == ["t-2"]
+    assert tokens == [[1, 1], [2, 2, 2], [3, 3, 3, 3], [4], [5, 5, 5], [6, 6, 6, 6]]
+    assert tracker.done == [True, True, False, True, True, True]

@@ -280,3 +280,15 @@ def test_the_private_trl_names_the_step_relies_on_are_there(tmp_path):
     rollout_source = inspect.getsource(GRPOTrainer._generate)
     assert "return prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields, images, tool_images" \
         in rollout_source
+
+
+def test_the_vllm_generation_attributes_partial_rollouts_read_are_there():
+    # partial rollouts on vLLM drive TRL's colocated engine themselves with TRL's own sampling settings
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    source = inspect.getsource(VLLMGeneration)
+    for name in ("self.temperature", "self.top_p", "self.top_k", "self.min_p", "self.repetition_penalty",
+                 "self.generation_kwargs", "self.enable_sleep_mode", "self._llm_weights_sleeping", "self.llm = LLM(",
+                 "def sync_weights("):
+        assert name in source, f"TRL's VLLMGeneration no longer has {name}"
+    assert "self._last_loaded_step" in inspect.getsource(GRPOTrainer := __import__("trl").GRPOTrainer)

@@ -136,40 +136,101 @@ def accounting(started_groups: int, group_size: int, trained_ids: Sequence[str],
             "lost": sorted(started - set(seen)), "unknown": sorted(set(seen) - started)}
 
 
+class GroupTracker:
+    """Which groups of a partial-rollout step have finished, in order, as their rows finish.
+
+    ``groups[i]`` is row i's group; ``sizes[g]`` group g's size; ``finished_before[g]`` its completions that
+    finished in an earlier step (not among the rows); ``already_done`` the groups done before generation.
+    """
+
+    def __init__(self, groups: Sequence[int], sizes: Sequence[int], finished_before: Sequence[int], needed: int,
+                 already_done: Sequence[int] = ()):
+        self.groups, self.needed = list(groups), needed
+        self.remaining = [size - before for size, before in zip(sizes, finished_before)]
+        self.finish_order = list(already_done)
+        self.done = [False] * len(groups)
+
+    def finish(self, rows: Sequence[int]) -> None:
+        """Rows that finished at the same moment (their groups join ``finish_order`` in group order)."""
+        newly = []
+        for i in rows:
+            if self.done[i]:
+                continue
+            self.done[i] = True
+            g = self.groups[i]
+            self.remaining[g] -= 1
+            if self.remaining[g] == 0:
+                newly.append(g)
+        self.finish_order.extend(sorted(newly))
+
+    @property
+    def enough(self) -> bool:
+        return len(self.finish_order) >= self.needed
+
+
 class StopWhenGroupsDone(StoppingCriteria):
     """A transformers ``StoppingCriteria``: a row stops at EOS or at its own token budget; the whole
-    batch stops once ``needed`` groups have all their completions finished.
+    batch stops once ``needed`` groups have all their completions finished (``GroupTracker``).
 
-    ``groups[i]`` is row i's group; ``finished_before[g]`` counts group g's completions that finished in
-    an earlier step (they are not in the batch); ``sizes[g]`` is the group's size. After generation,
-    ``lengths[i]`` is the number of tokens row i generated and ``finish_order`` lists the groups in the
-    order they finished (ties in group order).
+    After generation, ``lengths[i]`` is the number of tokens row i generated, ``done[i]`` whether it
+    finished, and ``finish_order`` lists the groups in the order they finished.
     """
 
     def __init__(self, groups: Sequence[int], budgets: Sequence[int], eos_ids: Sequence[int], prompt_length: int,
                  sizes: Sequence[int], finished_before: Sequence[int], needed: int, already_done: Sequence[int] = ()):
-        self.groups, self.budgets, self.eos = list(groups), list(budgets), set(eos_ids)
-        self.prompt_length, self.needed = prompt_length, needed
-        self.remaining = [size - before for size, before in zip(sizes, finished_before)]
-        self.finish_order = list(already_done)
-        self.done = [False] * len(groups)
-        self.lengths = [0] * len(groups)
+        self.tracker = GroupTracker(groups, sizes, finished_before, needed, already_done)
+        self.budgets, self.eos, self.prompt_length = list(budgets), set(eos_ids), prompt_length
+        self.lengths = [0] * len(self.budgets)
+
+    @property
+    def done(self) -> list[bool]:
+        return self.tracker.done
+
+    @property
+    def finish_order(self) -> list[int]:
+        return self.tracker.finish_order
 
     def __call__(self, input_ids: torch.LongTensor, scores: Any = None, **kwargs: Any) -> torch.BoolTensor:
         generated = input_ids.size(1) - self.prompt_length
         last = input_ids[:, -1].tolist()
-        newly: list[int] = []
+        ending = []
         for i, token in enumerate(last):
-            if self.done[i]:
+            if self.tracker.done[i]:
                 continue
             self.lengths[i] = generated
             if token in self.eos or generated >= self.budgets[i]:
-                self.done[i] = True
-                g = self.groups[i]
-                self.remaining[g] -= 1
-                if self.remaining[g] == 0:
-                    newly.append(g)
-        self.finish_order.extend(sorted(newly))
-        if len(self.finish_order) >= self.needed:
+                ending.append(i)
+        self.tracker.finish(ending)
+        if self.tracker.enough:
             return torch.ones(len(last), dtype=torch.bool, device=input_ids.device)
-        return torch.tensor(self.done, dtype=torch.bool, device=input_ids.device)
+        return torch.tensor(self.tracker.done, dtype=torch.bool, device=input_ids.device)
+
+
+def engine_generate(engine: Any, sequences: Sequence[list[int]], params: Sequence[Any], tracker: GroupTracker,
+                    prefix: str) -> list[list[int]]:
+    """Partial rollouts on a vLLM ``LLMEngine``: add one request per row, step the engine, and abort the
+    unfinished requests once ``tracker`` has enough finished groups. Returns each row's new tokens
+    (those of an aborted request: what it had generated so far); ``tracker.done`` says which finished.
+
+    ``params[i]`` are row i's sampling parameters (its remaining token budget as ``max_tokens``);
+    outputs are read cumulatively (vLLM's default), so the latest output of a request holds all its tokens.
+    """
+    tokens: list[list[int]] = [[] for _ in sequences]
+    names = [f"{prefix}-{i}" for i in range(len(sequences))]
+    for name, sequence, param in zip(names, sequences, params):
+        engine.add_request(name, {"prompt_token_ids": list(sequence)}, param)
+    index = {name: i for i, name in enumerate(names)}
+    while not tracker.enough and engine.has_unfinished_requests():
+        ending = []
+        for output in engine.step():
+            i = index.get(output.request_id)
+            if i is None:
+                continue
+            tokens[i] = list(output.outputs[0].token_ids)
+            if output.finished:
+                ending.append(i)
+        tracker.finish(ending)
+    unfinished = [names[i] for i, done in enumerate(tracker.done) if not done]
+    if unfinished:
+        engine.abort_request(unfinished)
+    return tokens

@@ -102,6 +102,8 @@ class RolloutBatch:
     """[B, T] bool, partial rollouts: tokens an earlier step's policy sampled; None otherwise."""
     ids: list[str] | None = None
     """B completion ids (``<group>/<row>``) of partial rollouts; None otherwise."""
+    lengths: list[int] | None = None
+    """B completion lengths in tokens (EOS included)."""
 
 
 # --- 2. score --------------------------------------------------------------------------------
@@ -583,7 +585,8 @@ class RlTrainer(GRPOTrainer):
                     reference = logps_of(self.model)
         tasks = {text: Task.from_json(text) for text in {x["task_json"] for x in inputs}}  # a group shares its task
         return RolloutBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, behaviour, weights, reference,
-                            [tasks[x["task_json"]] for x in inputs], [x["prompt"] for x in inputs], completions, finished)
+                            [tasks[x["task_json"]] for x in inputs], [x["prompt"] for x in inputs], completions, finished,
+                            lengths=[len(r) for r in completion_lists])
 
     def behaviour_update(self, sampled: list[tuple[list[int], list[int]]]) -> None:
         """PROPS: phi (the ``behaviour`` adapter) from theta, then minimise ``props.behaviour_objective`` on the
@@ -679,6 +682,7 @@ class RlTrainer(GRPOTrainer):
         finish_order, new_tokens = done_before, {}
         if todo and len(done_before) < needed:
             finish_order, new_tokens = self.partial_generate(flight, todo, done_before, needed)
+        generation_s, start = time.perf_counter() - start, time.perf_counter()
         generated = sum(len(tokens) for tokens, _ in new_tokens.values())
         for (g, c), (tokens, finished) in new_tokens.items():
             comp = flight[g].completions[c]
@@ -696,7 +700,7 @@ class RlTrainer(GRPOTrainer):
             if tokens:
                 flight[key[0]].completions[key[1]].behaviour_logps += logps[key][len(logps[key]) - len(tokens):]
         state.buffer = [grp for g, grp in enumerate(flight) if g not in set(trained)]
-        elapsed = time.perf_counter() - start
+        logps_s = time.perf_counter() - start
 
         chosen = [(g, c) for g in trained for c in range(group)]
         comps = [flight[g].completions[c] for g, c in chosen]
@@ -728,7 +732,8 @@ class RlTrainer(GRPOTrainer):
         metrics = self._metrics[mode]
         tokens = torch.tensor([len(t) for t in completion_lists], dtype=torch.float32)
         loss_tokens = (batch.off_policy | batch.completion_mask.bool()).sum().clamp(min=1)
-        metrics["time/generation_s"].append(elapsed)
+        metrics["time/generation_s"].append(generation_s)
+        metrics["time/behaviour_logps_s"].append(logps_s)
         metrics["completions/mean_length"].append(tokens.mean().item())
         metrics["completions/max_length"].append(tokens.max().item())
         metrics["completions/clipped_ratio"].append((~batch.finished).float().mean().item())
@@ -759,8 +764,7 @@ class RlTrainer(GRPOTrainer):
         from molrl.rl.partial import StopWhenGroupsDone
 
         if self.use_vllm:
-            raise MolrlError("rollout.partial: generation with vLLM is not available in this version; set use_vllm=false "
-                             "(partial rollouts then generate with transformers)")
+            return self.partial_generate_vllm(flight, todo, done_before, needed)
         sequences = [flight[g].prompt_ids + flight[g].completions[c].tokens for g, c in todo]
         budgets = [self.max_completion_length - len(flight[g].completions[c].tokens) for g, c in todo]
         inputs = [torch.tensor(s) for s in sequences]
@@ -782,6 +786,35 @@ class RlTrainer(GRPOTrainer):
         new = out[:, ids.size(1):].tolist()
         result = {key: (new[i][:stopper.lengths[i]], stopper.done[i]) for i, key in enumerate(todo)}
         return stopper.finish_order, result
+
+    def partial_generate_vllm(self, flight: list, todo: list[tuple[int, int]], done_before: list[int],
+                              needed: int) -> tuple[list[int], dict[tuple[int, int], tuple[list[int], bool]]]:
+        """``partial_generate`` on the colocated vLLM engine: requests for the unfinished rows, aborted once
+        ``needed`` groups have finished (``molrl.rl.partial.engine_generate``)."""
+        from vllm import SamplingParams
+
+        from molrl.rl.partial import GroupTracker, engine_generate
+
+        vllm = self.vllm_generation
+        if self.state.global_step != self._last_loaded_step or getattr(vllm, "_llm_weights_sleeping", False):
+            vllm.sync_weights()  # the policy's current weights (also what sleep mode discarded)
+            self._last_loaded_step = self.state.global_step
+        if vllm.enable_sleep_mode:
+            vllm.llm.wake_up(tags=["kv_cache"])
+        budgets = [self.max_completion_length - len(flight[g].completions[c].tokens) for g, c in todo]
+        params = [SamplingParams(n=1, temperature=vllm.temperature, top_p=vllm.top_p, top_k=vllm.top_k,
+                                 min_p=0.0 if vllm.min_p is None else vllm.min_p,
+                                 repetition_penalty=vllm.repetition_penalty, max_tokens=budget,
+                                 **vllm.generation_kwargs) for budget in budgets]
+        tracker = GroupTracker([g for g, _ in todo], [len(grp.completions) for grp in flight],
+                               [sum(c.finished for c in grp.completions) for grp in flight], needed, done_before)
+        sequences = [flight[g].prompt_ids + flight[g].completions[c].tokens for g, c in todo]
+        tokens = engine_generate(vllm.llm.llm_engine, sequences, params, tracker,
+                                 f"molrl-{self.state.global_step}-{self.accelerator.process_index}")
+        if vllm.enable_sleep_mode:
+            vllm.llm.sleep(level=2)
+            vllm._llm_weights_sleeping = True
+        return tracker.finish_order, {key: (tokens[i], tracker.done[i]) for i, key in enumerate(todo)}
 
     def _row_logps(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
         """Each row's completion-token log-probs under the current policy (one batched no-grad pass)."""
@@ -1075,6 +1108,7 @@ class RlTrainer(GRPOTrainer):
         prompts, completions = gather_object(batch.prompts), gather_object(batch.completions)
         task_ids, errors = gather_object([t.id for t in batch.tasks]), gather_object(scores.errors)
         ids = gather_object(batch.ids) if batch.ids is not None else None
+        lengths = gather_object(batch.lengths) if batch.lengths is not None else None
         off = gather_object(batch.off_policy.sum(-1).tolist()) if batch.off_policy is not None else None
         if mode != "train" or self.completions_path is None or not self.accelerator.is_main_process:
             return
@@ -1084,6 +1118,8 @@ class RlTrainer(GRPOTrainer):
                 record = {"step": step, "prompt": prompt, "completion": completion,
                           "rewards": {name: rewards[i].item()}, "advantage": per_completion[i].item(),
                           "task_id": task_ids[i], "reward_stage": stages[i], "reward_error": errors[i]}
+                if lengths is not None:
+                    record["tokens"] = lengths[i]
                 if ids is not None:
                     record.update(id=ids[i], off_policy_tokens=off[i])
                 fh.write(json.dumps(record, default=str) + "\n")

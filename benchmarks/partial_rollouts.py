@@ -1,0 +1,171 @@
+"""Synchronous vs active partial rollouts (APRIL) on a long-tail workload, in one run.
+
+    python benchmarks/partial_rollouts.py [--seeds 3] [--steps 40] [--max-tokens 256] [--eos-logit 1.5]
+        [--prompts 4] [--group 8] [--over-provision 2.0] [--out runs/partial_bench]
+
+Workload: the toy task (reward: the fraction of lowercase letters, counted by a checker in the
+sandbox) on a tiny model whose EOS row is set so that completions end at spread, long-tailed
+lengths (``molrl.tiny.with_eos_logit``), capped at ``--max-tokens``. Each step trains on
+``--prompts`` groups of ``--group`` completions.
+
+Arms, each for every seed, same steps (so the same number of completions consumed):
+- ``sync``: every step waits for its longest completion;
+- ``partial``: ``rollout.partial=true``, over-provisioned ``--over-provision`` times, off-policy
+  tokens importance-weighted (truncated at 2);
+- ``partial_mask``: the same, off-policy tokens left out of the loss.
+
+Printed: the completion-length distribution (p50 / p90 / max tokens, from the sync arm); the cost
+of one decoding step at the partial arm's batch width against the sync arm's (the ratio that
+decides APRIL's gain: a memory-bound GPU decodes a wider batch at nearly the same cost, a CPU
+does not); rollout throughput (finished completion tokens and finished groups per second of
+generation, and per second of the whole step); reward by window of consumed completions and over
+the last half of the run, mean ± s.e. over seeds, with per-seed values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+ARMS = {"sync": {}, "partial": {"off_policy": "importance"}, "partial_mask": {"off_policy": "mask"}}
+
+
+def mean_se(values: list[float]) -> tuple[float, float]:
+    n = len(values)
+    mean = sum(values) / n
+    return mean, (math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n) if n > 1 else 0.0)
+
+
+def cell(values: list[float], digits: int = 3) -> str:
+    mean, se = mean_se(values)
+    return f"{mean:.{digits}f} ± {se:.{digits}f} [" + ", ".join(f"{v:.{digits}f}" for v in values) + "]"
+
+
+def build_model(path: Path, eos_logit: float, seed: int) -> Path:
+    from molrl.tiny import build_tiny_pair, with_eos_logit
+
+    model, tok = build_tiny_pair("chatml", seed=seed, initializer_range=0.1)
+    with_eos_logit(model, tok.eos_token_id, eos_logit, seed=seed)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def decode_cost(model_dir: Path, widths: tuple[int, int], tokens: int = 64, repeats: int = 3) -> dict[int, float]:
+    """Seconds per decoding step at each batch width (EOS suppressed, so every row decodes ``tokens``)."""
+    from molrl.models import load_model
+
+    model = load_model(str(model_dir)).eval()
+    prompt = torch.randint(0, 200, (1, 24))
+    out = {}
+    for width in widths:
+        ids = prompt.repeat(width, 1)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            with torch.no_grad():
+                model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=tokens,
+                               min_new_tokens=tokens, pad_token_id=model.config.eos_token_id)
+            times.append((time.perf_counter() - start) / tokens)
+        out[width] = min(times)
+    return out
+
+
+def run_arm(out: Path, base: Path, arm: str, seed: int, args: argparse.Namespace) -> Path:
+    from molrl.rl import run_rl
+    from molrl.rl.config import LoraSettings, PolicyConfig, RlConfig, TaskSource
+
+    cfg = RlConfig(output_dir=out, policy=PolicyConfig(base=str(base)), lora=LoraSettings(rank=16, alpha=32),
+                   train=TaskSource(format="toy", limit=64), algorithm="grpo", num_generations=args.group,
+                   prompts_per_step=args.prompts, micro_batch_size=args.group, max_completion_length=args.max_tokens,
+                   max_prompt_length=256, learning_rate=2e-2, temperature=1.0, max_steps=args.steps,
+                   save_steps=10_000, seed=seed)
+    cfg.reward.sandbox_workers = 2
+    if arm != "sync":
+        cfg.rollout.partial = True
+        cfg.rollout.over_provision = args.over_provision
+        cfg.rollout.off_policy = ARMS[arm]["off_policy"]
+    if out.exists():
+        shutil.rmtree(out)
+    return run_rl(cfg)
+
+
+def summary(run: Path, group: int) -> dict:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "reward" in r]
+    lines = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]
+    generation = sum(r["time/generation_s"] for r in steps)
+    wall = sum(r["step_time"] for r in steps)
+    tokens = sum(x["tokens"] for x in lines)
+    groups = len(lines) / group
+    rewards = [r["reward"] for r in steps]
+    half = rewards[len(rewards) // 2:]
+    return {"tokens_per_gen_s": tokens / generation, "groups_per_gen_s": groups / generation,
+            "tokens_per_step_s": tokens / wall, "groups_per_step_s": groups / wall, "rewards": rewards,
+            "late_reward": sum(half) / len(half), "lengths": [x["tokens"] for x in lines],
+            "off_policy": sum(r.get("partial/off_policy_token_fraction", 0.0) for r in steps) / len(steps),
+            "buffer": steps[-1].get("partial/buffer_groups", 0.0)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--eos-logit", type=float, default=1.5)
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--over-provision", type=float, default=2.0)
+    parser.add_argument("--out", default="runs/partial_bench")
+    args = parser.parse_args()
+    root = Path(args.out)
+    root.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(2)
+
+    results: dict[str, list[dict]] = {arm: [] for arm in ARMS}
+    widths = (args.prompts * args.group, math.ceil(args.over_provision * args.prompts) * args.group)
+    cost = None
+    for seed in range(args.seeds):
+        base = build_model(root / f"base-{seed}", args.eos_logit, seed)
+        if cost is None:
+            cost = decode_cost(base, widths)
+        for arm in ARMS:
+            started = time.time()
+            results[arm].append(summary(run_arm(root / f"seed-{seed}" / arm, base, arm, seed, args), args.group))
+            print(f"seed {seed} {arm}: {time.time() - started:.0f} s", flush=True)
+
+    lengths = sorted(x for r in results["sync"] for x in r["lengths"])
+    pick = lambda q: lengths[min(len(lengths) - 1, int(q * len(lengths)))]  # noqa: E731
+    print(f"\n{args.seeds} seeds x {args.steps} steps, {args.prompts} groups of {args.group} per step, "
+          f"max {args.max_tokens} tokens, over-provision {args.over_provision}")
+    print(f"completion length (tokens, sync arm, {len(lengths)} completions): p50 {pick(0.5)} / p90 {pick(0.9)} / "
+          f"max {lengths[-1]} (mean {sum(lengths) / len(lengths):.1f})")
+    print(f"one decoding step: {cost[widths[0]] * 1e3:.2f} ms at batch {widths[0]}, {cost[widths[1]] * 1e3:.2f} ms at "
+          f"batch {widths[1]} (ratio {cost[widths[1]] / cost[widths[0]]:.2f}x)")
+    print("\nmean ± s.e. over seeds [per seed]")
+    print("| arm | tokens / generation s | groups / generation s | tokens / step s | late reward | off-policy tokens |")
+    print("|---|---|---|---|---|---|")
+    for arm, rs in results.items():
+        print(f"| {arm} | {cell([r['tokens_per_gen_s'] for r in rs], 0)} | {cell([r['groups_per_gen_s'] for r in rs], 2)} | "
+              f"{cell([r['tokens_per_step_s'] for r in rs], 0)} | {cell([r['late_reward'] for r in rs])} | "
+              f"{cell([r['off_policy'] for r in rs], 2)} |")
+    print("\nratios to sync, per seed (same run):")
+    for arm in list(ARMS)[1:]:
+        for key in ("tokens_per_gen_s", "groups_per_gen_s", "tokens_per_step_s", "groups_per_step_s"):
+            ratios = [p[key] / s[key] for p, s in zip(results[arm], results["sync"])]
+            print(f"- {arm} {key}: {cell(ratios, 2)}")
+    width = max(1, args.steps // 4)
+    print(f"\nreward by window of {width} steps ({width * args.prompts * args.group} completions each), mean over seeds")
+    for arm, rs in results.items():
+        windows = [[sum(r["rewards"][i:i + width]) / width for i in range(0, args.steps - width + 1, width)] for r in rs]
+        print(f"- {arm}: " + ", ".join(f"{sum(w[i] for w in windows) / len(windows):.3f}" for i in range(len(windows[0]))))
+
+
+if __name__ == "__main__":
+    main()
