@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from molrl.cli import main
 
 
@@ -24,3 +26,19 @@ def test_quick_demo_writes_report_with_scores_and_plots(tmp_path):
     assert (run / "collect" / "traces.jsonl").stat().st_size > 0
     assert "## Reproducibility" in report and "episodes carry feedback" in report
     assert all((run / stage / "DONE").is_file() for stage in ("collect", "mol/mol", "grpo/mol+grpo", "eval/base"))
+
+
+@pytest.mark.slow
+def test_quick_demo_runs_every_rl_algorithm_of_the_shipped_config(tmp_path):
+    from pathlib import Path
+
+    config = Path(__file__).resolve().parents[1] / "configs" / "pipeline_tiny_rl.yaml"
+    assert main(["demo", "--quick", "--config", str(config), "--out", str(tmp_path)]) == 0
+    report = (tmp_path / "pipeline" / "report.md").read_text()
+    rows = [line for line in report.splitlines() if line.startswith("| ") and "±" in line and not line.startswith("| model")]
+    assert [row.split("|")[1].strip() for row in rows] == [
+        "base", "mol", "mol+grpo", "base+grpo", "mol+opd", "mol+exopd", "mol+ppo", "mol+ppo_fixed5", "mol+grpo_partial",
+        "mol+grpo_props"]
+    partial = tmp_path / "pipeline" / "grpo" / "mol+grpo_partial"
+    assert (partial / "rollout_buffer.json").is_file()
+    assert "props/kl" in (tmp_path / "pipeline" / "grpo" / "mol+grpo_props" / "metrics.jsonl").read_text()

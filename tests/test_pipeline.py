@@ -100,6 +100,8 @@ def test_the_algorithms_config_extends_the_demo_config():
     assert every.grpo == demo.grpo and every.mol == demo.mol and every.eval == demo.eval
     algorithms = {o.split("=")[1] for run in every.grpo_runs for o in run.overrides if o.startswith("algorithm=")}
     assert algorithms == {"grpo", "opd", "ppo"}
+    options = {o for run in every.grpo_runs for o in run.overrides}
+    assert {"rollout.partial=true", "rollout.behaviour=props"} <= options
 
 
 def test_extends_merges_sections_and_replaces_lists(tmp_path):
