@@ -502,7 +502,7 @@ class RlTrainer(GRPOTrainer):
     # 1. rollout
     def rollout(self, inputs: list[dict[str, Any]]) -> RolloutBatch:
         """Sample the completions of ``inputs`` (``prompt`` and ``task_json`` rows) and score them under the models."""
-        if self.partial_state is not None:
+        if self.partial_state is not None and self._mode() == "train":
             return self.partial_rollout(inputs)
         prompts = [x["prompt"] for x in inputs]
         start = time.perf_counter()
