@@ -837,7 +837,8 @@ class RlTrainer(GRPOTrainer):
         """The next prompt drawn beyond the data loader's, to over-provision (a seeded shuffle per pass)."""
         state, data = self.partial_state, self.train_dataset
         epoch, index = divmod(state.extra_draws, len(data))
-        order = random.Random(self.args.seed * 7919 + epoch).sample(range(len(data)), len(data))
+        seed = (self.args.seed * 7919 + epoch) * 31 + self.accelerator.process_index  # each process its own draws
+        order = random.Random(seed).sample(range(len(data)), len(data))
         state.extra_draws += 1
         row = data[order[index]]
         return {"prompt": row["prompt"], "task_json": row["task_json"]}
