@@ -17,6 +17,10 @@ Arms, each for every seed, same steps (so the same number of completions consume
   tokens importance-weighted (truncated at 2);
 - ``partial_mask``: the same, off-policy tokens left out of the loss.
 
+Two phases per seed. 1: throughput at a fixed policy (learning rate 0, ``--fixed-steps``): both
+arms sample from the same distribution, so their throughput compares rollout alone. 2: training
+(``--steps`` at ``--lr``), where the arms' policies, and so their lengths, part ways.
+
 Printed: the completion-length distribution (p50 / p90 / max tokens, from the sync arm); the cost
 of one decoding step at the partial arm's batch width against the sync arm's (the ratio that
 decides APRIL's gain: a memory-bound GPU decodes a wider batch at nearly the same cost, a CPU
@@ -80,14 +84,14 @@ def decode_cost(model_dir: Path, widths: tuple[int, int], tokens: int = 64, repe
     return out
 
 
-def run_arm(out: Path, base: Path, arm: str, seed: int, args: argparse.Namespace) -> Path:
+def run_arm(out: Path, base: Path, arm: str, seed: int, args: argparse.Namespace, steps: int, lr: float) -> Path:
     from molrl.rl import run_rl
     from molrl.rl.config import LoraSettings, PolicyConfig, RlConfig, TaskSource
 
     cfg = RlConfig(output_dir=out, policy=PolicyConfig(base=str(base)), lora=LoraSettings(rank=16, alpha=32),
                    train=TaskSource(format="toy", limit=64), algorithm="grpo", num_generations=args.group,
                    prompts_per_step=args.prompts, micro_batch_size=args.group, max_completion_length=args.max_tokens,
-                   max_prompt_length=256, learning_rate=args.lr, temperature=1.0, max_steps=args.steps,
+                   max_prompt_length=256, learning_rate=lr, temperature=1.0, max_steps=steps,
                    save_steps=10_000, seed=seed)
     cfg.reward.sandbox_workers = 2
     if arm != "sync":
@@ -126,6 +130,8 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--over-provision", type=float, default=2.0)
     parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--fixed-steps", type=int, default=20,
+                        help="steps of the throughput phase, at learning rate 0 (the policy, and so the lengths, stay fixed)")
     parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset of " + ", ".join(ARMS))
     parser.add_argument("--out", default="runs/partial_bench")
     args = parser.parse_args()
@@ -137,23 +143,41 @@ def main() -> None:
     results: dict[str, list[dict]] = {arm: [] for arm in arms}
     widths = (args.prompts * args.group, math.ceil(args.over_provision * args.prompts) * args.group)
     cost = None
+    fixed: dict[str, list[dict]] = {"sync": [], "partial": []}
     for seed in range(args.seeds):
         base = build_model(root / f"base-{seed}", args.eos_logit, seed)
         if cost is None:
             cost = decode_cost(base, widths)
+        for arm in fixed:  # throughput at a fixed policy: both arms face the same length distribution
+            fixed[arm].append(summary(run_arm(root / f"seed-{seed}" / f"fixed-{arm}", base, arm, seed, args,
+                                              args.fixed_steps, 0.0), args.group))
         for arm in arms:
             started = time.time()
-            results[arm].append(summary(run_arm(root / f"seed-{seed}" / arm, base, arm, seed, args), args.group))
+            results[arm].append(summary(run_arm(root / f"seed-{seed}" / arm, base, arm, seed, args, args.steps, args.lr),
+                                        args.group))
             print(f"seed {seed} {arm}: {time.time() - started:.0f} s", flush=True)
 
-    lengths = sorted(x for r in results["sync"] for x in r["lengths"])
-    pick = lambda q: lengths[min(len(lengths) - 1, int(q * len(lengths)))]  # noqa: E731
-    print(f"\n{args.seeds} seeds x {args.steps} steps, {args.prompts} groups of {args.group} per step, "
-          f"max {args.max_tokens} tokens, over-provision {args.over_provision}")
-    print(f"completion length (tokens, sync arm, {len(lengths)} completions): p50 {pick(0.5)} / p90 {pick(0.9)} / "
-          f"max {lengths[-1]} (mean {sum(lengths) / len(lengths):.1f})")
+    def distribution(runs: list[dict]) -> str:
+        lengths = sorted(x for r in runs for x in r["lengths"])
+        pick = lambda q: lengths[min(len(lengths) - 1, int(q * len(lengths)))]  # noqa: E731
+        return (f"{len(lengths)} completions: p50 {pick(0.5)} / p90 {pick(0.9)} / max {lengths[-1]} "
+                f"(mean {sum(lengths) / len(lengths):.1f})")
+
+    print(f"\n{args.seeds} seeds, {args.prompts} groups of {args.group} per step, max {args.max_tokens} tokens, "
+          f"over-provision {args.over_provision}")
     print(f"one decoding step: {cost[widths[0]] * 1e3:.2f} ms at batch {widths[0]}, {cost[widths[1]] * 1e3:.2f} ms at "
           f"batch {widths[1]} (ratio {cost[widths[1]] / cost[widths[0]]:.2f}x)")
+    print(f"\n1. rollout throughput at a fixed policy ({args.fixed_steps} steps at learning rate 0)")
+    print(f"completion length (tokens, sync arm): {distribution(fixed['sync'])}")
+    print("| arm | tokens / generation s | groups / generation s | tokens / step s | groups / step s |\n|---|---|---|---|---|")
+    for arm, rs in fixed.items():
+        print(f"| {arm} | {cell([r['tokens_per_gen_s'] for r in rs], 0)} | {cell([r['groups_per_gen_s'] for r in rs], 2)} | "
+              f"{cell([r['tokens_per_step_s'] for r in rs], 0)} | {cell([r['groups_per_step_s'] for r in rs], 2)} |")
+    for key in ("tokens_per_gen_s", "groups_per_gen_s", "tokens_per_step_s", "groups_per_step_s"):
+        ratios = [p[key] / s[key] for p, s in zip(fixed["partial"], fixed["sync"])]
+        print(f"- partial / sync {key}: {cell(ratios, 2)}")
+    print(f"\n2. training, {args.steps} steps at learning rate {args.lr}")
+    print(f"completion length (tokens, sync arm, whole run): {distribution(results['sync'])}")
     print("\nmean ± s.e. over seeds [per seed]")
     print("| arm | tokens / generation s | groups / generation s | tokens / step s | late reward | off-policy tokens |")
     print("|---|---|---|---|---|---|")

@@ -233,3 +233,17 @@ def test_the_engine_backend_aborts_unfinished_requests_once_enough_groups_are_do
     assert engine.aborted == ["t-2"]
     assert tokens == [[1, 1], [2, 2, 2], [3, 3, 3, 3], [4], [5, 5, 5], [6, 6, 6, 6]]
     assert tracker.done == [True, True, False, True, True, True]
+
+
+def test_a_step_filled_by_groups_that_finished_earlier_generates_nothing_and_starts_nothing(tmp_path):
+    # without an EOS bias every completion runs to its 8-token budget: all groups in flight finish at the same
+    # decoding step, so step 1 leaves 2 finished groups in the buffer and step 2 trains on them alone
+    from molrl.rl import run_rl
+
+    out = run_rl(partial_config(tmp_path / "run", save_tiny_model(tmp_path / "base"), max_steps=3,
+                                max_completion_length=8))
+    checked = check_accounting(out)
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "reward" in line]
+    assert [m["partial/generated_tokens"] for m in metrics] == [4 * 8 * 8, 0.0, 4 * 8 * 8]
+    assert [m["partial/off_policy_token_fraction"] for m in metrics] == [0.0, 1.0, 0.0]
+    assert checked["result"]["started"] == 8 * 8

@@ -668,7 +668,7 @@ class RlTrainer(GRPOTrainer):
             fresh = 0
         rows = [state.pending.pop(0) for _ in range(min(fresh, len(state.pending)))]
         rows += [self._extra_prompt() for _ in range(fresh - len(rows))]
-        prompt_ids, *_ = self._tokenize_prompts([r["prompt"] for r in rows])
+        prompt_ids = self._tokenize_prompts([r["prompt"] for r in rows])[0] if rows else []
         resumed = sum(any(c.tokens for c in g.completions) for g in state.buffer)
         flight = list(state.buffer)
         for row, ids in zip(rows, prompt_ids):
