@@ -66,9 +66,8 @@ def shared_state_sampling_error(completion_ids: torch.Tensor, logps: torch.Tenso
     row's token, the same for every row at a shared state): KL(empirical || policy) =
     sum_a (n_a / n) log((n_a / n) / pi(a)). States reached once carry no frequency and are left out.
     Per prompt, the states' KL is averaged weighted by how many completions reach them; the result is
-    the mean over prompts with a shared state (0.0, 0 when none has one). On the demo world, where
-    every completion writes its one-digit answer after the same prefix, this includes the answer-level
-    KL at that state.
+    the mean over prompts with a shared state (0.0, 0 when none has one). Where completions reach
+    their answer by the same prefix, the KL at the state before the answer is the answer-level KL.
     """
     rows = completion_ids.size(0)
     per_prompt, measured = [], 0
