@@ -26,7 +26,7 @@ def run_mol(cfg: MolConfig) -> Path:
     """Train per ``cfg`` (resuming from its newest checkpoint when allowed); returns the output dir."""
     from molrl.models import load_tokenizer
     from molrl.mol.data import check_feedback, load_examples
-    from molrl.mol.trainer import drop_records_after
+    from molrl.mol.trainer import drop_records_after, last_whole_checkpoint
 
     check_config(cfg)
     out = Path(cfg.output_dir)
@@ -41,13 +41,13 @@ def run_mol(cfg: MolConfig) -> Path:
     check_feedback(stats, cfg.loss.mode)
 
     trainer = build_trainer(cfg, examples, tokenizer)
-    resume = _last_checkpoint(out) if cfg.train.resume == "auto" else None
+    resume = last_whole_checkpoint(out) if cfg.train.resume == "auto" else None
     if resume is not None:
         log.info("resuming from %s", resume)
     if trainer.is_world_process_zero():  # the one process that writes metrics.jsonl
         # Lines past the resumed step (all of them on a fresh start) are logged again by this run.
         drop_records_after(out / "metrics.jsonl", _checkpoint_step(resume) if resume is not None else 0)
-    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    trainer.train(resume_from_checkpoint=resume)
     final = out / ("adapter" if cfg.lora.enabled else "model")
     trainer.save_model(str(final))
     log.info("saved %s", final)
@@ -187,11 +187,6 @@ def _training_arguments(cfg: MolConfig, cls: Any, cuda: bool) -> Any:
         dataloader_num_workers=0,
         optim=t.optim,
     )
-
-
-def _last_checkpoint(out: Path) -> Path | None:
-    ckpts = [p for p in out.glob("checkpoint-*") if p.is_dir() and (p / "trainer_state.json").is_file()]
-    return max(ckpts, key=_checkpoint_step) if ckpts else None
 
 
 def _checkpoint_step(path: Path) -> int:

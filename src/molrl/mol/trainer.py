@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import time
 from collections import defaultdict
@@ -29,6 +30,8 @@ from molrl.errors import MolrlError
 from molrl.jsonl import read_records, repair_torn_tail, write_jsonl
 from molrl.mol.data import RatioSampler
 from molrl.mol.losses import LossSettings, mean_or_nan, mol_loss, step_counts, token_masks
+
+log = logging.getLogger(__name__)
 
 
 def _masks(inputs: dict[str, torch.Tensor]):
@@ -231,6 +234,23 @@ class MetricsFileCallback(TrainerCallback):
         record = {"step": state.global_step, "epoch": state.epoch, **{k: _jsonable(v) for k, v in logs.items()}}
         with self.path.open("a") as fh:
             fh.write(json.dumps(record) + "\n")
+
+
+def last_whole_checkpoint(folder: Path) -> str | None:
+    """The newest ``checkpoint-N`` in ``folder`` whose trainer state (written last) reads back; a checkpoint torn
+    by a kill while it was being written is passed over."""
+    if not folder.is_dir():
+        return None
+    found = sorted((int(p.name.split("-")[1]), p) for p in folder.glob("checkpoint-*")
+                   if p.is_dir() and p.name.split("-")[1].isdigit())
+    for _, path in reversed(found):
+        try:
+            json.loads((path / "trainer_state.json").read_text())
+        except (OSError, ValueError):
+            log.warning("%s: incomplete (killed while it was written?); resuming from an earlier one", path)
+            continue
+        return str(path)
+    return None
 
 
 def drop_records_after(path: Path, step: int) -> None:

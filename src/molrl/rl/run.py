@@ -28,7 +28,7 @@ def run_rl(cfg: RlConfig) -> Path:
     """Train per ``cfg`` (resuming from its newest checkpoint); returns the output dir."""
     from accelerate import PartialState
 
-    from molrl.mol.trainer import drop_records_after
+    from molrl.mol.trainer import drop_records_after, last_whole_checkpoint
 
     state = PartialState()  # under accelerate launch: this process's rank; files are written by rank 0
     out = Path(cfg.output_dir)
@@ -56,23 +56,6 @@ def run_rl(cfg: RlConfig) -> Path:
         if pool is not None:
             pool.close()
     return out
-
-
-def last_whole_checkpoint(checkpoints: Path) -> str | None:
-    """The newest ``checkpoint-N`` whose trainer state (written last) reads back; a checkpoint torn by a kill
-    while it was being written is passed over."""
-    if not checkpoints.is_dir():
-        return None
-    found = sorted((int(p.name.split("-")[1]), p) for p in checkpoints.glob("checkpoint-*")
-                   if p.is_dir() and p.name.split("-")[1].isdigit())
-    for step, path in reversed(found):
-        try:
-            json.loads((path / "trainer_state.json").read_text())
-        except (OSError, ValueError):
-            log.warning("%s: incomplete (killed while it was written?); resuming from an earlier one", path)
-            continue
-        return str(path)
-    return None
 
 
 def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:

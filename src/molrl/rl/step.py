@@ -592,12 +592,12 @@ class RlTrainer(GRPOTrainer):
         """PROPS: phi (the ``behaviour`` adapter) from theta, then minimise ``props.behaviour_objective`` on the
         buffered batches and the step's earlier rounds (``sampled``: (prompt ids, completion ids) rows),
         stopping once KL(pi_theta || pi_phi) passes ``props.target_kl``."""
-        from trl.trainer.utils import pad, use_adapter
+        from trl.trainer.utils import use_adapter
 
         from molrl.rl.props import behaviour_objective
 
         cfg, model = self.props, self.accelerator.unwrap_model(self.model)
-        policy = [a for a in model.peft_config if a not in ("behaviour", "ref", "teacher", "opd_reference")][0]
+        policy = model.active_adapter  # outside any adapter switch: the adapter being trained
         params = dict(model.named_parameters())
         behaviour_params = [p for n, p in params.items() if ".behaviour." in n]
         if self._behaviour_updates % cfg.copy_every == 0:
@@ -612,7 +612,7 @@ class RlTrainer(GRPOTrainer):
             for i in range(past["prompt_ids"].size(0)):
                 rows.append((past["prompt_ids"][i][past["prompt_mask"][i].bool()],
                              past["completion_ids"][i][past["completion_mask"][i].bool()]))
-        rows += [(torch.tensor(p), torch.tensor(c)) for p, c in sampled]
+        rows += [(torch.tensor(p), torch.tensor(c)) for p, c in sampled]  # (prompt ids, completion ids)
         rows = [r for r in rows if r[1].numel() > 0]
         metrics = self._metrics["train"]
         if cfg.update_epochs == 0 or not rows:
@@ -625,10 +625,8 @@ class RlTrainer(GRPOTrainer):
         for _ in range(cfg.update_epochs):
             for first in range(0, len(rows), size):
                 chosen = [rows[i] for i in order[first:first + size].tolist()]
-                prompt_ids = pad([p for p, _ in chosen], padding_value=pad_id, padding_side="left").to(device)
-                prompt_mask = pad([torch.ones_like(p) for p, _ in chosen], padding_value=0, padding_side="left").to(device)
-                completion_ids = pad([c for _, c in chosen], padding_value=pad_id, padding_side="right").to(device)
-                mask = pad([torch.ones_like(c) for _, c in chosen], padding_value=0, padding_side="right").to(device)
+                prompt_ids, prompt_mask = pad_rows([p for p, _ in chosen], pad_id, "left", device)
+                completion_ids, mask = pad_rows([c for _, c in chosen], pad_id, "right", device)
                 ids = torch.cat([prompt_ids, completion_ids], 1)
                 attention = torch.cat([prompt_mask, mask], 1)
                 length = completion_ids.size(1)
@@ -657,9 +655,12 @@ class RlTrainer(GRPOTrainer):
     def partial_rollout(self, inputs: list[dict[str, Any]]) -> RolloutBatch:
         """APRIL (``molrl.rl.partial``): resume the buffered groups and start new ones up to
         ``over_provision`` times the groups needed, stop once enough have finished, train on those."""
-        from molrl.rl.partial import PartialCompletion, PartialGroup, choose_trained, groups_to_start, importance_weights, off_policy_mask
+        from trl.trainer.utils import pad
 
-        state, group, mode = self.partial_state, self.num_generations, self._mode()
+        from molrl.rl.partial import (PartialCompletion, PartialGroup, choose_trained, groups_to_start, importance_weights,
+                                      off_policy_mask)
+
+        state, group = self.partial_state, self.num_generations
         step = self.state.global_step + 1
         needed = len(inputs) // group
         state.pending.extend(dict(x) for x in inputs[::group])  # one row per group (a group shares its prompt)
@@ -699,7 +700,8 @@ class RlTrainer(GRPOTrainer):
         for key, (tokens, _) in new_tokens.items():
             if tokens:
                 flight[key[0]].completions[key[1]].behaviour_logps += logps[key][len(logps[key]) - len(tokens):]
-        state.buffer = [grp for g, grp in enumerate(flight) if g not in set(trained)]
+        trained_set = set(trained)
+        state.buffer = [grp for g, grp in enumerate(flight) if g not in trained_set]
         logps_s = time.perf_counter() - start
 
         chosen = [(g, c) for g in trained for c in range(group)]
@@ -708,8 +710,6 @@ class RlTrainer(GRPOTrainer):
         completion_lists = [comp.tokens for comp in comps]
         texts = self.processing_class.batch_decode(completion_lists, skip_special_tokens=True)
         current_rows = [logps.get(key, []) for key in chosen]
-        from trl.trainer.utils import pad
-
         device = self.accelerator.device
         current_t = pad([torch.tensor(r, dtype=torch.float32) for r in current_rows], padding_value=0.0,
                         padding_side="right", pad_to_multiple_of=self.pad_to_multiple_of).to(device)
@@ -729,7 +729,7 @@ class RlTrainer(GRPOTrainer):
             batch.token_weights = importance_weights(batch.behaviour_logps, recorded, batch.off_policy,
                                                      self.rollout_settings.importance_cap)
         batch.ids = [comp.id for comp in comps]
-        metrics = self._metrics[mode]
+        metrics = self._metrics["train"]
         tokens = torch.tensor([len(t) for t in completion_lists], dtype=torch.float32)
         loss_tokens = (batch.off_policy | batch.completion_mask.bool()).sum().clamp(min=1)
         metrics["time/generation_s"].append(generation_s)
@@ -744,8 +744,7 @@ class RlTrainer(GRPOTrainer):
         metrics["partial/started_groups"].append(float(state.started_groups))
         metrics["partial/generated_tokens"].append(float(generated))
         metrics["partial/trained_tokens"].append(tokens.sum().item())
-        if mode == "train":
-            self.state.num_input_tokens_seen += generated
+        self.state.num_input_tokens_seen += generated
         return batch
 
     def partial_generate(self, flight: list, todo: list[tuple[int, int]], done_before: list[int],
@@ -759,21 +758,18 @@ class RlTrainer(GRPOTrainer):
 
         from transformers import StoppingCriteriaList
         from trl.models.utils import unwrap_model_for_generation
-        from trl.trainer.utils import pad
 
         from molrl.rl.partial import StopWhenGroupsDone
 
-        if self.use_vllm:
-            return self.partial_generate_vllm(flight, todo, done_before, needed)
         sequences = [flight[g].prompt_ids + flight[g].completions[c].tokens for g, c in todo]
         budgets = [self.max_completion_length - len(flight[g].completions[c].tokens) for g, c in todo]
-        inputs = [torch.tensor(s) for s in sequences]
-        ids = pad(inputs, padding_value=self._tokenizer.pad_token_id, padding_side="left").to(self.accelerator.device)
-        mask = pad([torch.ones_like(t) for t in inputs], padding_value=0, padding_side="left").to(self.accelerator.device)
+        groups = [g for g, _ in todo]
         sizes = [len(grp.completions) for grp in flight]
         before = [sum(c.finished for c in grp.completions) for grp in flight]
-        stopper = StopWhenGroupsDone([g for g, _ in todo], budgets, self.eos_token_ids, ids.size(1), sizes, before,
-                                     needed, done_before)
+        if self.use_vllm:
+            return self.partial_generate_vllm(todo, sequences, budgets, groups, sizes, before, done_before, needed)
+        ids, mask = pad_rows(sequences, self._tokenizer.pad_token_id, "left", self.accelerator.device)
+        stopper = StopWhenGroupsDone(groups, budgets, self.eos_token_ids, ids.size(1), sizes, before, needed, done_before)
         config = copy.deepcopy(self.generation_config)
         config.max_new_tokens = max(budgets)
         with (unwrap_model_for_generation(self.model_wrapped, self.accelerator,
@@ -787,10 +783,11 @@ class RlTrainer(GRPOTrainer):
         result = {key: (new[i][:stopper.lengths[i]], stopper.done[i]) for i, key in enumerate(todo)}
         return stopper.finish_order, result
 
-    def partial_generate_vllm(self, flight: list, todo: list[tuple[int, int]], done_before: list[int],
+    def partial_generate_vllm(self, todo: list[tuple[int, int]], sequences: list[list[int]], budgets: list[int],
+                              groups: list[int], sizes: list[int], before: list[int], done_before: list[int],
                               needed: int) -> tuple[list[int], dict[tuple[int, int], tuple[list[int], bool]]]:
-        """``partial_generate`` on the colocated vLLM engine: requests for the unfinished rows, aborted once
-        ``needed`` groups have finished (``molrl.rl.partial.engine_generate``)."""
+        """``partial_generate`` on the colocated vLLM engine: one request per row (its prompt and tokens so far,
+        its remaining budget), aborted once ``needed`` groups have finished (``molrl.rl.partial.engine_generate``)."""
         from vllm import SamplingParams
 
         from molrl.rl.partial import GroupTracker, engine_generate
@@ -801,14 +798,11 @@ class RlTrainer(GRPOTrainer):
             self._last_loaded_step = self.state.global_step
         if vllm.enable_sleep_mode:
             vllm.llm.wake_up(tags=["kv_cache"])
-        budgets = [self.max_completion_length - len(flight[g].completions[c].tokens) for g, c in todo]
         params = [SamplingParams(n=1, temperature=vllm.temperature, top_p=vllm.top_p, top_k=vllm.top_k,
                                  min_p=0.0 if vllm.min_p is None else vllm.min_p,
                                  repetition_penalty=vllm.repetition_penalty, max_tokens=budget,
                                  **vllm.generation_kwargs) for budget in budgets]
-        tracker = GroupTracker([g for g, _ in todo], [len(grp.completions) for grp in flight],
-                               [sum(c.finished for c in grp.completions) for grp in flight], needed, done_before)
-        sequences = [flight[g].prompt_ids + flight[g].completions[c].tokens for g, c in todo]
+        tracker = GroupTracker(groups, sizes, before, needed, done_before)
         tokens = engine_generate(vllm.llm.llm_engine, sequences, params, tracker,
                                  f"molrl-{self.state.global_step}-{self.accelerator.process_index}")
         if vllm.enable_sleep_mode:
@@ -818,19 +812,11 @@ class RlTrainer(GRPOTrainer):
 
     def _row_logps(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
         """Each row's completion-token log-probs under the current policy (one batched no-grad pass)."""
-        from trl.trainer.utils import pad
-
         if not prompts:
             return []
         device, pad_id = self.accelerator.device, self._tokenizer.pad_token_id
-        prompt_t = [torch.tensor(p) for p in prompts]
-        completion_t = [torch.tensor(c) for c in completions]
-        logps = self.completion_logps(
-            self.model,
-            pad(prompt_t, padding_value=pad_id, padding_side="left").to(device),
-            pad([torch.ones_like(t) for t in prompt_t], padding_value=0, padding_side="left").to(device),
-            pad(completion_t, padding_value=pad_id, padding_side="right").to(device),
-            pad([torch.ones_like(t) for t in completion_t], padding_value=0, padding_side="right").to(device))
+        logps = self.completion_logps(self.model, *pad_rows(prompts, pad_id, "left", device),
+                                      *pad_rows(completions, pad_id, "right", device))
         return [logps[i, : len(c)].tolist() for i, c in enumerate(completions)]
 
     def _extra_prompt(self) -> dict[str, Any]:
@@ -1124,6 +1110,16 @@ class RlTrainer(GRPOTrainer):
                 if ids is not None:
                     record.update(id=ids[i], off_policy_tokens=off[i])
                 fh.write(json.dumps(record, default=str) + "\n")
+
+
+def pad_rows(rows: Sequence[Sequence[int] | torch.Tensor], pad_id: int, side: str,
+             device: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask) [B, L] of token rows padded on ``side`` (left for prompts, right for completions)."""
+    from trl.trainer.utils import pad
+
+    tensors = [torch.as_tensor(r, dtype=torch.long) for r in rows]
+    return (pad(tensors, padding_value=pad_id, padding_side=side).to(device),
+            pad([torch.ones_like(t) for t in tensors], padding_value=0, padding_side=side).to(device))
 
 
 def merge_batches(batches: Sequence[dict[str, torch.Tensor]], pad_id: int) -> dict[str, torch.Tensor]:
