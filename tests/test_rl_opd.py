@@ -147,3 +147,14 @@ def test_demo_rule_tasks_carry_a_probe_that_prints_their_answer(tmp_path):
     for task, result in zip(tasks, results):
         call = task.prompt.removeprefix("What is ").removesuffix("?")
         assert result.stdout == f"{call} = {task.answer}\n", task.id
+
+
+@pytest.mark.parametrize("lam", ["-1", "0"])
+def test_opd_lambda_at_or_below_zero_is_refused_with_the_valid_range(lam):
+    # lambda <= 0 distils away from the teacher (or ignores it): refused when the config loads
+    from molrl.config import ConfigError, load_config
+    from molrl.rl.config import RlConfig
+
+    with pytest.raises(ConfigError, match=rf"opd.lam={float(lam)}: must be > 0"):
+        load_config(RlConfig, None, ["algorithm=opd", f"opd.lam={lam}"])
+    assert load_config(RlConfig, None, ["algorithm=opd", "opd.lam=1.25"]).opd.lam == 1.25

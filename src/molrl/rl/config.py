@@ -327,5 +327,8 @@ class RlConfig:
         pr = self.props
         if pr.update_epochs < 0 or pr.minibatches < 1 or pr.copy_every < 1 or pr.clip <= 0 or pr.target_kl <= 0:
             raise ValueError("props: update_epochs >= 0, minibatches >= 1, copy_every >= 1, clip > 0 and target_kl > 0")
+        if self.opd.lam <= 0:
+            raise ValueError(f"opd.lam={self.opd.lam}: must be > 0 (1 is standard on-policy distillation, above 1 "
+                             "extrapolates past the teacher; 0 or below would distil away from it)")
         if self.algorithm == "opd" and self.opd.teacher == "model" and self.opd.teacher_model is None:
             raise ValueError("opd.teacher=model needs opd.teacher_model (an adapter or model directory)")
