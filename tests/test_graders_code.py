@@ -184,6 +184,17 @@ def test_humaneval_all_canonical_full_and_return_none_zero(shared_data, pool):
     assert len(tasks) == 164 and good == [1.0] * 164 and bad == [0.0] * 164
 
 
+def test_float_near_an_integer_fails_integer_tests(shared_data, pool):
+    # Binet's formula returns 55.000000000000014 for fib(10): HumanEval's own `== 55` fails it,
+    # and so must the grader (it passed all 5 tests while the float tolerance applied to ints)
+    tasks = {t.id: t for t in load_tasks(shared_data / "humaneval" / "HumanEval.jsonl.gz", "humaneval")}
+    binet = "def fib(n: int):\n    s = 5 ** 0.5\n    return (((1 + s) / 2) ** n - ((1 - s) / 2) ** n) / s"
+    rounded = binet.replace("return (", "return round((") + ")"
+    grades = grade_code([fenced(binet), fenced(rounded)], [tasks["HumanEval/55"]] * 2, pool)
+    assert grades[0].stage == "partial" and grades[0].details["passed"] < grades[0].details["total"]
+    assert grades[1].stage == "all_pass"
+
+
 def mbpp_failures(shared_data, pool) -> tuple[int, list[str]]:
     tasks = load_tasks(shared_data / "mbpp" / "mbpp.jsonl", "mbpp")
     grades = grade_code([fenced(t.reference) for t in tasks], tasks, pool)

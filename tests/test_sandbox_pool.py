@@ -123,6 +123,16 @@ def test_float_tolerance_is_relative():
     assert not values_equal(math.nan, math.nan)
 
 
+def test_float_near_integer_fails_an_integer_expected_value():
+    # the tolerance is the expected value's: an int is matched as exactly as the benchmark's own ==
+    binet = ((1 + 5 ** 0.5) / 2) ** 10 / 5 ** 0.5 - ((1 - 5 ** 0.5) / 2) ** 10 / 5 ** 0.5
+    assert binet != 55 and abs(binet - 55) < 1e-9 * 55  # within the float tolerance, yet not 55
+    assert not values_equal(55, binet) and not values_equal(125411328000, 125411328050.16)
+    assert not values_equal([1, 55], [1, binet]) and not values_equal({"n": 55}, {"n": binet})
+    assert values_equal(55, 55.0) and values_equal(55.0, binet) and values_equal(55.0, 55)
+    assert values_equal(1, True) and not values_equal(1.0, 2)
+
+
 def test_normalised_output_ignores_trailing_space_only():
     assert normalise_output("a  \r\nb\n\n") == "a\nb" and normalise_output(" a") != normalise_output("a")
 
