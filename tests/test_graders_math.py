@@ -193,11 +193,10 @@ def test_a_grader_exception_fails_only_its_row(monkeypatch):
         return real(text)
 
     monkeypatch.setattr(math_grader, "_parse", parse)
-    tasks = [Task(id=str(i), prompt="", kind="math", answer="4") for i in range(3)]
-    reward = MathReward()
-    scores = reward(None, ["\\boxed{4}", "\\boxed{BOOM}", "\\boxed{4}"], task_json=[t.to_json() for t in tasks])
-    assert scores == [1.0, 0.0, 1.0]
-    assert reward.last_grades[1].stage == "grader_error" and "RecursionError" in reward.last_grades[1].details["error"]
+    # the worker's side of grading, in this process, where the patch applies
+    grades = [math_grader.grade_here(text, "4") for text in ("\\boxed{4}", "\\boxed{BOOM}", "\\boxed{4}")]
+    assert [g.score for g in grades] == [1.0, 0.0, 1.0]
+    assert grades[1].stage == "grader_error" and "RecursionError" in grades[1].details["error"]
 
 
 def test_a_nested_gold_answer_is_not_parsed():

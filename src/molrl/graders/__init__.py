@@ -8,7 +8,7 @@ reachable from here (imported on first use, so ``import molrl.graders`` stays li
 from molrl.graders.grade import Grade
 
 _CODE = ("CodeRewardConfig", "extract_code", "grade_code", "program_for")
-_MATH = ("extract_answer", "grade_math")
+_MATH = ("extract_answer", "grade_math", "grade_math_batch")
 
 __all__ = ["Grade", *_CODE, *_MATH]
 

@@ -24,8 +24,10 @@ from molrl.tasks.types import Task
 
 log = logging.getLogger(__name__)
 
-_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\r?\n(.*?)```", re.S | re.I)
-_TAG = re.compile(r"<(execute|solution)>(.*?)</\1>", re.S)
+_FENCE_HEAD = re.compile(r"```[ \t]*+(?:python3?|py)?[ \t]*+\r?\n", re.I)
+"""A fence's opening line. The runs of spaces are possessive (never given back), so a fence followed by
+a long run of spaces and no newline costs one scan of the run, not one per way to split it in two."""
+_TAGS = ("execute", "solution")
 
 
 @dataclass
@@ -56,16 +58,50 @@ def extract_code(text: str) -> str | None:
     """The last code block of ``text``: a ```python (or bare ```) fence, or an <execute>/<solution> block.
 
     The last block wins because models draft and then correct themselves; a fence inside a tag
-    block starts later than the tag, so the fence (the code itself) is taken.
+    block starts later than the tag, so the fence (the code itself) is taken. Each scan looks at
+    a character once (``str.find`` and a pattern that cannot backtrack), so any text costs linear
+    time: completions are written by the policy, and a lazy ``(.*?)```` from every unclosed
+    opener, or two whitespace runs around an optional word, cost quadratic time.
     """
-    blocks = [(m.start(), m.group(1)) for m in _FENCE.finditer(text)]
-    blocks += [(m.start(2), m.group(2)) for m in _TAG.finditer(text)]
+    blocks = list(_fences(text)) + list(_tag_blocks(text))
     for _, block in sorted(blocks, reverse=True):
-        inner = _FENCE.search(block)
-        code = (inner.group(1) if inner else block).strip("\n")
+        inner = next(_fences(block), None)
+        code = (inner[1] if inner else block).strip("\n")
         if code.strip():
             return code
     return None
+
+
+def _fences(text: str):
+    """(start, code) of each fenced block of ``text``, left to right, none overlapping."""
+    pos = 0
+    while head := _FENCE_HEAD.search(text, pos):
+        end = text.find("```", head.end())
+        if end < 0:  # no fence closes this one, so none closes a later one either
+            return
+        yield head.start(), text[head.end():end]
+        pos = end + 3
+
+
+def _tag_blocks(text: str):
+    """(start of content, content) of each closed <execute>/<solution> block, left to right."""
+    next_open = {tag: text.find(f"<{tag}>") for tag in _TAGS}
+    pos = 0
+    while True:
+        for tag in _TAGS:  # refresh the cached next opener of each kind that now lies behind pos
+            if 0 <= next_open[tag] < pos:
+                next_open[tag] = text.find(f"<{tag}>", pos)
+        open_now = [(at, tag) for tag, at in next_open.items() if at >= 0]
+        if not open_now:
+            return
+        start, tag = min(open_now)
+        body = start + len(tag) + 2
+        end = text.find(f"</{tag}>", body)
+        if end < 0:  # this opener never closes, so no later one of its kind does
+            next_open[tag] = -1
+            continue
+        yield body, text[body:end]
+        pos = end + len(tag) + 3
 
 
 def program_for(code: str, task: Task) -> str:

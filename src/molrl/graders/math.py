@@ -21,21 +21,31 @@ one or two digits right after its comma, and the gold answer is not a list. Thre
 thousands separator (``1,220`` is one thousand two hundred and twenty), and ``(1,2)``, ``1, 2``
 or ``1,2`` against a gold list stay pairs.
 
-math-verify bounds its sympy work with ``signal.alarm``, which only works on the main thread; off
-the main thread (e.g. inside a thread pool) it runs without that bound. Its parser also slows with
-each level of bracket nesting (about a minute for 100 nested parentheses off the main thread) and
-recurses on it. So answers longer than ``MAX_ANSWER_CHARS`` or nested deeper than
-``MAX_ANSWER_DEPTH`` are graded wrong without being parsed, and any exception while grading
+An answer that states several values in one expression (``2\\ 3``, ``3 = 2``, ``2 \\lor 3``, a
+``cases`` block) is read as the list of them (``math_forms.stated_values``), so it is wrong unless
+every value equals the gold answer.
+
+Every extraction scan costs linear time in the completion. Answers longer than
+``MAX_ANSWER_CHARS``, nested deeper than ``MAX_ANSWER_DEPTH`` (math-verify's parser slows with each
+level and recurses on it), or holding a literal too large to compute (a power tower of literals,
+``100000000!``: ``math_forms.too_big_to_compute``) are graded wrong without being parsed.
+Everything else is graded in a worker process (``math_worker``), where math-verify's alarm works
+(``TIMEOUT_S`` per step) and which the caller kills, from any thread, when one answer takes longer
+than ``math_worker.ROW_LIMIT_S`` or a batch of n answers runs past
+``max(math_worker.BATCH_MIN_S, math_worker.BATCH_ROW_S * n)`` seconds. Any exception while grading
 (RecursionError and MemoryError included) fails only that completion, as ``grader_error``.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import re
 import threading
 
+from molrl.graders import math_worker
 from molrl.graders.grade import Grade
+from molrl.graders.math_forms import stated_values, too_big_to_compute
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +53,12 @@ MAX_ANSWER_CHARS = 1000
 """Longer extracted answers are graded wrong without being parsed."""
 MAX_ANSWER_DEPTH = 16
 """Answers with brackets nested deeper than this are graded wrong without being parsed (MATH-500's reach 2)."""
-TIMEOUT_S = 5
-"""math-verify's per-step time bound on the main thread."""
+TIMEOUT_S = 2
+"""math-verify's per-step time bound (its alarm), in the worker's main thread; honest answers take milliseconds."""
 
 _ANSWER_IS = re.compile(r"(?:final answer|the answer)\s*(?:is|:)\s*:?\s*", re.I)
-_SENTENCE_END = re.compile(r"\.\s")
+_CLAUSE_END = re.compile(r"\n|\.[^\S\n]")
+"""A line end, or a sentence end within the line (a full stop and whitespace)."""
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BOX_SEPARATOR = re.compile(
     r"(?:\s|\$|\\[,;:!]|\\q?quad\b|,|;|\band\b|\bor\b|\\text\s*+\{\s*+(?:and|or|,)?\s*+\}|(?<![A-Za-z])[A-Za-z]\s*=)*")
@@ -63,8 +74,12 @@ _THOUSANDS_COMMA = re.compile(r"(?<=\d)(?:,|\{,\})(?:\\!\s*)?(?=\d{3}(?!\d))")
 _LIST_MARK = re.compile(r"[()\[\]]|\\\{")
 
 
-def _boxes(text: str) -> list[tuple[int, int, str]]:
-    """Every balanced ``\\boxed{...}`` / ``\\fbox{...}`` as (start, end, content), in order of start."""
+def _boxes(text: str) -> list[tuple[int, int, int]]:
+    """Every balanced ``\\boxed{...}`` / ``\\fbox{...}`` as (start, end, where its content starts), by start.
+
+    Contents are sliced only for the boxes an answer uses (``_box_content``): slicing every box
+    would cost quadratic time on thousands of boxes nested in one another.
+    """
     starts = {m.end() - 1: m.start() for m in _BOX.finditer(text)}
     found, stack = [], []
     for m in re.finditer(r"[{}]", text):  # one pass over the braces, so many boxes cost linear time
@@ -73,8 +88,12 @@ def _boxes(text: str) -> list[tuple[int, int, str]]:
         elif stack:
             open_at = stack.pop()
             if open_at in starts:
-                found.append((starts[open_at], m.end(), text[open_at + 1: m.start()].strip()))
+                found.append((starts[open_at], m.end(), open_at + 1))
     return sorted(found)
+
+
+def _box_content(text: str, box: tuple[int, int, int]) -> str:
+    return text[box[2]: box[1] - 1].strip()
 
 
 def _final_boxed(text: str) -> str | None:
@@ -83,15 +102,15 @@ def _final_boxed(text: str) -> str | None:
     boxes = _boxes(text)
     if not opening or not boxes or boxes[-1][0] != opening[-1]:  # the last box never closes
         return None
-    group, start = [boxes[-1][2]], boxes[-1][0]
-    for b_start, b_end, content in reversed(boxes[:-1]):
-        if b_end > start:  # encloses a later box
+    group, start = [_box_content(text, boxes[-1])], boxes[-1][0]
+    for box in reversed(boxes[:-1]):
+        if box[1] > start:  # encloses a later box
             continue
-        if not _BOX_SEPARATOR.fullmatch(text[b_end:start]):
+        if not _BOX_SEPARATOR.fullmatch(text[box[1]:start]):
             break
-        group.insert(0, content)
-        start = b_start
-    parts = [c for c in dict.fromkeys(group) if c]
+        group.append(_box_content(text, box))
+        start = box[0]
+    parts = [c for c in dict.fromkeys(reversed(group)) if c]
     return ", ".join(parts) or None
 
 
@@ -108,13 +127,19 @@ def _last_solution(text: str) -> str | None:
     return content or None
 
 
-def _clause(text: str, start: int) -> tuple[str, int]:
-    """The clause from ``start`` to the end of its sentence or line, stripped, and where it ends."""
-    end = text.find("\n", start)
-    end = len(text) if end < 0 else end
-    stop = _SENTENCE_END.search(text, start, end)
-    end = stop.start() if stop else end
+def _clause(text: str, start: int, stops: list[int]) -> tuple[str, int]:
+    """The clause from ``start`` to the end of its sentence or line, stripped, and where it ends.
+
+    ``stops`` are ``_clause_stops(text)``: found once, so a text of many anchors costs linear time.
+    """
+    at = bisect.bisect_left(stops, start)
+    end = stops[at] if at < len(stops) else len(text)
     return text[start:end].strip().removesuffix(".").strip(), end
+
+
+def _clause_stops(text: str) -> list[int]:
+    """Where clauses end, in order: each newline, and each full stop followed by other whitespace."""
+    return [m.start() for m in _CLAUSE_END.finditer(text)]
 
 
 def nesting_depth(text: str) -> int:
@@ -158,8 +183,10 @@ def extract_answer(text: str) -> str | None:
     if solution:
         return solution
     # the last anchor, so "Final Answer: The final answer is $X$" reads from the second one
-    for anchor in reversed(list(_ANSWER_IS.finditer(text))):
-        answer, end = _clause(text, anchor.end())
+    anchors = list(_ANSWER_IS.finditer(text))
+    stops = _clause_stops(text) if anchors else []
+    for anchor in reversed(anchors):
+        answer, end = _clause(text, anchor.end(), stops)
         if not answer:
             continue
         sentence = text[anchor.start(): end]
@@ -195,12 +222,31 @@ def _parse(text: str):
 
 
 def grade_math(completion: str, answer: str) -> Grade:
-    """1.0 when the completion's final answer is equivalent to ``answer``, else 0.0; never raises."""
+    """1.0 when the completion's final answer is equivalent to ``answer``, else 0.0; never raises.
+
+    Graded in the worker process, within ``math_worker.ROW_LIMIT_S`` on any thread.
+    """
+    return grade_math_batch([completion], [answer])[0]
+
+
+def grade_math_batch(completions: list[str], answers: list[str]) -> list[Grade]:
+    """``grade_math`` of each (completion, answer) pair, all within the batch's time budget
+    (``math_worker.batch_budget_s``); never raises for one row's sake."""
+    return math_worker.grade_batch(list(completions), list(answers))
+
+
+def grade_here(completion: str, answer: str) -> Grade:
+    """``grade_math`` in this process, bounded only by math-verify's alarm on the main thread: the worker's side."""
     try:
         return _grade(completion, answer)
     except Exception as err:  # noqa: BLE001 - a grader failure scores as wrong, with the reason
         log.warning("math grading failed: %s: %s", type(err).__name__, err)
         return Grade(0.0, False, "grader_error", None, {"error": f"{type(err).__name__}: {err}"[:1000]})
+
+
+def _refusal(text: str) -> str | None:
+    """Why ``text`` is not handed to math-verify (too long, too deep, or too large to compute), else None."""
+    return too_big_to_parse(text) or too_big_to_compute(text)
 
 
 def _grade(completion: str, answer: str) -> Grade:
@@ -209,12 +255,12 @@ def _grade(completion: str, answer: str) -> Grade:
     extracted = extract_answer(completion)
     if extracted is None:
         return Grade(0.0, False, "no_answer", None, {"reason": "no \\boxed{}, <solution> or 'the answer is'"})
-    refused = too_big_to_parse(extracted)
+    refused = _refusal(extracted)
     if refused:
         return Grade(0.0, False, "wrong", extracted[:200], {"reason": refused})
-    if too_big_to_parse(answer):  # a gold answer from a model (majority voting) or a broken data file
-        return Grade(0.0, False, "grader_error", extracted, {"error": f"gold answer: {too_big_to_parse(answer)}"})
-    as_read = read_numbers(extracted, answer)
+    if _refusal(answer):  # a gold answer from a model (majority voting) or a broken data file
+        return Grade(0.0, False, "grader_error", extracted, {"error": f"gold answer: {_refusal(answer)}"})
+    as_read = stated_values(read_numbers(extracted, answer), answer)
     try:
         gold, pred = _parse(answer), _parse(as_read)
         ok = bool(gold and pred and verify(gold, pred, timeout_seconds=_timeout()))
@@ -225,3 +271,7 @@ def _grade(completion: str, answer: str) -> Grade:
     if as_read != extracted:
         details["read_as"] = as_read
     return Grade(1.0 if ok else 0.0, ok, "correct" if ok else "wrong", extracted, details)
+
+
+if __name__ == "__main__":
+    math_worker.serve(grade_here)

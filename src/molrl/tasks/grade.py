@@ -3,7 +3,7 @@
 Evaluation, trace collection and RL rewards all grade through here, so a completion gets the
 same verdict wherever it is scored. Code and the toy task run in the sandbox pool (the whole
 batch at once) and are judged outside it (``molrl.graders.code``, ``molrl.tasks.toy``); math is
-judged by math-verify on this thread (``molrl.graders.math``). A row the grader cannot judge is
+judged by math-verify in a worker process, within a time budget per batch (``molrl.graders.math``). A row the grader cannot judge is
 its own ``sandbox_error`` / ``grader_error`` grade; the other rows keep theirs.
 
 >>> from molrl.tasks import Task
@@ -45,9 +45,9 @@ def grade(tasks: Sequence[Task], completions: Sequence[str], pool: Any = None, c
 
             part = grade_toy(texts, pool)
         elif kind == "math":
-            from molrl.graders.math import grade_math
+            from molrl.graders.math import grade_math_batch
 
-            part = [grade_math(text, tasks[i].answer or "") for i, text in zip(rows, texts)]
+            part = grade_math_batch(texts, [tasks[i].answer or "" for i in rows])
         else:
             raise ValueError(f"grade: task {tasks[rows[0]].id} has kind {kind!r}; expected code, math or toy")
         for i, g in zip(rows, part):
