@@ -177,6 +177,27 @@ def test_sockets_to_localhost_fail(pool):
         server.close()
 
 
+def test_pseudo_terminals_cannot_be_exhausted(pool):
+    # bwrap's --dev gave each slot a devpts instance, and the pty count is the host's: one task
+    # opened all 3,071 and an honest task in another slot got ENOSPC from os.openpty()
+    if pool.backend.name != "bwrap":
+        pytest.skip("the process backend sees the host's /dev")
+    code = ("import os\nprint(sorted(os.listdir('/dev')))\n"
+            "try:\n    os.openpty()\nexcept OSError as err:\n    print(type(err).__name__)\n")
+    result = pool.run(code)
+    assert result.stdout == "['fd', 'null', 'random', 'stderr', 'stdin', 'stdout', 'urandom', 'zero']\nFileNotFoundError\n"
+
+
+def test_file_activity_cannot_be_watched(pool):
+    # fanotify (unprivileged with FAN_REPORT_FID) and inotify on the read-only binds would show
+    # when the host or another slot opens or reads a file
+    code = ("import ctypes, errno\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "for call, args in (('fanotify_init', (0x200, 0)), ('inotify_init1', (0,)), ('inotify_init', ())):\n"
+            "    print(call, getattr(libc, call)(*args), errno.errorcode.get(ctypes.get_errno()))\n")
+    result = pool.run(code)
+    assert result.stdout == "fanotify_init -1 EPERM\ninotify_init1 -1 EPERM\ninotify_init -1 EPERM\n", result.stderr
+
+
 def test_kill_minus_one_spares_the_host_and_the_concurrent_task(pool):
     slow = "import time\ntime.sleep(1.0)\nprint('survived')\n"
     killer = "import os, signal, time\ntime.sleep(0.2)\nos.kill(-1, signal.SIGKILL)\n"

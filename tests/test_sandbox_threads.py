@@ -36,6 +36,14 @@ WORKING = {
         "print(os.waitpid(pid, 0)[1])\n"
         "print(subprocess.run(['/bin/echo', 'sub'], capture_output=True, text=True).stdout, end='')\n",
         "spawned\n0\nsub\n"),
+    "numpy": ("import numpy as np\nprint(int(np.arange(10).sum()))\n", "45\n"),
+    "the devices honest code uses": (
+        "import os, subprocess\n"
+        "subprocess.run(['/bin/echo', 'quiet'], stdout=subprocess.DEVNULL, check=True)\n"
+        "print(len(os.urandom(8)), len(open('/dev/urandom', 'rb').read(8)), len(open('/dev/random', 'rb').read(8)))\n"
+        "print(open('/dev/zero', 'rb').read(2), open('/dev/null', 'w').write('gone'))\n"
+        "print(subprocess.run(['bash', '-c', 'cat <(echo through-dev-fd)'], capture_output=True, text=True).stdout, end='')\n",
+        "8 8 8\nb'\\x00\\x00' 4\nthrough-dev-fd\n"),
 }
 
 

@@ -3,7 +3,7 @@
 A backend takes raw jobs (plain dicts, see ``SandboxPool``) and returns raw outcomes in the same
 order. ``LocalBackend`` keeps one long-lived worker per slot, each inside its own bubblewrap
 sandbox (network, pid, ipc and uts namespaces, read-only system binds, a size-limited private
-/tmp) with its own pair of unprivileged uids. A remote execution service plugs in by
+/tmp, a /dev of four devices) with its own pair of unprivileged uids. A remote execution service plugs in by
 implementing ``execute`` and ``close``.
 """
 
@@ -99,7 +99,7 @@ def bwrap_command(cfg: SandboxConfig) -> list[str]:
                 made.add(str(parent))
                 cmd += ["--perms", "0755", "--dir", str(parent)]
         cmd += ["--ro-bind", path, path]
-    cmd += ["--ro-bind", str(RUNTIME_DIR), SANDBOX_RUNTIME, "--proc", "/proc", "--dev", "/dev",
+    cmd += ["--ro-bind", str(RUNTIME_DIR), SANDBOX_RUNTIME, "--proc", "/proc", *dev_args(),
             "--chdir", "/tmp", "--clearenv",
             "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp"]
     for key, value in THREAD_ENV.items():
@@ -109,6 +109,22 @@ def bwrap_command(cfg: SandboxConfig) -> list[str]:
         for cap in ("SETUID", "SETGID", "KILL", "CHOWN", "DAC_OVERRIDE", "FOWNER"):
             cmd += ["--cap-add", f"CAP_{cap}"]
     return cmd
+
+
+DEVICES = ("null", "zero", "random", "urandom")
+"""The only device nodes in a sandbox's /dev. bwrap's own --dev adds a devpts instance (ptys), whose
+count is shared by the whole host: one task could open every pty and leave none for another slot."""
+
+
+def dev_args() -> list[str]:
+    """bwrap arguments for a /dev holding only ``DEVICES`` and the /proc/self/fd links."""
+    args = ["--tmpfs", "/dev"]
+    for name in DEVICES:
+        args += ["--dev-bind", f"/dev/{name}", f"/dev/{name}"]
+    args += ["--symlink", "/proc/self/fd", "/dev/fd"]
+    for fd, name in enumerate(("stdin", "stdout", "stderr")):
+        args += ["--symlink", f"/proc/self/fd/{fd}", f"/dev/{name}"]
+    return args
 
 
 def _world_readable(path: str) -> bool:

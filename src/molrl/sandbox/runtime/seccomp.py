@@ -2,8 +2,8 @@
 
 Denied calls fail with EPERM rather than killing the process, so ordinary Python code sees a clean
 ``PermissionError``. Denied: creating sockets (network and local), tracing other processes,
-mounting and namespaces, changing uid/gid, loading kernel code, POSIX message queues, and a few
-host-wide controls. ``clone3`` fails with ENOSYS instead, so libc falls back to plain ``clone``,
+mounting and namespaces, changing uid/gid, loading kernel code, POSIX message queues, watching
+file activity (fanotify, inotify), and a few host-wide controls. ``clone3`` fails with ENOSYS instead, so libc falls back to plain ``clone``,
 whose flags (unlike clone3's, passed in memory) the filter can inspect: threads and
 ``posix_spawn`` work, new namespaces do not.
 """
@@ -32,6 +32,8 @@ DENIED_SYSCALLS = (
     "io_uring_setup", "io_uring_enter", "io_uring_register",
     # POSIX message queues outlive their task and cannot be listed to be cleaned up
     "mq_open",
+    # watching file activity: through the read-only binds, when the host or another slot opens files
+    "fanotify_init", "fanotify_mark", "inotify_init", "inotify_init1", "inotify_add_watch",
 )
 """Syscalls that fail with EPERM in the worker and every task. The worker never needs them, so it
 installs this filter once and every fork inherits it."""
