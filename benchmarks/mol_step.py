@@ -46,8 +46,17 @@ def make_batch(seq_len: int, vocab: int, device: str, seed: int = 0) -> dict[str
     return {k: v.to(device) for k, v in batch.items()}
 
 
+SHAPES = {  # the real Qwen3 configurations (random weights here), without vocabulary and depth
+    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8,
+                       head_dim=128),
+    "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_attention_heads=16, num_key_value_heads=8,
+                       head_dim=128),
+}
+"""Qwen3 shapes by name (both 28 layers deep, tied embeddings)."""
+
+
 def build_model(kind: str, vocab: int, layers: int, dtype: torch.dtype, device: str):
-    """A LoRA-wrapped random model: the tiny test model or a Qwen3-0.6B-shaped one."""
+    """A LoRA-wrapped random model: the tiny test model or a Qwen3-shaped one (``SHAPES``)."""
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -56,9 +65,8 @@ def build_model(kind: str, vocab: int, layers: int, dtype: torch.dtype, device: 
     if kind == "tiny":
         model, _ = build_tiny_pair("chatml")
     else:
-        config = Qwen3Config(vocab_size=vocab, hidden_size=1024, intermediate_size=3072, num_hidden_layers=layers,
-                             num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
-                             max_position_embeddings=40960)
+        config = Qwen3Config(vocab_size=vocab, num_hidden_layers=layers, tie_word_embeddings=True,
+                             max_position_embeddings=40960, **SHAPES[kind])
         torch.manual_seed(0)
         with torch.device(device):
             model = Qwen3ForCausalLM(config)
@@ -66,6 +74,31 @@ def build_model(kind: str, vocab: int, layers: int, dtype: torch.dtype, device: 
     model.config.use_cache = False
     lora = LoraConfig(r=64, lora_alpha=128, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
     return get_peft_model(model, lora)
+
+
+def mol_step_flops(config, batch: dict[str, torch.Tensor], lora_rank: int = 64) -> float:
+    """Model FLOPs of one MoL step with LoRA on every linear layer of the blocks (recomputation not counted).
+
+    Per token, with P the blocks' linear parameters: the policy's forward (2P) and its backward to the
+    activations (2P; the frozen base weights get no gradient), the frozen base's forward for the KL (2P),
+    and LoRA's forward, input and weight gradients (6 r (in + out) per adapted linear). Causal attention
+    adds 2 x heads x head_dim x L^2 per layer per forward, twice that in backward. The head's logits are
+    formed at loss positions only: policy forward and backward to the hidden states, base forward at KL rows.
+    """
+    c = config
+    hidden, inter, layers = c.hidden_size, c.intermediate_size, c.num_hidden_layers
+    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    shapes = [(hidden, q), (hidden, kv), (hidden, kv), (q, hidden), (hidden, inter), (hidden, inter), (inter, hidden)]
+    linear = layers * sum(a * b for a, b in shapes)
+    lora = layers * sum(lora_rank * (a + b) for a, b in shapes)
+    tokens = int(batch["attention_mask"].sum())
+    seq = batch["input_ids"].shape[1]
+    attention = layers * 2 * q * seq * seq * batch["input_ids"].shape[0]  # one forward, causal
+    masks = _masks(batch)
+    n_loss = int((masks.feedback | masks.decision | masks.general).sum())
+    n_kl = int((masks.decision | masks.general).sum())
+    head = 2 * c.vocab_size * hidden
+    return (6 * linear + 6 * lora) * tokens + 4 * attention + head * (2 * n_loss + n_kl)
 
 
 def make_trainer(model, device: str):
@@ -166,6 +199,7 @@ def measure(kind_name: str, args, vocab: int) -> list[dict]:
     vocab = model.get_output_embeddings().weight.shape[0]
     seq_len = args.tiny_seq_len if kind_name == "tiny" else args.seq_len
     batch = make_batch(seq_len, vocab, args.device)
+    flops = mol_step_flops(model.get_base_model().config, batch)
     trainer = make_trainer(model, args.device)
     # Loss paths first, while the process holds nothing but the model (freed step buffers would hide them).
     loss_path_mb = {}
@@ -195,7 +229,7 @@ def measure(kind_name: str, args, vocab: int) -> list[dict]:
                 model.zero_grad(set_to_none=True)
         rows.append({"model": kind_name, "variant": name, "seq_len": seq_len, "step_s": min(times),
                      "tokens_per_s": seq_len / min(times), "step_peak_mb": mem["peak"] / 2**20,
-                     "loss_path_peak_mb": loss_path_mb[name]})
+                     "loss_path_peak_mb": loss_path_mb[name], "mol_model_flops": flops})
     del model, trainer
     gc.collect()
     return rows
@@ -255,7 +289,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="timed steps per variant (the fastest is reported)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch default)")
-    parser.add_argument("--models", default="tiny,qwen3-0.6b")
+    parser.add_argument("--models", default="tiny,qwen3-0.6b", help="comma-separated: tiny, " + ", ".join(SHAPES))
     parser.add_argument("--loss-path-only", action="store_true",
                         help="measure only the loss path (real vocabulary, hidden 1024) at --loss-path-seq-lens")
     parser.add_argument("--loss-path-seq-lens", type=int, nargs="+", default=[1024, 2048, 4096])
@@ -276,7 +310,7 @@ def main() -> None:
         except (OSError, ValueError):
             pass
     print(f"device {args.device}, dtype {args.dtype}, torch {torch.__version__}, threads {torch.get_num_threads()}, "
-          f"qwen3-0.6b shape with {args.layers} layers, vocab {vocab}")
+          f"Qwen3 shapes with {args.layers} layers, vocab {vocab}")
     if args.loss_path_only:
         measure_loss_path(args, vocab)
         return

@@ -1,7 +1,7 @@
 """Synchronous vs active partial rollouts (APRIL) on a long-tail workload, in one run.
 
     python benchmarks/partial_rollouts.py [--seeds 3] [--steps 40] [--max-tokens 256] [--eos-logit 1.5]
-        [--prompts 4] [--group 8] [--over-provision 2.0] [--lr 2e-3] [--out runs/partial_bench]
+        [--prompts 4] [--group 8] [--over-provision 2.0] [--lr 2e-3] [--out runs/partial_bench] [--device cuda]
 
 Workload: the toy task (reward: the fraction of lowercase letters, counted by a checker in the
 sandbox) on a tiny model whose EOS row is set so that completions end at spread, long-tailed
@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import time
 from pathlib import Path
@@ -64,12 +65,13 @@ def build_model(path: Path, eos_logit: float, seed: int) -> Path:
     return path
 
 
-def decode_cost(model_dir: Path, widths: tuple[int, int], tokens: int = 64, repeats: int = 3) -> dict[int, float]:
+def decode_cost(model_dir: Path, widths: tuple[int, int], tokens: int = 64, repeats: int = 3,
+                device: str = "cpu") -> dict[int, float]:
     """Seconds per decoding step at each batch width (EOS suppressed, so every row decodes ``tokens``)."""
     from molrl.models import load_model
 
-    model = load_model(str(model_dir)).eval()
-    prompt = torch.randint(0, 200, (1, 24))
+    model = load_model(str(model_dir), device=device).eval()
+    prompt = torch.randint(0, 200, (1, 24), device=device)
     out = {}
     for width in widths:
         ids = prompt.repeat(width, 1)
@@ -79,6 +81,8 @@ def decode_cost(model_dir: Path, widths: tuple[int, int], tokens: int = 64, repe
             with torch.no_grad():
                 model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=tokens,
                                min_new_tokens=tokens, pad_token_id=model.config.eos_token_id)
+            if device == "cuda":
+                torch.cuda.synchronize()
             times.append((time.perf_counter() - start) / tokens)
         out[width] = min(times)
     return out
@@ -120,6 +124,13 @@ def summary(run: Path, group: int) -> dict:
             "buffer": steps[-1].get("partial/buffer_groups", 0.0)}
 
 
+def use_device(args: argparse.Namespace) -> None:
+    """Resolve ``args.device``; for cpu, hide the GPUs so the RL stage (which takes cuda when visible) runs on CPU."""
+    if args.device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before anything asks torch for a GPU
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=3)
@@ -134,7 +145,10 @@ def main() -> None:
                         help="steps of the throughput phase, at learning rate 0 (the policy, and so the lengths, stay fixed)")
     parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset of " + ", ".join(ARMS))
     parser.add_argument("--out", default="runs/partial_bench")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default=None,
+                        help="where the runs train and generate (default: cuda when a GPU is visible)")
     args = parser.parse_args()
+    use_device(args)
     root = Path(args.out)
     root.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(2)
@@ -147,7 +161,7 @@ def main() -> None:
     for seed in range(args.seeds):
         base = build_model(root / f"base-{seed}", args.eos_logit, seed)
         if cost is None:
-            cost = decode_cost(base, widths)
+            cost = decode_cost(base, widths, device=args.device)
         for arm in fixed:  # throughput at a fixed policy: both arms face the same length distribution
             fixed[arm].append(summary(run_arm(root / f"seed-{seed}" / f"fixed-{arm}", base, arm, seed, args,
                                               args.fixed_steps, 0.0), args.group))

@@ -1,0 +1,48 @@
+"""``benchmarks/gpu_check.py --device cpu --tiny``: every GPU check runs at tiny shapes and reports finite figures.
+
+The GPU list runs on a GPU only when one is lent; this keeps the command from rotting in between.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+ITEMS = ["matmul_peak", "mol_0.6b_4k", "mol_0.6b_8k", "mol_1.7b_4k", "mol_1.7b_8k", "prepare_0.6b", "rl_split_0.6b",
+         "eval_throughput", "demo_quick", "partial_rollouts", "rl_grpo", "rl_dr_grpo", "rl_opd", "rl_ppo_macro",
+         "rl_partial", "rl_props"]
+"""Every item of shared/GPU.md's list, as gpu_check names them."""
+
+
+@pytest.mark.slow
+def test_tiny_gpu_check_on_cpu_reports_every_item_with_finite_figures(tmp_path):
+    out = tmp_path / "gpu_check.json"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--tiny", "--threads", "1",
+           "--workdir", str(tmp_path / "work"), "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert list(report["items"]) == ITEMS
+    assert report["tiny"] and report["device"].startswith("CPU")
+    for name in ("python", "torch", "transformers", "peft", "trl", "accelerate"):
+        assert report["versions"][name], name
+    for name, item in report["items"].items():
+        assert item["status"] == "ok", (name, item.get("error"))
+        numbers = [v for v in item["figures"].values() if not isinstance(v, str)]
+        assert numbers and all(math.isfinite(v) for v in numbers), (name, item["figures"])
+    figures = {name: item["figures"] for name, item in report["items"].items()}
+    assert 0 < figures["mol_0.6b_4k"]["mfu"] and figures["mol_0.6b_4k"]["tokens_per_s"] > 0
+    split = figures["rl_split_0.6b"]
+    assert split["generation_s"] + split["reward_s"] < split["step_s"] and 0 < split["reward_share"] < 1
+    assert figures["eval_throughput"]["new_tokens"] <= 64 * figures["eval_throughput"]["max_new_tokens"]
+    held_out = {k.split("/", 1)[1] for k in figures["demo_quick"] if k.startswith("held_out/")}
+    assert held_out == {"base", "mol", "mol+grpo", "base+grpo"}
+    # the markdown table on stdout has a row per item
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and not line.startswith("| item")]
+    assert [row.split("|")[1].strip() for row in rows] == ITEMS
