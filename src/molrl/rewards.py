@@ -113,7 +113,8 @@ class CodeReward(_Reward):
 class MathReward(_Reward):
     """Math reward: 1.0 when the final answer is equivalent to the task's answer (math-verify).
 
-    Graded one by one on the calling thread, where math-verify's time bound works.
+    Graded in a worker process within a time budget per batch, so any thread may call it
+    (``molrl.graders.math_worker``).
     """
 
     __name__ = "math_reward"

@@ -42,9 +42,9 @@ class SandboxConfig:
     """Results kept, keyed by hash of (code, inputs, limits); 0 disables the cache. Outcomes over
     32 KiB are not kept, so the cache stays under ~64 MiB."""
     float_rel_tol: float = 1e-9
-    """Relative tolerance when a returned float is compared with the expected one."""
+    """Relative tolerance when a returned value is compared with an expected float (an expected int is matched exactly)."""
     float_abs_tol: float = 0.0
-    """Absolute tolerance when a returned float is compared with the expected one."""
+    """Absolute tolerance when a returned value is compared with an expected float (an expected int is matched exactly)."""
     max_result_kb: int = 4096
     """Largest block of encoded return values a task may send back."""
     worker_grace_s: float = 5.0
