@@ -2,9 +2,10 @@
 
 math-verify bounds its sympy work with ``signal.alarm``, which works only on a process's main
 thread and cannot interrupt one long C call (an exact power of a huge integer); off the main
-thread it has no bound at all. So answers are graded in a worker process
-(``python -m molrl.graders.math``, which serves ``math.grade_here`` through ``serve``), one at a time, where the alarm (``math.TIMEOUT_S`` per
-step) ends most slow answers, and the caller, from any thread, kills the worker when:
+thread it has no bound at all. So answers are graded one at a time in a worker process
+(``python -m molrl.graders.math``: ``serve`` running ``math.grade_here``), where the alarm
+(``math.TIMEOUT_S`` per step) ends most slow answers, and the caller, from any thread, kills the
+worker when:
 
 - one answer takes longer than ``ROW_LIMIT_S``: that answer is graded ``wrong`` with the reason;
 - the batch runs past its budget, ``max(BATCH_MIN_S, BATCH_ROW_S * n)`` for n answers (starting
