@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from molrl.graders.code import CodeRewardConfig
 from molrl.rewards import CodeReward
 from molrl.sandbox import SandboxConfig, SandboxPool
-from molrl.sandbox.backend import THREAD_ENV, bwrap_command
+from molrl.sandbox.command import THREAD_ENV, bwrap_command
 from molrl.sandbox.runtime.cleanup import descendants
 from molrl.tasks import Task, TestCase
 

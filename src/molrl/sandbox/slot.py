@@ -20,6 +20,7 @@ import tempfile
 import time
 
 from molrl.sandbox.cgroup import SlotCgroup
+from molrl.sandbox.command import RUNTIME_DIR, SANDBOX_RUNTIME, THREAD_ENV, bwrap_command
 from molrl.sandbox.runtime import task as wire
 from molrl.sandbox.runtime.cleanup import descendants, remove_tree
 from molrl.sandbox.types import SandboxConfig
@@ -60,8 +61,6 @@ class WorkerSlot:
     """A worker process and the pipes to it; ``execute`` runs one job at a time."""
 
     def __init__(self, index: int, cfg: SandboxConfig, backend: str, uid: int):
-        from molrl.sandbox.backend import RUNTIME_DIR, SANDBOX_RUNTIME, THREAD_ENV, bwrap_command
-
         self.index, self.cfg, self.backend, self.uid = index, cfg, backend, uid
         self.host_dir = tempfile.mkdtemp(prefix="molrl-slot-") if backend == "process" else None
         if backend == "process":
