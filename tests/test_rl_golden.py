@@ -1,10 +1,12 @@
-"""The RL step's behaviour pinned: per-step figures of short tiny runs of each algorithm, against a fixture.
+"""The RL step's behaviour pinned: per-step figures of short tiny runs of each algorithm and rollout
+policy, against a fixture.
 
-Each run (toy task, sandboxed checker, a LoRA on the tiny model, beta > 0 so the reference term
-acts, completions long enough that some end early and lengths differ) is seeded, single-threaded
-and deterministic on one machine. Its per-step reward, loss, KL, gradient norm, entropy and mean
-completion length must match ``fixtures/rl_golden.json`` within float tolerance: a change to how a
-rollout is scored, how advantages are formed or how the loss is aggregated moves them.
+Each run (toy task, sandboxed checker, a LoRA on the tiny model, completions long enough that some
+end early and lengths differ) is seeded, single-threaded and deterministic on one machine. Its
+per-step figures (reward, loss, gradient norm, entropy, mean completion length, and the figures
+of its own mechanism: the KL, the distillation terms, the critic's, the partial-rollout buffer's,
+the behaviour update's) must match ``fixtures/rl_golden.json`` within float tolerance: a change to
+how a rollout is sampled or scored, how advantages are formed or how the loss is aggregated moves them.
 
 Regenerate the fixture (only for an intended change of behaviour, and say so in the commit):
 ``MOLRL_WRITE_GOLDEN=1 python -m pytest tests/test_rl_golden.py``.
@@ -13,6 +15,7 @@ Regenerate the fixture (only for an intended change of behaviour, and say so in 
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -20,53 +23,98 @@ import pytest
 import torch
 
 from grpo_helpers import save_tiny_model, toy_config
+from molrl.rl.config import MacroSettings, OpdSettings
 
 FIXTURE = Path(__file__).parent / "fixtures" / "rl_golden.json"
-ALGORITHMS = ("grpo", "dr_grpo", "dr_grpo_std")
-KEYS = ("reward", "loss", "kl", "grad_norm", "entropy", "completions/mean_length")
+KEYS = ("reward", "loss", "grad_norm", "entropy", "completions/mean_length")
+"""Figures every run logs."""
 
 
-def golden_run(root: Path, algorithm: str) -> list[dict[str, float]]:
-    """Per-step figures of a 4-step run of ``algorithm`` on the toy task."""
+def _partial(cfg):
+    cfg.rollout.partial = True
+
+
+def _props(cfg):
+    cfg.rollout.behaviour, cfg.rollout.rounds, cfg.rollout.buffer_batches = "props", 2, 2
+    cfg.props.update_epochs = 2
+
+
+RUNS = {
+    # name: (toy_config overrides, config edit, the run's own figures)
+    "grpo": (dict(algorithm="grpo", beta=0.05), None, ("kl",)),
+    "dr_grpo": (dict(algorithm="dr_grpo", beta=0.05), None, ("kl",)),
+    "dr_grpo_std": (dict(algorithm="dr_grpo_std", beta=0.05), None, ("kl",)),
+    "opd_feedback": (dict(algorithm="opd", beta=0.0, opd=OpdSettings(teacher="feedback", lam=1.25)), None,
+                     ("opd/teacher_minus_reference", "opd/policy_minus_reference", "opd/advantage")),
+    "ppo_fixed5": (dict(algorithm="ppo", beta=0.05, macro=MacroSettings(rule="fixed:5")), None,
+                   ("kl", "critic/value_loss", "critic/explained_variance", "critic/macro_actions_per_completion")),
+    "partial": (dict(algorithm="grpo", beta=0.05), _partial,
+                ("kl", "partial/off_policy_token_fraction", "partial/buffer_groups", "partial/buffer_tokens",
+                 "partial/generated_tokens", "partial/trained_tokens")),
+    "props": (dict(algorithm="grpo", beta=0.05), _props, ("kl", "props/kl", "props/minibatch_steps", "props/rows")),
+}
+"""Each pinned run: the algorithms, then ppo over macro actions, partial rollouts and PROPS."""
+
+
+def golden_run(root: Path, name: str) -> list[dict[str, float]]:
+    """Per-step figures of a 4-step run ``name`` of ``RUNS`` on the toy task."""
     from molrl.rl import run_rl
 
+    overrides, edit, own = RUNS[name]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one thread: the same float sums on every run
     try:
         base = root / "base"
         if not base.is_dir():
             save_tiny_model(base)
-        cfg = toy_config(root / algorithm, base, algorithm=algorithm, max_steps=4, beta=0.05, num_generations=8,
-                         micro_batch_size=8, prompts_per_step=2, max_completion_length=32)
+        cfg = toy_config(root / name, base, max_steps=4, num_generations=8, micro_batch_size=8, prompts_per_step=2,
+                         max_completion_length=32, **overrides)
+        if edit is not None:
+            edit(cfg)
         out = run_rl(cfg)
     finally:
         torch.set_num_threads(threads)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [{key: row[key] for key in KEYS} for row in rows if "reward" in row]
+    return [{key: row[key] for key in (*KEYS, *own)} for row in rows if "reward" in row]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("golden")
-    measured = {algorithm: golden_run(root, algorithm) for algorithm in ALGORITHMS}
+    measured = {name: golden_run(root, name) for name in RUNS}
     if os.environ.get("MOLRL_WRITE_GOLDEN") == "1":
         FIXTURE.write_text(json.dumps(measured, indent=1) + "\n")
     return measured
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_per_step_figures_match_the_fixture(runs, algorithm):
-    expected = json.loads(FIXTURE.read_text())[algorithm]
-    measured = runs[algorithm]
+def _same(got: float, want: float) -> bool:
+    if isinstance(want, float) and math.isnan(want):
+        return isinstance(got, float) and math.isnan(got)
+    return got == pytest.approx(want, rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_per_step_figures_match_the_fixture(runs, name):
+    expected = json.loads(FIXTURE.read_text())[name]
+    measured = runs[name]
     assert len(measured) == len(expected) == 4
     for step, (got, want) in enumerate(zip(measured, expected), start=1):
-        for key in KEYS:
-            assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), (algorithm, step, key, got, want)
+        assert set(got) == set(want), (name, step)
+        for key in want:
+            assert _same(got[key], want[key]), (name, step, key, got[key], want[key])
 
 
 def test_the_fixture_exercises_what_it_pins():
     expected = json.loads(FIXTURE.read_text())
-    # lengths differ (some completions end before the limit), the KL term acts, and the algorithms differ
+    assert set(expected) == set(RUNS)
+    # lengths differ (some completions end before the limit), the KL term acts, and the runs differ
     assert any(row["completions/mean_length"] < 32 for rows in expected.values() for row in rows)
-    assert all(rows[-1]["kl"] > 0 for rows in expected.values())
-    assert len({rows[-1]["loss"] for rows in expected.values()}) == 3
+    assert all(rows[-1]["kl"] > 0 for name, rows in expected.items() if "kl" in rows[-1])
+    assert len({rows[-1]["loss"] for rows in expected.values()}) == len(RUNS)
+    # each mechanism acted: the teacher disagreed, the critic learned, a resumed completion carried
+    # an older policy's tokens, the behaviour adapter took update steps
+    assert any(row["opd/teacher_minus_reference"] != 0 for row in expected["opd_feedback"])
+    assert any(row["critic/value_loss"] > 0 for row in expected["ppo_fixed5"])
+    assert any(row["critic/macro_actions_per_completion"] > 1 for row in expected["ppo_fixed5"])
+    assert any(row["partial/off_policy_token_fraction"] > 0 for row in expected["partial"])
+    assert any(row["props/minibatch_steps"] > 0 for row in expected["props"])
