@@ -102,7 +102,7 @@ def test_unknown_rules_and_missing_inputs_are_named():
 # --- PPO with a critic over macro actions --------------------------------------------------------
 
 def test_token_rewards_put_the_outcome_on_the_last_loss_token_and_the_kl_on_each():
-    from molrl.rl.step import token_rewards
+    from molrl.rl.algorithms.ppo import token_rewards
 
     policy = torch.tensor([[-1.0, -2.0, -1.0, 0.0], [-0.5, -0.5, 0.0, 0.0]])
     reference = torch.tensor([[-1.5, -1.0, -1.0, 0.0], [-0.5, -1.5, 0.0, 0.0]])
@@ -112,7 +112,7 @@ def test_token_rewards_put_the_outcome_on_the_last_loss_token_and_the_kl_on_each
 
 
 def test_value_loss_clips_and_explained_variance_measures_the_critic():
-    from molrl.rl.step import explained_variance, value_loss
+    from molrl.rl.loss import explained_variance, value_loss
 
     old = torch.tensor([[0.0, 0.0]])
     returns = torch.tensor([[1.0, -1.0]])

@@ -11,7 +11,7 @@ from grpo_helpers import save_tiny_model, toy_config
 from molrl.errors import MolrlError
 from molrl.graders.grade import Grade
 from molrl.rl.config import OpdSettings
-from molrl.rl.step import opd_advantages, teacher_messages, teacher_prefix_ids
+from molrl.rl.algorithms.opd import opd_advantages, teacher_messages, teacher_prefix_ids
 from molrl.tasks import Task, TestCase
 
 TEACHER = torch.tensor([[-0.5, -1.0, -2.0], [-0.1, -3.0, 0.0]])  # [B=2, T=3] log pi_T of the sampled tokens

@@ -1,7 +1,7 @@
 """The RL stage's config: policy, reference, tasks, reward, algorithm, sampling and logging.
 
 Defaults follow the MoL-RL authors' published RL settings (group size 8, temperature 0.9, LoRA
-rank 64, learning rate 1e-4 for LoRA). Every field maps either onto the step (``molrl.rl.step``), onto
+rank 64, learning rate 1e-4 for LoRA). Every field maps either onto the step (``molrl.rl.trainer``), onto
 TRL's ``GRPOConfig`` for the loop and generation (``molrl.rl.run.trl_args``), or onto the wiring.
 """
 
@@ -154,10 +154,16 @@ class RolloutSettings:
     """Log ``sampling_error``: KL(empirical || policy) at the states two or more of a prompt's completions share,
     over the data of each update (one no-grad forward pass per step)."""
 
+    def policy(self) -> str:
+        """The rollout policy's name in ``molrl.rl.rollouts.ROLLOUTS``: partial, props or sync."""
+        return "partial" if self.partial else "props" if self.behaviour == "props" else "sync"
+
     def resolved_rounds(self) -> int:
+        """Sampling rounds per step (``rounds``, or its default)."""
         return self.rounds if self.rounds is not None else (2 if self.behaviour == "props" else 1)
 
     def resolved_buffer(self) -> int:
+        """Steps' batches the policy trains on (``buffer_batches``, or its default)."""
         return self.buffer_batches if self.buffer_batches is not None else (2 if self.behaviour == "props" else 1)
 
 
