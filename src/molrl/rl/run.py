@@ -28,7 +28,7 @@ def run_rl(cfg: RlConfig) -> Path:
     """Train per ``cfg`` (resuming from its newest checkpoint); returns the output dir."""
     from accelerate import PartialState
 
-    from molrl.mol.trainer import drop_records_after, last_whole_checkpoint
+    from molrl.runfiles import drop_records_after, last_whole_checkpoint
 
     state = PartialState()  # under accelerate launch: this process's rank; files are written by rank 0
     out = Path(cfg.output_dir)
@@ -67,7 +67,7 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
     from molrl.rl.policy import build_policy
     from molrl.rl.reference import install_reference, trainable_parameter_count
     from molrl.rl.trainer import RlTrainer
-    from molrl.mol.trainer import MetricsFileCallback
+    from molrl.runfiles import MetricsFileCallback
 
     if cfg.use_vllm and importlib.util.find_spec("vllm") is None:
         raise MolrlError("use_vllm=true but vllm is not installed: pip install 'molrl[gpu]' on a GPU machine, "

@@ -22,7 +22,7 @@ from molrl.graders.code import program_for
 from molrl.rl.algorithms.base import Algorithm
 from molrl.rl.algorithms.grpo import dr_grpo_advantages, local_rows
 from molrl.rl.batch import AdvantageInputs, pad_rows
-from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION, strip_added_bos, user_message
+from molrl.tasks.prompts import strip_added_bos, user_message
 from molrl.tasks.types import Task
 
 
