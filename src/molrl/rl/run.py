@@ -17,18 +17,30 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import torch
+from accelerate import PartialState
+from datasets import Dataset
+from trl import GRPOConfig as TrlGRPOConfig
+
 from molrl.config import save_config
+from molrl.console import use_trainer_progress
 from molrl.errors import MolrlError
+from molrl.graders.code import CodeRewardConfig
+from molrl.rl.callbacks import EvalHookCallback
 from molrl.rl.config import RlConfig
+from molrl.rl.data import build_prompt_rows, load_task_source
+from molrl.rl.policy import build_policy
+from molrl.rl.reference import install_reference, trainable_parameter_count
+from molrl.rl.score import Scorer
+from molrl.rl.trainer import RlTrainer
+from molrl.runfiles import MetricsFileCallback, drop_records_after, last_whole_checkpoint
+from molrl.sandbox import SandboxConfig, SandboxPool
 
 log = logging.getLogger(__name__)
 
 
 def run_rl(cfg: RlConfig) -> Path:
     """Train per ``cfg`` (resuming from its newest checkpoint); returns the output dir."""
-    from accelerate import PartialState
-
-    from molrl.runfiles import drop_records_after, last_whole_checkpoint
 
     state = PartialState()  # under accelerate launch: this process's rank; files are written by rank 0
     out = Path(cfg.output_dir)
@@ -59,15 +71,6 @@ def run_rl(cfg: RlConfig) -> Path:
 
 def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
     """The ready-to-train ``RlTrainer``, its ``Policy`` and the sandbox pool (None without code or toy tasks)."""
-    import torch
-
-    from molrl.console import use_trainer_progress
-    from molrl.rl.callbacks import EvalHookCallback
-    from molrl.rl.data import load_task_source
-    from molrl.rl.policy import build_policy
-    from molrl.rl.reference import install_reference, trainable_parameter_count
-    from molrl.rl.trainer import RlTrainer
-    from molrl.runfiles import MetricsFileCallback
 
     if cfg.use_vllm and importlib.util.find_spec("vllm") is None:
         raise MolrlError("use_vllm=true but vllm is not installed: pip install 'molrl[gpu]' on a GPU machine, "
@@ -107,13 +110,6 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
 def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: list) -> tuple[Any, Any, Any]:
     """The prompt dataset (summary in data_summary.json), the scorer, and the sandbox pool (shared with
     the evaluation hook, so it exists when either the training or the held-out tasks need it)."""
-    from accelerate import PartialState
-    from datasets import Dataset
-
-    from molrl.graders.code import CodeRewardConfig
-    from molrl.rl.data import build_prompt_rows, load_task_source
-    from molrl.rl.score import Scorer
-    from molrl.sandbox import SandboxConfig, SandboxPool
 
     tasks = load_task_source(cfg.train, "train")
     rows, summary = build_prompt_rows(
@@ -138,8 +134,6 @@ def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: li
 
 def trl_args(cfg: RlConfig, output_dir: Path, cuda: bool) -> Any:
     """TRL ``GRPOConfig`` for our config (one optimiser step = prompts_per_step groups per process)."""
-    from trl import GRPOConfig as TrlGRPOConfig
-
     completions_per_step = cfg.prompts_per_step * cfg.num_generations
     return TrlGRPOConfig(
         output_dir=str(output_dir),

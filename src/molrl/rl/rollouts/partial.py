@@ -24,8 +24,18 @@ from trl.models.utils import unwrap_model_for_generation
 from molrl.errors import MolrlError
 from molrl.rl.batch import RolloutBatch, pad_rows, pad_values
 from molrl.rl.config import RlConfig
-from molrl.rl.partial import (GroupTracker, PartialCompletion, PartialGroup, RolloutState, StopWhenGroupsDone,
-                              choose_trained, engine_generate, groups_to_start, importance_weights, off_policy_mask)
+from molrl.rl.partial import (
+    GroupTracker,
+    PartialCompletion,
+    PartialGroup,
+    RolloutState,
+    StopWhenGroupsDone,
+    choose_trained,
+    engine_generate,
+    groups_to_start,
+    importance_weights,
+    off_policy_mask,
+)
 from molrl.rl.rollouts.sync import Synchronous
 
 Generated = tuple[list[int], dict[tuple[int, int], tuple[list[int], bool]]]
