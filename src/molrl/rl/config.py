@@ -204,7 +204,7 @@ class EvalHookSettings:
 
 @dataclass
 class RlConfig:
-    """GRPO / Dr.GRPO post-training with sandbox-execution rewards."""
+    """RL post-training (grpo, dr_grpo, dr_grpo_std, opd, ppo) with sandbox-execution rewards."""
 
     output_dir: Path = Path("runs/grpo")
     """Where the adapter, config.yaml, metrics.jsonl and completions.jsonl go."""
