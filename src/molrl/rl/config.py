@@ -115,13 +115,18 @@ class OpdSettings:
     lam: float = 1.0
     """lambda: 1 is standard on-policy distillation; above 1 extrapolates past the teacher (ExOPD: 1.25)."""
     teacher: Literal["feedback", "reference", "model"] = "feedback"
-    """feedback: the frozen base, shown the environment's feedback on this very completion (a previous turn
-    holding the completion and its test / verdict feedback in the collection trace format);
-    reference: the frozen base, shown the task's reference solution; model: teacher_model on the same prompt."""
+    """What the teacher reads before the student's completion: feedback: the environment's feedback on this
+    very completion (a previous turn holding the completion and its test / verdict feedback in the collection
+    trace format); reference: the task's reference solution; model: the student's own prompt."""
+    teacher_weights: Literal["frozen", "current"] = "frozen"
+    """frozen: teacher_model, or (without one) the frozen base (the policy's adapter disabled); current: the
+    policy being trained, at this step (self-distillation with privileged context, as SDPO / OPSD)."""
     teacher_model: Path | None = None
-    """teacher=model: a PEFT adapter directory on the policy's base (switched in, no second copy), or a full model."""
+    """The frozen teacher: a PEFT adapter directory on the policy's base (switched in, no second copy), or a
+    full model directory (a separate frozen model, the paper's larger teacher); none: the frozen base."""
     reference: str = "student_base"
-    """pi_ref: student_base (the policy's base, its adapter disabled), or a PEFT adapter / model directory
+    """pi_ref: student_base (the policy's base, its adapter disabled), student_initial (the policy as the run
+    starts, its starting adapter frozen: the G-OPD paper's choice), or a PEFT adapter / full model directory
     (for example the teacher's pre-RL base: the reward correction)."""
     outcome_weight: float = 0.0
     """Weight of the outcome reward's group-relative advantage (R - group mean) added to every token's."""
@@ -333,5 +338,7 @@ class RlConfig:
         pr = self.props
         if pr.update_epochs < 0 or pr.minibatches < 1 or pr.copy_every < 1 or pr.clip <= 0 or pr.target_kl <= 0:
             raise ValueError("props: update_epochs >= 0, minibatches >= 1, copy_every >= 1, clip > 0 and target_kl > 0")
-        if self.algorithm == "opd" and self.opd.teacher == "model" and self.opd.teacher_model is None:
-            raise ValueError("opd.teacher=model needs opd.teacher_model (an adapter or model directory)")
+        if (self.algorithm == "opd" and self.opd.teacher == "model" and self.opd.teacher_weights == "frozen"
+                and self.opd.teacher_model is None):
+            raise ValueError("opd.teacher=model needs opd.teacher_model (an adapter or model directory), "
+                             "or opd.teacher_weights=current")

@@ -9,13 +9,14 @@ of any algorithm's advantages over macro actions (MA-RLHF, ``molrl.rl.macro``), 
 
 from __future__ import annotations
 
+import copy
 import random
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar, Iterator
 
 import torch
-from trl.trainer.utils import use_adapter
+from trl.trainer.utils import add_fused_lm_head, use_adapter
 
 from molrl.errors import MolrlError
 from molrl.models import load_model
@@ -23,6 +24,22 @@ from molrl.rl.batch import AdvantageInputs, Advantages, LossInputs, RolloutBatch
 from molrl.rl.config import RlConfig
 from molrl.rl.loss import Aggregation
 from molrl.rl.macro import pool_advantages, segment
+
+CURRENT = "<the current policy>"
+"""A frozen-model spec meaning the policy being trained itself (no adapter switch; no grad in log-probs)."""
+
+
+def copy_adapter(model: Any, source: str, name: str) -> None:
+    """Add adapter ``name`` to the PEFT ``model`` as a frozen copy of adapter ``source`` (weights and config)."""
+    cuda = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=cuda):  # its initial weights are overwritten: they draw no sample
+        model.add_adapter(name, copy.deepcopy(model.peft_config[source]))
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for key, param in params.items():
+            if f".{name}." in key:
+                param.copy_(params[key.replace(f".{name}.", f".{source}.")])
+                param.requires_grad_(False)
 
 
 class Algorithm:
@@ -57,7 +74,7 @@ class Algorithm:
 
     def frozen_adapters(self) -> tuple[str, ...]:
         """Adapter names this algorithm added beside the policy's (dropped before the policy is saved)."""
-        return tuple(spec for spec in self.frozen.values() if isinstance(spec, str))
+        return tuple(spec for spec in self.frozen.values() if isinstance(spec, str) and spec is not CURRENT)
 
     def save(self, model: Any, out: Path, main_process: bool) -> None:
         """Write what the algorithm trained beside the policy into ``out`` and take it off ``model``."""
@@ -100,13 +117,27 @@ class Algorithm:
                 raise MolrlError(f"{path} is an adapter, but the policy has none to switch it in beside")
             model.load_adapter(str(path), adapter_name=name, is_trainable=False)
             return name
-        frozen = load_model(str(path)).requires_grad_(False).train(False)  # inference mode
+        frozen = load_model(str(path), dtype=self.cfg.policy.dtype).requires_grad_(False).train(False)  # inference
+        # TRL's log-prob path reads the fused head's log_probs, as on its own reference model
+        add_fused_lm_head(frozen, temperature=trainer.temperature, cast_lm_head_to_fp32=trainer.args.cast_lm_head_to_fp32)
         return trainer.accelerator.prepare_model(frozen.to(trainer.accelerator.device), evaluation_mode=True)
+
+    def freeze_initial(self, name: str) -> str:
+        """A frozen copy, named ``name``, of the policy's adapter as the run starts (the student's initial model)."""
+        model = self.trainer.accelerator.unwrap_model(self.trainer.model)
+        if not hasattr(model, "add_adapter") or not hasattr(model, "peft_config"):
+            raise MolrlError("the student's initial model as a frozen copy needs a LoRA policy")
+        copy_adapter(model, model.active_adapter, name)
+        return name
 
     @contextmanager
     def frozen_model(self, which: str) -> Iterator[Any]:
-        """The model that computes ``which`` (teacher / reference) log-probs, while the context lasts."""
+        """The model that computes ``which`` (teacher / reference) log-probs, while the context lasts: a separate
+        model, an adapter switched in, the policy with its adapter off (None) or the policy itself (CURRENT)."""
         spec, trainer = self.frozen.get(which), self.trainer
+        if spec is CURRENT:
+            yield trainer.model
+            return
         if spec is not None and not isinstance(spec, str):
             yield spec
             return

@@ -19,7 +19,7 @@ from molrl.collect.environment import exec_record
 from molrl.collect.feedback import ExecutionFeedback, Observation, TestFeedback, VerdictFeedback, render_feedback
 from molrl.errors import MolrlError
 from molrl.graders.code import program_for
-from molrl.rl.algorithms.base import Algorithm
+from molrl.rl.algorithms.base import CURRENT, Algorithm
 from molrl.rl.algorithms.grpo import dr_grpo_advantages, local_rows
 from molrl.rl.batch import AdvantageInputs, pad_rows
 from molrl.tasks.prompts import strip_added_bos, user_message
@@ -85,9 +85,12 @@ class Opd(Algorithm):
     def __init__(self, trainer: Any, cfg: Any):
         super().__init__(trainer, cfg)
         opd = cfg.opd
-        self.frozen = {"teacher": self.load_frozen(opd.teacher_model if opd.teacher == "model" else None, "teacher"),
-                       "reference": self.load_frozen(None if opd.reference == "student_base" else opd.reference,
-                                                     "opd_reference")}
+        if opd.reference == "student_initial":
+            reference = self.freeze_initial("opd_reference")
+        else:
+            reference = self.load_frozen(None if opd.reference == "student_base" else opd.reference, "opd_reference")
+        teacher = CURRENT if opd.teacher_weights == "current" else self.load_frozen(opd.teacher_model, "teacher")
+        self.frozen = {"teacher": teacher, "reference": reference}
         self._probes: dict[str, dict[str, Any]] = {}  # task id -> its probe's sandbox result (probes are fixed code)
 
     def token_advantages(self, inputs: AdvantageInputs, ma_ids):
