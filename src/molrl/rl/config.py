@@ -90,7 +90,23 @@ class PpoSettings:
     value_clip: float = 0.2
     """The value loss clips new values to old value +- this."""
     value_coef: float = 0.5
-    """Weight of the value loss beside the policy loss."""
+    """Weight of the value loss beside the policy loss (critic=shared: both train the shared trunk)."""
+    critic: Literal["separate", "shared", "group_mean"] = "separate"
+    """separate: a value model of its own (its own LoRA adapter on the base and a value head, its own optimiser
+    and learning rate; MA-RLHF's layout); shared: a value head on the policy's own trunk, trained with the policy
+    by the same optimiser; group_mean: no learned critic, every state valued at its group's mean reward (a
+    control: with gamma = lam = 1 and beta = 0 its advantages are Dr.GRPO's)."""
+    critic_init: str = "policy"
+    """critic=separate: its adapter starts as a copy of the policy's adapter at the start of the run (policy),
+    as a fresh LoRA on the base (fresh), or from a PEFT adapter directory (e.g. a reward model's)."""
+    critic_learning_rate: float | None = None
+    """critic=separate: Adam learning rate of the critic (None: the policy's learning_rate)."""
+    critic_epochs: int = 1
+    """critic=separate: passes over each step's batch when fitting the critic."""
+    critic_minibatches: int = 1
+    """critic=separate: minibatches per pass."""
+    critic_warmup_steps: int = 0
+    """The first this many steps train the critic only: every advantage is 0, so the policy does not move."""
 
 
 @dataclass
@@ -335,6 +351,11 @@ class RlConfig:
         if ro.behaviour == "props" and self.use_vllm:
             raise ValueError("rollout.behaviour=props samples from a second adapter, which vLLM does not hold; "
                              "set use_vllm=false")
+        pp = self.ppo
+        if pp.critic_epochs < 1 or pp.critic_minibatches < 1 or pp.critic_warmup_steps < 0:
+            raise ValueError("ppo: critic_epochs >= 1, critic_minibatches >= 1 and critic_warmup_steps >= 0")
+        if pp.critic_learning_rate is not None and pp.critic_learning_rate <= 0:
+            raise ValueError(f"ppo.critic_learning_rate={pp.critic_learning_rate}: must be > 0 (or none: the policy's)")
         pr = self.props
         if pr.update_epochs < 0 or pr.minibatches < 1 or pr.copy_every < 1 or pr.clip <= 0 or pr.target_kl <= 0:
             raise ValueError("props: update_epochs >= 0, minibatches >= 1, copy_every >= 1, clip > 0 and target_kl > 0")

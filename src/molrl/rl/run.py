@@ -176,10 +176,10 @@ def trl_args(cfg: RlConfig, output_dir: Path, cuda: bool) -> Any:
 def _save_final(trainer: Any, policy: Any, out: Path) -> None:
     """adapter/ (the trained adapter only), plus model/ (fully merged) for merge_new; called on every rank."""
     model = trainer.accelerator.unwrap_model(trainer.model)
-    for frozen in trainer.frozen_adapters():  # TRL's reference, an algorithm's teacher, a rollout policy's phi
+    trainer.algorithm.save(model, out, trainer.accelerator.is_main_process)  # e.g. ppo's critic, beside the policy
+    for frozen in trainer.frozen_adapters():  # TRL's reference, an algorithm's teacher or critic, PROPS' phi
         if frozen in getattr(model, "peft_config", {}):
             model.delete_adapter(frozen)
-    trainer.algorithm.save(model, out, trainer.accelerator.is_main_process)  # e.g. ppo's critic, beside the policy
     trainer.save_model(str(out / "adapter"))  # gathers sharded (ZeRO / FSDP) weights; rank 0 writes
     if trainer.accelerator.is_main_process:
         policy.tokenizer.save_pretrained(str(out / "adapter"))

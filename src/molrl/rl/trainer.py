@@ -158,14 +158,16 @@ class RlTrainer(GRPOTrainer):
         """Adapters beside the trained one: TRL's ``ref``, the algorithm's and the rollout policy's."""
         return ("ref", *self.algorithm.frozen_adapters(), *self.rollouts["train"].adapters())
 
-    # checkpoints: the rollout policy's state travels with the trainer's
+    # checkpoints: the rollout policy's and the algorithm's state travel with the trainer's
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         folder = Path(self._get_output_dir(trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         self.rollouts["train"].save_state(folder)  # before the trainer's state file, which marks a whole checkpoint
+        self.algorithm.save_state(folder)
         super()._save_checkpoint(model, trial)
 
     def train(self, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
-        """TRL's training loop; a resumed run gets its rollout policy's state back first."""
+        """TRL's training loop; a resumed run gets its rollout policy's and algorithm's state back first."""
         if isinstance(resume_from_checkpoint, (str, Path)):
             self.rollouts["train"].load_state(Path(resume_from_checkpoint))
+            self.algorithm.load_state(Path(resume_from_checkpoint))
         return super().train(resume_from_checkpoint, *args, **kwargs)

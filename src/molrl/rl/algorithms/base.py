@@ -79,6 +79,12 @@ class Algorithm:
     def save(self, model: Any, out: Path, main_process: bool) -> None:
         """Write what the algorithm trained beside the policy into ``out`` and take it off ``model``."""
 
+    def save_state(self, folder: Path) -> None:
+        """Write what the algorithm trains beside the policy into checkpoint ``folder``."""
+
+    def load_state(self, checkpoint: Path) -> None:
+        """Read it back from a checkpoint a run resumes from."""
+
     # the shared part
     def advantages(self, inputs: AdvantageInputs) -> Advantages:
         """The batch's ``Advantages``: the algorithm's own, pooled over macro actions when ``macro.pool_advantages``."""
