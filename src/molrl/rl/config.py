@@ -174,6 +174,9 @@ class RolloutSettings:
     sampling_error: bool = True
     """Log ``sampling_error``: KL(empirical || policy) at the states two or more of a prompt's completions share,
     over the data of each update (one no-grad forward pass per step)."""
+    sampling_error_split: float | None = None
+    """Also log the sampling error split by the policy's entropy at the state, below and above this many nats
+    (``sampling_error/low_entropy``, ``sampling_error/high_entropy``); costs one more forward pass."""
 
     def policy(self) -> str:
         """The rollout policy's name in ``molrl.rl.rollouts.ROLLOUTS``: partial, props or sync."""
@@ -207,6 +210,10 @@ class PropsSettings:
     """Minibatches per pass."""
     copy_every: int = 1
     """phi is re-copied from theta every this many behaviour updates (the authors' code: every update)."""
+    min_entropy: float = 0.0
+    """States where pi_theta's entropy is below this (nats) are left out of the behaviour objective, so
+    near-deterministic states (format tokens) keep phi = theta. A deviation from the paper, whose states all
+    have spread action distributions; 0 (the default) keeps every state, as the paper does."""
 
 
 @dataclass
@@ -357,8 +364,10 @@ class RlConfig:
         if pp.critic_learning_rate is not None and pp.critic_learning_rate <= 0:
             raise ValueError(f"ppo.critic_learning_rate={pp.critic_learning_rate}: must be > 0 (or none: the policy's)")
         pr = self.props
-        if pr.update_epochs < 0 or pr.minibatches < 1 or pr.copy_every < 1 or pr.clip <= 0 or pr.target_kl <= 0:
-            raise ValueError("props: update_epochs >= 0, minibatches >= 1, copy_every >= 1, clip > 0 and target_kl > 0")
+        if pr.update_epochs < 0 or pr.minibatches < 1 or pr.copy_every < 1 or pr.clip <= 0 or pr.target_kl <= 0 \
+                or pr.min_entropy < 0:
+            raise ValueError("props: update_epochs >= 0, minibatches >= 1, copy_every >= 1, clip > 0, target_kl > 0 "
+                             "and min_entropy >= 0")
         if (self.algorithm == "opd" and self.opd.teacher == "model" and self.opd.teacher_weights == "frozen"
                 and self.opd.teacher_model is None):
             raise ValueError("opd.teacher=model needs opd.teacher_model (an adapter or model directory), "

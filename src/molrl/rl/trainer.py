@@ -139,13 +139,21 @@ class RlTrainer(GRPOTrainer):
         return self.num_generations if self._mode() == "train" else self.num_generations_eval
 
     def completion_logps(self, model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                         completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
-        """[B, T] log-probs of the completion tokens after the prompts, without grad (TRL's computation)."""
+                         completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+                         entropies: bool = False) -> torch.Tensor:
+        """[B, T] log-probs of the completion tokens after the prompts (or, with ``entropies``, the policy's entropy
+        at each of their states), without grad (TRL's computation)."""
         ids, attention = join(prompt_ids, prompt_mask, completion_ids, completion_mask)
         size = self.args.per_device_train_batch_size if self._mode() == "train" else self.args.per_device_eval_batch_size
         with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-            return self._get_per_token_logps_and_entropies(model, ids, attention, completion_ids.size(1),
-                                                           batch_size=size)[0]
+            out = self._get_per_token_logps_and_entropies(model, ids, attention, completion_ids.size(1),
+                                                          batch_size=size, compute_entropy=entropies)
+        return out[1] if entropies else out[0]
+
+    def completion_entropies(self, model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                             completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+        """[B, T] the policy's entropy at the state before each completion token, without grad."""
+        return self.completion_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask, entropies=True)
 
     def policy_logps(self, batch: RolloutBatch) -> torch.Tensor:
         """[B, T] log-probs of the batch under the policy that sampled it (recorded, or the current one)."""

@@ -110,6 +110,9 @@ class Props(Synchronous):
         length, temperature = completion_ids.size(1), trainer.temperature
         with torch.no_grad():
             theta = model(input_ids=ids, attention_mask=attention).logits[:, -length - 1:-1] / temperature
+            if cfg.min_entropy > 0:  # near-deterministic states stay out of the objective (a deviation, see config)
+                logp = torch.log_softmax(theta.float(), -1)
+                mask = mask * (-(logp.exp() * logp).sum(-1) >= cfg.min_entropy)
         with use_adapter(model, ADAPTER):
             phi = model(input_ids=ids, attention_mask=attention).logits[:, -length - 1:-1] / temperature
             gather = completion_ids.unsqueeze(-1)

@@ -22,7 +22,7 @@ from trl.trainer.utils import use_adapter
 from molrl.rl.batch import LossInputs, RolloutBatch, merge_batches, pad_rows, pad_values
 from molrl.rl.config import RlConfig
 from molrl.rl.loss import sampler_weights
-from molrl.rl.props import shared_state_sampling_error
+from molrl.rl.props import sampling_error_by_entropy, shared_state_sampling_error
 from molrl.tasks.types import Task
 
 
@@ -143,6 +143,15 @@ class Synchronous:
         metrics = trainer.metrics()
         metrics["sampling_error"].append(error)
         metrics["sampling_error/shared_states"].append(float(states))
+        threshold = self.cfg.rollout.sampling_error_split
+        if threshold is not None:
+            entropies = trainer.completion_entropies(trainer.model, inputs.prompt_ids, inputs.prompt_mask,
+                                                     inputs.completion_ids, inputs.completion_mask)
+            split = sampling_error_by_entropy(inputs.completion_ids.cpu(), logps.cpu(), entropies.cpu(),
+                                              inputs.completion_mask.cpu(), trainer.group_size(), threshold)
+            for name, (value, count) in split.items():
+                metrics[f"sampling_error/{name}_entropy"].append(value)
+                metrics[f"sampling_error/{name}_entropy_states"].append(float(count))
 
     # state
     def adapters(self) -> tuple[str, ...]:
