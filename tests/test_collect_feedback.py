@@ -10,10 +10,10 @@ from molrl.collect.feedback import (
     Observation,
     TestFeedback,
     VerdictFeedback,
-    build_providers,
     clip,
     render_feedback,
 )
+from molrl.collect.providers import build_providers
 from molrl.errors import MolrlError
 from molrl.sandbox.runtime.codec import encode
 from molrl.tasks import Task, TestCase

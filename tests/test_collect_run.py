@@ -14,7 +14,8 @@ from collect_scripted import ScriptedGenerator
 
 from molrl import cli
 from molrl.collect import CollectConfig, EpisodeConfig, run_collect
-from molrl.collect.feedback import build_providers, rederive_feedback
+from molrl.collect.feedback import rederive_feedback
+from molrl.collect.providers import build_providers
 from molrl.collect.run import config_path, finished_pairs
 from molrl.errors import MolrlError
 from molrl.generation import SamplingConfig

@@ -29,7 +29,7 @@ print(json.dumps(failed))
 
 
 def test_the_module_list_covers_the_stages():
-    for stage in ("molrl.tasks.grade", "molrl.rl.step", "molrl.mol", "molrl.eval", "molrl.collect", "molrl.traces"):
+    for stage in ("molrl.tasks.grade", "molrl.rl.trainer", "molrl.mol", "molrl.eval", "molrl.collect", "molrl.traces"):
         assert any(m == stage or m.startswith(stage + ".") for m in MODULES), stage
 
 

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from grpo_helpers import save_tiny_model, toy_config
-from molrl.rl.config import MacroSettings, OpdSettings
+from molrl.rl.config import MacroSettings, OpdSettings, PpoSettings
 
 FIXTURE = Path(__file__).parent / "fixtures" / "rl_golden.json"
 KEYS = ("reward", "loss", "grad_norm", "entropy", "completions/mean_length")
@@ -46,7 +46,8 @@ RUNS = {
     "dr_grpo_std": (dict(algorithm="dr_grpo_std", beta=0.05), None, ("kl",)),
     "opd_feedback": (dict(algorithm="opd", beta=0.0, opd=OpdSettings(teacher="feedback", lam=1.25)), None,
                      ("opd/teacher_minus_reference", "opd/policy_minus_reference", "opd/advantage")),
-    "ppo_fixed5": (dict(algorithm="ppo", beta=0.05, macro=MacroSettings(rule="fixed:5")), None,
+    "ppo_fixed5": (dict(algorithm="ppo", beta=0.05, macro=MacroSettings(rule="fixed:5"),
+                        ppo=PpoSettings(critic="shared")), None,
                    ("kl", "critic/value_loss", "critic/explained_variance", "critic/macro_actions_per_completion")),
     "partial": (dict(algorithm="grpo", beta=0.05), _partial,
                 ("kl", "partial/off_policy_token_fraction", "partial/buffer_groups", "partial/buffer_tokens",

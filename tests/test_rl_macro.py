@@ -102,7 +102,7 @@ def test_unknown_rules_and_missing_inputs_are_named():
 # --- PPO with a critic over macro actions --------------------------------------------------------
 
 def test_token_rewards_put_the_outcome_on_the_last_loss_token_and_the_kl_on_each():
-    from molrl.rl.step import token_rewards
+    from molrl.rl.algorithms.ppo import token_rewards
 
     policy = torch.tensor([[-1.0, -2.0, -1.0, 0.0], [-0.5, -0.5, 0.0, 0.0]])
     reference = torch.tensor([[-1.5, -1.0, -1.0, 0.0], [-0.5, -1.5, 0.0, 0.0]])
@@ -112,7 +112,7 @@ def test_token_rewards_put_the_outcome_on_the_last_loss_token_and_the_kl_on_each
 
 
 def test_value_loss_clips_and_explained_variance_measures_the_critic():
-    from molrl.rl.step import explained_variance, value_loss
+    from molrl.rl.loss import explained_variance, value_loss
 
     old = torch.tensor([[0.0, 0.0]])
     returns = torch.tensor([[1.0, -1.0]])
@@ -138,6 +138,67 @@ def test_a_ppo_run_over_macro_actions_trains_policy_and_critic(tmp_path):
     assert sum(rewards[-10:]) / 10 > sum(rewards[:10]) / 10  # the policy improves
     assert all(r["critic/macro_actions_per_completion"] <= 2 for r in rows)  # 6 tokens in MAs of 3
     assert all("critic/value_loss" in r and "critic/explained_variance" in r for r in rows)
-    head = __import__("torch").load(out / "value_head.pt")
-    assert head["weight"].abs().sum() > 0  # the critic trained (it starts at zero)
-    assert (out / "adapter" / "adapter_config.json").is_file()
+    critic = __import__("torch").load(out / "value_head.pt")
+    assert critic["head"]["weight"].abs().sum() > 0  # the critic trained (its head starts at zero)
+    assert critic["adapter"] and (out / "adapter" / "adapter_config.json").is_file()  # its own adapter, beside
+
+
+def _ppo_run(tmp_path, name, max_steps=2, save_steps=1000, **ppo):
+    from grpo_helpers import save_tiny_model, toy_config
+    from molrl.rl.config import PpoSettings
+    from molrl.rl.run import run_rl
+
+    base = tmp_path / "base"
+    if not base.is_dir():
+        save_tiny_model(base)
+    cfg = toy_config(tmp_path / name, base, algorithm="ppo", max_steps=max_steps, max_completion_length=6,
+                     ppo=PpoSettings(**ppo), save_steps=save_steps)
+    return cfg, run_rl(cfg)
+
+
+def _advantages(out, step=1):
+    import json
+
+    lines = [json.loads(x) for x in (out / "completions.jsonl").read_text().splitlines()]
+    return [x["advantage"] for x in lines if x["step"] == step]
+
+
+def test_a_group_mean_critic_with_lambda_one_gives_dr_grpos_advantages(tmp_path):
+    # V = the group's mean reward on every state, gamma = lam = 1, beta = 0: every token's GAE advantage is
+    # R - mean, Dr.GRPO's; the same seed samples the same first batch, so the advantages agree exactly
+    from grpo_helpers import toy_config
+    from molrl.rl.run import run_rl
+
+    _, ppo = _ppo_run(tmp_path, "ppo", max_steps=1, critic="group_mean", gamma=1.0, lam=1.0)
+    dr = run_rl(toy_config(tmp_path / "dr", tmp_path / "base", algorithm="dr_grpo", max_steps=1,
+                           max_completion_length=6))
+    assert _advantages(ppo) == pytest.approx(_advantages(dr), abs=1e-6)
+    assert any(abs(a) > 0 for a in _advantages(dr))  # the batch has signal
+
+
+def test_critic_warmup_fits_the_critic_while_the_policy_stays(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    _, out = _ppo_run(tmp_path, "warm", max_steps=2, critic="separate", critic_warmup_steps=2, critic_init="fresh")
+    weights = load_file(out / "adapter" / "adapter_model.safetensors")
+    assert all(torch.count_nonzero(w) == 0 for name, w in weights.items() if "lora_B" in name)  # policy unchanged
+    critic = torch.load(out / "value_head.pt")
+    assert critic["head"]["weight"].abs().sum() > 0  # the critic moved
+
+
+def test_a_resumed_ppo_run_gets_its_critic_back(tmp_path):
+    import torch
+
+    cfg, out = _ppo_run(tmp_path, "run", max_steps=2, critic="separate", save_steps=1)
+    saved = torch.load(out / "checkpoints" / "checkpoint-2" / "critic.pt")
+    from molrl.rl.run import build_trainer
+
+    cfg.max_steps = 3
+    trainer, _, pool = build_trainer(cfg)
+    try:
+        trainer.algorithm.load_state(out / "checkpoints" / "checkpoint-2")
+        torch.testing.assert_close(trainer.algorithm.head.state_dict()["weight"], saved["head"]["weight"])
+    finally:
+        if pool is not None:
+            pool.close()

@@ -11,7 +11,7 @@ from grpo_helpers import save_tiny_model, toy_config
 from molrl.errors import MolrlError
 from molrl.graders.grade import Grade
 from molrl.rl.config import OpdSettings
-from molrl.rl.step import opd_advantages, teacher_messages, teacher_prefix_ids
+from molrl.rl.algorithms.opd import opd_advantages, teacher_messages, teacher_prefix_ids
 from molrl.tasks import Task, TestCase
 
 TEACHER = torch.tensor([[-0.5, -1.0, -2.0], [-0.1, -3.0, 0.0]])  # [B=2, T=3] log pi_T of the sampled tokens
@@ -158,3 +158,78 @@ def test_opd_lambda_at_or_below_zero_is_refused_with_the_valid_range(lam):
     with pytest.raises(ConfigError, match=rf"opd.lam={float(lam)}: must be > 0"):
         load_config(RlConfig, None, ["algorithm=opd", f"opd.lam={lam}"])
     assert load_config(RlConfig, None, ["algorithm=opd", "opd.lam=1.25"]).opd.lam == 1.25
+
+
+def _full_model(path, seed):
+    """A tiny full model saved on disk (not an adapter), with its own random weights."""
+    from molrl.tiny import build_tiny_pair
+
+    model, tok = build_tiny_pair("chatml", seed=seed, initializer_range=0.1)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def _opd_rows(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "opd/advantage" in line]
+
+
+def test_a_full_model_teacher_and_a_full_model_reference_run(tmp_path):
+    # the paper's main setting: a separate (here: other) teacher model, and the teacher's own base as reference
+    from molrl.rl.run import run_rl
+
+    base = save_tiny_model(tmp_path / "base")
+    teacher = _full_model(tmp_path / "teacher", seed=3)
+    reference = _full_model(tmp_path / "reference", seed=4)
+    out = run_rl(toy_config(tmp_path / "run", base, algorithm="opd", max_steps=2, max_completion_length=6,
+                            opd=OpdSettings(teacher="model", teacher_model=teacher, reference=str(reference))))
+    rows = _opd_rows(out)
+    assert len(rows) == 2
+    # teacher, reference and student are three different models: every log-ratio is non-zero
+    assert all(r["opd/teacher_minus_reference"] != 0 and r["opd/policy_minus_reference"] != 0 for r in rows)
+
+
+def test_the_students_initial_model_as_reference_is_the_starting_adapter(tmp_path):
+    # a policy that starts from a MoL adapter: its initial model is base + that adapter, so at step 1
+    # log pi_theta - log pi_ref is exactly 0 (where the adapter-disabled base would differ)
+    from grpo_helpers import save_mol_adapter
+    from molrl.rl.config import PolicyConfig
+    from molrl.rl.run import run_rl
+
+    base = save_tiny_model(tmp_path / "base")
+    mol = save_mol_adapter(base, tmp_path / "mol")
+    rows = {}
+    for reference in ("student_initial", "student_base"):
+        cfg = toy_config(tmp_path / reference, base, algorithm="opd", max_steps=1, max_completion_length=6,
+                         opd=OpdSettings(teacher="feedback", reference=reference))
+        cfg.policy = PolicyConfig(base=str(base), mol_adapter=mol / "adapter")
+        rows[reference] = _opd_rows(run_rl(cfg))[0]
+    assert rows["student_initial"]["opd/policy_minus_reference"] == pytest.approx(0.0, abs=1e-6)
+    assert abs(rows["student_base"]["opd/policy_minus_reference"]) > 1e-3
+
+
+def test_a_self_teacher_reads_the_feedback_with_the_current_policy(tmp_path):
+    # SDPO: the teacher is the policy itself, in the feedback context; its log-probs differ from the
+    # policy's own on the same tokens only through the context
+    from molrl.rl.run import run_rl
+
+    base = save_tiny_model(tmp_path / "base")
+    out = run_rl(toy_config(tmp_path / "run", base, algorithm="opd", max_steps=2, max_completion_length=6,
+                            opd=OpdSettings(teacher="feedback", teacher_weights="current")))
+    rows = _opd_rows(out)
+    assert len(rows) == 2 and all(r["opd/teacher_minus_reference"] != 0 for r in rows)
+
+
+def test_a_self_teacher_on_the_students_own_prompt_gives_zero_advantage(tmp_path):
+    # the control: the current policy as teacher, reading exactly the student's prompt, is the student:
+    # A_t = (log pi_theta - log pi_ref) - (log pi_theta - log pi_ref) = 0 on every token, so nothing moves
+    from safetensors.torch import load_file
+
+    from molrl.rl.run import run_rl
+
+    base = save_tiny_model(tmp_path / "base")
+    out = run_rl(toy_config(tmp_path / "run", base, algorithm="opd", max_steps=2, max_completion_length=6,
+                            opd=OpdSettings(teacher="model", teacher_weights="current")))
+    assert all(abs(r["opd/advantage"]) < 1e-6 for r in _opd_rows(out))
+    weights = load_file(out / "adapter" / "adapter_model.safetensors")
+    assert all(torch.count_nonzero(w) == 0 for name, w in weights.items() if "lora_B" in name)

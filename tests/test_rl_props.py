@@ -133,3 +133,32 @@ def test_props_with_zero_behaviour_steps_equals_on_policy_sampling_with_the_same
     assert props_weights.keys() == policy_weights.keys()  # the behaviour adapter is not saved with the policy
     for name in props_weights:
         torch.testing.assert_close(props_weights[name], policy_weights[name])
+
+
+def test_sampling_error_splits_by_the_entropy_at_the_state():
+    import math
+
+    import torch
+
+    from molrl.rl.props import sampling_error_by_entropy, shared_state_sampling_error
+
+    # one prompt, 4 completions of 2 tokens: all start with token 5 (a near-deterministic state, pi(5) = 0.99,
+    # entropy 0.06), then 2 x token 7 and 2 x token 8 at a spread state (pi 0.5 each, entropy log 2)
+    ids = torch.tensor([[5, 7], [5, 7], [5, 8], [5, 8]])
+    logps = torch.log(torch.tensor([[0.99, 0.5]] * 4))
+    entropies = torch.tensor([[0.06, math.log(2)]] * 4)
+    mask = torch.ones(4, 2)
+    split = sampling_error_by_entropy(ids, logps, entropies, mask, 4, threshold=0.3)
+    # low: KL(empirical {5: 1} || pi) = log(1 / 0.99); high: KL({7: .5, 8: .5} || {.5, .5}) = 0
+    assert split["low"][0] == pytest.approx(math.log(1 / 0.99)) and split["low"][1] == 1
+    assert split["high"] == (pytest.approx(0.0, abs=1e-6), 1)
+    # together they are the unsplit error: both states reached by 4 completions, so weighted equally
+    total, states = shared_state_sampling_error(ids, logps, mask, 4)
+    assert states == 2 and total == pytest.approx((split["low"][0] + split["high"][0]) / 2)
+
+
+def test_min_entropy_must_not_be_negative():
+    from molrl.rl.config import PropsSettings, RlConfig
+
+    with pytest.raises(ValueError, match="min_entropy"):
+        RlConfig(props=PropsSettings(min_entropy=-1.0))

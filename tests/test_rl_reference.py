@@ -52,7 +52,7 @@ def reference_logps(cfg):
     base = load_model(cfg.policy.base)
     mol = load_model(cfg.policy.base, adapter=cfg.policy.mol_adapter / "adapter") if cfg.policy.mol_adapter else None
     peft_model.eval()
-    return (out["ref_per_token_logps"], temperature_logps(base, *args), mol and temperature_logps(mol, *args),
+    return (out["reference_logps"], temperature_logps(base, *args), mol and temperature_logps(mol, *args),
             temperature_logps(peft_model, *args), out["completion_mask"].bool())
 
 

@@ -10,7 +10,7 @@ import pytest
 from grpo_helpers import save_tiny_model, toy_config
 from molrl.graders.grade import Grade
 from molrl.rl.data import build_prompt_rows
-from molrl.rl.step import score
+from molrl.rl.score import score
 from molrl.tasks import Task, TestCase
 from molrl.tasks.toy import parse_checker_output
 
@@ -56,7 +56,7 @@ def test_a_raising_grader_fails_only_its_row(monkeypatch):
     def flaky(tasks, completions, pool=None, code=None):
         return [Grade(1 / 0 if "boom" in c else float(len(c)), True, "correct") for c in completions]
 
-    monkeypatch.setattr("molrl.rl.step.grade", flaky)
+    monkeypatch.setattr("molrl.rl.score.grade", flaky)
     scores = score([SIX_BY_SEVEN] * 3, ["ab", "boom", "abc"], failure_reward=-1.0)
     assert scores.rewards == [2.0, -1.0, 3.0]  # the batch failed, so rows were graded one by one
     assert scores.errors[0] is None and "ZeroDivisionError" in scores.errors[1]
@@ -71,7 +71,7 @@ def test_a_task_of_unknown_kind_is_scored_as_failure_and_the_rest_normally():
 
 
 def test_non_finite_rewards_become_failures(monkeypatch):
-    monkeypatch.setattr("molrl.rl.step.grade",
+    monkeypatch.setattr("molrl.rl.score.grade",
                         lambda tasks, completions, pool=None, code=None: [Grade(math.nan, False, "wrong"),
                                                                           Grade(0.5, False, "wrong")])
     scores = score([SIX_BY_SEVEN] * 2, ["a", "b"])

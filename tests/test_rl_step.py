@@ -15,8 +15,10 @@ import torch
 
 from molrl.rl.config import RlConfig, PolicyConfig
 from molrl.rl.run import trl_args
-from molrl.rl.step import (ADVANTAGES, AGGREGATION, TRL_SURFACE, LossSettings, RlTrainer, Scorer, Scores,
-                           policy_loss, sampler_weights, zero_std_fraction)
+from molrl.rl.algorithms import ALGORITHMS
+from molrl.rl.loss import LossSettings, policy_loss, sampler_weights
+from molrl.rl.score import Scorer, Scores, zero_std_fraction
+from molrl.rl.trainer import TRL_SURFACE, RlTrainer
 from molrl.tasks import Task
 
 MAX_COMPLETION = 4  # Dr.GRPO's constant normaliser is B * max_completion_length = 2 * 4
@@ -49,7 +51,7 @@ def make_trainer(tmp_path, algorithm="dr_grpo", beta=0.0, epsilon=0.2, rewards=N
     row = {"prompt": "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", "task_json": TASK.to_json()}
     ds = Dataset.from_list([row] * 4)
     peft_config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False) if beta else None
-    trainer = RlTrainer(model=model, scorer=FixedScorer(rewards or [0.0, 0.0]), algorithm=algorithm, args=args,
+    trainer = RlTrainer(model=model, scorer=FixedScorer(rewards or [0.0, 0.0]), config=cfg, args=args,
                         train_dataset=ds, processing_class=tok, peft_config=peft_config)
     trainer.current_gradient_accumulation_steps = 1  # set by the training loop; one micro-batch per step here
     return trainer, trainer.model
@@ -100,7 +102,7 @@ STD = math.sqrt(0.5)  # sample std of [1, 0]
     ("dr_grpo_std", [0.5 / (STD + 1e-4), -0.5 / (STD + 1e-4), 0.0, 0.0]),
 ])
 def test_advantages_in_closed_form(algorithm, per_row):
-    advantages = ADVANTAGES[algorithm](REWARDS, MASK, 2)
+    advantages = ALGORITHMS[algorithm].advantage_fn(REWARDS, MASK, 2)
     assert advantages.shape == MASK.shape  # [N, T]: the row's advantage on each of its loss tokens, 0 elsewhere
     torch.testing.assert_close(advantages, torch.tensor(per_row)[:, None] * MASK)
 
@@ -111,7 +113,7 @@ def test_a_group_of_ties_carries_no_signal_and_is_counted():
 
 
 def test_aggregation_is_per_algorithm():
-    assert AGGREGATION == {"grpo": "sequence_mean", "dr_grpo": "constant", "dr_grpo_std": "constant",
+    assert {name: algorithm.aggregation for name, algorithm in ALGORITHMS.items()} == {"grpo": "sequence_mean", "dr_grpo": "constant", "dr_grpo_std": "constant",
                            "opd": "token_mean", "ppo": "token_mean"}
 
 
@@ -127,7 +129,8 @@ def test_constant_aggregation_sums_tokens_over_b_times_t_max():
     logps = _leaf([[-1.0, -2.0, -0.5, -3.0], [-1.5, -1.0, -1.0, -1.0]])
     mask = torch.tensor([[1.0, 1, 1, 0], [1, 0, 0, 0]])
     adv = torch.tensor([1.0, -1.0])[:, None] * mask
-    loss, stats = policy_loss(logps, adv, mask, LossSettings("constant", 4))
+    stats = policy_loss(logps, adv, mask, LossSettings("constant", 4))
+    loss = stats.loss
     loss.backward()
     assert loss.item() == pytest.approx(-0.25)
     torch.testing.assert_close(logps.grad, -adv / 8)
@@ -140,7 +143,7 @@ def test_sequence_mean_aggregation_averages_within_each_completion_first():
     logps = _leaf([[-1.0, -2.0, -0.5, -3.0], [-1.5, -1.0, -1.0, -1.0]])
     mask = torch.tensor([[1.0, 1, 1, 0], [1, 0, 0, 0]])
     adv = torch.tensor([1.0, -1.0])[:, None] * mask
-    loss, _ = policy_loss(logps, adv, mask, LossSettings("sequence_mean", 4))
+    loss = policy_loss(logps, adv, mask, LossSettings("sequence_mean", 4)).loss
     loss.backward()
     assert loss.item() == pytest.approx(0.0, abs=1e-7)
     torch.testing.assert_close(logps.grad, -adv / (torch.tensor([[3.0], [1.0]]) * 2))
@@ -151,7 +154,7 @@ def test_token_mean_aggregation_averages_over_all_loss_tokens():
     logps = _leaf([[-1.0, -2.0, -0.5, -3.0], [-1.5, -1.0, -1.0, -1.0]])
     mask = torch.tensor([[1.0, 1, 1, 0], [1, 0, 0, 0]])
     adv = torch.tensor([1.0, -1.0])[:, None] * mask
-    loss, _ = policy_loss(logps, adv, mask, LossSettings("token_mean", 4))
+    loss = policy_loss(logps, adv, mask, LossSettings("token_mean", 4)).loss
     loss.backward()
     assert loss.item() == pytest.approx(-0.5)
     torch.testing.assert_close(logps.grad, -adv / 4)
@@ -166,7 +169,8 @@ def test_clipping_and_the_kl_term_match_the_formula():
     reference = torch.tensor([[-0.7], [-2.2]])
     mask = torch.ones(2, 1)
     adv = torch.tensor([[0.7], [-1.3]])
-    loss, stats = policy_loss(logps, adv, mask, LossSettings("constant", 1, eps, eps, beta), behaviour, reference)
+    stats = policy_loss(logps, adv, mask, LossSettings("constant", 1, eps, eps, beta), behaviour, reference)
+    loss = stats.loss
     loss.backward()
     ratio = torch.exp(torch.tensor([[0.5], [-0.4]]))
     d = reference - logps.detach()
@@ -222,16 +226,16 @@ def test_dr_grpo_loss_with_clipping_and_kl_matches_hand_computation(tmp_path):
     batch = fixed_batch([0.7, -1.3])
     with torch.no_grad():
         current = completion_logps(model, batch)  # [B, C]
-    batch["old_per_token_logps"] = current + torch.tensor([[0.5, -0.5, 0.05, 0.0], [-0.4, 0.0, 0.0, 0.0]])
-    batch["ref_per_token_logps"] = current + torch.tensor([[0.3, 0.1, -0.2, 0.0], [0.2, 0.0, 0.0, 0.0]])
+    batch["behaviour_logps"] = current + torch.tensor([[0.5, -0.5, 0.05, 0.0], [-0.4, 0.0, 0.0, 0.0]])
+    batch["reference_logps"] = current + torch.tensor([[0.3, 0.1, -0.2, 0.0], [0.2, 0.0, 0.0, 0.0]])
     loss, grads = trainer_loss_and_grads(trainer, model, batch)
 
     model.zero_grad()
     logp = completion_logps(model, batch)  # [B, C]
     adv = batch["advantages"]  # [B, C]
-    ratio = torch.exp(logp - batch["old_per_token_logps"])
+    ratio = torch.exp(logp - batch["behaviour_logps"])
     surrogate = -torch.min(ratio * adv, ratio.clamp(1 - eps, 1 + eps) * adv)
-    d = batch["ref_per_token_logps"] - logp
+    d = batch["reference_logps"] - logp
     kl = (torch.exp(d) - d - 1) * ratio
     per_token = (surrogate + beta * kl) * batch["completion_mask"]
     expected = per_token.sum() / (2 * MAX_COMPLETION)

@@ -21,7 +21,7 @@ COMMANDS = [
     "molrl.commands.eval",
     "molrl.commands.mol",
     "molrl.commands.export",
-    "molrl.commands.grpo",
+    "molrl.commands.rl",
     "molrl.commands.sandbox",
     "molrl.commands.pipeline",
     "molrl.commands.demo",
@@ -29,10 +29,12 @@ COMMANDS = [
 
 
 def add_stage_parser(
-    subparsers: argparse._SubParsersAction, name: str, *, help: str, doc: str | None, config: str, example: str
+    subparsers: argparse._SubParsersAction, name: str, *, help: str, doc: str | None, config: str, example: str,
+    aliases: list[str] | None = None,
 ) -> argparse.ArgumentParser:
     """A stage's subparser with the common ``key=value`` overrides, ``--config`` and ``--describe``."""
-    p = subparsers.add_parser(name, help=help, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(name, help=help, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter,
+                              aliases=aliases or [])
     p.add_argument("overrides", nargs="*", metavar="key=value", help=f"config overrides, e.g. {example}")
     p.add_argument("--config", help=f"YAML {config} file (see configs/)")
     p.add_argument("--describe", action="store_true", help="print every config key with its default and meaning, then exit")

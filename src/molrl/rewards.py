@@ -1,6 +1,6 @@
 """Reward functions for training with TRL directly, on ``molrl.tasks.grade`` like molrl's own RL stage.
 
-molrl's RL stage scores in ``molrl.rl.step``; these are for users who build their own TRL trainer.
+molrl's RL stage scores in ``molrl.rl.score``; these are for users who build their own TRL trainer.
 
 Each is called as ``reward(prompts, completions, task_json=[...], **other_columns)`` and returns
 one float per completion. Completions may be strings or chat message lists. A completion the grader

@@ -6,7 +6,8 @@
 
 from molrl.collect.actions import SYSTEM_PROMPT, Action, parse_action
 from molrl.collect.config import CollectConfig, CritiqueConfig, EpisodeConfig
-from molrl.collect.feedback import FeedbackProvider, Observation, build_providers, rederive_feedback, render_feedback
+from molrl.collect.feedback import FeedbackProvider, Observation, rederive_feedback, render_feedback
+from molrl.collect.providers import build_providers
 from molrl.collect.loop import Episode, run_episodes, start_episode
 from molrl.collect.run import run_collect
 

@@ -14,11 +14,9 @@ Add a provider without touching the loop: any object with a ``name`` and a
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
-from molrl.errors import MolrlError
 from molrl.tasks import Task
 
 NO_FEEDBACK = "[no feedback]"
@@ -254,41 +252,3 @@ def rederive_feedback(
                 pieces.append(provider(task, obs, messages[:i]))
         derived[i] = "\n\n".join(p for p in pieces if p) or NO_FEEDBACK
     return derived
-
-
-BUILTIN: dict[str, Callable[[Any], FeedbackProvider]] = {
-    "execution": lambda cfg: ExecutionFeedback(max_chars=cfg.feedback_max_chars),
-    "tests": lambda cfg: TestFeedback(max_failures=cfg.max_failures_shown, max_chars=cfg.feedback_max_chars),
-    "verdict": lambda cfg: VerdictFeedback(),
-    "format": lambda cfg: FormatFeedback(),
-    "budget": lambda cfg: BudgetFeedback(),
-    "critique": lambda cfg: _critique(cfg),
-}
-"""Providers by config name; each factory takes the ``EpisodeConfig``."""
-
-
-def _critique(cfg: Any) -> FeedbackProvider:
-    from molrl.collect.critique import CritiqueFeedback
-
-    return CritiqueFeedback(cfg.critique)
-
-
-def build_providers(names: Sequence[str], cfg: Any) -> list[FeedbackProvider]:
-    """Providers for config ``names``: built-in names, or ``module:factory`` import paths."""
-    providers = []
-    for name in names:
-        if name in BUILTIN:
-            providers.append(BUILTIN[name](cfg))
-        elif ":" in name:
-            module, _, attr = name.partition(":")
-            try:
-                factory = getattr(importlib.import_module(module), attr)
-            except (ImportError, AttributeError) as err:
-                raise MolrlError(f"feedback provider {name!r} cannot be imported: {err}") from None
-            providers.append(factory(cfg))
-        else:
-            raise MolrlError(
-                f"unknown feedback provider {name!r}; built-in ones are {', '.join(BUILTIN)}, "
-                "or name your own as package.module:factory"
-            )
-    return providers

@@ -24,7 +24,8 @@ from molrl.chat import render
 from molrl.collect.actions import STOP_STRINGS, SYSTEM_PROMPT, Action, parse_action, think_well_formed
 from molrl.collect.config import EpisodeConfig
 from molrl.collect.environment import observe
-from molrl.collect.feedback import FeedbackProvider, Observation, build_providers, render_feedback
+from molrl.collect.feedback import FeedbackProvider, Observation, render_feedback
+from molrl.collect.providers import build_providers
 from molrl.generation import Generator
 from molrl.tasks import Task
 from molrl.traces.schema import Trace

@@ -14,6 +14,7 @@ from molrl.collect.actions import parse_action
 from molrl.collect.loop import Episode, run_episodes
 from molrl.eval.config import EvalConfig
 from molrl.eval.samples import SampleRecord
+from molrl.eval.sources import SamplingSource
 from molrl.tasks import Task
 
 
@@ -23,8 +24,6 @@ class InteractiveSource:
     mode = "interactive"
 
     def __init__(self, cfg: EvalConfig):
-        from molrl.eval.sources import SamplingSource
-
         self.cfg = cfg
         self._model = SamplingSource(cfg)  # loads the model once, on first use
         self.label = f"{self._model.label} (interactive)" if not cfg.label else cfg.label

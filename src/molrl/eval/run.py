@@ -21,11 +21,29 @@ from molrl.eval.config import SAMPLE_KEYS, EvalConfig
 from molrl.eval.report import results_markdown, write_results
 from molrl.eval.samples import SampleRecord, SampleStore
 from molrl.eval.single import summarise
-from molrl.eval.sources import make_source
+from molrl.eval.interactive import InteractiveSource
+from molrl.eval.sources import PredictionSource, SamplingSource
 from molrl.eval.suites import load_suite
 from molrl.tasks import Task
 
 log = logging.getLogger(__name__)
+
+
+def make_source(cfg: EvalConfig) -> Any:
+    """The completion source a config asks for: predictions, single-turn sampling, or interactive."""
+    if cfg.predictions:
+        missing = [b for b in cfg.benchmarks if b not in cfg.predictions]
+        if missing:
+            raise MolrlError(f"predictions given for {', '.join(cfg.predictions)} but not for {', '.join(missing)}; "
+                             "pass one --predictions NAME=PATH per benchmark")
+        if cfg.model:
+            log.warning("grading predictions: model %s is not loaded", cfg.model)
+        return PredictionSource(cfg)
+    if not cfg.model:
+        raise MolrlError("no model to evaluate: pass --model M, or --predictions FILE to grade completions made elsewhere")
+    if cfg.mode == "interactive":
+        return InteractiveSource(cfg)
+    return SamplingSource(cfg)
 
 
 def run_eval(cfg: EvalConfig) -> Path:

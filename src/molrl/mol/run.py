@@ -26,7 +26,7 @@ def run_mol(cfg: MolConfig) -> Path:
     """Train per ``cfg`` (resuming from its newest checkpoint when allowed); returns the output dir."""
     from molrl.models import load_tokenizer
     from molrl.mol.data import check_feedback, load_examples
-    from molrl.mol.trainer import drop_records_after, last_whole_checkpoint
+    from molrl.runfiles import drop_records_after, last_whole_checkpoint
 
     check_config(cfg)
     out = Path(cfg.output_dir)
@@ -66,7 +66,8 @@ def build_trainer(cfg: MolConfig, examples: list[dict[str, Any]], tokenizer: Any
     from molrl.console import use_trainer_progress
     from molrl.models import load_model
     from molrl.mol.data import MolCollator
-    from molrl.mol.trainer import MetricsFileCallback, MolTrainer
+    from molrl.mol.trainer import MolTrainer
+    from molrl.runfiles import MetricsFileCallback
 
     set_seed(cfg.train.seed)
     check_reference_room(cfg)

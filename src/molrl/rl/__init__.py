@@ -1,7 +1,10 @@
-"""RL post-training with sandbox-execution rewards (``molrl grpo``): GRPO, Dr.GRPO and dr_grpo_std.
+"""RL post-training with sandbox-execution rewards (``molrl rl``, also ``molrl grpo``).
 
-``run_rl(RlConfig) -> Path`` is the stage (``molrl.rl.run``: what it reads and writes); one step
-of it, rollout -> score -> advantages -> loss, reads top to bottom in ``molrl.rl.step``.
+Five algorithms (``molrl.rl.algorithms``: grpo, dr_grpo, dr_grpo_std, opd, ppo over macro actions) and
+three rollout policies (``molrl.rl.rollouts``: synchronous, partial rollouts, PROPS), each a module
+behind a registry. ``run_rl(RlConfig) -> Path`` is the stage (``molrl.rl.run``: what it reads and
+writes); one step of it, rollout -> score -> advantages -> loss, reads top to bottom in
+``molrl.rl.trainer``.
 """
 
 from molrl.rl.config import RlConfig

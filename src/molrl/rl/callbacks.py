@@ -16,7 +16,10 @@ from typing import Any, Callable
 
 from transformers import TrainerCallback
 
-from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
+from molrl.eval.single import evaluate_single
+from molrl.generation import SamplingConfig
+from molrl.rl.kl import policy_base_kl
+from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION, render_prompts
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +35,6 @@ class EvalHookCallback(TrainerCallback):
     @classmethod
     def from_config(cls, cfg: Any, policy: Any, tasks: list, pool: Any) -> "EvalHookCallback":
         """The hook for a GRPO config: its held-out ``tasks``, greedy sampling, and the policy's base."""
-        from molrl.generation import SamplingConfig
-
         sampling = SamplingConfig(n=1, temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.seed)
         base = BaseAccess(policy)
 
@@ -83,10 +84,6 @@ def evaluate_policy(model: Any, tokenizer: Any, tasks: list, sampling: Any, pool
                     math_template: str = MATH_INSTRUCTION) -> dict[str, float]:
     """Held-out accuracy (evaluate_single) and mean per-token KL(policy || base) on its greedy answers,
     with tasks posed by the single-turn instructions ``code_template`` / ``math_template``."""
-    from molrl.tasks.prompts import render_prompts
-    from molrl.eval.single import evaluate_single
-    from molrl.rl.kl import policy_base_kl
-
     result = evaluate_single(model, tokenizer, tasks, sampling, pool, enable_thinking=enable_thinking,
                              code_template=code_template, math_template=math_template)
     metrics = {"eval/accuracy": float(result["accuracy"])}

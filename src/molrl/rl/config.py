@@ -1,7 +1,7 @@
 """The RL stage's config: policy, reference, tasks, reward, algorithm, sampling and logging.
 
 Defaults follow the MoL-RL authors' published RL settings (group size 8, temperature 0.9, LoRA
-rank 64, learning rate 1e-4 for LoRA). Every field maps either onto the step (``molrl.rl.step``), onto
+rank 64, learning rate 1e-4 for LoRA). Every field maps either onto the step (``molrl.rl.trainer``), onto
 TRL's ``GRPOConfig`` for the loop and generation (``molrl.rl.run.trl_args``), or onto the wiring.
 """
 
@@ -90,7 +90,23 @@ class PpoSettings:
     value_clip: float = 0.2
     """The value loss clips new values to old value +- this."""
     value_coef: float = 0.5
-    """Weight of the value loss beside the policy loss."""
+    """Weight of the value loss beside the policy loss (critic=shared: both train the shared trunk)."""
+    critic: Literal["separate", "shared", "group_mean"] = "separate"
+    """separate: a value model of its own (its own LoRA adapter on the base and a value head, its own optimiser
+    and learning rate; MA-RLHF's layout); shared: a value head on the policy's own trunk, trained with the policy
+    by the same optimiser; group_mean: no learned critic, every state valued at its group's mean reward (a
+    control: with gamma = lam = 1 and beta = 0 its advantages are Dr.GRPO's)."""
+    critic_init: str = "policy"
+    """critic=separate: its adapter starts as a copy of the policy's adapter at the start of the run (policy),
+    as a fresh LoRA on the base (fresh), or from a PEFT adapter directory (e.g. a reward model's)."""
+    critic_learning_rate: float | None = None
+    """critic=separate: Adam learning rate of the critic (None: the policy's learning_rate)."""
+    critic_epochs: int = 1
+    """critic=separate: passes over each step's batch when fitting the critic."""
+    critic_minibatches: int = 1
+    """critic=separate: minibatches per pass."""
+    critic_warmup_steps: int = 0
+    """The first this many steps train the critic only: every advantage is 0, so the policy does not move."""
 
 
 @dataclass
@@ -115,13 +131,18 @@ class OpdSettings:
     lam: float = 1.0
     """lambda: 1 is standard on-policy distillation; above 1 extrapolates past the teacher (ExOPD: 1.25)."""
     teacher: Literal["feedback", "reference", "model"] = "feedback"
-    """feedback: the frozen base, shown the environment's feedback on this very completion (a previous turn
-    holding the completion and its test / verdict feedback in the collection trace format);
-    reference: the frozen base, shown the task's reference solution; model: teacher_model on the same prompt."""
+    """What the teacher reads before the student's completion: feedback: the environment's feedback on this
+    very completion (a previous turn holding the completion and its test / verdict feedback in the collection
+    trace format); reference: the task's reference solution; model: the student's own prompt."""
+    teacher_weights: Literal["frozen", "current"] = "frozen"
+    """frozen: teacher_model, or (without one) the frozen base (the policy's adapter disabled); current: the
+    policy being trained, at this step (self-distillation with privileged context, as SDPO / OPSD)."""
     teacher_model: Path | None = None
-    """teacher=model: a PEFT adapter directory on the policy's base (switched in, no second copy), or a full model."""
+    """The frozen teacher: a PEFT adapter directory on the policy's base (switched in, no second copy), or a
+    full model directory (a separate frozen model, the paper's larger teacher); none: the frozen base."""
     reference: str = "student_base"
-    """pi_ref: student_base (the policy's base, its adapter disabled), or a PEFT adapter / model directory
+    """pi_ref: student_base (the policy's base, its adapter disabled), student_initial (the policy as the run
+    starts, its starting adapter frozen: the G-OPD paper's choice), or a PEFT adapter / full model directory
     (for example the teacher's pre-RL base: the reward correction)."""
     outcome_weight: float = 0.0
     """Weight of the outcome reward's group-relative advantage (R - group mean) added to every token's."""
@@ -153,11 +174,20 @@ class RolloutSettings:
     sampling_error: bool = True
     """Log ``sampling_error``: KL(empirical || policy) at the states two or more of a prompt's completions share,
     over the data of each update (one no-grad forward pass per step)."""
+    sampling_error_split: float | None = None
+    """Also log the sampling error split by the policy's entropy at the state, below and above this many nats
+    (``sampling_error/low_entropy``, ``sampling_error/high_entropy``); costs one more forward pass."""
+
+    def policy(self) -> str:
+        """The rollout policy's name in ``molrl.rl.rollouts.ROLLOUTS``: partial, props or sync."""
+        return "partial" if self.partial else "props" if self.behaviour == "props" else "sync"
 
     def resolved_rounds(self) -> int:
+        """Sampling rounds per step (``rounds``, or its default)."""
         return self.rounds if self.rounds is not None else (2 if self.behaviour == "props" else 1)
 
     def resolved_buffer(self) -> int:
+        """Steps' batches the policy trains on (``buffer_batches``, or its default)."""
         return self.buffer_batches if self.buffer_batches is not None else (2 if self.behaviour == "props" else 1)
 
 
@@ -180,6 +210,10 @@ class PropsSettings:
     """Minibatches per pass."""
     copy_every: int = 1
     """phi is re-copied from theta every this many behaviour updates (the authors' code: every update)."""
+    min_entropy: float = 0.0
+    """States where pi_theta's entropy is below this (nats) are left out of the behaviour objective, so
+    near-deterministic states (format tokens) keep phi = theta. A deviation from the paper, whose states all
+    have spread action distributions; 0 (the default) keeps every state, as the paper does."""
 
 
 @dataclass
@@ -198,7 +232,7 @@ class EvalHookSettings:
 
 @dataclass
 class RlConfig:
-    """GRPO / Dr.GRPO post-training with sandbox-execution rewards."""
+    """RL post-training (grpo, dr_grpo, dr_grpo_std, opd, ppo) with sandbox-execution rewards."""
 
     output_dir: Path = Path("runs/grpo")
     """Where the adapter, config.yaml, metrics.jsonl and completions.jsonl go."""
@@ -324,11 +358,20 @@ class RlConfig:
         if ro.behaviour == "props" and self.use_vllm:
             raise ValueError("rollout.behaviour=props samples from a second adapter, which vLLM does not hold; "
                              "set use_vllm=false")
+        pp = self.ppo
+        if pp.critic_epochs < 1 or pp.critic_minibatches < 1 or pp.critic_warmup_steps < 0:
+            raise ValueError("ppo: critic_epochs >= 1, critic_minibatches >= 1 and critic_warmup_steps >= 0")
+        if pp.critic_learning_rate is not None and pp.critic_learning_rate <= 0:
+            raise ValueError(f"ppo.critic_learning_rate={pp.critic_learning_rate}: must be > 0 (or none: the policy's)")
         pr = self.props
-        if pr.update_epochs < 0 or pr.minibatches < 1 or pr.copy_every < 1 or pr.clip <= 0 or pr.target_kl <= 0:
-            raise ValueError("props: update_epochs >= 0, minibatches >= 1, copy_every >= 1, clip > 0 and target_kl > 0")
+        if pr.update_epochs < 0 or pr.minibatches < 1 or pr.copy_every < 1 or pr.clip <= 0 or pr.target_kl <= 0 \
+                or pr.min_entropy < 0:
+            raise ValueError("props: update_epochs >= 0, minibatches >= 1, copy_every >= 1, clip > 0, target_kl > 0 "
+                             "and min_entropy >= 0")
         if self.opd.lam <= 0:
             raise ValueError(f"opd.lam={self.opd.lam}: must be > 0 (1 is standard on-policy distillation, above 1 "
                              "extrapolates past the teacher; 0 or below would distil away from it)")
-        if self.algorithm == "opd" and self.opd.teacher == "model" and self.opd.teacher_model is None:
-            raise ValueError("opd.teacher=model needs opd.teacher_model (an adapter or model directory)")
+        if (self.algorithm == "opd" and self.opd.teacher == "model" and self.opd.teacher_weights == "frozen"
+                and self.opd.teacher_model is None):
+            raise ValueError("opd.teacher=model needs opd.teacher_model (an adapter or model directory), "
+                             "or opd.teacher_weights=current")

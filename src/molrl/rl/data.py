@@ -15,7 +15,9 @@ from typing import Any, Sequence
 
 from molrl.errors import MolrlError
 from molrl.rl.config import TaskSource
+from molrl.tasks import load_tasks
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION, render_prompt
+from molrl.tasks.toy import toy_tasks
 from molrl.tasks.types import Task
 
 log = logging.getLogger(__name__)
@@ -24,13 +26,9 @@ log = logging.getLogger(__name__)
 def load_task_source(src: TaskSource, role: str) -> list[Task]:
     """The tasks ``src`` names: a benchmark or JSONL file, or the toy (``role``, train / eval.tasks, names it in errors)."""
     if src.format == "toy":
-        from molrl.tasks.toy import toy_tasks
-
         return toy_tasks(src.limit or 64)
     if src.path is None:
         raise MolrlError(f"{role}.path is not set: give a task file ({role}.path=FILE {role}.format=FORMAT)")
-    from molrl.tasks import load_tasks
-
     return load_tasks(src.path, src.format, limit=src.limit, spec=src.spec)
 
 

@@ -14,7 +14,7 @@ policy at the start of the step (truncated importance sampling, like TRL's vLLM 
 ``mask``: leave such tokens out of the loss (slime's ``--mask-offpolicy-in-partial-rollout``).
 
 This module holds the buffer's types, its checkpoint form and the pure functions of the rule; the
-generation itself is ``RlTrainer.partial_generate`` (``molrl.rl.step``).
+generation itself is the partial rollout policy (``molrl.rl.rollouts.partial``).
 """
 
 from __future__ import annotations

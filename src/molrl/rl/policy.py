@@ -12,7 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from peft import LoraConfig
+
 from molrl.errors import MolrlError
+from molrl.models import load_model, load_tokenizer
 from molrl.rl.config import RlConfig
 
 log = logging.getLogger(__name__)
@@ -51,8 +54,6 @@ def resolve_adapter_dir(path: Path) -> Path:
 
 def lora_config(cfg: RlConfig) -> Any:
     """The PEFT LoraConfig for a freshly created adapter."""
-    from peft import LoraConfig
-
     if "lm_head" in cfg.lora.target_modules:
         raise MolrlError("lora.target_modules must not include lm_head: TRL scores tokens from lm_head.weight directly")
     return LoraConfig(
@@ -66,8 +67,6 @@ def lora_config(cfg: RlConfig) -> Any:
 
 def build_policy(cfg: RlConfig) -> Policy:
     """Load the base, put the MoL adapter on it as ``adapter_mode`` says, and describe the result."""
-    from molrl.models import load_model, load_tokenizer
-
     p = cfg.policy
     tokenizer = load_tokenizer(p.base)
 

@@ -56,43 +56,72 @@ def sampling_error(answers: Sequence[Hashable], policy: Mapping[Hashable, float]
     return total
 
 
+def shared_states(completion_ids: torch.Tensor, logps: torch.Tensor, mask: torch.Tensor, group: int,
+                  entropies: torch.Tensor | None = None) -> list[tuple[int, int, float, float]]:
+    """Every state two or more of a prompt's completions reach: (prompt, n, KL, entropy) each.
+
+    Rows ``g*group .. g*group+group-1`` are one prompt's completions. A state is a prompt plus a completion
+    prefix; n completions reach it, and KL(empirical || policy) = sum_a (n_a / n) log((n_a / n) / pi(a)) compares
+    the empirical distribution of their next tokens with the policy's (``logps`` [B, T]: the policy's log-prob of
+    each row's token, the same for every row at a shared state). ``entropies`` [B, T], when given, is the
+    policy's entropy at each row's state (NaN without it).
+    """
+    rows, out = completion_ids.size(0), []
+    for first in range(0, rows, group):
+        # a prefix tree: children[state] = {next token: [count, log-prob, child state]}; state 0 is the prompt
+        children: list[dict[int, list]] = [{}]
+        entropy_at: list[float] = [math.nan]
+        for r in range(first, min(first + group, rows)):
+            inside = mask[r].bool()
+            tokens, values = completion_ids[r][inside].tolist(), logps[r][inside].tolist()
+            states = entropies[r][inside].tolist() if entropies is not None else [math.nan] * len(tokens)
+            state = 0
+            for token, logp, entropy in zip(tokens, values, states):
+                entropy_at[state] = entropy
+                entry = children[state].get(token)
+                if entry is None:
+                    children.append({})
+                    entropy_at.append(math.nan)
+                    entry = children[state][token] = [0, logp, len(children) - 1]
+                entry[0] += 1
+                state = entry[2]
+        for state, nxt in enumerate(children):
+            n = sum(entry[0] for entry in nxt.values())
+            if n >= 2:
+                kl = sum((c / n) * (math.log(c / n) - logp) for c, logp, _ in nxt.values())
+                out.append((first // group, n, kl, entropy_at[state]))
+    return out
+
+
+def mean_over_prompts(states: Sequence[tuple[int, int, float, float]]) -> float:
+    """Per prompt, the states' KL averaged weighted by how many completions reach them; then the mean over
+    prompts (0.0 when there is no state)."""
+    totals: dict[int, list[float]] = {}
+    for prompt, n, kl, _ in states:
+        total = totals.setdefault(prompt, [0.0, 0.0])
+        total[0] += n * kl
+        total[1] += n
+    return sum(t / w for t, w in totals.values()) / len(totals) if totals else 0.0
+
+
 def shared_state_sampling_error(completion_ids: torch.Tensor, logps: torch.Tensor, mask: torch.Tensor,
                                 group: int) -> tuple[float, int]:
     """Token-level sampling error of a batch: (mean KL, number of states it is measured at).
 
-    Rows ``g*group .. g*group+group-1`` are one prompt's completions. A state is a prompt plus a completion
-    prefix; at every state that two or more of the prompt's completions reach, the empirical distribution
-    of their next tokens is compared with the policy's (``logps`` [B, T]: the policy's log-prob of each
-    row's token, the same for every row at a shared state): KL(empirical || policy) =
-    sum_a (n_a / n) log((n_a / n) / pi(a)). States reached once carry no frequency and are left out.
-    Per prompt, the states' KL is averaged weighted by how many completions reach them; the result is
-    the mean over prompts with a shared state (0.0, 0 when none has one). Where completions reach
-    their answer by the same prefix, the KL at the state before the answer is the answer-level KL.
+    The KL of every ``shared_states`` state, averaged per prompt weighted by how many completions reach it,
+    then over prompts with a shared state (0.0, 0 when none has one). States reached once carry no frequency
+    and are left out. Where completions reach their answer by the same prefix, the KL at the state before the
+    answer is the answer-level KL.
     """
-    rows = completion_ids.size(0)
-    per_prompt, measured = [], 0
-    for first in range(0, rows, group):
-        # a prefix tree: children[state] = {next token: [count, log-prob, child state]}; state 0 is the prompt
-        children: list[dict[int, list]] = [{}]
-        for r in range(first, min(first + group, rows)):
-            tokens = completion_ids[r][mask[r].bool()].tolist()
-            values = logps[r][mask[r].bool()].tolist()
-            state = 0
-            for token, logp in zip(tokens, values):
-                entry = children[state].get(token)
-                if entry is None:
-                    children.append({})
-                    entry = children[state][token] = [0, logp, len(children) - 1]
-                entry[0] += 1
-                state = entry[2]
-        total, weight = 0.0, 0
-        for nxt in children:
-            n = sum(entry[0] for entry in nxt.values())
-            if n < 2:
-                continue
-            total += n * sum((c / n) * (math.log(c / n) - logp) for c, logp, _ in nxt.values())
-            weight += n
-            measured += 1
-        if weight:
-            per_prompt.append(total / weight)
-    return (sum(per_prompt) / len(per_prompt) if per_prompt else 0.0), measured
+    states = shared_states(completion_ids, logps, mask, group)
+    return mean_over_prompts(states), len(states)
+
+
+def sampling_error_by_entropy(completion_ids: torch.Tensor, logps: torch.Tensor, entropies: torch.Tensor,
+                              mask: torch.Tensor, group: int, threshold: float) -> dict[str, tuple[float, int]]:
+    """``shared_state_sampling_error`` split by the policy's entropy at the state: ``low`` (< ``threshold``
+    nats: near-deterministic states, format tokens) and ``high`` (spread distributions), (mean KL, states) each."""
+    states = shared_states(completion_ids, logps, mask, group, entropies)
+    low = [s for s in states if s[3] < threshold]
+    high = [s for s in states if not s[3] < threshold]
+    return {"low": (mean_over_prompts(low), len(low)), "high": (mean_over_prompts(high), len(high))}

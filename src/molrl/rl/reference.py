@@ -19,6 +19,7 @@ import logging
 from typing import Any
 
 import torch
+from trl.models import prepare_deepspeed, prepare_fsdp
 from trl.trainer.utils import add_fused_lm_head
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,6 @@ def install_reference(trainer: Any, reference: str, adapter_mode: str | None, ba
         return "mol (frozen copy of the MoL adapter, named 'ref')"
     if reference == "mol":
         return "mol (merged MoL weights with the new adapter disabled)"
-    from trl.models import prepare_deepspeed, prepare_fsdp
-
     ref_model = base_loader()
     ref_model.requires_grad_(False)
     ref_model.eval()

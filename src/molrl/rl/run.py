@@ -1,4 +1,4 @@
-"""``run_rl``: tasks -> prompts -> policy (+ reference) -> ``RlTrainer`` (molrl.rl.step) -> adapter on disk.
+"""``run_rl``: tasks -> prompts -> policy (+ reference) -> ``RlTrainer`` (molrl.rl.trainer) -> adapter on disk.
 
 Outputs in ``cfg.output_dir``: ``config.yaml`` (resolved), ``data_summary.json`` (tasks kept and
 left out), ``metrics.jsonl`` (one line per logged step: reward, per-stage reward fractions, KL,
@@ -17,18 +17,30 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import torch
+from accelerate import PartialState
+from datasets import Dataset
+from trl import GRPOConfig as TrlGRPOConfig
+
 from molrl.config import save_config
+from molrl.console import use_trainer_progress
 from molrl.errors import MolrlError
+from molrl.graders.code import CodeRewardConfig
+from molrl.rl.callbacks import EvalHookCallback
 from molrl.rl.config import RlConfig
+from molrl.rl.data import build_prompt_rows, load_task_source
+from molrl.rl.policy import build_policy
+from molrl.rl.reference import install_reference, trainable_parameter_count
+from molrl.rl.score import Scorer
+from molrl.rl.trainer import RlTrainer
+from molrl.runfiles import MetricsFileCallback, drop_records_after, last_whole_checkpoint
+from molrl.sandbox import SandboxConfig, SandboxPool
 
 log = logging.getLogger(__name__)
 
 
 def run_rl(cfg: RlConfig) -> Path:
     """Train per ``cfg`` (resuming from its newest checkpoint); returns the output dir."""
-    from accelerate import PartialState
-
-    from molrl.mol.trainer import drop_records_after, last_whole_checkpoint
 
     state = PartialState()  # under accelerate launch: this process's rank; files are written by rank 0
     out = Path(cfg.output_dir)
@@ -49,8 +61,7 @@ def run_rl(cfg: RlConfig) -> Path:
     trainer, policy, pool = build_trainer(cfg)
     try:
         trainer.train(resume_from_checkpoint=resume)
-        if trainer.partial_state is not None and state.is_main_process:  # what partial rollouts left unfinished
-            (out / "rollout_buffer.json").write_text(json.dumps(trainer.partial_state.to_json()))
+        trainer.rollouts["train"].save_final(out)  # what the rollout policy left (partial rollouts: their buffer)
         _save_final(trainer, policy, out)
     finally:
         if pool is not None:
@@ -60,15 +71,6 @@ def run_rl(cfg: RlConfig) -> Path:
 
 def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
     """The ready-to-train ``RlTrainer``, its ``Policy`` and the sandbox pool (None without code or toy tasks)."""
-    import torch
-
-    from molrl.console import use_trainer_progress
-    from molrl.rl.callbacks import EvalHookCallback
-    from molrl.rl.data import load_task_source
-    from molrl.rl.policy import build_policy
-    from molrl.rl.reference import install_reference, trainable_parameter_count
-    from molrl.rl.step import RlTrainer
-    from molrl.mol.trainer import MetricsFileCallback
 
     if cfg.use_vllm and importlib.util.find_spec("vllm") is None:
         raise MolrlError("use_vllm=true but vllm is not installed: pip install 'molrl[gpu]' on a GPU machine, "
@@ -85,20 +87,13 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
         trainer = RlTrainer(
             model=policy.model,
             scorer=scorer,
-            algorithm=cfg.algorithm,
+            config=cfg,
             args=trl_args(cfg, out / "checkpoints", torch.cuda.is_available()),
             train_dataset=dataset,
             processing_class=policy.tokenizer,
             peft_config=policy.peft_config,
             callbacks=callbacks,
             completions_path=out / "completions.jsonl",
-            opd=cfg.opd,
-            ppo=cfg.ppo,
-            macro=cfg.macro,
-            rollout=cfg.rollout,
-            props=cfg.props,
-            prompt_settings={"code_template": cfg.code_prompt, "math_template": cfg.math_prompt,
-                             "enable_thinking": cfg.enable_thinking},
         )
         use_trainer_progress(trainer, f"{cfg.algorithm} {out.name}", {"reward": "reward", "kl": "kl", "completions/mean_length": "len"})
         described = install_reference(trainer, cfg.policy.reference, policy.adapter_mode, policy.load_base)
@@ -115,13 +110,6 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
 def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: list) -> tuple[Any, Any, Any]:
     """The prompt dataset (summary in data_summary.json), the scorer, and the sandbox pool (shared with
     the evaluation hook, so it exists when either the training or the held-out tasks need it)."""
-    from accelerate import PartialState
-    from datasets import Dataset
-
-    from molrl.graders.code import CodeRewardConfig
-    from molrl.rl.data import build_prompt_rows, load_task_source
-    from molrl.rl.step import Scorer
-    from molrl.sandbox import SandboxConfig, SandboxPool
 
     tasks = load_task_source(cfg.train, "train")
     rows, summary = build_prompt_rows(
@@ -146,8 +134,6 @@ def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: li
 
 def trl_args(cfg: RlConfig, output_dir: Path, cuda: bool) -> Any:
     """TRL ``GRPOConfig`` for our config (one optimiser step = prompts_per_step groups per process)."""
-    from trl import GRPOConfig as TrlGRPOConfig
-
     completions_per_step = cfg.prompts_per_step * cfg.num_generations
     return TrlGRPOConfig(
         output_dir=str(output_dir),
@@ -190,15 +176,10 @@ def trl_args(cfg: RlConfig, output_dir: Path, cuda: bool) -> Any:
 def _save_final(trainer: Any, policy: Any, out: Path) -> None:
     """adapter/ (the trained adapter only), plus model/ (fully merged) for merge_new; called on every rank."""
     model = trainer.accelerator.unwrap_model(trainer.model)
-    for frozen in ("ref", "teacher", "opd_reference", "behaviour"):  # TRL's reference, opd's adapters, PROPS' phi
-        if frozen in model.peft_config:
+    trainer.algorithm.save(model, out, trainer.accelerator.is_main_process)  # e.g. ppo's critic, beside the policy
+    for frozen in trainer.frozen_adapters():  # TRL's reference, an algorithm's teacher or critic, PROPS' phi
+        if frozen in getattr(model, "peft_config", {}):
             model.delete_adapter(frozen)
-    if hasattr(model, "molrl_value_head"):  # ppo's critic is not part of the policy: saved beside it
-        if trainer.accelerator.is_main_process:
-            import torch
-
-            torch.save(model.molrl_value_head.state_dict(), out / "value_head.pt")
-        del model.molrl_value_head
     trainer.save_model(str(out / "adapter"))  # gathers sharded (ZeRO / FSDP) weights; rank 0 writes
     if trainer.accelerator.is_main_process:
         policy.tokenizer.save_pretrained(str(out / "adapter"))

@@ -1,0 +1,39 @@
+"""``molrl rl`` (also ``molrl grpo``): RL post-training of a (MoL) policy with sandbox-execution rewards.
+
+Algorithms: grpo, dr_grpo, dr_grpo_std, opd (on-policy distillation), ppo (over macro actions);
+rollout options: partial rollouts, PROPS (docs/grpo.md).
+
+    molrl rl --config configs/grpo_tiny.yaml [key.sub=value ...]
+    molrl rl --config configs/grpo_qwen3_8b.yaml policy.mol_adapter=runs/mol train.path=mbpp.jsonl
+    molrl rl --describe        # every config key with its default and meaning
+
+Several processes: ``accelerate launch [--config_file ...] -m molrl.cli rl --config FILE ...``
+(on CPU: ``ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 ...``); see docs/grpo.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from molrl.cli import add_stage_parser  # molrl.cli imports this module to register it
+
+    p = add_stage_parser(subparsers, "rl", help="RL post-training (GRPO, Dr.GRPO, OPD, PPO) with code and math rewards",
+                         doc=__doc__, config="RlConfig", example="algorithm=grpo beta=0.04", aliases=["grpo"])
+    p.set_defaults(func=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from molrl.config import describe, load_config
+    from molrl.rl.config import RlConfig
+
+    if args.describe:
+        print("\n".join(describe(RlConfig)))
+        return 0
+    cfg = load_config(RlConfig, args.config, args.overrides)
+    from molrl.rl.run import run_rl  # torch and TRL: loaded only when the stage runs, so --help stays fast
+
+    out = run_rl(cfg)
+    print(out)
+    return 0

@@ -1,0 +1,194 @@
+"""The RL step's typed contracts, and the one helper each for joining, padding and merging token rows.
+
+A step crosses four seams (B completions of the local process, T completion tokens, N completions
+over all processes, P prompt tokens):
+
+- a rollout policy turns prompts into a ``RolloutBatch``;
+- grading turns it into ``Scores`` (``molrl.rl.score``);
+- an algorithm turns ``AdvantageInputs`` into ``Advantages``;
+- the loss reads ``LossInputs``, which TRL's loop splits into micro-batches as a dict of tensors
+  (``to_dict`` / ``from_dict``), and returns ``LossOutputs``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from trl.trainer.utils import pad
+
+from molrl.tasks.types import Task
+
+
+@dataclass
+class RolloutBatch:
+    """The local rows of one generation batch; rows ``g*G .. g*G+G-1`` share prompt g."""
+
+    prompt_ids: torch.Tensor
+    """[B, P] prompt token ids, left-padded."""
+    prompt_mask: torch.Tensor
+    """[B, P] 1 on prompt tokens, 0 on padding."""
+    completion_ids: torch.Tensor
+    """[B, T] completion token ids, right-padded."""
+    completion_mask: torch.Tensor
+    """[B, T] 1 on tokens that enter the loss: 0 on padding (and on truncated completions when
+    ``mask_truncated_completions`` is set)."""
+    behaviour_logps: torch.Tensor | None
+    """[B, T] log-probs under the policy that sampled the batch, when it differs from the one being
+    trained (several optimiser steps per generation, or vLLM); None: the trained policy sampled them."""
+    sampler_weights: torch.Tensor | None
+    """[B, 1] vLLM correction: pi_trainer / pi_vLLM of each completion, 0 where it exceeds its cap; None without vLLM."""
+    reference_logps: torch.Tensor | None
+    """[B, T] log-probs under the KL reference; None when beta = 0."""
+    tasks: list[Task]
+    """B tasks, the one behind each row."""
+    prompts: list[str]
+    """B prompt texts."""
+    completions: list[str]
+    """B decoded completions."""
+    finished: torch.Tensor
+    """[B] bool: the completion ended (EOS or pad) before ``max_completion_length``."""
+    token_weights: torch.Tensor | None = None
+    """[B, T] partial rollouts with ``off_policy=importance``: each token's truncated importance weight
+    (1 on tokens the step's own policy sampled); None otherwise."""
+    off_policy: torch.Tensor | None = None
+    """[B, T] bool, partial rollouts: tokens an earlier step's policy sampled; None otherwise."""
+    ids: list[str] | None = None
+    """B completion ids (``<group>/<row>``) of partial rollouts; None otherwise."""
+    lengths: list[int] | None = None
+    """B completion lengths in tokens (EOS included)."""
+
+    def loss_weights(self) -> torch.Tensor | None:
+        """[B, T] or [B, 1] what multiplies each token's loss: the vLLM correction times partial rollouts'
+        importance weights; None when neither applies."""
+        weights = self.sampler_weights
+        if self.token_weights is not None:
+            weights = self.token_weights if weights is None else weights * self.token_weights
+        return weights
+
+
+@dataclass
+class AdvantageInputs:
+    """What an algorithm's advantages are computed from."""
+
+    batch: RolloutBatch
+    """The local rows, with their log-probs as sampled."""
+    scores: Any
+    """``molrl.rl.score.Scores`` of the local rows (the grades a feedback teacher reads)."""
+    rewards: torch.Tensor
+    """[N] rewards of every process's rows (gathered)."""
+    masks: torch.Tensor
+    """[N, T'] completion masks of every process's rows, padded to the longest (float)."""
+    group: int
+    """Group size G: rows ``g*G .. g*G+G-1`` of ``rewards`` share a prompt."""
+    rows: slice
+    """The local rows within the N gathered ones."""
+
+
+@dataclass
+class Advantages:
+    """An algorithm's answer: per-token advantages and what its loss terms need."""
+
+    tokens: torch.Tensor
+    """[B, T] advantage of each local completion token."""
+    per_completion: torch.Tensor
+    """[N] each completion's advantage as logged (its mean over tokens where advantages are per token)."""
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
+    """[B, ...] per-row tensors the algorithm's loss terms read back (``LossInputs.extra``)."""
+
+
+@dataclass
+class LossInputs:
+    """A micro-batch as the loss reads it (TRL's loop slices it along rows)."""
+
+    prompt_ids: torch.Tensor
+    """[B, P] prompt token ids, left-padded."""
+    prompt_mask: torch.Tensor
+    """[B, P] 1 on prompt tokens."""
+    completion_ids: torch.Tensor
+    """[B, T] completion token ids, right-padded."""
+    completion_mask: torch.Tensor
+    """[B, T] 1 on loss tokens."""
+    advantages: torch.Tensor
+    """[B, T] per-token advantages."""
+    num_items_in_batch: torch.Tensor
+    """[] loss tokens of the whole generation batch over all processes."""
+    behaviour_logps: torch.Tensor | None = None
+    """[B, T] log-probs under the sampling policy; None: the trained policy sampled them (ratio 1 in value)."""
+    reference_logps: torch.Tensor | None = None
+    """[B, T] log-probs under the KL reference; None when beta = 0."""
+    weights: torch.Tensor | None = None
+    """[B, T] or [B, 1] multiplies each token's loss (vLLM correction, partial rollouts' importance weights)."""
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
+    """[B, ...] the algorithm's own per-row tensors (``Advantages.extra``: PPO's returns and old values)."""
+
+    def to_dict(self) -> dict[str, torch.Tensor]:
+        """The flat dict of tensors TRL's loop shuffles and splits (None fields left out)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        out.update({f"extra.{k}": v for k, v in self.extra.items()})
+        return {k: v for k, v in out.items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, torch.Tensor]) -> LossInputs:
+        """The inverse of ``to_dict``."""
+        names = {f.name for f in fields(cls)} - {"extra"}
+        extra = {k[len("extra."):]: v for k, v in data.items() if k.startswith("extra.")}
+        return cls(**{k: v for k, v in data.items() if k in names}, extra=extra)
+
+
+@dataclass
+class LossOutputs:
+    """The policy loss of a micro-batch and the detached sums logged over processes."""
+
+    loss: torch.Tensor
+    """[] the aggregated clipped policy-gradient loss (with the KL term when beta > 0)."""
+    tokens: torch.Tensor
+    """[] loss tokens."""
+    kl: torch.Tensor
+    """[] sum of the per-token KL3 to the reference (0 when beta = 0)."""
+    clipped_low: torch.Tensor
+    """[] tokens whose ratio fell under 1 - epsilon_low with a negative advantage."""
+    clipped_high: torch.Tensor
+    """[] tokens whose ratio rose over 1 + epsilon_high with a positive advantage."""
+
+
+def join(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+         completion_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention) [B, P+T]: each left-padded prompt followed by its right-padded completion."""
+    return torch.cat([prompt_ids, completion_ids], dim=1), torch.cat([prompt_mask, completion_mask], dim=1)
+
+
+def pad_values(rows: Sequence[Sequence[float] | torch.Tensor], value: float, side: str, device: Any = None,
+               dtype: torch.dtype | None = None, multiple_of: int | None = None,
+               width: int | None = None) -> torch.Tensor:
+    """[B, L] the rows padded with ``value`` on ``side`` to the longest (rounded up to ``multiple_of``),
+    or to ``width`` when given (at least the longest)."""
+    tensors = [torch.as_tensor(r, dtype=dtype) for r in rows]
+    out = pad(tensors, padding_value=value, padding_side=side, pad_to_multiple_of=multiple_of)
+    if width is not None and out.size(1) < width:
+        extra = width - out.size(1)
+        out = F.pad(out, (extra, 0) if side == "left" else (0, extra), value=value)
+    return out.to(device)
+
+
+def pad_rows(rows: Sequence[Sequence[int] | torch.Tensor], pad_id: int, side: str, device: Any = None,
+             multiple_of: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask) [B, L] of token rows padded on ``side`` (left for prompts, right for completions)."""
+    ids = pad_values(rows, pad_id, side, device, torch.long, multiple_of)
+    mask = pad_values([[1] * len(r) for r in rows], 0, side, device, torch.long, multiple_of)
+    return ids, mask
+
+
+def merge_batches(batches: Sequence[dict[str, torch.Tensor]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Rows of several step batches in one: ``prompt_*`` left-padded, [B, T] tensors right-padded (ids with
+    ``pad_id``, the rest with 0), [B, 1] tensors stacked; only keys every batch has."""
+    keys = [k for k in batches[-1] if all(k in b for b in batches)]
+    merged = {}
+    for key in keys:
+        rows = [row for b in batches for row in b[key]]
+        side = "left" if key.startswith("prompt_") else "right"
+        value = pad_id if key in ("prompt_ids", "completion_ids") else 0
+        merged[key] = pad(rows, padding_value=value, padding_side=side)
+    return merged

@@ -1,0 +1,114 @@
+"""The RL loss: the clipped policy-gradient term with its aggregation, and the terms beside it.
+
+The loss of a token is ``-min(r A, clip(r, 1-eps_low, 1+eps_high) A) + beta * r * KL3`` with
+``r = pi_theta / pi_behaviour`` and ``KL3 = exp(ref - logp) - (ref - logp) - 1``; ``r`` on the KL term
+is 1 in value on-policy, and its gradient makes the KL gradient the unbiased reverse-KL gradient
+(DeepSeek-V3.2, arXiv 2512.02556). Aggregation (Dr.GRPO paper, arXiv 2503.20783):
+
+- ``sequence_mean``: mean over each completion's tokens, then over completions (GRPO);
+- ``constant``: sum over all tokens / (B * T_max) (Dr.GRPO);
+- ``token_mean``: mean over all loss tokens (on-policy distillation, PPO).
+
+An algorithm's extra term (PPO's value loss) is its own component with its own normaliser, added
+with its weight, so it never dilutes the policy term.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from molrl.rl.batch import LossOutputs
+
+Aggregation = Literal["sequence_mean", "constant", "token_mean"]
+
+SAMPLER_CAP = 3.0
+"""vLLM correction: a completion whose pi_trainer / pi_vLLM exceeds this is left out (TRL's default,
+``sequence_mask`` at 3.0)."""
+
+
+@dataclass
+class LossSettings:
+    """How token losses become the step's loss."""
+
+    aggregation: Aggregation
+    """sequence_mean: mean over each completion's tokens, then over completions (GRPO);
+    constant: sum over all tokens / (B * max_completion_length) (Dr.GRPO); token_mean: mean over all tokens."""
+    max_completion_length: int
+    """The constant normaliser's T_max."""
+    epsilon_low: float = 0.2
+    """Lower clip: the ratio is clipped below at 1 - epsilon_low."""
+    epsilon_high: float = 0.2
+    """Upper clip: the ratio is clipped above at 1 + epsilon_high."""
+    beta: float = 0.0
+    """Weight of the per-token KL to the reference (0: no reference term)."""
+
+
+def policy_loss(logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, settings: LossSettings,
+                behaviour_logps: torch.Tensor | None = None, reference_logps: torch.Tensor | None = None,
+                weights: torch.Tensor | None = None) -> LossOutputs:
+    """The clipped policy-gradient loss of one micro-batch and its statistics.
+
+    ``logps``, ``advantages``, ``mask``, ``behaviour_logps`` and ``reference_logps`` are [B, T];
+    ``behaviour_logps`` None means the batch was sampled by the policy being trained (ratio 1 in
+    value, gradient of log pi); ``weights`` ([B, 1] or [B, T]) multiplies each token's loss.
+    Ratios and the KL are formed in float32 (bf16 log-probs would round exp() of their differences).
+    """
+    logps = logps.float()
+    behaviour = logps.detach() if behaviour_logps is None else behaviour_logps.float()
+    ratio = torch.exp(logps - behaviour)  # [B, T]
+    clipped = torch.clamp(ratio, 1 - settings.epsilon_low, 1 + settings.epsilon_high)
+    token_loss = -torch.min(ratio * advantages, clipped * advantages)  # [B, T]
+    if weights is not None:
+        token_loss = token_loss * weights
+    kl = torch.zeros_like(logps)
+    if settings.beta != 0.0:
+        if reference_logps is None:
+            raise ValueError("policy_loss: beta > 0 needs reference_logps")
+        delta = reference_logps.float() - logps
+        kl = torch.exp(delta) - delta - 1  # [B, T], KL3 estimator of KL(pi_theta || pi_ref)
+        token_loss = token_loss + settings.beta * ratio * kl  # the ratio (1 in value) makes the gradient unbiased
+    if settings.aggregation == "sequence_mean":
+        loss = ((token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    elif settings.aggregation == "constant":
+        loss = (token_loss * mask).sum() / (token_loss.size(0) * settings.max_completion_length)
+    elif settings.aggregation == "token_mean":
+        loss = (token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+    else:
+        raise ValueError(f"unknown aggregation {settings.aggregation!r}; expected sequence_mean, constant or token_mean")
+    with torch.no_grad():
+        low = (ratio < 1 - settings.epsilon_low) & (advantages < 0)
+        high = (ratio > 1 + settings.epsilon_high) & (advantages > 0)
+        return LossOutputs(loss, tokens=mask.sum().float(), kl=(kl * mask).sum(),
+                           clipped_low=(low * mask).sum().float(), clipped_high=(high * mask).sum().float())
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+               clip: float) -> torch.Tensor:
+    """The clipped value loss, mean over loss tokens: ``0.5 max((V - R)^2, (clip(V, V_old +- clip) - R)^2)``; all [B, T]."""
+    clipped = torch.clamp(values, old_values - clip, old_values + clip)
+    loss = 0.5 * torch.max((values - returns) ** 2, (clipped - returns) ** 2)
+    return (loss * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """``1 - Var(R - V) / Var(R)`` over loss tokens: 1 for a perfect critic, 0 for a constant one."""
+    inside = mask.bool()
+    target = returns[inside]
+    if target.numel() < 2 or target.var() == 0:
+        return float("nan")
+    return (1 - (target - values[inside]).var() / target.var()).item()
+
+
+def sampler_weights(trainer_logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor,
+                    cap: float = SAMPLER_CAP) -> torch.Tensor:
+    """[B, 1] per completion pi_trainer / pi_sampler (product over its tokens), 0 where it exceeds ``cap``.
+
+    Corrects for vLLM sampling from slightly other probabilities than the trained model computes;
+    tokens whose sampler log-prob is unknown (NaN) count as ratio 1.
+    """
+    diff = torch.nan_to_num((trainer_logps.float() - sampler_logps) * mask, nan=0.0)  # [B, T]
+    ratio = torch.exp(diff.sum(dim=-1, keepdim=True))  # [B, 1]
+    return ratio.masked_fill(ratio > cap, 0.0)

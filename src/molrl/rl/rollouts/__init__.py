@@ -1,0 +1,20 @@
+"""The rollout policies by name: each a module with a ``Synchronous`` subclass (``molrl.rl.rollouts.sync``).
+
+Adding one is a module, an entry here and its config fields (``molrl.rl.config.RolloutSettings``);
+the trainer does not change.
+"""
+
+from __future__ import annotations
+
+from molrl.rl.rollouts.partial import Partial
+from molrl.rl.rollouts.props import Props
+from molrl.rl.rollouts.sync import Synchronous
+
+ROLLOUTS: dict[str, type[Synchronous]] = {
+    "sync": Synchronous,
+    "partial": Partial,
+    "props": Props,
+}
+"""Rollout policy name (``RolloutSettings.policy()``) -> its class."""
+
+__all__ = ["ROLLOUTS", "Synchronous"]

@@ -1,0 +1,168 @@
+"""Synchronous rollouts, and what every rollout policy is: prompts in, a ``RolloutBatch`` out, with its own
+state and checkpoint.
+
+A rollout policy subclasses ``Synchronous`` and is entered by name in ``molrl.rl.rollouts.ROLLOUTS``.
+Shared here: sampling a step's groups in rounds (``rollout.rounds``; a subclass may act before each
+round), turning sampled token rows into a ``RolloutBatch`` (padding, the behaviour, vLLM-correction and
+reference log-probs), the training buffer of earlier steps' rows (``rollout.buffer_batches``), and the
+sampling-error metric.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import torch
+from trl.trainer.utils import use_adapter
+
+from molrl.rl.batch import LossInputs, RolloutBatch, merge_batches, pad_rows, pad_values
+from molrl.rl.config import RlConfig
+from molrl.rl.loss import sampler_weights
+from molrl.rl.props import sampling_error_by_entropy, shared_state_sampling_error
+from molrl.tasks.types import Task
+
+
+class Synchronous:
+    """Synchronous sampling: every completion of the step, from the policy being trained, in ``rounds`` rounds."""
+
+    def __init__(self, trainer: Any, cfg: RlConfig, training: bool = True):
+        self.trainer, self.cfg = trainer, cfg
+        self.rounds = cfg.rollout.resolved_rounds() if training else 1
+        self.past: deque = deque(maxlen=(cfg.rollout.resolved_buffer() if training else 1) - 1)  # earlier steps' rows
+
+    # the policy
+    def rollout(self, inputs: list[dict[str, Any]]) -> RolloutBatch:
+        """Sample the completions of ``inputs`` (``prompt`` and ``task_json`` rows) and score them under the models."""
+        prompts = [x["prompt"] for x in inputs]
+        start = time.perf_counter()
+        prompt_lists, completion_lists, completions, sampler_lists = self.sample(prompts)
+        self.trainer.metrics()["time/generation_s"].append(time.perf_counter() - start)
+        return self.to_batch(inputs, prompt_lists, completion_lists, completions, sampler_lists)
+
+    def sample(self, prompts: list[str]) -> tuple[list, list, list, list | None]:
+        """(prompt ids, completion ids, completion texts, sampler log-probs) of each row, in rows' order.
+
+        Rows ``g*G .. g*G+G-1`` share prompt g; each group's completions are sampled in ``rounds`` rounds of G/R.
+        """
+        group, out = self.trainer.num_generations, [None] * len(prompts)
+        per_round = group // self.rounds
+        sampled: list[tuple[list[int], list[int]]] = []  # (prompt ids, completion ids) of the step's earlier rounds
+        for r in range(self.rounds):
+            rows = [i for i in range(len(prompts)) if r * per_round <= i % group < (r + 1) * per_round]
+            result = self.generate_round([prompts[i] for i in rows], sampled)
+            for j, i in enumerate(rows):
+                out[i] = (result[0][j], result[1][j], result[3][j], None if result[4] is None else result[4][j])
+                sampled.append((result[0][j], result[1][j]))
+        prompt_lists, completion_lists, completions, sampler_lists = (list(x) for x in zip(*out))
+        return prompt_lists, completion_lists, completions, (None if sampler_lists[0] is None else sampler_lists)
+
+    def generate_round(self, prompts: list[str], sampled: list[tuple[list[int], list[int]]]) -> tuple:
+        """TRL's generation of one round's ``prompts`` (``sampled``: the step's earlier rounds' rows)."""
+        return self.trainer._generate(prompts)
+
+    # the batch
+    def to_batch(self, inputs: list[dict[str, Any]], prompt_lists: list, completion_lists: list, completions: list[str],
+                 sampler_lists: list | None, behaviour: torch.Tensor | None = None) -> RolloutBatch:
+        """The ``RolloutBatch`` of sampled rows: padded tensors, behaviour log-probs (computed when the loss needs
+        them, or ``behaviour`` as given), the vLLM correction and the reference log-probs."""
+        trainer = self.trainer
+        device, pad_id, multiple = trainer.accelerator.device, trainer.processing_class.pad_token_id, \
+            trainer.pad_to_multiple_of
+        prompt_ids, prompt_mask = pad_rows(prompt_lists, pad_id, "left", device, multiple)
+        completion_ids, completion_mask = pad_rows(completion_lists, pad_id, "right", device, multiple)
+        ends = [*trainer.eos_token_ids, pad_id]
+        finished = torch.tensor([len(r) > 0 and r[-1] in ends for r in completion_lists], device=device)
+        if trainer.mask_truncated_completions:
+            completion_mask = completion_mask * finished.unsqueeze(1).int()
+
+        def logps_of(model: Any) -> torch.Tensor:
+            return trainer.completion_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+
+        use_sampler = trainer.use_vllm and trainer.vllm_importance_sampling_correction
+        reference = weights = None
+        generate_every = trainer.args.steps_per_generation * trainer.num_iterations
+        if behaviour is None and (trainer.args.gradient_accumulation_steps % generate_every != 0 or use_sampler):
+            behaviour = logps_of(trainer.model)
+        if use_sampler and sampler_lists is not None:
+            sampler = pad_values([[math.nan if x is None else x for x in r] for r in sampler_lists], 0.0, "right",
+                                 device, torch.float32, multiple)
+            weights = sampler_weights(behaviour, sampler, completion_mask)
+        if trainer.beta != 0.0:
+            if trainer.ref_model is not None:
+                reference = logps_of(trainer.ref_model)
+            else:  # the policy's adapter disabled, or its frozen "ref" adapter (see molrl.rl.reference)
+                model = trainer.accelerator.unwrap_model(trainer.model)
+                with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
+                    reference = logps_of(trainer.model)
+        tasks = {text: Task.from_json(text) for text in {x["task_json"] for x in inputs}}  # a group shares its task
+        return RolloutBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, behaviour, weights, reference,
+                            [tasks[x["task_json"]] for x in inputs], [x["prompt"] for x in inputs], completions, finished,
+                            lengths=[len(r) for r in completion_lists])
+
+    # what the loss trains on
+    def finish(self, inputs: LossInputs) -> LossInputs:
+        """The rows the loss trains on: the step's, after the buffer's (``rollout.buffer_batches``), with the
+        sampling error of them logged (``rollout.sampling_error``)."""
+        if self.past.maxlen:
+            inputs = self.with_past_batches(inputs)
+        if self.cfg.rollout.sampling_error:
+            self.log_sampling_error(inputs)
+        return inputs
+
+    def with_past_batches(self, inputs: LossInputs) -> LossInputs:
+        """The step's rows after those of the last ``rollout.buffer_batches - 1`` steps (their rewards and
+        advantages as scored; log-probs recomputed under the current policy, no importance correction)."""
+        trainer = self.trainer
+        keep = {k: v.detach().cpu() for k, v in inputs.to_dict().items() if v.dim() > 0}
+        batches = [*self.past, keep]
+        self.past.append(keep)
+        device = trainer.accelerator.device
+        merged = {k: v.to(device) for k, v in merge_batches(batches, trainer.processing_class.pad_token_id).items()}
+        merged["num_items_in_batch"] = trainer.accelerator.gather(merged["completion_mask"].sum()).sum()
+        out = LossInputs.from_dict(merged)
+        if out.behaviour_logps is not None:
+            out.behaviour_logps = trainer.completion_logps(trainer.model, out.prompt_ids, out.prompt_mask,
+                                                           out.completion_ids, out.completion_mask)
+        trainer.metrics()["buffer/rows"].append(float(out.completion_ids.size(0)))
+        return out
+
+    def log_sampling_error(self, inputs: LossInputs) -> None:
+        """``sampling_error``: KL(empirical || policy) at states two or more of a prompt's completions share,
+        over the rows of this update (``props.shared_state_sampling_error``), under the current policy."""
+        trainer = self.trainer
+        logps = inputs.behaviour_logps
+        if logps is None:  # (behaviour log-probs, when present, are the current policy's: computed at the step's start)
+            logps = trainer.completion_logps(trainer.model, inputs.prompt_ids, inputs.prompt_mask, inputs.completion_ids,
+                                             inputs.completion_mask)
+        error, states = shared_state_sampling_error(inputs.completion_ids.cpu(), logps.cpu(),
+                                                    inputs.completion_mask.cpu(), trainer.group_size())
+        metrics = trainer.metrics()
+        metrics["sampling_error"].append(error)
+        metrics["sampling_error/shared_states"].append(float(states))
+        threshold = self.cfg.rollout.sampling_error_split
+        if threshold is not None:
+            entropies = trainer.completion_entropies(trainer.model, inputs.prompt_ids, inputs.prompt_mask,
+                                                     inputs.completion_ids, inputs.completion_mask)
+            split = sampling_error_by_entropy(inputs.completion_ids.cpu(), logps.cpu(), entropies.cpu(),
+                                              inputs.completion_mask.cpu(), trainer.group_size(), threshold)
+            for name, (value, count) in split.items():
+                metrics[f"sampling_error/{name}_entropy"].append(value)
+                metrics[f"sampling_error/{name}_entropy_states"].append(float(count))
+
+    # state
+    def adapters(self) -> tuple[str, ...]:
+        """Adapter names this policy added beside the trained one (dropped before the policy is saved)."""
+        return ()
+
+    def save_state(self, folder: Path) -> None:
+        """Write this policy's state into checkpoint ``folder`` (before the trainer's own files)."""
+
+    def load_state(self, checkpoint: Path) -> None:
+        """Read this policy's state back from a checkpoint a run resumes from."""
+
+    def save_final(self, out: Path) -> None:
+        """Write what the run leaves of this policy's state into ``out`` at its end."""

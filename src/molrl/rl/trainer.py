@@ -1,0 +1,181 @@
+"""One RL step, top to bottom: rollout -> score -> advantages -> loss (``RlTrainer.step``, ``RlTrainer._compute_loss``).
+
+A step samples G completions for each of a batch of prompts, grades them in the sandbox, turns the
+grades into per-token advantages and takes a clipped policy-gradient step on them. Each arrow crosses a
+typed contract (``molrl.rl.batch``):
+
+1. the rollout policy (``molrl.rl.rollouts``: sync, partial, props): prompts -> ``RolloutBatch``;
+2. ``molrl.rl.score``: (tasks, completions) -> ``Scores`` through the grading dispatch evaluation uses;
+3. the algorithm (``molrl.rl.algorithms``: grpo, dr_grpo, dr_grpo_std, opd, ppo):
+   ``AdvantageInputs`` -> ``Advantages``;
+4. ``molrl.rl.loss.policy_loss`` on ``LossInputs``, plus the algorithm's own terms (PPO's value loss),
+   each with its own normaliser.
+
+Simplifications: the trainer never asks which algorithm or rollout policy it holds; a step's rows are
+scored once, when sampled (a buffered row keeps its advantage); the KL term is per token on sampled
+tokens (KL3), not a full-vocabulary KL; evaluation inside TRL's loop samples synchronously.
+
+TRL's ``GRPOTrainer`` stays underneath for what it does well and we cannot test here: the training
+loop (when generation runs, micro-batch splitting, accumulation, when the optimiser steps,
+checkpoints, resume), generation with transformers or vLLM (colocate or server, with weight sync),
+its log-prob computation, and DeepSpeed / FSDP placement. ``RlTrainer`` replaces its scoring,
+advantages and loss through two overrides; ``TRL_SURFACE`` lists every private TRL name molrl relies
+on (``tests/test_rl_step.py`` checks them against the pinned TRL).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate.utils import gather_object
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from trl import GRPOTrainer
+from trl.models.utils import disable_gradient_checkpointing
+
+from molrl.rl.algorithms import ALGORITHMS
+from molrl.rl.batch import AdvantageInputs, LossInputs, RolloutBatch, join
+from molrl.rl.config import RlConfig
+from molrl.rl.loss import LossSettings, policy_loss
+from molrl.rl.rollouts import ROLLOUTS, Synchronous
+from molrl.rl.score import Scorer, log_scores
+
+TRL_SURFACE = {
+    "methods": {  # private GRPOTrainer methods: (parameters we rely on)
+        "_generate_and_score_completions": ("inputs",),  # overridden: rollout -> score -> advantages
+        "_compute_loss": ("model", "inputs"),  # overridden: loss
+        "_generate": ("prompts",),  # called: generation (transformers or vLLM, with weight sync)
+        "_get_per_token_logps_and_entropies": ("model", "input_ids", "attention_mask", "logits_to_keep",
+                                               "batch_size", "compute_entropy"),  # called: log-probs
+        "_tokenize_prompts": ("prompts",),  # called: partial rollouts tokenise the prompts they start
+        "_save_checkpoint": ("model", "trial"),  # overridden: a rollout policy's state goes in first
+        "_get_output_dir": ("trial",),  # called: where that checkpoint is
+    },
+    "attributes": ("_metrics", "eos_token_ids", "ref_model", "beta", "num_iterations",
+                   "current_gradient_accumulation_steps", "use_vllm", "vllm_importance_sampling_correction",
+                   "mask_truncated_completions", "max_completion_length", "epsilon_low", "epsilon_high",
+                   "num_generations", "num_generations_eval", "pad_to_multiple_of", "generation_config",
+                   "generation_kwargs", "model_wrapped", "temperature"),
+}
+"""The private TRL names molrl relies on, checked against the pinned TRL by a test."""
+
+
+class RlTrainer(GRPOTrainer):
+    """TRL's loop and generation with molrl's rollout policy, scoring, algorithm and loss."""
+
+    def __init__(self, *args: Any, scorer: Scorer, config: RlConfig, completions_path: Path | None = None,
+                 **kwargs: Any):
+        super().__init__(*args, reward_funcs=[scorer], **kwargs)
+        self.scorer, self.completions_path, self.seen_stages = scorer, completions_path, set()
+        # the rollout policy first: PROPS adds its adapter before an algorithm loads frozen ones
+        self.rollouts = {"train": ROLLOUTS[config.rollout.policy()](self, config),
+                         "eval": Synchronous(self, config, training=False)}
+        self.algorithm = ALGORITHMS[config.algorithm](self, config)
+        self.loss_settings = LossSettings(self.algorithm.aggregation, self.max_completion_length, self.epsilon_low,
+                                          self.epsilon_high, self.beta if self.algorithm.kl_in_loss else 0.0)
+
+    # the step's first half: rollout -> score -> advantages
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        return self.step(inputs).to_dict()
+
+    def step(self, inputs: list[dict[str, Any]]) -> LossInputs:
+        """Sample ``inputs`` (``prompt`` and ``task_json`` rows), score the completions, and return what the loss
+        trains on."""
+        rollout, mode = self.rollouts[self._mode()], self._mode()
+        batch = rollout.rollout(inputs)  # 1. rollout
+        start = time.perf_counter()
+        scores = self.scorer.score(batch.tasks, batch.completions)  # 2. score
+        self.metrics()["time/reward_s"].append(time.perf_counter() - start)
+        device, local, rank = self.accelerator.device, len(batch.tasks), self.accelerator.process_index
+        rewards = self.accelerator.gather(torch.tensor(scores.rewards, dtype=torch.float32, device=device))  # [N]
+        masks = self.accelerator.gather(self.accelerator.pad_across_processes(batch.completion_mask, dim=1))  # [N, T']
+        advantages = self.algorithm.advantages(AdvantageInputs(  # 3. advantages
+            batch, scores, rewards, masks.float(), self.group_size(), slice(rank * local, (rank + 1) * local)))
+        main = mode == "train" and self.accelerator.is_main_process
+        log_scores(self.metrics(), self.seen_stages, self.scorer.__name__, batch, scores, rewards,
+                   advantages.per_completion, self.group_size(), gather_object,
+                   self.completions_path if main else None, self.state.global_step + 1)
+        return rollout.finish(LossInputs(  # 4. what the loss reads
+            batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, advantages.tokens,
+            self.accelerator.gather(batch.completion_mask.sum()).sum(), batch.behaviour_logps, batch.reference_logps,
+            batch.loss_weights(), advantages.extra))
+
+    # the step's second half: loss
+    def _compute_loss(self, model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        batch = LossInputs.from_dict(inputs)
+        ids, attention = join(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
+        logps, entropies, _ = self._get_per_token_logps_and_entropies(
+            model, ids, attention, batch.completion_ids.size(1), compute_entropy=True)
+        mask, metrics = batch.completion_mask, self.metrics()
+        out = policy_loss(logps, batch.advantages, mask, self.loss_settings, batch.behaviour_logps,
+                          batch.reference_logps, batch.weights)
+        loss = out.loss
+        for name, (weight, term) in self.algorithm.loss_terms(batch).items():  # each with its own normaliser
+            loss = loss + weight * term
+            metrics[name].append(term.item())
+        sums = self.accelerator.reduce(torch.stack([out.tokens, out.kl, out.clipped_low, out.clipped_high,
+                                                    (entropies.detach().float() * mask).sum()]), reduction="sum")
+        tokens = sums[0].clamp(min=1.0)
+        if self.loss_settings.beta != 0.0:
+            metrics["kl"].append((sums[1] / tokens).item())
+        metrics["entropy"].append((sums[4] / tokens).item())
+        metrics["clip_ratio/low_mean"].append((sums[2] / tokens).item())
+        metrics["clip_ratio/high_mean"].append((sums[3] / tokens).item())
+        metrics["clip_ratio/region_mean"].append(((sums[2] + sums[3]) / tokens).item())
+        return loss / (self.current_gradient_accumulation_steps if self._mode() == "train" else 1.0)
+
+    # what the pieces read
+    def _mode(self) -> str:
+        return "train" if self.model.training else "eval"
+
+    def metrics(self) -> dict[str, list[float]]:
+        """This mode's metric lists (averaged and logged by TRL at each logging step)."""
+        return self._metrics[self._mode()]
+
+    def group_size(self) -> int:
+        """G of this mode: completions per prompt."""
+        return self.num_generations if self._mode() == "train" else self.num_generations_eval
+
+    def completion_logps(self, model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                         completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+                         entropies: bool = False) -> torch.Tensor:
+        """[B, T] log-probs of the completion tokens after the prompts (or, with ``entropies``, the policy's entropy
+        at each of their states), without grad (TRL's computation)."""
+        ids, attention = join(prompt_ids, prompt_mask, completion_ids, completion_mask)
+        size = self.args.per_device_train_batch_size if self._mode() == "train" else self.args.per_device_eval_batch_size
+        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            out = self._get_per_token_logps_and_entropies(model, ids, attention, completion_ids.size(1),
+                                                          batch_size=size, compute_entropy=entropies)
+        return out[1] if entropies else out[0]
+
+    def completion_entropies(self, model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                             completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+        """[B, T] the policy's entropy at the state before each completion token, without grad."""
+        return self.completion_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask, entropies=True)
+
+    def policy_logps(self, batch: RolloutBatch) -> torch.Tensor:
+        """[B, T] log-probs of the batch under the policy that sampled it (recorded, or the current one)."""
+        if batch.behaviour_logps is not None:
+            return batch.behaviour_logps
+        return self.completion_logps(self.model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+                                     batch.completion_mask)
+
+    def frozen_adapters(self) -> tuple[str, ...]:
+        """Adapters beside the trained one: TRL's ``ref``, the algorithm's and the rollout policy's."""
+        return ("ref", *self.algorithm.frozen_adapters(), *self.rollouts["train"].adapters())
+
+    # checkpoints: the rollout policy's and the algorithm's state travel with the trainer's
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        folder = Path(self._get_output_dir(trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        self.rollouts["train"].save_state(folder)  # before the trainer's state file, which marks a whole checkpoint
+        self.algorithm.save_state(folder)
+        super()._save_checkpoint(model, trial)
+
+    def train(self, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """TRL's training loop; a resumed run gets its rollout policy's and algorithm's state back first."""
+        if isinstance(resume_from_checkpoint, (str, Path)):
+            self.rollouts["train"].load_state(Path(resume_from_checkpoint))
+            self.algorithm.load_state(Path(resume_from_checkpoint))
+        return super().train(resume_from_checkpoint, *args, **kwargs)

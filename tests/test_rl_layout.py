@@ -1,0 +1,50 @@
+"""The RL stage's shape: small modules, a thin trainer that never names an algorithm or a rollout policy."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from molrl.rl.algorithms import ALGORITHMS
+from molrl.rl.rollouts import ROLLOUTS
+
+RL = Path(__file__).resolve().parents[1] / "src" / "molrl" / "rl"
+
+
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))
+
+
+def test_no_rl_module_class_or_function_is_too_long():
+    too_long = []
+    for path in sorted(RL.rglob("*.py")):
+        lines = len(path.read_text().splitlines())
+        if lines > 400:
+            too_long.append(f"{path.name}: {lines} lines")
+        for node in ast.walk(_tree(path)):
+            if not isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            size = (node.end_lineno or node.lineno) - node.lineno + 1
+            if isinstance(node, ast.ClassDef) and size > 300:
+                too_long.append(f"{path.name}:{node.lineno} class {node.name}: {size} lines")
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and size > 60:
+                too_long.append(f"{path.name}:{node.lineno} {node.name}: {size} lines")
+    assert not too_long, too_long
+
+
+def test_the_trainer_never_names_an_algorithm_or_a_rollout_policy():
+    names = set(ALGORITHMS) | set(ROLLOUTS)
+    code = _tree(RL / "trainer.py")
+    docstrings = {id(n.body[0].value) for n in ast.walk(code)
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and n.body
+                  and isinstance(n.body[0], ast.Expr)}
+    named = [(n.lineno, n.value) for n in ast.walk(code)
+             if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings
+             and n.value in names]
+    assert not named, named
+
+
+def test_every_registered_class_lives_in_its_own_module():
+    modules = [cls.__module__ for cls in ROLLOUTS.values()]
+    assert len(set(modules)) == len(modules)
+    assert {cls.__module__.rsplit(".", 1)[-1] for cls in ALGORITHMS.values()} == {"grpo", "opd", "ppo"}
