@@ -74,5 +74,6 @@ def test_rl_in_bf16_trains_with_finite_losses_and_saves_a_float32_adapter(tmp_pa
     assert lora_b and all(w.abs().sum() > 0 for w in lora_b)  # B starts at zero: every one moved
     assert {w.dtype for w in weights.values()} == {torch.float32}
     if case == "ppo_macro":
-        head = torch.load(out / "value_head.pt")
-        assert all(t.dtype == torch.float32 and torch.isfinite(t).all() for t in head.values())
+        critic = torch.load(out / "value_head.pt")  # the separate critic: its head and its own adapter
+        assert all(t.dtype == torch.float32 and torch.isfinite(t).all() for t in critic["head"].values())
+        assert critic["adapter"] and all(torch.isfinite(t).all() for t in critic["adapter"].values())
