@@ -35,6 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(N times as long; default 1, or 3 with --study)")
     p.add_argument("--study", action="store_true",
                    help="the paper's ablations over seeds (default 3) in one report, study.md (see molrl.demo.study)")
+    p.add_argument("--world", default="digit", choices=["digit", "chain"],
+                   help="the built-in world: digit (one hidden digit per answer) or chain (the hidden rule applied "
+                        "1-24 times, every step written out; see molrl.demo.chain)")
     p.add_argument("--config", default=None, metavar="YAML",
                    help="the pipeline config (default configs/pipeline_tiny.yaml; configs/pipeline_tiny_rl.yaml "
                         "adds a run of every RL algorithm)")
@@ -47,12 +50,13 @@ def handle(args: argparse.Namespace) -> int:
     from molrl.demo.run import run_demo
     from molrl.demo.study import run_study
 
-    name = ("study" if args.study else "demo") + ("_quick" if args.quick else "")
+    name = ("study" if args.study else "demo") + ("" if args.world == "digit" else f"_{args.world}") \
+        + ("_quick" if args.quick else "")
     out = args.out or f"runs/{name}"
     if args.study:
         report = run_study(out, quick=args.quick, seeds=args.seeds or 3, overrides=args.overrides)
     else:
         report = run_demo(out, "quick" if args.quick else "default", args.overrides, seeds=args.seeds or 1,
-                          config=args.config)
+                          config=args.config, world=args.world)
     print(report)
     return 0

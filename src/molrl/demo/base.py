@@ -30,7 +30,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -244,8 +244,12 @@ def _occurrences(text: str, part: str) -> list[int]:
     return found
 
 
-def train_base(traces: Sequence[Trace], cfg: BaseModelConfig, out_dir: Path) -> Path:
-    """Train the tiny base from scratch on ``traces`` (see ``base_example``); save it to ``out_dir``."""
+def train_base(traces: Sequence[Trace], cfg: BaseModelConfig, out_dir: Path,
+               make_example: Callable[..., BaseExample] | None = None) -> Path:
+    """Train the tiny base from scratch on ``traces``; save it to ``out_dir``.
+
+    ``make_example`` says what a trace trains (default ``base_example``; the chain world's is
+    ``molrl.demo.chain_base.chain_example``)."""
     from molrl.tiny import build_tiny_model, build_tiny_tokenizer
     from molrl.traces.tokenize import TokenizeConfig, tokenize_trace
 
@@ -256,7 +260,8 @@ def train_base(traces: Sequence[Trace], cfg: BaseModelConfig, out_dir: Path) -> 
     for trace in traces:
         if not cfg.learn_feedback:
             trace = without_trailing_feedback(trace)
-        examples.append(base_example(tokenize_trace(trace, tokenizer, tok_cfg), trace, tokenizer, cfg.learn_feedback))
+        examples.append((make_example or base_example)(tokenize_trace(trace, tokenizer, tok_cfg), trace, tokenizer,
+                                                       cfg.learn_feedback))
     model = build_tiny_model(len(tokenizer), hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
                              num_heads=cfg.num_heads, num_kv_heads=max(1, cfg.num_heads // 2), seed=cfg.seed)
     model.config.pad_token_id = tokenizer.pad_token_id

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from molrl.demo.base import BaseModelConfig
+from molrl.demo.chain import ChainWorldConfig, build_chain_world
 from molrl.demo.study import CODE_TOKENS
 from molrl.demo.world import World, WorldConfig, build_world
 from molrl.cpu import govern_threads
@@ -45,8 +46,8 @@ log = logging.getLogger(__name__)
 class DemoPreset:
     """Sizes of one demo preset."""
 
-    world: WorldConfig = field(default_factory=WorldConfig)
-    """The world's sizes and seed."""
+    world: WorldConfig | ChainWorldConfig = field(default_factory=WorldConfig)
+    """The world's sizes and seed (its type picks the world: digit or chain)."""
     base: BaseModelConfig = field(default_factory=BaseModelConfig)
     """The base model's size and schedule."""
     pipeline_overrides: list[str] = field(default_factory=list)
@@ -81,6 +82,23 @@ PRESETS = {
 }
 
 
+CHAIN_PRESETS = {
+    "default": DemoPreset(world=ChainWorldConfig(), base=BaseModelConfig(num_layers=3, steps=400)),
+    "quick": DemoPreset(
+        world=ChainWorldConfig(train_problems=100, heldout_problems=30, general_train=200, general_eval=30),
+        base=BaseModelConfig(steps=120),
+        pipeline_overrides=["mol.train.max_steps=20", "grpo.max_steps=5", "grpo.prompts_per_step=4"],
+    ),
+}
+"""``molrl demo --world chain``: the chain world's presets (``molrl.demo.chain``)."""
+
+WORLDS = {"digit": PRESETS, "chain": CHAIN_PRESETS}
+"""Presets of each built-in world by its ``--world`` name."""
+
+WORLD_CONFIGS = {"digit": "pipeline_tiny.yaml", "chain": "pipeline_chain.yaml"}
+"""The pipeline config each world runs by default."""
+
+
 def config_dir() -> Path:
     """The repository's ``configs/`` directory (the demo reads ``pipeline_tiny.yaml`` from it)."""
     here = Path(__file__).resolve()
@@ -91,18 +109,20 @@ def config_dir() -> Path:
 
 
 def run_demo(out: str | Path, preset: str = "default", overrides: list[str] | None = None, seeds: int = 1,
-             config: str | Path | None = None) -> Path:
+             config: str | Path | None = None, world: str = "digit") -> Path:
     """The demo in ``out`` (seed 0) and ``out/seed-N`` (further seeds); returns the first report's path.
 
-    ``config``: the pipeline config (default ``configs/pipeline_tiny.yaml``; ``pipeline_tiny_rl.yaml``
-    adds every RL algorithm's run)."""
+    ``config``: the pipeline config (default the world's, ``configs/pipeline_tiny.yaml`` for the digit
+    world; ``pipeline_tiny_rl.yaml`` adds every RL algorithm's run); ``world``: a name in ``WORLDS``."""
     from molrl.demo.seeds import seed_summary
 
     if seeds < 1:
         raise MolrlError(f"--seeds {seeds}: give 1 or more")
+    if world not in WORLDS:
+        raise MolrlError(f"--world {world}: unknown; choose one of {', '.join(WORLDS)}")
     out = Path(out)
     try:
-        reports = [run_one(out if seed == 0 else out / f"seed-{seed}", preset, overrides, seed, config)
+        reports = [run_one(out if seed == 0 else out / f"seed-{seed}", preset, overrides, seed, config, world)
                    for seed in range(seeds)]
     finally:
         govern_threads(None)
@@ -115,18 +135,27 @@ def run_demo(out: str | Path, preset: str = "default", overrides: list[str] | No
     return reports[0]
 
 
-def run_one(out: Path, preset: str, overrides: list[str] | None, seed: int, config: str | Path | None = None) -> Path:
+def run_one(out: Path, preset: str, overrides: list[str] | None, seed: int, config: str | Path | None = None,
+            world_name: str = "digit") -> Path:
     """One whole demo with world and training seed ``seed``; returns its report's path."""
     started = time.time()
-    cfg, world, threads = prepare_seed(out, preset, overrides, seed, config)
+    cfg, world, threads = prepare_seed(out, preset, overrides, seed, config, world_name)
+    properties = None
+    if world_name == "chain":  # the world's measured properties, before the pipeline changes nothing of the base
+        from molrl.demo.chain_measure import measure_world
+
+        properties = measure_world(world, out / "base", out / "world", cfg)
     run_pipeline(cfg, collect_tasks=world.rule_train, before_stage=lambda stage: use_idle_threads(threads, stage))
     report = Path(cfg.output_dir) / "report.md"
+    if properties is not None:
+        with report.open("a") as fh:
+            fh.write("\n" + properties)
     log.info("demo finished in %.0f s: %s", time.time() - started, report)
     return report
 
 
 def prepare_seed(out: Path, preset: str, overrides: list[str] | None, seed: int,
-                 config: str | Path | None = None) -> tuple["PipelineConfig", World, int]:  # noqa: F821
+                 config: str | Path | None = None, world_name: str = "digit") -> tuple["PipelineConfig", World, int]:  # noqa: F821
     """The world and trained base of seed ``seed`` in ``out``, and the pipeline config to run on them.
 
     Returns (pipeline config, world, most torch threads).
@@ -135,7 +164,7 @@ def prepare_seed(out: Path, preset: str, overrides: list[str] | None, seed: int,
 
     from molrl.pipeline import load_pipeline_config
 
-    chosen = seeded(PRESETS[preset], seed)
+    chosen = seeded(WORLDS[world_name][preset], seed)
     torch.manual_seed(seed)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -151,13 +180,21 @@ def prepare_seed(out: Path, preset: str, overrides: list[str] | None, seed: int,
         f"mol.train.seed={seed}",
         f"grpo.seed={seed}",
     ]
-    cfg = load_pipeline_config(config or config_dir() / "pipeline_tiny.yaml",
+    cfg = load_pipeline_config(config or config_dir() / WORLD_CONFIGS[world_name],
                                [*fixed, *chosen.pipeline_overrides, *(overrides or [])])
-    world = build_world(chosen.world)
     prompts = {"math_prompt": cfg.eval.get("math_prompt"), "code_prompt": cfg.eval.get("code_prompt")}
-    write_world(world, chosen.world, world_dir, prompts["math_prompt"])
-    use_idle_threads(chosen.threads, "base model")
-    build_base(world, chosen, base_dir, episode_config(cfg), **prompts)
+    if isinstance(chosen.world, ChainWorldConfig):
+        from molrl.demo.chain_base import build_chain_base, direct_traces as chain_direct
+
+        world = build_chain_world(chosen.world)
+        write_world(world, chosen.world, world_dir, prompts["math_prompt"], replay_traces=chain_direct)
+        use_idle_threads(chosen.threads, "base model")
+        build_chain_base(world, chosen, base_dir, episode_config(cfg), prompts["math_prompt"])
+    else:
+        world = build_world(chosen.world)
+        write_world(world, chosen.world, world_dir, prompts["math_prompt"])
+        use_idle_threads(chosen.threads, "base model")
+        build_base(world, chosen, base_dir, episode_config(cfg), **prompts)
     log.info("world and base of seed %d ready after %.0f s", seed, time.time() - started)
     return cfg, world, chosen.threads
 
@@ -182,10 +219,12 @@ def use_idle_threads(most: int, stage: str) -> None:
     log.debug("%s: %d torch thread(s)", stage, threads)
 
 
-def write_world(world: World, cfg: WorldConfig, world_dir: Path, math_prompt: str | None = None) -> Path:
+def write_world(world: World, cfg: WorldConfig | ChainWorldConfig, world_dir: Path, math_prompt: str | None = None,
+                replay_traces: Any = None) -> Path:
     """Task files (JSONL ``{id, prompt, answer}``) and the general replay traces of ``world``.
 
-    ``math_prompt`` is evaluation's single-turn instruction, which the replay traces pose problems with.
+    ``math_prompt`` is evaluation's single-turn instruction, which the replay traces pose problems with;
+    ``replay_traces(tasks, math_prompt=...)`` makes them (default the digit world's ``direct_traces``).
     """
     from molrl.demo.base import direct_traces
     from molrl.traces.schema import append_trace
@@ -204,7 +243,7 @@ def write_world(world: World, cfg: WorldConfig, world_dir: Path, math_prompt: st
     replay = world_dir / "general_traces.jsonl"
     tmp = replay.with_suffix(".tmp")
     tmp.unlink(missing_ok=True)
-    for trace in direct_traces(world.general_train, math_prompt=math_prompt):
+    for trace in (replay_traces or direct_traces)(world.general_train, math_prompt=math_prompt):
         append_trace(tmp, trace)
     os.replace(tmp, replay)
     (world_dir / "world.json").write_text(json.dumps({"config": asdict(cfg), "key": world.key}, indent=1))

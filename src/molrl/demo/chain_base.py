@@ -1,0 +1,204 @@
+"""The chain world's base model: the demo's tiny Qwen3, trained on the chain world's text.
+
+Like the digit world's base (``molrl.demo.base``), it learns everything it reads except the secret
+rule's values, here at every step of every chain. Its data:
+
+- tool-use episodes through the real collection loop and sandbox (``ChainDemonstrator``: run
+  ``walk(f, 472, 12)``, then answer with the printed steps and the boxed last value), on the
+  training problems and on general ones;
+- the feedback teacher's view: a direct attempt, then the environment's feedback on it (the
+  probe's output and the verdict, rendered by the same providers on-policy distillation uses),
+  then the answer in the direct format, copying the feedback's steps. This is how a model that
+  reads feedback answers, in the student's own answer format;
+- direct single-turn answers, posed as evaluation poses them, on rule and general problems.
+
+Every rule episode and attempt runs in a decoy world, its own random permutation for ``f``
+(``molrl.demo.chain.decoy``), so the base learns to read and copy ``f``'s values but never sees the
+secret ones. On top of that, each value of ``f`` the base states on its own (in a direct answer or
+an attempt) is trained towards a uniform guess over the digits, so at every rule step the base is
+unsure; the values an answer copies from feedback before it are learned (``chain_example``). The
+general rules' values are learned everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Sequence
+
+from molrl.demo.base import BaseExample, train_base
+from molrl.demo.chain import QUESTION, decoy, decoy_keys, solution_text, walk_output
+from molrl.demo.world import World
+from molrl.generation import SamplingConfig
+from molrl.tasks import Task
+from molrl.traces.schema import Trace
+
+log = logging.getLogger(__name__)
+
+_OUTPUT = re.compile(r"<tool_response>\nOutput:\n(.*?)\n</tool_response>", re.DOTALL)
+RULE_VALUE = re.compile(r"\bf\(\d+\) = (\d)")
+"""A step of the secret rule; group 1 is its value."""
+
+
+class ChainDemonstrator:
+    """A scripted policy for the collection loop: run ``walk`` on the asked chain, then answer with its output.
+
+    It reads only the rendered conversation, like a model: with no tool output yet it writes the
+    code; after an output it answers with the steps printed and the boxed last value.
+    """
+
+    def generate(self, prompts: Sequence[str], sampling: SamplingConfig) -> list[list[str]]:
+        """One scripted turn per prompt (``sampling`` is ignored: the policy is deterministic)."""
+        return [[self.turn(p)] for p in prompts]
+
+    @staticmethod
+    def turn(prompt: str) -> str:
+        """The next assistant turn for a rendered conversation."""
+        outputs = _OUTPUT.findall(prompt)
+        if outputs:
+            return solution_text(outputs[-1])
+        questions = QUESTION.findall(prompt)
+        if not questions:
+            raise ValueError(f"no 'What is g^k(n)?' question in prompt: {prompt[-200:]!r}")
+        name, steps, start = questions[-1]
+        return f"<execute>walk({name}, {start}, {steps})</execute>"
+
+
+def direct_solution(task: Task, key: str) -> str:
+    """The direct answer to chain problem ``task`` when ``f`` is ``key`` (the public rules ignore it)."""
+    name = task.prompt[len("What is "):].split("^")[0]
+    return solution_text(walk_output(name, key, task.meta["input"], task.meta["steps"]))
+
+
+def demonstration_traces(tasks: Sequence[Task], tokenizer: Any, episode: Any, pool: Any) -> list[Trace]:
+    """Tool-use episodes of ``ChainDemonstrator`` on ``tasks``, through the real collection loop and sandbox."""
+    from molrl.collect.loop import run_episodes
+
+    episodes = run_episodes(ChainDemonstrator(), tokenizer, tasks, pool, episode)
+    failed = [ep.task.id for ep in episodes if not ep.success]
+    if failed:
+        raise RuntimeError(f"the chain demonstrator failed {len(failed)} episodes (first: {failed[0]}); "
+                           "the sandbox did not run the world's functions")
+    return [ep.to_trace({"model": "demonstrator"}) for ep in episodes]
+
+
+def teacher_traces(attempts: Sequence[Task], hinted: Sequence[Task], pool: Any,
+                   math_prompt: str | None = None) -> list[Trace]:
+    """The feedback teacher's view, then its answer: attempt ``attempts[i]``, feedback on ``hinted[i]``, the copy.
+
+    ``attempts[i]`` and ``hinted[i]`` are one problem in two decoy worlds: the attempt states the first's
+    chain, the feedback (the probe's output run in the sandbox, and the verdict on the attempt) shows the
+    second's, and the answer copies the feedback in the direct format.
+    """
+    from molrl.collect.environment import exec_record
+    from molrl.collect.feedback import (ExecutionFeedback, Observation, TestFeedback, VerdictFeedback,
+                                        render_feedback)
+    from molrl.graders.code import program_for
+    from molrl.tasks.prompts import MATH_INSTRUCTION, user_message
+
+    results = pool.run_many([program_for(t.probe, t) for t in hinted])
+    providers = [ExecutionFeedback(), TestFeedback(), VerdictFeedback()]
+    traces = []
+    for attempt, task, result in zip(attempts, hinted, results):
+        if result.status != "ok":
+            raise RuntimeError(f"the probe of {task.id} did not run in the sandbox: {result.status}")
+        tried = direct_solution(attempt, _key_of(attempt))
+        obs = Observation(action="solution", exec=exec_record(result), verdict=attempt.answer == task.answer,
+                          final=True)
+        feedback, _ = render_feedback(providers, task, obs, [])
+        messages = [{"role": "user", "content": user_message(task, math_template=math_prompt or MATH_INSTRUCTION)},
+                    {"role": "assistant", "content": tried}, {"role": "tool", "content": feedback},
+                    {"role": "assistant", "content": solution_text(result.stdout)}]
+        traces.append(Trace(messages=messages, meta={"source": "demo", "kind": "domain", "task_id": task.id,
+                                                     "success": True}))
+    return traces
+
+
+def direct_traces(tasks: Sequence[Task], keys: Sequence[str] | None = None, kind: str = "general",
+                  math_prompt: str | None = None) -> list[Trace]:
+    """Single-turn conversations answering ``tasks`` directly (``f`` through ``keys[i]``), posed as evaluation poses them."""
+    from molrl.tasks.prompts import MATH_INSTRUCTION, user_message
+
+    keys = keys or [""] * len(tasks)
+    return [Trace(messages=[{"role": "user", "content": user_message(t, math_template=math_prompt or MATH_INSTRUCTION)},
+                            {"role": "assistant", "content": direct_solution(t, key)}],
+                  meta={"source": "demo", "kind": kind, "task_id": t.id, "success": True})
+            for t, key in zip(tasks, keys)]
+
+
+def _key_of(task: Task) -> str:
+    """The permutation a (decoy) rule task's preamble defines ``f`` with."""
+    return task.preamble.split('"')[1]
+
+
+def chain_example(example: Any, trace: Trace, tokenizer: Any, learn_feedback: bool = True) -> BaseExample:
+    """What the base trains on in ``example`` (a tokenised ``trace``): every token, except the values of ``f`` it states.
+
+    A value of ``f`` that an assistant turn states without feedback before it (a direct answer, an
+    attempt) is trained towards a uniform guess over the digits; one in a turn after feedback showing
+    the steps (``Output:``) is a copy and is learned. The environment's text is learned whole: its
+    values of ``f`` are a decoy world's, so the base learns that a rule stays the same within one
+    output, not the secret rule. ``learn_feedback`` is accepted for ``train_base``; the chain base
+    always learns the environment's text.
+    """
+    from molrl.chat import render
+
+    text = render(tokenizer, trace.messages, enable_thinking=True)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    if list(enc["input_ids"]) != list(example.input_ids):
+        raise ValueError(f"trace {trace.meta.get('task_id')}: rendering differs from its tokenisation")
+    learn = [d or f for d, f in zip(example.decision_mask, example.feedback_mask)]
+    unsure_chars: list[tuple[int, int]] = []
+    start, hinted = 0, False
+    for message in trace.messages:
+        at = text.index(message["content"], start)
+        start = at + len(message["content"])
+        if message["role"] == "assistant" and not hinted:
+            unsure_chars += [(at + m.start(1), at + m.end(1)) for m in RULE_VALUE.finditer(message["content"])]
+        hinted = hinted or (message["role"] == "tool" and message["content"].startswith("Output:"))
+    unsure = [any(a < end and b > begin for begin, end in unsure_chars) for a, b in enc["offset_mapping"]]
+    learn = [m and not u for m, u in zip(learn, unsure)]
+    return BaseExample(list(example.input_ids), learn, unsure)
+
+
+def chain_base_traces(world: World, seed: int, tokenizer: Any, episode: Any, pool: Any,
+                      math_prompt: str | None = None, general_demos: int | None = None,
+                      teacher_rounds: int = 2) -> list[Trace]:
+    """Everything the chain base trains on (see the module docstring), its decoy worlds drawn from ``seed``.
+
+    ``teacher_rounds``: feedback-teacher conversations per training problem, each in other decoy worlds.
+    """
+    rule = world.rule_train
+    keys = iter(decoy_keys(seed, (2 + 2 * teacher_rounds) * len(rule)))
+    demo_tasks = [decoy(t, next(keys)) for t in rule]
+    direct = [decoy(t, next(keys)) for t in rule]
+    attempts = [decoy(t, next(keys)) for _ in range(teacher_rounds) for t in rule]
+    hinted = [decoy(t, next(keys)) for _ in range(teacher_rounds) for t in rule]
+    general_demos = len(rule) if general_demos is None else general_demos
+    return [
+        *demonstration_traces([*demo_tasks, *world.general_train[:general_demos]], tokenizer, episode, pool),
+        *teacher_traces(attempts, hinted, pool, math_prompt),
+        *direct_traces(direct, [_key_of(t) for t in direct], kind="domain", math_prompt=math_prompt),
+        *direct_traces(world.general_train, math_prompt=math_prompt),
+    ]
+
+
+def build_chain_base(world: World, preset: Any, base_dir: Path, episode: Any, math_prompt: str | None = None) -> Path:
+    """The trained chain base in ``base_dir`` (trained now unless one of the same world and settings is there)."""
+    from molrl.sandbox import SandboxConfig, SandboxPool
+    from molrl.tiny import build_tiny_tokenizer
+
+    marker = base_dir / "DONE"
+    made_of = {"world": asdict(preset.world), "base": asdict(preset.base), "episode": asdict(episode),
+               "math_prompt": math_prompt}
+    if marker.is_file() and json.loads(marker.read_text()) == made_of:
+        log.info("%s: base model already trained, reused", base_dir)
+        return base_dir
+    with SandboxPool(SandboxConfig(workers=2)) as pool:
+        traces = chain_base_traces(world, preset.world.seed, build_tiny_tokenizer("chatml"), episode, pool, math_prompt)
+    train_base(traces, preset.base, base_dir, make_example=chain_example)
+    marker.write_text(json.dumps(made_of))
+    return base_dir

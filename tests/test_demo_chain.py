@@ -1,0 +1,137 @@
+"""The chain world: seeded generation, disjoint splits, answers the sandbox agrees with, what the base trains on."""
+
+from __future__ import annotations
+
+import pytest
+
+from molrl.demo.chain import (ChainWorldConfig, build_chain_world, chain_lines, decoy, solution_text, walk_output)
+from molrl.demo.chain_base import ChainDemonstrator, chain_example, direct_traces
+from molrl.demo.chain_measure import percentiles, rule_step_chars
+
+SMALL = ChainWorldConfig(train_problems=40, heldout_problems=15, general_train=30, general_eval=10)
+
+
+def test_chain_lines_count_down_and_feed_each_value_to_the_next_step():
+    # key '1032547698' swaps neighbours: 472 -> last digit 2 -> 3, then 3 -> 2, then 2 -> 3
+    assert chain_lines("f", "1032547698", 472, 3) == [(3, 472, 3), (2, 3, 2), (1, 2, 3)]
+    assert walk_output("s", "", 129, 2) == "2: s(129) = 0\n1: s(0) = 1\n"
+    assert solution_text("2: s(129) = 0\n1: s(0) = 1\n") == "Output:\n2: s(129) = 0\n1: s(0) = 1\n\\boxed{1}"
+
+
+def test_same_seed_same_world_other_seed_other_key():
+    a, b = build_chain_world(SMALL), build_chain_world(SMALL)
+    c = build_chain_world(ChainWorldConfig(**{**SMALL.__dict__, "seed": 1}))
+    assert a.key == b.key and [t.id for t in a.rule_train + a.general_eval] == [t.id for t in b.rule_train + b.general_eval]
+    assert a.key != c.key and [t.id for t in a.rule_train] != [t.id for t in c.rule_train]
+
+
+def test_heldout_start_numbers_never_start_a_training_problem():
+    world = build_chain_world(SMALL)
+    train = {t.meta["input"] for t in world.rule_train}
+    heldout = {t.meta["input"] for t in world.rule_heldout}
+    assert len(train) == 40 and len(heldout) == 15 and not train & heldout
+    general = {t.id for t in world.general_train}
+    assert not general & {t.id for t in world.general_eval}
+
+
+def test_steps_have_a_long_tail_and_solutions_reach_the_lengths_asked_for():
+    world = build_chain_world(ChainWorldConfig())
+    steps = [t.meta["steps"] for t in world.rule_train]
+    assert min(steps) == 1 and max(steps) == 24
+    # solution tokens (the tokenizer is byte-level: a character is a token), plus the end-of-turn token
+    lengths = [len(solution_text(walk_output("f", world.key, t.meta["input"], t.meta["steps"]))) + 1
+               for t in world.rule_train]
+    p = percentiles(lengths)
+    assert p["p50"] >= 60 and p["p90"] >= 3 * p["p50"]
+
+
+def test_answers_agree_with_the_hidden_rule_run_in_the_sandbox():
+    from molrl.graders.code import program_for
+    from molrl.graders.math import grade_math
+    from molrl.sandbox import SandboxConfig, SandboxPool
+
+    world = build_chain_world(SMALL)
+    tasks = world.rule_train[:5] + world.rule_heldout[:5] + world.general_eval[:4]
+    with SandboxPool(SandboxConfig(workers=1)) as pool:
+        results = pool.run_many([program_for(t.probe, t) for t in tasks])
+    for task, result in zip(tasks, results):
+        assert result.status == "ok", result
+        assert result.stdout.splitlines()[-1].endswith(f" = {task.answer}")
+        assert len(result.stdout.splitlines()) == task.meta["steps"]
+        assert grade_math(solution_text(result.stdout), task.answer).correct
+        assert world.key not in task.prompt  # the rule reaches only the sandbox
+
+
+def test_decoy_keeps_the_problem_and_answers_by_its_own_key():
+    world = build_chain_world(SMALL)
+    task = world.rule_train[0]
+    twin = decoy(task, "1032547698")
+    assert twin.prompt == task.prompt and '"1032547698"' in twin.preamble
+    assert twin.answer == str(chain_lines("f", "1032547698", task.meta["input"], task.meta["steps"])[-1][2])
+
+
+def test_demonstrator_runs_the_chain_then_copies_what_it_printed():
+    question = "<|im_start|>user\nWhat is f^2(472)?<|im_end|>\n<|im_start|>assistant\n"
+    assert ChainDemonstrator.turn(question) == "<execute>walk(f, 472, 2)</execute>"
+    after = question + "<tool_response>\nOutput:\n2: f(472) = 3\n1: f(3) = 2\n</tool_response><|im_end|>\n"
+    assert ChainDemonstrator.turn(after) == "Output:\n2: f(472) = 3\n1: f(3) = 2\n\\boxed{2}"
+
+
+def _trained_text(trace):
+    """The trace's text with untrained tokens as '?' and tokens trained towards a uniform digit as '~'."""
+    from molrl.demo.base import collate
+    from molrl.tiny import build_tiny_tokenizer
+    from molrl.traces.tokenize import TokenizeConfig, tokenize_trace
+
+    tok = build_tiny_tokenizer("chatml")
+    example = tokenize_trace(trace, tok, TokenizeConfig(enable_thinking=True, require_feedback=False))
+    _, labels, unsure = collate([chain_example(example, trace, tok)], tok.pad_token_id)
+    ids = [t if t != -100 else tok.convert_tokens_to_ids("?") for t in labels[0].tolist()]
+    return tok.decode([tok.convert_tokens_to_ids("~") if u else t for t, u in zip(ids, unsure[0].tolist())])
+
+
+def test_base_is_unsure_of_every_rule_value_it_states_but_learns_the_public_ones():
+    world = build_chain_world(SMALL)
+    rule = next(t for t in world.rule_train if t.meta["steps"] == 2)
+    general = world.general_train[0]
+    (direct,) = direct_traces([rule], ["1032547698"], math_prompt="{prompt}")
+    n = rule.meta["input"]
+    v1, v2 = (v for _, _, v in chain_lines("f", "1032547698", n, 2))
+    # values uniform; the next step's input (a copy of the value before) and the boxed copy are learned
+    assert f"Output:\n2: f({n}) = ~\n1: f({v1}) = ~\n\\boxed{{{v2}}}<|im_end|>" in _trained_text(direct)
+    (public,) = direct_traces([general], math_prompt="{prompt}")
+    assert "~" not in _trained_text(public) and solution_text(walk_output(
+        general.prompt[8], "", general.meta["input"], general.meta["steps"])) in _trained_text(public)
+
+
+def test_values_copied_from_feedback_are_learned():
+    from molrl.traces.schema import Trace
+
+    messages = [{"role": "user", "content": "What is f^1(472)?"},
+                {"role": "assistant", "content": "Output:\n1: f(472) = 5\n\\boxed{5}"},
+                {"role": "tool", "content": "Output:\n1: f(472) = 3\n\nYour answer is wrong."},
+                {"role": "assistant", "content": "Output:\n1: f(472) = 3\n\\boxed{3}"}]
+    text = _trained_text(Trace(messages=messages, meta={"task_id": "t"}))
+    # the attempt states f's value on its own: unsure; the feedback (a decoy world's) and the answer
+    # after it, which copies it, are learned
+    assert text.count("1: f(472) = ~") == 1 and text.count("1: f(472) = 3") == 2
+    assert text.endswith("Output:\n1: f(472) = 3\n\\boxed{3}<|im_end|>?")
+
+
+def test_rule_step_positions_and_percentiles():
+    # "Output:\n" is characters 0-7; "2: f(472) = " 8-19, its value 20, "\n" 21; "1: f(3) = " 22-31, its value 32
+    assert rule_step_chars("Output:\n2: f(472) = 3\n1: f(3) = 2\n\\boxed{2}") == [20, 32]
+    assert rule_step_chars("1: s(472) = 3") == []
+    # nearest rank: p50 of 1..10 is the 5th value, p90 the 9th
+    assert percentiles(list(range(1, 11))) == {"p50": 5, "p90": 9, "max": 10, "mean": 5.5}
+
+
+@pytest.mark.slow
+def test_quick_chain_demo_writes_the_world_section(tmp_path):
+    from molrl.cli import main
+
+    assert main(["demo", "--world", "chain", "--quick", "--out", str(tmp_path)]) == 0
+    report = (tmp_path / "pipeline" / "report.md").read_text()
+    assert "## The chain world under its base" in report and "accuracy reading the feedback" in report
+    rows = [line for line in report.splitlines() if line.startswith("| ") and "±" in line and not line.startswith("| model")]
+    assert [row.split("|")[1].strip() for row in rows] == ["base", "mol", "mol+grpo", "base+grpo"]
