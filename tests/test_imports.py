@@ -41,3 +41,69 @@ def test_each_module_imports_alone():
     assert out.returncode == 0, out.stderr[-2000:]
     failed = json.loads(out.stdout.strip().splitlines()[-1])
     assert not failed, failed
+
+
+def _imports_of(path, name):
+    """molrl modules ``name`` (at ``path``) imports, at the top or inside functions."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+    return {m for m in found if m in MODULES and m != name}
+
+
+def test_no_two_modules_import_each_other_even_inside_functions():
+    # an import inside a function hides a cycle from the test above; the graph of every import shows it
+    from pathlib import Path
+
+    root = Path(molrl.__file__).parent
+    graph = {}
+    for name in MODULES:
+        relative = Path(*name.split(".")[1:])
+        path = root / relative / "__init__.py" if (root / relative).is_dir() else root / relative.with_suffix(".py")
+        graph[name] = {m for m in _imports_of(path, name) if not name.startswith(m + ".")}  # a package's own face
+    # strongly connected components (Tarjan), iteratively
+    index, low, stack, on, cycles, counter = {}, {}, [], set(), [], [0]
+
+    def visit(start):
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter[0]
+        counter[0] += 1
+        stack.append(start)
+        on.add(start)
+        while work:
+            node, children = work[-1]
+            for child in children:
+                if child not in index:
+                    index[child] = low[child] = counter[0]
+                    counter[0] += 1
+                    stack.append(child)
+                    on.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                    break
+                if child in on:
+                    low[node] = min(low[node], index[child])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        top = stack.pop()
+                        on.discard(top)
+                        component.append(top)
+                        if top == node:
+                            break
+                    if len(component) > 1:
+                        cycles.append(sorted(component))
+
+    for name in sorted(graph):
+        if name not in index:
+            visit(name)
+    assert not cycles, cycles

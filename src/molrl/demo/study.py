@@ -43,27 +43,10 @@ from pathlib import Path
 
 from molrl.cpu import govern_threads
 from molrl.errors import MolrlError
+from molrl.demo.study_arms import ALGORITHMS, CODE, CODE_TOKENS, EPOCHS, LOSSES, REWARD_START, REWARDS, SOURCES
 from molrl.pipeline import GrpoRun, MolRun, PipelineConfig, run_pipeline
 
 log = logging.getLogger(__name__)
-
-SOURCES = {"own": "", "expert": "-expert"}
-"""Trace sources and the suffix of their MoL run names."""
-LOSSES = ("mol", "ce", "ce_feedback")
-"""The MoL loss ablation."""
-EPOCHS = {"0": "base", "1": "mol_1ep", "3": "mol", "demo": "mol_demo"}
-"""MoL lengths (epochs, or the demo's own step count) and the run each GRPO run starts from."""
-ALGORITHMS = {"grpo": "mol_demo+grpo", "dr_grpo": "mol_demo+dr_grpo"}
-"""GRPO vs Dr.GRPO: the runs compared."""
-REWARDS = {"staged": "mol_demo+grpo_code_staged", "binary": "mol_demo+grpo_code_binary"}
-"""Code reward modes (``reward.code_mode``) and their GRPO runs on the code-answer problems."""
-REWARD_START = "mol_demo"
-"""The MoL run both reward runs start from."""
-CODE = "code"
-"""The held-out code-answer benchmark's name."""
-CODE_TOKENS = 64
-"""Most tokens of a code answer (the statement, then ``def solve(): return 274`` in a fence: up to 59)."""
-
 
 def run_study(out: str | Path, quick: bool = False, seeds: int = 3, overrides: list[str] | None = None) -> Path:
     """The study in ``out/seed-N`` for each seed and ``out/study.md`` over them; returns the report's path."""

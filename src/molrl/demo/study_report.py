@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from molrl.demo.seeds import mean_se, seed_summary
-from molrl.demo.study import ALGORITHMS, CODE, EPOCHS, LOSSES, REWARD_START, REWARDS, SOURCES
+from molrl.demo.study_arms import ALGORITHMS, CODE, EPOCHS, LOSSES, REWARD_START, REWARDS, SOURCES
 from molrl.report import _pyplot, _save, _series, accuracy, eval_results, read_metrics
 
 LENGTH = "completions/mean_length"
