@@ -42,7 +42,7 @@ class EvalConfig:
     adapter: str | None = None
     """A PEFT adapter directory put on top of the model."""
     dtype: str = "float32"
-    """Model weights dtype: float32, bfloat16 or float16."""
+    """Model weights dtype of the transformers backend: float32, bfloat16 or float16 (vllm uses the checkpoint's)."""
     device: str | None = None
     """Where the model runs (cpu, cuda); default: cuda when visible, else cpu."""
     backend: Literal["transformers", "vllm"] = "transformers"
