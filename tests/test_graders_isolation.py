@@ -121,7 +121,7 @@ def test_collect_observations_keep_correct_rows_beside_bombs(pool, triangle):
 
 # --- no trainer-side path parses model-written text with Python's own compiler -----------------
 
-MODEL_TEXT_PATHS = ["graders", "tasks/grade.py", "tasks/toy.py", "rewards.py", "rl/step.py", "eval", "collect"]
+MODEL_TEXT_PATHS = ["graders", "tasks/grade.py", "tasks/toy.py", "rewards.py", "rl", "eval", "collect"]
 """Where completions flow. tasks/asserts.py is left out: it parses benchmark tests at load time."""
 PARSERS = {"compile", "eval", "exec", "ast.parse", "ast.literal_eval", "sympify", "parse_expr", "parse_latex"}
 
