@@ -75,7 +75,7 @@ class BaseAccess:
         if trainer is not None and trainer.ref_model is not None:  # only merge_new + reference=base installs one
             return trainer.ref_model
         if self._loaded is None:
-            self._loaded = self.policy.load_base().to(next(model.parameters()).device).eval()
+            self._loaded = self.policy.load_base().to(next(model.parameters()).device).train(False)  # inference mode
         return self._loaded
 
 
