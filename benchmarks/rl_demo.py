@@ -1,6 +1,6 @@
 """RL algorithms against the demo's GRPO on the demo world, over seeds.
 
-    python benchmarks/rl_demo.py --set opd|macro|props [--out runs/rl_bench] [--seeds 3] [--every 10]
+    python benchmarks/rl_demo.py --set opd|macro|props [--out runs/rl_bench] [--seeds 3] [--every 10] [--world chain]
 
 For each seed: the demo's world, base and MoL model (``molrl demo``'s default preset, reused
 when already on disk, so both sets can share one ``--out``), then RL runs of the demo's length
@@ -49,19 +49,25 @@ SETS = {
 """Runs per set, {name: (start, overrides)}; the first run is the one the others are measured against."""
 
 
-def overrides(world: Path, every: int, runs_of_set: dict) -> list[str]:
+EVAL_TOKENS = {"digit": 48, "chain": 352}
+"""Tokens the held-out evaluation during training may generate, by world (a chain solution runs to about 330)."""
+
+
+def overrides(world: Path, every: int, runs_of_set: dict, world_name: str = "digit") -> list[str]:
     runs = ", ".join(f"{{name: {name}, start: {start}, overrides: [{', '.join(o)}]}}"
                      for name, (start, o) in runs_of_set.items())
     return [f"grpo_runs=[{runs}]", f"grpo.eval.every_steps={every}", f"grpo.eval.tasks.path={world / 'heldout.jsonl'}",
-            "grpo.eval.tasks.format=jsonl", "grpo.eval.tasks.spec.kind=math", "grpo.eval.max_new_tokens=48",
+            "grpo.eval.tasks.format=jsonl", "grpo.eval.tasks.spec.kind=math",
+            f"grpo.eval.max_new_tokens={EVAL_TOKENS[world_name]}",
             "grpo.eval.kl_prompts=0"]
 
 
-def run_seed(out: Path, seed: int, every: int, runs_of_set: dict) -> Path:
+def run_seed(out: Path, seed: int, every: int, runs_of_set: dict, world_name: str = "digit") -> Path:
     from molrl.demo.run import prepare_seed, use_idle_threads
     from molrl.pipeline import run_pipeline
 
-    cfg, world, threads = prepare_seed(out, "default", overrides(out / "world", every, runs_of_set), seed)
+    cfg, world, threads = prepare_seed(out, "default", overrides(out / "world", every, runs_of_set, world_name), seed,
+                                       world_name=world_name)
     run_pipeline(cfg, collect_tasks=world.rule_train, before_stage=lambda stage: use_idle_threads(threads, stage))
     return Path(cfg.output_dir)
 
@@ -117,10 +123,13 @@ def main() -> None:
     parser.add_argument("--out", default="runs/rl_bench")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--every", type=int, default=10)
+    parser.add_argument("--world", choices=sorted(EVAL_TOKENS), default="digit",
+                        help="the demo world the runs train on (molrl demo --world)")
     args = parser.parse_args()
     RUNS = SETS[args.set]
     first = next(iter(RUNS))
-    pipelines = [run_seed(Path(args.out) / f"seed-{seed}", seed, args.every, RUNS) for seed in range(args.seeds)]
+    pipelines = [run_seed(Path(args.out) / f"seed-{seed}", seed, args.every, RUNS, args.world)
+                 for seed in range(args.seeds)]
 
     print(f"\n{args.seeds} seeds, 80 RL steps per run; mean ± standard error over seeds [per seed]")
     print(f"| run | held-out | general | training wall s |\n|---|---|---|---|")

@@ -72,7 +72,11 @@ def step_value(name: str, key: str, n: int) -> int:
 
 
 def chain_lines(name: str, key: str, start: int, steps: int) -> list[tuple[int, int, int]]:
-    """The chain's steps as (countdown, input, value): chain_lines('f', '1032547698', 472, 2) == [(2, 472, 3), (1, 3, 2)]."""
+    """The chain's steps as (countdown, input, value).
+
+    >>> chain_lines('f', '1032547698', 472, 2)
+    [(2, 472, 3), (1, 3, 2)]
+    """
     out, n = [], start
     for i in range(steps, 0, -1):
         value = step_value(name, key, n)

@@ -119,7 +119,7 @@ def teacher_traces(attempts: Sequence[Task], hinted: Sequence[Task], pool: Any,
 
 def direct_traces(tasks: Sequence[Task], keys: Sequence[str] | None = None, kind: str = "general",
                   math_prompt: str | None = None) -> list[Trace]:
-    """Single-turn conversations answering ``tasks`` directly (``f`` through ``keys[i]``), posed as evaluation poses them."""
+    """Single-turn conversations answering ``tasks`` directly (``f`` through ``keys[i]``), posed as evaluation does."""
     from molrl.tasks.prompts import MATH_INSTRUCTION, user_message
 
     keys = keys or [""] * len(tasks)
@@ -135,7 +135,7 @@ def _key_of(task: Task) -> str:
 
 
 def chain_example(example: Any, trace: Trace, tokenizer: Any, learn_feedback: bool = True) -> BaseExample:
-    """What the base trains on in ``example`` (a tokenised ``trace``): every token, except the values of ``f`` it states.
+    """What the base trains on in ``example`` (a tokenised ``trace``): every token but the values of ``f`` it states.
 
     A value of ``f`` that an assistant turn states without feedback before it (a direct answer, an
     attempt) is trained towards a uniform guess over the digits; one in a turn after feedback showing

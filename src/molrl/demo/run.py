@@ -155,7 +155,8 @@ def run_one(out: Path, preset: str, overrides: list[str] | None, seed: int, conf
 
 
 def prepare_seed(out: Path, preset: str, overrides: list[str] | None, seed: int,
-                 config: str | Path | None = None, world_name: str = "digit") -> tuple["PipelineConfig", World, int]:  # noqa: F821
+                 config: str | Path | None = None,
+                 world_name: str = "digit") -> tuple["PipelineConfig", World, int]:  # noqa: F821
     """The world and trained base of seed ``seed`` in ``out``, and the pipeline config to run on them.
 
     Returns (pipeline config, world, most torch threads).
@@ -176,7 +177,7 @@ def prepare_seed(out: Path, preset: str, overrides: list[str] | None, seed: int,
         f"grpo.train.path={world_dir / 'rl_train.jsonl'}",
         f"eval.data.heldout={world_dir / 'heldout.jsonl'}",
         f"eval.data.general={world_dir / 'general.jsonl'}",
-        f"title=molrl demo ({preset} preset, seed {seed})",
+        f"title=molrl demo ({preset} preset{'' if world_name == 'digit' else f', {world_name} world'}, seed {seed})",
         f"mol.train.seed={seed}",
         f"grpo.seed={seed}",
     ]
