@@ -63,11 +63,37 @@ def test_answers_agree_with_the_hidden_rule_run_in_the_sandbox():
         assert world.key not in task.prompt  # the rule reaches only the sandbox
 
 
+def test_base_training_never_sees_a_heldout_problem_or_the_secret_values():
+    from molrl.collect.config import EpisodeConfig
+    from molrl.demo.chain_base import chain_base_traces
+    from molrl.sandbox import SandboxConfig, SandboxPool
+    from molrl.tiny import build_tiny_tokenizer
+
+    world = build_chain_world(SMALL)
+    episode = EpisodeConfig(max_turns=2, max_solutions=1, max_total_tokens=1280, system_prompt="Run code.",
+                            feedback=["execution", "verdict"])
+    with SandboxPool(SandboxConfig(workers=1)) as pool:
+        traces = chain_base_traces(world, SMALL.seed, build_tiny_tokenizer("chatml"), episode, pool, "{prompt}",
+                                   general_demos=5, teacher_rounds=1)
+    # 40 tool-use episodes in decoy worlds + 5 general ones, 40 teacher conversations, 40 + 30 direct answers
+    assert len(traces) == 40 + 5 + 40 + 40 + 30
+    text = "\n".join(m["content"] for t in traces for m in t.messages)
+    for task in world.rule_heldout:  # neither the problem nor a step of f on its start number
+        assert task.prompt not in text and f"f({task.meta['input']})" not in text
+    # a teacher conversation: the feedback is its probe's output in the sandbox, the answer copies it
+    teacher = traces[45].messages
+    assert teacher[2]["content"].startswith("Output:\n") and teacher[3]["content"].startswith(teacher[2]["content"]
+                                                                                             .split("\n\n")[0])
+    # every rule value the base reads is a decoy world's: the secret key's chain is stated nowhere
+    secret = [solution_text(walk_output("f", world.key, t.meta["input"], t.meta["steps"])) for t in world.rule_train]
+    assert sum(s in text for s in secret if s.count("\n") > 3) == 0
+
+
 def test_decoy_keeps_the_problem_and_answers_by_its_own_key():
     world = build_chain_world(SMALL)
     task = world.rule_train[0]
     twin = decoy(task, "1032547698")
-    assert twin.prompt == task.prompt and '"1032547698"' in twin.preamble
+    assert twin.prompt == task.prompt and '"1032547698"' in twin.preamble and twin.meta["decoy_key"] == "1032547698"
     assert twin.answer == str(chain_lines("f", "1032547698", task.meta["input"], task.meta["steps"])[-1][2])
 
 

@@ -5,7 +5,7 @@
     molrl demo --out DIR [key.sub=value ...]   # pipeline overrides, e.g. grpo.max_steps=60
     molrl demo --seeds 3       # the headline (MoL + GRPO vs base + GRPO) over 3 seeds
     molrl demo --study         # the paper's ablations over 3 seeds: runs/study/study.md (about 40 minutes)
-    molrl demo --world chain   # the chain world: long multi-step solutions (about 40 minutes on 2 shared cores)
+    molrl demo --world chain   # the chain world: long multi-step solutions (about 50 minutes on 2 shared cores)
 
 A hidden digit rule that only code execution reveals, a tiny base model trained from scratch
 to use the tool, then the real pipeline: collection in the sandbox, MoL, the same GRPO from the

@@ -135,7 +135,7 @@ def decoy(task: Task, key: str) -> Task:
     it learns to read and copy ``f``'s values without learning the secret ones."""
     start, steps = task.meta["input"], task.meta["steps"]
     twin = chain_task("f", key, start, steps)
-    twin.meta["decoy"] = True
+    twin.meta["decoy_key"] = key  # the decoy's rule is no secret: the base's demonstrations state it
     return twin
 
 

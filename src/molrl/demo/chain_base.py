@@ -105,7 +105,7 @@ def teacher_traces(attempts: Sequence[Task], hinted: Sequence[Task], pool: Any,
     for attempt, task, result in zip(attempts, hinted, results):
         if result.status != "ok":
             raise RuntimeError(f"the probe of {task.id} did not run in the sandbox: {result.status}")
-        tried = direct_solution(attempt, _key_of(attempt))
+        tried = direct_solution(attempt, attempt.meta["decoy_key"])
         obs = Observation(action="solution", exec=exec_record(result), verdict=attempt.answer == task.answer,
                           final=True)
         feedback, _ = render_feedback(providers, task, obs, [])
@@ -127,11 +127,6 @@ def direct_traces(tasks: Sequence[Task], keys: Sequence[str] | None = None, kind
                             {"role": "assistant", "content": direct_solution(t, key)}],
                   meta={"source": "demo", "kind": kind, "task_id": t.id, "success": True})
             for t, key in zip(tasks, keys)]
-
-
-def _key_of(task: Task) -> str:
-    """The permutation a (decoy) rule task's preamble defines ``f`` with."""
-    return task.preamble.split('"')[1]
 
 
 def chain_example(example: Any, trace: Trace, tokenizer: Any, learn_feedback: bool = True) -> BaseExample:
@@ -181,7 +176,7 @@ def chain_base_traces(world: World, seed: int, tokenizer: Any, episode: Any, poo
     return [
         *demonstration_traces([*demo_tasks, *world.general_train[:general_demos]], tokenizer, episode, pool),
         *teacher_traces(attempts, hinted, pool, math_prompt),
-        *direct_traces(direct, [_key_of(t) for t in direct], kind="domain", math_prompt=math_prompt),
+        *direct_traces(direct, [t.meta["decoy_key"] for t in direct], kind="domain", math_prompt=math_prompt),
         *direct_traces(world.general_train, math_prompt=math_prompt),
     ]
 
