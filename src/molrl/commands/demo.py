@@ -54,6 +54,10 @@ def handle(args: argparse.Namespace) -> int:
     name = ("study" if args.study else "demo") + ("" if args.world == "digit" else f"_{args.world}") \
         + ("_quick" if args.quick else "")
     out = args.out or f"runs/{name}"
+    if args.study and args.world != "digit":
+        from molrl.errors import MolrlError
+
+        raise MolrlError(f"--study runs on the digit world only; drop --world {args.world} or --study")
     if args.study:
         report = run_study(out, quick=args.quick, seeds=args.seeds or 3, overrides=args.overrides)
     else:
