@@ -1,0 +1,113 @@
+"""Feedback before RL, during RL, or at test time, on one world, over seeds.
+
+    python benchmarks/multiturn_rl.py [--out runs/multiturn] [--seeds 3] [--steps 80]
+                                      [--config configs/pipeline_tiny_multiturn.yaml]
+
+For each seed: the world, base and MoL model of ``molrl demo`` (``--config`` names the world's pipeline;
+finished stages and evaluations are reused, so an interrupted run picks up where it stopped), then the
+RL runs of that config at ``--steps`` steps each:
+
+- ``base+grpo``: single-turn GRPO from the base;
+- ``mol+grpo``: single-turn GRPO from the MoL model (MoL-RL: the feedback absorbed before RL);
+- ``base+mt_grpo``: multi-turn GRPO from the base (``rollout.turns=2``: run code, read the output, answer);
+- ``base+mt_grpo_echo``: the same with CE on the feedback tokens (``terms.feedback_ce``, ECHO);
+- ``base+mt_grpo_echo_kl``: and MoL's KL to the base on decision tokens (``terms.decision_kl``).
+
+Every model (the base and MoL model too, as controls) is evaluated single-turn (no execution: the
+held-out rule problems and the general tasks, forgetting) and multi-turn (the collection loop with the
+tool, ``molrl eval --turns 2``). Printed: one row per model, mean ± standard error over seeds with
+the per-seed values, and the RL wall time (the sum of the run's step times).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_seed(out: Path, seed: int, steps: int, config: Path) -> tuple[Path, object]:
+    """The pipeline of seed ``seed`` (reused where finished) and its config."""
+    from molrl.demo.run import prepare_seed, use_idle_threads
+    from molrl.pipeline import run_pipeline
+
+    cfg, world, threads = prepare_seed(out, "default", [f"grpo.max_steps={steps}"], seed, config)
+    run_pipeline(cfg, collect_tasks=world.rule_train, before_stage=lambda stage: use_idle_threads(threads, stage))
+    return Path(cfg.output_dir), cfg
+
+
+def multi_turn_eval(cfg: object, pipeline: Path, name: str) -> Path:
+    """The interactive evaluation of model ``name`` in ``pipeline/eval_turns/<name>`` (reused when finished)."""
+    from molrl.demo.run import episode_config
+    from molrl.eval import run_eval
+    from molrl.pipeline import eval_config, model_weights
+
+    model, adapter = model_weights(cfg, name, pipeline)
+    out = pipeline / "eval_turns" / name
+    if (out / "results.json").is_file():
+        return out
+    single = eval_config(cfg, name, model, adapter, pipeline)
+    episode = dataclasses.replace(episode_config(cfg), max_turns=2)
+    run_eval(dataclasses.replace(single, mode="interactive", interactive=episode, output_dir=out))
+    return out
+
+
+def accuracy(folder: Path, benchmark: str) -> float:
+    return float(json.loads((folder / "results.json").read_text())["benchmarks"][benchmark]["pass@1"])
+
+
+def rl_wall_s(pipeline: Path, name: str) -> float:
+    """Training wall time of an RL run: the sum of its logged step times (0 for a model without RL)."""
+    path = pipeline / "grpo" / name / "metrics.jsonl"
+    if not path.is_file():
+        return 0.0
+    return sum(json.loads(line).get("step_time", 0.0) for line in path.read_text().splitlines())
+
+
+def mean_se(values: list[float]) -> tuple[float, float]:
+    n = len(values)
+    mean = sum(values) / n
+    se = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n) if n > 1 else 0.0
+    return mean, se
+
+
+def cell(values: list[float], digits: int = 2) -> str:
+    mean, se = mean_se(values)
+    return f"{mean:.{digits}f} ± {se:.{digits}f} [" + ", ".join(f"{v:.{digits}f}" for v in values) + "]"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="runs/multiturn")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=80)
+    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "pipeline_tiny_multiturn.yaml")
+    args = parser.parse_args()
+    rows: dict[str, dict[str, list[float]]] = {}
+    for seed in range(args.seeds):
+        started = time.time()
+        pipeline, cfg = run_seed(Path(args.out) / f"seed-{seed}", seed, args.steps, args.config)
+        names = ["base", *(r.name for r in cfg.mol_runs), *(r.name for r in cfg.grpo_runs)]
+        for name in names:
+            turns = multi_turn_eval(cfg, pipeline, name)
+            row = rows.setdefault(name, {k: [] for k in ("single", "multi", "general", "wall")})
+            row["single"].append(accuracy(pipeline / "eval" / name, "heldout"))
+            row["multi"].append(accuracy(turns, "heldout"))
+            row["general"].append(accuracy(pipeline / "eval" / name, "general"))
+            row["wall"].append(rl_wall_s(pipeline, name))
+        print(f"seed {seed} done in {time.time() - started:.0f} s ({pipeline})", flush=True)
+    print(f"\n{args.seeds} seed(s), {args.steps} RL steps per run; mean ± standard error over seeds [per seed]")
+    print("| model | held-out, single-turn | held-out, multi-turn (tool) | general, single-turn | RL wall s |")
+    print("|---|---|---|---|---|")
+    for name, row in rows.items():
+        print(f"| {name} | {cell(row['single'])} | {cell(row['multi'])} | {cell(row['general'])} | "
+              f"{cell(row['wall'], 0)} |")
+
+
+if __name__ == "__main__":
+    main()
