@@ -1,6 +1,6 @@
 """Feedback before RL, during RL, or at test time, on one world, over seeds.
 
-    python benchmarks/multiturn_rl.py [--out runs/multiturn] [--seeds 3] [--steps 80]
+    python benchmarks/multiturn_rl.py [--out runs/multiturn] [--seeds 3] [--first 0] [--steps 80]
                                       [--config configs/pipeline_tiny_multiturn.yaml]
 
 For each seed: the world, base and MoL model of ``molrl demo`` (``--config`` names the world's pipeline;
@@ -85,11 +85,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/multiturn")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first", type=int, default=0, help="first seed to run (several processes can split the seeds)")
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "pipeline_tiny_multiturn.yaml")
     args = parser.parse_args()
     rows: dict[str, dict[str, list[float]]] = {}
-    for seed in range(args.seeds):
+    for seed in range(args.first, args.seeds):
         started = time.time()
         pipeline, cfg = run_seed(Path(args.out) / f"seed-{seed}", seed, args.steps, args.config)
         names = ["base", *(r.name for r in cfg.mol_runs), *(r.name for r in cfg.grpo_runs)]
@@ -101,7 +102,8 @@ def main() -> None:
             row["general"].append(accuracy(pipeline / "eval" / name, "general"))
             row["wall"].append(rl_wall_s(pipeline, name))
         print(f"seed {seed} done in {time.time() - started:.0f} s ({pipeline})", flush=True)
-    print(f"\n{args.seeds} seed(s), {args.steps} RL steps per run; mean ± standard error over seeds [per seed]")
+    print(f"\nseeds {args.first}-{args.seeds - 1}, {args.steps} RL steps per run; mean ± standard error over seeds "
+          "[per seed]")
     print("| model | held-out, single-turn | held-out, multi-turn (tool) | general, single-turn | RL wall s |")
     print("|---|---|---|---|---|")
     for name, row in rows.items():

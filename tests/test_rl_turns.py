@@ -251,3 +251,26 @@ def test_kill_9_mid_run_then_resume_loses_and_repeats_no_step(tmp_path, world_fi
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in logged if "loss/feedback_ce" in m] == list(range(1, 7))
     assert (out / "adapter").is_dir()
+
+
+@pytest.mark.slow
+def test_two_processes_run_multi_turn_episodes_with_both_terms(tmp_path, world_files):
+    tasks, base = world_files
+    out, repo = tmp_path / "run", TESTS.parent
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", ACCELERATE_USE_CPU="true")
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "molrl.cli", "rl",
+           "--config", str(repo / "configs/grpo_tiny.yaml"), f"output_dir={out}", f"policy.base={base}",
+           "max_steps=2", "reward.sandbox_workers=1", f"train.path={tasks}", "train.format=jsonl",
+           "train.spec.kind=math", "rollout.turns=2", "rollout.episode.feedback=[execution, verdict]",
+           "rollout.episode.sampling.max_new_tokens=8", "max_completion_length=128", "terms.feedback_ce=0.05",
+           "terms.decision_kl=0.05"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "reward" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    assert all(m["loss/feedback_ce"] > 0 and m["turns/feedback_tokens"] > 0 for m in steps)
+    assert steps[0]["loss/decision_kl"] == pytest.approx(0.0, abs=1e-6) and steps[1]["loss/decision_kl"] > 0
+    completions = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    assert len(completions) == 2 * 2 * 8  # 2 steps x 2 ranks x 1 prompt x 8 episodes
+    assert (out / "adapter" / "adapter_config.json").is_file()
