@@ -15,8 +15,9 @@ RL runs of that config at ``--steps`` steps each:
 
 Every model (the base and MoL model too, as controls) is evaluated single-turn (no execution: the
 held-out rule problems and the general tasks, forgetting) and multi-turn (the collection loop with the
-tool, ``molrl eval --turns 2``). Printed: one row per model, mean ± standard error over seeds with
-the per-seed values, and the RL wall time (the sum of the run's step times).
+tool, ``molrl eval --turns 2``). Printed, and written to ``<out>/multiturn.md``: one row per model,
+mean ± standard error over seeds with the per-seed values, the mean training reward of the last 10 RL
+steps (the control that RL itself worked), and the RL wall time (the sum of the run's step times).
 """
 
 from __future__ import annotations
@@ -69,6 +70,15 @@ def rl_wall_s(pipeline: Path, name: str) -> float:
     return sum(json.loads(line).get("step_time", 0.0) for line in path.read_text().splitlines())
 
 
+def late_reward(pipeline: Path, name: str, last: int = 10) -> float:
+    """Mean training reward of an RL run's last ``last`` steps (nan for a model without RL)."""
+    path = pipeline / "grpo" / name / "metrics.jsonl"
+    if not path.is_file():
+        return math.nan
+    rewards = [m["reward"] for m in map(json.loads, path.read_text().splitlines()) if "reward" in m]
+    return sum(rewards[-last:]) / len(rewards[-last:])
+
+
 def mean_se(values: list[float]) -> tuple[float, float]:
     n = len(values)
     mean = sum(values) / n
@@ -96,19 +106,23 @@ def main() -> None:
         names = ["base", *(r.name for r in cfg.mol_runs), *(r.name for r in cfg.grpo_runs)]
         for name in names:
             turns = multi_turn_eval(cfg, pipeline, name)
-            row = rows.setdefault(name, {k: [] for k in ("single", "multi", "general", "wall")})
+            row = rows.setdefault(name, {k: [] for k in ("single", "multi", "general", "reward", "wall")})
             row["single"].append(accuracy(pipeline / "eval" / name, "heldout"))
             row["multi"].append(accuracy(turns, "heldout"))
             row["general"].append(accuracy(pipeline / "eval" / name, "general"))
+            row["reward"].append(late_reward(pipeline, name))
             row["wall"].append(rl_wall_s(pipeline, name))
         print(f"seed {seed} done in {time.time() - started:.0f} s ({pipeline})", flush=True)
-    print(f"\nseeds {args.first}-{args.seeds - 1}, {args.steps} RL steps per run; mean ± standard error over seeds "
-          "[per seed]")
-    print("| model | held-out, single-turn | held-out, multi-turn (tool) | general, single-turn | RL wall s |")
-    print("|---|---|---|---|---|")
+    lines = [f"seeds {args.first}-{args.seeds - 1}, {args.steps} RL steps per run; mean ± standard error over seeds "
+             "[per seed]", "",
+             "| model | held-out, single-turn | held-out, multi-turn (tool) | general, single-turn | "
+             "RL training reward, last 10 steps | RL wall s |", "|---|---|---|---|---|---|"]
     for name, row in rows.items():
-        print(f"| {name} | {cell(row['single'])} | {cell(row['multi'])} | {cell(row['general'])} | "
-              f"{cell(row['wall'], 0)} |")
+        reward = cell(row["reward"]) if not math.isnan(row["reward"][0]) else "-"
+        lines.append(f"| {name} | {cell(row['single'])} | {cell(row['multi'])} | {cell(row['general'])} | {reward} | "
+                     f"{cell(row['wall'], 0)} |")
+    print("\n" + "\n".join(lines))
+    (Path(args.out) / "multiturn.md").write_text("# Feedback before, during or without RL\n\n" + "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

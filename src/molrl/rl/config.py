@@ -387,12 +387,12 @@ class RlConfig:
 
     def _check_turns(self) -> None:
         ro, terms = self.rollout, self.terms
-        if ro.turns < 1 or ro.turns > 1 and (ro.partial or ro.behaviour != "policy" or ro.resolved_rounds() > 1 or self.use_vllm):
+        combined = ro.partial or ro.behaviour != "policy" or ro.resolved_rounds() > 1 or self.use_vllm
+        if ro.turns < 1 or (ro.turns > 1 and combined):
             raise ValueError(f"rollout.turns={ro.turns}: 1 or more; above 1 it samples whole episodes with transformers, "
                              "so not with rollout.partial, rollout.behaviour=props, rollout.rounds > 1 or use_vllm")
         if ro.turns > 1 and self.algorithm == "opd":
-            raise ValueError("rollout.turns > 1 with algorithm=opd: its teacher reads single-turn completions; "
-                             "use grpo, dr_grpo, dr_grpo_std or ppo")
+            raise ValueError("rollout.turns > 1 with algorithm=opd: its teacher reads single-turn completions; use grpo")
         if min(terms.feedback_ce, terms.decision_kl) < 0:
             raise ValueError("terms.feedback_ce and terms.decision_kl are weights: 0 or more")
         if terms.feedback_ce > 0 and ro.turns == 1:
