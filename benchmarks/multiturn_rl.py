@@ -98,22 +98,59 @@ def main() -> None:
     parser.add_argument("--first", type=int, default=0, help="first seed to run (several processes can split the seeds)")
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "pipeline_tiny_multiturn.yaml")
+    parser.add_argument("--table", action="store_true",
+                        help="run nothing: tabulate the seeds under --out whose runs and evaluations have all finished")
     args = parser.parse_args()
     rows: dict[str, dict[str, list[float]]] = {}
+    seeds = []
     for seed in range(args.first, args.seeds):
         started = time.time()
-        pipeline, cfg = run_seed(Path(args.out) / f"seed-{seed}", seed, args.steps, args.config)
-        names = ["base", *(r.name for r in cfg.mol_runs), *(r.name for r in cfg.grpo_runs)]
-        for name in names:
-            turns = multi_turn_eval(cfg, pipeline, name)
-            row = rows.setdefault(name, {k: [] for k in ("single", "multi", "general", "reward", "wall")})
-            row["single"].append(accuracy(pipeline / "eval" / name, "heldout"))
-            row["multi"].append(accuracy(turns, "heldout"))
-            row["general"].append(accuracy(pipeline / "eval" / name, "general"))
-            row["reward"].append(late_reward(pipeline, name))
-            row["wall"].append(rl_wall_s(pipeline, name))
+        if args.table:
+            found = finished_seed(Path(args.out) / f"seed-{seed}" / "pipeline")
+            if found is None:
+                continue
+            pipeline, cfg = found
+        else:
+            pipeline, cfg = run_seed(Path(args.out) / f"seed-{seed}", seed, args.steps, args.config)
+        add_seed(rows, pipeline, cfg, evaluate=not args.table)
+        seeds.append(seed)
         print(f"seed {seed} done in {time.time() - started:.0f} s ({pipeline})", flush=True)
-    lines = [f"seeds {args.first}-{args.seeds - 1}, {args.steps} RL steps per run; mean ± standard error over seeds "
+    lines = table(rows, seeds, args.steps)
+    print("\n" + "\n".join(lines))
+    (Path(args.out) / "multiturn.md").write_text("# Feedback before, during or without RL\n\n" + "\n".join(lines) + "\n")
+
+
+def model_names(cfg: object) -> list[str]:
+    return ["base", *(r.name for r in cfg.mol_runs), *(r.name for r in cfg.grpo_runs)]
+
+
+def finished_seed(pipeline: Path) -> tuple[Path, object] | None:
+    """(pipeline, config) of a seed whose every model has both evaluations, else None."""
+    from molrl.pipeline import load_pipeline_config
+
+    if not (pipeline / "config.yaml").is_file():
+        return None
+    cfg = load_pipeline_config(pipeline / "config.yaml")
+    done = all((pipeline / folder / name / "results.json").is_file()
+               for name in model_names(cfg) for folder in ("eval", "eval_turns"))
+    return (pipeline, cfg) if done else None
+
+
+def add_seed(rows: dict[str, dict[str, list[float]]], pipeline: Path, cfg: object, evaluate: bool) -> None:
+    """One seed's figures of every model into ``rows`` (its multi-turn evaluations run first when ``evaluate``)."""
+    for name in model_names(cfg):
+        turns = multi_turn_eval(cfg, pipeline, name) if evaluate else pipeline / "eval_turns" / name
+        row = rows.setdefault(name, {k: [] for k in ("single", "multi", "general", "reward", "wall")})
+        row["single"].append(accuracy(pipeline / "eval" / name, "heldout"))
+        row["multi"].append(accuracy(turns, "heldout"))
+        row["general"].append(accuracy(pipeline / "eval" / name, "general"))
+        row["reward"].append(late_reward(pipeline, name))
+        row["wall"].append(rl_wall_s(pipeline, name))
+
+
+def table(rows: dict[str, dict[str, list[float]]], seeds: list[int], steps: int) -> list[str]:
+    """The markdown table: mean ± standard error over seeds [per seed] of each model."""
+    lines = [f"seeds {', '.join(map(str, seeds))}, {steps} RL steps per run; mean ± standard error over seeds "
              "[per seed]", "",
              "| model | held-out, single-turn | held-out, multi-turn (tool) | general, single-turn | "
              "RL training reward, last 10 steps | RL wall s |", "|---|---|---|---|---|---|"]
@@ -121,8 +158,7 @@ def main() -> None:
         reward = cell(row["reward"]) if not math.isnan(row["reward"][0]) else "-"
         lines.append(f"| {name} | {cell(row['single'])} | {cell(row['multi'])} | {cell(row['general'])} | {reward} | "
                      f"{cell(row['wall'], 0)} |")
-    print("\n" + "\n".join(lines))
-    (Path(args.out) / "multiturn.md").write_text("# Feedback before, during or without RL\n\n" + "\n".join(lines) + "\n")
+    return lines
 
 
 if __name__ == "__main__":
