@@ -274,3 +274,44 @@ def test_two_processes_run_multi_turn_episodes_with_both_terms(tmp_path, world_f
     completions = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
     assert len(completions) == 2 * 2 * 8  # 2 steps x 2 ranks x 1 prompt x 8 episodes
     assert (out / "adapter" / "adapter_config.json").is_file()
+
+
+@pytest.mark.parametrize("term", ["policy_gradient", "feedback_ce"])
+def test_one_step_raises_the_log_probs_its_term_trains(tmp_path, world_files, term):
+    from molrl.rl.batch import LossInputs
+    from molrl.rl.run import build_trainer
+    from molrl.rl.terms import FeedbackCE
+
+    torch.manual_seed(0)
+    trainer, _, pool = build_trainer(turns_config(tmp_path / "run", *world_files))
+    try:
+        row = trainer.train_dataset[0]
+        batch = trainer.rollouts["train"].rollout([{"prompt": row["prompt"], "task_json": row["task_json"]}] * 4)
+    finally:
+        pool.close()
+    advantages = torch.zeros_like(batch.completion_mask, dtype=torch.float32)
+    if term == "policy_gradient":
+        advantages[0] = 1.0  # row 0 was good, the others neutral
+    else:
+        trainer.terms = [FeedbackCE(1.0)]
+    inputs = LossInputs(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, advantages,
+                        batch.completion_mask.sum(), attention_mask=batch.attention_mask,
+                        feedback_mask=batch.feedback_mask)
+    sampled0 = torch.zeros_like(batch.completion_mask)
+    sampled0[0] = batch.completion_mask[0]
+
+    def mean_logp(mask):
+        logps = trainer.completion_logps(trainer.model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+                                         batch.attention())
+        return ((logps * mask).sum() / mask.sum()).item()
+
+    trained = sampled0 if term == "policy_gradient" else batch.feedback_mask
+    before = mean_logp(trained)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1  # (set by TRL's loop, which this step runs without)
+    trainer._compute_loss(trainer.model, inputs.to_dict()).backward()
+    params = [p for p in trainer.model.parameters() if p.requires_grad]
+    with torch.no_grad():  # one plain gradient step
+        for p in params:
+            p -= 0.5 * p.grad
+    assert mean_logp(trained) > before + 1e-4
