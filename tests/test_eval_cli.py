@@ -61,3 +61,33 @@ def test_malformed_data_flag_is_one_error(tmp_path, caplog, monkeypatch):
     monkeypatch.setattr("molrl.cli.setup_logging", lambda verbose: None)
     assert main(["eval", "--benchmarks", "aime24", "--data", "aime24.jsonl", "--out", str(tmp_path / "run")]) == 1
     assert "--data 'aime24.jsonl': expected NAME=PATH" in caplog.text
+
+
+def _eval_flags(*argv: str):
+    import argparse
+
+    from molrl.commands.eval import flag_overrides, register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    return flag_overrides(parser.parse_args(["eval", *argv]))
+
+
+def test_turns_flag_runs_the_collection_loop_with_that_many_turns():
+    from molrl.config import load_config
+    from molrl.eval import EvalConfig
+
+    cfg = load_config(EvalConfig, None, _eval_flags("--model", "tiny:chatml", "--turns", "3"))
+    assert (cfg.mode, cfg.interactive.max_turns) == ("interactive", 3)
+    assert load_config(EvalConfig, None, _eval_flags("--turns", "1")).mode == "single"
+
+
+def test_turns_flag_refuses_several_turns_in_single_mode():
+    import pytest
+
+    from molrl.errors import MolrlError
+
+    with pytest.raises(MolrlError, match="--turns 2 with --mode single"):
+        _eval_flags("--turns", "2", "--mode", "single")
+    with pytest.raises(MolrlError, match="--turns 0"):
+        _eval_flags("--turns", "0")

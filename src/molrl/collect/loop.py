@@ -173,7 +173,11 @@ def model_turns(
     )
     completions = generator.generate([prompts[i] for i in live], sampling)
     for i, (text,) in zip(live, completions):
-        actions[i] = _take_turn(episodes[i], prefill, text, tokenizer, budgets[i])
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        over_budget = len(ids) > budgets[i]
+        if over_budget:
+            text = tokenizer.decode(ids[: budgets[i]], skip_special_tokens=False)
+        actions[i] = take_turn(episodes[i], prefill, text, over_budget)
     return actions
 
 
@@ -190,12 +194,10 @@ def think_prefill(tokenizer: Any, enable_thinking: bool) -> str:
     return suffix[suffix.index("<think>") :] if "<think>" in suffix else ""
 
 
-def _take_turn(ep: Episode, prefill: str, completion: str, tokenizer: Any, budget: int) -> Action | None:
-    """Record the model's turn (cut after its action, and at the token budget); None if the episode ends."""
-    ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
-    over_budget = len(ids) > budget
-    if over_budget:
-        completion = tokenizer.decode(ids[:budget], skip_special_tokens=False)
+def take_turn(ep: Episode, prefill: str, completion: str, over_budget: bool = False) -> Action | None:
+    """Record the model's turn (``completion`` after the template's ``prefill``), cut after its action; returns
+    the action, or None if the episode ends (``over_budget``: the turn ran out of tokens, so without an action
+    it ends the episode)."""
     text = prefill + completion
     action = parse_action(text, ep.task.kind)
     kept = text[: action.end] if action.kind != "none" else text

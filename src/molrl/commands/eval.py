@@ -1,7 +1,7 @@
 """``molrl eval``: score a model (or a predictions file) on benchmarks; ``molrl eval compare`` runs.
 
     molrl eval --model M [--adapter A] --benchmarks math500,humaneval \\
-        --data math500=PATH --data humaneval=PATH [--limit N] [--n N] [--mode single|interactive] \\
+        --data math500=PATH --data humaneval=PATH [--limit N] [--n N] [--mode single|interactive] [--turns N] \\
         [--out DIR] [--config FILE] [key=value ...]
     molrl eval --benchmarks humaneval --data humaneval=PATH --predictions samples.jsonl
     molrl eval compare RUN1 RUN2 ... [--out DIR] [--metric pass@1]
@@ -43,6 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--n", type=int, help="samples per problem")
     p.add_argument("--max-new-tokens", type=int, help="most tokens per completion")
     p.add_argument("--mode", choices=["single", "interactive"], help="single turn (default) or the feedback loop")
+    p.add_argument("--turns", type=int, metavar="N",
+                   help="multi-turn with the tool: the collection loop with up to N turns (--mode interactive); "
+                        "1 is single-turn")
     p.add_argument("--thinking", action="store_true", help="enable the thinking block of Qwen3-style templates")
     p.add_argument("--out", help="run directory (eval) or where compare writes its table and chart")
     p.add_argument("--metric", default="pass@1", help="compare: metric to tabulate and plot")
@@ -82,6 +85,12 @@ def flag_overrides(args: argparse.Namespace) -> list[str]:
         value = getattr(args, attr)
         if value is not None:
             out.append(f"{key}={value}")
+    if args.turns is not None:
+        if args.turns < 1:
+            raise MolrlError(f"--turns {args.turns}: give 1 (single-turn) or more")
+        if args.mode == "single" and args.turns > 1:
+            raise MolrlError(f"--turns {args.turns} with --mode single: several turns are the interactive mode")
+        out += ["mode=single"] if args.turns == 1 else ["mode=interactive", f"interactive.max_turns={args.turns}"]
     if args.thinking:
         out.append("enable_thinking=true")
     for item in args.data:

@@ -59,6 +59,15 @@ class RolloutBatch:
     """B completion ids (``<group>/<row>``) of partial rollouts; None otherwise."""
     lengths: list[int] | None = None
     """B completion lengths in tokens (EOS included)."""
+    attention_mask: torch.Tensor | None = None
+    """[B, T] multi-turn: 1 on every completion token (sampled, feedback and template), what attention sees
+    while ``completion_mask`` selects the sampled ones for the loss; None: ``completion_mask`` is both."""
+    feedback_mask: torch.Tensor | None = None
+    """[B, T] multi-turn: 1 on feedback tokens (the environment's text); None without feedback."""
+
+    def attention(self) -> torch.Tensor:
+        """[B, T] the completion tokens attention sees."""
+        return self.completion_mask if self.attention_mask is None else self.attention_mask
 
     def loss_weights(self) -> torch.Tensor | None:
         """[B, T] or [B, 1] what multiplies each token's loss: the vLLM correction times partial rollouts'
@@ -67,6 +76,18 @@ class RolloutBatch:
         if self.token_weights is not None:
             weights = self.token_weights if weights is None else weights * self.token_weights
         return weights
+
+
+@dataclass
+class TokenRoles:
+    """Which completion tokens of multi-turn rows the policy sampled and which the environment wrote."""
+
+    sampled: list[list[int]]
+    """B rows, 1 per token the policy sampled (decision tokens: the policy gradient's), else 0."""
+    feedback: list[list[int]]
+    """B rows, 1 per feedback token (tool text as the template renders it), else 0."""
+    finished: list[bool]
+    """B: the episode ended by itself (an answer, or its budget of turns or solutions), not at the token limit."""
 
 
 @dataclass
@@ -123,6 +144,14 @@ class LossInputs:
     """[B, T] or [B, 1] multiplies each token's loss (vLLM correction, partial rollouts' importance weights)."""
     extra: dict[str, torch.Tensor] = field(default_factory=dict)
     """[B, ...] the algorithm's own per-row tensors (``Advantages.extra``: PPO's returns and old values)."""
+    attention_mask: torch.Tensor | None = None
+    """[B, T] multi-turn: 1 on every completion token attention sees; None: ``completion_mask``."""
+    feedback_mask: torch.Tensor | None = None
+    """[B, T] multi-turn: 1 on feedback tokens; None without feedback."""
+
+    def attention(self) -> torch.Tensor:
+        """[B, T] the completion tokens attention sees."""
+        return self.completion_mask if self.attention_mask is None else self.attention_mask
 
     def to_dict(self) -> dict[str, torch.Tensor]:
         """The flat dict of tensors TRL's loop shuffles and splits (None fields left out)."""

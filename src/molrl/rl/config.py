@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from molrl.collect.config import EpisodeConfig
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
 from molrl.tasks.types import JsonlSpec
 
@@ -177,10 +178,17 @@ class RolloutSettings:
     sampling_error_split: float | None = None
     """Also log the sampling error split by the policy's entropy at the state, below and above this many nats
     (``sampling_error/low_entropy``, ``sampling_error/high_entropy``); costs one more forward pass."""
+    turns: int = 1
+    """Most model turns per completion: above 1 each is an episode of the collection loop (``rollouts.turns``):
+    the policy runs code in the sandbox and reads the feedback before it answers, in max_completion_length tokens."""
+    episode: EpisodeConfig = field(default_factory=lambda: EpisodeConfig(max_turns=2, max_solutions=1))
+    """turns > 1: instructions, task wording, solutions, feedback and most tokens per turn (sampling.max_new_tokens)
+    as ``molrl collect`` takes them (turns, other sampling settings, token limit and thinking: the RL stage's)."""
 
     def policy(self) -> str:
-        """The rollout policy's name in ``molrl.rl.rollouts.ROLLOUTS``: partial, props or sync."""
-        return "partial" if self.partial else "props" if self.behaviour == "props" else "sync"
+        """The rollout policy's name in ``molrl.rl.rollouts.ROLLOUTS``: turns, partial, props or sync."""
+        by_setting = "partial" if self.partial else "props" if self.behaviour == "props" else "sync"
+        return "turns" if self.turns > 1 else by_setting
 
     def resolved_rounds(self) -> int:
         """Sampling rounds per step (``rounds``, or its default)."""
@@ -189,6 +197,16 @@ class RolloutSettings:
     def resolved_buffer(self) -> int:
         """Steps' batches the policy trains on (``buffer_batches``, or its default)."""
         return self.buffer_batches if self.buffer_batches is not None else (2 if self.behaviour == "props" else 1)
+
+
+@dataclass
+class TermSettings:
+    """Loss terms beside the policy gradient (``molrl.rl.terms``), each normalised over its own tokens."""
+
+    feedback_ce: float = 0.0
+    """Weight of the CE on feedback tokens of multi-turn completions (ECHO; its authors use 0.01-0.05); 0: none."""
+    decision_kl: float = 0.0
+    """Weight of the full-vocabulary KL(policy || base) on decision tokens (MoL's term; base: adapter disabled)."""
 
 
 @dataclass
@@ -259,6 +277,8 @@ class RlConfig:
     """Partial rollouts, the behaviour policy and the training buffer."""
     props: PropsSettings = field(default_factory=PropsSettings)
     """The behaviour update of rollout.behaviour=props."""
+    terms: TermSettings = field(default_factory=TermSettings)
+    """Loss terms beside the policy gradient: CE on feedback tokens, KL to the base on decision tokens."""
     enable_thinking: bool = False
     """Render prompts with thinking on (Qwen3 <think>) or off."""
     code_prompt: str = CODE_INSTRUCTION
@@ -358,6 +378,7 @@ class RlConfig:
         if ro.behaviour == "props" and self.use_vllm:
             raise ValueError("rollout.behaviour=props samples from a second adapter, which vLLM does not hold; "
                              "set use_vllm=false")
+        self._check_turns()
         pp = self.ppo
         if pp.critic_epochs < 1 or pp.critic_minibatches < 1 or pp.critic_warmup_steps < 0:
             raise ValueError("ppo: critic_epochs >= 1, critic_minibatches >= 1 and critic_warmup_steps >= 0")
@@ -375,3 +396,17 @@ class RlConfig:
                 and self.opd.teacher_model is None):
             raise ValueError("opd.teacher=model needs opd.teacher_model (an adapter or model directory), "
                              "or opd.teacher_weights=current")
+
+    def _check_turns(self) -> None:
+        ro, terms = self.rollout, self.terms
+        combined = ro.partial or ro.behaviour != "policy" or ro.resolved_rounds() > 1 or self.use_vllm
+        if ro.turns < 1 or (ro.turns > 1 and combined):
+            raise ValueError(f"rollout.turns={ro.turns}: 1 or more; above 1 it samples whole episodes with transformers, "
+                             "so not with rollout.partial, rollout.behaviour=props, rollout.rounds > 1 or use_vllm")
+        if ro.turns > 1 and self.algorithm == "opd":
+            raise ValueError("rollout.turns > 1 with algorithm=opd: its teacher reads single-turn completions; use grpo")
+        if min(terms.feedback_ce, terms.decision_kl) < 0:
+            raise ValueError("terms.feedback_ce and terms.decision_kl are weights: 0 or more")
+        if terms.feedback_ce > 0 and ro.turns == 1:
+            raise ValueError(f"terms.feedback_ce={terms.feedback_ce} with rollout.turns=1: single-turn completions "
+                             "hold no feedback tokens; set rollout.turns=2 or more")

@@ -126,7 +126,7 @@ def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: li
         )
     pool = None
     probes = cfg.algorithm == "opd" and cfg.opd.teacher == "feedback" and any(t.probe for t in tasks)
-    if {t.kind for t in [*tasks, *eval_tasks]} & {"code", "toy"} or probes:
+    if {t.kind for t in [*tasks, *eval_tasks]} & {"code", "toy"} or probes or cfg.rollout.turns > 1:
         pool = SandboxPool(SandboxConfig(workers=cfg.reward.sandbox_workers, timeout_s=cfg.reward.timeout_s))
     scorer = Scorer(pool, CodeRewardConfig(mode=cfg.reward.code_mode), cfg.reward.failure_reward)
     return Dataset.from_list(rows), scorer, pool

@@ -8,8 +8,9 @@ typed contract (``molrl.rl.batch``):
 2. ``molrl.rl.score``: (tasks, completions) -> ``Scores`` through the grading dispatch evaluation uses;
 3. the algorithm (``molrl.rl.algorithms``: grpo, dr_grpo, dr_grpo_std, opd, ppo):
    ``AdvantageInputs`` -> ``Advantages``;
-4. ``molrl.rl.loss.policy_loss`` on ``LossInputs``, plus the algorithm's own terms (PPO's value loss),
-   each with its own normaliser.
+4. ``molrl.rl.loss.policy_loss`` on ``LossInputs``, plus the algorithm's own terms (PPO's value loss) and the
+   configured ones (``molrl.rl.terms``: CE on feedback tokens, KL to the base on decision tokens), each with its
+   own normaliser.
 
 Simplifications: the trainer never asks which algorithm or rollout policy it holds; a step's rows are
 scored once, when sampled (a buffered row keeps its advantage); the KL term is per token on sampled
@@ -41,6 +42,7 @@ from molrl.rl.config import RlConfig
 from molrl.rl.loss import LossSettings, policy_loss
 from molrl.rl.rollouts import ROLLOUTS, Synchronous
 from molrl.rl.score import Scorer, log_scores
+from molrl.rl.terms import build_terms
 
 TRL_SURFACE = {
     "methods": {  # private GRPOTrainer methods: (parameters we rely on)
@@ -73,6 +75,7 @@ class RlTrainer(GRPOTrainer):
         self.rollouts = {"train": ROLLOUTS[config.rollout.policy()](self, config),
                          "eval": Synchronous(self, config, training=False)}
         self.algorithm = ALGORITHMS[config.algorithm](self, config)
+        self.terms = build_terms(config.terms)
         self.loss_settings = LossSettings(self.algorithm.aggregation, self.max_completion_length, self.epsilon_low,
                                           self.epsilon_high, self.beta if self.algorithm.kl_in_loss else 0.0)
 
@@ -100,12 +103,12 @@ class RlTrainer(GRPOTrainer):
         return rollout.finish(LossInputs(  # 4. what the loss reads
             batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, advantages.tokens,
             self.accelerator.gather(batch.completion_mask.sum()).sum(), batch.behaviour_logps, batch.reference_logps,
-            batch.loss_weights(), advantages.extra))
+            batch.loss_weights(), advantages.extra, batch.attention_mask, batch.feedback_mask))
 
     # the step's second half: loss
     def _compute_loss(self, model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         batch = LossInputs.from_dict(inputs)
-        ids, attention = join(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
+        ids, attention = join(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.attention())
         logps, entropies, _ = self._get_per_token_logps_and_entropies(
             model, ids, attention, batch.completion_ids.size(1), compute_entropy=True)
         mask, metrics = batch.completion_mask, self.metrics()
@@ -115,6 +118,10 @@ class RlTrainer(GRPOTrainer):
         for name, (weight, term) in self.algorithm.loss_terms(batch).items():  # each with its own normaliser
             loss = loss + weight * term
             metrics[name].append(term.item())
+        for term in self.terms:  # CE on feedback, KL to the base on decisions: each over its own tokens
+            value = term.loss(self, model, batch, logps)
+            loss = loss + term.weight * value
+            metrics[term.metric].append(value.item())
         sums = self.accelerator.reduce(torch.stack([out.tokens, out.kl, out.clipped_low, out.clipped_high,
                                                     (entropies.detach().float() * mask).sum()]), reduction="sum")
         tokens = sums[0].clamp(min=1.0)
@@ -142,7 +149,8 @@ class RlTrainer(GRPOTrainer):
                          completion_ids: torch.Tensor, completion_mask: torch.Tensor,
                          entropies: bool = False) -> torch.Tensor:
         """[B, T] log-probs of the completion tokens after the prompts (or, with ``entropies``, the policy's entropy
-        at each of their states), without grad (TRL's computation)."""
+        at each of their states), without grad (TRL's computation); ``completion_mask`` is what attention sees of
+        the completions."""
         ids, attention = join(prompt_ids, prompt_mask, completion_ids, completion_mask)
         size = self.args.per_device_train_batch_size if self._mode() == "train" else self.args.per_device_eval_batch_size
         with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
@@ -160,7 +168,7 @@ class RlTrainer(GRPOTrainer):
         if batch.behaviour_logps is not None:
             return batch.behaviour_logps
         return self.completion_logps(self.model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
-                                     batch.completion_mask)
+                                     batch.attention())
 
     def frozen_adapters(self) -> tuple[str, ...]:
         """Adapters beside the trained one: TRL's ``ref``, the algorithm's and the rollout policy's."""

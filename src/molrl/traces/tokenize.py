@@ -280,6 +280,50 @@ def locate_spans(
     return text, *_spans(text, messages, regions, empty_think_is_decision)
 
 
+@dataclass
+class TailTokens:
+    """What a rendering adds after one model turn, tokenised on its own: template text and the environment's reply."""
+
+    input_ids: list[int]
+    """Token ids of the rendering after the turn's content (and the next turn's generation prompt when asked)."""
+    roles: list[str]
+    """Per token: feedback (tool text), decision (the end-of-turn token closing the model's turn) or template."""
+    text: str
+    """The text those tokens encode."""
+
+
+def tokenize_tail(
+    tokenizer: Any, messages: list[dict[str, str]], after: int, enable_thinking: bool = True,
+    add_generation_prompt: bool = False,
+) -> TailTokens:
+    """Tokens and roles of the rendering of ``messages`` after the content of model turn ``after``.
+
+    This is what an agent loop appends to the tokens a policy sampled for that turn: everything from the turn's
+    end on (its end-of-turn token, the tool messages after it, and with ``add_generation_prompt`` the next
+    turn's header and think prefill), labelled by the same spans as whole traces. Only the text after the turn is
+    tokenised, so the sampled tokens are never re-tokenised and templates that rewrite earlier turns (Qwen3
+    drops empty think blocks of earlier turns) cannot change them; raises ``TraceError``.
+    """
+    text, spans, _ = locate_spans(tokenizer, messages, enable_thinking)
+    own = [span for span in spans if span.message == after]
+    if not (0 <= after < len(messages)) or messages[after]["role"] != "assistant" or not own:
+        raise TraceError(f"message {after}: not a model turn with content; the tail starts after an assistant turn")
+    cut = own[-1].end
+    if add_generation_prompt:
+        full = render(tokenizer, messages, add_generation_prompt=True, enable_thinking=enable_thinking)
+        if not full.startswith(text):
+            raise TraceError("the chat template's generation prompt rewrites the conversation before it; "
+                             "the next turn's header cannot be appended exactly")
+        text = full
+    tail = text[cut:]
+    ids, offsets = _encode(tokenizer, tail)
+    shifted = [Span(max(span.start - cut, 0), span.end - cut, span.role, span.message) for span in spans
+               if span.end >= cut and span.message >= after]
+    roles, owner = _label_tokens(offsets, shifted)
+    _mark_end_of_turn(tokenizer, tail, ids, offsets, shifted, roles, owner)
+    return TailTokens(ids, roles, tail)
+
+
 def verify_feedback(trace: Trace, tokenized: TokenizedTrace, tokenizer: Any) -> None:
     """Check that each tool message's decoded feedback tokens reproduce its text; raises ``TraceError``."""
     by_message: dict[int, list[int]] = {}

@@ -102,7 +102,7 @@ class Algorithm:
         if rule == "ppl" and reference is None:
             with self.frozen_model("reference") as model:
                 reference = trainer.completion_logps(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
-                                                     batch.completion_mask)
+                                                     batch.attention())
         rows = []
         for row in range(batch.completion_ids.size(0)):
             texts = [trainer.processing_class.decode([t]) for t in batch.completion_ids[row].tolist()] \

@@ -111,7 +111,7 @@ class Ppo(Algorithm):
         if self.critic == "group_mean":
             mean, _ = group_stats(inputs.rewards, inputs.group)
             return mean[inputs.rows].unsqueeze(1).expand_as(batch.completion_mask).float()
-        return self.values(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
+        return self.values(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.attention())
 
     def token_advantages(self, inputs: AdvantageInputs, ma_ids: torch.Tensor):
         """GAE over macro actions of the per-token rewards; the returns and old values go to the critic."""
@@ -149,7 +149,7 @@ class Ppo(Algorithm):
                 for first in range(0, rows, size):
                     part = slice(first, first + size)
                     values = self.values(batch.prompt_ids[part], batch.prompt_mask[part], batch.completion_ids[part],
-                                         batch.completion_mask[part], grad=True)
+                                         batch.attention()[part], grad=True)
                     loss = value_loss(values, old[part], returns[part], batch.completion_mask[part], ppo.value_clip)
                     self.optimizer.zero_grad()
                     loss.backward()
@@ -168,7 +168,7 @@ class Ppo(Algorithm):
     def loss_terms(self, inputs: LossInputs) -> dict[str, tuple[float, torch.Tensor]]:
         if self.critic != "shared":  # a separate critic is fitted on its own; group_mean learns nothing
             return {}
-        values = self.values(inputs.prompt_ids, inputs.prompt_mask, inputs.completion_ids, inputs.completion_mask,
+        values = self.values(inputs.prompt_ids, inputs.prompt_mask, inputs.completion_ids, inputs.attention(),
                              grad=True)
         critic = value_loss(values, inputs.extra["old_values"], inputs.extra["returns"], inputs.completion_mask,
                             self.cfg.ppo.value_clip)

@@ -9,11 +9,13 @@ from __future__ import annotations
 from molrl.rl.rollouts.partial import Partial
 from molrl.rl.rollouts.props import Props
 from molrl.rl.rollouts.sync import Synchronous
+from molrl.rl.rollouts.turns import Turns
 
 ROLLOUTS: dict[str, type[Synchronous]] = {
     "sync": Synchronous,
     "partial": Partial,
     "props": Props,
+    "turns": Turns,
 }
 """Rollout policy name (``RolloutSettings.policy()``) -> its class."""
 

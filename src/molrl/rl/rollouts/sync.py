@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from trl.trainer.utils import use_adapter
 
-from molrl.rl.batch import LossInputs, RolloutBatch, merge_batches, pad_rows, pad_values
+from molrl.rl.batch import LossInputs, RolloutBatch, TokenRoles, merge_batches, pad_rows, pad_values
 from molrl.rl.config import RlConfig
 from molrl.rl.loss import sampler_weights
 from molrl.rl.props import sampling_error_by_entropy, shared_state_sampling_error
@@ -66,21 +66,30 @@ class Synchronous:
 
     # the batch
     def to_batch(self, inputs: list[dict[str, Any]], prompt_lists: list, completion_lists: list, completions: list[str],
-                 sampler_lists: list | None, behaviour: torch.Tensor | None = None) -> RolloutBatch:
+                 sampler_lists: list | None, behaviour: torch.Tensor | None = None,
+                 roles: TokenRoles | None = None) -> RolloutBatch:
         """The ``RolloutBatch`` of sampled rows: padded tensors, behaviour log-probs (computed when the loss needs
-        them, or ``behaviour`` as given), the vLLM correction and the reference log-probs."""
+        them, or ``behaviour`` as given), the vLLM correction and the reference log-probs; ``roles``: which tokens
+        of multi-turn rows were sampled and which are feedback (None: every completion token was sampled)."""
         trainer = self.trainer
         device, pad_id, multiple = trainer.accelerator.device, trainer.processing_class.pad_token_id, \
             trainer.pad_to_multiple_of
         prompt_ids, prompt_mask = pad_rows(prompt_lists, pad_id, "left", device, multiple)
         completion_ids, completion_mask = pad_rows(completion_lists, pad_id, "right", device, multiple)
-        ends = [*trainer.eos_token_ids, pad_id]
-        finished = torch.tensor([len(r) > 0 and r[-1] in ends for r in completion_lists], device=device)
+        attention = feedback = None
+        if roles is None:
+            ends = [*trainer.eos_token_ids, pad_id]
+            finished = torch.tensor([len(r) > 0 and r[-1] in ends for r in completion_lists], device=device)
+        else:
+            attention, finished = completion_mask, torch.tensor(roles.finished, device=device)
+            completion_mask = pad_values(roles.sampled, 0, "right", device, torch.long, multiple)  # [B, T]
+            feedback = pad_values(roles.feedback, 0, "right", device, torch.long, multiple)  # [B, T]
         if trainer.mask_truncated_completions:
             completion_mask = completion_mask * finished.unsqueeze(1).int()
 
         def logps_of(model: Any) -> torch.Tensor:
-            return trainer.completion_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+            return trainer.completion_logps(model, prompt_ids, prompt_mask, completion_ids,
+                                            completion_mask if attention is None else attention)
 
         use_sampler = trainer.use_vllm and trainer.vllm_importance_sampling_correction
         reference = weights = None
@@ -101,7 +110,8 @@ class Synchronous:
         tasks = {text: Task.from_json(text) for text in {x["task_json"] for x in inputs}}  # a group shares its task
         return RolloutBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, behaviour, weights, reference,
                             [tasks[x["task_json"]] for x in inputs], [x["prompt"] for x in inputs], completions, finished,
-                            lengths=[len(r) for r in completion_lists])
+                            lengths=[len(r) for r in completion_lists], attention_mask=attention,
+                            feedback_mask=feedback)
 
     # what the loss trains on
     def finish(self, inputs: LossInputs) -> LossInputs:
@@ -126,7 +136,7 @@ class Synchronous:
         out = LossInputs.from_dict(merged)
         if out.behaviour_logps is not None:
             out.behaviour_logps = trainer.completion_logps(trainer.model, out.prompt_ids, out.prompt_mask,
-                                                           out.completion_ids, out.completion_mask)
+                                                           out.completion_ids, out.attention())
         trainer.metrics()["buffer/rows"].append(float(out.completion_ids.size(0)))
         return out
 
@@ -137,7 +147,7 @@ class Synchronous:
         logps = inputs.behaviour_logps
         if logps is None:  # (behaviour log-probs, when present, are the current policy's: computed at the step's start)
             logps = trainer.completion_logps(trainer.model, inputs.prompt_ids, inputs.prompt_mask, inputs.completion_ids,
-                                             inputs.completion_mask)
+                                             inputs.attention())
         error, states = shared_state_sampling_error(inputs.completion_ids.cpu(), logps.cpu(),
                                                     inputs.completion_mask.cpu(), trainer.group_size())
         metrics = trainer.metrics()

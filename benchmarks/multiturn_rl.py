@@ -1,0 +1,165 @@
+"""Feedback before RL, during RL, or at test time, on one world, over seeds.
+
+    python benchmarks/multiturn_rl.py [--out runs/multiturn] [--seeds 3] [--first 0] [--steps 80]
+                                      [--config configs/pipeline_tiny_multiturn.yaml]
+
+For each seed: the world, base and MoL model of ``molrl demo`` (``--config`` names the world's pipeline;
+finished stages and evaluations are reused, so an interrupted run picks up where it stopped), then the
+RL runs of that config at ``--steps`` steps each:
+
+- ``base+grpo``: single-turn GRPO from the base;
+- ``mol+grpo``: single-turn GRPO from the MoL model (MoL-RL: the feedback absorbed before RL);
+- ``base+mt_grpo``: multi-turn GRPO from the base (``rollout.turns=2``: run code, read the output, answer);
+- ``base+mt_grpo_echo``: the same with CE on the feedback tokens (``terms.feedback_ce``, ECHO);
+- ``base+mt_grpo_echo_kl``: and MoL's KL to the base on decision tokens (``terms.decision_kl``).
+
+Every model (the base and MoL model too, as controls) is evaluated single-turn (no execution: the
+held-out rule problems and the general tasks, forgetting) and multi-turn (the collection loop with the
+tool, ``molrl eval --turns 2``). Printed, and written to ``<out>/multiturn.md``: one row per model,
+mean ± standard error over seeds with the per-seed values, the mean training reward of the last 10 RL
+steps (the control that RL itself worked), and the RL wall time (the sum of the run's step times).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_seed(out: Path, seed: int, steps: int, config: Path) -> tuple[Path, object]:
+    """The pipeline of seed ``seed`` (reused where finished) and its config."""
+    from molrl.demo.run import prepare_seed, use_idle_threads
+    from molrl.pipeline import run_pipeline
+
+    cfg, world, threads = prepare_seed(out, "default", [f"grpo.max_steps={steps}"], seed, config)
+    run_pipeline(cfg, collect_tasks=world.rule_train, before_stage=lambda stage: use_idle_threads(threads, stage))
+    return Path(cfg.output_dir), cfg
+
+
+def multi_turn_eval(cfg: object, pipeline: Path, name: str) -> Path:
+    """The interactive evaluation of model ``name`` in ``pipeline/eval_turns/<name>`` (reused when finished)."""
+    from molrl.demo.run import episode_config
+    from molrl.eval import run_eval
+    from molrl.pipeline import eval_config, model_weights
+
+    model, adapter = model_weights(cfg, name, pipeline)
+    out = pipeline / "eval_turns" / name
+    if (out / "results.json").is_file():
+        return out
+    single = eval_config(cfg, name, model, adapter, pipeline)
+    episode = dataclasses.replace(episode_config(cfg), max_turns=2)
+    run_eval(dataclasses.replace(single, mode="interactive", interactive=episode, output_dir=out))
+    return out
+
+
+def accuracy(folder: Path, benchmark: str) -> float:
+    return float(json.loads((folder / "results.json").read_text())["benchmarks"][benchmark]["pass@1"])
+
+
+def rl_wall_s(pipeline: Path, name: str) -> float:
+    """Training wall time of an RL run: the sum of its logged step times (0 for a model without RL)."""
+    path = pipeline / "grpo" / name / "metrics.jsonl"
+    if not path.is_file():
+        return 0.0
+    return sum(json.loads(line).get("step_time", 0.0) for line in path.read_text().splitlines())
+
+
+def late_reward(pipeline: Path, name: str, last: int = 10) -> float:
+    """Mean training reward of an RL run's last ``last`` steps (nan for a model without RL)."""
+    path = pipeline / "grpo" / name / "metrics.jsonl"
+    if not path.is_file():
+        return math.nan
+    rewards = [m["reward"] for m in map(json.loads, path.read_text().splitlines()) if "reward" in m]
+    return sum(rewards[-last:]) / len(rewards[-last:])
+
+
+def mean_se(values: list[float]) -> tuple[float, float]:
+    n = len(values)
+    mean = sum(values) / n
+    se = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n) if n > 1 else 0.0
+    return mean, se
+
+
+def cell(values: list[float], digits: int = 2) -> str:
+    mean, se = mean_se(values)
+    return f"{mean:.{digits}f} ± {se:.{digits}f} [" + ", ".join(f"{v:.{digits}f}" for v in values) + "]"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="runs/multiturn")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first", type=int, default=0, help="first seed to run (several processes can split the seeds)")
+    parser.add_argument("--steps", type=int, default=80)
+    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "pipeline_tiny_multiturn.yaml")
+    parser.add_argument("--table", action="store_true",
+                        help="run nothing: tabulate the seeds under --out whose runs and evaluations have all finished")
+    args = parser.parse_args()
+    rows: dict[str, dict[str, list[float]]] = {}
+    seeds = []
+    for seed in range(args.first, args.seeds):
+        started = time.time()
+        if args.table:
+            found = finished_seed(Path(args.out) / f"seed-{seed}" / "pipeline")
+            if found is None:
+                continue
+            pipeline, cfg = found
+        else:
+            pipeline, cfg = run_seed(Path(args.out) / f"seed-{seed}", seed, args.steps, args.config)
+        add_seed(rows, pipeline, cfg, evaluate=not args.table)
+        seeds.append(seed)
+        print(f"seed {seed} done in {time.time() - started:.0f} s ({pipeline})", flush=True)
+    lines = table(rows, seeds, args.steps)
+    print("\n" + "\n".join(lines))
+    (Path(args.out) / "multiturn.md").write_text("# Feedback before, during or without RL\n\n" + "\n".join(lines) + "\n")
+
+
+def model_names(cfg: object) -> list[str]:
+    return ["base", *(r.name for r in cfg.mol_runs), *(r.name for r in cfg.grpo_runs)]
+
+
+def finished_seed(pipeline: Path) -> tuple[Path, object] | None:
+    """(pipeline, config) of a seed whose every model has both evaluations, else None."""
+    from molrl.pipeline import load_pipeline_config
+
+    if not (pipeline / "config.yaml").is_file():
+        return None
+    cfg = load_pipeline_config(pipeline / "config.yaml")
+    done = all((pipeline / folder / name / "results.json").is_file()
+               for name in model_names(cfg) for folder in ("eval", "eval_turns"))
+    return (pipeline, cfg) if done else None
+
+
+def add_seed(rows: dict[str, dict[str, list[float]]], pipeline: Path, cfg: object, evaluate: bool) -> None:
+    """One seed's figures of every model into ``rows`` (its multi-turn evaluations run first when ``evaluate``)."""
+    for name in model_names(cfg):
+        turns = multi_turn_eval(cfg, pipeline, name) if evaluate else pipeline / "eval_turns" / name
+        row = rows.setdefault(name, {k: [] for k in ("single", "multi", "general", "reward", "wall")})
+        row["single"].append(accuracy(pipeline / "eval" / name, "heldout"))
+        row["multi"].append(accuracy(turns, "heldout"))
+        row["general"].append(accuracy(pipeline / "eval" / name, "general"))
+        row["reward"].append(late_reward(pipeline, name))
+        row["wall"].append(rl_wall_s(pipeline, name))
+
+
+def table(rows: dict[str, dict[str, list[float]]], seeds: list[int], steps: int) -> list[str]:
+    """The markdown table: mean ± standard error over seeds [per seed] of each model."""
+    lines = [f"seeds {', '.join(map(str, seeds))}, {steps} RL steps per run; mean ± standard error over seeds "
+             "[per seed]", "",
+             "| model | held-out, single-turn | held-out, multi-turn (tool) | general, single-turn | "
+             "RL training reward, last 10 steps | RL wall s |", "|---|---|---|---|---|---|"]
+    for name, row in rows.items():
+        reward = cell(row["reward"]) if not math.isnan(row["reward"][0]) else "-"
+        lines.append(f"| {name} | {cell(row['single'])} | {cell(row['multi'])} | {cell(row['general'])} | {reward} | "
+                     f"{cell(row['wall'], 0)} |")
+    return lines
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""Multi-turn rollouts: each completion is an episode of the collection loop, token in, token out.
+
+A row starts from the collection loop's opening messages (``molrl.collect.loop.start_episode``: its
+instructions and task wording) rendered with the generation prompt. Each round, every unfinished row
+generates one turn from its token ids so far (transformers ``generate`` with the trainer's sampling
+settings; a turn ends at EOS, at ``</execute>`` / ``</solution>``, after ``rollout.episode.sampling.max_new_tokens``
+tokens, or where the row reaches ``max_completion_length``; a turn cut short without an action gets the
+format feedback, as in collection, unless the row is out of tokens). The
+loop's ``take_turn`` reads and records the turn's text; its ``environment_turns`` runs the round's code
+in the sandbox in one batch and appends each feedback message, written by the same providers as
+``molrl collect``. Then the tokens the template adds after the turn (its end-of-turn token, the tool
+message, the next turn's header) are tokenised on their own by ``molrl.traces.tokenize.tokenize_tail``
+and appended. The trained row is exactly the sampled ids plus the rendered feedback ids: nothing sampled
+is re-tokenised, and a template that rewrites earlier turns (Qwen3) cannot change them.
+
+Roles: sampled tokens are decision tokens (``completion_mask``: the policy gradient's); tail tokens the
+labeller calls feedback make ``feedback_mask`` (the CE term's, ``molrl.rl.terms``); attention sees every
+token (``attention_mask``). The end-of-turn token the template adds after a turn that stopped at a stop
+string was not sampled, so it carries no policy gradient.
+
+Reward: the final answer, scored as single-turn RL scores it: the raw text of the episode's last
+submitted solution, graded by the stage's scorer (staged or binary for code); an episode that submitted
+none scores as an empty answer.
+
+Simplifications, stated: a step's rows advance in lockstep (one batched generate per round); a row whose
+next feedback would not leave room for another token before ``max_completion_length`` ends there
+(``token_limit``) without it; the last feedback (the verdict) is appended when it fits, so the CE term
+learns it, though no decision follows it.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
+from trl.models.utils import unwrap_model_for_generation
+
+from molrl.chat import render
+from molrl.collect.actions import STOP_STRINGS, parse_action
+from molrl.collect.loop import Episode, environment_turns, start_episode, take_turn, think_prefill
+from molrl.collect.providers import build_providers
+from molrl.errors import MolrlError
+from molrl.rl.batch import RolloutBatch, TokenRoles, pad_rows
+from molrl.rl.config import RlConfig
+from molrl.rl.rollouts.sync import Synchronous
+from molrl.tasks.types import Task
+from molrl.traces.tokenize import tokenize_tail
+
+
+class TurnStop(StoppingCriteria):
+    """Ends each row's turn at an EOS token, once a stop string is complete, or at the row's token budget."""
+
+    def __init__(self, tokenizer: Any, stops: list[str], eos_ids: list[int], start: int, budgets: list[int]):
+        self.tokenizer, self.stops, self.eos, self.start, self.budgets = tokenizer, stops, set(eos_ids), start, budgets
+        self.window = max((len(s) for s in stops), default=1)  # a stop string spans at most this many tokens
+        self.lengths = [0] * len(budgets)
+        """Per row: new tokens of its turn (EOS or the stop string's last token included)."""
+        self.at_limit = [False] * len(budgets)
+        """Per row: the turn stopped at its budget, not by itself."""
+        self.done = [False] * len(budgets)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        new = input_ids.size(1) - self.start
+        for row in range(input_ids.size(0)):
+            if self.done[row] or new <= 0:
+                continue
+            tail = input_ids[row, max(self.start, input_ids.size(1) - self.window):].tolist()
+            stopped = tail[-1] in self.eos or any(s in self.tokenizer.decode(tail) for s in self.stops)
+            if stopped or new >= self.budgets[row]:
+                self.done[row], self.lengths[row], self.at_limit[row] = True, new, not stopped
+        return torch.tensor(self.done, device=input_ids.device)
+
+
+@dataclass
+class Row:
+    """One episode's completion as token ids, with the role of each."""
+
+    episode: Episode
+    """The collection loop's record of the episode (messages, turns, verdict, stop reason)."""
+    prompt_ids: list[int]
+    """The opening messages rendered with the generation prompt, tokenised."""
+    ids: list[int] = field(default_factory=list)
+    """Completion ids so far: sampled turns and the rendered tails after them."""
+    sampled: list[int] = field(default_factory=list)
+    """Per completion id: 1 if the policy sampled it."""
+    feedback: list[int] = field(default_factory=list)
+    """Per completion id: 1 if it is feedback text."""
+
+    def extend(self, ids: list[int], sampled: int, feedback: list[int] | None = None) -> None:
+        """Append ``ids``, all sampled or none, with their feedback flags (none: 0)."""
+        self.ids += ids
+        self.sampled += [sampled] * len(ids)
+        self.feedback += feedback if feedback is not None else [0] * len(ids)
+
+
+class Turns(Synchronous):
+    """Each completion an episode of up to ``rollout.turns`` model turns with the sandbox's feedback between."""
+
+    def __init__(self, trainer: Any, cfg: RlConfig, training: bool = True):
+        super().__init__(trainer, cfg, training)
+        self.episode = dataclasses.replace(cfg.rollout.episode, max_turns=cfg.rollout.turns,
+                                           enable_thinking=cfg.enable_thinking)
+        self.providers = build_providers(self.episode.feedback, self.episode)
+        self.prefill = think_prefill(trainer.processing_class, cfg.enable_thinking)
+        self.stops = list(dict.fromkeys([*self.episode.sampling.stop, *STOP_STRINGS]))
+        if trainer.scorer.pool is None:
+            raise MolrlError("rollout.turns > 1 runs the policy's code in the sandbox, but the trainer has no "
+                             "sandbox pool; build it with molrl.rl.run.build_trainer")
+
+    def rollout(self, inputs: list[dict[str, Any]]) -> RolloutBatch:
+        """Run one episode per row of ``inputs`` (``task_json``; rows of a group share a task) and batch them."""
+        start, group = time.perf_counter(), self.trainer.num_generations
+        rows = [self.start_row(Task.from_json(x["task_json"]), i % group) for i, x in enumerate(inputs)]
+        while live := [r for r in rows if not r.episode.done]:
+            self.round(live)
+        generation_s = time.perf_counter() - start
+        tokenizer = self.trainer.processing_class
+        prompts = [tokenizer.decode(r.prompt_ids) for r in rows]
+        answers = [final_answer(r.episode) for r in rows]
+        roles = TokenRoles([r.sampled for r in rows], [r.feedback for r in rows],
+                           [r.episode.stop_reason != "token_limit" for r in rows])
+        batch = self.to_batch([{"prompt": p, "task_json": x["task_json"]} for p, x in zip(prompts, inputs)],
+                              [r.prompt_ids for r in rows], [r.ids for r in rows], answers, None, roles=roles)
+        self.log(rows, generation_s)
+        return batch
+
+    def start_row(self, task: Task, sample: int) -> Row:
+        """A fresh episode of ``task`` and its prompt ids."""
+        episode = start_episode(task, sample, self.episode)
+        text = render(self.trainer.processing_class, episode.messages, add_generation_prompt=True,
+                      enable_thinking=self.episode.enable_thinking)
+        return Row(episode, self.trainer.processing_class(text, add_special_tokens=False)["input_ids"])
+
+    def round(self, live: list[Row]) -> None:
+        """One turn of every live row: generate, record, run the actions, append the rendered tails."""
+        trainer, limit = self.trainer, self.trainer.max_completion_length
+        budgets = [min(limit - len(r.ids), self.episode.sampling.max_new_tokens) for r in live]
+        turns, at_budget = self.generate([r.prompt_ids + r.ids for r in live], budgets)
+        stepped = []
+        for row, ids, cut in zip(live, turns, at_budget):
+            row.extend(ids, sampled=1)
+            text = trainer.processing_class.decode(ids, skip_special_tokens=True)
+            action = take_turn(row.episode, self.prefill, text, over_budget=cut and len(row.ids) >= limit)
+            if action is not None:
+                stepped.append((row, action))
+        environment_turns(trainer.scorer.pool, self.providers, self.episode, [(r.episode, a) for r, a in stepped])
+        for row, _ in stepped:
+            self.append_tail(row)
+
+    def append_tail(self, row: Row) -> None:
+        """Append what the template renders after the row's last turn: its end, the feedback, the next header."""
+        episode, limit = row.episode, self.trainer.max_completion_length
+        tail = tokenize_tail(self.trainer.processing_class, episode.messages, len(episode.messages) - 2,
+                             self.episode.enable_thinking, add_generation_prompt=not episode.done)
+        ids, roles = tail.input_ids, tail.roles
+        if row.ids and ids and row.ids[-1] == ids[0] and ids[0] in self.trainer.eos_token_ids:
+            ids, roles = ids[1:], roles[1:]  # the policy ended its turn itself: its EOS is already there
+        if len(row.ids) + len(ids) + (0 if episode.done else 1) > limit:
+            if not episode.done:
+                episode.stop_reason = "token_limit"
+            return
+        row.extend(ids, sampled=0, feedback=[int(role == "feedback") for role in roles])
+
+    def generate(self, sequences: list[list[int]], budgets: list[int]) -> tuple[list[list[int]], list[bool]]:
+        """One turn of each sequence (token ids in, token ids out) and whether it stopped at its budget."""
+        trainer = self.trainer
+        ids, mask = pad_rows(sequences, trainer.processing_class.pad_token_id, "left", trainer.accelerator.device)
+        stop = TurnStop(trainer.processing_class, self.stops, trainer.eos_token_ids, ids.size(1), budgets)
+        config = copy.deepcopy(trainer.generation_config)
+        config.max_new_tokens = max(budgets)
+        with (unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
+                                          gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
+                                          generation_kwargs=trainer.generation_kwargs,
+                                          gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs)
+              as model, torch.no_grad()):
+            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                                 stopping_criteria=StoppingCriteriaList([stop]))
+        new = out[:, ids.size(1):].tolist()
+        lengths = [n if done else len(new[i]) for i, (n, done) in enumerate(zip(stop.lengths, stop.done))]
+        return [new[i][:n] for i, n in enumerate(lengths)], stop.at_limit
+
+    def log(self, rows: list[Row], generation_s: float) -> None:
+        """The step's multi-turn metrics."""
+        metrics, n = self.trainer.metrics(), len(rows)
+        metrics["time/generation_s"].append(generation_s)
+        metrics["turns/mean"].append(sum(r.episode.turns for r in rows) / n)
+        metrics["turns/feedback_tokens"].append(sum(sum(r.feedback) for r in rows) / n)
+        metrics["turns/sampled_tokens"].append(sum(sum(r.sampled) for r in rows) / n)
+        metrics["completions/mean_length"].append(sum(len(r.ids) for r in rows) / n)
+        for reason in ("solved", "out_of_solutions", "max_turns", "token_limit", "empty_turn", "malformed_think"):
+            metrics[f"turns/stop_{reason}"].append(sum(r.episode.stop_reason == reason for r in rows) / n)
+        self.trainer.state.num_input_tokens_seen += sum(sum(r.sampled) for r in rows)
+
+
+def final_answer(episode: Episode) -> str:
+    """The raw text of the episode's last submitted solution (what the reward grades); empty when none."""
+    for message in reversed(episode.messages):
+        if message["role"] == "assistant":
+            action = parse_action(message["content"], episode.task.kind)
+            if action.kind == "solution":
+                return action.raw
+    return ""
