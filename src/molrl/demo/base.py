@@ -36,7 +36,6 @@ import torch
 
 from molrl import cpu
 from molrl.console import stage_bar
-from molrl.demo.world import World
 from molrl.generation import SamplingConfig
 from molrl.tasks import Task
 from molrl.traces.schema import Trace

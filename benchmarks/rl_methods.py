@@ -1,0 +1,177 @@
+"""Each added RL method where its mechanism can act: its paper's claim and the control that separates the
+code from the world, on the chain world, over seeds, in one command.
+
+    python benchmarks/rl_methods.py [--out runs/rl_methods] [--seeds 3] [--every 10] [--world chain] [--table]
+
+For each seed: the world, base and MoL model of ``molrl demo --world chain`` (reused when already on disk),
+then these RL runs of the demo's length from the same models (``benchmarks/rl_demo.py`` does the running;
+every finished run is reused, so a killed comparison continues where it stopped, across sessions):
+
+=====================  ============================================================================
+run                    what it measures
+=====================  ============================================================================
+mol+grpo               the baseline (the demo's GRPO)
+mol+dr_grpo            the PPO control's reference
+mol+grpo_partial       partial rollouts (APRIL): rollout throughput vs mol+grpo in training
+mol+ppo                token-level PPO, separate critic (MA-RLHF's layout)
+mol+ppo_fixed5         PPO over macro actions of 5 tokens: steps to mol+ppo's final reward
+mol+ppo_group_mean     control: the critic replaced by the group mean, gamma = lam = 1, beta = 0:
+                       its advantages are Dr.GRPO's, so it must track mol+dr_grpo
+mol+opd                OPD, the feedback-reading teacher (lambda 1): steps to mol+grpo's held-out
+mol+exopd              ExOPD (lambda 1.25) against OPD
+mol+opd_self           OPD with the current policy as the feedback-reading teacher (SDPO)
+mol+opd_strong         control: the teacher is mol+grpo's adapter (a strong teacher): OPD must climb
+                       towards mol+grpo's accuracy
+mol+grpo_buffer2       PROPS' reference: on-policy sampling in rounds with a 2-step buffer
+mol+props              PROPS: sampling error and reward per completion vs mol+grpo_buffer2
+=====================  ============================================================================
+
+Printed per claim: the figures with mean ± standard error over seeds and per-seed values, and a verdict
+against the paper's number (partial rollouts +22.5% rollout throughput; macro actions reach token PPO's
+final reward in <= 0.6x the steps; OPD reaches mol+grpo's held-out accuracy in <= 0.5x the steps).
+``--table`` prints from the finished seeds only, without running anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from rl_demo import cell, curve, final_accuracy, mean_se, metric_windows, metrics, reward_windows, run_seed
+
+
+def runs(out: Path) -> dict[str, tuple[str, list[str]]]:
+    """The comparison's runs {name: (start, overrides)}; ``out`` is the seed's pipeline directory."""
+    strong = out / "grpo" / "mol+grpo" / "adapter"  # mol+grpo runs first, so its adapter exists by then
+    return {
+        "mol+grpo": ("mol", ["algorithm=grpo"]),
+        "mol+dr_grpo": ("mol", ["algorithm=dr_grpo"]),
+        "mol+grpo_partial": ("mol", ["algorithm=grpo", "rollout.partial=true", "rollout.over_provision=2.0"]),
+        "mol+ppo": ("mol", ["algorithm=ppo", "macro.rule=token", "ppo.critic=separate"]),
+        "mol+ppo_fixed5": ("mol", ["algorithm=ppo", "macro.rule=fixed:5", "ppo.critic=separate"]),
+        "mol+ppo_group_mean": ("mol", ["algorithm=ppo", "macro.rule=token", "ppo.critic=group_mean", "ppo.gamma=1.0",
+                                       "ppo.lam=1.0", "beta=0"]),
+        "mol+opd": ("mol", ["algorithm=opd", "beta=0", "opd.teacher=feedback", "opd.lam=1.0"]),
+        "mol+exopd": ("mol", ["algorithm=opd", "beta=0", "opd.teacher=feedback", "opd.lam=1.25"]),
+        "mol+opd_self": ("mol", ["algorithm=opd", "beta=0", "opd.teacher=feedback", "opd.teacher_weights=current"]),
+        "mol+opd_strong": ("mol", ["algorithm=opd", "beta=0", "opd.teacher=model", f"opd.teacher_model={strong}"]),
+        "mol+grpo_buffer2": ("mol", ["algorithm=grpo", "rollout.rounds=2", "rollout.buffer_batches=2",
+                                     "rollout.sampling_error_split=0.5"]),
+        "mol+props": ("mol", ["algorithm=grpo", "rollout.behaviour=props", "rollout.sampling_error_split=0.5"]),
+    }
+
+
+def rollout_throughput(pipeline: Path, run: str) -> float:
+    """Generated tokens per second of generation over the run (the trained tokens for synchronous rollouts)."""
+    rows = [r for r in metrics(pipeline, run) if "reward" in r]
+    seconds = sum(r["time/generation_s"] for r in rows)
+    if any("partial/generated_tokens" in r for r in rows):
+        tokens = sum(r["partial/generated_tokens"] for r in rows)
+    else:  # every sampled completion was generated in its own step
+        lines = (pipeline / "grpo" / run / "completions.jsonl").read_text().splitlines()
+        tokens = sum(json.loads(line)["tokens"] for line in lines)
+    return tokens / seconds
+
+
+def first_window(windows: list[float], target: float, width: int = 10) -> int | None:
+    """The last step of the first ``width``-step window whose mean reward reaches ``target``; None if none does."""
+    hit = [i for i, value in enumerate(windows) if value >= target]
+    return (hit[0] + 1) * width if hit else None
+
+
+def first_eval(accuracy: dict[int, float], target: float) -> int | None:
+    """The first evaluated step whose held-out accuracy reaches ``target``; None if none does."""
+    hit = [s for s in sorted(accuracy) if accuracy[s] >= target]
+    return hit[0] if hit else None
+
+
+def ratio_cell(values: list[float | None]) -> str:
+    shown = ", ".join("-" if v is None or math.isnan(v) else f"{v:.2f}" for v in values)
+    finite = [v for v in values if v is not None and not math.isnan(v)]
+    if len(finite) < 2:
+        return f"[{shown}]"
+    mean, se = mean_se(finite)
+    return f"{mean:.2f} ± {se:.2f} [{shown}]"
+
+
+def report(pipelines: list[Path]) -> None:
+    names = list(runs(pipelines[0]))
+    print(f"\n{len(pipelines)} seed(s); mean ± standard error over seeds [per seed]\n")
+    print("| run | held-out | general | RL wall s |\n|---|---|---|---|")
+    for run in names:
+        heldout = [final_accuracy(p, run, "heldout") for p in pipelines]
+        general = [final_accuracy(p, run, "general") for p in pipelines]
+        print(f"| {run} | {cell(heldout)} | {cell(general)} | {cell([curve(p, run)[1] for p in pipelines], 0)} |")
+
+    sync = [rollout_throughput(p, "mol+grpo") for p in pipelines]
+    partial = [rollout_throughput(p, "mol+grpo_partial") for p in pipelines]
+    gain = [b / a for a, b in zip(sync, partial)]
+    print(f"\n**Partial rollouts** (paper: +22.5% rollout throughput): tokens per generation-second, synchronous "
+          f"{cell(sync, 1)}, partial {cell(partial, 1)}; ratio {ratio_cell(gain)}: "
+          + ("holds" if mean_se(gain)[0] >= 1.225 else "does not reach the paper's figure"))
+
+    ppo = {run: [reward_windows(p, run) for p in pipelines] for run in ("mol+ppo", "mol+ppo_fixed5")}
+    steps = {run: [first_window(w, t[-1]) for w, t in zip(ppo[run], ppo["mol+ppo"])] for run in ppo}
+    macro = [None if a is None or b is None else a / b for a, b in zip(steps["mol+ppo_fixed5"], steps["mol+ppo"])]
+    print(f"\n**PPO over macro actions** (paper: token PPO's final reward in 0.5-0.6x the steps): steps to mol+ppo's "
+          f"last-window reward, token {steps['mol+ppo']}, fixed:5 {steps['mol+ppo_fixed5']}; ratio {ratio_cell(macro)}")
+    control = [abs(sum(a) / len(a) - sum(b) / len(b)) for a, b in
+               zip([reward_windows(p, "mol+ppo_group_mean") for p in pipelines],
+                   [reward_windows(p, "mol+dr_grpo") for p in pipelines])]
+    first_steps = []
+    for p in pipelines:
+        adv = {}
+        for run in ("mol+ppo_group_mean", "mol+dr_grpo"):
+            lines = [json.loads(x) for x in (p / "grpo" / run / "completions.jsonl").read_text().splitlines()]
+            adv[run] = [x["advantage"] for x in lines if x["step"] == 1]
+        first_steps.append(max(abs(a - b) for a, b in zip(adv["mol+ppo_group_mean"], adv["mol+dr_grpo"])))
+    print(f"- control, group-mean critic vs dr_grpo: largest step-1 advantage difference {ratio_cell(first_steps)}; "
+          f"mean training reward difference over the run {cell(control)}")
+
+    target = [final_accuracy(p, "mol+grpo", "heldout") for p in pipelines]
+    grpo_at = [first_eval(curve(p, "mol+grpo")[0], t) for p, t in zip(pipelines, target)]
+    print(f"\n**OPD** (goal: mol+grpo's held-out accuracy in <= 0.5x the steps); mol+grpo reaches it at {grpo_at}")
+    for run in ("mol+opd", "mol+exopd", "mol+opd_self", "mol+opd_strong"):
+        at = [first_eval(curve(p, run)[0], t) for p, t in zip(pipelines, target)]
+        ratio = [None if a is None or g is None else a / g for a, g in zip(at, grpo_at)]
+        print(f"- {run}: steps {at}, ratio {ratio_cell(ratio)}, final held-out "
+              f"{cell([final_accuracy(p, run, 'heldout') for p in pipelines])}")
+    teacher = [(metric_windows(p, "mol+opd", "opd/teacher_minus_reference", 1000) or [math.nan])[0] for p in pipelines]
+    print(f"- the feedback teacher's log-ratio to the reference on the student's tokens, run mean {cell(teacher)}")
+
+    print("\n**PROPS** (paper: lower sampling error than on-policy sampling at small batch)")
+    for run in ("mol+grpo_buffer2", "mol+props"):
+        figures = {key: [sum(metric_windows(p, run, key, 1000)) for p in pipelines]
+                   for key in ("sampling_error", "sampling_error/low_entropy", "sampling_error/high_entropy", "reward")}
+        print(f"- {run}: error {cell(figures['sampling_error'])}, at entropy < 0.5 "
+              f"{cell(figures['sampling_error/low_entropy'])}, >= 0.5 {cell(figures['sampling_error/high_entropy'])}, "
+              f"reward per completion {cell(figures['reward'])}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="runs/rl_methods")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--every", type=int, default=10)
+    parser.add_argument("--world", default="chain")
+    parser.add_argument("--table", action="store_true", help="print from the finished seeds; run nothing")
+    args = parser.parse_args()
+    pipelines = []
+    for seed in range(args.seeds):
+        out = Path(args.out) / f"seed-{seed}"
+        pipeline = out / "pipeline"
+        if args.table:
+            if all((pipeline / "eval" / run / "results.json").is_file() for run in runs(pipeline)):
+                pipelines.append(pipeline)
+            continue
+        pipelines.append(run_seed(out, seed, args.every, runs(pipeline), args.world))
+    if pipelines:
+        report(pipelines)
+    else:
+        print("no finished seed yet")
+
+
+if __name__ == "__main__":
+    main()
