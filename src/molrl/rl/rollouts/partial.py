@@ -10,7 +10,6 @@ checkpoint (``rollout_state.json``) and what is left at the end (``rollout_buffe
 
 from __future__ import annotations
 
-import copy
 import json
 import random
 import time
@@ -18,8 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import StoppingCriteriaList
-from trl.models.utils import unwrap_model_for_generation
 
 from molrl.errors import MolrlError
 from molrl.rl.batch import RolloutBatch, pad_rows, pad_values
@@ -160,19 +157,8 @@ class Partial(Synchronous):
             tracker = GroupTracker(groups, sizes, before, needed, done_before)
             tokens = self.generate_vllm(sequences, budgets, tracker)
             return tracker.finish_order, {key: (tokens[i], tracker.done[i]) for i, key in enumerate(todo)}
-        ids, mask = pad_rows(sequences, trainer.processing_class.pad_token_id, "left", trainer.accelerator.device)
-        stopper = StopWhenGroupsDone(groups, budgets, trainer.eos_token_ids, ids.size(1), sizes, before, needed,
-                                     done_before)
-        config = copy.deepcopy(trainer.generation_config)
-        config.max_new_tokens = max(budgets)
-        with (unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
-                                          gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
-                                          generation_kwargs=trainer.generation_kwargs,
-                                          gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs)
-              as model, torch.no_grad()):
-            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
-                                 stopping_criteria=StoppingCriteriaList([stopper]))
-        new = out[:, ids.size(1):].tolist()
+        new, stopper = self.continue_rows(sequences, max(budgets), lambda width: StopWhenGroupsDone(
+            groups, budgets, trainer.eos_token_ids, width, sizes, before, needed, done_before))
         return stopper.finish_order, {key: (new[i][:stopper.lengths[i]], stopper.done[i]) for i, key in enumerate(todo)}
 
     def generate_vllm(self, sequences: list[list[int]], budgets: list[int], tracker: GroupTracker) -> list[list[int]]:

@@ -10,13 +10,16 @@ sampling-error metric.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
+from transformers import StoppingCriteriaList
+from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.utils import use_adapter
 
 from molrl.rl.batch import LossInputs, RolloutBatch, TokenRoles, merge_batches, pad_rows, pad_values
@@ -63,6 +66,24 @@ class Synchronous:
     def generate_round(self, prompts: list[str], sampled: list[tuple[list[int], list[int]]]) -> tuple:
         """TRL's generation of one round's ``prompts`` (``sampled``: the step's earlier rounds' rows)."""
         return self.trainer._generate(prompts)
+
+    def continue_rows(self, sequences: list[list[int]], max_new_tokens: int,
+                      stopper_for: Callable[[int], Any]) -> tuple[list[list[int]], Any]:
+        """The new tokens of each token row continued with the trainer's generation settings (token ids in, token
+        ids out), under the stopping criterion ``stopper_for(padded width)``; returns them (untrimmed) and it."""
+        trainer = self.trainer
+        ids, mask = pad_rows(sequences, trainer.processing_class.pad_token_id, "left", trainer.accelerator.device)
+        stopper = stopper_for(ids.size(1))
+        config = copy.deepcopy(trainer.generation_config)
+        config.max_new_tokens = max_new_tokens
+        with (unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
+                                          gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
+                                          generation_kwargs=trainer.generation_kwargs,
+                                          gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs)
+              as model, torch.no_grad()):
+            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                                 stopping_criteria=StoppingCriteriaList([stopper]))
+        return out[:, ids.size(1):].tolist(), stopper
 
     # the batch
     def to_batch(self, inputs: list[dict[str, Any]], prompt_lists: list, completion_lists: list, completions: list[str],

@@ -30,22 +30,20 @@ learns it, though no decision follows it.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList
-from trl.models.utils import unwrap_model_for_generation
+from transformers import StoppingCriteria
 
 from molrl.chat import render
 from molrl.collect.actions import STOP_STRINGS, parse_action
 from molrl.collect.loop import Episode, environment_turns, start_episode, take_turn, think_prefill
 from molrl.collect.providers import build_providers
 from molrl.errors import MolrlError
-from molrl.rl.batch import RolloutBatch, TokenRoles, pad_rows
+from molrl.rl.batch import RolloutBatch, TokenRoles
 from molrl.rl.config import RlConfig
 from molrl.rl.rollouts.sync import Synchronous
 from molrl.tasks.types import Task
@@ -169,18 +167,8 @@ class Turns(Synchronous):
     def generate(self, sequences: list[list[int]], budgets: list[int]) -> tuple[list[list[int]], list[bool]]:
         """One turn of each sequence (token ids in, token ids out) and whether it stopped at its budget."""
         trainer = self.trainer
-        ids, mask = pad_rows(sequences, trainer.processing_class.pad_token_id, "left", trainer.accelerator.device)
-        stop = TurnStop(trainer.processing_class, self.stops, trainer.eos_token_ids, ids.size(1), budgets)
-        config = copy.deepcopy(trainer.generation_config)
-        config.max_new_tokens = max(budgets)
-        with (unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
-                                          gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
-                                          generation_kwargs=trainer.generation_kwargs,
-                                          gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs)
-              as model, torch.no_grad()):
-            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
-                                 stopping_criteria=StoppingCriteriaList([stop]))
-        new = out[:, ids.size(1):].tolist()
+        new, stop = self.continue_rows(sequences, max(budgets), lambda width: TurnStop(
+            trainer.processing_class, self.stops, trainer.eos_token_ids, width, budgets))
         lengths = [n if done else len(new[i]) for i, (n, done) in enumerate(zip(stop.lengths, stop.done))]
         return [new[i][:n] for i, n in enumerate(lengths)], stop.at_limit
 
