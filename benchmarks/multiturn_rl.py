@@ -29,6 +29,8 @@ import math
 import time
 from pathlib import Path
 
+from molrl.demo.seeds import cell
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -77,18 +79,6 @@ def late_reward(pipeline: Path, name: str, last: int = 10) -> float:
         return math.nan
     rewards = [m["reward"] for m in map(json.loads, path.read_text().splitlines()) if "reward" in m]
     return sum(rewards[-last:]) / len(rewards[-last:])
-
-
-def mean_se(values: list[float]) -> tuple[float, float]:
-    n = len(values)
-    mean = sum(values) / n
-    se = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n) if n > 1 else 0.0
-    return mean, se
-
-
-def cell(values: list[float], digits: int = 2) -> str:
-    mean, se = mean_se(values)
-    return f"{mean:.{digits}f} ± {se:.{digits}f} [" + ", ".join(f"{v:.{digits}f}" for v in values) + "]"
 
 
 def main() -> None:
@@ -155,9 +145,9 @@ def table(rows: dict[str, dict[str, list[float]]], seeds: list[int], steps: int)
              "| model | held-out, single-turn | held-out, multi-turn (tool) | general, single-turn | "
              "RL training reward, last 10 steps | RL wall s |", "|---|---|---|---|---|---|"]
     for name, row in rows.items():
-        reward = cell(row["reward"]) if not math.isnan(row["reward"][0]) else "-"
-        lines.append(f"| {name} | {cell(row['single'])} | {cell(row['multi'])} | {cell(row['general'])} | {reward} | "
-                     f"{cell(row['wall'], 0)} |")
+        reward = cell(row["reward"], 2) if not math.isnan(row["reward"][0]) else "-"
+        lines.append(f"| {name} | {cell(row['single'], 2)} | {cell(row['multi'], 2)} | {cell(row['general'], 2)} | "
+                     f"{reward} | {cell(row['wall'], 0)} |")
     return lines
 
 

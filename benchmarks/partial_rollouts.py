@@ -41,18 +41,9 @@ from pathlib import Path
 
 import torch
 
+from molrl.demo.seeds import cell
+
 ARMS = {"sync": {}, "partial": {"off_policy": "importance"}, "partial_mask": {"off_policy": "mask"}}
-
-
-def mean_se(values: list[float]) -> tuple[float, float]:
-    n = len(values)
-    mean = sum(values) / n
-    return mean, (math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n) if n > 1 else 0.0)
-
-
-def cell(values: list[float], digits: int = 3) -> str:
-    mean, se = mean_se(values)
-    return f"{mean:.{digits}f} ± {se:.{digits}f} [" + ", ".join(f"{v:.{digits}f}" for v in values) + "]"
 
 
 def build_model(path: Path, eos_logit: float, seed: int) -> Path:

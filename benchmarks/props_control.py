@@ -27,6 +27,8 @@ import json
 import math
 from pathlib import Path
 
+from molrl.demo.seeds import cell
+
 ARMS = {
     "on-policy": {"behaviour": "policy", "min_entropy": 0.0},
     "props": {"behaviour": "props", "min_entropy": 0.0},
@@ -61,13 +63,6 @@ def figures(out: Path) -> dict[str, float]:
             "reward": "reward", "low_states": "sampling_error/low_entropy_states",
             "high_states": "sampling_error/high_entropy_states"}
     return {name: sum(r[key] for r in rows) / len(rows) for name, key in keys.items()}
-
-
-def cell(values: list[float], digits: int = 3) -> str:
-    n = len(values)
-    mean = sum(values) / n
-    se = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n) if n > 1 else 0.0
-    return f"{mean:.{digits}f} ± {se:.{digits}f} [" + ", ".join(f"{v:.{digits}f}" for v in values) + "]"
 
 
 def main() -> None:

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
+
+from molrl.demo.seeds import cell, mean_se
 
 GRPO = {"mol+grpo": ("mol", ["algorithm=grpo"])}
 SETS = {
@@ -70,18 +71,6 @@ def run_seed(out: Path, seed: int, every: int, runs_of_set: dict, world_name: st
                                        world_name=world_name)
     run_pipeline(cfg, collect_tasks=world.rule_train, before_stage=lambda stage: use_idle_threads(threads, stage))
     return Path(cfg.output_dir)
-
-
-def mean_se(values: list[float]) -> tuple[float, float]:
-    n = len(values)
-    mean = sum(values) / n
-    se = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n) if n > 1 else 0.0
-    return mean, se
-
-
-def cell(values: list[float], digits: int = 3) -> str:
-    mean, se = mean_se(values)
-    return f"{mean:.{digits}f} ± {se:.{digits}f} [" + ", ".join(f"{v:.{digits}f}" for v in values) + "]"
 
 
 def final_accuracy(pipeline: Path, run: str, benchmark: str) -> float:
@@ -132,7 +121,7 @@ def main() -> None:
                  for seed in range(args.seeds)]
 
     print(f"\n{args.seeds} seeds, 80 RL steps per run; mean ± standard error over seeds [per seed]")
-    print(f"| run | held-out | general | training wall s |\n|---|---|---|---|")
+    print("| run | held-out | general | training wall s |\n|---|---|---|---|")
     curves = {run: [curve(p, run) for p in pipelines] for run in RUNS}
     for run in RUNS:
         heldout = [final_accuracy(p, run, "heldout") for p in pipelines]

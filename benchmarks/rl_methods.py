@@ -39,7 +39,9 @@ import json
 import math
 from pathlib import Path
 
-from rl_demo import cell, curve, final_accuracy, mean_se, metric_windows, metrics, reward_windows, run_seed
+from rl_demo import curve, final_accuracy, metric_windows, metrics, reward_windows, run_seed
+
+from molrl.demo.seeds import cell, mean_se
 
 
 def runs(out: Path) -> dict[str, tuple[str, list[str]]]:

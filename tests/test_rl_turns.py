@@ -27,7 +27,8 @@ from molrl.rl.terms import decision_kl, feedback_cross_entropy
 from molrl.sandbox import SandboxConfig, SandboxPool
 from molrl.tasks import Task
 from molrl.traces.schema import Trace
-from molrl.traces.tokenize import TokenizeConfig, tokenize_tail, tokenize_trace
+from molrl.traces.spans import tokenize_tail
+from molrl.traces.tokenize import TokenizeConfig, tokenize_trace
 
 TESTS = Path(__file__).parent
 KEY = "3456789012"  # f(n) = KEY[last digit of n]: f(622) = 5

@@ -13,7 +13,8 @@ from molrl.traces import read_traces, tokenize_trace, write_traces
 from molrl.traces.importers import import_file
 from molrl.traces.schema import TraceError
 from molrl.traces.stats import file_stats
-from molrl.traces.tokenize import ROLE_OF, TokenizeConfig
+from molrl.traces.spans import ROLE_OF
+from molrl.traces.tokenize import TokenizeConfig
 from molrl.traces.tora import split_tool_text, tora_record_to_traces
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tora"

@@ -41,6 +41,16 @@ def mean_se(values: Sequence[float]) -> tuple[float, float]:
     return mean, math.sqrt(var / n)
 
 
+def cell(values: Sequence[float], digits: int = 3) -> str:
+    """``mean ± se [v1, v2, ...]`` of per-seed values.
+
+    >>> cell([0.5, 0.7, 0.9], 2)
+    '0.70 ± 0.12 [0.50, 0.70, 0.90]'
+    """
+    mean, se = mean_se(values)
+    return f"{mean:.{digits}f} ± {se:.{digits}f} [" + ", ".join(f"{v:.{digits}f}" for v in values) + "]"
+
+
 def seed_summary(run_dirs: Sequence[Path]) -> str:
     """Markdown: the headline pairs' scores per seed and over seeds, for the demo runs in ``run_dirs``.
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from molrl.demo.seeds import mean_se, seed_summary
+from molrl.demo.seeds import cell, mean_se, seed_summary
 from molrl.demo.study_arms import ALGORITHMS, CODE, EPOCHS, LOSSES, REWARD_START, REWARDS, SOURCES
 from molrl.report import _pyplot, _save, _series, accuracy, eval_results, read_metrics
 
@@ -60,16 +60,6 @@ def _scorer(results: list[dict[str, dict[str, Any]]]) -> Score:
     def score(model: str, bench: str) -> list[float]:
         return [accuracy(r[model]["benchmarks"][bench])[0] for r in results]
     return score
-
-
-def cell(values: Sequence[float], digits: int = 3) -> str:
-    """``mean ± se [v1, v2, ...]`` of per-seed values.
-
-    >>> cell([0.5, 0.7, 0.9], 2)
-    '0.70 ± 0.12 [0.50, 0.70, 0.90]'
-    """
-    mean, se = mean_se(values)
-    return f"{mean:.{digits}f} ± {se:.{digits}f} [" + ", ".join(f"{v:.{digits}f}" for v in values) + "]"
 
 
 def verdict(diffs: Sequence[float]) -> str:

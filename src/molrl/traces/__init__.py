@@ -1,7 +1,8 @@
 """Traces: the multi-turn episode format, importers, and role-labelled tokenisation."""
 
 from molrl.traces.schema import KINDS, Reject, Trace, TraceError, TraceReader, append_trace, read_traces, write_traces
-from molrl.traces.tokenize import TokenizeConfig, TokenizedTrace, locate_spans, tokenize_file, tokenize_trace
+from molrl.traces.spans import locate_spans
+from molrl.traces.tokenize import TokenizeConfig, TokenizedTrace, tokenize_file, tokenize_trace
 
 __all__ = [
     "KINDS",

@@ -9,7 +9,7 @@ format feedback, as in collection, unless the row is out of tokens). The
 loop's ``take_turn`` reads and records the turn's text; its ``environment_turns`` runs the round's code
 in the sandbox in one batch and appends each feedback message, written by the same providers as
 ``molrl collect``. Then the tokens the template adds after the turn (its end-of-turn token, the tool
-message, the next turn's header) are tokenised on their own by ``molrl.traces.tokenize.tokenize_tail``
+message, the next turn's header) are tokenised on their own by ``molrl.traces.spans.tokenize_tail``
 and appended. The trained row is exactly the sampled ids plus the rendered feedback ids: nothing sampled
 is re-tokenised, and a template that rewrites earlier turns (Qwen3) cannot change them.
 
@@ -47,7 +47,7 @@ from molrl.rl.batch import RolloutBatch, TokenRoles
 from molrl.rl.config import RlConfig
 from molrl.rl.rollouts.sync import Synchronous
 from molrl.tasks.types import Task
-from molrl.traces.tokenize import tokenize_tail
+from molrl.traces.spans import tokenize_tail
 
 
 class TurnStop(StoppingCriteria):
