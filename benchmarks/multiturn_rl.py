@@ -3,7 +3,7 @@
     python benchmarks/multiturn_rl.py [--out runs/multiturn] [--seeds 3] [--first 0] [--steps 80]
                                       [--config configs/pipeline_tiny_multiturn.yaml]
 
-For each seed: the world, base and MoL model of ``molrl demo`` (``--config`` names the world's pipeline;
+For each seed: the world, base and MoL model of ``molrl demo --world digit`` (``--config`` names its pipeline;
 finished stages and evaluations are reused, so an interrupted run picks up where it stopped), then the
 RL runs of that config at ``--steps`` steps each:
 
@@ -39,7 +39,7 @@ def run_seed(out: Path, seed: int, steps: int, config: Path) -> tuple[Path, obje
     from molrl.demo.run import prepare_seed, use_idle_threads
     from molrl.pipeline import run_pipeline
 
-    cfg, world, threads = prepare_seed(out, "default", [f"grpo.max_steps={steps}"], seed, config)
+    cfg, world, threads = prepare_seed(out, "default", [f"grpo.max_steps={steps}"], seed, config, "digit")
     run_pipeline(cfg, collect_tasks=world.rule_train, before_stage=lambda stage: use_idle_threads(threads, stage))
     return Path(cfg.output_dir), cfg
 

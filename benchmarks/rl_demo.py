@@ -1,6 +1,6 @@
 """RL algorithms against the demo's GRPO on the demo world, over seeds.
 
-    python benchmarks/rl_demo.py --set opd|macro|props [--out runs/rl_bench] [--seeds 3] [--every 10] [--world chain]
+    python benchmarks/rl_demo.py --set opd|macro|props [--out runs/rl_bench] [--seeds 3] [--every 10] [--world long]
 
 For each seed: the demo's world, base and MoL model (``molrl demo``'s default preset, reused
 when already on disk, so both sets can share one ``--out``), then RL runs of the demo's length
@@ -50,8 +50,8 @@ SETS = {
 """Runs per set, {name: (start, overrides)}; the first run is the one the others are measured against."""
 
 
-EVAL_TOKENS = {"digit": 48, "chain": 352}
-"""Tokens the held-out evaluation during training may generate, by world (a chain solution runs to about 330)."""
+EVAL_TOKENS = {"digit": 48, "chain": 104, "long": 352}
+"""Tokens the held-out evaluation during training may generate, by world (a long-chain solution runs to about 330)."""
 
 
 def overrides(world: Path, every: int, runs_of_set: dict, world_name: str = "digit") -> list[str]:

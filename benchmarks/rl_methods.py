@@ -1,9 +1,9 @@
 """Each added RL method where its mechanism can act: its paper's claim and the control that separates the
-code from the world, on the chain world, over seeds, in one command.
+code from the world, on the long-chain world, over seeds, in one command.
 
-    python benchmarks/rl_methods.py [--out runs/rl_methods] [--seeds 3] [--every 10] [--world chain] [--table]
+    python benchmarks/rl_methods.py [--out runs/rl_methods] [--seeds 3] [--every 10] [--world long] [--table]
 
-For each seed: the world, base and MoL model of ``molrl demo --world chain`` (reused when already on disk),
+For each seed: the world, base and MoL model of ``molrl demo --world long`` (reused when already on disk),
 then these RL runs of the demo's length from the same models (``benchmarks/rl_demo.py`` does the running;
 every finished run is reused, so a killed comparison continues where it stopped, across sessions):
 
@@ -157,7 +157,7 @@ def main() -> None:
     parser.add_argument("--out", default="runs/rl_methods")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--every", type=int, default=10)
-    parser.add_argument("--world", default="chain")
+    parser.add_argument("--world", default="long")
     parser.add_argument("--table", action="store_true", help="print from the finished seeds; run nothing")
     args = parser.parse_args()
     pipelines = []

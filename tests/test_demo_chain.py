@@ -154,10 +154,10 @@ def test_rule_step_positions_and_percentiles():
 
 
 @pytest.mark.slow
-def test_quick_chain_demo_writes_the_world_section(tmp_path):
+def test_quick_long_chain_demo_writes_the_world_section(tmp_path):
     from molrl.cli import main
 
-    assert main(["demo", "--world", "chain", "--quick", "--out", str(tmp_path)]) == 0
+    assert main(["demo", "--world", "long", "--quick", "--out", str(tmp_path)]) == 0
     report = (tmp_path / "pipeline" / "report.md").read_text()
     assert "## The chain world under its base" in report and "accuracy reading the feedback" in report
     rows = [line for line in report.splitlines()

@@ -1,4 +1,4 @@
-"""``molrl demo --quick`` end to end: world, base, collection, MoL + ablations, GRPO, eval, report."""
+"""``molrl demo --quick`` end to end (the chain world): world, base, collection, MoL, GRPO, eval, report."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ def test_quick_demo_writes_report_with_scores_and_plots(tmp_path):
         assert (run / "plots" / png).stat().st_size > 10_000
     assert (run / "collect" / "traces.jsonl").stat().st_size > 0
     assert "## Reproducibility" in report and "episodes carry feedback" in report
+    assert "## The chain world under its base" in report
     assert all((run / stage / "DONE").is_file() for stage in ("collect", "mol/mol", "grpo/mol+grpo", "eval/base"))
 
 
@@ -33,7 +34,7 @@ def test_quick_demo_runs_every_rl_algorithm_of_the_shipped_config(tmp_path):
     from pathlib import Path
 
     config = Path(__file__).resolve().parents[1] / "configs" / "pipeline_tiny_rl.yaml"
-    assert main(["demo", "--quick", "--config", str(config), "--out", str(tmp_path)]) == 0
+    assert main(["demo", "--quick", "--world", "digit", "--config", str(config), "--out", str(tmp_path)]) == 0
     report = (tmp_path / "pipeline" / "report.md").read_text()
     rows = [line for line in report.splitlines() if line.startswith("| ") and "±" in line and not line.startswith("| model")]
     assert [row.split("|")[1].strip() for row in rows] == [

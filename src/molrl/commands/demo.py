@@ -1,16 +1,18 @@
 """``molrl demo``: the whole method on a laptop CPU, in a world molrl builds itself.
 
-    molrl demo                 # about 8 minutes on 2 shared cores: runs/demo/pipeline/report.md
-    molrl demo --quick         # the same steps, smaller (a smoke run), in about 1.5 minutes
+    molrl demo                 # about 8 minutes on 2 cores: runs/demo/pipeline/report.md
+    molrl demo --quick         # the same steps, smaller (a smoke run), in about 2 minutes
     molrl demo --out DIR [key.sub=value ...]   # pipeline overrides, e.g. grpo.max_steps=60
     molrl demo --seeds 3       # the headline (MoL + GRPO vs base + GRPO) over 3 seeds
-    molrl demo --study         # the paper's ablations over 3 seeds: runs/study/study.md (about 40 minutes)
-    molrl demo --world chain   # the chain world: long multi-step solutions (about 50 minutes on 2 shared cores)
+    molrl demo --world long    # chains of 1-24 steps, for telling RL methods apart (about 50 minutes)
+    molrl demo --world digit   # one hidden digit per answer (about 5 minutes)
+    molrl demo --study         # the paper's ablations on the digit world over 3 seeds: runs/study/study.md
 
-A hidden digit rule that only code execution reveals, a tiny base model trained from scratch
-to use the tool, then the real pipeline: collection in the sandbox, MoL, the same GRPO from the
-MoL model and from the base, single-step evaluation on held-out problems and general tasks,
-report.md. The paper's ablations are --study.
+A hidden digit rule that only code execution reveals, applied 1 to 6 times in a chain whose every
+step the answer writes out; a tiny base model trained from scratch to use the tool; then the real
+pipeline: collection in the sandbox, MoL, the same GRPO from the MoL model and from the base,
+single-step evaluation on held-out problems and general tasks, report.md. The paper's ablations
+are --study.
 Re-running with the same --out reuses finished steps.
 """
 
@@ -30,15 +32,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of configs/pipeline_tiny.yaml")
-    p.add_argument("--quick", action="store_true", help="the small preset, a smoke run (about 1.5 minutes on 2 shared cores)")
+    p.add_argument("--quick", action="store_true", help="the small preset, a smoke run (about 2 minutes on 2 cores)")
     p.add_argument("--seeds", type=int, default=None, metavar="N",
                    help="repeat with world and training seeds 0..N-1 and report the headline over seeds "
                         "(N times as long; default 1, or 3 with --study)")
     p.add_argument("--study", action="store_true",
                    help="the paper's ablations over seeds (default 3) in one report, study.md (see molrl.demo.study)")
-    p.add_argument("--world", default="digit", choices=["digit", "chain"],
-                   help="the built-in world: digit (one hidden digit per answer) or chain (the hidden rule applied "
-                        "1-24 times, every step written out; see molrl.demo.chain)")
+    p.add_argument("--world", default=None, choices=["chain", "long", "digit"],
+                   help="the built-in world: chain (default: the hidden rule applied 1-6 times, every step written "
+                        "out; see molrl.demo.chain), long (the same with 1-24 steps, long-tailed) or digit (one "
+                        "hidden digit per answer; the world of --study)")
     p.add_argument("--config", default=None, metavar="YAML",
                    help="the pipeline config (default configs/pipeline_tiny.yaml; configs/pipeline_tiny_rl.yaml "
                         "adds a run of every RL algorithm)")
@@ -51,17 +54,18 @@ def handle(args: argparse.Namespace) -> int:
     from molrl.demo.run import run_demo
     from molrl.demo.study import run_study
 
-    name = ("study" if args.study else "demo") + ("" if args.world == "digit" else f"_{args.world}") \
-        + ("_quick" if args.quick else "")
-    out = args.out or f"runs/{name}"
-    if args.study and args.world != "digit":
+    if args.study and args.world not in (None, "digit"):
         from molrl.errors import MolrlError
 
         raise MolrlError(f"--study runs on the digit world only; drop --world {args.world} or --study")
+    world = args.world or ("digit" if args.study else "chain")
+    name = "study" if args.study else "demo" if world == "chain" else f"demo_{world}"
+    name += "_quick" if args.quick else ""
+    out = args.out or f"runs/{name}"
     if args.study:
         report = run_study(out, quick=args.quick, seeds=args.seeds or 3, overrides=args.overrides)
     else:
         report = run_demo(out, "quick" if args.quick else "default", args.overrides, seeds=args.seeds or 1,
-                          config=args.config, world=args.world)
+                          config=args.config, world=world)
     print(report)
     return 0

@@ -1,6 +1,8 @@
-"""The chain world: long, variable-length solutions whose every step needs a hidden rule.
+"""The chain world: variable-length solutions whose every step needs a hidden rule.
 
-``molrl demo --world chain`` builds it; everything is generated from one seed, nothing is downloaded.
+``molrl demo`` builds it with chains of 1-6 steps (the demo's default world), ``molrl demo --world
+long`` with chains of 1-24 steps (long solutions with a long tail, for telling RL methods apart);
+everything is generated from one seed, nothing is downloaded.
 
 - Rule problems ("What is f^12(472)?"): apply the hidden rule ``f`` k times, starting from n.
   ``f`` maps the last digit of a number through a secret permutation of 0-9 (no digit maps to
@@ -53,7 +55,7 @@ class ChainWorldConfig:
     """Digits of the start numbers."""
     max_steps: int = 24
     """Most steps of a chain (caps the length of a solution at about 13 tokens a step)."""
-    tail: float = 1.0
+    tail: float = 0.85
     """Steps k are drawn with probability proportional to 1/k^tail over 1..max_steps."""
     train_problems: int = 400
     """Rule problems in the training split (collection and RL prompts)."""

@@ -83,6 +83,17 @@ PRESETS = {
 
 
 CHAIN_PRESETS = {
+    "default": DemoPreset(world=ChainWorldConfig(max_steps=6), base=BaseModelConfig(num_layers=3, steps=400)),
+    "quick": DemoPreset(
+        world=ChainWorldConfig(max_steps=6, train_problems=100, heldout_problems=50, general_train=200,
+                               general_eval=50),
+        base=BaseModelConfig(num_layers=3, steps=120),
+        pipeline_overrides=["mol.train.max_steps=20", "grpo.max_steps=5", "grpo.prompts_per_step=4"],
+    ),
+}
+"""``molrl demo`` (the default world): the chain world with chains of 1-6 steps (``molrl.demo.chain``)."""
+
+LONG_PRESETS = {
     "default": DemoPreset(world=ChainWorldConfig(), base=BaseModelConfig(num_layers=3, steps=400)),
     "quick": DemoPreset(
         world=ChainWorldConfig(train_problems=100, heldout_problems=30, general_train=200, general_eval=30),
@@ -90,12 +101,12 @@ CHAIN_PRESETS = {
         pipeline_overrides=["mol.train.max_steps=20", "grpo.max_steps=5", "grpo.prompts_per_step=4"],
     ),
 }
-"""``molrl demo --world chain``: the chain world's presets (``molrl.demo.chain``)."""
+"""``molrl demo --world long``: the chain world with chains of 1-24 steps, long-tailed, for telling RL methods apart."""
 
-WORLDS = {"digit": PRESETS, "chain": CHAIN_PRESETS}
-"""Presets of each built-in world by its ``--world`` name."""
+WORLDS = {"chain": CHAIN_PRESETS, "long": LONG_PRESETS, "digit": PRESETS}
+"""Presets of each built-in world by its ``--world`` name (the first is the default)."""
 
-WORLD_CONFIGS = {"digit": "pipeline_tiny.yaml", "chain": "pipeline_chain.yaml"}
+WORLD_CONFIGS = {"chain": "pipeline_chain.yaml", "long": "pipeline_long.yaml", "digit": "pipeline_tiny.yaml"}
 """The pipeline config each world runs by default."""
 
 
@@ -109,7 +120,7 @@ def config_dir() -> Path:
 
 
 def run_demo(out: str | Path, preset: str = "default", overrides: list[str] | None = None, seeds: int = 1,
-             config: str | Path | None = None, world: str = "digit") -> Path:
+             config: str | Path | None = None, world: str = "chain") -> Path:
     """The demo in ``out`` (seed 0) and ``out/seed-N`` (further seeds); returns the first report's path.
 
     ``config``: the pipeline config (default the world's, ``configs/pipeline_tiny.yaml`` for the digit
@@ -136,12 +147,12 @@ def run_demo(out: str | Path, preset: str = "default", overrides: list[str] | No
 
 
 def run_one(out: Path, preset: str, overrides: list[str] | None, seed: int, config: str | Path | None = None,
-            world_name: str = "digit") -> Path:
+            world_name: str = "chain") -> Path:
     """One whole demo with world and training seed ``seed``; returns its report's path."""
     started = time.time()
     cfg, world, threads = prepare_seed(out, preset, overrides, seed, config, world_name)
     properties = None
-    if world_name == "chain":  # the world's measured properties, before the pipeline changes nothing of the base
+    if world_name != "digit":  # the chain world's measured properties, before the pipeline changes nothing of the base
         from molrl.demo.chain_measure import measure_world
 
         properties = measure_world(world, out / "base", out / "world", cfg)
@@ -156,7 +167,7 @@ def run_one(out: Path, preset: str, overrides: list[str] | None, seed: int, conf
 
 def prepare_seed(out: Path, preset: str, overrides: list[str] | None, seed: int,
                  config: str | Path | None = None,
-                 world_name: str = "digit") -> tuple["PipelineConfig", World, int]:  # noqa: F821
+                 world_name: str = "chain") -> tuple["PipelineConfig", World, int]:  # noqa: F821
     """The world and trained base of seed ``seed`` in ``out``, and the pipeline config to run on them.
 
     Returns (pipeline config, world, most torch threads).

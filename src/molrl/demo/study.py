@@ -74,7 +74,7 @@ def run_seed(out: Path, quick: bool, overrides: list[str] | None, seed: int) -> 
 
     started = time.time()
     preset = "study_quick" if quick else "study"
-    cfg, world, threads = prepare_seed(out, preset, overrides, seed)
+    cfg, world, threads = prepare_seed(out, preset, overrides, seed, world_name="digit")
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     expert = expert_traces(world.rule_train, tokenizer, episode_config(cfg), out / "expert" / "traces.jsonl")
     cfg = study_config(cfg, expert, out / "world", seed, preset)
