@@ -163,3 +163,14 @@ def test_quick_long_chain_demo_writes_the_world_section(tmp_path):
     rows = [line for line in report.splitlines()
             if line.startswith("| ") and "±" in line and not line.startswith("| model")]
     assert [row.split("|")[1].strip() for row in rows] == ["base", "mol", "mol+grpo", "base+grpo"]
+
+
+def test_demo_worlds_and_the_study_world(tmp_path, capsys):
+    from molrl.cli import main
+    from molrl.demo.run import WORLD_CONFIGS, WORLDS
+
+    assert list(WORLDS) == ["chain", "long", "digit"]  # the first is molrl demo's default
+    assert WORLDS["chain"]["default"].world.max_steps == 6 and WORLDS["long"]["default"].world.max_steps == 24
+    assert set(WORLD_CONFIGS) == set(WORLDS)
+    assert main(["demo", "--study", "--world", "long", "--out", str(tmp_path)]) != 0  # the study is the digit world's
+    assert not any(tmp_path.iterdir())
