@@ -64,3 +64,21 @@ def toy_config(out: Path, base: Path, **overrides) -> RlConfig:
     cfg = RlConfig(**settings)
     cfg.reward.sandbox_workers = 2
     return cfg
+
+
+def kill_when(script: str, marker: Path, limit_s: float = 600.0) -> None:
+    """Run ``script`` in a one-thread Python process and SIGKILL it as soon as ``marker`` exists."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + limit_s
+    while not marker.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), proc.stderr.read().decode()[-2000:] if proc.poll() is not None else "no checkpoint in time"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()

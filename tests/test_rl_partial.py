@@ -5,17 +5,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from grpo_helpers import save_tiny_model, toy_config
+from grpo_helpers import kill_when, save_tiny_model, toy_config
 from molrl.rl.partial import (PartialCompletion, PartialGroup, RolloutState, StopWhenGroupsDone, accounting,
                               choose_trained, groups_to_start, importance_weights, off_policy_mask)
 
@@ -141,15 +136,7 @@ def test_kill_9_mid_run_then_resume_loses_nothing_and_trains_nothing_twice(tmp_p
 
     out = tmp_path / "run"
     script = KILLED_RUN.format(tests=str(TESTS), out=str(out), base=str(long_tail_base))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    marker = out / "checkpoints" / "checkpoint-3" / "rollout_state.json"
-    deadline = time.time() + 600
-    while not marker.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert marker.exists(), proc.stderr.read().decode()[-2000:] if proc.poll() is not None else "no checkpoint in time"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_when(script, out / "checkpoints" / "checkpoint-3" / "rollout_state.json")
     assert not (out / "adapter").exists()  # killed before the end
     checkpoints = sorted(int(p.name.split("-")[1]) for p in (out / "checkpoints").glob("checkpoint-*"))
     last = checkpoints[-1]

@@ -5,10 +5,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grpo_helpers import save_tiny_model, toy_config
+from grpo_helpers import kill_when, save_tiny_model, toy_config
 from molrl.chat import render
 from molrl.demo.run import task_record
 from molrl.demo.world import WorldConfig, build_world, rule_setup_code
@@ -168,7 +166,8 @@ def turns_config(out: Path, tasks: Path, base: Path, **overrides) -> RlConfig:
     return cfg
 
 
-def test_a_rollout_batch_trains_sampled_tokens_and_attends_to_all(tmp_path, world_files):
+def four_rollouts(tmp_path: Path, world_files) -> tuple:
+    """A trainer of the multi-turn config and one rollout of its first prompt, four times (seed 0)."""
     from molrl.rl.run import build_trainer
 
     torch.manual_seed(0)
@@ -178,6 +177,11 @@ def test_a_rollout_batch_trains_sampled_tokens_and_attends_to_all(tmp_path, worl
         batch = trainer.rollouts["train"].rollout([{"prompt": row["prompt"], "task_json": row["task_json"]}] * 4)
     finally:
         pool.close()
+    return trainer, batch
+
+
+def test_a_rollout_batch_trains_sampled_tokens_and_attends_to_all(tmp_path, world_files):
+    trainer, batch = four_rollouts(tmp_path, world_files)
     sampled, feedback, attention = batch.completion_mask.bool(), batch.feedback_mask.bool(), batch.attention().bool()
     assert feedback.any() and sampled.any()  # random turns get feedback between them
     assert not (sampled & feedback).any()
@@ -234,15 +238,7 @@ def test_kill_9_mid_run_then_resume_loses_and_repeats_no_step(tmp_path, world_fi
 
     out, (tasks, base) = tmp_path / "run", world_files
     script = KILLED_RUN.format(tests=str(TESTS), out=str(out), tasks=str(tasks), base=str(base))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    marker = out / "checkpoints" / "checkpoint-2" / "trainer_state.json"
-    deadline = time.time() + 600
-    while not marker.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert marker.exists(), proc.stderr.read().decode()[-2000:] if proc.poll() is not None else "no checkpoint in time"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_when(script, out / "checkpoints" / "checkpoint-2" / "trainer_state.json")
     assert not (out / "adapter").exists()  # killed before the end
     cfg = turns_config(out, tasks, base, max_steps=6, save_steps=1)
     cfg.terms.feedback_ce = 0.05
@@ -280,16 +276,9 @@ def test_two_processes_run_multi_turn_episodes_with_both_terms(tmp_path, world_f
 @pytest.mark.parametrize("term", ["policy_gradient", "feedback_ce"])
 def test_one_step_raises_the_log_probs_its_term_trains(tmp_path, world_files, term):
     from molrl.rl.batch import LossInputs
-    from molrl.rl.run import build_trainer
     from molrl.rl.terms import FeedbackCE
 
-    torch.manual_seed(0)
-    trainer, _, pool = build_trainer(turns_config(tmp_path / "run", *world_files))
-    try:
-        row = trainer.train_dataset[0]
-        batch = trainer.rollouts["train"].rollout([{"prompt": row["prompt"], "task_json": row["task_json"]}] * 4)
-    finally:
-        pool.close()
+    trainer, batch = four_rollouts(tmp_path, world_files)
     advantages = torch.zeros_like(batch.completion_mask, dtype=torch.float32)
     if term == "policy_gradient":
         advantages[0] = 1.0  # row 0 was good, the others neutral
