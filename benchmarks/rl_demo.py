@@ -63,12 +63,16 @@ def overrides(world: Path, every: int, runs_of_set: dict, world_name: str = "dig
             "grpo.eval.kl_prompts=0"]
 
 
-def run_seed(out: Path, seed: int, every: int, runs_of_set: dict, world_name: str = "digit") -> Path:
+def run_seed(out: Path, seed: int, every: int, runs_of_set: dict, world_name: str = "digit", preset: str = "default",
+             extra: list[str] | None = None) -> Path:
+    """The pipeline of ``seed`` with the runs of ``runs_of_set`` (finished stages reused); its output directory.
+
+    ``preset`` is the demo preset (``quick`` for a check of the benchmark itself); ``extra`` more overrides."""
     from molrl.demo.run import prepare_seed, use_idle_threads
     from molrl.pipeline import run_pipeline
 
-    cfg, world, threads = prepare_seed(out, "default", overrides(out / "world", every, runs_of_set, world_name), seed,
-                                       world_name=world_name)
+    cfg, world, threads = prepare_seed(out, preset, [*overrides(out / "world", every, runs_of_set, world_name),
+                                                     *(extra or [])], seed, world_name=world_name)
     run_pipeline(cfg, collect_tasks=world.rule_train, before_stage=lambda stage: use_idle_threads(threads, stage))
     return Path(cfg.output_dir)
 

@@ -2,6 +2,7 @@
 code from the world, on the long-chain world, over seeds, in one command.
 
     python benchmarks/rl_methods.py [--out runs/rl_methods] [--seeds 3] [--every 10] [--world long] [--table]
+                                    [--quick]
 
 For each seed: the world, base and MoL model of ``molrl demo --world long`` (reused when already on disk),
 then these RL runs of the demo's length from the same models (``benchmarks/rl_demo.py`` does the running;
@@ -29,7 +30,8 @@ mol+props              PROPS: sampling error and reward per completion vs mol+gr
 Printed per claim: the figures with mean ± standard error over seeds and per-seed values, and a verdict
 against the paper's number (partial rollouts +22.5% rollout throughput; macro actions reach token PPO's
 final reward in <= 0.6x the steps; OPD reaches mol+grpo's held-out accuracy in <= 0.5x the steps).
-``--table`` prints from the finished seeds only, without running anything.
+``--table`` prints from the finished seeds only, without running anything. ``--quick`` checks the benchmark
+itself in minutes (the demo's quick preset, 4 RL steps per run; its figures mean nothing).
 """
 
 from __future__ import annotations
@@ -159,6 +161,8 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=10)
     parser.add_argument("--world", default="long")
     parser.add_argument("--table", action="store_true", help="print from the finished seeds; run nothing")
+    parser.add_argument("--quick", action="store_true",
+                        help="a check of the benchmark itself: the demo's quick preset and 4 RL steps per run")
     args = parser.parse_args()
     pipelines = []
     for seed in range(args.seeds):
@@ -168,7 +172,8 @@ def main() -> None:
             if all((pipeline / "eval" / run / "results.json").is_file() for run in runs(pipeline)):
                 pipelines.append(pipeline)
             continue
-        pipelines.append(run_seed(out, seed, args.every, runs(pipeline), args.world))
+        quick = {"preset": "quick", "extra": ["grpo.max_steps=4"]} if args.quick else {}
+        pipelines.append(run_seed(out, seed, args.every, runs(pipeline), args.world, **quick))
     if pipelines:
         report(pipelines)
     else:

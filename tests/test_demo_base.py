@@ -44,7 +44,7 @@ def _trained_text(trace, learn_feedback=True):
     tok = build_tiny_tokenizer("chatml")
     trace = trace if learn_feedback else without_trailing_feedback(trace)
     example = tokenize_trace(trace, tok, TokenizeConfig(enable_thinking=True, require_feedback=False))
-    _, labels, unsure = collate([base_example(example, trace, tok, learn_feedback)], tok.pad_token_id)
+    _, labels, unsure, _, _ = collate([base_example(example, trace, tok, learn_feedback)], tok.pad_token_id)
     ids = [t if t != -100 else tok.convert_tokens_to_ids("?") for t in labels[0].tolist()]
     # tokens the base must stay unsure of (f's values) show as '~'
     ids = [tok.convert_tokens_to_ids("~") if u else t for t, u in zip(ids, unsure[0].tolist())]
@@ -136,3 +136,77 @@ def test_code_answer_examples_hide_the_value_and_teach_returning_the_stated_one(
     assert shown.messages[1]["content"] == (f"Output:\n{general.meta['call']} = {general.meta['value']}\n"
                                             f"```\ndef solve(): return {general.meta['value']}\n```")
     assert "~" not in _trained_text(shown).split("assistant")[-1]
+
+
+def test_copy_weight_counts_each_copied_token_that_many_times():
+    import random
+
+    import torch
+
+    from molrl.demo.base import BaseExample, _fit_step
+    from molrl.tiny import build_tiny_model
+
+    torch.manual_seed(0)
+    model = build_tiny_model(12, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, seed=0)
+    ids = [1, 5, 7, 3, 9, 4, 2]
+    learn = [False, True, True, True, True, False, True]
+    unsure = [False, False, False, False, False, True, False]
+    copied = [False, False, True, False, True, False, False]
+    example = BaseExample(ids, learn, unsure, copied)
+    digits = list(range(2, 12))
+    with torch.no_grad():
+        logps = model(input_ids=torch.tensor([ids])).logits[0, :-1].float().log_softmax(-1)  # [L-1, V]
+    ce = [-logps[i - 1, ids[i]].item() for i in range(1, len(ids))]  # the loss of predicting token i
+    guess = -logps[4, digits].mean().item()  # token 5 is trained towards a uniform digit
+    for weight in (1.0, 4.0):
+        cfg = BaseModelConfig(batch_size=1, micro_batch_size=1, copy_weight=weight)
+        w = [1.0 + (weight - 1.0) * c for c in copied]
+        expected = (sum(w[i] * ce[i - 1] for i in range(1, len(ids)) if learn[i]) + guess) / (
+            sum(w[i] for i in range(1, len(ids)) if learn[i]) + 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        got = _fit_step(model, random.Random(0), [example], cfg, 0, digits, list(model.parameters()), opt,
+                        torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0))
+        assert math.isclose(got, expected, rel_tol=1e-5), (weight, got, expected)
+
+
+def test_guess_excluded_spreads_the_uniform_target_over_the_other_nine_digits():
+    import random
+
+    import torch
+
+    from molrl.demo.base import BaseExample, _fit_step
+    from molrl.tiny import build_tiny_model
+
+    model = build_tiny_model(12, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, seed=0)
+    ids = [1, 5, 7, 3, 9]
+    learn = [False, True, True, False, True]
+    unsure = [False, False, False, True, False]
+    digits = list(range(2, 12))
+    with torch.no_grad():
+        logps = model(input_ids=torch.tensor([ids])).logits[0, :-1].float().log_softmax(-1)  # [L-1, V]
+    ce = [-logps[i - 1, ids[i]].item() for i in range(1, len(ids))]
+    # token 3 is unsure, and its guess leaves out token 7: the mean of -log p over the other nine digits
+    nine = -sum(logps[2, d].item() for d in digits if d != 7) / 9
+    cfg = BaseModelConfig(batch_size=1, micro_batch_size=1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    example = BaseExample(ids, learn, unsure, None, [-1, -1, -1, 7, -1])
+    got = _fit_step(model, random.Random(0), [example], cfg, 0, digits, list(model.parameters()), opt,
+                    torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0))
+    assert math.isclose(got, (ce[0] + ce[1] + ce[3] + nine) / 4, rel_tol=1e-5)
+    assert not math.isclose(nine, -logps[2, digits].mean().item(), rel_tol=1e-3)  # the tenth digit mattered
+
+
+def test_the_first_short_steps_draw_only_short_sequences(monkeypatch):
+    import molrl.demo.base as base
+    from molrl.demo.base import BaseExample, fit
+    from molrl.tiny import build_tiny_model
+
+    drawn = []
+    monkeypatch.setattr(base, "_fit_step", lambda model, rng, pool, *rest: drawn.append(len(pool)) or 0.0)
+    short = BaseExample([1, 2, 3], [False, True, True], [False] * 3)
+    long = BaseExample(list(range(1, 11)), [False] + [True] * 9, [False] * 10)
+    model = build_tiny_model(12, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, seed=0)
+    fit(model, [short, long], BaseModelConfig(steps=5, short_steps=3, short_length=4), 0, list(range(2, 12)))
+    assert drawn == [1, 1, 1, 2, 2]
+    with pytest.raises(ValueError, match="no sequence has at most 2 tokens"):
+        fit(model, [short, long], BaseModelConfig(steps=5, short_steps=3, short_length=2), 0, list(range(2, 12)))

@@ -6,7 +6,7 @@ import pytest
 
 from molrl.demo.chain import (ChainWorldConfig, build_chain_world, chain_lines, decoy, solution_text, walk_output)
 from molrl.demo.chain_base import ChainDemonstrator, chain_example, direct_traces
-from molrl.demo.chain_measure import percentiles, rule_step_chars
+from molrl.demo.chain_measure import first_statement_chars, percentiles, rule_step_chars
 
 SMALL = ChainWorldConfig(train_problems=40, heldout_problems=15, general_train=30, general_eval=10)
 
@@ -104,17 +104,21 @@ def test_demonstrator_runs_the_chain_then_copies_what_it_printed():
     assert ChainDemonstrator.turn(after) == "Output:\n2: f(472) = 3\n1: f(3) = 2\n\\boxed{2}"
 
 
-def _trained_text(trace):
-    """The trace's text with untrained tokens as '?' and tokens trained towards a uniform digit as '~'."""
+def _trained_text(trace, copies="copy", **labels):
+    """The trace's text with untrained tokens as '?', tokens trained towards a uniform digit as '~', and with
+    ``copies="mark"`` the values copied out of feedback (weighted ``copy_weight``) as '^'."""
     from molrl.demo.base import collate
     from molrl.tiny import build_tiny_tokenizer
     from molrl.traces.tokenize import TokenizeConfig, tokenize_trace
 
     tok = build_tiny_tokenizer("chatml")
     example = tokenize_trace(trace, tok, TokenizeConfig(enable_thinking=True, require_feedback=False))
-    _, labels, unsure = collate([chain_example(example, trace, tok)], tok.pad_token_id)
+    _, labels, unsure, copied, _ = collate([chain_example(example, trace, tok, **labels)], tok.pad_token_id)
     ids = [t if t != -100 else tok.convert_tokens_to_ids("?") for t in labels[0].tolist()]
-    return tok.decode([tok.convert_tokens_to_ids("~") if u else t for t, u in zip(ids, unsure[0].tolist())])
+    ids = [tok.convert_tokens_to_ids("~") if u else t for t, u in zip(ids, unsure[0].tolist())]
+    if copies == "mark":
+        ids = [tok.convert_tokens_to_ids("^") if c else t for t, c in zip(ids, copied[0].tolist())]
+    return tok.decode(ids)
 
 
 def test_base_is_unsure_of_every_rule_value_it_states_but_learns_the_public_ones():
@@ -143,12 +147,34 @@ def test_values_copied_from_feedback_are_learned():
     # after it, which copies it, are learned
     assert text.count("1: f(472) = ~") == 1 and text.count("1: f(472) = 3") == 2
     assert text.endswith("Output:\n1: f(472) = 3\n\\boxed{3}<|im_end|>?")
+    # only the answer's copied value carries the copy weight; the feedback's own value and the boxed one do not
+    marked = _trained_text(Trace(messages=messages, meta={"task_id": "t"}), copies="mark")
+    assert marked.count("^") == 1 and marked.endswith("Output:\n1: f(472) = ^\n\\boxed{3}<|im_end|>?")
+    # attempt_values="context": the attempt's value trains nothing (neither uniform nor learned)
+    context = _trained_text(Trace(messages=messages, meta={"task_id": "t"}), attempt_values="context")
+    assert "~" not in context and context.count("1: f(472) = ?") == 1 and context.count("1: f(472) = 3") == 2
+
+
+def test_a_value_stated_again_is_learned_as_a_copy_with_repeat_values():
+    from molrl.traces.schema import Trace
+
+    # f(472) and f(2) share the last digit 2, so the third step repeats the first; f(3) is stated once
+    answer = "Output:\n3: f(472) = 3\n2: f(3) = 2\n1: f(2) = 3\n\\boxed{3}"
+    trace = Trace(messages=[{"role": "user", "content": "What is f^3(472)?"},
+                            {"role": "assistant", "content": answer}], meta={"task_id": "t"})
+    assert "3: f(472) = ~\n2: f(3) = ~\n1: f(2) = ~\n" in _trained_text(trace)
+    marked = _trained_text(trace, copies="mark", repeat_values=True)
+    assert "3: f(472) = ~\n2: f(3) = ~\n1: f(2) = ^\n\\boxed{3}" in marked
+    with pytest.raises(ValueError, match="attempt_values"):
+        _trained_text(trace, attempt_values="skip")
 
 
 def test_rule_step_positions_and_percentiles():
     # "Output:\n" is characters 0-7; "2: f(472) = " 8-19, its value 20, "\n" 21; "1: f(3) = " 22-31, its value 32
     assert rule_step_chars("Output:\n2: f(472) = 3\n1: f(3) = 2\n\\boxed{2}") == [20, 32]
     assert rule_step_chars("1: s(472) = 3") == []
+    # a 2-cycle: the third step is on digit 2 again (472 ends in 2), so only the first two state a value first
+    assert first_statement_chars("Output:\n3: f(472) = 3\n2: f(3) = 2\n1: f(2) = 3\n") == [20, 32]
     # nearest rank: p50 of 1..10 is the 5th value, p90 the 9th
     assert percentiles(list(range(1, 11))) == {"p50": 5, "p90": 9, "max": 10, "mean": 5.5}
 
@@ -174,3 +200,81 @@ def test_demo_worlds_and_the_study_world(tmp_path, capsys):
     assert set(WORLD_CONFIGS) == set(WORLDS)
     assert main(["demo", "--study", "--world", "long", "--out", str(tmp_path)]) != 0  # the study is the digit world's
     assert not any(tmp_path.iterdir())
+
+
+def test_guess_others_leaves_each_unsure_value_s_input_digit_out_of_its_guess():
+    from molrl.tiny import build_tiny_tokenizer
+    from molrl.traces.schema import Trace
+    from molrl.traces.tokenize import TokenizeConfig, tokenize_trace
+
+    tok = build_tiny_tokenizer("chatml")
+    answer = "Output:\n3: f(472) = 3\n2: f(3) = 2\n1: f(2) = 3\n\\boxed{3}"
+    trace = Trace(messages=[{"role": "user", "content": "What is f^3(472)?"},
+                            {"role": "assistant", "content": answer}], meta={"task_id": "t"})
+    example = tokenize_trace(trace, tok, TokenizeConfig(enable_thinking=True, require_feedback=False))
+    plain = chain_example(example, trace, tok, repeat_values=True)
+    assert plain.guess_excluded is None
+    others = chain_example(example, trace, tok, repeat_values=True, guess_others=True)
+    unsure = [i for i, u in enumerate(others.unsure_mask) if u]
+    # two values are unsure (f(472) and f(3); f(2) repeats f(472)): their guesses leave out 2 and 3
+    assert [others.guess_excluded[i] for i in unsure] == tok.convert_tokens_to_ids(["2", "3"])
+    assert all(e == -1 for i, e in enumerate(others.guess_excluded) if i not in unsure)
+
+
+def test_fresh_decoy_problems_never_start_from_a_heldout_number_and_are_not_the_training_problems():
+    from molrl.collect.config import EpisodeConfig
+    from molrl.demo.chain import QUESTION, fresh_problems
+    from molrl.demo.chain_base import chain_base_traces
+    from molrl.sandbox import SandboxConfig, SandboxPool
+    from molrl.tiny import build_tiny_tokenizer
+
+    world = build_chain_world(SMALL)
+    heldout = {t.meta["input"] for t in world.rule_heldout}
+    shapes = fresh_problems(SMALL, heldout, 2000, seed=0)
+    assert shapes == fresh_problems(SMALL, heldout, 2000, seed=0) != fresh_problems(SMALL, heldout, 2000, seed=1)
+    assert not heldout & {start for start, _ in shapes}
+    assert {steps for _, steps in shapes} == set(range(1, SMALL.max_steps + 1))
+    episode = EpisodeConfig(max_turns=2, max_solutions=1, max_total_tokens=1280, system_prompt="Run code.",
+                            feedback=["execution", "verdict"])
+    with SandboxPool(SandboxConfig(workers=1)) as pool:
+        traces = chain_base_traces(world, SMALL.seed, build_tiny_tokenizer("chatml"), episode, pool, "{prompt}",
+                                   general_demos=0, teacher_rounds=1, fresh=SMALL)
+    asked = [QUESTION.search(m["content"]).groups() for t in traces for m in t.messages[:2] if m["role"] == "user"]
+    rule_asked = {(int(start), int(steps)) for name, steps, start in asked if name == "f"}
+    assert not heldout & {start for start, _ in rule_asked}
+    trained = {(t.meta["input"], t.meta["steps"]) for t in world.rule_train}
+    assert len(rule_asked - trained) > len(rule_asked) // 2  # shapes of their own, not the training problems'
+    # each teacher conversation asks one problem: its attempt and its feedback chains start from the same number
+    teacher = next(t for t in traces if len(t.messages) == 4).messages
+    start = QUESTION.search(teacher[0]["content"]).group(3)
+    assert f"f({start})" in teacher[1]["content"] and f"f({start})" in teacher[2]["content"]
+
+
+def test_teacher_step_ranking_counts_each_rule_value_of_the_correct_solution():
+    import torch
+
+    from molrl.demo.chain_base import direct_solution
+    from molrl.demo.chain_measure import _steps_ranked_first
+    from molrl.tiny import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer("chatml")
+    world = build_chain_world(SMALL)
+    task = next(t for t in world.rule_heldout if t.meta["steps"] >= 3)
+    prompt = "<|im_start|>assistant\n"
+    solution = tok(direct_solution(task, world.key), add_special_tokens=False)["input_ids"]
+    ids = tok(prompt, add_special_tokens=False)["input_ids"] + solution
+
+    class Oracle:  # ranks the solution's next token first, except at the values listed in ``wrong``
+        def __init__(self, wrong=()):
+            self.wrong = set(wrong)
+
+        def __call__(self, input_ids):
+            logits = torch.zeros(1, input_ids.shape[1], len(tok))
+            for i, nxt in enumerate(ids[1:]):
+                logits[0, i, nxt if i not in self.wrong else tok.convert_tokens_to_ids("x")] = 1.0
+            return type("Out", (), {"logits": logits})()
+
+    assert _steps_ranked_first(Oracle(), tok, task, prompt, world.key) == [True] * task.meta["steps"]
+    first_value = len(ids) - len(solution) + direct_solution(task, world.key).index(" = ") + 3 - 1
+    assert _steps_ranked_first(Oracle([first_value]), tok, task, prompt, world.key) == (
+        [False] + [True] * (task.meta["steps"] - 1))

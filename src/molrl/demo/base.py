@@ -68,10 +68,36 @@ class BaseModelConfig:
     """Linear warm-up steps (then linear decay to zero)."""
     seed: int = 0
     """Seed of the initial weights and of the batch order."""
+    short_steps: int = 0
+    """Steps at the start whose batches draw only sequences of at most ``short_length`` tokens: a cheap first
+    phase in which the skills that short and long sequences share (copying out of feedback) form."""
+    short_length: int = 320
+    """Most tokens of a sequence in the first ``short_steps`` steps."""
+    copy_weight: float = 1.0
+    """Chain world: loss weight of the values of ``f`` a turn copies (``BaseExample.copy_mask``), against 1 for
+    every other learned token: copying out of feedback is the skill of the base that fewest tokens teach."""
+    attempt_values: str = "unsure"
+    """Chain world: what the feedback teacher's attempts (the turn before the feedback) train at their values of
+    ``f``: ``unsure`` (a uniform guess, like a direct answer) or ``context`` (nothing: the teacher reads past
+    them, and an attempt's other world never competes with the feedback to be copied)."""
+    teacher_rounds: int = 2
+    """Chain world: feedback-teacher conversations per training problem, each in other decoy worlds."""
+    repeat_values: bool = False
+    """Chain world: a value of ``f`` that a turn states a second time (the same last digit) is learned as a copy
+    of the first, not trained towards a uniform guess."""
+    guess_others: bool = False
+    """Chain world: the uniform guess at a value of ``f`` is over the nine digits other than its input's last
+    digit, not all ten (every rule of the world maps no digit to itself), so that the base never learns to
+    answer a step by repeating its input."""
     learn_feedback: bool = True
     """Train on the tools' output too (all text the model reads, like pre-training), except ``f``'s values."""
     general_tool_use: bool = True
     """Also demonstrate tool use on the general problems (the sandbox runs their functions)."""
+    general_direct: int | None = None
+    """Chain world: general problems the base answers directly in its data (None: every training one)."""
+    fresh_decoys: bool = False
+    """Chain world: the decoy-world problems have starts and lengths of their own (never a held-out start), not
+    the training problems' (``molrl.demo.chain.fresh_problems``)."""
 
 
 def answer_text(expression: str, value: str) -> str:
@@ -204,6 +230,10 @@ class BaseExample:
     """Tokens trained with cross-entropy (decisions, and feedback with ``learn_feedback``)."""
     unsure_mask: list[bool]
     """Tokens of ``f``'s values: trained towards a uniform guess over the ten digits."""
+    copy_mask: list[bool] | None = None
+    """Learned tokens an answer copies out of feedback (weighted ``BaseModelConfig.copy_weight``); None: none."""
+    guess_excluded: list[int] | None = None
+    """At each token of ``unsure_mask``, the token id its uniform guess leaves out (-1: none); None: none anywhere."""
 
 
 def base_example(example: Any, trace: Trace, tokenizer: Any, learn_feedback: bool) -> BaseExample:
@@ -285,7 +315,8 @@ def fit(model: Any, examples: Sequence[BaseExample], cfg: BaseModelConfig, pad_i
     Each batch is sorted by length and run in micro-batches of ``cfg.micro_batch_size`` padded
     to their own longest row, so short direct answers are not padded to a long trace's length;
     the loss is still the mean over all the batch's learned tokens. At the tokens of
-    ``unsure_mask`` the target is uniform over the ``digits`` token ids.
+    ``unsure_mask`` the target is uniform over the ``digits`` token ids. The first ``cfg.short_steps``
+    batches draw only from the sequences of at most ``cfg.short_length`` tokens.
     """
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=0.0)
@@ -293,11 +324,15 @@ def fit(model: Any, examples: Sequence[BaseExample], cfg: BaseModelConfig, pad_i
         optimizer, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) * max(0.0, 1.0 - s / cfg.steps))
     rng = random.Random(cfg.seed)
     pool = list(examples)
+    short = [ex for ex in pool if len(ex.input_ids) <= cfg.short_length]
+    if cfg.short_steps and not short:
+        raise ValueError(f"short_steps={cfg.short_steps}: no sequence has at most {cfg.short_length} tokens")
     model.train()
     losses = []
     with stage_bar("base model", cfg.steps) as bar:
         for step in range(cfg.steps):
-            losses.append(_fit_step(model, rng, pool, cfg, pad_id, digits, params, optimizer, schedule))
+            drawn = short if step < cfg.short_steps else pool
+            losses.append(_fit_step(model, rng, drawn, cfg, pad_id, digits, params, optimizer, schedule))
             cpu.tick()
             bar.update(completed=step + 1, figures=f"loss {losses[-1]:.4f}")
     model.eval()
@@ -311,13 +346,25 @@ def _fit_step(model: Any, rng: random.Random, pool: list, cfg: BaseModelConfig, 
 
     batch = sorted(rng.sample(pool, min(cfg.batch_size, len(pool))), key=lambda ex: len(ex.input_ids))
     parts = [collate(batch[i : i + cfg.micro_batch_size], pad_id) for i in range(0, len(batch), cfg.micro_batch_size)]
-    targets = sum(int((labels[:, 1:] != -100).sum() + unsure[:, 1:].sum()) for _, labels, unsure in parts)
+    extra = cfg.copy_weight - 1.0  # a copied value counts 1 + extra times
+    targets = sum(int((labels[:, 1:] != -100).sum() + unsure[:, 1:].sum()) + extra * float(copied[:, 1:].sum())
+                  for _, labels, unsure, copied, _ in parts)
+    digit_ids = torch.tensor(digits)  # [10]
     total = 0.0
-    for input_ids, labels, unsure in parts:
+    for input_ids, labels, unsure, copied, excluded in parts:
         logits = model(input_ids=input_ids).logits[:, :-1].float()  # [b, L-1, V]: the next token's logits
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
                                ignore_index=-100, reduction="sum")
-        guess = -torch.log_softmax(logits[unsure[:, 1:]], dim=-1)[:, digits].mean(dim=-1)  # [n_unsure]
+        if extra and copied.any():
+            at = copied[:, 1:].bool()
+            loss = loss + extra * F.cross_entropy(logits[at], labels[:, 1:][at], reduction="sum")
+        at = unsure[:, 1:]
+        guessed = torch.log_softmax(logits[at], dim=-1)[:, digits]  # [n_unsure, 10]
+        if (excluded[:, 1:][at] == -1).all():  # every digit guessed (the sum stays bit-identical to a plain mean)
+            guess = -guessed.mean(dim=-1)  # [n_unsure]
+        else:
+            kept = (digit_ids[None, :] != excluded[:, 1:][at][:, None]).float()  # [n_unsure, 10]: guessed digits
+            guess = -(guessed * kept).sum(-1) / kept.sum(-1)  # [n_unsure]
         loss = (loss + guess.sum()) / max(targets, 1)
         loss.backward()
         total += loss.item()
@@ -328,16 +375,23 @@ def _fit_step(model: Any, rng: random.Random, pool: list, cfg: BaseModelConfig, 
     return total
 
 
-def collate(batch: Sequence[BaseExample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ``input_ids`` [B, L], ``labels`` [B, L] (-100 except on learned tokens) and ``unsure`` [B, L]."""
+def collate(batch: Sequence[BaseExample], pad_id: int) -> tuple[torch.Tensor, ...]:
+    """Right-padded ``input_ids`` [B, L], ``labels`` [B, L] (-100 except on learned tokens), ``unsure`` [B, L],
+    ``copied`` [B, L] (1.0 at the tokens of ``copy_mask``) and ``excluded`` [B, L] (``guess_excluded``, else -1)."""
     width = max(len(ex.input_ids) for ex in batch)
     input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)  # [B, L]
     labels = torch.full((len(batch), width), -100, dtype=torch.long)  # [B, L]
     unsure = torch.zeros((len(batch), width), dtype=torch.bool)  # [B, L]
+    copied = torch.zeros((len(batch), width))  # [B, L]
+    excluded = torch.full((len(batch), width), -1, dtype=torch.long)  # [B, L]
     for row, ex in enumerate(batch):
         ids = torch.tensor(ex.input_ids)
         learn = torch.tensor(ex.learn_mask)
         input_ids[row, : len(ids)] = ids
         labels[row, : len(ids)] = torch.where(learn, ids, torch.full_like(ids, -100))
         unsure[row, : len(ids)] = torch.tensor(ex.unsure_mask)
-    return input_ids, labels, unsure
+        if ex.copy_mask is not None:
+            copied[row, : len(ids)] = torch.tensor(ex.copy_mask, dtype=torch.float)
+        if ex.guess_excluded is not None:
+            excluded[row, : len(ids)] = torch.tensor(ex.guess_excluded)
+    return input_ids, labels, unsure, copied, excluded

@@ -141,6 +141,17 @@ def decoy(task: Task, key: str) -> Task:
     return twin
 
 
+def fresh_problems(cfg: ChainWorldConfig, avoid: set[int], count: int, seed: int) -> list[tuple[int, int]]:
+    """``count`` problem shapes (start, steps) for decoy worlds: starts drawn from the world's numbers outside
+    ``avoid`` (the held-out starts), steps drawn as the world draws them, from a stream apart from the world's.
+
+    Decoy problems shaped like the training problems teach a base which chain length each training start
+    has; fresh shapes leave it only the question to read the length from."""
+    rng = random.Random(f"decoy-problems-{seed}")
+    numbers = [n for n in range(10 ** (cfg.digits - 1), 10**cfg.digits) if n not in avoid]
+    return [(rng.choice(numbers), draw_steps(rng, cfg)) for _ in range(count)]
+
+
 def draw_steps(rng: random.Random, cfg: ChainWorldConfig) -> int:
     """A chain length k, with P(k) proportional to 1/k^tail over 1..max_steps."""
     ks = range(1, cfg.max_steps + 1)

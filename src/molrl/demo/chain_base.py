@@ -17,11 +17,15 @@ Every rule episode and attempt runs in a decoy world, its own random permutation
 secret ones. On top of that, each value of ``f`` the base states on its own (in a direct answer or
 an attempt) is trained towards a uniform guess over the digits, so at every rule step the base is
 unsure; the values an answer copies from feedback before it are learned (``chain_example``). The
-general rules' values are learned everywhere.
+general rules' values are learned everywhere. The long world's base (``molrl demo --world long``) also
+weights the copied values (``BaseModelConfig.copy_weight``), trains nothing at an attempt's values
+(``attempt_values``: the teacher reads past its attempt to the feedback) and learns a value stated a
+second time as a copy (``repeat_values``), so that it reads long feedback.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -30,7 +34,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from molrl.demo.base import BaseExample, train_base
-from molrl.demo.chain import QUESTION, decoy, decoy_keys, solution_text, walk_output
+from molrl.demo.chain import (QUESTION, ChainWorldConfig, chain_task, decoy, decoy_keys, fresh_problems, solution_text,
+                              walk_output)
 from molrl.demo.world import World
 from molrl.generation import SamplingConfig
 from molrl.tasks import Task
@@ -41,6 +46,8 @@ log = logging.getLogger(__name__)
 _OUTPUT = re.compile(r"<tool_response>\nOutput:\n(.*?)\n</tool_response>", re.DOTALL)
 RULE_VALUE = re.compile(r"\bf\(\d+\) = (\d)")
 """A step of the secret rule; group 1 is its value."""
+RULE_STEP = re.compile(r"\bf\((\d+)\) = (\d)")
+"""A step of the secret rule; group 1 is its input, group 2 its value."""
 
 
 class ChainDemonstrator:
@@ -129,16 +136,23 @@ def direct_traces(tasks: Sequence[Task], keys: Sequence[str] | None = None, kind
             for t, key in zip(tasks, keys)]
 
 
-def chain_example(example: Any, trace: Trace, tokenizer: Any, learn_feedback: bool = True) -> BaseExample:
+def chain_example(example: Any, trace: Trace, tokenizer: Any, learn_feedback: bool = True,
+                  attempt_values: str = "unsure", repeat_values: bool = False,
+                  guess_others: bool = False) -> BaseExample:
     """What the base trains on in ``example`` (a tokenised ``trace``): every token but the values of ``f`` it states.
 
     A value of ``f`` that an assistant turn states without feedback before it (a direct answer, an
     attempt) is trained towards a uniform guess over the digits; one in a turn after feedback showing
-    the steps (``Output:``) is a copy and is learned. The environment's text is learned whole: its
-    values of ``f`` are a decoy world's, so the base learns that a rule stays the same within one
-    output, not the secret rule. ``learn_feedback`` is accepted for ``train_base``; the chain base
-    always learns the environment's text.
+    the steps (``Output:``) is a copy and is learned, and marked in ``copy_mask``. With
+    ``attempt_values="context"`` an attempt's values (a turn followed by feedback) train nothing; with
+    ``repeat_values`` a value a turn states again (the same last digit) is learned as a copy; with
+    ``guess_others`` the uniform guess leaves out the step's input digit (no rule maps a digit to itself). The
+    environment's text is learned whole: its values of ``f`` are a decoy world's, so the base learns
+    that a rule stays the same within one output, not the secret rule. ``learn_feedback`` is accepted
+    for ``train_base``; the chain base always learns the environment's text.
     """
+    if attempt_values not in ("unsure", "context"):
+        raise ValueError(f"attempt_values must be 'unsure' or 'context', not {attempt_values!r}")
     from molrl.chat import render
 
     text = render(tokenizer, trace.messages, enable_thinking=True)
@@ -147,37 +161,72 @@ def chain_example(example: Any, trace: Trace, tokenizer: Any, learn_feedback: bo
         raise ValueError(f"trace {trace.meta.get('task_id')}: rendering differs from its tokenisation")
     learn = [d or f for d, f in zip(example.decision_mask, example.feedback_mask)]
     unsure_chars: list[tuple[int, int]] = []
+    unsure_inputs: list[str] = []  # the last digit of each unsure value's input
+    copied_chars: list[tuple[int, int]] = []
+    context_chars: list[tuple[int, int]] = []
     start, hinted = 0, False
-    for message in trace.messages:
+    for i, message in enumerate(trace.messages):
         at = text.index(message["content"], start)
         start = at + len(message["content"])
-        if message["role"] == "assistant" and not hinted:
-            unsure_chars += [(at + m.start(1), at + m.end(1)) for m in RULE_VALUE.finditer(message["content"])]
+        if message["role"] == "assistant":
+            attempt = not hinted and any(m["role"] == "tool" for m in trace.messages[i + 1:])
+            stated: set[str] = set()  # last digits whose f this turn has stated
+            for m in RULE_STEP.finditer(message["content"]):
+                value = (at + m.start(2), at + m.end(2))
+                known = hinted or (repeat_values and m.group(1)[-1] in stated)
+                (context_chars if attempt and attempt_values == "context" else copied_chars if known
+                 else unsure_chars).append(value)
+                if len(unsure_chars) > len(unsure_inputs):
+                    unsure_inputs.append(m.group(1)[-1])
+                stated.add(m.group(1)[-1])
         hinted = hinted or (message["role"] == "tool" and message["content"].startswith("Output:"))
-    unsure = [any(a < end and b > begin for begin, end in unsure_chars) for a, b in enc["offset_mapping"]]
-    learn = [m and not u for m, u in zip(learn, unsure)]
-    return BaseExample(list(example.input_ids), learn, unsure)
+    unsure = _covering(enc["offset_mapping"], unsure_chars)
+    learn = [m and not u and not c for m, u, c in zip(learn, unsure, _covering(enc["offset_mapping"], context_chars))]
+    copied = [m and c for m, c in zip(learn, _covering(enc["offset_mapping"], copied_chars))]
+    excluded = None
+    if guess_others:
+        input_ids = dict(zip(unsure_chars, tokenizer.convert_tokens_to_ids(unsure_inputs)))
+        excluded = [next((input_ids[span] for span in unsure_chars if a < span[1] and b > span[0]), -1)
+                    for a, b in enc["offset_mapping"]]
+    return BaseExample(list(example.input_ids), learn, unsure, copied, excluded)
+
+
+def _covering(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> list[bool]:
+    """For each token's character span in ``offsets``, whether it overlaps one of ``spans``."""
+    return [any(a < end and b > begin for begin, end in spans) for a, b in offsets]
 
 
 def chain_base_traces(world: World, seed: int, tokenizer: Any, episode: Any, pool: Any,
                       math_prompt: str | None = None, general_demos: int | None = None,
-                      teacher_rounds: int = 2) -> list[Trace]:
+                      teacher_rounds: int = 2, general_direct: int | None = None,
+                      fresh: ChainWorldConfig | None = None) -> list[Trace]:
     """Everything the chain base trains on (see the module docstring), its decoy worlds drawn from ``seed``.
 
-    ``teacher_rounds``: feedback-teacher conversations per training problem, each in other decoy worlds.
+    ``teacher_rounds``: feedback-teacher conversations per training problem, each in other decoy worlds;
+    ``general_demos`` and ``general_direct``: the general problems with a tool-use episode and with a direct
+    answer (None: as many as there are rule problems, and every one). The decoy problems are the training
+    problems in other worlds, or with ``fresh`` (the world's config) problems of their own shape each
+    (``molrl.demo.chain.fresh_problems``), never starting from a held-out start.
     """
     rule = world.rule_train
     keys = iter(decoy_keys(seed, (2 + 2 * teacher_rounds) * len(rule)))
-    demo_tasks = [decoy(t, next(keys)) for t in rule]
-    direct = [decoy(t, next(keys)) for t in rule]
-    attempts = [decoy(t, next(keys)) for _ in range(teacher_rounds) for t in rule]
-    hinted = [decoy(t, next(keys)) for _ in range(teacher_rounds) for t in rule]
+    if fresh is None:
+        shapes = [(t.meta["input"], t.meta["steps"]) for t in rule] * (2 + teacher_rounds)
+    else:
+        avoid = {t.meta["input"] for t in world.rule_heldout}
+        shapes = fresh_problems(fresh, avoid, (2 + teacher_rounds) * len(rule), seed)
+    problems = iter([chain_task("f", "0123456789", start, steps) for start, steps in shapes])
+    demo_tasks = [decoy(next(problems), next(keys)) for _ in rule]
+    direct = [decoy(next(problems), next(keys)) for _ in rule]
+    asked = [next(problems) for _ in range(teacher_rounds) for _ in rule]  # one problem, two decoy worlds each
+    attempts = [decoy(t, next(keys)) for t in asked]
+    hinted = [decoy(t, next(keys)) for t in asked]
     general_demos = len(rule) if general_demos is None else general_demos
     return [
         *demonstration_traces([*demo_tasks, *world.general_train[:general_demos]], tokenizer, episode, pool),
         *teacher_traces(attempts, hinted, pool, math_prompt),
         *direct_traces(direct, [t.meta["decoy_key"] for t in direct], kind="domain", math_prompt=math_prompt),
-        *direct_traces(world.general_train, math_prompt=math_prompt),
+        *direct_traces(world.general_train[:general_direct], math_prompt=math_prompt),
     ]
 
 
@@ -193,7 +242,12 @@ def build_chain_base(world: World, preset: Any, base_dir: Path, episode: Any, ma
         log.info("%s: base model already trained, reused", base_dir)
         return base_dir
     with SandboxPool(SandboxConfig(workers=2)) as pool:
-        traces = chain_base_traces(world, preset.world.seed, build_tiny_tokenizer("chatml"), episode, pool, math_prompt)
-    train_base(traces, preset.base, base_dir, make_example=chain_example)
+        traces = chain_base_traces(world, preset.world.seed, build_tiny_tokenizer("chatml"), episode, pool, math_prompt,
+                                   general_demos=None if preset.base.general_tool_use else 0,
+                                   teacher_rounds=preset.base.teacher_rounds, general_direct=preset.base.general_direct,
+                                   fresh=preset.world if preset.base.fresh_decoys else None)
+    make_example = functools.partial(chain_example, attempt_values=preset.base.attempt_values,
+                                     repeat_values=preset.base.repeat_values, guess_others=preset.base.guess_others)
+    train_base(traces, preset.base, base_dir, make_example=make_example)
     marker.write_text(json.dumps(made_of))
     return base_dir

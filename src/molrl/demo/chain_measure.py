@@ -7,7 +7,9 @@
   as on-policy distillation's feedback teacher reads them), then answers greedily. Beside it, the
   student's accuracy without the feedback.
 - Entropy (nats) of the base's next-token distribution on the correct solution, teacher-forced,
-  at the rule's steps (the value after ``f(n) = ``) and at every other completion token (format).
+  at the rule's steps (the value after ``f(n) = ``) and at every other completion token (format);
+  and how many of the rule's values the feedback teacher, teacher-forced on the correct solution
+  after reading the feedback, ranks first (what its per-token signal knows, beyond the boxed answer).
 
 The maths (percentiles, the position split) is in pure functions; ``measure_world`` runs the model.
 """
@@ -20,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from molrl.demo.chain_base import RULE_VALUE, direct_solution
+from molrl.demo.chain_base import RULE_STEP, RULE_VALUE, direct_solution
 from molrl.demo.world import World
 from molrl.tasks import Task
 
@@ -49,6 +51,16 @@ class WorldProperties:
     """Rule-step positions the entropy is averaged over."""
     format_positions: int
     """Format positions the entropy is averaged over."""
+    first_rule_entropy: float = math.nan
+    """Mean entropy at the rule steps that state a digit's value for the first time in the solution (a later
+    step on the same digit can be a copy of it)."""
+    first_rule_positions: int = 0
+    """First-statement positions that entropy is averaged over."""
+    teacher_step_accuracy: float = math.nan
+    """Fraction of the rule's values in the correct solution that the feedback teacher, teacher-forced on that
+    solution, predicts by its most likely token: what its per-token signal knows beyond the boxed answer."""
+    teacher_step_positions: int = 0
+    """Rule-step positions that fraction is over."""
 
 
 def percentiles(values: Sequence[float]) -> dict[str, float]:
@@ -65,6 +77,21 @@ def percentiles(values: Sequence[float]) -> dict[str, float]:
 def rule_step_chars(completion: str) -> list[int]:
     """Character offsets of the rule's values in a completion: rule_step_chars('1: f(472) = 3\\n') == [12]."""
     return [m.start(1) for m in RULE_VALUE.finditer(completion)]
+
+
+def first_statement_chars(completion: str) -> list[int]:
+    """Offsets of the rule's values on a last digit the completion has not stepped from before.
+
+    >>> first_statement_chars('3: f(472) = 3\\n2: f(3) = 2\\n1: f(2) = 3\\n')  # f(2) repeats f(472)
+    [12, 24]
+    """
+    seen: set[str] = set()
+    out = []
+    for m in RULE_STEP.finditer(completion):
+        if m.group(1)[-1] not in seen:
+            out.append(m.start(2))
+        seen.add(m.group(1)[-1])
+    return out
 
 
 def measure_world(world: World, base_dir: Path, world_dir: Path, cfg: Any, samples: int = 4) -> str:
@@ -113,7 +140,9 @@ def _measure(model: Any, tokenizer: Any, tasks: Sequence[Task], key: str, settin
                            for row in zip(tasks, greedy, student, probes)]
         taught = [c[0] for c in gen.generate(teacher_prompts, SamplingConfig(temperature=0.0, max_new_tokens=limit))]
         teacher = grade(tasks, taught, pool)
-    rule, fmt = _entropies(model, tokenizer, tasks, prompts, key)
+    rule, fmt, first = _entropies(model, tokenizer, tasks, prompts, key)
+    steps = [hit for task, prompt in zip(tasks, teacher_prompts) for hit in _steps_ranked_first(model, tokenizer,
+                                                                                              task, prompt, key)]
     return WorldProperties(
         problems=len(tasks), samples=samples,
         sampled_lengths=percentiles([count(c) for group in sampled for c in group]),
@@ -121,7 +150,9 @@ def _measure(model: Any, tokenizer: Any, tasks: Sequence[Task], key: str, settin
         student_accuracy=sum(g.correct for g in student) / len(tasks),
         teacher_accuracy=sum(g.correct for g in teacher) / len(tasks),
         rule_entropy=sum(rule) / max(len(rule), 1), format_entropy=sum(fmt) / max(len(fmt), 1),
-        rule_positions=len(rule), format_positions=len(fmt))
+        rule_positions=len(rule), format_positions=len(fmt),
+        first_rule_entropy=sum(first) / max(len(first), 1), first_rule_positions=len(first),
+        teacher_step_accuracy=sum(steps) / max(len(steps), 1), teacher_step_positions=len(steps))
 
 
 def _teacher_prompt(tokenizer: Any, task: Task, attempt: str, graded: Any, probe: Any, math_prompt: str) -> str:
@@ -142,11 +173,12 @@ def _teacher_prompt(tokenizer: Any, task: Task, attempt: str, graded: Any, probe
 
 
 def _entropies(model: Any, tokenizer: Any, tasks: Sequence[Task], prompts: Sequence[str],
-               key: str) -> tuple[list[float], list[float]]:
-    """Next-token entropies on each correct solution, teacher-forced: (at rule steps, at every other token)."""
+               key: str) -> tuple[list[float], list[float], list[float]]:
+    """Next-token entropies on each correct solution, teacher-forced: (at rule steps, at every other token, at
+    the rule steps that state a digit's value first)."""
     import torch
 
-    rule, fmt = [], []
+    rule, fmt, first = [], [], []
     for task, prompt in zip(tasks, prompts):
         solution = direct_solution(task, key)
         prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
@@ -154,10 +186,26 @@ def _entropies(model: Any, tokenizer: Any, tasks: Sequence[Task], prompts: Seque
         ids = torch.tensor([prompt_ids + enc["input_ids"] + [tokenizer.eos_token_id]])  # [1, P + C + 1]
         logps = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float().log_softmax(-1)  # [C + 1, V]
         entropy = (-(logps.exp() * logps).sum(-1)).tolist()
-        steps = set(rule_step_chars(solution))
+        steps, firsts = set(rule_step_chars(solution)), set(first_statement_chars(solution))
         for (start, _), h in zip(enc["offset_mapping"] + [(-1, -1)], entropy):
             (rule if start in steps else fmt).append(h)
-    return rule, fmt
+            if start in firsts:
+                first.append(h)
+    return rule, fmt, first
+
+
+def _steps_ranked_first(model: Any, tokenizer: Any, task: Task, prompt: str, key: str) -> list[bool]:
+    """For each rule value of ``task``'s correct solution after ``prompt``, teacher-forced: is it the most likely token?"""
+    import torch
+
+    solution = direct_solution(task, key)
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    enc = tokenizer(solution, add_special_tokens=False, return_offsets_mapping=True)
+    ids = torch.tensor([prompt_ids + enc["input_ids"]])  # [1, P + C]
+    ranked = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].argmax(-1).tolist()  # [C]
+    steps = set(rule_step_chars(solution))
+    return [top == token for (start, _), top, token in zip(enc["offset_mapping"], ranked, enc["input_ids"])
+            if start in steps]
 
 
 def properties_markdown(p: WorldProperties) -> str:
@@ -175,7 +223,11 @@ def properties_markdown(p: WorldProperties) -> str:
         f"| completion tokens, greedy | p50 {g['p50']:.0f}, p90 {g['p90']:.0f}, max {g['max']:.0f} |",
         f"| accuracy without feedback (the student) | {p.student_accuracy:.3f} |",
         f"| accuracy reading the feedback (the teacher) | {p.teacher_accuracy:.3f} |",
+        f"| rule values the teacher ranks first, teacher-forced ({p.teacher_step_positions} positions) | "
+        f"{p.teacher_step_accuracy:.3f} |",
         f"| entropy at rule steps ({p.rule_positions} positions) | {p.rule_entropy:.3f} nats |",
+        f"| entropy at rule steps on a digit first stepped from ({p.first_rule_positions} positions) | "
+        f"{p.first_rule_entropy:.3f} nats |",
         f"| entropy at format tokens ({p.format_positions} positions) | {p.format_entropy:.3f} nats |",
         "",
     ])

@@ -93,11 +93,18 @@ CHAIN_PRESETS = {
 }
 """``molrl demo`` (the default world): the chain world with chains of 1-6 steps (``molrl.demo.chain``)."""
 
+LONG_BASE = BaseModelConfig(num_layers=3, steps=1200, short_steps=700, batch_size=12, micro_batch_size=6,
+                            copy_weight=10.0, teacher_rounds=4, attempt_values="context", repeat_values=True,
+                            guess_others=True, general_tool_use=False, general_direct=800, fresh_decoys=True)
+"""The long world's base: the chain base's model, trained so that it reads long feedback (``molrl.demo.chain_base``):
+copies out of feedback weighted and never opposed by a uniform target, decoy problems of their own shape, a cheap
+first phase on short sequences, and no rule guessed as mapping a digit to itself; about 5 minutes on 2 cores."""
+
 LONG_PRESETS = {
-    "default": DemoPreset(world=ChainWorldConfig(), base=BaseModelConfig(num_layers=3, steps=400)),
+    "default": DemoPreset(world=ChainWorldConfig(), base=LONG_BASE),
     "quick": DemoPreset(
         world=ChainWorldConfig(train_problems=100, heldout_problems=30, general_train=200, general_eval=30),
-        base=BaseModelConfig(steps=120),
+        base=replace(LONG_BASE, num_layers=2, steps=120, short_steps=60),
         pipeline_overrides=["mol.train.max_steps=20", "grpo.max_steps=5", "grpo.prompts_per_step=4"],
     ),
 }
