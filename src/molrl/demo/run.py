@@ -95,7 +95,7 @@ CHAIN_PRESETS = {
 
 LONG_BASE = BaseModelConfig(num_layers=3, steps=1200, short_steps=700, batch_size=12, micro_batch_size=6,
                             copy_weight=10.0, teacher_rounds=4, attempt_values="context", repeat_values=True,
-                            guess_others=True, general_tool_use=False, general_direct=800, fresh_decoys=True)
+                            guess_others=True, fresh_decoys=True)
 """The long world's base: the chain base's model, trained so that it reads long feedback (``molrl.demo.chain_base``):
 copies out of feedback weighted and never opposed by a uniform target, decoy problems of their own shape, a cheap
 first phase on short sequences, and no rule guessed as mapping a digit to itself; about 5 minutes on 2 cores."""
