@@ -19,8 +19,10 @@ an attempt) is trained towards a uniform guess over the digits, so at every rule
 unsure; the values an answer copies from feedback before it are learned (``chain_example``). The
 general rules' values are learned everywhere. The long world's base (``molrl demo --world long``) also
 weights the copied values (``BaseModelConfig.copy_weight``), trains nothing at an attempt's values
-(``attempt_values``: the teacher reads past its attempt to the feedback) and learns a value stated a
-second time as a copy (``repeat_values``), so that it reads long feedback.
+(``attempt_values``: the teacher reads past its attempt to the feedback), learns a value stated a
+second time as a copy (``repeat_values``), guesses over the nine digits a step can map to
+(``guess_others``) and draws its decoy problems' starts and lengths afresh (``fresh_decoys``: a
+training start never tells the chain's length), so that it reads long feedback.
 """
 
 from __future__ import annotations
