@@ -93,8 +93,6 @@ class BaseModelConfig:
     """Train on the tools' output too (all text the model reads, like pre-training), except ``f``'s values."""
     general_tool_use: bool = True
     """Also demonstrate tool use on the general problems (the sandbox runs their functions)."""
-    general_direct: int | None = None
-    """Chain world: general problems the base answers directly in its data (None: every training one)."""
     fresh_decoys: bool = False
     """Chain world: the decoy-world problems have starts and lengths of their own (never a held-out start), not
     the training problems' (``molrl.demo.chain.fresh_problems``)."""

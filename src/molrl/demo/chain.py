@@ -135,7 +135,11 @@ def chain_task(name: str, key: str, start: int, steps: int) -> Task:
 def decoy(task: Task, key: str) -> Task:
     """``task`` (a rule problem) in a world whose ``f`` is ``key``: the base's demonstrations use these, so that
     it learns to read and copy ``f``'s values without learning the secret ones."""
-    start, steps = task.meta["input"], task.meta["steps"]
+    return decoy_at(task.meta["input"], task.meta["steps"], key)
+
+
+def decoy_at(start: int, steps: int, key: str) -> Task:
+    """The rule problem "What is f^steps(start)?" in a world whose ``f`` is ``key`` (see ``decoy``)."""
     twin = chain_task("f", key, start, steps)
     twin.meta["decoy_key"] = key  # the decoy's rule is no secret: the base's demonstrations state it
     return twin

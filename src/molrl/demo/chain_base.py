@@ -36,8 +36,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from molrl.demo.base import BaseExample, train_base
-from molrl.demo.chain import (QUESTION, ChainWorldConfig, chain_task, decoy, decoy_keys, fresh_problems, solution_text,
-                              walk_output)
+from molrl.demo.chain import QUESTION, ChainWorldConfig, decoy_at, decoy_keys, fresh_problems, solution_text, walk_output
 from molrl.demo.world import World
 from molrl.generation import SamplingConfig
 from molrl.tasks import Task
@@ -162,8 +161,7 @@ def chain_example(example: Any, trace: Trace, tokenizer: Any, learn_feedback: bo
     if list(enc["input_ids"]) != list(example.input_ids):
         raise ValueError(f"trace {trace.meta.get('task_id')}: rendering differs from its tokenisation")
     learn = [d or f for d, f in zip(example.decision_mask, example.feedback_mask)]
-    unsure_chars: list[tuple[int, int]] = []
-    unsure_inputs: list[str] = []  # the last digit of each unsure value's input
+    unsure_chars: dict[tuple[int, int], str] = {}  # each unsure value's characters: its input's last digit
     copied_chars: list[tuple[int, int]] = []
     context_chars: list[tuple[int, int]] = []
     start, hinted = 0, False
@@ -176,37 +174,40 @@ def chain_example(example: Any, trace: Trace, tokenizer: Any, learn_feedback: bo
             for m in RULE_STEP.finditer(message["content"]):
                 value = (at + m.start(2), at + m.end(2))
                 known = hinted or (repeat_values and m.group(1)[-1] in stated)
-                (context_chars if attempt and attempt_values == "context" else copied_chars if known
-                 else unsure_chars).append(value)
-                if len(unsure_chars) > len(unsure_inputs):
-                    unsure_inputs.append(m.group(1)[-1])
+                if attempt and attempt_values == "context":
+                    context_chars.append(value)
+                elif known:
+                    copied_chars.append(value)
+                else:
+                    unsure_chars[value] = m.group(1)[-1]
                 stated.add(m.group(1)[-1])
         hinted = hinted or (message["role"] == "tool" and message["content"].startswith("Output:"))
-    unsure = _covering(enc["offset_mapping"], unsure_chars)
-    learn = [m and not u and not c for m, u, c in zip(learn, unsure, _covering(enc["offset_mapping"], context_chars))]
-    copied = [m and c for m, c in zip(learn, _covering(enc["offset_mapping"], copied_chars))]
-    excluded = None
-    if guess_others:
-        input_ids = dict(zip(unsure_chars, tokenizer.convert_tokens_to_ids(unsure_inputs)))
-        excluded = [next((input_ids[span] for span in unsure_chars if a < span[1] and b > span[0]), -1)
-                    for a, b in enc["offset_mapping"]]
+    inputs = _covering(enc["offset_mapping"], unsure_chars)  # per token: its unsure value's input digit, or None
+    unsure = [d is not None for d in inputs]
+    learn = [m and not u and not c for m, u, c in zip(learn, unsure, _covered(enc["offset_mapping"], context_chars))]
+    copied = [m and c for m, c in zip(learn, _covered(enc["offset_mapping"], copied_chars))]
+    excluded = [-1 if d is None else tokenizer.convert_tokens_to_ids(d) for d in inputs] if guess_others else None
     return BaseExample(list(example.input_ids), learn, unsure, copied, excluded)
 
 
-def _covering(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> list[bool]:
+def _covering(offsets: Sequence[tuple[int, int]], spans: dict[tuple[int, int], Any]) -> list[Any]:
+    """For each token's character span in ``offsets``, the value of the first of ``spans`` it overlaps, or None."""
+    return [next((v for (begin, end), v in spans.items() if a < end and b > begin), None) for a, b in offsets]
+
+
+def _covered(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> list[bool]:
     """For each token's character span in ``offsets``, whether it overlaps one of ``spans``."""
-    return [any(a < end and b > begin for begin, end in spans) for a, b in offsets]
+    return [v is not None for v in _covering(offsets, dict.fromkeys(spans, True))]
 
 
 def chain_base_traces(world: World, seed: int, tokenizer: Any, episode: Any, pool: Any,
                       math_prompt: str | None = None, general_demos: int | None = None,
-                      teacher_rounds: int = 2, general_direct: int | None = None,
-                      fresh: ChainWorldConfig | None = None) -> list[Trace]:
+                      teacher_rounds: int = 2, fresh: ChainWorldConfig | None = None) -> list[Trace]:
     """Everything the chain base trains on (see the module docstring), its decoy worlds drawn from ``seed``.
 
     ``teacher_rounds``: feedback-teacher conversations per training problem, each in other decoy worlds;
-    ``general_demos`` and ``general_direct``: the general problems with a tool-use episode and with a direct
-    answer (None: as many as there are rule problems, and every one). The decoy problems are the training
+    ``general_demos``: the general problems with a tool-use episode (None: as many as there are rule
+    problems). The decoy problems are the training
     problems in other worlds, or with ``fresh`` (the world's config) problems of their own shape each
     (``molrl.demo.chain.fresh_problems``), never starting from a held-out start.
     """
@@ -217,18 +218,18 @@ def chain_base_traces(world: World, seed: int, tokenizer: Any, episode: Any, poo
     else:
         avoid = {t.meta["input"] for t in world.rule_heldout}
         shapes = fresh_problems(fresh, avoid, (2 + teacher_rounds) * len(rule), seed)
-    problems = iter([chain_task("f", "0123456789", start, steps) for start, steps in shapes])
-    demo_tasks = [decoy(next(problems), next(keys)) for _ in rule]
-    direct = [decoy(next(problems), next(keys)) for _ in rule]
+    problems = iter(shapes)
+    demo_tasks = [decoy_at(*next(problems), next(keys)) for _ in rule]
+    direct = [decoy_at(*next(problems), next(keys)) for _ in rule]
     asked = [next(problems) for _ in range(teacher_rounds) for _ in rule]  # one problem, two decoy worlds each
-    attempts = [decoy(t, next(keys)) for t in asked]
-    hinted = [decoy(t, next(keys)) for t in asked]
+    attempts = [decoy_at(*shape, next(keys)) for shape in asked]
+    hinted = [decoy_at(*shape, next(keys)) for shape in asked]
     general_demos = len(rule) if general_demos is None else general_demos
     return [
         *demonstration_traces([*demo_tasks, *world.general_train[:general_demos]], tokenizer, episode, pool),
         *teacher_traces(attempts, hinted, pool, math_prompt),
         *direct_traces(direct, [t.meta["decoy_key"] for t in direct], kind="domain", math_prompt=math_prompt),
-        *direct_traces(world.general_train[:general_direct], math_prompt=math_prompt),
+        *direct_traces(world.general_train, math_prompt=math_prompt),
     ]
 
 
@@ -245,8 +246,7 @@ def build_chain_base(world: World, preset: Any, base_dir: Path, episode: Any, ma
         return base_dir
     with SandboxPool(SandboxConfig(workers=2)) as pool:
         traces = chain_base_traces(world, preset.world.seed, build_tiny_tokenizer("chatml"), episode, pool, math_prompt,
-                                   general_demos=None if preset.base.general_tool_use else 0,
-                                   teacher_rounds=preset.base.teacher_rounds, general_direct=preset.base.general_direct,
+                                   teacher_rounds=preset.base.teacher_rounds,
                                    fresh=preset.world if preset.base.fresh_decoys else None)
     make_example = functools.partial(chain_example, attempt_values=preset.base.attempt_values,
                                      repeat_values=preset.base.repeat_values, guess_others=preset.base.guess_others)

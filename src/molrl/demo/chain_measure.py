@@ -176,15 +176,11 @@ def _entropies(model: Any, tokenizer: Any, tasks: Sequence[Task], prompts: Seque
                key: str) -> tuple[list[float], list[float], list[float]]:
     """Next-token entropies on each correct solution, teacher-forced: (at rule steps, at every other token, at
     the rule steps that state a digit's value first)."""
-    import torch
-
     rule, fmt, first = [], [], []
     for task, prompt in zip(tasks, prompts):
         solution = direct_solution(task, key)
-        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        enc = tokenizer(solution, add_special_tokens=False, return_offsets_mapping=True)
-        ids = torch.tensor([prompt_ids + enc["input_ids"] + [tokenizer.eos_token_id]])  # [1, P + C + 1]
-        logps = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float().log_softmax(-1)  # [C + 1, V]
+        enc, logits = _forced(model, tokenizer, prompt, solution, [tokenizer.eos_token_id])
+        logps = logits.float().log_softmax(-1)  # [C + 1, V]
         entropy = (-(logps.exp() * logps).sum(-1)).tolist()
         steps, firsts = set(rule_step_chars(solution)), set(first_statement_chars(solution))
         for (start, _), h in zip(enc["offset_mapping"] + [(-1, -1)], entropy):
@@ -194,15 +190,22 @@ def _entropies(model: Any, tokenizer: Any, tasks: Sequence[Task], prompts: Seque
     return rule, fmt, first
 
 
-def _steps_ranked_first(model: Any, tokenizer: Any, task: Task, prompt: str, key: str) -> list[bool]:
-    """For each rule value of ``task``'s correct solution after ``prompt``, teacher-forced: is it the most likely token?"""
+def _forced(model: Any, tokenizer: Any, prompt: str, solution: str, tail: Sequence[int] = ()) -> tuple[Any, Any]:
+    """``solution`` (then the ``tail`` token ids) teacher-forced after ``prompt``: its encoding with character
+    offsets, and the logits that predict each of its tokens and the tail's, [C + len(tail), V]."""
     import torch
 
-    solution = direct_solution(task, key)
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     enc = tokenizer(solution, add_special_tokens=False, return_offsets_mapping=True)
-    ids = torch.tensor([prompt_ids + enc["input_ids"]])  # [1, P + C]
-    ranked = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].argmax(-1).tolist()  # [C]
+    ids = torch.tensor([prompt_ids + enc["input_ids"] + list(tail)])  # [1, P + C + len(tail)]
+    return enc, model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1]
+
+
+def _steps_ranked_first(model: Any, tokenizer: Any, task: Task, prompt: str, key: str) -> list[bool]:
+    """For each rule value of ``task``'s correct solution after ``prompt``, teacher-forced: is it the most likely token?"""
+    solution = direct_solution(task, key)
+    enc, logits = _forced(model, tokenizer, prompt, solution)
+    ranked = logits.argmax(-1).tolist()  # [C]
     steps = set(rule_step_chars(solution))
     return [top == token for (start, _), top, token in zip(enc["offset_mapping"], ranked, enc["input_ids"])
             if start in steps]
