@@ -1,9 +1,11 @@
 """Feedback before RL, during RL, or at test time, on one world, over seeds.
 
     python benchmarks/multiturn_rl.py [--out runs/multiturn] [--seeds 3] [--first 0] [--steps 80]
-                                      [--config configs/pipeline_tiny_multiturn.yaml]
+                                      [--world digit|long] [--config CONFIG]
 
-For each seed: the world, base and MoL model of ``molrl demo --world digit`` (``--config`` names its pipeline;
+For each seed: the world, base and MoL model of ``molrl demo --world WORLD`` (``--config`` names its pipeline,
+by default ``configs/pipeline_tiny_multiturn.yaml`` for the digit world, ``pipeline_long_multiturn.yaml`` for
+the long one;
 finished stages and evaluations are reused, so an interrupted run picks up where it stopped), then the
 RL runs of that config at ``--steps`` steps each:
 
@@ -34,12 +36,16 @@ from molrl.demo.seeds import cell
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_seed(out: Path, seed: int, steps: int, config: Path) -> tuple[Path, object]:
+CONFIGS = {"digit": "pipeline_tiny_multiturn.yaml", "long": "pipeline_long_multiturn.yaml"}
+"""Each world's pipeline with the five RL runs."""
+
+
+def run_seed(out: Path, seed: int, steps: int, config: Path, world_name: str = "digit") -> tuple[Path, object]:
     """The pipeline of seed ``seed`` (reused where finished) and its config."""
     from molrl.demo.run import prepare_seed, use_idle_threads
     from molrl.pipeline import run_pipeline
 
-    cfg, world, threads = prepare_seed(out, "default", [f"grpo.max_steps={steps}"], seed, config, "digit")
+    cfg, world, threads = prepare_seed(out, "default", [f"grpo.max_steps={steps}"], seed, config, world_name)
     run_pipeline(cfg, collect_tasks=world.rule_train, before_stage=lambda stage: use_idle_threads(threads, stage))
     return Path(cfg.output_dir), cfg
 
@@ -87,7 +93,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--first", type=int, default=0, help="first seed to run (several processes can split the seeds)")
     parser.add_argument("--steps", type=int, default=80)
-    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "pipeline_tiny_multiturn.yaml")
+    parser.add_argument("--world", choices=sorted(CONFIGS), default="digit")
+    parser.add_argument("--config", type=Path, help="the pipeline (default: the world's in CONFIGS)")
     parser.add_argument("--table", action="store_true",
                         help="run nothing: tabulate the seeds under --out whose runs and evaluations have all finished")
     args = parser.parse_args()
@@ -101,7 +108,8 @@ def main() -> None:
                 continue
             pipeline, cfg = found
         else:
-            pipeline, cfg = run_seed(Path(args.out) / f"seed-{seed}", seed, args.steps, args.config)
+            config = args.config or ROOT / "configs" / CONFIGS[args.world]
+            pipeline, cfg = run_seed(Path(args.out) / f"seed-{seed}", seed, args.steps, config, args.world)
         add_seed(rows, pipeline, cfg, evaluate=not args.table)
         seeds.append(seed)
         print(f"seed {seed} done in {time.time() - started:.0f} s ({pipeline})", flush=True)

@@ -1,13 +1,15 @@
 """PROPS' control: a frozen policy on repeated prompts, the sampling error split by the entropy of the state.
 
     python benchmarks/props_control.py --run DEMO_RUN_DIR [--out runs/props_control] [--seeds 3] [--steps 20]
+                                       [--max-completion-length 48]
 
 ``DEMO_RUN_DIR`` is a finished ``molrl demo`` run (its ``base/``, ``world/rl_train.jsonl`` and MoL adapter
 ``pipeline/mol/mol/adapter``), of either world. The policy is the MoL model with learning rate 0, so it
 never moves: what changes between arms is only which policy samples. Every step samples the same
 ``--prompts`` prompts (G = 8 each, in 2 rounds of 4), and the sampling error is measured on the rows of
 each update (the step's and the previous step's: ``rollout.buffer_batches=2``) against the frozen policy,
-split at ``--split`` nats of the policy's entropy at the state:
+split at ``--split`` nats of the policy's entropy at the state. ``--max-completion-length`` is the world's
+(48 for the digit world, 352 for the long one):
 
 - ``on-policy``: the frozen policy samples every round;
 - ``props``: PROPS' behaviour adapter, refit from the policy before every round on the buffer and the step's
@@ -37,7 +39,8 @@ ARMS = {
 """Arm name -> rollout.behaviour and props.min_entropy."""
 
 
-def config(run: Path, out: Path, arm: dict, seed: int, steps: int, prompts: int, split: float):
+def config(run: Path, out: Path, arm: dict, seed: int, steps: int, prompts: int, split: float,
+           max_completion_length: int = 48):
     from molrl.rl.config import LoraSettings, PolicyConfig, RlConfig, TaskSource
     from molrl.tasks.types import JsonlSpec
 
@@ -47,7 +50,8 @@ def config(run: Path, out: Path, arm: dict, seed: int, steps: int, prompts: int,
         train=TaskSource(path=run / "world" / "rl_train.jsonl", format="jsonl", limit=prompts,
                          spec=JsonlSpec(kind="math")),
         algorithm="grpo", enable_thinking=True, math_prompt="{prompt}", num_generations=8, prompts_per_step=prompts,
-        micro_batch_size=8 * prompts, max_prompt_length=256, max_completion_length=48, temperature=1.0,
+        micro_batch_size=8 * prompts, max_prompt_length=256, max_completion_length=max_completion_length,
+        temperature=1.0,
         learning_rate=0.0, beta=0.0, max_steps=steps, save_steps=10_000, seed=seed)
     cfg.rollout.behaviour, cfg.rollout.rounds, cfg.rollout.buffer_batches = arm["behaviour"], 2, 2
     cfg.rollout.sampling_error_split = split
@@ -73,6 +77,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--prompts", type=int, default=2)
     parser.add_argument("--split", type=float, default=0.5, help="entropy (nats) between low and high states")
+    parser.add_argument("--max-completion-length", type=int, default=48)
     args = parser.parse_args()
     from molrl.rl import run_rl
 
@@ -81,7 +86,8 @@ def main() -> None:
         for arm, settings in ARMS.items():
             out = args.out / f"seed-{seed}" / arm
             if not (out / "adapter").is_dir():  # finished runs are reused
-                run_rl(config(args.run, out, settings, seed, args.steps, args.prompts, args.split))
+                run_rl(config(args.run, out, settings, seed, args.steps, args.prompts, args.split,
+                              args.max_completion_length))
             results[arm].append(figures(out))
     print(f"\n{args.seeds} seeds x {args.steps} steps, frozen policy, {args.prompts} prompts repeated every step; "
           f"mean ± s.e. over seeds [per seed], steps 3..{args.steps}")

@@ -65,7 +65,8 @@ def overrides(world: Path, every: int, runs_of_set: dict, world_name: str = "dig
 
 def run_seed(out: Path, seed: int, every: int, runs_of_set: dict, world_name: str = "digit", preset: str = "default",
              extra: list[str] | None = None) -> Path:
-    """The pipeline of ``seed`` with the runs of ``runs_of_set`` (finished stages reused); its output directory.
+    """The pipeline of ``seed`` with the runs of ``runs_of_set`` (finished stages reused, the world measured); its
+    output directory.
 
     ``preset`` is the demo preset (``quick`` for a check of the benchmark itself); ``extra`` more overrides."""
     from molrl.demo.run import prepare_seed, use_idle_threads
@@ -74,6 +75,10 @@ def run_seed(out: Path, seed: int, every: int, runs_of_set: dict, world_name: st
     cfg, world, threads = prepare_seed(out, preset, [*overrides(out / "world", every, runs_of_set, world_name),
                                                      *(extra or [])], seed, world_name=world_name)
     run_pipeline(cfg, collect_tasks=world.rule_train, before_stage=lambda stage: use_idle_threads(threads, stage))
+    if world_name != "digit":  # the chain worlds' measured properties (world/properties.json), as the demo writes
+        from molrl.demo.chain_measure import measure_world
+
+        measure_world(world, out / "base", out / "world", cfg)
     return Path(cfg.output_dir)
 
 

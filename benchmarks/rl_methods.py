@@ -1,11 +1,11 @@
 """Each added RL method where its mechanism can act: its paper's claim and the control that separates the
 code from the world, on the long-chain world, over seeds, in one command.
 
-    python benchmarks/rl_methods.py [--out runs/rl_methods] [--seeds 3] [--every 10] [--world long] [--table]
-                                    [--quick]
+    python benchmarks/rl_methods.py [--out runs/rl_methods] [--seeds 3] [--first 0] [--steps 80] [--every 10]
+                                    [--world long] [--table] [--quick]
 
 For each seed: the world, base and MoL model of ``molrl demo --world long`` (reused when already on disk),
-then these RL runs of the demo's length from the same models (``benchmarks/rl_demo.py`` does the running;
+then these RL runs of ``--steps`` steps (the demo's 80 by default) from the same models (``benchmarks/rl_demo.py`` does the running;
 every finished run is reused, so a killed comparison continues where it stopped, across sessions):
 
 =====================  ============================================================================
@@ -16,6 +16,8 @@ mol+dr_grpo            the PPO control's reference
 mol+grpo_partial       partial rollouts (APRIL): rollout throughput vs mol+grpo in training
 mol+ppo                token-level PPO, separate critic (MA-RLHF's layout)
 mol+ppo_fixed5         PPO over macro actions of 5 tokens: steps to mol+ppo's final reward
+mol+ppo_parsing        PPO over macro actions cut at the syntax's boundaries (lines, brackets)
+mol+ppo_ppl            PPO over macro actions cut where the policy's perplexity jumps
 mol+ppo_group_mean     control: the critic replaced by the group mean, gamma = lam = 1, beta = 0:
                        its advantages are Dr.GRPO's, so it must track mol+dr_grpo
 mol+opd                OPD, the feedback-reading teacher (lambda 1): steps to mol+grpo's held-out
@@ -30,7 +32,8 @@ mol+props              PROPS: sampling error and reward per completion vs mol+gr
 Printed per claim: the figures with mean ± standard error over seeds and per-seed values, and a verdict
 against the paper's number (partial rollouts +22.5% rollout throughput; macro actions reach token PPO's
 final reward in <= 0.6x the steps; OPD reaches mol+grpo's held-out accuracy in <= 0.5x the steps).
-``--table`` prints from the finished seeds only, without running anything. ``--quick`` checks the benchmark
+Rewards are compared over 5-step windows. ``--first`` starts at a later seed, so that several processes can
+split the seeds. ``--table`` prints from the finished seeds only, without running anything. ``--quick`` checks the benchmark
 itself in minutes (the demo's quick preset, 4 RL steps per run; its figures mean nothing).
 """
 
@@ -46,24 +49,31 @@ from rl_demo import curve, final_accuracy, metric_windows, metrics, reward_windo
 from molrl.demo.seeds import cell, mean_se
 
 
-def runs(out: Path) -> dict[str, tuple[str, list[str]]]:
-    """The comparison's runs {name: (start, overrides)}; ``out`` is the seed's pipeline directory."""
+def runs(out: Path, steps: int = 80) -> dict[str, tuple[str, list[str]]]:
+    """The comparison's runs {name: (start, overrides)}; ``out`` is the seed's pipeline directory.
+
+    The controls (``mol+dr_grpo``, ``mol+ppo_group_mean``) and the PROPS pair run a quarter of ``steps``: the
+    controls check advantages and rewards step by step, and a PROPS step costs several on-policy steps."""
     strong = out / "grpo" / "mol+grpo" / "adapter"  # mol+grpo runs first, so its adapter exists by then
+    short = f"max_steps={max(1, steps // 4)}"
     return {
         "mol+grpo": ("mol", ["algorithm=grpo"]),
-        "mol+dr_grpo": ("mol", ["algorithm=dr_grpo"]),
+        "mol+dr_grpo": ("mol", ["algorithm=dr_grpo", short]),
         "mol+grpo_partial": ("mol", ["algorithm=grpo", "rollout.partial=true", "rollout.over_provision=2.0"]),
         "mol+ppo": ("mol", ["algorithm=ppo", "macro.rule=token", "ppo.critic=separate"]),
         "mol+ppo_fixed5": ("mol", ["algorithm=ppo", "macro.rule=fixed:5", "ppo.critic=separate"]),
+        "mol+ppo_parsing": ("mol", ["algorithm=ppo", "macro.rule=parsing", "ppo.critic=separate"]),
+        "mol+ppo_ppl": ("mol", ["algorithm=ppo", "macro.rule=ppl", "ppo.critic=separate"]),
         "mol+ppo_group_mean": ("mol", ["algorithm=ppo", "macro.rule=token", "ppo.critic=group_mean", "ppo.gamma=1.0",
-                                       "ppo.lam=1.0", "beta=0"]),
+                                       "ppo.lam=1.0", "beta=0", short]),
         "mol+opd": ("mol", ["algorithm=opd", "beta=0", "opd.teacher=feedback", "opd.lam=1.0"]),
         "mol+exopd": ("mol", ["algorithm=opd", "beta=0", "opd.teacher=feedback", "opd.lam=1.25"]),
         "mol+opd_self": ("mol", ["algorithm=opd", "beta=0", "opd.teacher=feedback", "opd.teacher_weights=current"]),
         "mol+opd_strong": ("mol", ["algorithm=opd", "beta=0", "opd.teacher=model", f"opd.teacher_model={strong}"]),
         "mol+grpo_buffer2": ("mol", ["algorithm=grpo", "rollout.rounds=2", "rollout.buffer_batches=2",
-                                     "rollout.sampling_error_split=0.5"]),
-        "mol+props": ("mol", ["algorithm=grpo", "rollout.behaviour=props", "rollout.sampling_error_split=0.5"]),
+                                     "rollout.sampling_error_split=0.5", short]),
+        "mol+props": ("mol", ["algorithm=grpo", "rollout.behaviour=props", "rollout.sampling_error_split=0.5",
+                              short]),
     }
 
 
@@ -79,7 +89,11 @@ def rollout_throughput(pipeline: Path, run: str) -> float:
     return tokens / seconds
 
 
-def first_window(windows: list[float], target: float, width: int = 10) -> int | None:
+WINDOW = 5
+"""Steps per reward window."""
+
+
+def first_window(windows: list[float], target: float, width: int = WINDOW) -> int | None:
     """The last step of the first ``width``-step window whose mean reward reaches ``target``; None if none does."""
     hit = [i for i, value in enumerate(windows) if value >= target]
     return (hit[0] + 1) * width if hit else None
@@ -100,30 +114,55 @@ def ratio_cell(values: list[float | None]) -> str:
     return f"{mean:.2f} ± {se:.2f} [{shown}]"
 
 
-def report(pipelines: list[Path]) -> None:
-    names = list(runs(pipelines[0]))
-    print(f"\n{len(pipelines)} seed(s); mean ± standard error over seeds [per seed]\n")
-    print("| run | held-out | general | RL wall s |\n|---|---|---|---|")
+def mean_of(values: list[float | None]) -> float:
+    finite = [v for v in values if v is not None and not math.isnan(v)]
+    return sum(finite) / len(finite) if finite else math.nan
+
+
+def run_mean(pipeline: Path, run: str, key: str) -> float:
+    """Mean of ``key`` over the steps of ``run`` that logged it (nan if none did)."""
+    return (metric_windows(pipeline, run, key, 1000) or [math.nan])[0]
+
+
+def report(pipelines: list[Path]) -> list[str]:
+    """The comparison's table and one paragraph per claim, with its verdict, as markdown lines."""
+    names = list(runs(pipelines[0]))  # the names only: the step counts do not matter here
+    out = [f"{len(pipelines)} seed(s); mean ± standard error over seeds [per seed]", "",
+           "| run | RL steps | held-out | general | training reward | RL wall s |", "|---|---|---|---|---|---|"]
     for run in names:
         heldout = [final_accuracy(p, run, "heldout") for p in pipelines]
         general = [final_accuracy(p, run, "general") for p in pipelines]
-        print(f"| {run} | {cell(heldout)} | {cell(general)} | {cell([curve(p, run)[1] for p in pipelines], 0)} |")
+        reward = [run_mean(p, run, "reward") for p in pipelines]
+        steps = len([r for r in metrics(pipelines[0], run) if "reward" in r])
+        out.append(f"| {run} | {steps} | {cell(heldout)} | {cell(general)} | {cell(reward)} | "
+                   f"{cell([curve(p, run)[1] for p in pipelines], 0)} |")
 
     sync = [rollout_throughput(p, "mol+grpo") for p in pipelines]
     partial = [rollout_throughput(p, "mol+grpo_partial") for p in pipelines]
     gain = [b / a for a, b in zip(sync, partial)]
-    print(f"\n**Partial rollouts** (paper: +22.5% rollout throughput): tokens per generation-second, synchronous "
-          f"{cell(sync, 1)}, partial {cell(partial, 1)}; ratio {ratio_cell(gain)}: "
-          + ("holds" if mean_se(gain)[0] >= 1.225 else "does not reach the paper's figure"))
+    verdict = "holds" if mean_of(gain) >= 1.225 else "does not reach the paper's figure"
+    out += ["", f"**Partial rollouts** (paper: +22.5% rollout throughput): generated tokens per generation-second, "
+            f"synchronous {cell(sync, 1)}, partial {cell(partial, 1)}; ratio {ratio_cell(gain)}: {verdict}. Reward per "
+            f"completion, synchronous {cell([run_mean(p, 'mol+grpo', 'reward') for p in pipelines])}, partial "
+            f"{cell([run_mean(p, 'mol+grpo_partial', 'reward') for p in pipelines])}; off-policy token fraction "
+            f"{cell([run_mean(p, 'mol+grpo_partial', 'partial/off_policy_token_fraction') for p in pipelines])}."]
 
-    ppo = {run: [reward_windows(p, run) for p in pipelines] for run in ("mol+ppo", "mol+ppo_fixed5")}
+    macros = ("mol+ppo", "mol+ppo_fixed5", "mol+ppo_parsing", "mol+ppo_ppl")
+    ppo = {run: [reward_windows(p, run, WINDOW) for p in pipelines] for run in macros}
     steps = {run: [first_window(w, t[-1]) for w, t in zip(ppo[run], ppo["mol+ppo"])] for run in ppo}
     macro = [None if a is None or b is None else a / b for a, b in zip(steps["mol+ppo_fixed5"], steps["mol+ppo"])]
-    print(f"\n**PPO over macro actions** (paper: token PPO's final reward in 0.5-0.6x the steps): steps to mol+ppo's "
-          f"last-window reward, token {steps['mol+ppo']}, fixed:5 {steps['mol+ppo_fixed5']}; ratio {ratio_cell(macro)}")
+    verdict = "holds" if mean_of(macro) <= 0.6 else "does not hold"
+    out += ["", f"**PPO over macro actions** (paper: token PPO's final reward in 0.5-0.6x the steps): the last step of "
+            f"the first {WINDOW}-step window whose mean reward reaches mol+ppo's last window's, token {steps['mol+ppo']}, "
+            f"fixed:5 {steps['mol+ppo_fixed5']}; ratio {ratio_cell(macro)}: {verdict}."]
+    for run in macros:
+        out.append(f"- {run}: steps {steps[run]}; reward, first and last {WINDOW}-step window "
+                   f"{cell([w[0] for w in ppo[run]])} -> {cell([w[-1] for w in ppo[run]])}; macro actions per "
+                   f"completion {cell([run_mean(p, run, 'critic/macro_actions_per_completion') for p in pipelines], 1)}; "
+                   f"critic explained variance {cell([run_mean(p, run, 'critic/explained_variance') for p in pipelines])}")
     control = [abs(sum(a) / len(a) - sum(b) / len(b)) for a, b in
-               zip([reward_windows(p, "mol+ppo_group_mean") for p in pipelines],
-                   [reward_windows(p, "mol+dr_grpo") for p in pipelines])]
+               zip([reward_windows(p, "mol+ppo_group_mean", WINDOW) for p in pipelines],
+                   [reward_windows(p, "mol+dr_grpo", WINDOW) for p in pipelines])]
     first_steps = []
     for p in pipelines:
         adv = {}
@@ -131,33 +170,45 @@ def report(pipelines: list[Path]) -> None:
             lines = [json.loads(x) for x in (p / "grpo" / run / "completions.jsonl").read_text().splitlines()]
             adv[run] = [x["advantage"] for x in lines if x["step"] == 1]
         first_steps.append(max(abs(a - b) for a, b in zip(adv["mol+ppo_group_mean"], adv["mol+dr_grpo"])))
-    print(f"- control, group-mean critic vs dr_grpo: largest step-1 advantage difference {ratio_cell(first_steps)}; "
-          f"mean training reward difference over the run {cell(control)}")
+    out.append(f"- control, group-mean critic vs dr_grpo: largest step-1 advantage difference "
+               f"{ratio_cell(first_steps)}; mean training reward difference over the run {cell(control)}")
 
     target = [final_accuracy(p, "mol+grpo", "heldout") for p in pipelines]
     grpo_at = [first_eval(curve(p, "mol+grpo")[0], t) for p, t in zip(pipelines, target)]
-    print(f"\n**OPD** (goal: mol+grpo's held-out accuracy in <= 0.5x the steps); mol+grpo reaches it at {grpo_at}")
+    teacher = [json.loads((p.parent / "world" / "properties.json").read_text()) for p in pipelines]
+    out += ["", f"**OPD** (goal: mol+grpo's final held-out accuracy {cell(target)} in <= 0.5x its steps); mol+grpo "
+            f"reaches it at step {grpo_at}. The feedback teacher decodes {cell([t['teacher_accuracy'] for t in teacher])} "
+            f"with the feedback in its context, the student {cell([t['student_accuracy'] for t in teacher])} without."]
     for run in ("mol+opd", "mol+exopd", "mol+opd_self", "mol+opd_strong"):
         at = [first_eval(curve(p, run)[0], t) for p, t in zip(pipelines, target)]
         ratio = [None if a is None or g is None else a / g for a, g in zip(at, grpo_at)]
-        print(f"- {run}: steps {at}, ratio {ratio_cell(ratio)}, final held-out "
-              f"{cell([final_accuracy(p, run, 'heldout') for p in pipelines])}")
-    teacher = [(metric_windows(p, "mol+opd", "opd/teacher_minus_reference", 1000) or [math.nan])[0] for p in pipelines]
-    print(f"- the feedback teacher's log-ratio to the reference on the student's tokens, run mean {cell(teacher)}")
+        accuracy = {s: mean_of([curve(p, run)[0].get(s) for p in pipelines]) for s in sorted(curve(pipelines[0], run)[0])}
+        out.append(f"- {run}: steps {at}, ratio {ratio_cell(ratio)}, final held-out "
+                   f"{cell([final_accuracy(p, run, 'heldout') for p in pipelines])}; held-out by step (mean) "
+                   + ", ".join(f"{s}: {a:.2f}" for s, a in accuracy.items())
+                   + f"; teacher minus reference log-prob per token "
+                   f"{cell([run_mean(p, run, 'opd/teacher_minus_reference') for p in pipelines])}")
 
-    print("\n**PROPS** (paper: lower sampling error than on-policy sampling at small batch)")
+    out += ["", "**PROPS** (paper: lower sampling error than on-policy sampling at small batch)"]
     for run in ("mol+grpo_buffer2", "mol+props"):
-        figures = {key: [sum(metric_windows(p, run, key, 1000)) for p in pipelines]
+        figures = {key: [run_mean(p, run, key) for p in pipelines]
                    for key in ("sampling_error", "sampling_error/low_entropy", "sampling_error/high_entropy", "reward")}
-        print(f"- {run}: error {cell(figures['sampling_error'])}, at entropy < 0.5 "
-              f"{cell(figures['sampling_error/low_entropy'])}, >= 0.5 {cell(figures['sampling_error/high_entropy'])}, "
-              f"reward per completion {cell(figures['reward'])}")
+        out.append(f"- {run}: error {cell(figures['sampling_error'])}, at entropy < 0.5 "
+                   f"{cell(figures['sampling_error/low_entropy'])}, >= 0.5 {cell(figures['sampling_error/high_entropy'])}, "
+                   f"reward per completion {cell(figures['reward'])}")
+    ratio = [run_mean(p, "mol+props", "sampling_error") / run_mean(p, "mol+grpo_buffer2", "sampling_error")
+             for p in pipelines]
+    out.append(f"- error ratio PROPS / on-policy {ratio_cell(ratio)}: "
+               + ("lower, as the paper reports" if mean_of(ratio) < 1 else "not lower"))
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/rl_methods")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first", type=int, default=0, help="first seed to run")
+    parser.add_argument("--steps", type=int, default=80, help="RL steps per run")
     parser.add_argument("--every", type=int, default=10)
     parser.add_argument("--world", default="long")
     parser.add_argument("--table", action="store_true", help="print from the finished seeds; run nothing")
@@ -165,19 +216,22 @@ def main() -> None:
                         help="a check of the benchmark itself: the demo's quick preset and 4 RL steps per run")
     args = parser.parse_args()
     pipelines = []
-    for seed in range(args.seeds):
+    for seed in range(args.first, args.seeds):
         out = Path(args.out) / f"seed-{seed}"
         pipeline = out / "pipeline"
         if args.table:
-            if all((pipeline / "eval" / run / "results.json").is_file() for run in runs(pipeline)):
+            if all((pipeline / "eval" / run / "results.json").is_file() for run in runs(pipeline, args.steps)):
                 pipelines.append(pipeline)
             continue
-        quick = {"preset": "quick", "extra": ["grpo.max_steps=4"]} if args.quick else {}
-        pipelines.append(run_seed(out, seed, args.every, runs(pipeline), args.world, **quick))
-    if pipelines:
-        report(pipelines)
-    else:
+        steps = 4 if args.quick else args.steps
+        pipelines.append(run_seed(out, seed, args.every, runs(pipeline, steps), args.world,
+                                  "quick" if args.quick else "default", [f"grpo.max_steps={steps}"]))
+    if not pipelines:
         print("no finished seed yet")
+        return
+    lines = report(pipelines)
+    print("\n" + "\n".join(lines))
+    (Path(args.out) / "rl_methods.md").write_text("# Each RL method where its mechanism can act\n\n" + "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -91,6 +91,16 @@ def test_shipped_configs_build_every_stage_config(name, tmp_path):
     check_stages(cfg, tmp_path, in_memory=demo)
 
 
+def test_every_demo_preset_builds_every_stage_config(tmp_path):
+    from molrl.demo.run import WORLD_CONFIGS, WORLDS
+    from molrl.pipeline import check_stages
+
+    for world, presets in WORLDS.items():
+        for name, preset in presets.items():
+            cfg = load_pipeline_config(CONFIGS / WORLD_CONFIGS[world], ["model=m", *preset.pipeline_overrides])
+            check_stages(cfg, tmp_path / world / name, in_memory=True)
+
+
 def test_the_algorithms_config_extends_the_demo_config():
     from pathlib import Path
 

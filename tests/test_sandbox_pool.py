@@ -216,3 +216,20 @@ def test_a_slot_failing_to_start_stops_the_others(monkeypatch):
     with pytest.raises(MolrlError, match="cannot start"):
         SandboxPool(SandboxConfig(workers=3))
     assert len(started) == 2 and all(s.proc is None and s.cgroup.path is None for s in started)
+
+
+def test_a_python_started_by_a_path_through_its_cwd_still_starts_workers(tmp_path):
+    # `cd benchmarks && ../.venv/bin/python ...`: sys.executable then runs through the cwd, which the sandbox
+    # does not mount
+    import subprocess
+    import sys
+
+    here = tmp_path / "cwd"
+    here.mkdir()
+    python = os.path.relpath(sys.executable, here)
+    code = ("import sys; from molrl.sandbox import SandboxConfig, SandboxPool\n"
+            "assert '..' in sys.executable, sys.executable\n"
+            "with SandboxPool(SandboxConfig(workers=1)) as pool:\n    print(pool.run('print(6 * 7)').stdout.strip())")
+    done = subprocess.run([python, "-c", code], cwd=here, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "42"

@@ -105,7 +105,8 @@ LONG_PRESETS = {
     "quick": DemoPreset(
         world=ChainWorldConfig(train_problems=100, heldout_problems=30, general_train=200, general_eval=30),
         base=replace(LONG_BASE, num_layers=2, steps=120, short_steps=60),
-        pipeline_overrides=["mol.train.max_steps=20", "grpo.max_steps=5", "grpo.prompts_per_step=4"],
+        pipeline_overrides=["mol.train.max_steps=20", "grpo.max_steps=5", "grpo.prompts_per_step=4",
+                            "grpo.micro_batch_size=16"],
     ),
 }
 """``molrl demo --world long``: the chain world with chains of 1-24 steps, long-tailed, for telling RL methods apart."""

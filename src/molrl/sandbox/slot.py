@@ -63,10 +63,12 @@ class WorkerSlot:
     def __init__(self, index: int, cfg: SandboxConfig, backend: str, uid: int):
         self.index, self.cfg, self.backend, self.uid = index, cfg, backend, uid
         self.host_dir = tempfile.mkdtemp(prefix="molrl-slot-") if backend == "process" else None
+        # normalised: a python started as ../.venv/bin/python has the cwd in its path, which bwrap does not mount
+        python = os.path.normpath(sys.executable)
         if backend == "process":
-            self.prefix = [sys.executable, "-I", str(RUNTIME_DIR / "worker.py")]
+            self.prefix = [python, "-I", str(RUNTIME_DIR / "worker.py")]
         else:
-            self.prefix = bwrap_command(cfg) + [sys.executable, "-I", f"{SANDBOX_RUNTIME}/worker.py"]
+            self.prefix = bwrap_command(cfg) + [python, "-I", f"{SANDBOX_RUNTIME}/worker.py"]
         self.env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **THREAD_ENV}
         self.proc: subprocess.Popen | None = None
         limit = cfg.slot_memory_mb or 2 * cfg.memory_mb + 256
