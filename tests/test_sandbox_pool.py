@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 
 from molrl.sandbox import ExecJob, SandboxConfig, SandboxPool
 from molrl.sandbox.compare import normalise_output, values_equal
-from molrl.sandbox.runtime import codec
+from molrl.sandbox.runtime import cleanup, codec
 from molrl.tasks import Task, TestCase
 
 
@@ -146,6 +148,39 @@ def test_process_backend_warns_and_still_confines_time(caplog):
     assert (ok.status, ok.stdout) == ("ok", "4\n")
     assert looping.status == "timeout" and looping.info["stray_processes"] == 1
 
+
+
+def test_strays_are_looked_for_only_once_what_was_killed_has_died(monkeypatch):
+    """A dying parent hands its children to the subreaper, and the children files are read one
+    process at a time: a look during the hand-over can find the child in neither list and leave it
+    running (it did, once, on a loaded machine). A process with half a gigabyte to unmap dies slowly,
+    so a look straight after its kill sees it still dying."""
+    big = "b = b'x' * (1 << 29); print(1, flush=True); import time; time.sleep(60)"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        f"big = subprocess.Popen([sys.executable, '-c', {big!r}], stdout=subprocess.PIPE)\n"
+        "big.stdout.readline(); print(big.pid, flush=True); time.sleep(60)")], stdout=subprocess.PIPE)
+    try:
+        big_pid = int(holder.stdout.readline())
+        killed, looked_while_dying = set(), []
+        real_kill, real_killpg, real_look = os.kill, os.killpg, cleanup._task_processes
+
+        def kill(pid, sig, real=real_kill):
+            killed.add(pid)
+            real(pid, sig)
+
+        def look(*args):
+            looked_while_dying.extend(p for p in killed if not cleanup._is_zombie(p))
+            return real_look(*args)
+
+        monkeypatch.setattr(os, "kill", kill)
+        monkeypatch.setattr(os, "killpg", lambda pid, sig: kill(pid, sig, real_killpg))
+        monkeypatch.setattr(cleanup, "_task_processes", look)
+        assert cleanup.kill_all([big_pid], (None,), False, root=holder.pid) == 0
+        assert big_pid in killed and looked_while_dying == [] and cleanup._is_zombie(big_pid)
+    finally:
+        holder.kill()
+        holder.wait()
 
 def worker_pid(slot) -> int:
     """Host pid of the worker.py process under a slot's bwrap (or the slot's process itself)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import itertools
 import os
 import signal
 import time
@@ -51,9 +52,10 @@ def descendants(own_pid: int) -> set[int] | None:
 
 
 def _is_zombie(pid: int) -> bool:
+    """Whether ``pid`` has finished exiting: a zombie, dead, or gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+            return fh.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
     except OSError:
         return True
 
@@ -86,32 +88,55 @@ def _task_processes(uids: tuple, root: int, full_scan: bool) -> list[int]:
 
 def kill_all(pids: list[int], uids: tuple, full_scan: bool, root: int | None = None) -> int:
     """SIGKILL the job's process groups and every remaining job process (below ``root``, default this
-    process, or with ``full_scan`` under the job's uids); how many strays there were."""
+    process, or with ``full_scan`` under the job's uids); how many strays there were.
+
+    The tree is read before anything is killed, and each later look waits until what was killed
+    before it has died: a dying parent hands its children to the subreaper, and the children files
+    are read one process at a time, so a look during that hand-over can find the child in neither
+    list and leave it running.
+    """
+    own = os.getpid()
+    root = root or own
+    standing = [p for p in _task_processes(uids, root, full_scan) if p != own]
+    strays: set[int] = {p for p in standing if p not in pids}
     for pid in pids:
         for kill in (os.killpg, os.kill):
             try:
                 kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-    own = os.getpid()
-    strays: set[int] = set()
-    for attempt in range(10_000):
-        found = [p for p in _task_processes(uids, root or own, full_scan) if p not in pids and p != own]
-        if not found:
+    dying = _kill_each(strays) + list(pids)
+    until = time.monotonic() + 10.0
+    for attempt in itertools.count():
+        _wait_dead(dying, until)
+        found = [p for p in _task_processes(uids, root, full_scan) if p not in pids and p != own]
+        if not found or time.monotonic() > until:
             break
         strays.update(found)
         if attempt % 50 == 0:  # again now and then: kill(-1) as the uid catches whatever forked since
             for uid in uids:
                 if uid is not None:
                     _kill_uid(uid)
-        for p in found:
-            try:
-                os.kill(p, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        dying = _kill_each(found)
         reap_exited()
-        time.sleep(0.001)
     return len(strays)
+
+
+def _kill_each(pids) -> list[int]:
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return list(pids)
+
+
+def _wait_dead(pids: list[int], until: float) -> None:
+    """Wait (until ``until`` at most: a process stuck in the kernel may take longer) until every one
+    of ``pids`` is a zombie or gone: by then it has handed its children to the subreaper."""
+    while any(not _is_zombie(p) for p in pids) and time.monotonic() < until:
+        reap_exited()
+        time.sleep(0.0005)
 
 
 def _kill_uid(uid: int) -> None:
