@@ -24,11 +24,11 @@ mol+opd_strong         control: the teacher is mol+grpo's adapter (a strong teac
                        towards mol+grpo's accuracy
 mol+grpo_buffer2       PROPS' reference: on-policy sampling in rounds with a 2-step buffer
 mol+props              PROPS: sampling error and reward per completion vs mol+grpo_buffer2
+mol+ppo_parsing        PPO over macro actions cut at the syntax's boundaries (lines, brackets)
+mol+ppo_ppl            PPO over macro actions cut where the policy's perplexity jumps
 mol+ppo_mean_critic    control: mol+ppo with the group mean for its critic (GAE lam 0.95, the KL
                        penalty kept): what the learned critic adds or costs
 mol+opd_self           OPD with the current policy as the feedback-reading teacher (SDPO)
-mol+ppo_parsing        PPO over macro actions cut at the syntax's boundaries (lines, brackets)
-mol+ppo_ppl            PPO over macro actions cut where the policy's perplexity jumps
 =====================  ============================================================================
 
 Printed per claim: the figures with mean ± standard error over seeds and per-seed values, and a verdict
@@ -73,10 +73,10 @@ def runs(out: Path, steps: int = 80) -> dict[str, tuple[str, list[str]]]:
                                      "rollout.sampling_error_split=0.5", short]),
         "mol+props": ("mol", ["algorithm=grpo", "rollout.behaviour=props", "rollout.sampling_error_split=0.5",
                               short]),
-        "mol+ppo_mean_critic": ("mol", ["algorithm=ppo", "macro.rule=token", "ppo.critic=group_mean"]),
-        "mol+opd_self": ("mol", ["algorithm=opd", "beta=0", "opd.teacher=feedback", "opd.teacher_weights=current"]),
         "mol+ppo_parsing": ("mol", ["algorithm=ppo", "macro.rule=parsing", "ppo.critic=separate"]),
         "mol+ppo_ppl": ("mol", ["algorithm=ppo", "macro.rule=ppl", "ppo.critic=separate"]),
+        "mol+ppo_mean_critic": ("mol", ["algorithm=ppo", "macro.rule=token", "ppo.critic=group_mean"]),
+        "mol+opd_self": ("mol", ["algorithm=opd", "beta=0", "opd.teacher=feedback", "opd.teacher_weights=current"]),
     }
 
 
