@@ -149,7 +149,6 @@ def test_process_backend_warns_and_still_confines_time(caplog):
     assert looping.status == "timeout" and looping.info["stray_processes"] == 1
 
 
-
 def test_strays_are_looked_for_only_once_what_was_killed_has_died(monkeypatch):
     """A dying parent hands its children to the subreaper, and the children files are read one
     process at a time: a look during the hand-over can find the child in neither list and leave it
@@ -181,6 +180,7 @@ def test_strays_are_looked_for_only_once_what_was_killed_has_died(monkeypatch):
     finally:
         holder.kill()
         holder.wait()
+
 
 def worker_pid(slot) -> int:
     """Host pid of the worker.py process under a slot's bwrap (or the slot's process itself)."""
