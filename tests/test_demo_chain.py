@@ -7,6 +7,7 @@ import pytest
 from molrl.demo.chain import (ChainWorldConfig, build_chain_world, chain_lines, decoy, solution_text, walk_output)
 from molrl.demo.chain_base import ChainDemonstrator, chain_example, direct_traces
 from molrl.demo.chain_measure import first_statement_chars, percentiles, rule_step_chars
+from molrl.errors import MolrlError
 
 SMALL = ChainWorldConfig(train_problems=40, heldout_problems=15, general_train=30, general_eval=10)
 
@@ -199,6 +200,23 @@ def test_demo_worlds_and_the_study_world(tmp_path, capsys):
     assert WORLDS["chain"]["default"].world.max_steps == 6 and WORLDS["long"]["default"].world.max_steps == 24
     assert set(WORLD_CONFIGS) == set(WORLDS)
     assert main(["demo", "--study", "--world", "long", "--out", str(tmp_path)]) != 0  # the study is the digit world's
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_teacher_preset_is_the_long_base_trained_five_times_as_long_and_only_there(tmp_path):
+    from dataclasses import replace
+
+    from molrl.cli import main
+    from molrl.demo.run import LONG_BASE, WORLDS, run_demo
+
+    teacher = WORLDS["long"]["teacher"]
+    assert teacher.world == WORLDS["long"]["default"].world
+    assert replace(teacher.base, steps=LONG_BASE.steps, short_steps=LONG_BASE.short_steps) == LONG_BASE
+    assert (teacher.base.steps, teacher.base.short_steps) == (5 * LONG_BASE.steps, 5 * LONG_BASE.short_steps)
+    for wrong in (["--teacher"], ["--teacher", "--world", "digit"], ["--teacher", "--world", "long", "--quick"]):
+        assert main(["demo", *wrong, "--out", str(tmp_path)]) != 0
+    with pytest.raises(MolrlError, match="the chain world has default, quick"):
+        run_demo(tmp_path, "teacher", world="chain")
     assert not any(tmp_path.iterdir())
 
 

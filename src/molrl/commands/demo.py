@@ -4,7 +4,8 @@
     molrl demo --quick         # the same steps, smaller (a smoke run), in about 2 minutes
     molrl demo --out DIR [key.sub=value ...]   # pipeline overrides, e.g. grpo.max_steps=60
     molrl demo --seeds 3       # the headline (MoL + GRPO vs base + GRPO) over 3 seeds
-    molrl demo --world long    # chains of 1-24 steps, for telling RL methods apart (about 50 minutes)
+    molrl demo --world long    # chains of 1-24 steps, for telling RL methods apart (about 20 minutes)
+    molrl demo --world long --teacher   # its base trained 5x as long: a feedback teacher at 0.9 (about 40 minutes)
     molrl demo --world digit   # one hidden digit per answer (about 5 minutes)
     molrl demo --study         # the paper's ablations on the digit world over 3 seeds: runs/study/study.md
 
@@ -33,6 +34,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of configs/pipeline_tiny.yaml")
     p.add_argument("--quick", action="store_true", help="the small preset, a smoke run (about 2 minutes on 2 cores)")
+    p.add_argument("--teacher", action="store_true",
+                   help="long world: train the base five times as long (about 25 minutes on 2 cores instead of 5), "
+                        "so that it answers at 0.9 or more when it reads the feedback (on-policy distillation's "
+                        "feedback teacher)")
     p.add_argument("--seeds", type=int, default=None, metavar="N",
                    help="repeat with world and training seeds 0..N-1 and report the headline over seeds "
                         "(N times as long; default 1, or 3 with --study)")
@@ -59,13 +64,19 @@ def handle(args: argparse.Namespace) -> int:
 
         raise MolrlError(f"--study runs on the digit world only; drop --world {args.world} or --study")
     world = args.world or ("digit" if args.study else "chain")
+    if args.teacher and (world != "long" or args.quick or args.study):
+        from molrl.errors import MolrlError
+
+        raise MolrlError("--teacher trains the long world's full base longer: use it with --world long, "
+                         "without --quick or --study")
+    preset = "quick" if args.quick else "teacher" if args.teacher else "default"
     name = "study" if args.study else "demo" if world == "chain" else f"demo_{world}"
-    name += "_quick" if args.quick else ""
+    name += "" if preset == "default" else f"_{preset}"
     out = args.out or f"runs/{name}"
     if args.study:
         report = run_study(out, quick=args.quick, seeds=args.seeds or 3, overrides=args.overrides)
     else:
-        report = run_demo(out, "quick" if args.quick else "default", args.overrides, seeds=args.seeds or 1,
+        report = run_demo(out, preset, args.overrides, seeds=args.seeds or 1,
                           config=args.config, world=world)
     print(report)
     return 0
