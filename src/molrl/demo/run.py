@@ -112,7 +112,8 @@ LONG_PRESETS = {
 }
 """``molrl demo --world long``: the chain world with chains of 1-24 steps, long-tailed, for telling RL methods apart.
 ``--teacher`` (``teacher``) trains the same base five times as long (about 25 minutes on 2 cores instead of 5), so
-that the base reading the feedback, on-policy distillation's feedback teacher, answers at 0.9 or more."""
+that the base reading the feedback, on-policy distillation's feedback teacher, answers at about 0.9 (0.88-0.96 on
+seeds 0-2, against 0.20-0.71 with the 5-minute base)."""
 
 WORLDS = {"chain": CHAIN_PRESETS, "long": LONG_PRESETS, "digit": PRESETS}
 """Presets of each built-in world by its ``--world`` name (the first is the default)."""
