@@ -58,15 +58,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def handle(args: argparse.Namespace) -> int:
     from molrl.demo.run import run_demo
     from molrl.demo.study import run_study
+    from molrl.errors import MolrlError
 
     if args.study and args.world not in (None, "digit"):
-        from molrl.errors import MolrlError
-
         raise MolrlError(f"--study runs on the digit world only; drop --world {args.world} or --study")
     world = args.world or ("digit" if args.study else "chain")
     if args.teacher and (world != "long" or args.quick or args.study):
-        from molrl.errors import MolrlError
-
         raise MolrlError("--teacher trains the long world's full base longer: use it with --world long, "
                          "without --quick or --study")
     preset = "quick" if args.quick else "teacher" if args.teacher else "default"

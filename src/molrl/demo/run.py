@@ -102,7 +102,8 @@ first phase on short sequences, and no rule guessed as mapping a digit to itself
 
 LONG_PRESETS = {
     "default": DemoPreset(world=ChainWorldConfig(), base=LONG_BASE),
-    "teacher": DemoPreset(world=ChainWorldConfig(), base=replace(LONG_BASE, steps=6000, short_steps=3500)),
+    "teacher": DemoPreset(world=ChainWorldConfig(),
+                          base=replace(LONG_BASE, steps=5 * LONG_BASE.steps, short_steps=5 * LONG_BASE.short_steps)),
     "quick": DemoPreset(
         world=ChainWorldConfig(train_problems=100, heldout_problems=30, general_train=200, general_eval=30),
         base=replace(LONG_BASE, num_layers=2, steps=120, short_steps=60),
