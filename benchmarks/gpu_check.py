@@ -285,7 +285,7 @@ def model_dir(args: argparse.Namespace) -> Path:
 def run_rl_item(args: argparse.Namespace, name: str, settings: dict, steps: int, tokens: int) -> list[dict]:
     """``run_rl`` on the prepared model in bf16 with ``settings``; its logged steps (metrics.jsonl)."""
     from molrl.rl import run_rl
-    from molrl.rl.config import LoraSettings, PolicyConfig, RlConfig, TaskSource
+    from molrl.rl.config import LoraSettings, PolicyConfig, RlConfig, TaskSource, TrainSettings
 
     out = Path(args.workdir) / name
     if out.exists():
@@ -293,9 +293,10 @@ def run_rl_item(args: argparse.Namespace, name: str, settings: dict, steps: int,
     nested = {k: v for k, v in settings.items() if isinstance(v, dict)}
     cfg = RlConfig(output_dir=out, policy=PolicyConfig(base=str(model_dir(args)), dtype="bfloat16"),
                    lora=LoraSettings(rank=16 if args.tiny else 64, alpha=32 if args.tiny else 128),
-                   train=TaskSource(format="toy", limit=64), num_generations=8, micro_batch_size=8,
-                   max_completion_length=tokens, max_prompt_length=512, learning_rate=1e-4, max_steps=steps,
-                   save_steps=10_000, **{k: v for k, v in settings.items() if k not in nested})
+                   data=TaskSource(format="toy", limit=64), num_generations=8,
+                   max_completion_length=tokens, max_prompt_length=512,
+                   train=TrainSettings(learning_rate=1e-4, max_steps=steps, micro_batch_size=8, save_steps=10_000),
+                   **{k: v for k, v in settings.items() if k not in nested})
     for section, values in nested.items():
         for key, value in values.items():
             setattr(getattr(cfg, section), key, value)

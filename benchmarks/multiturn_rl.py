@@ -42,11 +42,11 @@ CONFIGS = {"digit": "pipeline_tiny_multiturn.yaml", "long": "pipeline_long_multi
 
 def run_seed(out: Path, seed: int, steps: int, config: Path, world_name: str = "digit") -> tuple[Path, object]:
     """The pipeline of seed ``seed`` (reused where finished) and its config."""
-    from molrl.demo.run import prepare_seed, use_idle_threads
+    from molrl.demo.run import prepare_seed
     from molrl.pipeline import run_pipeline
 
-    cfg, world, threads = prepare_seed(out, "default", [f"grpo.max_steps={steps}"], seed, config, world_name)
-    run_pipeline(cfg, collect_tasks=world.rule_train, before_stage=lambda stage: use_idle_threads(threads, stage))
+    cfg, world, threads = prepare_seed(out, "default", [f"rl.train.max_steps={steps}"], seed, config, world_name)
+    run_pipeline(cfg, collect_tasks=world.rule_train, most_threads=threads)
     return Path(cfg.output_dir), cfg
 
 
@@ -119,7 +119,7 @@ def main() -> None:
 
 
 def model_names(cfg: object) -> list[str]:
-    return ["base", *(r.name for r in cfg.mol_runs), *(r.name for r in cfg.grpo_runs)]
+    return ["base", *(r.name for r in cfg.mol_runs), *(r.name for r in cfg.rl_runs)]
 
 
 def finished_seed(pipeline: Path) -> tuple[Path, object] | None:

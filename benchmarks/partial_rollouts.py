@@ -81,13 +81,14 @@ def decode_cost(model_dir: Path, widths: tuple[int, int], tokens: int = 64, repe
 
 def run_arm(out: Path, base: Path, arm: str, seed: int, args: argparse.Namespace, steps: int, lr: float) -> Path:
     from molrl.rl import run_rl
-    from molrl.rl.config import LoraSettings, PolicyConfig, RlConfig, TaskSource
+    from molrl.rl.config import LoraSettings, PolicyConfig, RlConfig, TaskSource, TrainSettings
 
     cfg = RlConfig(output_dir=out, policy=PolicyConfig(base=str(base)), lora=LoraSettings(rank=16, alpha=32),
-                   train=TaskSource(format="toy", limit=64), algorithm="grpo", num_generations=args.group,
-                   prompts_per_step=args.prompts, micro_batch_size=args.group, max_completion_length=args.max_tokens,
-                   max_prompt_length=256, learning_rate=lr, temperature=1.0, max_steps=steps,
-                   save_steps=10_000, seed=seed)
+                   data=TaskSource(format="toy", limit=64), algorithm="grpo", num_generations=args.group,
+                   prompts_per_step=args.prompts, max_completion_length=args.max_tokens,
+                   max_prompt_length=256, temperature=1.0,
+                   train=TrainSettings(learning_rate=lr, max_steps=steps, micro_batch_size=args.group,
+                                       save_steps=10_000, seed=seed))
     cfg.reward.sandbox_workers = 2
     if arm != "sync":
         cfg.rollout.partial = True

@@ -41,18 +41,18 @@ ARMS = {
 
 def config(run: Path, out: Path, arm: dict, seed: int, steps: int, prompts: int, split: float,
            max_completion_length: int = 48):
-    from molrl.rl.config import LoraSettings, PolicyConfig, RlConfig, TaskSource
+    from molrl.rl.config import LoraSettings, PolicyConfig, RlConfig, TaskSource, TrainSettings
     from molrl.tasks.types import JsonlSpec
 
     cfg = RlConfig(
         output_dir=out, policy=PolicyConfig(base=str(run / "base"), mol_adapter=run / "pipeline" / "mol" / "mol"),
         lora=LoraSettings(rank=16, alpha=32),
-        train=TaskSource(path=run / "world" / "rl_train.jsonl", format="jsonl", limit=prompts,
+        data=TaskSource(path=run / "world" / "rl_train.jsonl", format="jsonl", limit=prompts,
                          spec=JsonlSpec(kind="math")),
         algorithm="grpo", enable_thinking=True, math_prompt="{prompt}", num_generations=8, prompts_per_step=prompts,
-        micro_batch_size=8 * prompts, max_prompt_length=256, max_completion_length=max_completion_length,
-        temperature=1.0,
-        learning_rate=0.0, beta=0.0, max_steps=steps, save_steps=10_000, seed=seed)
+        max_prompt_length=256, max_completion_length=max_completion_length, temperature=1.0, beta=0.0,
+        train=TrainSettings(learning_rate=0.0, max_steps=steps, micro_batch_size=8 * prompts, save_steps=10_000,
+                            seed=seed))
     cfg.rollout.behaviour, cfg.rollout.rounds, cfg.rollout.buffer_batches = arm["behaviour"], 2, 2
     cfg.rollout.sampling_error_split = split
     cfg.props.min_entropy = split if arm["min_entropy"] is None else arm["min_entropy"]

@@ -57,10 +57,10 @@ EVAL_TOKENS = {"digit": 48, "chain": 104, "long": 352}
 def overrides(world: Path, every: int, runs_of_set: dict, world_name: str = "digit") -> list[str]:
     runs = ", ".join(f"{{name: {name}, start: {start}, overrides: [{', '.join(o)}]}}"
                      for name, (start, o) in runs_of_set.items())
-    return [f"grpo_runs=[{runs}]", f"grpo.eval.every_steps={every}", f"grpo.eval.tasks.path={world / 'heldout.jsonl'}",
-            "grpo.eval.tasks.format=jsonl", "grpo.eval.tasks.spec.kind=math",
-            f"grpo.eval.max_new_tokens={EVAL_TOKENS[world_name]}",
-            "grpo.eval.kl_prompts=0"]
+    return [f"rl_runs=[{runs}]", f"rl.eval.every_steps={every}", f"rl.eval.tasks.path={world / 'heldout.jsonl'}",
+            "rl.eval.tasks.format=jsonl", "rl.eval.tasks.spec.kind=math",
+            f"rl.eval.max_new_tokens={EVAL_TOKENS[world_name]}",
+            "rl.eval.kl_prompts=0"]
 
 
 def run_seed(out: Path, seed: int, every: int, runs_of_set: dict, world_name: str = "digit", preset: str = "default",
@@ -69,12 +69,12 @@ def run_seed(out: Path, seed: int, every: int, runs_of_set: dict, world_name: st
     output directory.
 
     ``preset`` is the demo preset (``quick`` for a check of the benchmark itself); ``extra`` more overrides."""
-    from molrl.demo.run import prepare_seed, use_idle_threads
+    from molrl.demo.run import prepare_seed
     from molrl.pipeline import run_pipeline
 
     cfg, world, threads = prepare_seed(out, preset, [*overrides(out / "world", every, runs_of_set, world_name),
                                                      *(extra or [])], seed, world_name=world_name)
-    run_pipeline(cfg, collect_tasks=world.rule_train, before_stage=lambda stage: use_idle_threads(threads, stage))
+    run_pipeline(cfg, collect_tasks=world.rule_train, most_threads=threads)
     if world_name != "digit":  # the chain worlds' measured properties (world/properties.json), as the demo writes
         from molrl.demo.chain_measure import measure_world
 

@@ -57,7 +57,7 @@ def runs(out: Path, steps: int = 80) -> dict[str, tuple[str, list[str]]]:
     The controls (``mol+dr_grpo``, ``mol+ppo_group_mean``) and the PROPS pair run a quarter of ``steps``: the
     controls check advantages and rewards step by step, and a PROPS step costs several on-policy steps."""
     strong = out / "grpo" / "mol+grpo" / "adapter"  # mol+grpo runs first, so its adapter exists by then
-    short = f"max_steps={max(1, steps // 4)}"
+    short = f"train.max_steps={max(1, steps // 4)}"
     return {  # the claims' runs first, then the further comparisons
         "mol+grpo": ("mol", ["algorithm=grpo"]),
         "mol+dr_grpo": ("mol", ["algorithm=dr_grpo", short]),
@@ -290,7 +290,7 @@ def main() -> None:
             continue
         steps = 4 if args.quick else args.steps
         pipelines.append(run_seed(out, seed, args.every, runs(pipeline, steps), args.world,
-                                  "quick" if args.quick else "default", [f"grpo.max_steps={steps}"]))
+                                  "quick" if args.quick else "default", [f"rl.train.max_steps={steps}"]))
     if not pipelines:
         print("no finished seed yet")
         return

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 torch.set_num_threads(1)
+# every stage's thread policy (molrl.cpu.use_threads) fixes one thread too: the same float sums on every run
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("MOLRL_SHARED_DATA", REPO.parent / "shared" / "data"))

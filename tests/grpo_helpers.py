@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from molrl.rl.config import RlConfig, LoraSettings, PolicyConfig, TaskSource
+from molrl.rl.config import LoraSettings, PolicyConfig, RlConfig, TaskSource, TrainSettings
 
 
 def save_tiny_model(path: Path, eos_logit: float | None = None) -> Path:
@@ -45,20 +45,20 @@ def save_mol_adapter(base: Path, path: Path, seed: int = 1) -> Path:
     return path
 
 
-def toy_config(out: Path, base: Path, **overrides) -> RlConfig:
-    """A short toy-task run on ``base`` (8 completions of 8 tokens per step)."""
+def toy_config(out: Path, base: Path, *, max_steps: int = 3, save_steps: int = 1000, micro_batch_size: int = 8,
+               **overrides) -> RlConfig:
+    """A short toy-task run on ``base`` (8 completions of 8 tokens per step); ``max_steps``, ``save_steps`` and
+    ``micro_batch_size`` go to its ``train`` section."""
     settings = dict(
         output_dir=out,
         policy=PolicyConfig(base=str(base)),
         lora=LoraSettings(rank=16, alpha=32),
-        train=TaskSource(format="toy", limit=32),
+        data=TaskSource(format="toy", limit=32),
         num_generations=8,
-        micro_batch_size=8,
         max_completion_length=8,
         max_prompt_length=256,
-        learning_rate=2e-2,
-        max_steps=3,
-        save_steps=1000,
+        train=TrainSettings(learning_rate=2e-2, max_steps=max_steps, save_steps=save_steps,
+                            micro_batch_size=micro_batch_size),
     )
     settings.update(overrides)
     cfg = RlConfig(**settings)

@@ -1,5 +1,7 @@
 """Feedback providers: the exact words each one derives from a recorded observation."""
 
+import re
+
 import pytest
 
 from molrl.collect.config import EpisodeConfig
@@ -37,12 +39,68 @@ def _grade(tests, status="ok", stage="partial", stderr_tail=""):
                         "stderr_tail": stderr_tail, "error": None}}
 
 
-def test_clip_keeps_head_or_tail_and_counts_what_it_left_out():
-    # 26 letters cut to 10: 16 characters are left out, and the marker says so.
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    assert clip(letters, 10) == "abcdefghij\n[... 16 more characters not shown]"
-    assert clip(letters, 10, keep="tail") == "[... 16 earlier characters not shown]\nqrstuvwxyz"
-    assert clip(letters, 26) == letters
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def _chars(text):
+    """A stand-in tokenizer: every character is one token."""
+    return [(i, i + 1) for i in range(len(text))]
+
+
+def test_clip_keeps_the_head_within_the_limit_marker_included():
+    # 52 bytes into 40: the marker for 52 omitted bytes is 30 bytes ("\n[... 52 more bytes not shown]"),
+    # so 10 letters fit; 42 are left out, and "\n[... 42 more bytes not shown]" is 30 bytes too: 40 in all.
+    assert clip(LETTERS * 2, 40) == "abcdefghij\n[... 42 more bytes not shown]"
+
+
+def test_clip_keeps_the_tail_within_the_limit_marker_included():
+    # the tail marker "[... 52 earlier bytes not shown]\n" is 33 bytes: 7 letters fit, 45 are left out
+    assert clip(LETTERS * 2, 40, keep="tail") == "[... 45 earlier bytes not shown]\ntuvwxyz"
+
+
+def test_clip_counts_in_the_tokens_it_is_given():
+    # one token per character: the marker "\n[... 52 more tokens not shown]" is 31 tokens, leaving 9
+    assert clip(LETTERS * 2, 40, spans=_chars) == "abcdefghi\n[... 43 more tokens not shown]"
+    assert clip(LETTERS, 26, spans=_chars) == LETTERS
+
+
+def test_clip_never_keeps_part_of_a_character():
+    # "é" is 2 bytes: 30 of them are 60 bytes; the 30-byte marker leaves 10 bytes, 5 whole characters
+    assert clip("é" * 30, 40) == "ééééé\n[... 50 more bytes not shown]"
+    # 11 bytes would split the sixth character: it is left out whole
+    assert clip("é" * 30, 41) == "ééééé\n[... 50 more bytes not shown]"
+
+
+def test_feedback_clipped_in_tokens_keeps_rare_unicode_within_the_cap(qwen3_tokenizer):
+    # 2,000 CJK Extension B characters are 6,082 Qwen3 tokens: cut in characters (the old 2,000-character
+    # limit) nothing was cut; in tokens, the quote is at most 512 of them, marker included
+    import random
+
+    from molrl.collect.quote import token_spans
+    from molrl.content import encode_content
+
+    rng = random.Random(0)
+    rare = "".join(chr(rng.randrange(0x20000, 0x2A6DF)) for _ in range(2000))
+    assert len(encode_content(qwen3_tokenizer, rare)[0]) == 6082
+    provider = ExecutionFeedback(max_tokens=512, spans=token_spans(qwen3_tokenizer))
+    text = provider(TASK, Observation("code", exec=_exec(stdout=rare)), [])
+    quoted = text.removeprefix("Output:\n")
+    assert 500 <= len(encode_content(qwen3_tokenizer, quoted)[0]) <= 512
+    assert re.search(r"\n\[\.\.\. \d+ more tokens not shown\]$", quoted)
+
+
+def test_feedback_shows_control_characters_and_bidi_overrides_escaped():
+    printed = "a\x00b\x1b[31mc\u202ed\u2066e\x7f\tf\r\n"
+    text, _ = render_feedback(build_providers(["execution"], EpisodeConfig()), TASK,
+                              Observation("code", exec=_exec(stdout=printed)), [])
+    assert text == "Output:\na\\x00b\\x1b[31mc\\u202ed\\u2066e\\x7f\tf\\x0d"
+
+
+def test_feedback_escapes_a_lone_surrogate_in_an_error():
+    # a program that raises ValueError(chr(0xD800)): no tokenizer can take the raw character
+    tests = [{"index": 0, "kind": "call", "passed": False, "got": None, "error": "ValueError: \ud800"}]
+    text, _ = render_feedback([TestFeedback()], TASK, Observation("solution", grade=_grade(tests)), [])
+    assert text == "1 of 1 tests failed:\n- f(3) failed: ValueError: \\ud800"
 
 
 def test_execution_feedback_shows_output_and_traceback_tail():
@@ -52,8 +110,9 @@ def test_execution_feedback_shows_output_and_traceback_tail():
 
 def test_execution_feedback_truncates_long_output_with_a_marker():
     obs = Observation("code", exec=_exec(stdout="x" * 50 + "\n", truncated=True))
-    text = ExecutionFeedback(max_chars=20)(TASK, obs, [])
-    assert text == ("Output:\n" + "x" * 20 + "\n[... 30 more characters not shown]\n"
+    # 50 bytes into 40: the 30-byte marker leaves 10
+    text = ExecutionFeedback(max_tokens=40)(TASK, obs, [])
+    assert text == ("Output:\n" + "x" * 10 + "\n[... 40 more bytes not shown]\n"
                     "(The output was longer than the sandbox keeps; the rest was not captured.)")
 
 
@@ -121,6 +180,13 @@ def test_render_joins_pieces_and_is_never_empty():
     assert text == "Output:\nhi\n\nYou have 2 turns and 1 solution submission left."
     assert list(pieces) == ["execution", "budget"]
     assert render_feedback(providers, TASK, Observation("solution", final=True), [])[0] == NO_FEEDBACK
+
+
+def test_an_old_config_with_feedback_max_chars_still_loads():
+    from molrl.config import load_config
+
+    # 2000 characters, the old default, read as 2000 / 4 = 500 tokens
+    assert load_config(EpisodeConfig, overrides=["feedback_max_chars=2000"]).feedback_max_tokens == 500
 
 
 def test_unknown_provider_name_is_a_clear_error():

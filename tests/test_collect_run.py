@@ -16,7 +16,7 @@ from molrl import cli
 from molrl.collect import CollectConfig, EpisodeConfig, run_collect
 from molrl.collect.feedback import rederive_feedback
 from molrl.collect.providers import build_providers
-from molrl.collect.run import config_path, finished_pairs
+from molrl.collect.run import config_path, finished_pairs, rejects_path
 from molrl.errors import MolrlError
 from molrl.generation import SamplingConfig
 from molrl.sandbox import SandboxConfig
@@ -41,10 +41,10 @@ def _traces(path):
     return traces
 
 
-def _check_feedback_rederives(traces, tasks, cfg):
+def _check_feedback_rederives(traces, tasks, cfg, tokenizer):
     """Every tool message is exactly the text its recorded observation gives."""
     by_id = {t.id: t for t in tasks}
-    providers = build_providers(cfg.feedback, cfg)
+    providers = build_providers(cfg.feedback, cfg, tokenizer)
     n = 0
     for trace in traces:
         derived = rederive_feedback(trace.messages, trace.meta["observations"], by_id[trace.meta["task_id"]], providers)
@@ -68,7 +68,7 @@ def test_tiny_model_writes_traces_the_trainer_tokenises(tmp_path, shared_data, f
         assert [a == "model" for a in trace.meta["authors"]] == [m["role"] == "assistant" for m in trace.messages]
         tokenized = tokenize_trace(trace, tok, TokenizeConfig(max_length=None, enable_thinking=True))
         assert tokenized.n_feedback > 0 and tokenized.n_decision > 0
-    assert _check_feedback_rederives(traces, load_tasks(cfg.tasks, fmt, limit=2), cfg.episode) > 0
+    assert _check_feedback_rederives(traces, load_tasks(cfg.tasks, fmt, limit=2), cfg.episode, tok) > 0
 
 
 def test_sandbox_feedback_rederives_and_tokenises_with_qwen3(tmp_path, shared_data, qwen3_tokenizer):
@@ -84,10 +84,53 @@ def test_sandbox_feedback_rederives_and_tokenises_with_qwen3(tmp_path, shared_da
     # thinking off: the template's empty think block opens every recorded turn, as the model saw it
     assert all(m["content"].startswith("<think>\n\n</think>\n\n<") for t in traces for m in t.messages if m["role"] == "assistant")
     assert all(t.meta["observations"]["3"]["observation"]["exec"]["stdout"] == "None\n" for t in traces)
-    assert _check_feedback_rederives(traces, tasks, cfg.episode) == 6
+    assert _check_feedback_rederives(traces, tasks, cfg.episode, qwen3_tokenizer) == 6
     for trace in traces:
         tokenized = tokenize_trace(trace, qwen3_tokenizer, TokenizeConfig(enable_thinking=False))
         assert tokenized.n_feedback > 0
+
+
+def test_a_lone_surrogate_in_a_result_is_written_not_fatal(tmp_path, shared_data):
+    # MBPP task 1 asks for min_cost; this one returns chr(0xD800), which UTF-8 cannot encode. Before, the
+    # trace writer raised UnicodeEncodeError and the run stopped with the episode neither written nor rejected.
+    scripts = {"": ["<solution>\ndef min_cost(*args):\n    return chr(0xD800)\n</solution>"]}
+    cfg = _cfg(tmp_path, shared_data / "mbpp/mbpp.jsonl", "mbpp", limit=1, episode=EpisodeConfig(max_turns=1))
+    run_collect(cfg, generator=ScriptedGenerator(scripts), tokenizer=build_tiny_tokenizer("chatml"))
+    (trace,) = _traces(cfg.out)
+    tests = trace.meta["observations"]["3"]["observation"]["grade"]["details"]["tests"]
+    assert [t["got"] for t in tests] == [{"t": "str", "v": "\ud800"}] * 3  # read back exactly
+    assert "returned '\\ud800', expected 8" in trace.messages[-1]["content"]
+
+
+def test_a_lone_surrogate_in_an_error_reaches_the_model_escaped(tmp_path, shared_data):
+    # the error text "ValueError: \ud800" goes into the tool message; raw, no tokenizer can render the next turn
+    scripts = {"": ["<solution>\ndef min_cost(*args):\n    raise ValueError(chr(0xD800))\n</solution>",
+                    "<solution>\nx\n</solution>"]}
+    cfg = _cfg(tmp_path, shared_data / "mbpp/mbpp.jsonl", "mbpp", limit=1, episode=EpisodeConfig(max_turns=2))
+    run_collect(cfg, generator=ScriptedGenerator(scripts), tokenizer=build_tiny_tokenizer("chatml"))
+    (trace,) = _traces(cfg.out)
+    assert trace.meta["turns"] == 2
+    assert "failed: ValueError: \\ud800" in trace.messages[3]["content"]
+
+
+def test_an_episode_that_cannot_be_written_is_a_counted_reject(tmp_path, shared_data, monkeypatch, caplog):
+    # a value JSON cannot hold in the meta: the episode goes to the rejects file with the reason, the run goes on
+    from molrl.collect import loop
+
+    to_trace = loop.Episode.to_trace
+    monkeypatch.setattr(loop.Episode, "to_trace", lambda ep, settings: _with_meta(to_trace(ep, settings), odd=object()))
+    cfg = _cfg(tmp_path, shared_data / "mbpp/mbpp.jsonl", "mbpp", limit=2, episode=EpisodeConfig(max_turns=1))
+    run_collect(cfg, generator=ScriptedGenerator({"": ["<solution>\nx\n</solution>"]}), tokenizer=build_tiny_tokenizer("chatml"))
+    rejects = [json.loads(line) for line in rejects_path(cfg.out).read_text().splitlines()]
+    assert [(r["task_id"], r["sample"]) for r in rejects] == [("1", 0), ("2", 0)]
+    assert all("cannot be written as JSON (TypeError" in r["error"] for r in rejects)
+    assert set(finished_pairs(cfg.out)) == {("1", 0), ("2", 0)}  # counted as done: a resume does not replay them
+    assert "2 episodes of this run have no trace" in caplog.text
+
+
+def _with_meta(trace, **extra):
+    trace.meta.update(extra)
+    return trace
 
 
 def test_rerun_skips_finished_pairs_and_adds_new_samples(tmp_path, shared_data):
@@ -108,7 +151,7 @@ def test_resume_with_other_settings_is_refused(tmp_path, shared_data):
     cfg = _cfg(tmp_path, shared_data / "mbpp/mbpp.jsonl", "mbpp", limit=1, episode=EpisodeConfig(max_turns=1))
     run_collect(cfg, generator=ScriptedGenerator({"": ["<solution>\nx\n</solution>"]}), tokenizer=build_tiny_tokenizer("chatml"))
     assert config_path(cfg.out).exists()
-    with pytest.raises(MolrlError, match="different settings"):
+    with pytest.raises(MolrlError, match="was made with other settings: episode.max_turns was 1, now 3"):
         run_collect(dataclasses.replace(cfg, episode=EpisodeConfig(max_turns=3)))
 
 

@@ -60,3 +60,13 @@ def test_round_trip(tmp_path):
 def test_describe_lists_field_docs():
     lines = describe(Stage)
     assert "lora.rank: 64  # LoRA rank." in lines
+
+
+def test_describe_prints_whole_help():
+    from molrl.rl.config import RlConfig
+
+    lines = describe(RlConfig)
+    at = next(i for i, line in enumerate(lines) if line.startswith("algorithm: 'dr_grpo'  # grpo: "))
+    # the doc's second line (before: dropped) names the other two algorithms, under the key it belongs to
+    assert lines[at + 1].startswith("    # opd: on-policy distillation") and "ppo: a learned critic" in lines[at + 1]
+    assert lines[at + 2].startswith("opd.")

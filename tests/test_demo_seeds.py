@@ -8,7 +8,7 @@ import yaml
 
 from molrl.demo.seeds import headline_pairs, mean_se, seed_summary
 
-RUNS = {"grpo_runs": [
+RUNS = {"rl_runs": [
     {"name": "mol+grpo", "start": "mol", "overrides": ["algorithm=grpo"]},
     {"name": "mol+dr", "start": "mol", "overrides": ["algorithm=dr_grpo"]},
     {"name": "base+grpo", "start": "base", "overrides": ["algorithm=grpo"]},
@@ -17,7 +17,7 @@ RUNS = {"grpo_runs": [
 
 def test_base_started_run_is_paired_with_the_mol_started_run_of_the_same_rl():
     assert headline_pairs(RUNS) == [("mol+grpo", "base+grpo")]
-    assert headline_pairs({"grpo_runs": RUNS["grpo_runs"][:2]}) == []
+    assert headline_pairs({"rl_runs": RUNS["rl_runs"][:2]}) == []
 
 
 def test_mean_and_standard_error_over_seeds():

@@ -46,7 +46,7 @@ def test_compare_writes_table_and_png(shared_data, tmp_path, capsys):
     capsys.readouterr()
     assert main(["eval", "compare", str(tmp_path / "base"), str(tmp_path / "tuned"), "--out", str(tmp_path / "cmp")]) == 0
     printed = capsys.readouterr().out
-    assert "| aime24 | 20.0 | 50.0 |" in printed
+    assert "| aime24 | 0.200 | 0.500 |" in printed  # fractions, like every other table
     assert (tmp_path / "cmp/compare.md").read_text() in printed
     image = matplotlib.image.imread(tmp_path / "cmp/compare.png")
     assert image.shape[0] > 300 and image.shape[1] > 500
@@ -54,7 +54,7 @@ def test_compare_writes_table_and_png(shared_data, tmp_path, capsys):
 
 def test_compare_table_marks_missing_benchmarks():
     runs = [("a", {"benchmarks": {"x": {"pass@1": 0.5}}}), ("b", {"benchmarks": {"y": {"pass@1": 0.25}}})]
-    assert compare_table(runs) == "| benchmark | a | b |\n|---|---:|---:|\n| x | 50.0 | - |\n| y | - | 25.0 |\n"
+    assert compare_table(runs) == "| benchmark | a | b |\n|---|---:|---:|\n| x | 0.500 | - |\n| y | - | 0.250 |\n"
 
 
 def test_malformed_data_flag_is_one_error(tmp_path, caplog, monkeypatch):

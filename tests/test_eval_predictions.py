@@ -110,6 +110,16 @@ def test_samples_record_why(shared_data, tmp_path):
     assert not records[2]["correct"] and records[2]["extracted"] is None and records[2]["stage"] != records[0]["stage"]
 
 
+def test_a_lone_surrogate_returned_by_a_solution_is_written_not_fatal(shared_data, tmp_path):
+    # chr(0xD800) cannot be encoded as UTF-8; before, the samples writer raised UnicodeEncodeError mid-run
+    data = shared_data / "humaneval/HumanEval.jsonl.gz"
+    code = "```python\ndef has_close_elements(numbers, threshold):\n    return chr(0xD800)\n```"
+    m = _grade(tmp_path, "humaneval", data, _write(tmp_path / "p.jsonl", [("HumanEval/0", code)]), partial_predictions=True)
+    assert m["problems"] == 1 and m["pass@1"] == 0.0
+    (record,) = [json.loads(line) for line in (tmp_path / "run/humaneval/samples.jsonl").read_text().splitlines()]
+    assert {t["got"]["v"] for t in record["details"]["tests"] if t["got"]} == {"\ud800"}  # read back exactly
+
+
 def test_several_lines_per_id_are_samples(shared_data, tmp_path):
     data, preds = _math_preds(shared_data, "aime24", shuffle=False)
     # problem 0: 3 samples, the first wrong; the rest: 3 copies of the gold answer

@@ -97,7 +97,7 @@ def test_half_written_problem_is_redone(shared_data, tmp_path, monkeypatch):
 def test_changed_sampling_refuses_to_resume(shared_data, tmp_path):
     run_eval(_cfg(shared_data, tmp_path / "run", ["aime24"]))
     other = SamplingConfig(n=2, temperature=1.0, max_new_tokens=6)
-    with pytest.raises(MolrlError, match="holds a run made with sampling="):
+    with pytest.raises(MolrlError, match="was made with other settings: sampling.temperature was 0.7, now 1.0"):
         run_eval(_cfg(shared_data, tmp_path / "run", ["aime24"], sampling=other))
 
 

@@ -41,7 +41,7 @@ def test_mol_then_export_on_tiny_config(tmp_path, monkeypatch):
     assert [r["step"] for r in logged if "loss" in r] == [1, 2]
     assert {"ce_feedback", "kl_decision", "tokens_feedback", "tokens_decision", "learning_rate", "grad_norm",
             "tokens_per_s"} <= set(logged[0])
-    assert list(out.glob("runs/*/events.out.tfevents.*"))  # tensorboard, offline
+    assert list(out.glob("checkpoints/runs/*/events.out.tfevents.*"))  # tensorboard, offline, as RL keeps it
 
     args = _parse(["export", "--merge", "--adapter", str(out / "adapter"), "--out", str(tmp_path / "merged")])
     assert args.func(args) == 0

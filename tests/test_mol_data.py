@@ -102,7 +102,7 @@ def test_mol_refuses_traces_without_any_feedback_token_before_training(tmp_path,
                                          r"loss\.mode=mol has nothing to learn .* --from tora"):
         run_mol(cfg)
     assert f"{path}: none of its 4 domain traces has a feedback token" in caplog.text  # the per-file warning
-    assert not list((tmp_path / "run").glob("checkpoint-*")) and not (tmp_path / "run/metrics.jsonl").exists()
+    assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run/metrics.jsonl").exists()
 
 
 def test_empty_trace_file_among_others_is_a_warning_naming_it(tmp_path, caplog):

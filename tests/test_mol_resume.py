@@ -58,7 +58,8 @@ def test_sigkill_then_rerun_continues_the_same_loss_curve(tmp_path):
 
     killed = _run(tmp_path / "resumed", kill_at=7)  # 4 steps per epoch: dies mid-epoch 2
     assert killed.returncode == -signal.SIGKILL
-    assert sorted(p.name for p in (tmp_path / "resumed").glob("checkpoint-*")) == ["checkpoint-3", "checkpoint-6"]
+    saved = (tmp_path / "resumed" / "checkpoints").glob("checkpoint-*")
+    assert sorted(p.name for p in saved) == ["checkpoint-3", "checkpoint-6"]
     resumed = _run(tmp_path / "resumed", kill_at=-1)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
 

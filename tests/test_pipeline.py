@@ -9,7 +9,7 @@ import pytest
 
 from molrl.config import ConfigError
 from molrl.errors import MolrlError
-from molrl.pipeline import GrpoRun, MolRun, PipelineConfig, load_pipeline_config, model_weights, run_stage, stage_config
+from molrl.pipeline import MolRun, PipelineConfig, RlRun, load_pipeline_config, model_weights, run_stage, stage_config
 from molrl.report import score_table, standard_error, write_report
 
 
@@ -36,9 +36,9 @@ def test_stage_config_names_the_section_of_a_bad_key():
         stage_config(MolConfig, {"train": {"nope": 1}}, {}, [], "mol_runs.x")
 
 
-def test_grpo_run_must_start_from_a_known_mol_run():
+def test_rl_run_must_start_from_a_known_mol_run():
     with pytest.raises(ValueError, match="not a MoL run"):
-        PipelineConfig(model="m", mol_runs=[MolRun("mol")], grpo_runs=[GrpoRun("g", start="missing")])
+        PipelineConfig(model="m", mol_runs=[MolRun("mol")], rl_runs=[RlRun("g", start="missing")])
 
 
 def test_run_names_must_be_unique():
@@ -66,7 +66,7 @@ def test_interrupted_stage_runs_again(tmp_path):
 
 
 def test_model_weights_of_named_runs(tmp_path):
-    cfg = PipelineConfig(model="base_dir", mol_runs=[MolRun("mol")], grpo_runs=[GrpoRun("g", start="mol")])
+    cfg = PipelineConfig(model="base_dir", mol_runs=[MolRun("mol")], rl_runs=[RlRun("g", start="mol")])
     for d in ("mol/mol/adapter", "grpo/g/adapter"):
         (tmp_path / d).mkdir(parents=True)
     (tmp_path / "mol/mol/DONE").write_text("{}")
@@ -83,11 +83,11 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 def test_shipped_configs_build_every_stage_config(name, tmp_path):
     from molrl.pipeline import check_stages
 
-    cfg = load_pipeline_config(CONFIGS / name, ["model=m", "stages=[collect,mol,grpo,eval]"])
+    cfg = load_pipeline_config(CONFIGS / name, ["model=m", "stages=[collect,mol,rl,eval]"])
     # the demos' configs run the headline pair only (their ablations are `molrl demo --study`); the real
     # configs carry the paper's ablations as named runs
     demo = not name.startswith("pipeline_qwen3")
-    assert len(cfg.mol_runs) >= (1 if demo else 3) and len(cfg.grpo_runs) >= 2
+    assert len(cfg.mol_runs) >= (1 if demo else 3) and len(cfg.rl_runs) >= 2
     check_stages(cfg, tmp_path, in_memory=demo)
 
 
@@ -107,10 +107,10 @@ def test_the_algorithms_config_extends_the_demo_config():
     configs = Path(__file__).resolve().parents[1] / "configs"
     demo = load_pipeline_config(configs / "pipeline_tiny.yaml", ["model=m"])
     every = load_pipeline_config(configs / "pipeline_tiny_rl.yaml", ["model=m"])
-    assert every.grpo == demo.grpo and every.mol == demo.mol and every.eval == demo.eval
-    algorithms = {o.split("=")[1] for run in every.grpo_runs for o in run.overrides if o.startswith("algorithm=")}
+    assert every.rl == demo.rl and every.mol == demo.mol and every.eval == demo.eval
+    algorithms = {o.split("=")[1] for run in every.rl_runs for o in run.overrides if o.startswith("algorithm=")}
     assert algorithms == {"grpo", "opd", "ppo"}
-    options = {o for run in every.grpo_runs for o in run.overrides}
+    options = {o for run in every.rl_runs for o in run.overrides}
     assert {"rollout.partial=true", "rollout.behaviour=props"} <= options
 
 
@@ -128,7 +128,7 @@ def test_extends_merges_sections_and_replaces_lists(tmp_path):
         load_pipeline_config(tmp_path / "child.yaml")
 
 
-def test_grpo_prompts_that_differ_from_eval_are_warned_about(tmp_path, caplog):
+def test_rl_prompts_that_differ_from_eval_are_warned_about(tmp_path, caplog):
     from pathlib import Path
 
     from molrl.pipeline import check_stages
@@ -137,9 +137,9 @@ def test_grpo_prompts_that_differ_from_eval_are_warned_about(tmp_path, caplog):
     cfg = load_pipeline_config(configs / "pipeline_tiny.yaml", ["model=m"])
     check_stages(cfg, tmp_path, in_memory=True)
     assert "differs from eval" not in caplog.text  # the shipped config poses tasks alike
-    cfg = load_pipeline_config(configs / "pipeline_tiny.yaml", ["model=m", "grpo.math_prompt=Question {prompt}"])
+    cfg = load_pipeline_config(configs / "pipeline_tiny.yaml", ["model=m", "rl.math_prompt=Question {prompt}"])
     check_stages(cfg, tmp_path, in_memory=True)
-    assert "grpo_runs.mol+grpo: math_prompt differs from eval's" in caplog.text
+    assert "rl_runs.mol+grpo: math_prompt differs from eval's" in caplog.text
 
 
 def test_standard_error_closed_form():
@@ -150,7 +150,7 @@ def test_standard_error_closed_form():
 def _fake_run(tmp_path):
     from molrl.config import save_config
 
-    cfg = PipelineConfig(model="m", mol_runs=[MolRun("mol", ["loss.mode=mol"])], grpo_runs=[GrpoRun("g", start="mol")])
+    cfg = PipelineConfig(model="m", mol_runs=[MolRun("mol", ["loss.mode=mol"])], rl_runs=[RlRun("g", start="mol")])
     save_config(cfg, tmp_path / "config.yaml")
     for name, p in (("base", 0.05), ("mol", 0.25), ("g", 0.75)):
         (tmp_path / "eval" / name).mkdir(parents=True)

@@ -55,7 +55,7 @@ def test_math_tasks_train_without_a_sandbox(tmp_path):
     base = save_tiny_model(tmp_path / "base")
     from molrl.rl.run import run_rl
 
-    out = run_rl(toy_config(tmp_path / "run", base, max_steps=1, train=TaskSource(path=tasks, format="jsonl")))
+    out = run_rl(toy_config(tmp_path / "run", base, max_steps=1, data=TaskSource(path=tasks, format="jsonl")))
     rows = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
     assert len(rows) == 8 and all(r["reward_stage"].startswith("math/") for r in rows)
     assert all(r["rewards"]["correctness"] in (0.0, 1.0) for r in rows)
@@ -76,8 +76,8 @@ def test_bad_configs_name_the_key():
     from molrl.config import ConfigError, load_config
     from molrl.rl.config import RlConfig
 
-    with pytest.raises(ConfigError, match="micro_batch_size=3 must divide"):
-        load_config(RlConfig, None, ["micro_batch_size=3"])
+    with pytest.raises(ConfigError, match="train.micro_batch_size=3 must divide"):
+        load_config(RlConfig, None, ["train.micro_batch_size=3"])
     with pytest.raises(ConfigError, match="algorithm='reinforce'"):
         load_config(RlConfig, None, ["algorithm=reinforce"])
     with pytest.raises(ConfigError, match="macro.rule='fixed:0'"):

@@ -194,7 +194,7 @@ def test_a_resumed_ppo_run_gets_its_critic_back(tmp_path):
     saved = torch.load(out / "checkpoints" / "checkpoint-2" / "critic.pt")
     from molrl.rl.run import build_trainer
 
-    cfg.max_steps = 3
+    cfg.train.max_steps = 3
     trainer, _, pool = build_trainer(cfg)
     try:
         trainer.algorithm.load_state(out / "checkpoints" / "checkpoint-2")

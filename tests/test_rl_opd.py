@@ -59,14 +59,14 @@ def test_the_feedback_teacher_reads_the_attempt_and_its_test_results():
 
 def test_alignment_fails_loudly_where_the_real_tokenizer_merges_across_the_boundary(qwen3_tokenizer):
     tok = qwen3_tokenizer
-    prefix = tok.apply_chat_template([{"role": "user", "content": "What is 2+2?"}], tokenize=False,
-                                     add_generation_prompt=True, enable_thinking=False)
+    messages = [{"role": "user", "content": "What is 2+2?"}]
+    prefix = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=False)
     clean = tok("The answer is \\boxed{4}.", add_special_tokens=False)["input_ids"]
-    assert teacher_prefix_ids(tok, prefix, clean, "t") == tok(prefix, add_special_tokens=False)["input_ids"]
+    assert teacher_prefix_ids(tok, messages, False, clean, "t") == tok(prefix, add_special_tokens=False)["input_ids"]
     # the template ends in blank lines; a completion that starts with one more newline merges into "\n\n\n"
     merged = tok("\nThe answer is 4.", add_special_tokens=False)["input_ids"]
     with pytest.raises(MolrlError, match="task t: the tokenizer merges tokens across the boundary"):
-        teacher_prefix_ids(tok, prefix, merged, "t")
+        teacher_prefix_ids(tok, messages, False, merged, "t")
 
 
 def _zero_adapter(base, path):

@@ -119,6 +119,6 @@ def test_cli_runs_the_shipped_tiny_config(tmp_path):
     from molrl.cli import main
 
     config = Path(__file__).resolve().parents[1] / "configs" / "grpo_tiny.yaml"
-    assert main(["grpo", "--config", str(config), f"output_dir={tmp_path}", "max_steps=1",
+    assert main(["rl", "--config", str(config), f"output_dir={tmp_path}", "train.max_steps=1",
                  "max_completion_length=4"]) == 0
     assert (tmp_path / "adapter" / "adapter_config.json").is_file()

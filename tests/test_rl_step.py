@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from molrl.rl.config import RlConfig, PolicyConfig
+from molrl.rl.config import PolicyConfig, RlConfig, TrainSettings
 from molrl.rl.run import trl_args
 from molrl.rl.algorithms import ALGORITHMS
 from molrl.rl.loss import LossSettings, policy_loss, sampler_weights
@@ -45,10 +45,12 @@ def make_trainer(tmp_path, algorithm="dr_grpo", beta=0.0, epsilon=0.2, rewards=N
 
     model, tok = build_tiny_pair("chatml", initializer_range=0.1)
     cfg = RlConfig(output_dir=tmp_path, policy=PolicyConfig(), algorithm=algorithm, beta=beta, epsilon=epsilon,
-                   num_generations=2, micro_batch_size=2, max_completion_length=MAX_COMPLETION, max_steps=1,
-                   temperature=1.0)
+                   num_generations=2, max_completion_length=MAX_COMPLETION,
+                   train=TrainSettings(micro_batch_size=2, max_steps=1), temperature=1.0)
     args = trl_args(cfg, tmp_path / "ckpt", cuda=False)
-    row = {"prompt": "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", "task_json": TASK.to_json()}
+    prompt = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    row = {"prompt": prompt, "prompt_ids": tok(prompt, add_special_tokens=False)["input_ids"],
+           "task_json": TASK.to_json()}
     ds = Dataset.from_list([row] * 4)
     peft_config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False) if beta else None
     trainer = RlTrainer(model=model, scorer=FixedScorer(rewards or [0.0, 0.0]), config=cfg, args=args,

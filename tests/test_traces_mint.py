@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -48,6 +49,16 @@ def test_mint_assistant_label_removed_and_tags_kept(mint_dir):
     turns = [m["content"] for t in traces for m in t.messages if m["role"] == "assistant"]
     assert not any(c.lstrip().startswith("Assistant:") for c in turns)
     assert sum("<execute>" in c for c in turns) > 0 and sum("<solution>" in c for c in turns) > 0
+
+
+def test_mint_full_width_assistant_label_is_stripped(mint_dir):
+    # In the shipped files 232 assistant turns (111 GPT-4 traces) open "Assistant:\nAssistant：": MINT's
+    # label, then a second one with a full-width colon. No spelling of the label may open a turn.
+    label = re.compile(r"\s*assistant\s*[:\uff1a\ufe55\ufe13]", re.IGNORECASE)
+    turns = [m["content"] for f in sorted(mint_dir.glob("*.jsonl")) for _, t in import_file(f, "mint").traces
+             for m in t.messages if m["role"] == "assistant"]
+    assert len(turns) > 3000
+    assert [c[:40] for c in turns if label.match(c)] == []
 
 
 def test_mint_expert_feedback_stays_in_tool_messages(mint_dir):
@@ -97,8 +108,9 @@ def test_mint_stats_under_qwen3(mint_dir, qwen3_tokenizer, tmp_path):
     s = file_stats(path, qwen3_tokenizer)
     assert (s.traces, s.rejects, s.turns, s.feedback_turns, s.successes) == (45, 0, 144, 99, 33)
     assert s.tokens == s.prompt_tokens + s.decision_tokens + s.feedback_tokens + s.template_tokens
-    # Golden counts under the Qwen3 template (see the traces report table).
-    assert (s.tokens, s.decision_tokens, s.feedback_tokens) == (71030, 22978, 4430)
+    # Golden counts under the Qwen3 template (see the traces report table); 52 decision tokens fewer
+    # than when the full-width labels opening 35 of these turns were kept.
+    assert (s.tokens, s.decision_tokens, s.feedback_tokens) == (70978, 22926, 4430)
 
 
 def test_mint_round_trip_feedback_decodes_to_text(mint_dir, qwen3_tokenizer, tmp_path):

@@ -1,7 +1,9 @@
 """Chat rendering: the one place a conversation becomes model text.
 
 Training (tokenisation of traces), collection, GRPO prompts and evaluation all render through
-``render``, so a model always sees the same format it was trained on.
+``render``, so a model always sees the same format it was trained on. A prompt handed to a generator
+is a ``ChatPrompt``: the rendered text together with its token ids, encoded so that message content
+never becomes control tokens (``molrl.traces.spans.chat_prompt``).
 """
 
 from __future__ import annotations
@@ -9,6 +11,21 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 ROLES = ("system", "user", "assistant", "tool")
+
+
+class ChatPrompt(str):
+    """A rendered prompt (the text) that carries the token ids a model reads for it (``ids``)."""
+
+    ids: tuple[int, ...]
+    """Token ids: the template's control tokens, message contents as plain text."""
+
+    def __new__(cls, text: str, ids: "Sequence[int]") -> "ChatPrompt":
+        prompt = super().__new__(cls, text)
+        prompt.ids = tuple(ids)
+        return prompt
+
+    def __reduce__(self) -> Any:
+        return (ChatPrompt, (str(self), self.ids))
 
 
 def render(

@@ -2,8 +2,17 @@
 
 Every stage declares a dataclass whose fields carry a one-line docstring (the string literal
 right after the field). ``load_config`` builds it from a YAML file plus command-line overrides,
-checking every key and type; errors name the key and where it came from. ``save_config`` writes
-the resolved config next to a stage's outputs.
+checking every key, type and range; errors name the key and where it came from. ``save_config``
+writes the resolved config next to a stage's outputs.
+
+Ranges are one rule for every stage, read from the field types: every float is finite, a
+``Count`` (a length or a count) is 1 or more, a ``Weight`` (a loss term's weight or a coefficient)
+is 0 or more. ``check_values`` applies the same rule to a config built in Python.
+
+A class may list keys it renamed in ``RENAMED_KEYS`` (old name -> new name, and how an old value
+converts; either name may be dotted, for a key that moved into or out of a section): old configs keep
+loading, with one line naming the new keys, and ``current_names`` reads a saved config the same way, so a
+run saved under the old names is the same run under the new ones.
 """
 
 from __future__ import annotations
@@ -11,39 +20,106 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import logging
+import math
 import textwrap
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, Sequence, TypeVar
+from typing import Annotated, Any, Literal, Sequence, TypeVar
 
 import yaml
 
 from molrl.errors import MolrlError
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class ConfigError(MolrlError, ValueError):
     """A config key is unknown, mistyped or malformed; the message says where and how to fix it."""
 
 
-def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
-    """Build ``cls`` from the YAML file at ``path`` (optional) and ``key.sub=value`` overrides."""
+@dataclasses.dataclass(frozen=True)
+class AtLeast:
+    """The smallest value a config number may take, and what such a number is (``Count``, ``Weight``)."""
+
+    low: float
+    what: str
+
+
+Count = Annotated[int, AtLeast(1, "an integer >= 1 (a length or count)")]
+"""A length or a count (tokens, steps, samples, workers): 1 or more."""
+Weight = Annotated[float, AtLeast(0, "a finite number >= 0 (a weight)")]
+"""A loss term's weight or a coefficient: 0 or more (0 turns the term off)."""
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequence[str] = (),
+                overrides_from: str = "command-line overrides") -> T:
+    """Build ``cls`` from the YAML file at ``path`` (optional) and ``key.sub=value`` overrides (``overrides_from``
+    names where they came from in messages)."""
     data: dict[str, Any] = {}
     source = "defaults"
     if path is not None:
         source = str(path)
-        data = _read_yaml(Path(path), ())
+        data = _read_yaml(Path(path), (), cls)
+    moved: list[str] = []
     for item in overrides:
-        _apply_override(data, item)
-    where = source if not overrides else f"{source} + command-line overrides"
+        _apply_override(data, item, cls, moved)
+    _note(overrides_from, moved)
+    where = source if not overrides else f"{source} + {overrides_from}"
     return _build(cls, data, prefix="", where=where)
 
 
-def _read_yaml(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
-    """The mapping in ``path``; a top-level ``extends: other.yaml`` (relative to ``path``) is read first and
-    ``path``'s keys are merged over it: sections key by key, every other value (lists too) replaced."""
+def check_values(cfg: Any, where: str = "config", prefix: str = "") -> None:
+    """The range rule of ``load_config`` applied to a config dataclass built in Python."""
+    hints = typing.get_type_hints(type(cfg), include_extras=True)
+    for f in dataclasses.fields(cfg):
+        _check_range(hints[f.name], getattr(cfg, f.name), f"{prefix}{f.name}", where, deep=True)
+
+
+def _check_range(tp: Any, value: Any, key: str, where: str, deep: bool = False) -> None:
+    """Every float finite; a ``Count`` or ``Weight`` (also inside a list, a mapping or an optional) at least its
+    bound. ``deep`` also enters sections (``load_config`` checks each section as it builds it)."""
+    if dataclasses.is_dataclass(value):
+        if deep:
+            check_values(value, where, f"{key}.")
+        return
+    args = typing.get_args(_unoptional(tp))
+    if isinstance(value, dict):
+        for name, item in value.items():
+            _check_range(args[1] if len(args) == 2 else Any, item, f"{key}.{name}", where, deep)
+        return
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_range(args[0] if args else Any, item, f"{key}[{i}]", where, deep)
+        return
+    bound = _bound(tp)
+    if isinstance(value, float) and not math.isfinite(value):
+        allowed = bound.what if bound is not None else "a finite number"
+        raise ConfigError(f"{where}: {key}={value} is out of range; allowed: {allowed}")
+    if bound is not None and isinstance(value, (int, float)) and not isinstance(value, bool) and value < bound.low:
+        raise ConfigError(f"{where}: {key}={value!r} is out of range; allowed: {bound.what}")
+
+
+def _unoptional(tp: Any) -> Any:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0] if len(args) == 1 else tp
+    return tp
+
+
+def _bound(tp: Any) -> AtLeast | None:
+    tp = _unoptional(tp)
+    if typing.get_origin(tp) is Annotated:
+        return next((m for m in tp.__metadata__ if isinstance(m, AtLeast)), None)
+    return None
+
+
+def _read_yaml(path: Path, chain: tuple[Path, ...], cls: type) -> dict[str, Any]:
+    """The mapping in ``path`` under ``cls``'s current key names; a top-level ``extends: other.yaml`` (relative to
+    ``path``) is read first and ``path``'s keys are merged over it: sections key by key, every other value (lists
+    too) replaced. Each file is renamed before the merge, so a file under old names still overrides its base."""
     try:
         loaded = yaml.safe_load(path.read_text())
     except FileNotFoundError:
@@ -56,6 +132,7 @@ def _read_yaml(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     if not isinstance(loaded, dict):
         raise ConfigError(f"{path}: top level must be a mapping of keys, got {type(loaded).__name__}")
     parent = loaded.pop("extends", None)
+    loaded = _current(cls, loaded, "", str(path), note=True)
     if parent is None:
         return loaded
     if not isinstance(parent, str) or not parent:
@@ -63,7 +140,7 @@ def _read_yaml(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     base_path = (path.parent / parent).resolve()
     if base_path in chain or base_path == path.resolve():
         raise ConfigError(f"{path}: extends {parent} closes a cycle ({' -> '.join(str(c) for c in (*chain, path))})")
-    return _merged(_read_yaml(base_path, (*chain, path.resolve())), loaded)
+    return _merged(_read_yaml(base_path, (*chain, path.resolve()), cls), loaded)
 
 
 def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -93,7 +170,7 @@ def to_dict(cfg: Any) -> Any:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The one-line docstrings of a dataclass's fields (inherited ones too), read from source."""
+    """The docstrings of a dataclass's fields (inherited ones too), read from source, each whole."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if dataclasses.is_dataclass(klass):
@@ -116,12 +193,13 @@ def _own_field_docs(cls: type) -> dict[str, str]:
             and isinstance(nxt.value, ast.Constant)
             and isinstance(nxt.value.value, str)
         ):
-            docs[node.target.id] = nxt.value.value.strip().splitlines()[0]
+            docs[node.target.id] = inspect.cleandoc(nxt.value.value)
     return docs
 
 
 def describe(cls: type, prefix: str = "") -> list[str]:
-    """Lines ``key: default  # doc`` for every field, nested sections flattened with dots."""
+    """Lines ``key: default  # doc`` for every field, nested sections flattened with dots; a doc of several
+    lines goes on in ``    # ...`` lines below its key."""
     lines = []
     docs = field_docs(cls)
     hints = typing.get_type_hints(cls)
@@ -133,11 +211,14 @@ def describe(cls: type, prefix: str = "") -> list[str]:
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else "<required>"  # type: ignore[misc]
         )
-        lines.append(f"{prefix}{f.name}: {to_dict(default)!r}  # {docs.get(f.name, '')}")
+        first, *more = [line for line in docs.get(f.name, "").splitlines() if line.strip()] or [""]
+        lines.append(f"{prefix}{f.name}: {to_dict(default)!r}  # {first}")
+        lines += [f"    # {line}" for line in more]
     return lines
 
 
-def _apply_override(data: dict[str, Any], item: str) -> None:
+def _apply_override(data: dict[str, Any], item: str, cls: type | None = None, moved: list[str] | None = None) -> None:
+    """Set one ``key.sub=value`` in ``data``, the key under ``cls``'s current names (old ones added to ``moved``)."""
     if "=" not in item:
         raise ConfigError(f"override {item!r}: expected key.sub=value")
     key, raw = item.split("=", 1)
@@ -148,6 +229,8 @@ def _apply_override(data: dict[str, Any], item: str) -> None:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
+    if cls is not None:
+        parts, value = _renamed_path(cls, parts, value, item, moved if moved is not None else [])
     node = data
     for part in parts[:-1]:
         child = node.get(part)
@@ -163,7 +246,9 @@ def _build(cls: type[T], data: Any, prefix: str, where: str) -> T:
     name = prefix.rstrip(".") or "<top>"
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: {name} must be a mapping, got {type(data).__name__}")
+    data = _renamed(cls, data, prefix, where)
     hints = typing.get_type_hints(cls)
+    ranged = typing.get_type_hints(cls, include_extras=True)
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(data) - set(fields))
     if unknown:
@@ -173,12 +258,132 @@ def _build(cls: type[T], data: Any, prefix: str, where: str) -> T:
     kwargs = {}
     for key, value in data.items():
         kwargs[key] = _coerce(hints[key], value, f"{prefix}{key}", where)
+        _check_range(ranged[key], kwargs[key], f"{prefix}{key}", where)  # before __post_init__ reads the value
     try:
         return cls(**kwargs)
     except TypeError as err:
         raise ConfigError(f"{where}: {name}: {err}") from None
     except ValueError as err:  # __post_init__ validation
         raise ConfigError(f"{where}: {name}: {err}") from None
+
+
+def _renamed(cls: type, data: dict[str, Any], prefix: str, where: str, note: bool = True) -> dict[str, Any]:
+    """``data`` with each old key of ``cls.RENAMED_KEYS`` moved to its new name, its value converted; ``note``
+    logs one line naming them."""
+    renamed = getattr(cls, "RENAMED_KEYS", {})
+    if not any(_has(data, old) for old in renamed):
+        return data
+    data = _copy_sections(data)
+    moved = []
+    for old, (new, convert) in renamed.items():
+        if not _has(data, old):
+            continue
+        if _has(data, new):
+            raise ConfigError(f"{where}: {prefix}{old} is the old name of {prefix}{new} and both are set; "
+                              f"keep {prefix}{new}")
+        value = _pop(data, old)
+        try:
+            converted = convert(value)
+            _put(data, new, converted)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: {prefix}{old}={value!r} cannot be read as {prefix}{new}; "
+                              f"set {prefix}{new}") from None
+        moved.append(_moved(f"{prefix}{old}", f"{prefix}{new}", value, converted))
+    if note:
+        _note(where, moved)
+    return data
+
+
+def _renamed_path(cls: type, parts: list[str], value: Any, item: str, moved: list[str]) -> tuple[list[str], Any]:
+    """An override's key ``parts`` (and its value) under the current names of ``cls`` and of its sections."""
+    done: list[str] = []
+    while parts and dataclasses.is_dataclass(cls):
+        for old, (new, convert) in getattr(cls, "RENAMED_KEYS", {}).items():
+            old_parts = old.split(".")
+            if parts[: len(old_parts)] != old_parts:
+                continue
+            before = value
+            if len(parts) == len(old_parts):
+                try:
+                    value = convert(value)
+                except (TypeError, ValueError):
+                    raise ConfigError(f"override {item!r}: {value!r} cannot be read as {'.'.join(done + [new])}; "
+                                      f"set {'.'.join(done + [new])}") from None
+            parts = [*new.split("."), *parts[len(old_parts):]]
+            moved.append(_moved(".".join(done + old_parts), ".".join(done + new.split(".")), before, value))
+            break
+        head, parts = parts[0], parts[1:]
+        done.append(head)
+        cls = _unoptional(typing.get_type_hints(cls).get(head))
+    return done + parts, value
+
+
+def _moved(old: str, new: str, value: Any, converted: Any) -> str:
+    return f"{old} -> {new}" if converted == value else f"{old}={value!r} -> {new}={converted!r}"
+
+
+def _note(where: str, moved: list[str]) -> None:
+    """One line naming the old keys read under their new names (once per distinct line)."""
+    line = f"{where}: old key names, read as the new ones: {', '.join(moved)}; rename them to silence this"
+    if moved and line not in _NOTED:
+        _NOTED.add(line)
+        log.warning("%s", line)
+
+
+_NOTED: set[str] = set()
+"""The rename notes logged so far in this process: the pipeline builds each stage's config more than once, and its
+old keys are noted once."""
+
+
+def current_names(cls: type, data: Any) -> Any:
+    """A config as saved (plain data) with every old key of ``cls`` and of its sections under its current name,
+    quietly: how a run saved before a rename compares with the same run now."""
+    return _current(cls, data, "", "saved config", note=False)
+
+
+def _current(cls: type, data: Any, prefix: str, where: str, note: bool) -> Any:
+    if not isinstance(data, dict) or not dataclasses.is_dataclass(cls):
+        return data
+    data = dict(_renamed(cls, data, prefix, where, note))
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name in data:
+            data[f.name] = _current(_unoptional(hints[f.name]), data[f.name], f"{prefix}{f.name}.", where, note)
+    return data
+
+
+def _has(data: dict[str, Any], dotted: str) -> bool:
+    *sections, key = dotted.split(".")
+    for name in sections:
+        data = data.get(name)
+        if not isinstance(data, dict):
+            return False
+    return key in data
+
+
+def _pop(data: dict[str, Any], dotted: str) -> Any:
+    """Remove a dotted key (``_has`` it), and a section it leaves empty."""
+    name, _, rest = dotted.partition(".")
+    if not rest:
+        return data.pop(name)
+    value = _pop(data[name], rest)
+    if not data[name]:
+        del data[name]
+    return value
+
+
+def _put(data: dict[str, Any], dotted: str, value: Any) -> None:
+    *sections, key = dotted.split(".")
+    for name in sections:
+        data = data.setdefault(name, {})
+        if not isinstance(data, dict):
+            raise ValueError(f"{name} is a value, not a section")
+    data[key] = value
+
+
+def _copy_sections(data: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``data`` whose nested mappings are copies too (renaming moves keys between them)."""
+    return {k: _copy_sections(v) if isinstance(v, dict) else v for k, v in data.items()}
 
 
 def _coerce(tp: Any, value: Any, key: str, where: str) -> Any:

@@ -7,6 +7,12 @@ tensorboard), never to the console. Third-party noise (the Trainer's raw log dic
 bars, deprecation warnings raised inside transformers, peft's note about a missing config file)
 is held back unless ``-v`` asks for detail: then the bars stay and every raw log dict is also
 printed as a debug line.
+A Trainer's bar is ``molrl.trainer_progress``'s (it needs transformers; this module does not).
+
+When the output is not a terminal (a log file, a pipe, a batch job), a bar would show only its last
+frame, and rich would cut lines at 80 columns. There, log lines are plain and timestamped, and every
+bar becomes a timestamped progress line at its start, every ``MOLRL_PROGRESS_EVERY`` seconds
+(default 30) while it runs, and at its end, at full width (``PlainProgress``).
 """
 
 from __future__ import annotations
@@ -14,12 +20,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
+import sys
+import time
 import warnings
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from transformers import TrainerCallback
 
 from molrl import cpu
 
@@ -37,6 +45,9 @@ NOISE = (
 )
 """(category, message regex) of third-party warnings hidden unless ``-v``."""
 
+PROGRESS_EVERY_S = 30.0
+"""Seconds between two progress lines of a bar when the output is not a terminal (``MOLRL_PROGRESS_EVERY``)."""
+
 _state = {"verbose": False}
 
 
@@ -45,11 +56,16 @@ def setup_logging(verbose: bool = False) -> None:
     from rich.logging import RichHandler
 
     _state["verbose"] = verbose
+    if CONSOLE.is_terminal:
+        handler: logging.Handler = RichHandler(console=CONSOLE, rich_tracebacks=False, show_path=False)
+    else:  # a file or a pipe: whole lines, each with its date and time
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(message)s",
         datefmt="[%X]",
-        handlers=[RichHandler(console=CONSOLE, rich_tracebacks=False, show_path=False)],
+        handlers=[handler],
         force=True,
     )
     if verbose:
@@ -58,10 +74,14 @@ def setup_logging(verbose: bool = False) -> None:
         warnings.filterwarnings("ignore", message=message, category=category)
     for name in ("transformers", "peft", "accelerate", "datasets", "trl", "urllib3", "filelock", "matplotlib"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    from transformers.utils import logging as hf_logging
+    if "transformers" in sys.modules or "huggingface_hub" in sys.modules:
+        from transformers.utils import logging as hf_logging
 
-    hf_logging.set_verbosity_warning()
-    hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_warning()
+        hf_logging.disable_progress_bar()
+    else:  # the CLI's start-up: transformers reads these when a stage imports it (importing it here costs ~1 s)
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "warning")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 def verbose() -> bool:
@@ -83,13 +103,116 @@ def figures_text(figures: Mapping[str, str], values: Mapping[str, Any]) -> str:
     return "  ".join(f"{label} {format_figure(values[key])}" for key, label in figures.items() if key in values)
 
 
-def new_progress() -> Progress:
-    """A progress display on the shared console: name, bar, n/N, live figures, elapsed < remaining."""
-    return Progress(
+def new_progress() -> "Progress | PlainProgress":
+    """A progress display on the shared console: name, bar, n/N, live figures, elapsed < remaining; plain
+    timestamped lines instead when the console is not a terminal."""
+    if not CONSOLE.is_terminal:
+        return PlainProgress(CONSOLE.file)
+    return _TickingProgress(
         TextColumn("[bold]{task.description}"), BarColumn(bar_width=16), MofNCompleteColumn(),
         TextColumn("{task.fields[figures]}"), TimeElapsedColumn(), TextColumn("<"), TimeRemainingColumn(),
         console=CONSOLE,
     )
+
+
+class _TickingProgress(Progress):
+    """rich's ``Progress`` that lets the thread governor re-measure the machine as work advances."""
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        cpu.tick()
+        super().update(*args, **kwargs)
+
+    def advance(self, *args: Any, **kwargs: Any) -> None:
+        cpu.tick()
+        super().advance(*args, **kwargs)
+
+
+def progress_every_s() -> float:
+    """Seconds between progress lines: ``MOLRL_PROGRESS_EVERY`` when set to a positive number, else 30."""
+    try:
+        every = float(os.environ.get("MOLRL_PROGRESS_EVERY", PROGRESS_EVERY_S))
+    except ValueError:
+        return PROGRESS_EVERY_S
+    return every if every > 0 else PROGRESS_EVERY_S
+
+
+class PlainProgress:
+    """Progress as timestamped lines, for output that is not a terminal: the part of rich's ``Progress`` the
+    stages use (``add_task``, ``update``, ``advance``, a context manager).
+
+    Each task writes a line when added, then at most one every ``every_s`` seconds as it moves, and one when it
+    completes or the display closes; lines are never cut. ``clock`` gives seconds since the epoch.
+    """
+
+    def __init__(self, stream: TextIO, every_s: float | None = None, clock: Callable[[], float] = time.time):
+        self.stream, self.clock = stream, clock
+        self.every_s = progress_every_s() if every_s is None else every_s
+        self.tasks: dict[int, dict[str, Any]] = {}
+
+    def __enter__(self) -> "PlainProgress":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for task_id, task in self.tasks.items():
+            if task["shown"] != task["completed"]:
+                self._write(task_id)
+
+    def add_task(self, description: str, total: float | None = None, completed: float = 0, **fields: Any) -> int:
+        """A new task (its first line is written now); returns its id."""
+        task_id = len(self.tasks)
+        now = self.clock()
+        self.tasks[task_id] = {"description": description, "total": total, "completed": completed,
+                               "start": completed, "started": now, "fields": fields, "shown": None, "at": now}
+        self._write(task_id)
+        return task_id
+
+    def update(self, task_id: int, *, completed: float | None = None, advance: float | None = None,
+               total: float | None = None, **fields: Any) -> None:
+        """Move a task and replace its fields; writes a line when ``every_s`` has passed or the task completed."""
+        cpu.tick()
+        task = self.tasks[task_id]
+        if total is not None:
+            task["total"] = total
+        if completed is not None:
+            task["completed"] = completed
+        if advance:
+            task["completed"] += advance
+        task["fields"].update({k: v for k, v in fields.items() if k not in ("description", "visible", "refresh")})
+        done = task["total"] is not None and task["completed"] >= task["total"]
+        if (done and task["shown"] != task["completed"]) or self.clock() - task["at"] >= self.every_s:
+            self._write(task_id)
+
+    def advance(self, task_id: int, advance: float = 1) -> None:
+        """Move a task by ``advance``."""
+        self.update(task_id, advance=advance)
+
+    def _write(self, task_id: int) -> None:
+        task, now = self.tasks[task_id], self.clock()
+        self.stream.write(progress_line(task["description"], task["completed"], task["total"], task["start"],
+                                        now - task["started"], task["fields"].get("figures", ""), now) + "\n")
+        self.stream.flush()
+        task["shown"], task["at"] = task["completed"], now
+
+
+def progress_line(description: str, completed: float, total: float | None, start: float, elapsed_s: float,
+                  figures: str, now: float) -> str:
+    """One progress line: date and time, the task, n/N (percent), its figures, elapsed and estimated remaining time.
+
+    >>> progress_line("mol", 30, 120, 0, 60.0, "loss 1.2", now=0.0)[20:]  # after the 20 characters of the date
+    'mol 30/120 (25%)  loss 1.2  elapsed 0:01:00, left 0:03:00'
+    """
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
+    count = f"{completed:g}/{total:g} ({100 * completed / total:.0f}%)" if total else f"{completed:g}"
+    left = ""
+    if total and completed > start:
+        left = f", left {_clock_time(elapsed_s / (completed - start) * (total - completed))}"
+    return f"{stamp} {description} {count}" + (f"  {figures}" if figures else "") + \
+        f"  elapsed {_clock_time(elapsed_s)}{left}"
+
+
+def _clock_time(seconds: float) -> str:
+    seconds = int(round(max(0.0, seconds)))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
 @contextlib.contextmanager
@@ -100,9 +223,9 @@ def stage_bar(description: str, total: int, completed: int = 0) -> Iterator["Sta
 
 
 class StageBar:
-    """A handle on one task of a ``Progress``."""
+    """A handle on one task of a ``Progress`` (or a ``PlainProgress``)."""
 
-    def __init__(self, progress: Progress, task_id: Any):
+    def __init__(self, progress: "Progress | PlainProgress", task_id: Any):
         self.progress, self.task_id = progress, task_id
 
     def update(self, completed: int | None = None, advance: int = 0, figures: str | None = None) -> None:
@@ -112,49 +235,3 @@ class StageBar:
             self.progress.update(self.task_id, completed=completed, **fields)
         else:
             self.progress.update(self.task_id, advance=advance, **fields)
-
-
-class TrainerProgress(TrainerCallback):
-    """A Trainer's progress as one bar with live figures (replaces its tqdm bar and printed dicts)."""
-
-    def __init__(self, description: str, figures: Mapping[str, str]):
-        self.description, self.figures = description, dict(figures)
-        self._bar: contextlib.ExitStack | None = None
-        self._handle: StageBar | None = None
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        if not state.is_world_process_zero:
-            return
-        self._bar = contextlib.ExitStack()
-        self._handle = self._bar.enter_context(stage_bar(self.description, state.max_steps, state.global_step))
-
-    def on_step_end(self, args, state, control, **kwargs):
-        cpu.tick()
-        if self._handle is not None:
-            self._handle.update(completed=state.global_step)
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or not logs:
-            return
-        if verbose():
-            log.debug("%s step %d: %s", self.description, state.global_step, logs)
-        if self._handle is not None and any(key in logs for key in self.figures):
-            self._handle.update(completed=state.global_step, figures=figures_text(self.figures, logs))
-
-    def on_train_end(self, args, state, control, **kwargs):
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = self._handle = None
-
-
-def use_trainer_progress(trainer: Any, description: str, figures: Mapping[str, str]) -> None:
-    """Give ``trainer`` one bar with ``figures`` (log key -> label) instead of tqdm and printed dicts."""
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-    for callback in (ProgressCallback, PrinterCallback):
-        trainer.remove_callback(callback)
-    with contextlib.suppress(ImportError):
-        from transformers.utils.notebook import NotebookProgressCallback
-
-        trainer.remove_callback(NotebookProgressCallback)
-    trainer.add_callback(TrainerProgress(description, figures))

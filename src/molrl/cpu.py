@@ -6,12 +6,20 @@ quick preset took 274 s with two threads beside a CPU-bound process, 118 s with 
 therefore asks, before each stage, how many cores are idle right now and uses that many threads,
 and while a stage trains, ``ThreadGovernor`` re-asks every few seconds how busy the other
 processes keep the machine (``govern_threads`` installs one; ``tick`` is called once per step).
+
+Every CPU stage (``mol``, ``rl``, ``eval``, ``collect``, ``pipeline``, the demo) sets its threads the same way,
+through ``use_threads``: a stage's ``threads=N`` fixes the count, otherwise it follows the idle cores like this.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import time
+from typing import Iterator, Mapping
+
+log = logging.getLogger(__name__)
 
 
 def cpu_times() -> tuple[float, float]:
@@ -115,3 +123,79 @@ def tick() -> None:
     """One training step passed: let the installed governor (if any) re-measure the machine."""
     if _GOVERNOR is not None:
         _GOVERNOR.tick()
+
+
+# The one thread policy of every CPU stage (mol, rl, eval, collect, the pipeline and the demo).
+
+_SCOPE: list[tuple[int | None, int | None]] = []
+"""Enclosing ``stage_threads`` scopes, innermost last: (threads, most) that stages inside inherit."""
+
+
+def fixed_threads(threads: int | None, environ: Mapping[str, str]) -> int | None:
+    """A fixed thread count: the config's ``threads``, else a positive ``OMP_NUM_THREADS`` (what torch itself
+    would take; ``torchrun`` and ``accelerate launch`` set it to 1 per process); None: follow the idle cores.
+
+    >>> fixed_threads(3, {"OMP_NUM_THREADS": "1"}), fixed_threads(None, {"OMP_NUM_THREADS": "2"}), fixed_threads(None, {})
+    (3, 2, None)
+    """
+    if threads:
+        return threads
+    omp = environ.get("OMP_NUM_THREADS", "").strip()
+    return int(omp) if omp.isdigit() and int(omp) > 0 else None
+
+
+def share_of_cores(usable: int, environ: Mapping[str, str]) -> int:
+    """Most threads one process may take: the cores it may run on, shared among the processes of one machine
+    (``LOCAL_WORLD_SIZE`` under a launcher), at least 1.
+
+    >>> share_of_cores(16, {}), share_of_cores(16, {"LOCAL_WORLD_SIZE": "4"}), share_of_cores(2, {"LOCAL_WORLD_SIZE": "8"})
+    (16, 4, 1)
+    """
+    processes = environ.get("LOCAL_WORLD_SIZE", "1")
+    return max(1, usable // max(1, int(processes) if processes.isdigit() else 1))
+
+
+def use_threads(threads: int | None, stage: str, most: int | None = None) -> int:
+    """Set torch's CPU threads for ``stage`` and log the count; returns it.
+
+    ``threads`` fixes the count. Unset, a stage takes its enclosing ``stage_threads`` scope's setting (the
+    pipeline's, the demo's), else ``OMP_NUM_THREADS`` when the environment sets it, else as many threads as
+    cores are idle now (at most ``most``, default this process's share of its cores), re-measured every few
+    seconds while it runs (``ThreadGovernor``).
+    """
+    import torch
+
+    if not threads and _SCOPE:
+        threads, most = _SCOPE[-1][0], most or _SCOPE[-1][1]
+    fixed = fixed_threads(threads, os.environ)
+    if fixed is not None:
+        govern_threads(None)
+        count, why = fixed, f"threads={threads}" if threads else "OMP_NUM_THREADS"
+    else:
+        most = most or share_of_cores(len(os.sched_getaffinity(0)), os.environ)
+        if _GOVERNOR is not None and _GOVERNOR.most == most:  # the stage before left one running: keep measuring
+            count = torch.get_num_threads()
+        else:
+            count = idle_threads(most)
+            govern_threads(most)
+        why = f"the idle cores, at most {most}, re-measured while it runs; threads=N fixes it"
+    torch.set_num_threads(count)
+    log.info("%s: torch threads: %d (%s)", stage, count, why)
+    return count
+
+
+@contextlib.contextmanager
+def stage_threads(threads: int | None, most: int | None = None) -> Iterator[None]:
+    """Stages run inside take ``threads`` (or the idle cores, at most ``most``) unless their own config fixes a
+    count; on leaving, the governor stops and torch's count is restored."""
+    import torch
+
+    before = torch.get_num_threads()
+    outer = _SCOPE[-1] if _SCOPE else (None, None)
+    _SCOPE.append((threads or outer[0], most or outer[1]))
+    try:
+        yield
+    finally:
+        _SCOPE.pop()
+        govern_threads(None)
+        torch.set_num_threads(before)

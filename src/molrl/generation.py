@@ -2,35 +2,34 @@
 
 ``TransformersGenerator`` runs ``model.generate`` on CPU or GPU with left padding, prompts sorted
 by length into batches; ``VLLMGenerator`` uses vLLM when it is installed. Both take rendered
-prompt strings (see ``molrl.chat.render``) and return ``n`` completions per prompt.
+prompts and return ``n`` completions per prompt. A ``molrl.chat.ChatPrompt`` (what molrl's stages
+pass) is generated from the ids it carries, in which message content never became control tokens;
+a plain string is taken as trusted template text and tokenised as it stands.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 import torch
 
+from molrl.chat import ChatPrompt
+from molrl.sampling import SamplingConfig  # kept importable from here; defined torch-free for configs
 
-@dataclass
-class SamplingConfig:
-    """How completions are sampled."""
 
-    n: int = 1
-    """Completions per prompt."""
-    temperature: float = 0.0
-    """Sampling temperature; 0 means greedy decoding."""
-    top_p: float = 1.0
-    """Nucleus sampling mass."""
-    top_k: int = 0
-    """Top-k cut-off; 0 disables it."""
-    max_new_tokens: int = 512
-    """Most tokens generated per completion."""
-    seed: int = 0
-    """Random seed set before each generate call, for reproducible samples."""
-    stop: list[str] = field(default_factory=list)
-    """Strings that end a completion early (kept in the output)."""
+class Completion(str):
+    """A generated text that knows whether generation stopped at ``max_new_tokens`` before the model ended it."""
+
+    truncated: bool
+    """The token limit cut it: no end-of-sequence token or stop string came within ``max_new_tokens``."""
+
+    def __new__(cls, text: str, truncated: bool = False) -> "Completion":
+        completion = super().__new__(cls, text)
+        completion.truncated = truncated
+        return completion
+
+    def __reduce__(self) -> Any:
+        return (Completion, (str(self), self.truncated))
 
 
 class Generator(Protocol):
@@ -39,6 +38,13 @@ class Generator(Protocol):
     def generate(self, prompts: Sequence[str], sampling: SamplingConfig) -> list[list[str]]:
         """``n`` completions for each prompt, in prompt order."""
         ...
+
+
+def prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
+    """The token ids generation starts from: a ``ChatPrompt``'s own, or a plain string's tokenisation."""
+    if isinstance(prompt, ChatPrompt):
+        return list(prompt.ids)
+    return tokenizer(prompt, add_special_tokens=False)["input_ids"]
 
 
 class TransformersGenerator:
@@ -52,8 +58,7 @@ class TransformersGenerator:
     @torch.no_grad()
     def generate(self, prompts: Sequence[str], sampling: SamplingConfig) -> list[list[str]]:
         """``n`` completions for each prompt, in prompt order."""
-        tok = self.tokenizer
-        encoded = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        encoded = [prompt_ids(self.tokenizer, p) for p in prompts]
         order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))
         results: list[list[str]] = [[] for _ in prompts]
         was_training = self.model.training
@@ -94,18 +99,22 @@ class TransformersGenerator:
             input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), **kwargs
         )  # [B * n, L + new]
         new_tokens = out[:, width:].tolist()
-        texts = [self._decode(ids) for ids in new_tokens]
+        texts = [self._decode(ids, sampling) for ids in new_tokens]
         return [texts[i * sampling.n : (i + 1) * sampling.n] for i in range(len(batch_ids))]
 
-    def _decode(self, ids: list[int]) -> str:
-        """Text of the generated tokens, up to and without the first end-of-sequence token."""
+    def _decode(self, ids: list[int], sampling: SamplingConfig) -> Completion:
+        """Text of the generated tokens, up to and without the first end-of-sequence token; truncated when all
+        ``max_new_tokens`` were generated and neither an end-of-sequence token nor a stop string ended them (a row
+        that stopped early is padded)."""
         eos = self.tokenizer.eos_token_id
         eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.pad_token_id}
+        truncated = len(ids) >= sampling.max_new_tokens
         for cut, token in enumerate(ids):
             if token in eos_ids:
-                ids = ids[:cut]
+                ids, truncated = ids[:cut], False
                 break
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        return Completion(text, truncated and not any(text.endswith(stop) for stop in sampling.stop))
 
 
 class VLLMGenerator:
@@ -137,5 +146,6 @@ class VLLMGenerator:
             stop=list(sampling.stop) or None,
             include_stop_str_in_output=True,
         )
-        outputs = self.llm.generate(list(prompts), params)
-        return [[c.text for c in o.outputs] for o in outputs]
+        inputs = [{"prompt_token_ids": list(p.ids)} if isinstance(p, ChatPrompt) else p for p in prompts]
+        outputs = self.llm.generate(inputs, params)
+        return [[Completion(c.text, c.finish_reason == "length") for c in o.outputs] for o in outputs]

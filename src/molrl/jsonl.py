@@ -1,4 +1,4 @@
-"""Reading JSON-lines files: one reader for traces, predictions and metrics logs.
+"""Reading and writing JSON-lines files: one reader for traces, predictions and metrics logs.
 
 What a file may hold, and what the reader makes of it:
   * gzip, bzip2 or xz compression, recognised by the file's first bytes whatever it is called,
@@ -8,6 +8,11 @@ What a file may hold, and what the reader makes of it:
   * a final line without a newline is marked incomplete (``Line.complete``): a killed writer
     leaves one, and each caller decides whether that is damage or a tail to drop.
 Lines are split at ``\\n`` only, so a U+2028 inside a JSON string stays inside its record.
+
+Writing (``json_line``): text is written as UTF-8 except what UTF-8 cannot hold, a lone surrogate
+(``chr(0xD800)``, which a program's output can carry), which is written as the JSON escape
+``\\ud800``, so a writer never fails on text and reading the line back gives the same string (a
+high surrogate followed by a low one reads back as the one character the pair spells).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import json
 import logging
 import lzma
 import os
+import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +34,7 @@ from molrl.errors import DataError, MolrlError
 log = logging.getLogger(__name__)
 
 _BOM = "\ufeff"
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _DECOMPRESSORS: dict[bytes, tuple[str, Callable[[Path], IO[bytes]]]] = {
     b"\x1f\x8b": ("gzip", lambda p: gzip.open(p, "rb")),
     b"BZh": ("bzip2", lambda p: bz2.open(p, "rb")),
@@ -155,6 +162,17 @@ def read_records(path: str | Path) -> list[Any]:
     return records
 
 
+def json_line(record: Any, default: Callable[[Any], Any] | None = None) -> str:
+    """``record`` as one line of JSON (no newline) that always encodes as UTF-8: lone surrogates are escaped.
+
+    Raises ``TypeError`` / ``ValueError`` for what JSON cannot hold (an object ``default`` does not turn
+    into data, a circular reference).
+    """
+    text = json.dumps(record, ensure_ascii=False, default=default)
+    # outside strings JSON is ASCII, so a surrogate here sits in a string, where its escape means the same
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def write_jsonl(path: str | Path, records: Iterable[dict[str, Any]]) -> int:
     """Write JSON records one per line atomically (temp file + rename); returns the number written."""
     path = Path(path)
@@ -163,7 +181,7 @@ def write_jsonl(path: str | Path, records: Iterable[dict[str, Any]]) -> int:
     n = 0
     with tmp.open("w", encoding="utf-8") as out:
         for record in records:
-            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            out.write(json_line(record) + "\n")
             n += 1
         out.flush()
         os.fsync(out.fileno())

@@ -3,13 +3,19 @@
 ``tiny:chatml`` and ``tiny:llama3`` name the randomly initialised tiny pairs of ``molrl.tiny``
 (for smoke runs and tests); anything else goes to ``from_pretrained``. An adapter directory
 (PEFT) can be put on top, frozen or trainable.
+
+Inputs are checked before anything is loaded from them, each failure one line naming the input and
+the fix: a path that does not exist, a model folder without tokenizer files (transformers would
+build an empty one-token tokenizer from it), an adapter trained on another base (PEFT would print
+a ``size mismatch`` line per tensor).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -19,6 +25,11 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
+TOKENIZER_FILES = ("tokenizer*", "vocab*", "*.model", "*.tiktoken", "spiece*", "sentencepiece*")
+"""Name patterns of tokenizer files (tokenizer.json, tokenizer_config.json, vocab.json, tokenizer.model, ...): a
+folder without any of them holds no tokenizer."""
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+"""Where PEFT saves an adapter's weights."""
 
 
 def load_tokenizer(name_or_path: str) -> Any:
@@ -30,7 +41,9 @@ def load_tokenizer(name_or_path: str) -> Any:
     else:
         from transformers import AutoTokenizer
 
+        check_tokenizer_folder(name_or_path)
         tok = _from_pretrained(AutoTokenizer, name_or_path)
+        _check_vocabulary(tok, name_or_path)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
@@ -46,10 +59,12 @@ def load_model(
     adapter_trainable: bool = False,
     seed: int = 0,
 ) -> Any:
-    """A causal LM, optionally with a PEFT adapter on top, moved to ``device``."""
+    """A causal LM, optionally with a PEFT adapter on top (checked against it first), moved to ``device``."""
     torch_dtype = DTYPES.get(dtype)
     if torch_dtype is None:
         raise MolrlError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    if adapter is not None and not (Path(adapter) / "adapter_config.json").is_file():
+        raise MolrlError(f"{adapter}: not a PEFT adapter directory (no adapter_config.json)")
     if name_or_path.startswith("tiny:"):
         from molrl.tiny import build_tiny_pair
 
@@ -62,8 +77,7 @@ def load_model(
     if adapter is not None:
         from peft import PeftModel
 
-        if not (Path(adapter) / "adapter_config.json").is_file():
-            raise MolrlError(f"{adapter}: not a PEFT adapter directory (no adapter_config.json)")
+        check_adapter(adapter, model, name_or_path)
         model = PeftModel.from_pretrained(model, str(adapter), is_trainable=adapter_trainable)
     if device:
         model = model.to(device)
@@ -85,6 +99,117 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def looks_like_path(name: str) -> bool:
+    """Whether a model name can only be a folder: ``/x``, ``./x``, ``~/x``, ``a/b/c``, ``x/`` (not ``org/name``)."""
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or name.endswith("/") or "\\" in name
+
+
+def check_model_folder(name_or_path: str) -> None:
+    """Refuse a path-looking model name whose folder does not exist (instead of the hub's repo-name rules)."""
+    if looks_like_path(name_or_path) and not Path(name_or_path).expanduser().exists():
+        raise MolrlError(f"model folder {name_or_path} not found; "
+                         "check the path (a hub model is named like Qwen/Qwen3-8B)")
+
+
+def check_tokenizer_folder(name_or_path: str) -> None:
+    """Refuse a local model folder without tokenizer files, from which transformers would build an empty tokenizer."""
+    check_model_folder(name_or_path)
+    folder = Path(name_or_path).expanduser()
+    if folder.is_dir() and not any(p.is_file() for pattern in TOKENIZER_FILES for p in folder.glob(pattern)):
+        raise MolrlError(
+            f"{name_or_path}: no tokenizer files in this folder (tokenizer.json, tokenizer_config.json or vocab "
+            "files); copy them from the model it was trained from (tokenizer.save_pretrained(FOLDER) writes them)"
+        )
+
+
+def _check_vocabulary(tok: Any, name_or_path: str) -> None:
+    """Refuse a tokenizer holding under half of its model's vocabulary (a stray or broken tokenizer file)."""
+    config_file = Path(name_or_path).expanduser() / "config.json"
+    if not config_file.is_file():
+        return
+    try:
+        config = json.loads(config_file.read_text())
+    except ValueError:
+        return  # the model loader reports a broken config.json
+    vocab_size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    if isinstance(vocab_size, int) and len(tok) < vocab_size // 2:
+        raise MolrlError(
+            f"{name_or_path}: its tokenizer has {len(tok)} tokens but the model's vocabulary is {vocab_size}; "
+            "the tokenizer files are missing or broken: copy them from the model it was trained from"
+        )
+
+
+def check_adapter(adapter: str | Path, model: Any, model_name: str) -> None:
+    """Refuse an adapter whose saved weights do not fit ``model``, before PEFT loads it: one line naming the
+    adapter, the base it records, the first size that differs and the fix."""
+    adapter = Path(adapter)
+    recorded = json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    mismatches = []
+    for key, shape in adapter_shapes(adapter):
+        sizes = _lora_sizes(model, key, shape)
+        if sizes is not None and sizes[2] != sizes[3]:
+            mismatches.append(sizes)
+    if not mismatches:
+        return
+    module, side, have, want = mismatches[0]
+    name = _size_name(model.config, want) or side
+    more = f" ({len(mismatches)} adapter tensors differ)" if len(mismatches) > 1 else ""
+    base = f"trained on {recorded}" if recorded else "(its base is not recorded)"
+    fix = f"load it on {recorded}, the base it was trained on" if recorded else "load it on the base it was trained on"
+    raise MolrlError(f"{adapter}: adapter {base} does not fit {model_name}: its {module} has {name} {have}, "
+                     f"{model_name}'s has {want}{more}; {fix}")
+
+
+def adapter_shapes(adapter: Path) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """``(key, shape)`` of every tensor an adapter directory saved, read without loading the weights."""
+    path = next((adapter / name for name in ADAPTER_WEIGHTS if (adapter / name).is_file()), None)
+    if path is None:
+        return  # PEFT reports the missing weights file itself
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():
+                yield key, tuple(f.get_slice(key).get_shape())
+    else:
+        for key, tensor in torch.load(path, map_location="cpu", weights_only=True, mmap=True).items():
+            yield key, tuple(tensor.shape)
+
+
+_LORA_SIDES = {  # adapter tensor -> (which dimension of the tensor, the module attribute it must equal, its name)
+    "lora_A": (1, "in_features", "input size"),
+    "lora_B": (0, "out_features", "output size"),
+    "lora_embedding_A": (1, "num_embeddings", "vocabulary"),
+    "lora_embedding_B": (0, "embedding_dim", "embedding size"),
+}
+
+
+def _lora_sizes(model: Any, key: str, shape: tuple[int, ...]) -> tuple[str, str, int, int] | None:
+    """(module, side, the adapter's size, the model's size) of a LoRA tensor whose module ``model`` has; else None."""
+    parts = key.removeprefix("base_model.model.").split(".")
+    for i, part in enumerate(parts):
+        if part in _LORA_SIDES and len(shape) == 2:
+            module_name = ".".join(parts[:i])
+            try:
+                module = model.get_submodule(module_name)
+            except AttributeError:
+                return None  # PEFT reports modules the model lacks
+            dim, attribute, side = _LORA_SIDES[part]
+            want = getattr(module, attribute, None)
+            return (module_name, side, shape[dim], want) if isinstance(want, int) else None
+    return None
+
+
+def _size_name(config: Any, size: int) -> str | None:
+    """Which model dimension ``size`` is, read from its config (vocabulary, hidden size...), or None."""
+    config = getattr(config, "text_config", None) or config
+    for attribute, name in (("vocab_size", "vocabulary"), ("hidden_size", "hidden size"),
+                            ("intermediate_size", "intermediate size")):
+        if getattr(config, attribute, None) == size:
+            return name
+    return None
+
+
 def _tiny_template(name: str) -> str:
     template = name.split(":", 1)[1]
     if template not in ("chatml", "llama3"):
@@ -93,6 +218,9 @@ def _tiny_template(name: str) -> str:
 
 
 def _from_pretrained(cls: Any, name_or_path: str, **kwargs: Any) -> Any:
+    check_model_folder(name_or_path)
+    if name_or_path.startswith("~"):
+        name_or_path = str(Path(name_or_path).expanduser())
     try:
         return cls.from_pretrained(name_or_path, **kwargs)
     except OSError as err:

@@ -1,17 +1,18 @@
-"""``molrl pipeline``: collect -> MoL -> GRPO -> eval in one run directory, then ``report.md``.
+"""``molrl pipeline``: collect -> MoL -> RL -> eval in one run directory, then ``report.md``.
 
 Each stage is the real stage function (``run_collect``, ``run_mol``, ``run_rl``, ``run_eval``)
 with its config built from a section of the pipeline config plus what the pipeline fixes (model,
 inputs, output directory). Variants are named runs: several MoL runs (modes, epochs) and several
-GRPO runs (algorithms, reward types, each starting from a named MoL run or the base), and every
-resulting model is evaluated single-step.
+RL runs (algorithms, reward types, each starting from a named MoL run or the base), and every
+resulting model is evaluated single-step. The RL stage and its sections are ``rl`` and ``rl_runs``;
+their first names, ``grpo`` and ``grpo_runs``, still load.
 
 Run directory::
 
     config.yaml                 the resolved pipeline config
     collect/traces.jsonl        collected traces (+ their config)
     mol/<run>/                  each MoL run's output (adapter/, metrics.jsonl, config.yaml)
-    grpo/<run>/                 each GRPO run's output
+    grpo/<run>/                 each RL run's output (the folder keeps its first name: runs made before resume)
     eval/<model>/               each evaluated model's results.json
     report.md, plots/*.png
 
@@ -23,21 +24,23 @@ config has since changed is an error rather than a silent reuse.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
-from molrl.config import ConfigError, load_config, save_config, to_dict
+from molrl.config import ConfigError, Count, current_names, load_config, save_config, to_dict
+from molrl.cpu import stage_threads
 from molrl.errors import MolrlError
 
 log = logging.getLogger(__name__)
 
-STAGES = ("collect", "mol", "grpo", "eval")
+STAGES = ("collect", "mol", "rl", "eval")
+RL_DIR = "grpo"
+"""The folder of the RL runs in a pipeline's output, under the stage's first name (runs made before resume)."""
 DONE = "DONE"
 BASE = "base"
 
@@ -53,15 +56,15 @@ class MolRun:
 
 
 @dataclass
-class GrpoRun:
-    """One named GRPO run: the shared ``grpo`` section plus overrides, started from a MoL run or the base."""
+class RlRun:
+    """One named RL run: the shared ``rl`` section plus overrides, started from a MoL run or the base."""
 
-    name: str = "grpo"
+    name: str = "rl"
     """Run name (its directory under grpo/ and its label in the report)."""
     start: str = "mol"
     """Name of the MoL run whose adapter the policy starts from, or ``base`` for the plain base model."""
     overrides: list[str] = field(default_factory=list)
-    """``key=value`` settings of RlConfig on top of the ``grpo`` section, e.g. algorithm=grpo."""
+    """``key=value`` settings of RlConfig on top of the ``rl`` section, e.g. algorithm=opd."""
 
 
 @dataclass
@@ -73,7 +76,7 @@ class PipelineConfig:
     output_dir: Path = Path("runs/pipeline")
     """The run directory (every stage's artifacts, the resolved config and report.md)."""
     stages: list[str] = field(default_factory=lambda: list(STAGES))
-    """Stages to run, in order, from collect, mol, grpo, eval."""
+    """Stages to run, in order, from collect, mol, rl, eval (``grpo``, the first name of rl, still reads)."""
     traces: list[str] = field(default_factory=list)
     """Existing trace files for MoL (added to collected traces; used alone when collect is skipped)."""
     general_traces: list[str] = field(default_factory=list)
@@ -84,37 +87,46 @@ class PipelineConfig:
     """MolConfig settings shared by every MoL run (model, data.traces and output_dir are set by the pipeline)."""
     mol_runs: list[MolRun] = field(default_factory=lambda: [MolRun()])
     """The MoL runs."""
-    grpo: dict[str, Any] = field(default_factory=dict)
-    """RlConfig settings shared by every GRPO run (policy.base, policy.mol_adapter, output_dir are set)."""
-    grpo_runs: list[GrpoRun] = field(default_factory=lambda: [GrpoRun()])
-    """The GRPO runs."""
+    rl: dict[str, Any] = field(default_factory=dict)
+    """RlConfig settings shared by every RL run (policy.base, policy.mol_adapter, output_dir are set)."""
+    rl_runs: list[RlRun] = field(default_factory=lambda: [RlRun()])
+    """The RL runs (any algorithm: grpo, dr_grpo, dr_grpo_std, opd, ppo)."""
     eval: dict[str, Any] = field(default_factory=dict)
     """EvalConfig settings for every evaluated model (model, adapter, output_dir, label are set)."""
     eval_models: list[str] = field(default_factory=list)
-    """Models to evaluate by name (base, a MoL run, a GRPO run); empty = the base and every run."""
+    """Models to evaluate by name (base, a MoL run, an RL run); empty = the base and every run."""
     title: str = "MoL-RL pipeline"
     """Title of report.md."""
+    threads: Count | None = None
+    """Torch CPU threads of every stage whose own section leaves them unset; none: the idle cores (molrl.cpu)."""
+
+    # The RL sections were named for one algorithm while they run any.
+    RENAMED_KEYS: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {
+        "grpo": ("rl", lambda section: section), "grpo_runs": ("rl_runs", lambda runs: runs)}
 
     def __post_init__(self) -> None:
+        if "grpo" in self.stages:
+            log.warning("stages: grpo is now rl; read as rl")
+            self.stages = ["rl" if s == "grpo" else s for s in self.stages]
         unknown = [s for s in self.stages if s not in STAGES]
         if unknown:
             raise ValueError(f"stages: unknown stage {unknown[0]!r}; expected some of {', '.join(STAGES)}")
-        names = [BASE] + [r.name for r in self.mol_runs] + [r.name for r in self.grpo_runs]
+        names = [BASE] + [r.name for r in self.mol_runs] + [r.name for r in self.rl_runs]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"run name {dupes[0]!r} is used twice (names must differ from each other and from 'base')")
         mol_names = {r.name for r in self.mol_runs}
-        for run in self.grpo_runs:
+        for run in self.rl_runs:
             if run.start != BASE and run.start not in mol_names:
-                raise ValueError(f"grpo_runs: {run.name} starts from {run.start!r}, which is not a MoL run nor 'base'")
+                raise ValueError(f"rl_runs: {run.name} starts from {run.start!r}, which is not a MoL run nor 'base'")
 
 
 def run_pipeline(cfg: PipelineConfig, *, collect_tasks: Sequence[Any] | None = None,
-                 before_stage: Callable[[str], None] | None = None) -> Path:
+                 most_threads: int | None = None) -> Path:
     """Run the configured stages in ``cfg.output_dir`` (skipping finished ones), write report.md; returns the dir.
 
     ``collect_tasks`` replaces the task file of the collect section with tasks held in memory;
-    ``before_stage(name)`` is called before each stage runs (the demo sets its thread count there).
+    ``most_threads`` caps the torch threads of a stage that follows the idle cores (the demo's preset sets it).
     """
     if not cfg.model:
         raise ConfigError("model is not set: give the base model (model=PATH)")
@@ -123,26 +135,32 @@ def run_pipeline(cfg: PipelineConfig, *, collect_tasks: Sequence[Any] | None = N
     check_stages(cfg, out, collect_tasks is not None)
     save_config(cfg, out / "config.yaml")
     (out / "environment.json").write_text(json.dumps(environment(), indent=1))
-    timings: dict[str, float] = {}
-    _timed = functools.partial(_timed_stage, before_stage)
-    traces = list(cfg.traces)
-    if "collect" in cfg.stages:
-        traces.insert(0, str(_timed(timings, "collect", lambda: collect_stage(cfg, out, collect_tasks))))
-    if "mol" in cfg.stages:
-        for run in cfg.mol_runs:
-            _timed(timings, f"mol/{run.name}", lambda run=run: mol_stage(cfg, run, traces, out))
-    if "grpo" in cfg.stages:
-        for run in cfg.grpo_runs:
-            _timed(timings, f"grpo/{run.name}", lambda run=run: grpo_stage(cfg, run, out))
-    if "eval" in cfg.stages:
-        for name in cfg.eval_models or model_names(cfg):
-            _timed(timings, f"eval/{name}", lambda name=name: eval_stage(cfg, name, out))
+    with stage_threads(cfg.threads, most_threads):  # each stage applies it, unless its own section sets threads
+        timings = _run_stages(cfg, out, collect_tasks)
     _record_timings(out, timings)
     from molrl.report import write_report
 
     report = write_report(out)
     log.info("report: %s", report)
     return out
+
+
+def _run_stages(cfg: PipelineConfig, out: Path, collect_tasks: Sequence[Any] | None) -> dict[str, float]:
+    """Every configured stage in order; returns the wall-clock seconds each took in this invocation."""
+    timings: dict[str, float] = {}
+    traces = list(cfg.traces)
+    if "collect" in cfg.stages:
+        traces.insert(0, str(_timed_stage(timings, "collect", lambda: collect_stage(cfg, out, collect_tasks))))
+    if "mol" in cfg.stages:
+        for run in cfg.mol_runs:
+            _timed_stage(timings, f"mol/{run.name}", lambda run=run: mol_stage(cfg, run, traces, out))
+    if "rl" in cfg.stages:
+        for run in cfg.rl_runs:
+            _timed_stage(timings, f"{RL_DIR}/{run.name}", lambda run=run: rl_stage(cfg, run, out))
+    if "eval" in cfg.stages:
+        for name in cfg.eval_models or model_names(cfg):
+            _timed_stage(timings, f"eval/{name}", lambda name=name: eval_stage(cfg, name, out))
+    return timings
 
 
 def environment() -> dict[str, Any]:
@@ -173,8 +191,8 @@ def model_names(cfg: PipelineConfig) -> list[str]:
     names = [BASE]
     if "mol" in cfg.stages or any((Path(cfg.output_dir) / "mol" / r.name).is_dir() for r in cfg.mol_runs):
         names += [r.name for r in cfg.mol_runs]
-    if "grpo" in cfg.stages or any((Path(cfg.output_dir) / "grpo" / r.name).is_dir() for r in cfg.grpo_runs):
-        names += [r.name for r in cfg.grpo_runs]
+    if "rl" in cfg.stages or any((Path(cfg.output_dir) / RL_DIR / r.name).is_dir() for r in cfg.rl_runs):
+        names += [r.name for r in cfg.rl_runs]
     return names
 
 
@@ -197,13 +215,13 @@ def mol_config(cfg: PipelineConfig, run: MolRun, traces: Sequence[str], out: Pat
     return stage_config(MolConfig, cfg.mol, fixed, run.overrides, f"mol_runs.{run.name}")
 
 
-def grpo_config(cfg: PipelineConfig, run: GrpoRun, out: Path) -> Any:
-    """The RlConfig of one GRPO run (its policy starts from the named MoL run's adapter, or the base)."""
+def rl_config(cfg: PipelineConfig, run: RlRun, out: Path) -> Any:
+    """The RlConfig of one RL run (its policy starts from the named MoL run's adapter, or the base)."""
     from molrl.rl.config import RlConfig
 
     start = None if run.start == BASE else str(out / "mol" / run.start / "adapter")
-    fixed = {"output_dir": str(out / "grpo" / run.name), "policy": {"base": cfg.model, "mol_adapter": start}}
-    return stage_config(RlConfig, cfg.grpo, fixed, run.overrides, f"grpo_runs.{run.name}")
+    fixed = {"output_dir": str(out / RL_DIR / run.name), "policy": {"base": cfg.model, "mol_adapter": start}}
+    return stage_config(RlConfig, cfg.rl, fixed, run.overrides, f"rl_runs.{run.name}")
 
 
 def eval_config(cfg: PipelineConfig, name: str, model: str, adapter: str | None, out: Path) -> Any:
@@ -221,14 +239,14 @@ def check_stages(cfg: PipelineConfig, out: Path, in_memory: bool) -> None:
     if "mol" in cfg.stages:
         for run in cfg.mol_runs:
             mol_config(cfg, run, ["traces.jsonl"], out)
-    grpo_cfgs = [grpo_config(cfg, grpo_run, out) for grpo_run in cfg.grpo_runs] if "grpo" in cfg.stages else []
+    rl_cfgs = [rl_config(cfg, rl_run, out) for rl_run in cfg.rl_runs] if "rl" in cfg.stages else []
     if "eval" in cfg.stages:
         eval_cfgs = [eval_config(cfg, name, cfg.model, None, out) for name in cfg.eval_models or model_names(cfg)]
-        for grpo_cfg, run in zip(grpo_cfgs, cfg.grpo_runs):
+        for rl_cfg, run in zip(rl_cfgs, cfg.rl_runs):
             for key in ("math_prompt", "code_prompt"):
-                if eval_cfgs and getattr(grpo_cfg, key) != getattr(eval_cfgs[0], key):
-                    log.warning("grpo_runs.%s: %s differs from eval's, so the policy is trained on other prompts "
-                                "than it is evaluated on; set grpo.%s and eval.%s alike", run.name, key, key, key)
+                if eval_cfgs and getattr(rl_cfg, key) != getattr(eval_cfgs[0], key):
+                    log.warning("rl_runs.%s: %s differs from eval's, so the policy is trained on other prompts "
+                                "than it is evaluated on; set rl.%s and eval.%s alike", run.name, key, key, key)
 
 
 def collect_stage(cfg: PipelineConfig, out: Path, tasks: Sequence[Any] | None) -> Path:
@@ -251,16 +269,16 @@ def mol_stage(cfg: PipelineConfig, run: MolRun, traces: Sequence[str], out: Path
     return Path(mol_cfg.output_dir)
 
 
-def grpo_stage(cfg: PipelineConfig, run: GrpoRun, out: Path) -> Path:
-    """One GRPO run from a MoL run's adapter or the base (``grpo/<name>/``)."""
+def rl_stage(cfg: PipelineConfig, run: RlRun, out: Path) -> Path:
+    """One RL run from a MoL run's adapter or the base (``grpo/<name>/``)."""
     from molrl.rl.run import run_rl
 
     if run.start != BASE and not (out / "mol" / run.start / DONE).is_file():
-        raise MolrlError(f"grpo run {run.name} starts from MoL run {run.start}, which has not finished "
+        raise MolrlError(f"rl run {run.name} starts from MoL run {run.start}, which has not finished "
                          f"({out / 'mol' / run.start}); add mol to stages")
-    grpo_cfg = grpo_config(cfg, run, out)
-    run_stage(Path(grpo_cfg.output_dir), grpo_cfg, lambda: run_rl(grpo_cfg))
-    return Path(grpo_cfg.output_dir)
+    rl_cfg = rl_config(cfg, run, out)
+    run_stage(Path(rl_cfg.output_dir), rl_cfg, lambda: run_rl(rl_cfg))
+    return Path(rl_cfg.output_dir)
 
 
 def eval_stage(cfg: PipelineConfig, name: str, out: Path) -> Path:
@@ -273,19 +291,19 @@ def eval_stage(cfg: PipelineConfig, name: str, out: Path) -> Path:
 
 
 def model_weights(cfg: PipelineConfig, name: str, out: Path) -> tuple[str, str | None]:
-    """(model, adapter) of a named model: the base, a MoL run's adapter, or a GRPO run's."""
+    """(model, adapter) of a named model: the base, a MoL run's adapter, or an RL run's."""
     if name == BASE:
         return cfg.model, None
-    for group, runs in (("mol", cfg.mol_runs), ("grpo", cfg.grpo_runs)):
+    for group, runs in (("mol", cfg.mol_runs), (RL_DIR, cfg.rl_runs)):
         if name in {r.name for r in runs}:
             run_dir = out / group / name
             if not (run_dir / DONE).is_file():
                 raise MolrlError(f"cannot evaluate {name}: {group} run {run_dir} has not finished")
             if (run_dir / "adapter").is_dir():
-                merged = run_dir / "model"  # GRPO merge_new: the adapter sits on the merged MoL model
+                merged = run_dir / "model"  # RL merge_new: the adapter sits on the merged MoL model
                 return (str(merged) if merged.is_dir() else cfg.model), str(run_dir / "adapter")
             return str(run_dir / "model"), None
-    raise ConfigError(f"eval_models: {name!r} is not base nor a MoL or GRPO run name")
+    raise ConfigError(f"eval_models: {name!r} is not base nor a MoL or RL run name")
 
 
 def run_stage(stage_dir: Path, stage_cfg: Any, work: Callable[[], Any]) -> bool:
@@ -294,7 +312,7 @@ def run_stage(stage_dir: Path, stage_cfg: Any, work: Callable[[], Any]) -> bool:
     resolved = to_dict(stage_cfg)
     if marker.is_file():
         done = json.loads(marker.read_text())
-        if done.get("config") != resolved:
+        if current_names(type(stage_cfg), done.get("config")) != resolved:  # a run saved before a key was renamed
             raise MolrlError(
                 f"{stage_dir} finished with a different config than the one asked for now; "
                 f"delete {stage_dir} to redo it, or use a new output_dir"
@@ -316,7 +334,7 @@ def stage_config(cls: type, section: dict[str, Any], fixed: dict[str, Any], over
         raise ConfigError(f"{where}: {owned[0]} is set by the pipeline; remove it from the section")
     items = [f"{k}={json.dumps(v)}" for k, v in {**_flatten(section), **_flatten(fixed)}.items()]
     try:
-        return load_config(cls, None, [*items, *overrides])
+        return load_config(cls, None, [*items, *overrides], overrides_from="the pipeline config")
     except ConfigError as err:
         raise ConfigError(f"pipeline section {where}: {err}") from None
 
@@ -332,10 +350,7 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _timed_stage(before: Callable[[str], None] | None, timings: dict[str, float], name: str,
-                 fn: Callable[[], Any]) -> Any:
-    if before is not None:
-        before(name)
+def _timed_stage(timings: dict[str, float], name: str, fn: Callable[[], Any]) -> Any:
     started = time.time()
     result = fn()
     timings[name] = round(time.time() - started, 1)

@@ -23,6 +23,8 @@ def write_report(run_dir: str | Path) -> Path:
     """Write ``report.md`` and ``plots/*.png`` for the pipeline run in ``run_dir``; returns the report path."""
     run_dir = Path(run_dir)
     config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    if "grpo_runs" in config:  # a run saved before the pipeline's RL runs were named rl_runs
+        config["rl_runs"] = config.pop("grpo_runs")
     results = eval_results(run_dir, run_order(config))
     plots = run_dir / "plots"
     plots.mkdir(exist_ok=True)
@@ -33,15 +35,12 @@ def write_report(run_dir: str | Path) -> Path:
     ]
     lines = [f"# {config.get('title', 'MoL-RL pipeline')}", ""]
     lines += collection_summary(run_dir)
-    lines += ["## Single-step scores", "", score_table(results, config), ""]
+    lines += ["## Single-step scores", "", score_table(results, config), "", *truncation_lines(results)]
     lines += ["## What the runs show (as measured)", "", *findings(results, config), *reward_findings(run_dir), ""]
     for title, path in figures:
         if path is not None:
             lines += [f"## {title}", "", f"![{title}](plots/{path.name})", ""]
-    timings = run_dir / "timings.json"
-    if timings.is_file():
-        lines += ["## Stage wall-clock times (this invocation, seconds)", "", "| stage | s |", "|---|---|"]
-        lines += [f"| {k} | {v} |" for k, v in json.loads(timings.read_text()).items()] + [""]
+    lines += timing_table(stage_times(run_dir, config))
     lines += reproducibility(run_dir)
     lines += ["## Configuration", "", "```yaml", yaml.safe_dump(config, sort_keys=False).rstrip(), "```", ""]
     report = run_dir / "report.md"
@@ -51,7 +50,7 @@ def write_report(run_dir: str | Path) -> Path:
 
 def run_order(config: dict[str, Any]) -> list[str]:
     """Model names in report order: the base, the MoL runs, then the GRPO runs."""
-    return [BASE, *(r["name"] for r in config.get("mol_runs", [])), *(r["name"] for r in config.get("grpo_runs", []))]
+    return [BASE, *(r["name"] for r in config.get("mol_runs", [])), *(r["name"] for r in config.get("rl_runs", []))]
 
 
 def eval_results(run_dir: Path, order: list[str] | None = None) -> dict[str, dict[str, Any]]:
@@ -83,14 +82,15 @@ def model_origin(name: str, config: dict[str, Any]) -> str:
     for run in config.get("mol_runs", []):
         if run["name"] == name:
             return "MoL stage " + " ".join(run.get("overrides", [])).strip()
-    for run in config.get("grpo_runs", []):
+    for run in config.get("rl_runs", []):
         if run["name"] == name:
             return f"GRPO stage from {run.get('start')} " + " ".join(run.get("overrides", [])).strip()
     return ""
 
 
 def score_table(results: dict[str, dict[str, Any]], config: dict[str, Any]) -> str:
-    """Markdown table: one row per model, one column per benchmark: pass@1 ± s.e. (problems x samples)."""
+    """Markdown table: one row per model, one column per benchmark: pass@1 ± s.e. (problems x samples), and the
+    share of answers cut at the token limit when there is any."""
     if not results:
         return "_No model was evaluated._"
     benchmarks = benchmark_names(results)
@@ -105,9 +105,33 @@ def score_table(results: dict[str, dict[str, Any]], config: dict[str, Any]) -> s
                 continue
             p, problems, samples = accuracy(metrics)
             per = samples // problems if problems else 0
-            cells.append(f"{p:.3f} ± {standard_error(p, problems):.3f} ({problems} × {per})")
+            cut = metrics.get("truncated") or 0.0
+            cells.append(f"{p:.3f} ± {standard_error(p, problems):.3f} ({problems} × {per})"
+                         + (f"; {cut:.3f} cut" if cut > 0 else ""))
         lines.append(f"| {name} | {model_origin(name, config)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def truncation_lines(results: dict[str, dict[str, Any]]) -> list[str]:
+    """What the token limit cut: a line saying none was cut, or the share per model and benchmark, and a warning
+    line for each share past ``molrl.eval.report.TRUNCATION_WARNING`` (results from before answers recorded
+    whether they were cut: nothing)."""
+    from molrl.eval.report import truncation_warnings
+
+    shares = {(name, bench): m["truncated"] for name, r in results.items()
+              for bench, m in r.get("benchmarks", {}).items() if isinstance(m.get("truncated"), (int, float))}
+    if not shares:
+        return []
+    limits = sorted({r.get("sampling", {}).get("max_new_tokens") for r in results.values()} - {None})
+    limit = f" of {', '.join(map(str, limits))} new tokens" if limits else ""
+    cut = {key: share for key, share in shares.items() if share > 0}
+    if not cut:
+        return [f"No answer was cut at the token limit{limit}.", ""]
+    lines = [f"Answers cut at the token limit{limit} (share of samples): "
+             + ", ".join(f"{name} {bench} {share:.3f}" for (name, bench), share in cut.items()) + ".", ""]
+    warnings = [w for name, r in results.items() for w in truncation_warnings(
+        r.get("benchmarks", {}), r.get("sampling", {}).get("max_new_tokens"), f"{name}, ")]
+    return lines + ([*warnings, ""] if warnings else [])
 
 
 def findings(results: dict[str, dict[str, Any]], config: dict[str, Any]) -> list[str]:
@@ -115,7 +139,7 @@ def findings(results: dict[str, dict[str, Any]], config: dict[str, Any]) -> list
     if BASE not in results:
         return ["- The base model was not evaluated, so no model is compared against it."]
     out = []
-    starts = {r["name"]: r.get("start") for r in config.get("grpo_runs", [])}
+    starts = {r["name"]: r.get("start") for r in config.get("rl_runs", [])}
     for bench, base_metrics in results[BASE].get("benchmarks", {}).items():
         base_p, n, _ = accuracy(base_metrics)
         scores = {name: accuracy(r["benchmarks"][bench])[0] for name, r in results.items() if bench in r.get("benchmarks", {})}
@@ -260,6 +284,34 @@ def collection_summary(run_dir: Path) -> list[str]:
             f"A low solve rate is expected and harmless: MoL learns from the environment's feedback, not from "
             f"solved episodes, and {with_feedback} of {len(records)} episodes carry feedback "
             f"({sum(feedback)} tool messages).", ""]
+
+
+def stage_times(run_dir: Path, config: dict[str, Any]) -> list[tuple[str, float]]:
+    """(stage, wall-clock seconds) of every stage the run holds, in pipeline order: the base model's making when its
+    directory records it (the demo's base: ``timing.json``), then each finished stage, as long as the invocation
+    that finished it took (its ``DONE`` marker), so a re-run that skipped it does not show it as free."""
+    times = []
+    made = Path(str(config.get("model", ""))) / "timing.json"
+    if config.get("model") and made.is_file():
+        times.append(("base model (made before the pipeline)", float(json.loads(made.read_text())["seconds"])))
+    rank = {name: i for i, name in enumerate(run_order(config))}
+    evaluated = sorted((p.parent.name for p in (run_dir / "eval").glob("*/DONE")), key=lambda n: (rank.get(n, len(rank)), n))
+    stages = ["collect", *(f"mol/{r['name']}" for r in config.get("mol_runs", [])),
+              *(f"grpo/{r['name']}" for r in config.get("rl_runs", [])), *(f"eval/{name}" for name in evaluated)]
+    for stage in stages:
+        marker = run_dir / stage / "DONE"
+        if marker.is_file():
+            times.append((stage, float(json.loads(marker.read_text()).get("seconds", float("nan")))))
+    return times
+
+
+def timing_table(times: list[tuple[str, float]]) -> list[str]:
+    """The report's timing section: one row per stage and their total."""
+    if not times:
+        return []
+    lines = ["## Stage wall-clock times (seconds)", "", "| stage | s |", "|---|---:|"]
+    lines += [f"| {stage} | {seconds:.1f} |" for stage, seconds in times]
+    return lines + [f"| total | {sum(s for _, s in times):.1f} |", ""]
 
 
 def reproducibility(run_dir: Path) -> list[str]:

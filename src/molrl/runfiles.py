@@ -1,5 +1,6 @@
 """The files a training run keeps beside its weights: the metrics log and the checkpoints, and how a
-resumed run (MoL or RL) finds the last whole checkpoint and trims what was logged after it."""
+resumed run (MoL or RL) trims what was logged after its checkpoint and loads a finished one (which
+checkpoint to resume from, and whether to, is ``molrl.rerun``'s rule)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from molrl.jsonl import read_records, repair_torn_tail, write_jsonl
+from molrl.rerun import last_whole_checkpoint  # noqa: F401  (where it lived; kept importable from here)
 
 log = logging.getLogger(__name__)
 
@@ -38,21 +40,15 @@ class MetricsFileCallback(TrainerCallback):
             fh.write(json.dumps(record) + "\n")
 
 
-def last_whole_checkpoint(folder: Path) -> str | None:
-    """The newest ``checkpoint-N`` in ``folder`` whose trainer state (written last) reads back; a checkpoint torn
-    by a kill while it was being written is passed over."""
-    if not folder.is_dir():
-        return None
-    found = sorted((int(p.name.split("-")[1]), p) for p in folder.glob("checkpoint-*")
-                   if p.is_dir() and p.name.split("-")[1].isdigit())
-    for _, path in reversed(found):
-        try:
-            json.loads((path / "trainer_state.json").read_text())
-        except (OSError, ValueError):
-            log.warning("%s: incomplete (killed while it was written?); resuming from an earlier one", path)
-            continue
-        return str(path)
-    return None
+def load_checkpoint(trainer: Any, checkpoint: str) -> None:
+    """Load the weights of ``checkpoint``, a run's last step, into ``trainer`` instead of resuming training there.
+
+    transformers' loop checks ``global_step >= max_steps`` only after a step, so ``train(resume_from_checkpoint=...)``
+    from a checkpoint at max_steps in the middle of an epoch trains one step more (a 2-step RL run re-run became
+    steps 1, 2, 3, and overwrote its adapter). ``_load_from_checkpoint`` is what ``train`` itself loads the
+    weights with; ``tests/test_rerun.py`` fails if the pinned transformers renames it.
+    """
+    trainer._load_from_checkpoint(checkpoint)
 
 
 def drop_records_after(path: Path, step: int) -> None:

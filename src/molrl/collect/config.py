@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Callable, ClassVar, Literal
 
-from molrl.generation import SamplingConfig
+from molrl.config import Count
+from molrl.sampling import SamplingConfig
 from molrl.sandbox import SandboxConfig
 from molrl.tasks import JsonlSpec
 
@@ -25,7 +26,7 @@ class CritiqueConfig:
     """Environment variable holding the API key (sent as a Bearer token when set)."""
     instructions: str = ""
     """System prompt for the critic; empty uses ``molrl.collect.critique.CRITIC_PROMPT``."""
-    max_tokens: int = 256
+    max_tokens: Count = 256
     """Most tokens in one critique."""
     temperature: float = 0.0
     """Sampling temperature of the critic."""
@@ -39,11 +40,11 @@ class CritiqueConfig:
 class EpisodeConfig:
     """How an agent episode runs: turns, limits, action format, generation and feedback."""
 
-    max_turns: int = 5
+    max_turns: Count = 5
     """Most model turns per episode."""
-    max_solutions: int = 2
+    max_solutions: Count = 2
     """Most solution submissions per episode (a wrong one earns feedback and another try)."""
-    max_total_tokens: int = 8192
+    max_total_tokens: Count = 8192
     """Most tokens of rendered prompt plus generated turn; a turn that would pass it is cut there and ends the episode."""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     """Sampling of each turn (``n`` must be 1: samples per task are separate episodes; </execute> and </solution> are always stop strings)."""
@@ -59,24 +60,27 @@ class EpisodeConfig:
     """Where the instructions go: a system message, or above the task in the user message (for templates without a system role)."""
     feedback: list[str] = field(default_factory=lambda: list(DEFAULT_FEEDBACK))
     """Feedback providers in message order: execution, tests, verdict, format, budget, critique, or package.module:factory."""
-    feedback_max_chars: int = 2000
-    """Most characters of program output (and of a traceback) quoted in feedback."""
+    feedback_max_tokens: Count = 512
+    """Most tokens (the run's tokenizer; UTF-8 bytes without one) of program output or a traceback quoted in feedback."""
     max_failures_shown: int = 3
     """Most failing tests described in test feedback."""
     tests_on_execute: bool = False
     """Also run the task's tests on executed code that defines the entry point, and report them."""
     critique: CritiqueConfig = field(default_factory=CritiqueConfig)
     """The critic used by the ``critique`` feedback provider."""
-    batch_size: int = 16
+    batch_size: Count = 16
     """Episodes advancing in lockstep (one batched generate call per round)."""
     seed: int = 0
     """Base seed; round r of the loop samples with seed + r."""
 
+    # feedback was clipped in characters before it was clipped in tokens: 2000 characters read as 500 tokens
+    RENAMED_KEYS: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {
+        "feedback_max_chars": ("feedback_max_tokens", lambda chars: -(-int(chars) // 4)),
+    }
+
     def __post_init__(self) -> None:
         if self.sampling.n != 1:
             raise ValueError("sampling.n must be 1: set samples per task with 'samples' instead")
-        if self.max_turns < 1 or self.max_solutions < 1 or self.batch_size < 1:
-            raise ValueError("max_turns, max_solutions and batch_size must be at least 1")
 
 
 @dataclass
@@ -93,7 +97,7 @@ class CollectConfig:
     """Format of the task file."""
     jsonl: JsonlSpec = field(default_factory=JsonlSpec)
     """Field names and task kind of a ``jsonl`` task file."""
-    limit: int | None = None
+    limit: Count | None = None
     """Use only the first N tasks."""
     adapter: str | None = None
     """PEFT adapter directory put on top of the model."""
@@ -103,7 +107,7 @@ class CollectConfig:
     """Model weight dtype for the transformers backend (float32, bfloat16, float16)."""
     device: str | None = None
     """Device for the transformers backend; default cuda when visible, else cpu."""
-    samples: int = 1
+    samples: Count = 1
     """Episodes per task (use temperature > 0 so they differ)."""
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
     """How each episode runs."""
@@ -111,7 +115,5 @@ class CollectConfig:
     """Sandbox that runs the model's code and tests."""
     progress: bool = True
     """Show a progress bar."""
-
-    def __post_init__(self) -> None:
-        if self.samples < 1:
-            raise ValueError("samples must be at least 1")
+    threads: Count | None = None
+    """Torch CPU threads; none: as many as cores are idle, re-measured while it runs (molrl.cpu)."""

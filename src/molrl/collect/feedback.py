@@ -10,6 +10,10 @@ model (``molrl.collect.critique``) gets the conversation too; its text is record
 Add a provider without touching the loop: any object with a ``name`` and a
 ``__call__(task, observation, messages) -> str | None``, named in the config as
 ``"package.module:factory"`` (called with the ``EpisodeConfig``) or passed to ``run_episodes``.
+
+Quoted program text is made visible and clipped in tokens of the run's tokenizer
+(``molrl.collect.quote``); every piece, a custom provider's too, has its control characters, bidi
+overrides and lone surrogates escaped before it joins the message.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, Sequence
 
+from molrl.collect.quote import Spans, clip, visible
 from molrl.tasks import Task
 
 NO_FEEDBACK = "[no feedback]"
@@ -64,22 +69,23 @@ class FeedbackProvider(Protocol):
         ...
 
 
-def clip(text: str, max_chars: int, keep: str = "head") -> str:
-    """``text`` cut to ``max_chars`` characters with a marker saying how much was left out."""
-    if len(text) <= max_chars:
-        return text
-    omitted = len(text) - max_chars
-    if keep == "tail":
-        return f"[... {omitted} earlier characters not shown]\n" + text[-max_chars:]
-    return text[:max_chars] + f"\n[... {omitted} more characters not shown]"
+QUOTE_TOKENS = 96
+"""Most tokens of one quoted input, output, value or test source in a failed test's description."""
+
+
+def quote(text: str, limit: int, keep: str = "head", spans: Spans | None = None) -> str:
+    """Program text as feedback shows it: hidden characters escaped, then clipped to ``limit`` tokens."""
+    return clip(visible(text), limit, keep, spans)
 
 
 @dataclass
 class ExecutionFeedback:
     """What running the code printed: stdout, and the error or traceback when it failed."""
 
-    max_chars: int = 2000
-    """Most characters shown from each stream (stdout keeps its head, a traceback its tail)."""
+    max_tokens: int = 512
+    """Most tokens shown from each stream, marker included (stdout keeps its head, a traceback its tail)."""
+    spans: Spans | None = None
+    """Token spans under the run's tokenizer (``quote.token_spans``); None counts UTF-8 bytes."""
     name: str = "execution"
 
     def __call__(self, task: Task, obs: Observation, messages: Sequence[dict[str, str]]) -> str | None:
@@ -89,7 +95,7 @@ class ExecutionFeedback:
         stdout, stderr, status = result["stdout"], result["stderr"], result["status"]
         parts = []
         if stdout:
-            parts.append("Output:\n" + clip(stdout.rstrip("\n"), self.max_chars))
+            parts.append("Output:\n" + quote(stdout.rstrip("\n"), self.max_tokens, spans=self.spans))
         if status == "ok":
             if not parts:
                 parts.append("The code ran without error and printed nothing.")
@@ -101,7 +107,7 @@ class ExecutionFeedback:
             parts.append("Execution printed too much output and was stopped.")
         else:
             error = stderr.rstrip("\n") or f"the process exited with code {result['exit_code']}"
-            parts.append("Error:\n" + clip(error, self.max_chars, keep="tail"))
+            parts.append("Error:\n" + quote(error, self.max_tokens, keep="tail", spans=self.spans))
         if result.get("truncated"):
             parts.append("(The output was longer than the sandbox keeps; the rest was not captured.)")
         return "\n".join(parts)
@@ -115,8 +121,10 @@ class TestFeedback:
 
     max_failures: int = 3
     """Most failing tests described; the rest are counted."""
-    max_chars: int = 2000
-    """Most characters of a crash's error output quoted."""
+    max_tokens: int = 512
+    """Most tokens of a crash's error output quoted, marker included."""
+    spans: Spans | None = None
+    """Token spans under the run's tokenizer (``quote.token_spans``); None counts UTF-8 bytes."""
     name: str = "tests"
 
     def __call__(self, task: Task, obs: Observation, messages: Sequence[dict[str, str]]) -> str | None:
@@ -137,41 +145,44 @@ class TestFeedback:
             return f"All {total} tests passed." if total > 1 else "The test passed."
         lines = [f"{total - passed} of {total} tests failed:"]
         failures = [t for t in details["tests"] if not t["passed"]]
-        lines += ["- " + describe_failure(task, t) for t in failures[: self.max_failures]]
+        lines += ["- " + describe_failure(task, t, self.spans) for t in failures[: self.max_failures]]
         if len(failures) > self.max_failures:
             lines.append(f"(and {len(failures) - self.max_failures} more)")
         crashed = details["status"] not in ("ok", "runtime_error") or (passed == 0 and details.get("stderr_tail"))
         if crashed and obs.exec is None:  # executed code already showed its own error output
             crash = details.get("stderr_tail") or details["status"]
-            lines.append(f"The run ended with status {details['status']}:\n" + clip(crash.rstrip("\n"), self.max_chars, keep="tail"))
+            lines.append(f"The run ended with status {details['status']}:\n"
+                         + quote(crash.rstrip("\n"), self.max_tokens, keep="tail", spans=self.spans))
         return "\n".join(lines)
 
 
-def describe_failure(task: Task, outcome: dict[str, Any]) -> str:
-    """One failed test in words, e.g. ``f(3) returned 7, expected 9``."""
+def describe_failure(task: Task, outcome: dict[str, Any], spans: Spans | None = None) -> str:
+    """One failed test in words, e.g. ``f(3) returned 7, expected 9`` (quotes clipped in ``spans`` tokens)."""
     test = task.tests[outcome["index"]]
+    error = quote(str(outcome["error"]), QUOTE_TOKENS, spans=spans) if outcome["error"] else outcome["error"]
     if test.kind == "call":
         args = test.args_source.strip()[1:-1].rstrip(", ") if test.args_source else ", ".join(map(repr, test.args))
         call = f"{task.entry_point}({args})"
         if outcome["error"] == "wrong answer":
-            return f"{call} returned {_shown(outcome['got'])}, expected {test.expected!r}"
-        return f"{call} failed: {outcome['error']}"
-    if test.kind == "stdio":
-        got = outcome["got"] or ""
+            return f"{call} returned {_shown(outcome['got'], spans)}, expected {test.expected!r}"
+        return f"{call} failed: {error}"
+    if test.kind == "stdio":  # quoted with repr, which escapes every character that does not print
+        stdin = clip(test.stdin, QUOTE_TOKENS, spans=spans)
         if outcome["error"] == "wrong output":
-            return f"with input {clip(test.stdin, 200)!r} the program printed {clip(got, 200)!r}, expected {clip(test.stdout, 200)!r}"
-        return f"with input {clip(test.stdin, 200)!r}: {outcome['error']}"
-    return f"{clip(test.source.strip(), 300)} failed: {outcome['error'] or 'assertion failed'}"
+            got, expected = (clip(text, QUOTE_TOKENS, spans=spans) for text in (outcome["got"] or "", test.stdout))
+            return f"with input {stdin!r} the program printed {got!r}, expected {expected!r}"
+        return f"with input {stdin!r}: {error}"
+    return f"{quote(test.source.strip(), QUOTE_TOKENS, spans=spans)} failed: {error or 'assertion failed'}"
 
 
-def _shown(encoded: Any) -> str:
+def _shown(encoded: Any, spans: Spans | None) -> str:
     """A returned value as Python would print it (it comes back encoded with its exact type)."""
     from molrl.sandbox.runtime.codec import decode
 
     try:
-        return clip(repr(decode(encoded)), 300)
+        return quote(repr(decode(encoded)), QUOTE_TOKENS, spans=spans)
     except (ValueError, TypeError, KeyError, OverflowError):
-        return clip(str(encoded), 300)
+        return quote(str(encoded), QUOTE_TOKENS, spans=spans)
 
 
 @dataclass
@@ -228,7 +239,7 @@ def render_feedback(
     for provider in providers:
         text = provider(task, obs, messages)
         if text:
-            pieces[provider.name] = text
+            pieces[provider.name] = visible(text)
     return ("\n\n".join(pieces.values()) or NO_FEEDBACK), pieces
 
 
@@ -250,5 +261,5 @@ def rederive_feedback(
                 pieces.append(record["feedback"].get(provider.name))
             else:
                 pieces.append(provider(task, obs, messages[:i]))
-        derived[i] = "\n\n".join(p for p in pieces if p) or NO_FEEDBACK
+        derived[i] = "\n\n".join(visible(p) for p in pieces if p) or NO_FEEDBACK
     return derived

@@ -26,9 +26,11 @@ from molrl.collect.config import EpisodeConfig
 from molrl.collect.environment import observe
 from molrl.collect.feedback import FeedbackProvider, Observation, render_feedback
 from molrl.collect.providers import build_providers
+from molrl.content import encode_content
 from molrl.generation import Generator
 from molrl.tasks import Task
-from molrl.traces.schema import Trace
+from molrl.traces.schema import Trace, TraceError
+from molrl.traces.spans import chat_prompt, encode_chat
 
 MODEL, ENVIRONMENT, TASK, INSTRUCTIONS = "model", "environment", "task", "instructions"
 """Who wrote a message, as recorded per message in ``meta['authors']``."""
@@ -55,7 +57,8 @@ class Episode:
     verdict: bool | None = None
     """Verdict of the last submitted solution (None when none was submitted)."""
     stop_reason: str | None = None
-    """Why it ended: solved, out_of_solutions, max_turns, token_limit, empty_turn, malformed_think or sandbox_error."""
+    """Why it ended: solved, out_of_solutions, max_turns, token_limit, empty_turn, malformed_think, template_error
+    (the chat template cannot render the conversation so that its messages can be located) or sandbox_error."""
     dropped_turn: str | None = None
     """A last model turn left out of the messages because no trainer could read it (malformed think block)."""
     cut_chars: dict[int, int] = field(default_factory=dict)
@@ -130,7 +133,7 @@ def run_episodes(
     ``on_finish`` is called with each episode as it ends (the place to persist it); the finished
     episodes are also returned, in the order they ended. Nothing is written here.
     """
-    providers = list(providers) if providers is not None else build_providers(cfg.feedback, cfg)
+    providers = list(providers) if providers is not None else build_providers(cfg.feedback, cfg, tokenizer)
     waiting = deque(start_episode(t, s, cfg) for t in tasks for s in range(samples) if (t.id, s) not in skip)
     active: list[Episode] = []
     finished: list[Episode] = []
@@ -142,7 +145,7 @@ def run_episodes(
         environment_turns(pool, providers, cfg, [(ep, a) for ep, a in zip(active, actions) if a is not None])
         for ep in active:
             if ep.done:
-                ep.tokens = _count_tokens(tokenizer, render(tokenizer, ep.messages, enable_thinking=cfg.enable_thinking))
+                ep.tokens = _count_tokens(tokenizer, ep.messages, cfg.enable_thinking)
                 finished.append(ep)
                 if on_finish is not None:
                     on_finish(ep)
@@ -155,13 +158,18 @@ def model_turns(
     generator: Generator, tokenizer: Any, episodes: Sequence[Episode], cfg: EpisodeConfig, seed: int
 ) -> list[Action | None]:
     """Generate one turn for every episode in one call; returns each turn's action (None: episode ended)."""
-    prompts = [render(tokenizer, ep.messages, add_generation_prompt=True, enable_thinking=cfg.enable_thinking) for ep in episodes]
+    prompts: list[Any] = [None] * len(episodes)
+    for i, ep in enumerate(episodes):
+        try:  # content is plain text: a forged <|im_end|> in a tool reply stays characters
+            prompts[i] = chat_prompt(tokenizer, ep.messages, enable_thinking=cfg.enable_thinking)
+        except TraceError:
+            ep.stop_reason = "template_error"
     prefill = think_prefill(tokenizer, cfg.enable_thinking)
-    budgets = [cfg.max_total_tokens - _count_tokens(tokenizer, p) for p in prompts]  # tokens each may still add
+    budgets = [0 if p is None else cfg.max_total_tokens - len(p.ids) for p in prompts]  # tokens each may still add
     actions: list[Action | None] = [None] * len(episodes)
     live = [i for i, b in enumerate(budgets) if b > 0]
     for i, ep in enumerate(episodes):
-        if budgets[i] <= 0:
+        if budgets[i] <= 0 and ep.stop_reason is None:
             ep.stop_reason = "token_limit"
     if not live:
         return actions
@@ -173,7 +181,7 @@ def model_turns(
     )
     completions = generator.generate([prompts[i] for i in live], sampling)
     for i, (text,) in zip(live, completions):
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = encode_content(tokenizer, text)[0]
         over_budget = len(ids) > budgets[i]
         if over_budget:
             text = tokenizer.decode(ids[: budgets[i]], skip_special_tokens=False)
@@ -261,5 +269,9 @@ def _advance(ep: Episode, action: Action, obs: Observation, cfg: EpisodeConfig) 
     obs.final = ep.done
 
 
-def _count_tokens(tokenizer: Any, text: str) -> int:
-    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+def _count_tokens(tokenizer: Any, messages: list[dict[str, str]], enable_thinking: bool) -> int:
+    """Tokens of the conversation as a trainer will read it (0 when the template cannot locate its messages)."""
+    try:
+        return len(encode_chat(tokenizer, messages, add_generation_prompt=False, enable_thinking=enable_thinking))
+    except TraceError:
+        return 0

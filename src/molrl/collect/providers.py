@@ -9,25 +9,31 @@ from typing import Any, Callable, Sequence
 from molrl.collect.critique import CritiqueFeedback
 from molrl.collect.feedback import (BudgetFeedback, ExecutionFeedback, FeedbackProvider, FormatFeedback, TestFeedback,
                                     VerdictFeedback)
+from molrl.collect.quote import Spans, token_spans
 from molrl.errors import MolrlError
 
-BUILTIN: dict[str, Callable[[Any], FeedbackProvider]] = {
-    "execution": lambda cfg: ExecutionFeedback(max_chars=cfg.feedback_max_chars),
-    "tests": lambda cfg: TestFeedback(max_failures=cfg.max_failures_shown, max_chars=cfg.feedback_max_chars),
-    "verdict": lambda cfg: VerdictFeedback(),
-    "format": lambda cfg: FormatFeedback(),
-    "budget": lambda cfg: BudgetFeedback(),
-    "critique": lambda cfg: CritiqueFeedback(cfg.critique),
+BUILTIN: dict[str, Callable[[Any, Spans | None], FeedbackProvider]] = {
+    "execution": lambda cfg, spans: ExecutionFeedback(max_tokens=cfg.feedback_max_tokens, spans=spans),
+    "tests": lambda cfg, spans: TestFeedback(max_failures=cfg.max_failures_shown, max_tokens=cfg.feedback_max_tokens,
+                                             spans=spans),
+    "verdict": lambda cfg, spans: VerdictFeedback(),
+    "format": lambda cfg, spans: FormatFeedback(),
+    "budget": lambda cfg, spans: BudgetFeedback(),
+    "critique": lambda cfg, spans: CritiqueFeedback(cfg.critique),
 }
-"""Providers by config name; each factory takes the ``EpisodeConfig``."""
+"""Providers by config name; each factory takes the ``EpisodeConfig`` and the run's token spans (or None)."""
 
 
-def build_providers(names: Sequence[str], cfg: Any) -> list[FeedbackProvider]:
-    """Providers for config ``names``: built-in names, or ``module:factory`` import paths."""
+def build_providers(names: Sequence[str], cfg: Any, tokenizer: Any = None) -> list[FeedbackProvider]:
+    """Providers for config ``names``: built-in names, or ``module:factory`` import paths.
+
+    Quoted output is clipped in ``tokenizer``'s tokens; without one, in UTF-8 bytes (never fewer).
+    """
+    spans = token_spans(tokenizer) if tokenizer is not None else None
     providers = []
     for name in names:
         if name in BUILTIN:
-            providers.append(BUILTIN[name](cfg))
+            providers.append(BUILTIN[name](cfg, spans))
         elif ":" in name:
             module, _, attr = name.partition(":")
             try:

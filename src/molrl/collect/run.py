@@ -3,9 +3,11 @@
 Every episode is appended to the output file (one atomic line, fsynced) the moment it ends, so a
 Ctrl-C or kill -9 loses only the episodes in flight. On start the file is read and the
 ``(task_id, sample)`` pairs already there are skipped. An episode that produced no valid trace
-(its first turn was empty) goes to ``<out>.rejects.jsonl`` with the reason, so it is counted and
-not retried forever. The resolved config is written to ``<out>.config.yaml``; resuming with
-settings that change what a trace means (model, tasks, sampling, feedback...) is refused.
+(its first turn was empty), or whose trace cannot be written as JSON, goes to
+``<out>.rejects.jsonl`` with the reason, so it is counted and not retried forever. Text never
+stops a run: a lone surrogate a program printed or returned is written as a JSON escape. The resolved config is written to ``<out>.config.yaml``; resuming with
+settings that change what a trace means (model, tasks, sampling, feedback...) is refused, and a
+finished file says so and is left as it is (``molrl.rerun``: the rule every stage follows).
 """
 
 from __future__ import annotations
@@ -20,17 +22,15 @@ from typing import Any, Iterator, Sequence
 
 from molrl.collect.config import CollectConfig
 from molrl.collect.loop import Episode, run_episodes
-from molrl.config import save_config, to_dict
+from molrl.config import check_values, save_config, to_dict
+from molrl.cpu import use_threads
 from molrl.errors import MolrlError
-from molrl.jsonl import repair_torn_tail
+from molrl.jsonl import json_line, repair_torn_tail
+from molrl.rerun import check_rerun, say_finished
 from molrl.tasks import Task
 from molrl.traces.schema import TraceError, append_trace, read_traces
 
 log = logging.getLogger(__name__)
-
-# Settings that may change between a run and its resumption without changing what traces mean.
-RESUMABLE_KEYS = ("out", "limit", "samples", "backend", "device", "progress", "sandbox")
-RESUMABLE_EPISODE_KEYS = ("batch_size",)
 
 
 def run_collect(cfg: CollectConfig, *, generator: Any = None, tokenizer: Any = None,
@@ -41,6 +41,7 @@ def run_collect(cfg: CollectConfig, *, generator: Any = None, tokenizer: Any = N
     in memory); ``tasks`` replaces the task file (tasks held in memory, whose sandbox setup a task
     file cannot carry).
     """
+    check_values(cfg, "CollectConfig")
     out = Path(cfg.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with _exclusive(out):
@@ -51,19 +52,21 @@ def _collect(cfg: CollectConfig, out: Path, generator: Any, tokenizer: Any, task
     from molrl.sandbox import SandboxPool
     from molrl.tasks import load_tasks
 
-    _check_resumable(cfg, config_path(out))
-    save_config(cfg, config_path(out))
+    done = finished_pairs(out)
+    check_rerun("collect", cfg, config_path(out), started=bool(done), run=out)  # molrl.rerun: one rule for every stage
     if tasks is None:
         tasks = load_tasks(cfg.tasks, cfg.format, limit=cfg.limit, spec=cfg.jsonl)
-    done = finished_pairs(out)
     pairs = [(t.id, s) for t in tasks for s in range(cfg.samples)]
     total, todo = len(pairs), sum(pair not in done for pair in pairs)
-    log.info("%s: %d of %d episodes already collected, %d to go", out, total - todo, total, todo)
     if todo == 0:
+        say_finished(out, f"all {total} episodes collected", "collect")
         return out
+    log.info("%s: %d of %d episodes already collected, %d to go", out, total - todo, total, todo)
+    save_config(cfg, config_path(out))
     if cfg.samples > 1 and cfg.episode.sampling.temperature == 0:
         log.warning("samples=%d with greedy decoding (temperature 0): the samples of a task will mostly repeat; "
                     "set episode.sampling.temperature", cfg.samples)
+    use_threads(cfg.threads, "collect")
     if generator is None or tokenizer is None:
         generator, tokenizer = build_generator(cfg)
     settings = generation_settings(cfg)
@@ -74,12 +77,15 @@ def _collect(cfg: CollectConfig, out: Path, generator: Any, tokenizer: Any, task
     with _Progress(cfg.progress, total, stats) as advance, SandboxPool(cfg.sandbox) as pool:
 
         def save(ep: Episode) -> None:
-            write_episode(out, ep, settings)
+            stats.rejected += not write_episode(out, ep, settings)
             stats.add(ep.success, ep.turns)
             advance()
 
         run_episodes(generator, tokenizer, tasks, pool, cfg.episode, samples=cfg.samples, skip=done, on_finish=save)
     log.info("%s: %d episodes, success rate %.3f, mean turns %.2f", out, stats.done, stats.rate, stats.mean_turns)
+    if stats.rejected:
+        log.warning("%s: %d episodes of this run have no trace; their reasons are in %s",
+                    out, stats.rejected, rejects_path(out))
     return out
 
 
@@ -104,14 +110,24 @@ def rejects_path(out: Path) -> Path:
     return out.with_name(out.name + ".rejects.jsonl")
 
 
-def write_episode(out: Path, ep: Episode, settings: dict[str, Any]) -> None:
-    """Append the episode's trace to ``out``, or its reason to the rejects file if it has no valid trace."""
+def write_episode(out: Path, ep: Episode, settings: dict[str, Any]) -> bool:
+    """Append the episode's trace to ``out`` (True), or its reason to the rejects file (False) when it has no
+    valid trace or cannot be written as JSON."""
     trace = ep.to_trace(settings)
     try:
         append_trace(out, trace)
+        return True
     except TraceError as err:
-        record = {"task_id": ep.task.id, "sample": ep.sample, "error": str(err), "stop_reason": ep.stop_reason, "meta": trace.meta}
-        _append_line(rejects_path(out), json.dumps(record, ensure_ascii=False))
+        reason = str(err)
+    except (TypeError, ValueError, RecursionError) as err:  # a value JSON cannot hold, in the meta
+        reason = f"the trace cannot be written as JSON ({type(err).__name__}: {err})"
+    record = {"task_id": ep.task.id, "sample": ep.sample, "error": reason, "stop_reason": ep.stop_reason, "meta": trace.meta}
+    try:
+        line = json_line(record)
+    except (TypeError, ValueError, RecursionError):  # the same value: keep what resuming needs
+        line = json_line(dict(record, meta={"turns": ep.turns, "success": ep.success}))
+    _append_line(rejects_path(out), line)
+    return False
 
 
 def finished_pairs(out: Path) -> dict[tuple[str, int], tuple[bool, int]]:
@@ -178,33 +194,12 @@ def build_generator(cfg: CollectConfig) -> tuple[Any, Any]:
     return TransformersGenerator(model, tokenizer, batch_size=cfg.episode.batch_size), tokenizer
 
 
-def _check_resumable(cfg: CollectConfig, path: Path) -> None:
-    """Refuse to append to traces that were made with settings that change what a trace means."""
-    if not path.exists():
-        return
-    import yaml
-
-    old = yaml.safe_load(path.read_text()) or {}
-    new = to_dict(cfg)
-    for key in RESUMABLE_KEYS:
-        old.pop(key, None)
-        new.pop(key, None)
-    for key in RESUMABLE_EPISODE_KEYS:
-        old.get("episode", {}).pop(key, None)
-        new["episode"].pop(key, None)
-    if old != new:
-        changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-        raise MolrlError(
-            f"{cfg.out} was collected with different settings ({', '.join(changed)} differ from {path}); "
-            "use a new --out, or the same settings to resume"
-        )
-
-
 class _Stats:
     """Running totals for the progress bar."""
 
     def __init__(self) -> None:
         self.done = self.successes = self.turns = 0
+        self.rejected = 0  # episodes of this run that went to the rejects file
 
     def add(self, success: bool, turns: int) -> None:
         """Count one finished episode."""

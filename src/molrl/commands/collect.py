@@ -3,7 +3,8 @@
     molrl collect --model M --tasks FILE --format humaneval|mbpp|math500|aime|jsonl \\
         --out traces.jsonl [--samples N] [--max-turns T] [--limit N] [--config FILE] [key=value ...]
 
-Re-running the same command resumes: finished (task, sample) pairs in --out are skipped.
+Re-running the same command resumes: finished (task, sample) pairs in --out are skipped; a finished file
+says so and is left alone; other settings on the same --out are refused, naming each key.
 Overrides reach every field, e.g. ``episode.sampling.temperature=0.8 episode.feedback=execution,verdict``.
 """
 
@@ -37,7 +38,7 @@ FLAGS = {
 
 
 def handle(args: argparse.Namespace) -> int:
-    from molrl.collect import CollectConfig, run_collect
+    from molrl.collect.config import CollectConfig
     from molrl.config import describe, load_config
 
     if args.describe:
@@ -45,5 +46,7 @@ def handle(args: argparse.Namespace) -> int:
         return 0
     overrides = [f"{key}={getattr(args, attr)}" for attr, key in FLAGS.items() if getattr(args, attr) is not None]
     cfg = load_config(CollectConfig, args.config, overrides + list(args.overrides))
+    from molrl.collect.run import run_collect  # torch loads only now: a config error is reported before it
+
     run_collect(cfg)
     return 0

@@ -2,12 +2,12 @@
 
     molrl demo                 # about 8 minutes on 2 cores: runs/demo/pipeline/report.md
     molrl demo --quick         # the same steps, smaller (a smoke run), in about 2 minutes
-    molrl demo --out DIR [key.sub=value ...]   # pipeline overrides, e.g. grpo.max_steps=60
+    molrl demo --out DIR [key.sub=value ...]   # pipeline overrides, e.g. rl.train.max_steps=60
     molrl demo --seeds 3       # the headline (MoL + GRPO vs base + GRPO) over 3 seeds
-    molrl demo --world long    # chains of 1-24 steps, for telling RL methods apart (about 20 minutes)
-    molrl demo --world long --teacher   # its base trained 5x as long: a feedback teacher near 0.9 (about 40 minutes)
+    molrl demo --world long    # chains of 1-24 steps, for telling RL methods apart (about 18 minutes)
+    molrl demo --world long --teacher   # its base trained 5x as long: a feedback teacher near 0.9 (about 45 minutes)
     molrl demo --world digit   # one hidden digit per answer (about 5 minutes)
-    molrl demo --study         # the paper's ablations on the digit world over 3 seeds: runs/study/study.md
+    molrl demo --study         # the paper's ablations on the digit world, 3 seeds (about 40 minutes): runs/study/
 
 A hidden digit rule that only code execution reveals, applied 1 to 6 times in a chain whose every
 step the answer writes out; a tiny base model trained from scratch to use the tool; then the real
@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of configs/pipeline_tiny.yaml")
     p.add_argument("--quick", action="store_true", help="the small preset, a smoke run (about 2 minutes on 2 cores)")
     p.add_argument("--teacher", action="store_true",
-                   help="long world: train the base five times as long (about 25 minutes on 2 cores instead of 5), "
+                   help="long world: train the base five times as long (25 to 32 minutes on 2 cores instead of 5), "
                         "so that it answers at about 0.9 when it reads the feedback (on-policy distillation's "
                         "feedback teacher; 0.2-0.7 with the 5-minute base)")
     p.add_argument("--seeds", type=int, default=None, metavar="N",

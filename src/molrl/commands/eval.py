@@ -57,7 +57,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.args[:1] == ["compare"]:
         return compare(args.args[1:], args.out, args.metric)
     from molrl.config import describe, load_config
-    from molrl.eval import EvalConfig, run_eval
+    from molrl.eval.config import EvalConfig
 
     if args.describe:
         print("\n".join(describe(EvalConfig)))
@@ -71,6 +71,8 @@ def handle(args: argparse.Namespace) -> int:
                              "use --predictions NAME=PATH for each of several")
         overrides.append(f"predictions.{cfg.benchmarks[0]}={bare[0]}")
     cfg = load_config(EvalConfig, args.config, overrides + list(args.args))
+    from molrl.eval.run import run_eval  # torch loads only now: a config error is reported before it
+
     out = run_eval(cfg)
     print((out / "results.md").read_text(), end="")
     return 0
@@ -106,12 +108,13 @@ def flag_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def compare(runs: list[str], out: str | None, metric: str) -> int:
-    """Print a table of ``metric`` for several run directories and write it with a bar chart."""
-    from molrl.eval.report import compare_chart, compare_table, load_run
+    """Print a table of ``metric`` for several run directories (labelled by folder name) and write it with a bar
+    chart."""
+    from molrl.eval.report import compare_chart, compare_table, load_run, run_labels
 
     if not runs:
         raise MolrlError("eval compare: name at least one run directory")
-    loaded = [(_label(r, load_run(r)), load_run(r)) for r in runs]
+    loaded = list(zip(run_labels(runs), [load_run(r) for r in runs]))
     table = compare_table(loaded, metric)
     print(table, end="")
     out_dir = Path(out or "runs/compare")
@@ -120,8 +123,3 @@ def compare(runs: list[str], out: str | None, metric: str) -> int:
     chart = compare_chart(loaded, out_dir / "compare.png", metric)
     log.info("wrote %s and %s", out_dir / "compare.md", chart)
     return 0
-
-
-def _label(run_dir: str, results: dict) -> str:
-    label = results.get("label") or Path(run_dir).name
-    return label if len(label) <= 40 else "..." + label[-37:]

@@ -4,15 +4,14 @@
     molrl mol --config configs/mol_qwen3_8b.yaml data.traces=[a.jsonl,b.jsonl] output_dir=runs/mol8b
     molrl mol --describe          # every config key with its default and meaning
 
-Re-running the same command after an interruption resumes from the newest checkpoint.
+Re-running the same command after an interruption resumes from the newest checkpoint; on a finished
+run it says so and trains nothing; a raised train.max_steps extends the run; any other changed key is
+refused, naming it (start a new run with another output_dir).
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
-
-log = logging.getLogger(__name__)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -30,9 +29,8 @@ def handle(args: argparse.Namespace) -> int:
     if args.describe:
         print("\n".join(describe(MolConfig)))
         return 0
-    from molrl.mol.run import run_mol
-
     cfg = load_config(MolConfig, args.config, args.overrides)
-    out = run_mol(cfg)
-    log.info("MoL training done: %s", out)
+    from molrl.mol.run import run_mol  # it loads torch only after the re-run rule (molrl.rerun) let it train
+
+    run_mol(cfg)
     return 0

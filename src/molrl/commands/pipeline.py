@@ -1,7 +1,7 @@
-"""``molrl pipeline``: collect -> MoL -> GRPO -> eval in one run directory, ending with report.md.
+"""``molrl pipeline``: collect -> MoL -> RL -> eval in one run directory, ending with report.md.
 
     molrl pipeline --config configs/pipeline_qwen3_8b.yaml [key.sub=value ...]
-    molrl pipeline --config configs/pipeline_tiny.yaml stages=[mol,grpo,eval] traces=[t.jsonl] ...
+    molrl pipeline --config configs/pipeline_tiny.yaml stages=[mol,rl,eval] traces=[t.jsonl] ...
     molrl pipeline --describe       # every pipeline key with its default and meaning
     molrl pipeline --report RUN_DIR # rebuild report.md of a run from what is on disk
 

@@ -1,11 +1,16 @@
-"""``molrl rl`` (also ``molrl grpo``): RL post-training of a (MoL) policy with sandbox-execution rewards.
+"""``molrl rl``: RL post-training of a (MoL) policy with sandbox-execution rewards.
 
 Algorithms: grpo, dr_grpo, dr_grpo_std, opd (on-policy distillation), ppo (over macro actions);
 rollout options: partial rollouts, PROPS (docs/grpo.md).
 
     molrl rl --config configs/grpo_tiny.yaml [key.sub=value ...]
-    molrl rl --config configs/grpo_qwen3_8b.yaml policy.mol_adapter=runs/mol train.path=mbpp.jsonl
+    molrl rl --config configs/grpo_qwen3_8b.yaml policy.mol_adapter=runs/mol data.path=mbpp.jsonl
     molrl rl --describe        # every config key with its default and meaning
+
+Re-running the same command resumes from the newest checkpoint; on a finished run it says so and trains
+nothing; a raised train.max_steps extends the run; any other changed key is refused, naming it (start a new
+run with another output_dir). The training keys sit under ``train.`` as in ``molrl mol``; ``molrl grpo``, the
+command's first name, still runs it.
 
 Several processes: ``accelerate launch [--config_file ...] -m molrl.cli rl --config FILE ...``
 (on CPU: ``ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 ...``); see docs/grpo.md.
@@ -14,6 +19,9 @@ Several processes: ``accelerate launch [--config_file ...] -m molrl.cli rl --con
 from __future__ import annotations
 
 import argparse
+import logging
+
+log = logging.getLogger(__name__)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,11 +36,13 @@ def handle(args: argparse.Namespace) -> int:
     from molrl.config import describe, load_config
     from molrl.rl.config import RlConfig
 
+    if args.command == "grpo":
+        log.warning("molrl grpo is now molrl rl, the same command under its one name")
     if args.describe:
         print("\n".join(describe(RlConfig)))
         return 0
     cfg = load_config(RlConfig, args.config, args.overrides)
-    from molrl.rl.run import run_rl  # torch and TRL: loaded only when the stage runs, so --help stays fast
+    from molrl.rl.run import run_rl  # torch and TRL load inside it, after the re-run rule (molrl.rerun) let it train
 
     out = run_rl(cfg)
     print(out)

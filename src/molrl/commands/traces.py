@@ -1,13 +1,13 @@
 """``molrl traces``: convert, inspect and filter multi-turn traces.
 
-  molrl traces convert --from mint|openai|tora IN OUT [--rejects FILE] [--strict]
+  molrl traces convert --from mint|openai|tora IN OUT [--rejects FILE] [--strict] [--strip-example]
   molrl traces stats FILE... --tokenizer PATH
   molrl traces show FILE --tokenizer PATH [--index N] [--html OUT]
   molrl traces filter IN OUT [--success-only] [--min-feedback-turns N] [--kind domain|general]
 
 IN may be a file or a directory of ``*.jsonl`` files. Bad records are counted, listed and written
-to a rejects file (default ``OUT.rejects.jsonl``), never dropped silently; ``--strict`` stops at
-the first one instead.
+to a rejects file (default ``OUT.rejects.jsonl``), never dropped silently; ``--strict`` stops
+instead, listing them.
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ def register(subparsers: Any) -> None:
                    help="openai: map an extra role name, e.g. function=tool (repeatable)")
     p.add_argument("--drop-key", action="append", default=[], metavar="KEY",
                    help="openai: discard this message key, e.g. name (repeatable)")
+    p.add_argument("--strip-example", action="store_true",
+                   help="mint: remove MINT's in-context example (a solved task) from each prompt")
     p.set_defaults(func=run_convert)
 
     p = sub.add_parser("stats", help="per-file counts of traces, turns and tokens by role")
@@ -104,6 +106,9 @@ def load_tokenizer(path: str) -> Any:
     """A tokenizer with a chat template from a local directory (or a model id already cached)."""
     from transformers import AutoTokenizer
 
+    from molrl.models import check_tokenizer_folder
+
+    check_tokenizer_folder(path)  # a folder without tokenizer files would load as an empty tokenizer
     try:
         tok = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as err:
@@ -144,8 +149,11 @@ def run_convert(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from molrl.traces.importers import OpenAIOptions, import_file
-    from molrl.traces.schema import write_traces
+    from molrl.traces.schema import rejects_error, write_traces
 
+    if args.strip_example and args.fmt != "mint":
+        raise MolrlError(f"--strip-example removes MINT's in-context example; --from {args.fmt} has none: "
+                         "drop the flag")
     options = OpenAIOptions(role_map=_parse_role_map(args.map_role), drop_keys=tuple(args.drop_key))
     files = input_files(args.input)
     table = Table(title=f"traces convert --from {args.fmt}")
@@ -154,10 +162,9 @@ def run_convert(args: argparse.Namespace) -> int:
     table.add_column("rejected")
     rejects = []
     for path in files:
-        result = import_file(path, args.fmt, options)
+        result = import_file(path, args.fmt, options, strip_example=args.strip_example)
         if args.strict and result.rejects:
-            first = result.rejects[0]
-            raise DataError(first.path, first.line, first.reason)
+            raise rejects_error(result.rejects)  # every bad record of the file, one line each
         target = args.output / path.name if args.input.is_dir() else args.output
         write_traces(target, (t for _, t in result.traces))
         table.add_row(path.name, str(len(result.traces)), str(len(result.rejects)))

@@ -24,6 +24,7 @@ the same machine gives the same weights run to run. The model and tokenizer are 
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import re
@@ -304,6 +305,12 @@ def train_base(traces: Sequence[Trace], cfg: BaseModelConfig, out_dir: Path,
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return out_dir
+
+
+def write_making_time(base_dir: Path, seconds: float) -> None:
+    """Record in ``base_dir/timing.json`` how long the base took to make (demonstrations and training), for the
+    pipeline report's timing table (``molrl.report.stage_times``)."""
+    (base_dir / "timing.json").write_text(json.dumps({"seconds": round(seconds, 1)}))
 
 
 def fit(model: Any, examples: Sequence[BaseExample], cfg: BaseModelConfig, pad_id: int,

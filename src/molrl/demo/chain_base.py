@@ -31,11 +31,12 @@ import functools
 import json
 import logging
 import re
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
-from molrl.demo.base import BaseExample, train_base
+from molrl.demo.base import BaseExample, train_base, write_making_time
 from molrl.demo.chain import QUESTION, ChainWorldConfig, decoy_at, decoy_keys, fresh_problems, solution_text, walk_output
 from molrl.demo.world import World
 from molrl.generation import SamplingConfig
@@ -244,6 +245,7 @@ def build_chain_base(world: World, preset: Any, base_dir: Path, episode: Any, ma
     if marker.is_file() and json.loads(marker.read_text()) == made_of:
         log.info("%s: base model already trained, reused", base_dir)
         return base_dir
+    started = time.time()
     with SandboxPool(SandboxConfig(workers=2)) as pool:
         traces = chain_base_traces(world, preset.world.seed, build_tiny_tokenizer("chatml"), episode, pool, math_prompt,
                                    teacher_rounds=preset.base.teacher_rounds,
@@ -252,4 +254,5 @@ def build_chain_base(world: World, preset: Any, base_dir: Path, episode: Any, ma
                                      repeat_values=preset.base.repeat_values, guess_others=preset.base.guess_others)
     train_base(traces, preset.base, base_dir, make_example=make_example)
     marker.write_text(json.dumps(made_of))
+    write_making_time(base_dir, time.time() - started)
     return base_dir

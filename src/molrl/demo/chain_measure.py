@@ -110,7 +110,7 @@ def measure_world(world: World, base_dir: Path, world_dir: Path, cfg: Any, sampl
     tasks = world.rule_heldout
     settings = {"math_prompt": cfg.eval.get("math_prompt", "{prompt}"),
                 "max_new_tokens": int(cfg.eval.get("sampling", {}).get("max_new_tokens", 352)),
-                "temperature": float(cfg.grpo.get("temperature", 1.0))}
+                "temperature": float(cfg.rl.get("temperature", 1.0))}
     with torch.no_grad():
         props = _measure(model, tokenizer, tasks, world.key, settings, samples)
     saved.write_text(json.dumps(asdict(props), indent=1))
@@ -155,21 +155,21 @@ def _measure(model: Any, tokenizer: Any, tasks: Sequence[Task], key: str, settin
         teacher_step_accuracy=sum(steps) / max(len(steps), 1), teacher_step_positions=len(steps))
 
 
-def _teacher_prompt(tokenizer: Any, task: Task, attempt: str, graded: Any, probe: Any, math_prompt: str) -> str:
+def _teacher_prompt(tokenizer: Any, task: Task, attempt: str, graded: Any, probe: Any, math_prompt: str) -> Any:
     """The feedback teacher's context for ``attempt`` (graded ``graded``): the attempt, the ``probe``'s output
     (a sandbox result) and the verdict, as on-policy distillation's feedback teacher reads them."""
-    from molrl.chat import render
     from molrl.collect.environment import exec_record
     from molrl.collect.feedback import (ExecutionFeedback, Observation, TestFeedback, VerdictFeedback,
                                         render_feedback)
     from molrl.tasks.prompts import user_message
+    from molrl.traces.spans import chat_prompt
 
     obs = Observation(action="solution", exec=exec_record(probe), grade=graded.to_dict(), verdict=graded.correct,
                       final=True)
     feedback, _ = render_feedback([ExecutionFeedback(), TestFeedback(), VerdictFeedback()], task, obs, [])
     messages = [{"role": "user", "content": user_message(task, math_template=math_prompt)},
                 {"role": "assistant", "content": attempt}, {"role": "tool", "content": feedback}]
-    return render(tokenizer, messages, add_generation_prompt=True, enable_thinking=True)
+    return chat_prompt(tokenizer, messages, enable_thinking=True)
 
 
 def _entropies(model: Any, tokenizer: Any, tasks: Sequence[Task], prompts: Sequence[str],
@@ -195,7 +195,9 @@ def _forced(model: Any, tokenizer: Any, prompt: str, solution: str, tail: Sequen
     offsets, and the logits that predict each of its tokens and the tail's, [C + len(tail), V]."""
     import torch
 
-    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    from molrl.generation import prompt_ids as ids_of
+
+    prompt_ids = ids_of(tokenizer, prompt)
     enc = tokenizer(solution, add_special_tokens=False, return_offsets_mapping=True)
     ids = torch.tensor([prompt_ids + enc["input_ids"] + list(tail)])  # [1, P + C + len(tail)]
     return enc, model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1]

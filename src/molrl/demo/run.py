@@ -34,7 +34,7 @@ from molrl.demo.base import BaseModelConfig
 from molrl.demo.chain import ChainWorldConfig, build_chain_world
 from molrl.demo.study_arms import CODE_TOKENS
 from molrl.demo.world import World, WorldConfig, build_world
-from molrl.cpu import govern_threads
+from molrl.cpu import govern_threads, use_threads
 from molrl.errors import MolrlError
 from molrl.pipeline import run_pipeline
 from molrl.tasks import Task
@@ -56,7 +56,7 @@ class DemoPreset:
     """Most torch threads (fewer while other processes keep cores busy)."""
 
 
-STUDY_PROMPTS = ['grpo.code_prompt="{prompt}"', 'eval.code_prompt="{prompt}"',
+STUDY_PROMPTS = ['rl.code_prompt="{prompt}"', 'eval.code_prompt="{prompt}"',
                  f"eval.sampling.max_new_tokens={CODE_TOKENS}"]
 """The study's code-answer problems are posed as their question alone, like the others, and have room
 for a code answer."""
@@ -66,18 +66,18 @@ PRESETS = {
     "quick": DemoPreset(
         world=WorldConfig(train_problems=200, heldout_problems=50, general_train=200, general_eval=50),
         base=BaseModelConfig(steps=120),
-        pipeline_overrides=["mol.train.max_steps=20", "grpo.max_steps=5", "grpo.prompts_per_step=4"],
+        pipeline_overrides=["mol.train.max_steps=20", "rl.train.max_steps=5", "rl.prompts_per_step=4"],
     ),
     "study": DemoPreset(  # `molrl demo --study`: the demo's sizes, the code-answer family, shorter GRPO runs
         world=WorldConfig(code_problems=200, code_heldout=100),
-        pipeline_overrides=["grpo.max_steps=60", *STUDY_PROMPTS],
+        pipeline_overrides=["rl.train.max_steps=60", *STUDY_PROMPTS],
     ),
     "study_quick": DemoPreset(  # `molrl demo --study --quick`: a check that every table of the study fills
         world=WorldConfig(train_problems=60, heldout_problems=20, general_train=200, general_eval=20,
                           code_problems=30, code_heldout=20),
         base=BaseModelConfig(steps=80),
-        pipeline_overrides=["mol.train.max_steps=12", "grpo.max_steps=3", "grpo.prompts_per_step=2",
-                            "grpo.num_generations=4", "grpo.micro_batch_size=8", *STUDY_PROMPTS],
+        pipeline_overrides=["mol.train.max_steps=12", "rl.train.max_steps=3", "rl.prompts_per_step=2",
+                            "rl.num_generations=4", "rl.train.micro_batch_size=8", *STUDY_PROMPTS],
     ),
 }
 
@@ -88,7 +88,7 @@ CHAIN_PRESETS = {
         world=ChainWorldConfig(max_steps=6, train_problems=100, heldout_problems=50, general_train=200,
                                general_eval=50),
         base=BaseModelConfig(num_layers=3, steps=120),
-        pipeline_overrides=["mol.train.max_steps=20", "grpo.max_steps=5", "grpo.prompts_per_step=4"],
+        pipeline_overrides=["mol.train.max_steps=20", "rl.train.max_steps=5", "rl.prompts_per_step=4"],
     ),
 }
 """``molrl demo`` (the default world): the chain world with chains of 1-6 steps (``molrl.demo.chain``)."""
@@ -107,12 +107,12 @@ LONG_PRESETS = {
     "quick": DemoPreset(
         world=ChainWorldConfig(train_problems=100, heldout_problems=30, general_train=200, general_eval=30),
         base=replace(LONG_BASE, num_layers=2, steps=120, short_steps=60),
-        pipeline_overrides=["mol.train.max_steps=20", "grpo.max_steps=5", "grpo.prompts_per_step=4",
-                            "grpo.micro_batch_size=16"],
+        pipeline_overrides=["mol.train.max_steps=20", "rl.train.max_steps=5", "rl.prompts_per_step=4",
+                            "rl.train.micro_batch_size=16"],
     ),
 }
 """``molrl demo --world long``: the chain world with chains of 1-24 steps, long-tailed, for telling RL methods apart.
-``--teacher`` (``teacher``) trains the same base five times as long (about 25 minutes on 2 cores instead of 5), so
+``--teacher`` (``teacher``) trains the same base five times as long (25 to 32 minutes on 2 cores instead of 5), so
 that the base reading the feedback, on-policy distillation's feedback teacher, answers at about 0.9 (0.88-0.96 on
 seeds 0-2, against 0.20-0.71 with the 5-minute base)."""
 
@@ -171,7 +171,7 @@ def run_one(out: Path, preset: str, overrides: list[str] | None, seed: int, conf
         from molrl.demo.chain_measure import measure_world
 
         properties = measure_world(world, out / "base", out / "world", cfg)
-    run_pipeline(cfg, collect_tasks=world.rule_train, before_stage=lambda stage: use_idle_threads(threads, stage))
+    run_pipeline(cfg, collect_tasks=world.rule_train, most_threads=threads)
     report = Path(cfg.output_dir) / "report.md"
     if properties is not None:
         with report.open("a") as fh:
@@ -200,12 +200,12 @@ def prepare_seed(out: Path, preset: str, overrides: list[str] | None, seed: int,
         f"model={base_dir}",
         f"output_dir={out / 'pipeline'}",
         f"general_traces=[{world_dir / 'general_traces.jsonl'}]",
-        f"grpo.train.path={world_dir / 'rl_train.jsonl'}",
+        f"rl.data.path={world_dir / 'rl_train.jsonl'}",
         f"eval.data.heldout={world_dir / 'heldout.jsonl'}",
         f"eval.data.general={world_dir / 'general.jsonl'}",
         f"title=molrl demo ({preset} preset{'' if world_name == 'digit' else f', {world_name} world'}, seed {seed})",
         f"mol.train.seed={seed}",
-        f"grpo.seed={seed}",
+        f"rl.train.seed={seed}",
     ]
     cfg = load_pipeline_config(config or config_dir() / WORLD_CONFIGS[world_name],
                                [*fixed, *chosen.pipeline_overrides, *(overrides or [])])
@@ -215,12 +215,12 @@ def prepare_seed(out: Path, preset: str, overrides: list[str] | None, seed: int,
 
         world = build_chain_world(chosen.world)
         write_world(world, chosen.world, world_dir, prompts["math_prompt"], replay_traces=chain_direct)
-        use_idle_threads(chosen.threads, "base model")
+        use_threads(None, "base model", most=chosen.threads)
         build_chain_base(world, chosen, base_dir, episode_config(cfg), prompts["math_prompt"])
     else:
         world = build_world(chosen.world)
         write_world(world, chosen.world, world_dir, prompts["math_prompt"])
-        use_idle_threads(chosen.threads, "base model")
+        use_threads(None, "base model", most=chosen.threads)
         build_base(world, chosen, base_dir, episode_config(cfg), **prompts)
     log.info("world and base of seed %d ready after %.0f s", seed, time.time() - started)
     return cfg, world, chosen.threads
@@ -229,21 +229,6 @@ def prepare_seed(out: Path, preset: str, overrides: list[str] | None, seed: int,
 def seeded(preset: DemoPreset, seed: int) -> DemoPreset:
     """``preset`` with its world and base model seeded by ``seed``."""
     return replace(preset, world=replace(preset.world, seed=seed), base=replace(preset.base, seed=seed))
-
-
-def use_idle_threads(most: int, stage: str) -> None:
-    """Give torch as many threads as there are idle cores now (at most ``most``) for a training stage,
-    and keep adjusting while it trains (``molrl.cpu.ThreadGovernor``)."""
-    import torch
-
-    from molrl.cpu import idle_threads
-
-    if stage.startswith("eval/"):  # a second of work: not worth measuring the machine for
-        return
-    threads = idle_threads(most)
-    torch.set_num_threads(threads)
-    govern_threads(most)
-    log.debug("%s: %d torch thread(s)", stage, threads)
 
 
 def write_world(world: World, cfg: WorldConfig | ChainWorldConfig, world_dir: Path, math_prompt: str | None = None,
@@ -296,7 +281,7 @@ def build_base(world: World, preset: DemoPreset, base_dir: Path, episode: "Episo
     ``episode`` is the collection format the tool-use demonstrations follow; ``math_prompt`` and
     ``code_prompt`` are evaluation's single-turn instructions, which the direct answers are posed with.
     """
-    from molrl.demo.base import demonstration_traces, direct_traces, train_base
+    from molrl.demo.base import demonstration_traces, direct_traces, train_base, write_making_time
     from molrl.sandbox import SandboxConfig, SandboxPool
     from molrl.tiny import build_tiny_tokenizer
 
@@ -306,6 +291,7 @@ def build_base(world: World, preset: DemoPreset, base_dir: Path, episode: "Episo
     if marker.is_file() and json.loads(marker.read_text()) == made_of:
         log.info("%s: base model already trained, reused", base_dir)
         return base_dir
+    started = time.time()
     tokenizer = build_tiny_tokenizer("chatml")
     with SandboxPool(SandboxConfig(workers=2)) as pool:
         demos = demonstration_traces(world.rule_train, tokenizer, episode, pool, hide_value=True)
@@ -317,6 +303,7 @@ def build_base(world: World, preset: DemoPreset, base_dir: Path, episode: "Episo
             *direct_traces(world.code_general, code_prompt=code_prompt)]
     train_base([*demos, *rule_format, *general, *code], preset.base, base_dir)
     marker.write_text(json.dumps(made_of))
+    write_making_time(base_dir, time.time() - started)
     return base_dir
 
 

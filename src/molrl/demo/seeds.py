@@ -14,14 +14,16 @@ from typing import Any, Sequence
 
 import yaml
 
+from molrl.config import current_names
+from molrl.pipeline import PipelineConfig
 from molrl.report import accuracy, eval_results
 
 BASE = "base"
 
 
 def headline_pairs(config: dict[str, Any]) -> list[tuple[str, str]]:
-    """(MoL-start run, base-start run) names of GRPO runs that differ only in where they start."""
-    runs = config.get("grpo_runs", [])
+    """(MoL-start run, base-start run) names of RL runs that differ only in where they start."""
+    runs = config.get("rl_runs", [])
     from_base = [r for r in runs if r.get("start") == BASE]
     return [(mol["name"], base["name"]) for base in from_base for mol in runs
             if mol.get("start") != BASE and list(mol.get("overrides", [])) == list(base.get("overrides", []))]
@@ -56,14 +58,15 @@ def seed_summary(run_dirs: Sequence[Path]) -> str:
 
     Each of ``run_dirs`` is one seed's ``pipeline/`` directory (config.yaml and eval/ inside).
     """
-    configs = [yaml.safe_load((Path(d) / "config.yaml").read_text()) for d in run_dirs]
+    configs = [current_names(PipelineConfig, yaml.safe_load((Path(d) / "config.yaml").read_text()))
+               for d in run_dirs]
     results = [eval_results(Path(d)) for d in run_dirs]
     pairs = headline_pairs(configs[0])
     lines = [f"## Headline over {len(run_dirs)} seeds", "",
              "World and training seeds 0 to {} (seed 0 is the run above). Scores are single-step pass@1; "
              "± is the standard error over seeds.".format(len(run_dirs) - 1), ""]
     if not pairs:
-        return "\n".join(lines + ["_No GRPO run from the base has a MoL-started twin to compare with._", ""])
+        return "\n".join(lines + ["_No RL run from the base has a MoL-started twin to compare with._", ""])
     benchmarks = list(results[0].get(BASE, next(iter(results[0].values())))["benchmarks"])
     lines += ["| benchmark | model | mean ± s.e. | range | per seed |", "|---|---|---|---|---|"]
     verdicts = []

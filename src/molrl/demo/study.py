@@ -44,7 +44,7 @@ from pathlib import Path
 from molrl.cpu import govern_threads
 from molrl.errors import MolrlError
 from molrl.demo.study_arms import ALGORITHMS, CODE, CODE_TOKENS, EPOCHS, LOSSES, REWARD_START, REWARDS, SOURCES
-from molrl.pipeline import GrpoRun, MolRun, PipelineConfig, run_pipeline
+from molrl.pipeline import MolRun, PipelineConfig, RlRun, run_pipeline
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def run_seed(out: Path, quick: bool, overrides: list[str] | None, seed: int) -> 
     from transformers import AutoTokenizer
 
     from molrl.demo.expert import expert_traces
-    from molrl.demo.run import episode_config, prepare_seed, use_idle_threads
+    from molrl.demo.run import episode_config, prepare_seed
 
     started = time.time()
     preset = "study_quick" if quick else "study"
@@ -78,7 +78,7 @@ def run_seed(out: Path, quick: bool, overrides: list[str] | None, seed: int) -> 
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     expert = expert_traces(world.rule_train, tokenizer, episode_config(cfg), out / "expert" / "traces.jsonl")
     cfg = study_config(cfg, expert, out / "world", seed, preset)
-    run_pipeline(cfg, collect_tasks=world.rule_train, before_stage=lambda stage: use_idle_threads(threads, stage))
+    run_pipeline(cfg, collect_tasks=world.rule_train, most_threads=threads)
     log.info("seed %d of the study finished in %.0f s", seed, time.time() - started)
     return Path(cfg.output_dir)
 
@@ -94,16 +94,16 @@ def study_config(cfg: PipelineConfig, expert: Path, world_dir: Path, seed: int, 
             mol_runs.append(MolRun(name=mode + suffix, overrides=[f"loss.mode={mode}", *monitor, *three, *traces]))
     mol_runs.append(MolRun(name=EPOCHS["1"], overrides=["loss.mode=mol", "train.max_steps=-1", "train.epochs=1"]))
     mol_runs.append(MolRun(name=EPOCHS["demo"], overrides=["loss.mode=mol"]))  # the section's max_steps
-    grpo_runs = [GrpoRun(name=f"{start}+grpo", start=start, overrides=["algorithm=grpo"]) for start in EPOCHS.values()]
-    grpo_runs.append(GrpoRun(name=ALGORITHMS["dr_grpo"], start=EPOCHS["demo"], overrides=["algorithm=dr_grpo"]))
-    code_rl = [f"train.path={world_dir / 'code_rl_train.jsonl'}", "train.spec.kind=code",
+    rl_runs = [RlRun(name=f"{start}+grpo", start=start, overrides=["algorithm=grpo"]) for start in EPOCHS.values()]
+    rl_runs.append(RlRun(name=ALGORITHMS["dr_grpo"], start=EPOCHS["demo"], overrides=["algorithm=dr_grpo"]))
+    code_rl = [f"data.path={world_dir / 'code_rl_train.jsonl'}", "data.spec.kind=code",
                f"max_completion_length={CODE_TOKENS}"]
     for mode, name in REWARDS.items():
-        grpo_runs.append(GrpoRun(name=name, start=REWARD_START,
-                                 overrides=["algorithm=grpo", *code_rl, f"reward.code_mode={mode}"]))
+        rl_runs.append(RlRun(name=name, start=REWARD_START,
+                             overrides=["algorithm=grpo", *code_rl, f"reward.code_mode={mode}"]))
     evaluation = dict(cfg.eval)
     evaluation["benchmarks"] = [*evaluation.get("benchmarks", []), CODE]
     evaluation["custom"] = {**evaluation.get("custom", {}), CODE: {"kind": "code"}}
     evaluation["data"] = {**evaluation.get("data", {}), CODE: str(world_dir / "code_heldout.jsonl")}
-    return replace(cfg, mol_runs=mol_runs, grpo_runs=grpo_runs, eval=evaluation, eval_models=[],
+    return replace(cfg, mol_runs=mol_runs, rl_runs=rl_runs, eval=evaluation, eval_models=[],
                    title=f"molrl study ({preset} preset, seed {seed})")

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Literal
 
 from molrl.collect.config import EpisodeConfig
-from molrl.generation import SamplingConfig
+from molrl.config import Count
+from molrl.sampling import SamplingConfig
 from molrl.sandbox import SandboxConfig
 from molrl.tasks import JsonlSpec
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
@@ -17,7 +18,7 @@ from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
 class EvalSamplingConfig(SamplingConfig):
     """Sampling with the authors' evaluation defaults: temperature 0.7, top-p 0.8, top-k 20."""
 
-    n: int = 1
+    n: Count = 1
     """Samples per problem (pass@1 is their mean; pass@k and maj@n need n >= k)."""
     temperature: float = 0.7
     """Sampling temperature; 0 means greedy decoding (then n must be 1)."""
@@ -25,7 +26,7 @@ class EvalSamplingConfig(SamplingConfig):
     """Nucleus sampling mass."""
     top_k: int = 20
     """Top-k cut-off; 0 disables it."""
-    max_new_tokens: int = 4096
+    max_new_tokens: Count = 4096
     """Most tokens generated per completion."""
     seed: int = 0
     """Base random seed; each chunk of problems samples with seed + its first problem's index."""
@@ -63,11 +64,11 @@ class EvalConfig:
     """Let Qwen3-style templates open a thinking block (off: an empty one is inserted)."""
     sampling: EvalSamplingConfig = field(default_factory=EvalSamplingConfig)
     """Samples per problem (n), temperature, top-p, top-k, max new tokens, seed."""
-    ks: list[int] = field(default_factory=lambda: [1, 5, 10])
+    ks: list[Count] = field(default_factory=lambda: [1, 5, 10])
     """k values of pass@k (each reported when every problem has at least k samples)."""
-    limit: int | None = None
+    limit: Count | None = None
     """Evaluate only the first N problems of each benchmark."""
-    batch_size: int = 16
+    batch_size: Count = 16
     """Problems generated and graded together (also the resume granularity)."""
     interactive: EpisodeConfig = field(default_factory=EpisodeConfig)
     """interactive mode: turns, solution budget, feedback (sampling, thinking, batch size come from above)."""
@@ -81,20 +82,11 @@ class EvalConfig:
     """Run directory: config.yaml, results.json, results.md, <benchmark>/samples.jsonl."""
     label: str | None = None
     """Name of this run in comparisons (default: the model name, or the predictions file)."""
+    threads: Count | None = None
+    """Torch CPU threads; none: as many as cores are idle, re-measured while it runs (molrl.cpu)."""
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.limit is not None and self.limit < 1:
-            raise ValueError(f"limit must be >= 1, got {self.limit}")
-        if any(k < 1 for k in self.ks):
-            raise ValueError(f"ks must be positive, got {self.ks}")
         if self.sampling.n > 1 and self.sampling.temperature == 0:
             raise ValueError(f"sampling.n={self.sampling.n} with greedy decoding gives n equal samples; set sampling.temperature > 0")
         if not self.benchmarks:
             raise ValueError("benchmarks is empty; name at least one")
-
-
-# Settings that change what a sample is; a run directory resumes only if these match.
-SAMPLE_KEYS = ("model", "adapter", "dtype", "mode", "enable_thinking", "sampling", "interactive",
-               "code_prompt", "math_prompt", "data", "custom", "predictions")

@@ -67,4 +67,5 @@ def _record(task: Task, sample: int, completion: str, grade: Any) -> SampleRecor
         score=float(grade.score),
         stage=str(grade.stage),
         details=dict(grade.details or {}),
+        truncated=bool(getattr(completion, "truncated", False)),  # a molrl.generation.Completion knows
     )

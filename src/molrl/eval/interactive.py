@@ -65,4 +65,5 @@ def episode_record(ep: Episode) -> SampleRecord:
         details={"turns": ep.turns, "solutions": ep.solutions, "feedback": [
             m["content"] for m in ep.messages if m["role"] == "tool"
         ]},
+        truncated=ep.stop_reason == "token_limit",  # the episode's token budget cut it
     )

@@ -1,4 +1,9 @@
-"""Eval outputs: ``results.json``, a markdown table, and side-by-side comparison of several runs."""
+"""Eval outputs: ``results.json``, a markdown table, and side-by-side comparison of several runs.
+
+Scores are fractions in [0, 1] everywhere (tables, comparisons, charts), as in the pipeline report. Each
+benchmark also shows the share of samples the token limit cut (``truncated``), with a warning line when it
+passes ``TRUNCATION_WARNING``: a cut answer usually lost its final answer, so its score says little.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,9 @@ from typing import Any, Sequence
 from molrl.errors import MolrlError
 
 HEADLINE = ("pass@1",)  # first columns of every table; the rest follow in a fixed order
+
+TRUNCATION_WARNING = 0.05
+"""Share of samples cut at max_new_tokens above which a table is followed by a warning line."""
 
 
 def write_results(run_dir: Path, results: dict[str, Any]) -> None:
@@ -36,17 +44,38 @@ def results_markdown(results: dict[str, Any]) -> str:
     cols = metric_names(benchmarks)
     lines = [f"# Evaluation: {results.get('label', '')}", ""]
     lines += [f"mode: {results.get('mode', '')}", ""]
-    lines.append("| benchmark | problems | samples | " + " | ".join(cols) + " |")
-    lines.append("|---|---:|---:|" + "---:|" * len(cols))
+    limit = (results.get("sampling") or {}).get("max_new_tokens")
+    lines.append("| benchmark | problems | samples | " + " | ".join(cols) + " | cut at the token limit |")
+    lines.append("|---|---:|---:|" + "---:|" * (len(cols) + 1))
     for name, m in benchmarks.items():
-        cells = [_pct(m.get(c)) for c in cols]
+        cells = [_fraction(m.get(c)) for c in cols] + [_fraction(m.get("truncated"))]
         lines.append(f"| {name} | {m.get('problems', 0)} | {m.get('samples', 0)} | " + " | ".join(cells) + " |")
+    warnings = truncation_warnings(benchmarks, limit)
+    if warnings:
+        lines += ["", *warnings]
     for name, m in benchmarks.items():
         for key in ("by_subject", "by_level"):
             if key in m:
                 lines += ["", f"## {name} {key.replace('_', ' ')}", "", "| group | problems | pass@1 |", "|---|---:|---:|"]
-                lines += [f"| {g} | {v['problems']} | {_pct(v['pass@1'])} |" for g, v in m[key].items()]
+                lines += [f"| {g} | {v['problems']} | {_fraction(v['pass@1'])} |" for g, v in m[key].items()]
     return "\n".join(lines) + "\n"
+
+
+def truncation_warnings(benchmarks: dict[str, dict[str, Any]], limit: int | None = None, who: str = "") -> list[str]:
+    """A warning line for each benchmark whose share of samples cut at the token limit passes ``TRUNCATION_WARNING``.
+
+    >>> truncation_warnings({"heldout": {"truncated": 0.22, "samples": 50}, "general": {"truncated": 0.0}}, 48)
+    ['- **Warning**: heldout: 11 of 50 samples (0.220) hit the limit of 48 new tokens before the answer ended; raise max_new_tokens.']
+    """
+    out = []
+    for name, m in benchmarks.items():
+        share = m.get("truncated")
+        if isinstance(share, (int, float)) and share > TRUNCATION_WARNING:
+            count = f"{round(share * m['samples'])} of {m['samples']} samples ({share:.3f})" if m.get("samples") \
+                else f"{share:.3f} of the samples"
+            cap = f"the limit of {limit} new tokens" if limit else "the token limit"
+            out.append(f"- **Warning**: {who}{name}: {count} hit {cap} before the answer ended; raise max_new_tokens.")
+    return out
 
 
 def load_run(run_dir: str | Path) -> dict[str, Any]:
@@ -60,14 +89,37 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
         raise MolrlError(f"{path}: not valid JSON ({err.msg}); re-run the eval to rewrite it") from None
 
 
+def run_labels(run_dirs: Sequence[str | Path]) -> list[str]:
+    """A short name for each run directory: its folder name, with as many parent folders as it takes to tell
+    two runs of the same folder name apart.
+
+    >>> run_labels(["runs/demo/pipeline/eval/base", "runs/demo/pipeline/eval/mol+grpo"])
+    ['base', 'mol+grpo']
+    >>> run_labels(["runs/a/eval", "runs/b/eval", "x/base"])
+    ['a/eval', 'b/eval', 'base']
+    """
+    parts = [Path(d).resolve().parts for d in run_dirs]
+    depth = [1] * len(parts)
+    while True:
+        labels = ["/".join(p[-n:]) for p, n in zip(parts, depth)]
+        clashing = [i for i, label in enumerate(labels) if labels.count(label) > 1 and depth[i] < len(parts[i])]
+        if not clashing:
+            return labels
+        for i in clashing:
+            depth[i] += 1
+
+
 def compare_table(runs: Sequence[tuple[str, dict[str, Any]]], metric: str = "pass@1") -> str:
-    """A markdown table of ``metric``: one row per benchmark, one column per run."""
+    """A markdown table of ``metric`` (a fraction): one row per benchmark, one column per run; then a warning line
+    for each run and benchmark whose samples the token limit cut too often."""
     benchmarks = _benchmark_union(runs)
     lines = ["| benchmark | " + " | ".join(label for label, _ in runs) + " |", "|---|" + "---:|" * len(runs)]
     for b in benchmarks:
-        cells = [_pct(r["benchmarks"].get(b, {}).get(metric)) for _, r in runs]
+        cells = [_fraction(r["benchmarks"].get(b, {}).get(metric)) for _, r in runs]
         lines.append(f"| {b} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    warnings = [w for label, r in runs for w in truncation_warnings(
+        r["benchmarks"], (r.get("sampling") or {}).get("max_new_tokens"), f"{label}, ")]
+    return "\n".join([*lines, *([""] + warnings if warnings else [])]) + "\n"
 
 
 def compare_chart(runs: Sequence[tuple[str, dict[str, Any]]], path: Path, metric: str = "pass@1") -> Path:
@@ -81,13 +133,13 @@ def compare_chart(runs: Sequence[tuple[str, dict[str, Any]]], path: Path, metric
     width = 0.8 / len(runs)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(benchmarks) + 2), 4.5))
     for i, (label, r) in enumerate(runs):
-        values = [100 * (r["benchmarks"].get(b, {}).get(metric) or 0.0) for b in benchmarks]
+        values = [r["benchmarks"].get(b, {}).get(metric) or 0.0 for b in benchmarks]
         xs = [j + (i - (len(runs) - 1) / 2) * width for j in range(len(benchmarks))]
         bars = ax.bar(xs, values, width=width, label=label)
-        ax.bar_label(bars, fmt="%.1f", fontsize=8, padding=2)
+        ax.bar_label(bars, fmt="%.3f", fontsize=8, padding=2)
     ax.set_xticks(range(len(benchmarks)), benchmarks)
-    ax.set_ylabel(f"{metric} (%)")
-    ax.set_ylim(0, 105)
+    ax.set_ylabel(metric)
+    ax.set_ylim(0, 1.05)
     ax.set_title(f"{metric} by benchmark")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=min(len(runs), 3), fontsize=8, frameon=False)
     fig.tight_layout()
@@ -104,5 +156,5 @@ def _benchmark_union(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
     return list(seen)
 
 
-def _pct(value: Any) -> str:
-    return "-" if value is None else f"{100 * value:.1f}"
+def _fraction(value: Any) -> str:
+    return "-" if value is None else f"{value:.3f}"

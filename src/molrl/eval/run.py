@@ -3,27 +3,31 @@
 For each benchmark: load problems -> skip those already in ``samples.jsonl`` -> per chunk of
 ``batch_size`` problems get graded samples from the source (sampled single-turn, interactive
 episodes, or a predictions file; all graded by the shared graders) -> append them -> summarise.
-Results land in ``results.json`` / ``results.md`` next to the resolved ``config.yaml``.
+Results land in ``results.json`` / ``results.md`` next to the resolved ``config.yaml``. A re-run follows
+``molrl.rerun``, the rule of every stage: other settings are refused by name, a finished run is left as it is.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import yaml
 
-from molrl.config import save_config, to_dict
+from molrl.config import check_values, save_config, to_dict
+from molrl.cpu import use_threads
 from molrl.errors import MolrlError
-from molrl.eval.config import SAMPLE_KEYS, EvalConfig
+from molrl.eval.config import EvalConfig
 from molrl.eval.report import results_markdown, write_results
 from molrl.eval.samples import SampleRecord, SampleStore
 from molrl.eval.single import summarise
 from molrl.eval.interactive import InteractiveSource
 from molrl.eval.sources import PredictionSource, SamplingSource
 from molrl.eval.suites import load_suite
+from molrl.rerun import check_rerun, say_finished
 from molrl.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -48,12 +52,25 @@ def make_source(cfg: EvalConfig) -> Any:
 
 def run_eval(cfg: EvalConfig) -> Path:
     """Evaluate ``cfg.benchmarks`` and return the run directory holding the results."""
+    with _removed_if_failed_empty(Path(cfg.output_dir)):
+        return _evaluate(cfg)
+
+
+def _evaluate(cfg: EvalConfig) -> Path:
+    """``run_eval``'s work, in the order the module docstring gives."""
+    check_values(cfg, "EvalConfig")
     out = Path(cfg.output_dir)
-    check_resumable(out, cfg)
-    save_config(cfg, out / "config.yaml")
+    started = any(p.stat().st_size for p in out.glob("*/samples.jsonl"))
+    check_rerun("eval", cfg, out / "config.yaml", started=started)  # molrl.rerun: one rule for every stage
     suites = {name: load_suite(name, cfg) for name in cfg.benchmarks}  # all data checked before any work
     source = make_source(cfg)
     suites = {name: source.select(name, tasks) for name, tasks in suites.items()}
+    if started and finished(out, cfg, suites, source):
+        say_finished(out, f"every problem graded, {out / 'results.md'}", "eval")
+        return out
+    if source.mode != "predictions":  # a model generates: one thread policy for every stage
+        use_threads(cfg.threads, "eval")
+    save_config(cfg, out / "config.yaml")
     results: dict[str, Any] = {
         "label": source.label, "mode": source.mode, "model": cfg.model, "adapter": cfg.adapter,
         "enable_thinking": cfg.enable_thinking, "sampling": to_dict(cfg.sampling), "benchmarks": {},
@@ -94,19 +111,33 @@ def run_suite(
     return [done[t.id] for t in tasks]
 
 
-def check_resumable(out: Path, cfg: EvalConfig) -> None:
-    """Refuse to mix samples made under different settings in one run directory."""
-    path = out / "config.yaml"
-    if not path.is_file() or not any(p.stat().st_size for p in out.glob("*/samples.jsonl")):
-        return  # nothing sampled yet: settings may still be fixed freely
-    old = yaml.safe_load(path.read_text()) or {}
-    new = to_dict(cfg)
-    for key in SAMPLE_KEYS:
-        if key in old and old[key] != new[key]:
-            raise MolrlError(
-                f"{out} holds a run made with {key}={old[key]!r}, not {new[key]!r}; "
-                "use another --out, or delete that directory to start over"
-            )
+def finished(out: Path, cfg: EvalConfig, suites: dict[str, Sequence[Task]], source: Any) -> bool:
+    """Whether ``out`` already holds this very run's results: the same config, key for key (a changed ``ks`` or
+    ``benchmarks`` summarises again), results written, and every problem's samples complete."""
+    saved, results = out / "config.yaml", out / "results.json"
+    if not (saved.is_file() and results.is_file()) or (yaml.safe_load(saved.read_text()) or {}) != to_dict(cfg):
+        return False
+    for name, tasks in suites.items():
+        found = SampleStore(out / name / "samples.jsonl").load()
+        if not all(t.id in found and source.finished(name, t.id, found[t.id]) for t in tasks):
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def _removed_if_failed_empty(out: Path) -> Iterator[None]:
+    """On a failure before any sample was written, remove what this run made: ``out`` if it created it, else its
+    config.yaml if it wrote one; so a failed eval (a bad model, say) leaves nothing behind."""
+    created, had_config = not out.exists(), (out / "config.yaml").exists()
+    try:
+        yield
+    except BaseException:
+        if not any(p.stat().st_size for p in out.glob("*/samples.jsonl")):
+            if created:
+                shutil.rmtree(out, ignore_errors=True)
+            elif not had_config:
+                (out / "config.yaml").unlink(missing_ok=True)
+        raise
 
 
 @contextlib.contextmanager

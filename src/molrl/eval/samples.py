@@ -2,6 +2,7 @@
 
 A problem's samples are written together once all of them are graded, so a run that stops
 mid-way resumes from the first unfinished problem and never regenerates finished samples.
+Any text is written, a lone surrogate a program returned included (as a JSON escape).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from molrl.errors import DataError
-from molrl.jsonl import repair_torn_tail
+from molrl.jsonl import json_line, repair_torn_tail
 
 
 @dataclass
@@ -35,6 +36,8 @@ class SampleRecord:
     """How far grading got (e.g. no_answer, mismatch, correct, test_failed)."""
     details: dict[str, Any] = field(default_factory=dict)
     """Why the grader judged as it did: normalised forms, failing test, error text."""
+    truncated: bool = False
+    """Generation stopped at the token limit (max_new_tokens) before the model ended its answer."""
 
 
 class SampleStore:
@@ -51,7 +54,7 @@ class SampleStore:
         # A record cut short by an interrupted run goes (its problem is redone), so that the next
         # append starts on a line of its own.
         repair_torn_tail(self.path)
-        for line_no, line in enumerate(self.path.read_text().split("\n"), 1):
+        for line_no, line in enumerate(self.path.read_text(encoding="utf-8").split("\n"), 1):
             if not line.strip():
                 continue
             try:
@@ -67,7 +70,7 @@ class SampleStore:
         """Add finished samples (one problem's worth at a time) and flush them to disk."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         text = "".join(_line(r) for r in records)
-        with self.path.open("a") as f:
+        with self.path.open("a", encoding="utf-8") as f:
             f.write(text)
             f.flush()
 
@@ -75,9 +78,9 @@ class SampleStore:
         """Replace the file with ``records`` (drops problems an interrupted run left half-written)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(_line(r) for r in records))
+        tmp.write_text("".join(_line(r) for r in records), encoding="utf-8")
         tmp.replace(self.path)
 
 
 def _line(record: SampleRecord) -> str:
-    return json.dumps(asdict(record), ensure_ascii=False, default=str) + "\n"
+    return json_line(asdict(record), default=str) + "\n"

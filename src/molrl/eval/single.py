@@ -69,7 +69,8 @@ def summarise(tasks: Sequence[Task], records: Sequence[Sequence[SampleRecord]], 
     """Benchmark metrics of graded samples (``records[i]`` belong to ``tasks[i]``).
 
     Adds a breakdown by ``subject`` and by ``level`` when every task's meta carries one (MATH-500),
-    and counts of grading stages (how many answers were missing, wrong, timed out, ...).
+    counts of grading stages (how many answers were missing, wrong, timed out, ...), and ``truncated``: the share
+    of samples the token limit cut.
     """
     if len(tasks) != len(records):
         raise ValueError(f"summarise: {len(tasks)} tasks but {len(records)} record lists")
@@ -79,4 +80,6 @@ def summarise(tasks: Sequence[Task], records: Sequence[Sequence[SampleRecord]], 
         if tasks and all(key in t.meta for t in tasks):
             out[f"by_{key}"] = breakdown(per_problem, [t.meta[key] for t in tasks])
     out["stages"] = dict(Counter(r.stage for rs in records for r in rs).most_common())
+    samples = [r for rs in records for r in rs]
+    out["truncated"] = sum(r.truncated for r in samples) / len(samples) if samples else 0.0
     return out

@@ -6,7 +6,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from molrl.mol.losses import LossSettings
+from molrl.config import Count, Weight
+
+Mode = Literal["mol", "ce", "ce_feedback"]
+Direction = Literal["reverse", "forward"]
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """How the MoL loss (``molrl.mol.losses``) is formed: the loss part of ``MolConfig``."""
+
+    mode: Mode = "mol"
+    """mol: CE on feedback + KL on decisions; ce: CE on both; ce_feedback: CE on feedback only."""
+    ce_weight: Weight = 1.0
+    """Weight of the cross-entropy term."""
+    kl_weight: Weight = 1.0
+    """Weight of the KL term (mode mol only)."""
+    kl_direction: Direction = "reverse"
+    """reverse: KL(p_theta || p_base); forward: KL(p_base || p_theta)."""
+    temperature: float = 1.0
+    """Both distributions of the KL are taken at this temperature (CE is always at 1)."""
+    chunk_size: int = 0
+    """Positions per logits chunk; 0 picks one from the vocabulary size."""
+    monitor_kl: bool = True
+    """In the ce modes, still measure the decision-token KL (needs the base forward) for logging."""
+
+    @property
+    def needs_base(self) -> bool:
+        """Whether the frozen base model's hidden states are needed."""
+        return self.mode == "mol" or self.monitor_kl
 
 
 @dataclass
@@ -15,7 +43,7 @@ class LoraConfig:
 
     enabled: bool = True
     """Train a LoRA adapter; false means full fine-tuning (KL then needs a frozen copy of the model)."""
-    rank: int = 64
+    rank: Count = 64
     """Adapter rank r."""
     alpha: int = 128
     """Scaling numerator: updates are scaled by alpha / rank."""
@@ -35,7 +63,7 @@ class DataConfig:
 
     traces: list[str] = field(default_factory=list)
     """Trace files (JSONL, molrl trace schema) to train on."""
-    max_length: int = 4096
+    max_length: Count = 4096
     """Longest tokenised trace kept; longer traces are truncated (the count is logged)."""
     domain_general_ratio: list[int] = field(default_factory=lambda: [1, 1])
     """Domain:general examples per batch stream when general-tagged traces exist."""
@@ -55,7 +83,7 @@ class TrainConfig:
     """Learning-rate schedule name understood by transformers."""
     warmup_ratio: float = 0.03
     """Fraction of steps spent warming the learning rate up."""
-    weight_decay: float = 0.0
+    weight_decay: Weight = 0.0
     """AdamW weight decay."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm; 0 disables clipping."""
@@ -63,9 +91,9 @@ class TrainConfig:
     """Passes over the domain traces (ignored when max_steps > 0)."""
     max_steps: int = -1
     """Optimiser steps to run; -1 means run ``epochs``."""
-    micro_batch_size: int = 1
+    micro_batch_size: Count = 1
     """Traces per forward pass on each process."""
-    grad_accumulation: int = 8
+    grad_accumulation: Count = 8
     """Micro-batches per optimiser step on each process."""
     seed: int = 0
     """Seed for data order, adapter initialisation and dropout."""
@@ -73,16 +101,16 @@ class TrainConfig:
     """Train in bfloat16 mixed precision."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
-    logging_steps: int = 1
+    logging_steps: Count = 1
     """Log every this many optimiser steps."""
-    save_steps: int = 50
+    save_steps: Count = 50
     """Write a resumable checkpoint every this many optimiser steps."""
-    save_total_limit: int = 2
+    save_total_limit: Count = 2
     """Checkpoints kept on disk (oldest deleted first)."""
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
     """Logging backends (tensorboard, wandb, ...); ``none`` for console and metrics.jsonl only."""
     resume: Literal["auto", "never"] = "auto"
-    """``auto`` continues from the newest checkpoint in output_dir when there is one."""
+    """``auto`` continues from the newest checkpoint in output_dir/checkpoints when there is one."""
 
 
 @dataclass
@@ -92,7 +120,7 @@ class MolConfig:
     model: str = "tiny:chatml"
     """Base model: a local HF directory, a hub name, or tiny:chatml / tiny:llama3 (random, in-process)."""
     output_dir: Path = Path("runs/mol")
-    """Where the adapter (or full model), checkpoints, config.yaml and metrics.jsonl go."""
+    """Where the adapter (or full model), checkpoints/, config.yaml and metrics.jsonl go."""
     dtype: str = "float32"
     """Weights dtype at load time (float32 / bfloat16)."""
     data: DataConfig = field(default_factory=DataConfig)
@@ -103,3 +131,5 @@ class MolConfig:
     """Adapter settings."""
     train: TrainConfig = field(default_factory=TrainConfig)
     """Optimisation settings."""
+    threads: Count | None = None
+    """Torch CPU threads; none: as many as cores are idle, re-measured while it runs (molrl.cpu)."""

@@ -15,7 +15,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from molrl.errors import DataError, MolrlError
+from molrl.errors import MolrlError
 
 log = logging.getLogger(__name__)
 _SHOWN_CUTS = 5  # cuts at max_length logged one by one; the rest are counted
@@ -35,6 +35,13 @@ class DataStats:
     """Domain traces with no feedback token (they contribute nothing to the CE term)."""
     truncated: int = 0
     """Traces cut to max_length."""
+    cut_to_nothing: int = 0
+    """Domain traces cut at max_length before their first decision or feedback token: they train nothing."""
+    cut_feedback: int = 0
+    """Domain traces with tool messages whose every feedback token the cut at max_length removed (the CE term
+    gets nothing from them)."""
+    max_length: int = 0
+    """The token limit traces were cut at (data.max_length)."""
     tokens: int = 0
     """Tokens kept over all examples."""
     feedback_tokens: int = 0
@@ -58,35 +65,50 @@ def example_from_tokenized(tok: Any, max_length: int) -> dict[str, Any]:
 def load_examples(paths: Sequence[str], tokenizer: Any, max_length: int, enable_thinking: bool = True):
     """Read and tokenise every trace in ``paths``; returns (examples, DataStats).
 
-    A malformed record or a trace the tokenizer cannot label is an error naming its file and line.
-    Traces without feedback or without decision tokens are kept and counted: each adds nothing to
-    the term it lacks and its share to the other. An empty file, or one whose domain traces hold no
-    feedback token, gets a warning naming it; cuts at ``max_length`` are logged with file and line.
+    Every malformed record and every trace the tokenizer cannot label is listed, one line each with
+    its file and line, in the one error raised once all files are read. Traces without feedback or
+    without decision tokens are kept and counted: each adds nothing to the term it lacks and its
+    share to the other. An empty file, or one whose domain traces hold no feedback token, gets a
+    warning naming it; cuts at ``max_length`` are logged with file and line, and traces the cut
+    leaves with nothing to train on are counted per file with the fix, refused when no trace is left.
     """
-    from molrl.traces.schema import TraceError, read_traces
-    from molrl.traces.stats import file_warnings
+    from molrl.traces.schema import Reject, TraceError, read_traces, rejects_error
     from molrl.traces.tokenize import TokenizeConfig, tokenize_trace
 
+    name = getattr(tokenizer, "name_or_path", "?")
+    if getattr(tokenizer, "chat_template", None) is None:  # checked once here, not once per trace
+        raise MolrlError(f"tokenizer {name!r} has no chat_template, which renders the traces; "
+                         "use an instruct/chat model, or set tokenizer.chat_template")
+    if not getattr(tokenizer, "is_fast", False):
+        raise MolrlError(f"tokenizer {name!r} is not a fast (Rust) tokenizer, which labelling tokens needs; "
+                         "load the model's tokenizer.json")
     tcfg = TokenizeConfig(max_length=max_length, truncation="truncate", enable_thinking=enable_thinking,
                           require_feedback=False, require_decision=False)
-    examples, stats = [], DataStats(files=[str(p) for p in paths])
-    for path in paths:
-        start = len(examples)
-        for line_no, trace in read_traces(path, strict=True):
+    examples, stats = [], DataStats(files=[str(p) for p in paths], max_length=max_length)
+    readers = [read_traces(path) for path in paths]
+    files = [(reader.path, list(reader)) for reader in readers]  # every file read before any is tokenised
+    rejects: list[Reject] = [r for reader in readers for r in reader.rejects]
+    for path, traces in files:
+        start, cut_before = len(examples), (stats.cut_to_nothing, stats.cut_feedback)
+        for line_no, trace in traces:
             try:
                 tok = tokenize_trace(trace, tokenizer, tcfg)
             except TraceError as err:
-                raise DataError(str(path), line_no, str(err)) from None
+                rejects.append(Reject(str(path), line_no, str(err)))
+                continue
             if tok.truncated and stats.truncated < _SHOWN_CUTS:
                 log.warning("%s:%d: %s", path, line_no, "; ".join(tok.notes))
             stats.truncated += tok.truncated
             ex = example_from_tokenized(tok, max_length)
-            _count(stats, ex)
+            _count(stats, ex, trace, tok.truncated)
             examples.append(ex)
-        domain = [ex for ex in examples[start:] if not ex["is_general"]]
-        n_feedback = sum(sum(ex["feedback_mask"][1:]) for ex in domain)
-        for warning in file_warnings(path, len(examples) - start, len(domain), n_feedback):
-            log.warning("%s", warning)
+        if not rejects:
+            cuts = (stats.cut_to_nothing - cut_before[0], stats.cut_feedback - cut_before[1])
+            for warning in _file_warnings(path, examples[start:], traces, cuts, max_length):
+                log.warning("%s", warning)
+    if rejects:
+        order = {str(path): i for i, path in enumerate(paths)}
+        raise rejects_error(sorted(rejects, key=lambda r: (order.get(r.path, 0), r.line)))
     if stats.truncated > _SHOWN_CUTS:
         log.warning("... %d more traces cut at max_length %d (data_stats.json counts them)",
                     stats.truncated - _SHOWN_CUTS, max_length)
@@ -94,7 +116,40 @@ def load_examples(paths: Sequence[str], tokenizer: Any, max_length: int, enable_
         raise MolrlError(f"no usable traces in {', '.join(map(str, paths)) or '(no files given)'}; set data.traces")
     if all(ex["is_general"] for ex in examples):
         raise MolrlError(f"{', '.join(map(str, paths))}: every trace is tagged general; MoL needs domain traces")
+    domain = stats.traces - stats.general
+    if stats.cut_to_nothing == domain:
+        raise MolrlError(
+            f"{', '.join(map(str, paths))}: data.max_length={max_length} cuts all {domain} domain traces before their "
+            f"first decision or feedback token, inside the prompt, leaving nothing to train on; refusing to train. "
+            f"{_cut_fix(t for _, ts in files for _, t in ts)}"
+        )
     return examples, stats
+
+
+def _file_warnings(path: Any, examples: list[dict[str, Any]], traces: list[tuple[int, Any]],
+                   cuts: tuple[int, int], max_length: int) -> list[str]:
+    """What makes one file's traces train less than they hold: the cut at max_length, or no feedback at all."""
+    from molrl.traces.stats import file_warnings
+
+    cut_to_nothing, cut_feedback = cuts
+    domain = [ex for ex in examples if not ex["is_general"]]
+    if cut_feedback:
+        nothing = f", {cut_to_nothing} of them with nothing to train on (cut inside the prompt)"
+        return [f"{path}: data.max_length={max_length} leaves {cut_feedback} of its {len(domain)} domain traces "
+                f"without a feedback token{nothing if cut_to_nothing else ''}. {_cut_fix(t for _, t in traces)}"]
+    if cut_to_nothing:
+        return [f"{path}: data.max_length={max_length} leaves {cut_to_nothing} of its {len(domain)} domain traces "
+                f"with nothing to train on (cut inside the prompt). {_cut_fix(t for _, t in traces)}"]
+    n_feedback = sum(sum(ex["feedback_mask"][1:]) for ex in domain)
+    return file_warnings(path, len(examples), len(domain), n_feedback)
+
+
+def _cut_fix(traces: Iterator[Any]) -> str:
+    """How to keep more of the traces under the cut: a longer limit, or (MINT) prompts without the example."""
+    if any(t.meta.get("source") == "mint" for t in traces):
+        return ("Raise data.max_length, or drop MINT's in-context example from the prompts: "
+                "molrl traces convert --from mint --strip-example")
+    return "Raise data.max_length, or shorten the prompts"
 
 
 def check_feedback(stats: DataStats, mode: str) -> None:
@@ -108,24 +163,31 @@ def check_feedback(stats: DataStats, mode: str) -> None:
     if mode == "ce" or stats.feedback_tokens:
         return
     domain = stats.traces - stats.general
+    cause = NO_FEEDBACK_CAUSE
+    if stats.cut_feedback:
+        cause = (f"data.max_length={stats.max_length} cuts the feedback of {stats.cut_feedback} of them: raise "
+                 "data.max_length, or shorten the prompts (MINT: molrl traces convert --from mint --strip-example)")
     raise MolrlError(
         f"{', '.join(stats.files)}: none of the {domain} domain traces has a feedback token, so loss.mode={mode} "
-        f"has nothing to learn (its loss would stay 0); refusing to train. {NO_FEEDBACK_CAUSE}; "
+        f"has nothing to learn (its loss would stay 0); refusing to train. {cause}; "
         "or train plain SFT on the decisions with loss.mode=ce"
     )
 
 
-def _count(stats: DataStats, ex: dict[str, Any]) -> None:
+def _count(stats: DataStats, ex: dict[str, Any], trace: Any, truncated: bool) -> None:
     stats.traces += 1
     stats.tokens += len(ex["input_ids"])
     if ex["is_general"]:
         stats.general += 1
         return
     # Position 0 is never predicted, so a mask set only there carries nothing.
+    has_feedback, has_decision = any(ex["feedback_mask"][1:]), any(ex["decision_mask"][1:])
     stats.feedback_tokens += sum(ex["feedback_mask"][1:])
     stats.decision_tokens += sum(ex["decision_mask"][1:])
-    stats.without_decision += not any(ex["decision_mask"][1:])
-    stats.without_feedback += not any(ex["feedback_mask"][1:])
+    stats.without_decision += not has_decision
+    stats.without_feedback += not has_feedback
+    stats.cut_to_nothing += truncated and not (has_feedback or has_decision)
+    stats.cut_feedback += truncated and not has_feedback and trace.count("tool") > 0
 
 
 class MolCollator:

@@ -23,40 +23,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
-Mode = Literal["mol", "ce", "ce_feedback"]
-Direction = Literal["reverse", "forward"]
+from molrl.mol.config import Direction, LossSettings  # the loss's settings live torch-free, for the CLI
 
 # Logit elements per chunk when the chunk size is automatic (~128 MiB of fp32 per temporary).
 _AUTO_CHUNK_ELEMENTS = 2**25
-
-
-@dataclass(frozen=True)
-class LossSettings:
-    """How the MoL loss is formed (the loss part of ``MolConfig``)."""
-
-    mode: Mode = "mol"
-    """mol: CE on feedback + KL on decisions; ce: CE on both; ce_feedback: CE on feedback only."""
-    ce_weight: float = 1.0
-    """Weight of the cross-entropy term."""
-    kl_weight: float = 1.0
-    """Weight of the KL term (mode mol only)."""
-    kl_direction: Direction = "reverse"
-    """reverse: KL(p_theta || p_base); forward: KL(p_base || p_theta)."""
-    temperature: float = 1.0
-    """Both distributions of the KL are taken at this temperature (CE is always at 1)."""
-    chunk_size: int = 0
-    """Positions per logits chunk; 0 picks one from the vocabulary size."""
-    monitor_kl: bool = True
-    """In the ce modes, still measure the decision-token KL (needs the base forward) for logging."""
-
-    @property
-    def needs_base(self) -> bool:
-        """Whether the frozen base model's hidden states are needed."""
-        return self.mode == "mol" or self.monitor_kl
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """``run_mol``: traces -> tokenised examples -> model (+ LoRA) -> MolTrainer -> adapter on disk.
 
 Outputs in ``cfg.output_dir``: ``config.yaml`` (resolved), ``data_stats.json``, ``metrics.jsonl``
-(one JSON object per logged step), tensorboard logs under ``runs/``, ``checkpoint-N/`` (resumable),
-and the final ``adapter/`` (PEFT, loadable with plain peft) or ``model/`` (full fine-tuning).
+(one JSON object per logged step), ``checkpoints/checkpoint-N`` (a re-run resumes from the newest) with
+the tensorboard logs under ``checkpoints/runs/``, as the RL stage keeps them, and the final ``adapter/``
+(PEFT, loadable with plain peft) or ``model/`` (full fine-tuning).
 """
 
 from __future__ import annotations
@@ -12,24 +13,37 @@ import dataclasses
 import json
 import logging
 import os
-import re
 from pathlib import Path
 from typing import Any
 
-from molrl.config import ConfigError, save_config
+from molrl.config import ConfigError, check_values, save_config
+from molrl.cpu import use_threads
 from molrl.mol.config import MolConfig
+from molrl.rerun import CHECKPOINTS, TrainingRerun, training_rerun
+from molrl.trackers import report_backends
 
 log = logging.getLogger(__name__)
 
 
 def run_mol(cfg: MolConfig) -> Path:
-    """Train per ``cfg`` (resuming from its newest checkpoint when allowed); returns the output dir."""
-    from molrl.models import load_tokenizer
-    from molrl.mol.data import check_feedback, load_examples
-    from molrl.runfiles import drop_records_after, last_whole_checkpoint
-
+    """Train per ``cfg`` (a re-run follows ``molrl.rerun``'s rule: finished, refused, extended or resumed); returns
+    the output dir."""
+    check_values(cfg, "MolConfig")
     check_config(cfg)
     out = Path(cfg.output_dir)
+    final = out / ("adapter" if cfg.lora.enabled else "model")
+    if cfg.train.resume == "never":  # start over in the same directory: the saved run is not looked at
+        rerun = TrainingRerun()
+    else:
+        rerun = training_rerun("mol", cfg, out, final, cfg.train.max_steps)
+    if rerun.finished:
+        return out
+    use_threads(cfg.threads, "mol")
+    # torch, transformers and peft load only now: everything above (config, re-run rule) answers in well under a second
+    from molrl.models import load_tokenizer
+    from molrl.mol.data import check_feedback, load_examples
+    from molrl.runfiles import drop_records_after, load_checkpoint
+
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "config.yaml")
     tokenizer = load_tokenizer(cfg.model)
@@ -41,14 +55,13 @@ def run_mol(cfg: MolConfig) -> Path:
     check_feedback(stats, cfg.loss.mode)
 
     trainer = build_trainer(cfg, examples, tokenizer)
-    resume = last_whole_checkpoint(out) if cfg.train.resume == "auto" else None
-    if resume is not None:
-        log.info("resuming from %s", resume)
     if trainer.is_world_process_zero():  # the one process that writes metrics.jsonl
         # Lines past the resumed step (all of them on a fresh start) are logged again by this run.
-        drop_records_after(out / "metrics.jsonl", _checkpoint_step(resume) if resume is not None else 0)
-    trainer.train(resume_from_checkpoint=resume)
-    final = out / ("adapter" if cfg.lora.enabled else "model")
+        drop_records_after(out / "metrics.jsonl", rerun.step)
+    if rerun.at_last_step:  # killed after its last checkpoint, before the final weights: nothing left to train
+        load_checkpoint(trainer, rerun.checkpoint)
+    else:
+        trainer.train(resume_from_checkpoint=rerun.checkpoint)
     if weights_dtype(cfg) != cfg.dtype:  # full fine-tuning trained float32 master weights: save in the asked dtype
         from molrl.models import DTYPES
 
@@ -63,7 +76,7 @@ def build_trainer(cfg: MolConfig, examples: list[dict[str, Any]], tokenizer: Any
     import torch
     from transformers import TrainingArguments, set_seed
 
-    from molrl.console import use_trainer_progress
+    from molrl.trainer_progress import use_trainer_progress
     from molrl.models import load_model
     from molrl.mol.data import MolCollator
     from molrl.mol.trainer import MolTrainer
@@ -122,8 +135,7 @@ def check_config(cfg: MolConfig) -> None:
             raise ConfigError(f"data.traces: {path}: file not found")
     if cfg.loss.temperature <= 0:
         raise ConfigError(f"loss.temperature={cfg.loss.temperature}: must be > 0")
-    if cfg.train.micro_batch_size < 1 or cfg.train.grad_accumulation < 1:
-        raise ConfigError("train.micro_batch_size and train.grad_accumulation must be >= 1")
+    report_backends(cfg.train.report_to, "train.report_to")
 
 
 def check_reference_room(cfg: MolConfig, available_bytes: int | None = None) -> None:
@@ -188,7 +200,7 @@ def _add_lora(model: Any, cfg: MolConfig) -> Any:
 def _training_arguments(cfg: MolConfig, cls: Any, cuda: bool) -> Any:
     t = cfg.train
     return cls(
-        output_dir=str(cfg.output_dir),
+        output_dir=str(Path(cfg.output_dir) / CHECKPOINTS),
         per_device_train_batch_size=t.micro_batch_size,
         gradient_accumulation_steps=t.grad_accumulation,
         learning_rate=t.learning_rate,
@@ -206,16 +218,9 @@ def _training_arguments(cfg: MolConfig, cls: Any, cuda: bool) -> Any:
         save_strategy="steps",
         save_steps=t.save_steps,
         save_total_limit=t.save_total_limit,
-        report_to=[r for r in t.report_to if r != "none"] or "none",
+        report_to=report_backends(t.report_to, "train.report_to"),
         remove_unused_columns=False,
         use_cpu=not cuda,
         dataloader_num_workers=0,
         optim=t.optim,
     )
-
-
-def _checkpoint_step(path: Path) -> int:
-    match = re.search(r"checkpoint-(\d+)$", str(path))
-    return int(match.group(1)) if match else -1
-
-

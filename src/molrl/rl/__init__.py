@@ -1,4 +1,4 @@
-"""RL post-training with sandbox-execution rewards (``molrl rl``, also ``molrl grpo``).
+"""RL post-training with sandbox-execution rewards (``molrl rl``).
 
 Five algorithms (``molrl.rl.algorithms``: grpo, dr_grpo, dr_grpo_std, opd, ppo over macro actions) and
 three rollout policies (``molrl.rl.rollouts``: synchronous, partial rollouts, PROPS), each a module

@@ -8,12 +8,16 @@ over all processes, P prompt tokens):
 - an algorithm turns ``AdvantageInputs`` into ``Advantages``;
 - the loss reads ``LossInputs``, which TRL's loop splits into micro-batches as a dict of tensors
   (``to_dict`` / ``from_dict``), and returns ``LossOutputs``.
+
+``LossInputs`` carries the generation batch's counts (loss tokens, feedback tokens, completions over all
+processes) as 0-dim tensors, which TRL's shuffling and splitting hand unchanged to every micro-batch, so
+each term divides by the step's count of its tokens (``StepCounts``), not the micro-batch's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -121,8 +125,32 @@ class Advantages:
 
 
 @dataclass
+class StepCounts:
+    """What a step's token-level terms divide by: its counts over all micro-batches and processes, each [] float64."""
+
+    tokens: torch.Tensor
+    """Loss tokens (decision tokens of multi-turn rows): ``token_mean``, ``DecisionKL``, PPO's value loss."""
+    feedback: torch.Tensor
+    """Feedback tokens: ``FeedbackCE``."""
+    completions: torch.Tensor
+    """Completions: ``sequence_mean``, and ``constant`` (times ``max_completion_length``)."""
+
+    @classmethod
+    def of(cls, completion_mask: torch.Tensor, feedback_mask: torch.Tensor | None = None) -> StepCounts:
+        """The counts of one batch's rows alone; ``completion_mask`` and ``feedback_mask`` [B, T]."""
+        tokens = completion_mask.sum().double()
+        feedback = tokens * 0 if feedback_mask is None else feedback_mask.sum().double()
+        return cls(tokens, feedback, torch.tensor(float(completion_mask.size(0)), dtype=torch.float64,
+                                                  device=completion_mask.device))
+
+    def scaled(self, factor: float) -> StepCounts:
+        """Every count times ``factor`` (an optimiser step's share of a generation batch)."""
+        return StepCounts(self.tokens * factor, self.feedback * factor, self.completions * factor)
+
+
+@dataclass
 class LossInputs:
-    """A micro-batch as the loss reads it (TRL's loop slices it along rows)."""
+    """A micro-batch as the loss reads it (TRL's loop slices it along rows; 0-dim counts go whole to each slice)."""
 
     prompt_ids: torch.Tensor
     """[B, P] prompt token ids, left-padded."""
@@ -134,8 +162,8 @@ class LossInputs:
     """[B, T] 1 on loss tokens."""
     advantages: torch.Tensor
     """[B, T] per-token advantages."""
-    num_items_in_batch: torch.Tensor
-    """[] loss tokens of the whole generation batch over all processes."""
+    num_items_in_batch: torch.Tensor | None = None
+    """[] loss tokens of the whole generation batch over all processes; None: this batch's own (``counted``)."""
     behaviour_logps: torch.Tensor | None = None
     """[B, T] log-probs under the sampling policy; None: the trained policy sampled them (ratio 1 in value)."""
     reference_logps: torch.Tensor | None = None
@@ -148,10 +176,29 @@ class LossInputs:
     """[B, T] multi-turn: 1 on every completion token attention sees; None: ``completion_mask``."""
     feedback_mask: torch.Tensor | None = None
     """[B, T] multi-turn: 1 on feedback tokens; None without feedback."""
+    num_feedback_in_batch: torch.Tensor | None = None
+    """[] feedback tokens of the whole generation batch over all processes; None: this batch's own."""
+    num_completions_in_batch: torch.Tensor | None = None
+    """[] completions of the whole generation batch over all processes; None: this batch's own."""
 
     def attention(self) -> torch.Tensor:
         """[B, T] the completion tokens attention sees."""
         return self.completion_mask if self.attention_mask is None else self.attention_mask
+
+    def counted(self, gather: Callable[[torch.Tensor], torch.Tensor]) -> LossInputs:
+        """These rows with their generation batch's counts: this process's summed over all by ``gather``
+        (``accelerator.gather``, called on every process alike)."""
+        local = StepCounts.of(self.completion_mask, self.feedback_mask)
+        total = gather(torch.stack([local.tokens, local.feedback, local.completions])[None]).sum(0)  # [3]
+        return replace(self, num_items_in_batch=total[0], num_feedback_in_batch=total[1],
+                       num_completions_in_batch=total[2])
+
+    def counts(self) -> StepCounts:
+        """The generation batch's counts (a count never set is this batch's own)."""
+        local = StepCounts.of(self.completion_mask, self.feedback_mask)
+        given = (self.num_items_in_batch, self.num_feedback_in_batch, self.num_completions_in_batch)
+        return StepCounts(*(mine if count is None else count.double()
+                            for mine, count in zip((local.tokens, local.feedback, local.completions), given)))
 
     def to_dict(self) -> dict[str, torch.Tensor]:
         """The flat dict of tensors TRL's loop shuffles and splits (None fields left out)."""
@@ -172,7 +219,8 @@ class LossOutputs:
     """The policy loss of a micro-batch and the detached sums logged over processes."""
 
     loss: torch.Tensor
-    """[] the aggregated clipped policy-gradient loss (with the KL term when beta > 0)."""
+    """[] the micro-batch's share of the step's aggregated clipped policy-gradient loss (with the KL term when
+    beta > 0): its sum divided by the step's count."""
     tokens: torch.Tensor
     """[] loss tokens."""
     kl: torch.Tensor

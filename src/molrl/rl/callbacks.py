@@ -35,7 +35,7 @@ class EvalHookCallback(TrainerCallback):
     @classmethod
     def from_config(cls, cfg: Any, policy: Any, tasks: list, pool: Any) -> "EvalHookCallback":
         """The hook for a GRPO config: its held-out ``tasks``, greedy sampling, and the policy's base."""
-        sampling = SamplingConfig(n=1, temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.seed)
+        sampling = SamplingConfig(n=1, temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.train.seed)
         base = BaseAccess(policy)
 
         def evaluate(model: Any) -> dict[str, float]:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Callable, ClassVar, Literal
 
+from molrl.config import Count, Weight
 from molrl.rl.methods import MacroSettings, OpdSettings, PpoSettings, PropsSettings, RolloutSettings, TermSettings
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
 from molrl.tasks.types import JsonlSpec
@@ -40,7 +41,7 @@ class PolicyConfig:
 class LoraSettings:
     """The LoRA adapter trained on a plain base or after merge_new (continue keeps the MoL adapter's own)."""
 
-    rank: int = 64
+    rank: Count = 64
     """LoRA rank r."""
     alpha: int = 128
     """LoRA alpha (scale = alpha / rank)."""
@@ -60,10 +61,45 @@ class TaskSource:
     """Task file (JSONL/JSON/parquet as the format expects); unused for format toy."""
     format: str = "jsonl"
     """Loader format of molrl.tasks.load_tasks (humaneval, mbpp, math500, aime, jsonl, ...) or toy."""
-    limit: int | None = None
+    limit: Count | None = None
     """Use only the first N tasks."""
     spec: JsonlSpec = field(default_factory=JsonlSpec)
     """Field names of a jsonl task file (format jsonl only)."""
+
+
+@dataclass
+class TrainSettings:
+    """Optimisation and bookkeeping, under the names MoL's ``train`` section gives them (forwarded to TRL's
+    ``GRPOConfig``)."""
+
+    learning_rate: float = 1e-4
+    """Peak learning rate (1e-4 is the authors' value for LoRA)."""
+    lr_scheduler: str = "constant"
+    """Learning-rate schedule name understood by transformers (constant, linear, cosine, ...)."""
+    warmup_steps: int = 0
+    """Optimiser steps spent warming the learning rate up."""
+    weight_decay: Weight = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm; 0 disables clipping."""
+    max_steps: Count = 100
+    """Optimiser steps to run."""
+    micro_batch_size: Count = 8
+    """Completions per forward/backward pass on each process; gradient accumulation makes up the rest of the step."""
+    seed: int = 0
+    """Seed of sampling, shuffling and LoRA initialisation."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory."""
+    logging_steps: Count = 1
+    """Log every this many optimiser steps (metrics.jsonl and report_to)."""
+    save_steps: Count = 50
+    """Write a resumable checkpoint every this many optimiser steps (a re-run resumes from the newest)."""
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
+    """Logging backends (tensorboard, wandb, ...) beside metrics.jsonl; ``none`` for metrics.jsonl only."""
+
+
+def _as_is(value: Any) -> Any:
+    return value
 
 
 @dataclass
@@ -72,7 +108,7 @@ class RewardSettings:
 
     code_mode: Literal["staged", "binary"] = "staged"
     """Code reward: staged partial credit (no code < compile error < runtime error < tests passed), or 0/1."""
-    sandbox_workers: int = 4
+    sandbox_workers: Count = 4
     """Parallel sandbox workers for code rewards."""
     timeout_s: float = 6.0
     """Wall-clock limit per sandboxed program."""
@@ -88,24 +124,24 @@ class EvalHookSettings:
     """Run every N optimiser steps (0 = never)."""
     tasks: TaskSource = field(default_factory=TaskSource)
     """Held-out tasks (keep it small: they are sampled and graded at every hook)."""
-    max_new_tokens: int = 512
+    max_new_tokens: Count = 512
     """Most tokens per evaluation answer."""
     kl_prompts: int = 8
     """Held-out prompts whose greedy answers score the mean per-token KL(policy || base)."""
 
 
-@dataclass
+@dataclass(slots=True)  # slots: setting a key that is not one (cfg.max_steps, now cfg.train.max_steps) fails loudly
 class RlConfig:
     """RL post-training (grpo, dr_grpo, dr_grpo_std, opd, ppo) with sandbox-execution rewards."""
 
-    output_dir: Path = Path("runs/grpo")
-    """Where the adapter, config.yaml, metrics.jsonl and completions.jsonl go."""
+    output_dir: Path = Path("runs/rl")
+    """Where the adapter, config.yaml, metrics.jsonl, completions.jsonl and checkpoints/ go."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     """Policy and reference weights."""
     lora: LoraSettings = field(default_factory=LoraSettings)
     """LoRA settings for a freshly created adapter."""
-    train: TaskSource = field(default_factory=TaskSource)
-    """Training tasks (code with tests, or math with answers)."""
+    data: TaskSource = field(default_factory=TaskSource)
+    """Training tasks (code with tests, or math with answers): what the stage trains on, as MoL's data is."""
     reward: RewardSettings = field(default_factory=RewardSettings)
     """Reward settings."""
     eval: EvalHookSettings = field(default_factory=EvalHookSettings)
@@ -131,46 +167,28 @@ class RlConfig:
     """Single-turn instruction for code tasks ({prompt}, {entry_point}); keep it equal to eval's code_prompt."""
     math_prompt: str = MATH_INSTRUCTION
     """Single-turn instruction for math tasks ({prompt}); keep it equal to eval's math_prompt."""
-    max_prompt_length: int = 1024
+    max_prompt_length: Count = 1024
     """Prompts longer than this many tokens are left out (and counted in the log)."""
-    max_completion_length: int = 1024
+    max_completion_length: Count = 1024
     """Most generated tokens per completion (also Dr.GRPO's constant normaliser)."""
     mask_truncated_completions: bool = False
     """Leave completions that hit max_completion_length out of the loss."""
-    num_generations: int = 8
+    num_generations: Count = 8
     """Group size G: completions sampled per prompt."""
-    prompts_per_step: int = 1
+    prompts_per_step: Count = 1
     """Prompts per optimiser step (per process); the step trains on prompts_per_step * G completions."""
-    micro_batch_size: int = 8
-    """Completions per forward/backward pass; gradient accumulation makes up the rest of the step."""
     temperature: float = 0.9
     """Sampling temperature of the rollouts."""
     top_p: float = 1.0
     """Nucleus sampling mass of the rollouts."""
-    learning_rate: float = 1e-4
-    """AdamW learning rate (1e-4 is the authors' value for LoRA)."""
-    lr_scheduler: str = "constant"
-    """transformers scheduler name (constant, linear, cosine, ...)."""
-    warmup_steps: int = 0
-    """Learning-rate warm-up steps."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    max_grad_norm: float = 1.0
-    """Gradient clipping norm."""
-    beta: float = 0.0
+    train: TrainSettings = field(default_factory=TrainSettings)
+    """Optimisation and bookkeeping: learning rate, schedule, steps, micro-batch, seed, logging and checkpoints."""
+    beta: Weight = 0.0
     """KL coefficient; > 0 loads the reference chosen by policy.reference."""
     epsilon: float = 0.2
     """PPO clipping range of the probability ratio."""
-    num_iterations: int = 1
+    num_iterations: Count = 1
     """Optimisation passes over each generated batch (mu in the GRPO paper)."""
-    max_steps: int = 100
-    """Optimiser steps to run."""
-    seed: int = 0
-    """Seed of sampling, shuffling and LoRA initialisation."""
-    save_steps: int = 50
-    """Checkpoint every N steps (a re-run resumes from the last checkpoint)."""
-    gradient_checkpointing: bool = False
-    """Trade compute for memory in the policy's backward pass."""
     use_vllm: bool = False
     """Generate rollouts with vLLM (needs vllm installed and a GPU)."""
     vllm_mode: Literal["colocate", "server"] = "colocate"
@@ -179,19 +197,28 @@ class RlConfig:
     """Base URL of the vLLM server (server mode)."""
     vllm_gpu_memory_utilization: float = 0.3
     """Share of each GPU the colocated vLLM engine may take (colocate mode)."""
-    log_every: int = 1
-    """Write metrics.jsonl every N steps."""
+    threads: Count | None = None
+    """Torch CPU threads; none: as many as cores are idle, re-measured while it runs (molrl.cpu)."""
+
+    # The training keys moved under train, where MoL keeps them, and the task file from train to data
+    # (first, so that the old train section is free for the new one).
+    RENAMED_KEYS: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {
+        **{f"train.{key}": (f"data.{key}", _as_is) for key in ("path", "format", "limit", "spec")},
+        **{key: (f"train.{key}", _as_is) for key in ("learning_rate", "lr_scheduler", "warmup_steps", "weight_decay",
+                                                     "max_grad_norm", "max_steps", "micro_batch_size", "seed",
+                                                     "gradient_checkpointing", "save_steps", "report_to")},
+        "log_every": ("train.logging_steps", _as_is),
+    }
 
     def __post_init__(self) -> None:
         if self.policy.reference == "mol" and self.policy.mol_adapter is None:
             raise ValueError("policy.reference=mol needs policy.mol_adapter (the MoL stage's adapter directory)")
         if self.num_generations < 2:
             raise ValueError(f"num_generations={self.num_generations}: GRPO needs at least 2 completions per prompt")
-        per_step = self.prompts_per_step * self.num_generations
-        if self.micro_batch_size < 1 or per_step % self.micro_batch_size:
-            raise ValueError(
-                f"micro_batch_size={self.micro_batch_size} must divide prompts_per_step * num_generations = {per_step}"
-            )
+        per_step, micro = self.prompts_per_step * self.num_generations, self.train.micro_batch_size
+        if micro < 1 or per_step % micro:
+            raise ValueError(f"train.micro_batch_size={micro} must divide prompts_per_step * num_generations "
+                             f"= {per_step}")
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm={self.algorithm!r}; expected one of {', '.join(ALGORITHMS)}")
         if self.algorithm == "opd" and self.beta != 0.0:
@@ -251,8 +278,6 @@ class RlConfig:
                              "so not with rollout.partial, rollout.behaviour=props, rollout.rounds > 1 or use_vllm")
         if ro.turns > 1 and self.algorithm == "opd":
             raise ValueError("rollout.turns > 1 with algorithm=opd: its teacher reads single-turn completions; use grpo")
-        if min(terms.feedback_ce, terms.decision_kl) < 0:
-            raise ValueError("terms.feedback_ce and terms.decision_kl are weights: 0 or more")
         if terms.feedback_ce > 0 and ro.turns == 1:
             raise ValueError(f"terms.feedback_ce={terms.feedback_ce} with rollout.turns=1: single-turn completions "
                              "hold no feedback tokens; set rollout.turns=2 or more")

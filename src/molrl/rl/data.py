@@ -1,7 +1,8 @@
 """RL prompts: a task source -> tasks -> chat-rendered prompt text, one dataset row per task.
 
 Rows carry ``prompt`` (text rendered by ``molrl.chat.render`` with the same single-turn
-instruction evaluation uses, so training and evaluation pose a task identically) and
+instruction evaluation uses, so training and evaluation pose a task identically), ``prompt_ids``
+(its token ids, with the task's text encoded as plain text: ``molrl.traces.spans.encode_chat``) and
 ``task_json`` (the whole task, which the reward functions grade against). Tasks that cannot be
 scored (code without tests, math without an answer) and prompts longer than the limit are left
 out, each logged with its task id, and counted in the returned summary.
@@ -16,8 +17,10 @@ from typing import Any, Sequence
 from molrl.errors import MolrlError
 from molrl.rl.config import TaskSource
 from molrl.tasks import load_tasks
-from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION, render_prompt
+from molrl.tasks.held_out import split_reason
+from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION, render_prompt, user_message
 from molrl.tasks.toy import toy_tasks
+from molrl.traces.spans import encode_chat
 from molrl.tasks.types import Task
 
 log = logging.getLogger(__name__)
@@ -59,24 +62,27 @@ def unscorable_reason(task: Task) -> str | None:
 
 def build_prompt_rows(
     tasks: Sequence[Task], tokenizer: Any, *, enable_thinking: bool, max_prompt_length: int,
-    code_template: str = CODE_INSTRUCTION, math_template: str = MATH_INSTRUCTION,
-) -> tuple[list[dict[str, str]], PromptSummary]:
-    """Dataset rows ``{"prompt", "task_json"}`` for the scorable tasks whose prompt fits."""
+    code_template: str = CODE_INSTRUCTION, math_template: str = MATH_INSTRUCTION, hold_back_tests: bool = False,
+) -> tuple[list[dict[str, Any]], PromptSummary]:
+    """Dataset rows ``{"prompt", "prompt_ids", "task_json"}`` for the scorable tasks whose prompt fits
+    (``hold_back_tests``: episodes show test outcomes, so a code task needs tests to hold back, ``split_reason``)."""
     summary = PromptSummary(tasks=len(tasks))
     rows = []
     for task in tasks:
-        reason = unscorable_reason(task)
+        reason = unscorable_reason(task) or (split_reason(task) if hold_back_tests else None)
         if reason:
             log.warning("task %s left out of GRPO prompts: %s", task.id, reason)
             summary.unscorable.append(task.id)
             continue
         prompt = render_prompt(tokenizer, task, enable_thinking, code_template, math_template)
-        n_tokens = len(tokenizer(prompt)["input_ids"])
+        messages = [{"role": "user", "content": user_message(task, code_template, math_template)}]
+        prompt_ids = encode_chat(tokenizer, messages, add_generation_prompt=True, enable_thinking=enable_thinking)
+        n_tokens = len(prompt_ids)
         if n_tokens > max_prompt_length:
             summary.too_long.append(task.id)
             continue
         summary.longest_prompt_tokens = max(summary.longest_prompt_tokens, n_tokens)
-        rows.append({"prompt": prompt, "task_json": task.to_json()})
+        rows.append({"prompt": prompt, "prompt_ids": prompt_ids, "task_json": task.to_json()})
     summary.kept = len(rows)
     if summary.too_long:
         log.warning(

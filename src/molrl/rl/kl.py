@@ -12,6 +12,9 @@ from typing import Any, Sequence
 
 import torch
 
+from molrl.content import encode_content
+from molrl.generation import prompt_ids
+
 
 def mean_token_kl(policy_logits: torch.Tensor, base_logits: torch.Tensor, completion_mask: torch.Tensor) -> float:
     """Mean over completion positions of KL(softmax(policy) || softmax(base)).
@@ -36,8 +39,8 @@ def policy_base_kl(policy: Any, base: Any, tokenizer: Any, prompts: Sequence[str
     device = next(policy.parameters()).device
     rows, masks = [], []
     for prompt, completion in zip(prompts, completions):
-        p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        c_ids = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        p_ids = prompt_ids(tokenizer, prompt)
+        c_ids = encode_content(tokenizer, completion)[0] + [tokenizer.eos_token_id]
         ids = p_ids + c_ids
         # position t predicts token t + 1: score the positions that predict completion tokens
         scored = [0] * (len(p_ids) - 1) + [1] * len(c_ids) + [0]

@@ -9,8 +9,11 @@ is 1 in value on-policy, and its gradient makes the KL gradient the unbiased rev
 - ``constant``: sum over all tokens / (B * T_max) (Dr.GRPO);
 - ``token_mean``: mean over all loss tokens (on-policy distillation, PPO).
 
-An algorithm's extra term (PPO's value loss) is its own component with its own normaliser, added
-with its weight, so it never dilutes the policy term.
+Every mean is over the optimiser step, not the micro-batch: a micro-batch's loss is its sum (of token losses,
+or of completion means) divided by the step's count (``policy_normaliser`` of ``StepCounts``: loss tokens,
+completions, or completions x T_max), so the micro-batches' losses add up to the step's and its gradient does
+not depend on how the step is split. An algorithm's extra term (PPO's value loss) is its own component with
+its own normaliser (the step's loss tokens), added with its weight, so it never dilutes the policy term.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Literal
 
 import torch
 
-from molrl.rl.batch import LossOutputs
+from molrl.rl.batch import LossOutputs, StepCounts
 
 Aggregation = Literal["sequence_mean", "constant", "token_mean"]
 
@@ -35,7 +38,8 @@ class LossSettings:
 
     aggregation: Aggregation
     """sequence_mean: mean over each completion's tokens, then over completions (GRPO);
-    constant: sum over all tokens / (B * max_completion_length) (Dr.GRPO); token_mean: mean over all tokens."""
+    constant: sum over all tokens / (B * max_completion_length) (Dr.GRPO); token_mean: mean over all tokens;
+    B and the tokens being the optimiser step's."""
     max_completion_length: int
     """The constant normaliser's T_max."""
     epsilon_low: float = 0.2
@@ -46,14 +50,32 @@ class LossSettings:
     """Weight of the per-token KL to the reference (0: no reference term)."""
 
 
+def share(total: torch.Tensor, normaliser: torch.Tensor | float) -> torch.Tensor:
+    """[] ``total`` / ``normaliser``: a micro-batch's sum as its share of the step's mean (0 when the step has none)."""
+    return total / torch.as_tensor(normaliser, dtype=total.dtype, device=total.device).clamp(min=1.0)
+
+
+def policy_normaliser(aggregation: Aggregation, counts: StepCounts, max_completion_length: int) -> torch.Tensor:
+    """[] what the step's policy term divides its sum by: completions (``sequence_mean``), completions x
+    ``max_completion_length`` (``constant``) or loss tokens (``token_mean``)."""
+    if aggregation == "sequence_mean":
+        return counts.completions
+    if aggregation == "constant":
+        return counts.completions * max_completion_length
+    if aggregation == "token_mean":
+        return counts.tokens
+    raise ValueError(f"unknown aggregation {aggregation!r}; expected sequence_mean, constant or token_mean")
+
+
 def policy_loss(logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, settings: LossSettings,
                 behaviour_logps: torch.Tensor | None = None, reference_logps: torch.Tensor | None = None,
-                weights: torch.Tensor | None = None) -> LossOutputs:
-    """The clipped policy-gradient loss of one micro-batch and its statistics.
+                weights: torch.Tensor | None = None, normaliser: torch.Tensor | float | None = None) -> LossOutputs:
+    """The clipped policy-gradient loss of one micro-batch (its share of the step's) and its statistics.
 
     ``logps``, ``advantages``, ``mask``, ``behaviour_logps`` and ``reference_logps`` are [B, T];
     ``behaviour_logps`` None means the batch was sampled by the policy being trained (ratio 1 in
-    value, gradient of log pi); ``weights`` ([B, 1] or [B, T]) multiplies each token's loss.
+    value, gradient of log pi); ``weights`` ([B, 1] or [B, T]) multiplies each token's loss;
+    ``normaliser`` is the step's ``policy_normaliser`` (None: this batch's own, as if it were the whole step).
     Ratios and the KL are formed in float32 (bf16 log-probs would round exp() of their differences).
     """
     logps = logps.float()
@@ -70,14 +92,13 @@ def policy_loss(logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tenso
         delta = reference_logps.float() - logps
         kl = torch.exp(delta) - delta - 1  # [B, T], KL3 estimator of KL(pi_theta || pi_ref)
         token_loss = token_loss + settings.beta * ratio * kl  # the ratio (1 in value) makes the gradient unbiased
+    if normaliser is None:
+        normaliser = policy_normaliser(settings.aggregation, StepCounts.of(mask), settings.max_completion_length)
     if settings.aggregation == "sequence_mean":
-        loss = ((token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
-    elif settings.aggregation == "constant":
-        loss = (token_loss * mask).sum() / (token_loss.size(0) * settings.max_completion_length)
-    elif settings.aggregation == "token_mean":
-        loss = (token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+        total = ((token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).sum()  # sum of completion means
     else:
-        raise ValueError(f"unknown aggregation {settings.aggregation!r}; expected sequence_mean, constant or token_mean")
+        total = (token_loss * mask).sum()  # constant, token_mean: sum of token losses
+    loss = share(total, normaliser)
     with torch.no_grad():
         low = (ratio < 1 - settings.epsilon_low) & (advantages < 0)
         high = (ratio > 1 + settings.epsilon_high) & (advantages > 0)
@@ -86,11 +107,12 @@ def policy_loss(logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tenso
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
-               clip: float) -> torch.Tensor:
-    """The clipped value loss, mean over loss tokens: ``0.5 max((V - R)^2, (clip(V, V_old +- clip) - R)^2)``; all [B, T]."""
+               clip: float, normaliser: torch.Tensor | float | None = None) -> torch.Tensor:
+    """The clipped value loss ``0.5 max((V - R)^2, (clip(V, V_old +- clip) - R)^2)`` summed over loss tokens / the
+    step's loss tokens ``normaliser`` (None: this batch's own, a mean); all [B, T]."""
     clipped = torch.clamp(values, old_values - clip, old_values + clip)
     loss = 0.5 * torch.max((values - returns) ** 2, (clipped - returns) ** 2)
-    return (loss * mask).sum() / mask.sum().clamp(min=1.0)
+    return share((loss * mask).sum(), mask.sum() if normaliser is None else normaliser)
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:

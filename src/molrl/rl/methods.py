@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Literal
 
 from molrl.collect.config import EpisodeConfig
+from molrl.config import Count, Weight
 
 
 @dataclass
@@ -20,7 +21,7 @@ class PpoSettings:
     """GAE lambda (the MA-RLHF authors' value)."""
     value_clip: float = 0.2
     """The value loss clips new values to old value +- this."""
-    value_coef: float = 0.5
+    value_coef: Weight = 0.5
     """Weight of the value loss beside the policy loss (critic=shared: both train the shared trunk)."""
     critic: Literal["separate", "shared", "group_mean"] = "separate"
     """separate: a value model of its own (its own LoRA adapter on the base and a value head, its own optimiser
@@ -31,10 +32,10 @@ class PpoSettings:
     """critic=separate: its adapter starts as a copy of the policy's adapter at the start of the run (policy),
     as a fresh LoRA on the base (fresh), or from a PEFT adapter directory (e.g. a reward model's)."""
     critic_learning_rate: float | None = None
-    """critic=separate: Adam learning rate of the critic (None: the policy's learning_rate)."""
-    critic_epochs: int = 1
+    """critic=separate: Adam learning rate of the critic (None: the policy's train.learning_rate)."""
+    critic_epochs: Count = 1
     """critic=separate: passes over each step's batch when fitting the critic."""
-    critic_minibatches: int = 1
+    critic_minibatches: Count = 1
     """critic=separate: minibatches per pass."""
     critic_warmup_steps: int = 0
     """The first this many steps train the critic only: every advantage is 0, so the policy does not move."""
@@ -75,7 +76,7 @@ class OpdSettings:
     """pi_ref: student_base (the policy's base, its adapter disabled), student_initial (the policy as the run
     starts, its starting adapter frozen: the G-OPD paper's choice), or a PEFT adapter / full model directory
     (for example the teacher's pre-RL base: the reward correction)."""
-    outcome_weight: float = 0.0
+    outcome_weight: Weight = 0.0
     """Weight of the outcome reward's group-relative advantage (R - group mean) added to every token's."""
 
 
@@ -96,10 +97,10 @@ class RolloutSettings:
     behaviour: Literal["policy", "props"] = "policy"
     """policy: sample from the policy being trained; props: from a behaviour adapter (PROPS, ``props``) that
     lowers the probability of what the buffered data over-samples (experimental)."""
-    rounds: int | None = None
+    rounds: Count | None = None
     """Each step samples its groups' completions in this many rounds (G split evenly); PROPS updates its
     behaviour adapter before each round. None: 2 with behaviour=props, else 1."""
-    buffer_batches: int | None = None
+    buffer_batches: Count | None = None
     """The policy trains on the last this many steps' batches (outcome-advantage algorithms only).
     None: 2 with behaviour=props (the PROPS authors' b), else 1."""
     sampling_error: bool = True
@@ -108,7 +109,7 @@ class RolloutSettings:
     sampling_error_split: float | None = None
     """Also log the sampling error split by the policy's entropy at the state, below and above this many nats
     (``sampling_error/low_entropy``, ``sampling_error/high_entropy``); costs one more forward pass."""
-    turns: int = 1
+    turns: Count = 1
     """Most model turns per completion: above 1 each is an episode of the collection loop (``rollouts.turns``):
     the policy runs code in the sandbox and reads the feedback before it answers, in max_completion_length tokens."""
     episode: EpisodeConfig = field(default_factory=lambda: EpisodeConfig(max_turns=2, max_solutions=1))
@@ -133,9 +134,9 @@ class RolloutSettings:
 class TermSettings:
     """Loss terms beside the policy gradient (``molrl.rl.terms``), each normalised over its own tokens."""
 
-    feedback_ce: float = 0.0
+    feedback_ce: Weight = 0.0
     """Weight of the CE on feedback tokens of multi-turn completions (ECHO; its authors use 0.01-0.05); 0: none."""
-    decision_kl: float = 0.0
+    decision_kl: Weight = 0.0
     """Weight of the full-vocabulary KL(policy || base) on decision tokens (MoL's term; base: adapter disabled)."""
 
 
@@ -145,7 +146,7 @@ class PropsSettings:
 
     clip: float = 0.3
     """epsilon of the clipped behaviour objective max(rho, clip(rho, 1 - eps, 1 + eps)), rho = pi_phi / pi_theta."""
-    lambda_kl: float = 0.3
+    lambda_kl: Weight = 0.3
     """Weight of KL(pi_theta || pi_phi) (full vocabulary, per buffered state) in the behaviour objective."""
     target_kl: float = 0.05
     """The update stops once the mean KL(pi_theta || pi_phi) passes this (delta; the authors' discrete-action
@@ -154,9 +155,9 @@ class PropsSettings:
     """Adam learning rate of the behaviour adapter."""
     update_epochs: int = 16
     """Passes over the buffer per behaviour update (0: phi stays a copy of theta, sampling is on-policy)."""
-    minibatches: int = 4
+    minibatches: Count = 4
     """Minibatches per pass."""
-    copy_every: int = 1
+    copy_every: Count = 1
     """phi is re-copied from theta every this many behaviour updates (the authors' code: every update)."""
     min_entropy: float = 0.0
     """States where pi_theta's entropy is below this (nats) are left out of the behaviour objective, so

@@ -2,7 +2,8 @@
 
 Outputs in ``cfg.output_dir``: ``config.yaml`` (resolved), ``data_summary.json`` (tasks kept and
 left out), ``metrics.jsonl`` (one line per logged step: reward, per-stage reward fractions, KL,
-timings, eval-hook results), ``completions.jsonl`` (one line per sampled completion with its
+timings, eval-hook results; also to ``train.report_to``'s backends: tensorboard event files under
+``checkpoints/runs/`` by default), ``completions.jsonl`` (one line per sampled completion with its
 rewards and advantage), ``checkpoints/checkpoint-N`` (a re-run resumes from the newest) and the
 final ``adapter/`` (PEFT; its base is ``policy.base`` for a plain base or ``continue``, the
 merged MoL model for ``merge_new``, which therefore also writes the full merged ``model/``).
@@ -17,50 +18,52 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import torch
-from accelerate import PartialState
-from datasets import Dataset
-from trl import GRPOConfig as TrlGRPOConfig
-
-from molrl.config import save_config
-from molrl.console import use_trainer_progress
+from molrl.config import check_values, save_config
+from molrl.cpu import use_threads
 from molrl.errors import MolrlError
-from molrl.graders.code import CodeRewardConfig
-from molrl.rl.callbacks import EvalHookCallback
+from molrl.rerun import CHECKPOINTS, training_rerun
 from molrl.rl.config import RlConfig
-from molrl.rl.data import build_prompt_rows, load_task_source
-from molrl.rl.policy import build_policy
-from molrl.rl.reference import install_reference, trainable_parameter_count
-from molrl.rl.score import Scorer
-from molrl.rl.trainer import RlTrainer
-from molrl.runfiles import MetricsFileCallback, drop_records_after, last_whole_checkpoint
-from molrl.sandbox import SandboxConfig, SandboxPool
+from molrl.tasks.held_out import shows_tests
+from molrl.trackers import report_backends
 
 log = logging.getLogger(__name__)
 
+# torch, accelerate, datasets, TRL and peft are imported inside the functions that train: a re-run that is
+# refused or already finished answers before any of them loads (several seconds).
+
 
 def run_rl(cfg: RlConfig) -> Path:
-    """Train per ``cfg`` (resuming from its newest checkpoint); returns the output dir."""
+    """Train per ``cfg`` (a re-run follows ``molrl.rerun``'s rule: finished, refused, extended or resumed); returns
+    the output dir."""
+    check_values(cfg, "RlConfig")
+    out = Path(cfg.output_dir)
+    report_backends(cfg.train.report_to, "train.report_to")  # a backend that is not installed stops the run now
+    rerun = training_rerun("rl", cfg, out, out / "adapter", cfg.train.max_steps)
+    if rerun.finished:
+        return out
+    use_threads(cfg.threads, "rl")
+    from accelerate import PartialState
+
+    from molrl.runfiles import drop_records_after, load_checkpoint
 
     state = PartialState()  # under accelerate launch: this process's rank; files are written by rank 0
-    out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    checkpoints = out / "checkpoints"
-    resume = last_whole_checkpoint(checkpoints)
     if state.is_main_process:
         save_config(cfg, out / "config.yaml")
-        if resume is not None:
-            step = int(Path(resume).name.split("-")[-1])
-            log.info("resuming from %s (step %d)", resume, step)
-            for name in ("metrics.jsonl", "completions.jsonl"):
-                drop_records_after(out / name, step)
-        else:  # a fresh start logs every step again: lines of a killed attempt without a checkpoint go
-            for name in ("metrics.jsonl", "completions.jsonl"):
+        for name in ("metrics.jsonl", "completions.jsonl"):
+            if rerun.checkpoint is not None:
+                drop_records_after(out / name, rerun.step)
+            else:  # a fresh start logs every step again: lines of a killed attempt without a checkpoint go
                 (out / name).unlink(missing_ok=True)
     state.wait_for_everyone()
     trainer, policy, pool = build_trainer(cfg)
     try:
-        trainer.train(resume_from_checkpoint=resume)
+        if rerun.at_last_step:  # killed after its last checkpoint, before the final save: nothing left to train
+            trainer.rollouts["train"].load_state(Path(rerun.checkpoint))
+            trainer.algorithm.load_state(Path(rerun.checkpoint))
+            load_checkpoint(trainer, rerun.checkpoint)
+        else:
+            trainer.train(resume_from_checkpoint=rerun.checkpoint)
         trainer.rollouts["train"].save_final(out)  # what the rollout policy left (partial rollouts: their buffer)
         _save_final(trainer, policy, out)
     finally:
@@ -71,6 +74,16 @@ def run_rl(cfg: RlConfig) -> Path:
 
 def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
     """The ready-to-train ``RlTrainer``, its ``Policy`` and the sandbox pool (None without code or toy tasks)."""
+
+    import torch
+
+    from molrl.rl.callbacks import EvalHookCallback
+    from molrl.rl.data import load_task_source
+    from molrl.rl.policy import build_policy
+    from molrl.rl.reference import install_reference, trainable_parameter_count
+    from molrl.rl.trainer import RlTrainer
+    from molrl.runfiles import MetricsFileCallback
+    from molrl.trainer_progress import use_trainer_progress
 
     if cfg.use_vllm and importlib.util.find_spec("vllm") is None:
         raise MolrlError("use_vllm=true but vllm is not installed: pip install 'molrl[gpu]' on a GPU machine, "
@@ -88,7 +101,7 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
             model=policy.model,
             scorer=scorer,
             config=cfg,
-            args=trl_args(cfg, out / "checkpoints", torch.cuda.is_available()),
+            args=trl_args(cfg, out / CHECKPOINTS, torch.cuda.is_available()),
             train_dataset=dataset,
             processing_class=policy.tokenizer,
             peft_config=policy.peft_config,
@@ -110,17 +123,25 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
 def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: list) -> tuple[Any, Any, Any]:
     """The prompt dataset (summary in data_summary.json), the scorer, and the sandbox pool (shared with
     the evaluation hook, so it exists when either the training or the held-out tasks need it)."""
+    from accelerate import PartialState
+    from datasets import Dataset
 
-    tasks = load_task_source(cfg.train, "train")
+    from molrl.graders.code import CodeRewardConfig
+    from molrl.rl.data import build_prompt_rows, load_task_source
+    from molrl.rl.score import Scorer
+    from molrl.sandbox import SandboxConfig, SandboxPool
+
+    tasks = load_task_source(cfg.data, "data")
     rows, summary = build_prompt_rows(
         tasks, tokenizer, enable_thinking=cfg.enable_thinking, max_prompt_length=cfg.max_prompt_length,
         code_template=cfg.code_prompt, math_template=cfg.math_prompt,
+        hold_back_tests=shows_tests(cfg.rollout.turns, cfg.rollout.episode),
     )
     if PartialState().is_main_process:
         (out / "data_summary.json").write_text(json.dumps(dataclasses.asdict(summary), indent=2))
     if not rows:
         raise MolrlError(
-            f"{cfg.train.path or cfg.train.format}: no task left to train on ({summary.tasks} read, "
+            f"{cfg.data.path or cfg.data.format}: no task left to train on ({summary.tasks} read, "
             f"{len(summary.unscorable)} unscorable, {len(summary.too_long)} longer than max_prompt_length="
             f"{cfg.max_prompt_length}); see data_summary.json"
         )
@@ -134,36 +155,38 @@ def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: li
 
 def trl_args(cfg: RlConfig, output_dir: Path, cuda: bool) -> Any:
     """TRL ``GRPOConfig`` for our config (one optimiser step = prompts_per_step groups per process)."""
-    completions_per_step = cfg.prompts_per_step * cfg.num_generations
+    from trl import GRPOConfig as TrlGRPOConfig
+
+    completions_per_step, t = cfg.prompts_per_step * cfg.num_generations, cfg.train
     return TrlGRPOConfig(
         output_dir=str(output_dir),
-        per_device_train_batch_size=cfg.micro_batch_size,
-        gradient_accumulation_steps=completions_per_step // cfg.micro_batch_size,
+        per_device_train_batch_size=t.micro_batch_size,
+        gradient_accumulation_steps=completions_per_step // t.micro_batch_size,
         num_generations=cfg.num_generations,
         max_completion_length=cfg.max_completion_length,
         mask_truncated_completions=cfg.mask_truncated_completions,
         temperature=cfg.temperature,
         top_p=cfg.top_p,
-        learning_rate=cfg.learning_rate,
-        lr_scheduler_type=cfg.lr_scheduler,
-        warmup_steps=cfg.warmup_steps,
-        weight_decay=cfg.weight_decay,
-        max_grad_norm=cfg.max_grad_norm,
+        learning_rate=t.learning_rate,
+        lr_scheduler_type=t.lr_scheduler,
+        warmup_steps=t.warmup_steps,
+        weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm,
         beta=cfg.beta,
         epsilon=cfg.epsilon,
         num_iterations=cfg.num_iterations,
-        max_steps=cfg.max_steps,
-        seed=cfg.seed,
-        gradient_checkpointing=cfg.gradient_checkpointing,
-        activation_checkpointing=cfg.gradient_checkpointing,
+        max_steps=t.max_steps,
+        seed=t.seed,
+        gradient_checkpointing=t.gradient_checkpointing,
+        activation_checkpointing=t.gradient_checkpointing,
         bf16=cuda and cfg.policy.dtype in ("bfloat16", "bf16"),
         fp16=False,
         use_cpu=not cuda,
         disable_dropout=True,
-        logging_steps=cfg.log_every,
-        report_to="none",
+        logging_steps=t.logging_steps,
+        report_to=report_backends(t.report_to, "train.report_to"),  # the figures of metrics.jsonl, under train/
         save_strategy="steps",
-        save_steps=cfg.save_steps,
+        save_steps=t.save_steps,
         save_total_limit=2,
         use_vllm=cfg.use_vllm,
         vllm_mode=cfg.vllm_mode,

@@ -1,15 +1,21 @@
-"""Loss terms beside the policy gradient, each a sum over its own tokens divided by their count.
+"""Loss terms beside the policy gradient, each a sum over its own tokens divided by the step's count of them.
 
 - ``FeedbackCE`` (``terms.feedback_ce``): cross-entropy on the feedback tokens of multi-turn completions, so
-  the policy learns what the environment answers while RL trains its decisions (ECHO, arXiv 2605.24517). It
-  reads the log-probs the policy term already computed: no extra forward pass.
+  the policy learns what the environment answers while RL trains its decisions (ECHO, arXiv 2605.24517). It is
+  the model's own CE, at temperature 1: ``log_softmax(logits)`` of the policy's logits. TRL's log-probs, which
+  the policy-gradient term reads, are ``log_softmax(logits / temperature)``: the sampling policy's, right for a
+  ratio to it, not the model's CE that MoL and ECHO train.
 - ``DecisionKL`` (``terms.decision_kl``): the full-vocabulary KL(policy || base) on decision tokens, MoL's
-  term (``molrl.mol.losses``), the base being the policy with its adapter disabled. It needs the whole next-token
-  distributions, so it runs one more forward pass of the policy (with grad) and one of the base (without).
+  term (``molrl.mol.losses``), the base being the policy with its adapter disabled, both at temperature 1.
 
-Each term is normalised over its own tokens of the micro-batch (prime-rl's separate normalisers), so feedback
-tokens never dilute the policy term nor decisions the CE; under several processes DDP averages their gradients
-as it does the policy term's. With both terms on, MoL's loss (CE on feedback, KL on decisions) is part of RL.
+Both read the policy's completion logits from one more forward pass of the policy (with grad), run once per
+micro-batch when either term is on (``CompletionLogits``); ``DecisionKL`` adds one of the base (without).
+
+Each term divides its micro-batch's sum by the step's count of its own tokens (``StepCounts``: the optimiser
+step's, over all micro-batches and processes; prime-rl's separate normalisers, MoL's step counts), so feedback
+tokens never dilute the policy term nor decisions the CE, a micro-batch without feedback adds 0 and counts for
+nothing, and the step's term and its gradient are the same however the step is split. With both terms on,
+MoL's loss (CE on feedback, KL on decisions) is part of RL.
 """
 
 from __future__ import annotations
@@ -20,48 +26,92 @@ from typing import Any, Protocol
 import torch
 from trl.trainer.utils import use_adapter
 
-from molrl.rl.batch import LossInputs, join
+from molrl.rl.batch import LossInputs, StepCounts, join
 from molrl.rl.config import TermSettings
+from molrl.rl.loss import share
+
+
+class CompletionLogits:
+    """A micro-batch's next-token logits at its completion positions, at temperature 1; each model's forward
+    runs once, when a term first reads it."""
+
+    def __init__(self, trainer: Any, model: Any, batch: LossInputs):
+        self.trainer, self.model, self.batch = trainer, model, batch
+        self._policy: torch.Tensor | None = None
+        self._base: torch.Tensor | None = None
+
+    def policy(self) -> torch.Tensor:
+        """[B, T, V] the policy's logits (with grad)."""
+        if self._policy is None:
+            self._policy = self._forward()
+        return self._policy
+
+    def base(self) -> torch.Tensor:
+        """[B, T, V] the base's logits: the policy with its adapter disabled, without grad."""
+        if self._base is None:
+            with torch.no_grad(), use_adapter(self.trainer.accelerator.unwrap_model(self.model), adapter_name=None):
+                self._base = self._forward()
+        return self._base
+
+    def _forward(self) -> torch.Tensor:
+        batch = self.batch
+        ids, attention = join(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.attention())
+        with self.trainer.accelerator.autocast():  # as TRL's log-prob forward
+            return completion_logits(self.model, ids, attention, batch.completion_ids.size(1))
 
 
 class Term(Protocol):
-    """A loss term: its weight, the metric it logs under, and its value on a micro-batch."""
+    """A loss term: its weight, the metric it logs under, and its share of the step's value on a micro-batch."""
 
     weight: float
     metric: str
 
-    def loss(self, trainer: Any, model: Any, batch: LossInputs, logps: torch.Tensor) -> torch.Tensor:
-        """[] the term on ``batch``; ``logps`` [B, T] are the policy's log-probs of the completion tokens (with grad)."""
+    def loss(self, logits: CompletionLogits, batch: LossInputs, counts: StepCounts) -> torch.Tensor:
+        """[] the term's sum over ``batch``'s tokens of its kind / the step's count of them (``counts``)."""
         ...
 
 
-def feedback_cross_entropy(logps: torch.Tensor, feedback_mask: torch.Tensor) -> torch.Tensor:
-    """[] mean over feedback tokens of -log p(token); ``logps`` and ``feedback_mask`` [B, T]; 0 without feedback."""
+def token_logps(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] ``log_softmax(logits)`` of each token of ``ids`` where ``mask`` is 1, 0 elsewhere (the model's own
+    log-probs, temperature 1; the softmax is formed only there); ``logits`` [B, T, V], ``ids`` and ``mask`` [B, T]."""
+    selected = mask.bool()
+    picked = torch.log_softmax(logits[selected].float(), dim=-1)  # [n, V]
+    logps = picked.gather(-1, ids[selected].unsqueeze(-1)).squeeze(-1)  # [n]
+    return torch.zeros(ids.shape, dtype=logps.dtype, device=logps.device).masked_scatter(selected, logps)
+
+
+def feedback_cross_entropy(logps: torch.Tensor, feedback_mask: torch.Tensor,
+                           normaliser: torch.Tensor | float | None = None) -> torch.Tensor:
+    """[] sum over feedback tokens of -log p(token) / ``normaliser``, the step's feedback tokens (None: this
+    batch's own, a mean); ``logps`` and ``feedback_mask`` [B, T]; 0 without feedback."""
     mask = feedback_mask.to(logps.dtype)
-    return -(logps * mask).sum() / mask.sum().clamp(min=1.0)
+    return share(-(logps * mask).sum(), mask.sum() if normaliser is None else normaliser)
 
 
-def decision_kl(policy_logits: torch.Tensor, base_logits: torch.Tensor, decision_mask: torch.Tensor) -> torch.Tensor:
-    """[] mean over decision tokens of KL(softmax(policy) || softmax(base)); logits [B, T, V], mask [B, T]."""
+def decision_kl(policy_logits: torch.Tensor, base_logits: torch.Tensor, decision_mask: torch.Tensor,
+                normaliser: torch.Tensor | float | None = None) -> torch.Tensor:
+    """[] sum over decision tokens of KL(softmax(policy) || softmax(base)) / ``normaliser``, the step's decision
+    tokens (None: this batch's own, a mean); logits [B, T, V], mask [B, T]."""
     policy = torch.log_softmax(policy_logits.float(), dim=-1)  # [B, T, V]
     base = torch.log_softmax(base_logits.float(), dim=-1)  # [B, T, V]
     kl = (policy.exp() * (policy - base)).sum(-1)  # [B, T]
     mask = decision_mask.to(kl.dtype)
-    return (kl * mask).sum() / mask.sum().clamp(min=1.0)
+    return share((kl * mask).sum(), mask.sum() if normaliser is None else normaliser)
 
 
 @dataclass
 class FeedbackCE:
-    """CE on feedback tokens (ECHO)."""
+    """CE on feedback tokens (ECHO), at temperature 1."""
 
     weight: float
     metric: str = "loss/feedback_ce"
 
-    def loss(self, trainer: Any, model: Any, batch: LossInputs, logps: torch.Tensor) -> torch.Tensor:
-        """[] the mean CE over the batch's feedback tokens (0 when it has none)."""
+    def loss(self, logits: CompletionLogits, batch: LossInputs, counts: StepCounts) -> torch.Tensor:
+        """[] the CE of the policy's own (temperature-1) log-probs over the batch's feedback tokens / the step's."""
         if batch.feedback_mask is None:
-            return logps.sum() * 0.0
-        return feedback_cross_entropy(logps.float(), batch.feedback_mask)
+            return torch.zeros((), device=batch.completion_ids.device)
+        logps = token_logps(logits.policy(), batch.completion_ids, batch.feedback_mask)  # [B, T]
+        return feedback_cross_entropy(logps, batch.feedback_mask, counts.feedback)
 
 
 @dataclass
@@ -71,19 +121,14 @@ class DecisionKL:
     weight: float
     metric: str = "loss/decision_kl"
 
-    def loss(self, trainer: Any, model: Any, batch: LossInputs, logps: torch.Tensor) -> torch.Tensor:
-        """[] the mean KL over the batch's decision tokens (the policy gradient's tokens)."""
-        ids, attention = join(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.attention())
-        width = batch.completion_ids.size(1)
-        policy = completion_logits(model, ids, attention, width)  # [B, T, V]
-        with torch.no_grad(), use_adapter(trainer.accelerator.unwrap_model(model), adapter_name=None):
-            base = completion_logits(model, ids, attention, width)  # [B, T, V], the adapter disabled
-        return decision_kl(policy, base, batch.completion_mask)
+    def loss(self, logits: CompletionLogits, batch: LossInputs, counts: StepCounts) -> torch.Tensor:
+        """[] the KL over the batch's decision tokens (the policy gradient's) / the step's."""
+        return decision_kl(logits.policy(), logits.base(), batch.completion_mask, counts.tokens)
 
 
 def completion_logits(model: Any, ids: torch.Tensor, attention: torch.Tensor, width: int) -> torch.Tensor:
     """[B, T, V] the next-token logits at the positions that predict the last ``width`` tokens of ``ids``."""
-    logits = model(input_ids=ids, attention_mask=attention).logits  # [B, P+T, V]
+    logits = model(input_ids=ids, attention_mask=attention, logits_to_keep=width + 1).logits  # [B, T+1, V]
     return logits[:, -width - 1:-1]
 
 

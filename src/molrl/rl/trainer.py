@@ -9,8 +9,9 @@ typed contract (``molrl.rl.batch``):
 3. the algorithm (``molrl.rl.algorithms``: grpo, dr_grpo, dr_grpo_std, opd, ppo):
    ``AdvantageInputs`` -> ``Advantages``;
 4. ``molrl.rl.loss.policy_loss`` on ``LossInputs``, plus the algorithm's own terms (PPO's value loss) and the
-   configured ones (``molrl.rl.terms``: CE on feedback tokens, KL to the base on decision tokens), each with its
-   own normaliser.
+   configured ones (``molrl.rl.terms``: CE on feedback tokens, KL to the base on decision tokens), each divided by
+   the optimiser step's count of its own tokens (``step_counts``) so that neither accumulation nor processes
+   change what a step trains.
 
 Simplifications: the trainer never asks which algorithm or rollout policy it holds; a step's rows are
 scored once, when sampled (a buffered row keeps its advantage); the KL term is per token on sampled
@@ -36,13 +37,14 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 
+from molrl.errors import MolrlError
 from molrl.rl.algorithms import ALGORITHMS
-from molrl.rl.batch import AdvantageInputs, LossInputs, RolloutBatch, join
+from molrl.rl.batch import AdvantageInputs, LossInputs, LossOutputs, RolloutBatch, StepCounts, join
 from molrl.rl.config import RlConfig
-from molrl.rl.loss import LossSettings, policy_loss
+from molrl.rl.loss import LossSettings, policy_loss, policy_normaliser
 from molrl.rl.rollouts import ROLLOUTS, Synchronous
 from molrl.rl.score import Scorer, log_scores
-from molrl.rl.terms import build_terms
+from molrl.rl.terms import CompletionLogits, build_terms
 
 TRL_SURFACE = {
     "methods": {  # private GRPOTrainer methods: (parameters we rely on)
@@ -51,7 +53,7 @@ TRL_SURFACE = {
         "_generate": ("prompts",),  # called: generation (transformers or vLLM, with weight sync)
         "_get_per_token_logps_and_entropies": ("model", "input_ids", "attention_mask", "logits_to_keep",
                                                "batch_size", "compute_entropy"),  # called: log-probs
-        "_tokenize_prompts": ("prompts",),  # called: partial rollouts tokenise the prompts they start
+        "_tokenize_prompts": ("prompts",),  # overridden: a prompt's ids are its row's prompt_ids (content as text)
         "_save_checkpoint": ("model", "trial"),  # overridden: a rollout policy's state goes in first
         "_get_output_dir": ("trial",),  # called: where that checkpoint is
     },
@@ -64,6 +66,13 @@ TRL_SURFACE = {
 """The private TRL names molrl relies on, checked against the pinned TRL by a test."""
 
 
+def prompt_ids_by_text(dataset: Any) -> dict[str, list[int]]:
+    """Each row's ``prompt_ids`` by its ``prompt`` text (empty when the dataset has no such column)."""
+    if dataset is None or "prompt_ids" not in getattr(dataset, "column_names", ()):
+        return {}
+    return dict(zip(dataset["prompt"], dataset["prompt_ids"]))
+
+
 class RlTrainer(GRPOTrainer):
     """TRL's loop and generation with molrl's rollout policy, scoring, algorithm and loss."""
 
@@ -71,6 +80,7 @@ class RlTrainer(GRPOTrainer):
                  **kwargs: Any):
         super().__init__(*args, reward_funcs=[scorer], **kwargs)
         self.scorer, self.completions_path, self.seen_stages = scorer, completions_path, set()
+        self.prompt_ids = prompt_ids_by_text(self.train_dataset)
         # the rollout policy first: PROPS adds its adapter before an algorithm loads frozen ones
         self.rollouts = {"train": ROLLOUTS[config.rollout.policy()](self, config),
                          "eval": Synchronous(self, config, training=False)}
@@ -100,38 +110,72 @@ class RlTrainer(GRPOTrainer):
         log_scores(self.metrics(), self.seen_stages, self.scorer.__name__, batch, scores, rewards,
                    advantages.per_completion, self.group_size(), gather_object,
                    self.completions_path if main else None, self.state.global_step + 1)
-        return rollout.finish(LossInputs(  # 4. what the loss reads
+        return rollout.finish(LossInputs(  # 4. what the loss reads, with the generation batch's counts
             batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, advantages.tokens,
-            self.accelerator.gather(batch.completion_mask.sum()).sum(), batch.behaviour_logps, batch.reference_logps,
-            batch.loss_weights(), advantages.extra, batch.attention_mask, batch.feedback_mask))
+            behaviour_logps=batch.behaviour_logps, reference_logps=batch.reference_logps, weights=batch.loss_weights(),
+            extra=advantages.extra, attention_mask=batch.attention_mask,
+            feedback_mask=batch.feedback_mask).counted(self.accelerator.gather))
 
     # the step's second half: loss
     def _compute_loss(self, model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         batch = LossInputs.from_dict(inputs)
+        counts, settings = self.step_counts(batch), self.loss_settings
         ids, attention = join(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.attention())
-        logps, entropies, _ = self._get_per_token_logps_and_entropies(
+        logps, entropies, _ = self._get_per_token_logps_and_entropies(  # [B, T] at the sampling temperature
             model, ids, attention, batch.completion_ids.size(1), compute_entropy=True)
-        mask, metrics = batch.completion_mask, self.metrics()
-        out = policy_loss(logps, batch.advantages, mask, self.loss_settings, batch.behaviour_logps,
-                          batch.reference_logps, batch.weights)
-        loss = out.loss
-        for name, (weight, term) in self.algorithm.loss_terms(batch).items():  # each with its own normaliser
-            loss = loss + weight * term
-            metrics[name].append(term.item())
+        out = policy_loss(logps, batch.advantages, batch.completion_mask, settings, batch.behaviour_logps,
+                          batch.reference_logps, batch.weights,
+                          policy_normaliser(settings.aggregation, counts, settings.max_completion_length))
+        loss, shares = out.loss, {}
+        for name, (weight, term) in self.algorithm.loss_terms(batch, counts).items():  # PPO's value loss
+            loss, shares[name] = loss + weight * term, term.detach()
+        logits = CompletionLogits(self, model, batch)  # temperature 1: one forward shared by the terms
         for term in self.terms:  # CE on feedback, KL to the base on decisions: each over its own tokens
-            value = term.loss(self, model, batch, logps)
-            loss = loss + term.weight * value
-            metrics[term.metric].append(value.item())
-        sums = self.accelerator.reduce(torch.stack([out.tokens, out.kl, out.clipped_low, out.clipped_high,
-                                                    (entropies.detach().float() * mask).sum()]), reduction="sum")
-        tokens = sums[0].clamp(min=1.0)
+            value = term.loss(logits, batch, counts)
+            loss, shares[term.metric] = loss + term.weight * value, value.detach()
+        self.log_step_means(out, (entropies.detach().float() * batch.completion_mask).sum(), counts, shares)
+        # DDP (and DeepSpeed, FSDP) average gradients over processes; each process's loss is its share of the step's
+        return loss * self.accelerator.num_processes
+
+    def step_counts(self, batch: LossInputs) -> StepCounts:
+        """The counts of the optimiser step ``batch`` is a micro-batch of (``StepCounts``).
+
+        TRL's rule (its ``dapo`` loss): a generation batch feeds ``steps_per_generation`` micro-batches per process
+        and an optimiser step takes ``current_gradient_accumulation_steps`` of them, so the step's counts are the
+        generation batch's times accumulation steps / ``steps_per_generation``: exactly the generation batch's when
+        they are equal (molrl's runs, each of ``num_iterations`` passes one step), their mean share otherwise. In
+        evaluation a batch is neither split nor accumulated: its generation batch's.
+        """
+        counts = batch.counts()
+        if self._mode() != "train":
+            return counts
+        return counts.scaled(self.current_gradient_accumulation_steps / self.args.steps_per_generation)
+
+    def log_step_means(self, out: LossOutputs, entropy: torch.Tensor, counts: StepCounts,
+                       shares: dict[str, torch.Tensor]) -> None:
+        """Log this micro-batch's part of the step's means (summed over processes, times the step's micro-batches,
+        whose values TRL averages): the KL, entropy, clip ratios and each term's ``shares``; ``entropy`` is the
+        micro-batch's sum over loss tokens."""
+        metrics, parts = self.metrics(), (self.current_gradient_accumulation_steps if self._mode() == "train" else 1)
+        sums = self.accelerator.reduce(torch.stack([out.kl, out.clipped_low, out.clipped_high, entropy.float(),
+                                                    *shares.values()]).float(), reduction="sum") * parts
+        tokens = counts.tokens.float().clamp(min=1.0)
         if self.loss_settings.beta != 0.0:
-            metrics["kl"].append((sums[1] / tokens).item())
-        metrics["entropy"].append((sums[4] / tokens).item())
-        metrics["clip_ratio/low_mean"].append((sums[2] / tokens).item())
-        metrics["clip_ratio/high_mean"].append((sums[3] / tokens).item())
-        metrics["clip_ratio/region_mean"].append(((sums[2] + sums[3]) / tokens).item())
-        return loss / (self.current_gradient_accumulation_steps if self._mode() == "train" else 1.0)
+            metrics["kl"].append((sums[0] / tokens).item())
+        metrics["entropy"].append((sums[3] / tokens).item())
+        metrics["clip_ratio/low_mean"].append((sums[1] / tokens).item())
+        metrics["clip_ratio/high_mean"].append((sums[2] / tokens).item())
+        metrics["clip_ratio/region_mean"].append(((sums[1] + sums[2]) / tokens).item())
+        for name, total in zip(shares, sums[4:]):
+            metrics[name].append(total.item())
+
+    # prompts: ids encoded by molrl (a task's text never becomes control tokens), not TRL's re-tokenisation
+    def _tokenize_prompts(self, prompts: list) -> tuple[list[list[int]], None, dict]:
+        missing = [p for p in prompts if p not in self.prompt_ids]
+        if missing:
+            raise MolrlError(f"RL prompt {str(missing[0])[:60]!r}... has no prompt_ids in the dataset; build the rows "
+                             "with molrl.rl.data.build_prompt_rows")
+        return [list(self.prompt_ids[p]) for p in prompts], None, {}
 
     # what the pieces read
     def _mode(self) -> str:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from molrl.chat import render
+from molrl.chat import ChatPrompt, render
 from molrl.tasks.types import Task
+from molrl.traces.spans import chat_prompt
 
 CODE_INSTRUCTION = (
     "Write a Python function `{entry_point}` that solves the following problem. "
@@ -44,15 +45,12 @@ def render_prompts(
     enable_thinking: bool,
     code_template: str = CODE_INSTRUCTION,
     math_template: str = MATH_INSTRUCTION,
-) -> list[str]:
-    """Model-ready prompt text for each task: the chat template applied to its one user message."""
+) -> list[ChatPrompt]:
+    """Model-ready prompt for each task: the chat template applied to its one user message, with its ids
+    (the task's text never becomes control tokens)."""
     return [
-        render(
-            tokenizer,
-            [{"role": "user", "content": user_message(t, code_template, math_template)}],
-            add_generation_prompt=True,
-            enable_thinking=enable_thinking,
-        )
+        chat_prompt(tokenizer, [{"role": "user", "content": user_message(t, code_template, math_template)}],
+                    enable_thinking=enable_thinking)
         for t in tasks
     ]
 

@@ -3,12 +3,15 @@
 MINT (``xingyaoww/mint-bench`` ``results.jsonl`` rows: ``{task: {task_id, task_name, prompt,
 reference}, state: {history, success, terminate_reason, ...}}``):
   * the first user message is the task, kept whole as the prompt (it includes MINT's in-context
-    example, which is part of what the agent saw);
+    example, which is part of what the agent saw), or without that example with ``strip_example``
+    (``strip_mint_example``: 500 to 670 Qwen3 tokens less per trace);
   * every later user message is environment feedback (``Observation:`` output, ``Expert
     feedback:`` critique) and becomes a ``tool`` message;
   * assistant messages keep their ``<thought>`` / ``<execute>`` / ``<solution>`` text; MINT's
     transcript label ``Assistant:`` at the start of each one is removed, since the model did not
-    write it (its generation started after that label);
+    write it (its generation started after that label), and so is every label stacked right after
+    it in any spelling (GPT-4 often opened its turn with a second, full-width ``Assistant：``);
+    a label later inside a turn is the model's own text and stays;
   * meta keeps the task id, task name, reference answer, success, termination reason, and the
     agent and feedback model names read from the file name ``<model>_F_<feedback>__<set>.jsonl``.
 
@@ -37,7 +40,11 @@ from molrl.traces.tora import tora_record_to_traces
 
 FORMATS = ("mint", "openai", "tora")
 _MINT_NAME = re.compile(r"^(?P<model>.+?)_F_(?P<feedback>.+?)__(?P<dataset>[^_].*)$")
-_ASSISTANT_LABEL = re.compile(r"^\s*Assistant:[ \t]*\n?")
+_ASSISTANT_LABELS = re.compile(r"^(?:\s*assistant[ \t]*[:\uff1a\ufe55\ufe13][ \t]*\n?)+", re.IGNORECASE)
+"""Transcript labels opening an assistant turn: ``Assistant:``, ``Assistant：`` (full-width colon),
+``assistant :``..., one or several in a row."""
+_MINT_PART = "\n\n---\n\nTask:\n"
+"""What opens MINT's in-context example and, after it, the task in the first user message."""
 
 
 @dataclass
@@ -61,8 +68,24 @@ def mint_file_info(path: str | Path) -> dict[str, str]:
     return {"model": m["model"], "feedback_model": feedback, "dataset": m["dataset"]}
 
 
-def mint_record_to_trace(row: Any, file_info: dict[str, str] | None = None) -> Trace:
-    """One MINT results row as a trace; raises ``TraceError`` naming what is missing."""
+def strip_mint_example(prompt: str) -> str:
+    """MINT's first user message without its in-context example: the instructions, then the task.
+
+    MINT writes that message as ``{instructions}\n\n---\n\nTask:\n{example}\n\n---\n\nTask:\n{task}``,
+    the example a whole solved episode (its ``Assistant:`` turns and ``Observation:`` replies), one fixed
+    text per task set; exactly the block from the first ``---`` to the second is removed.
+    """
+    start = prompt.find(_MINT_PART)
+    end = prompt.find(_MINT_PART, start + len(_MINT_PART)) if start >= 0 else -1
+    if end < 0 or "\nAssistant:" not in prompt[start:end]:
+        raise TraceError("the first user message holds no MINT in-context example (instructions, ---, Task: with a "
+                         "solved example, ---, Task:); convert it without --strip-example")
+    return prompt[:start] + prompt[end:]
+
+
+def mint_record_to_trace(row: Any, file_info: dict[str, str] | None = None, strip_example: bool = False) -> Trace:
+    """One MINT results row as a trace (the prompt's in-context example removed with ``strip_example``);
+    raises ``TraceError`` naming what is missing."""
     if not isinstance(row, dict):
         raise TraceError(f"MINT row is a JSON {type(row).__name__}; expected an object with 'task' and 'state'")
     task, state = row.get("task"), row.get("state")
@@ -80,11 +103,13 @@ def mint_record_to_trace(row: Any, file_info: dict[str, str] | None = None) -> T
         if not isinstance(content, str):
             raise TraceError(f"state.history[{i}] ({role}) has content of type {type(content).__name__}; expected a string")
         if role == "assistant":
-            messages.append({"role": "assistant", "content": _ASSISTANT_LABEL.sub("", content, count=1)})
+            messages.append({"role": "assistant", "content": _ASSISTANT_LABELS.sub("", content, count=1)})
         else:
             messages.append({"role": "user" if not messages else "tool", "content": content})
     if messages[0]["role"] != "user":
         raise TraceError("state.history[0] should be the user's task")
+    if strip_example:
+        messages[0]["content"] = strip_mint_example(messages[0]["content"])
     meta = {
         "source": "mint",
         "kind": "domain",
@@ -94,6 +119,7 @@ def mint_record_to_trace(row: Any, file_info: dict[str, str] | None = None) -> T
         "success": state.get("success"),
         "terminate_reason": state.get("terminate_reason"),
         **(file_info or {}),
+        **({"example_stripped": True} if strip_example else {}),
     }
     if not isinstance(meta["success"], bool):
         raise TraceError(f"state.success is {meta['success']!r}; expected true or false")
@@ -144,8 +170,13 @@ def openai_record_to_trace(record: Any, options: OpenAIOptions | None = None) ->
     return trace
 
 
-def import_file(path: str | Path, fmt: str, options: OpenAIOptions | None = None) -> ImportResult:
-    """Convert every record of one JSONL file; bad records are kept in ``rejects`` with the reason."""
+def import_file(path: str | Path, fmt: str, options: OpenAIOptions | None = None,
+                strip_example: bool = False) -> ImportResult:
+    """Convert every record of one JSONL file; bad records are kept in ``rejects`` with the reason.
+
+    ``strip_example`` (MINT only) removes MINT's in-context example from each prompt."""
+    if strip_example and fmt != "mint":
+        raise ValueError(f"strip_example is a MINT option; format {fmt!r} has no in-context example to strip")
     if fmt not in FORMATS:
         raise ValueError(f"unknown trace format {fmt!r}; expected one of {', '.join(FORMATS)}")
     result = ImportResult(str(path))
@@ -155,7 +186,7 @@ def import_file(path: str | Path, fmt: str, options: OpenAIOptions | None = None
             result.rejects.append(Reject(str(path), line_no, error, raw))
             continue
         try:
-            traces = _convert(record, fmt, info, options)
+            traces = _convert(record, fmt, info, options, strip_example)
         except TraceError as err:
             result.rejects.append(Reject(str(path), line_no, str(err), raw))
             continue
@@ -163,10 +194,11 @@ def import_file(path: str | Path, fmt: str, options: OpenAIOptions | None = None
     return result
 
 
-def _convert(record: Any, fmt: str, mint_info: dict[str, str], options: OpenAIOptions | None) -> list[Trace]:
+def _convert(record: Any, fmt: str, mint_info: dict[str, str], options: OpenAIOptions | None,
+             strip_example: bool = False) -> list[Trace]:
     """The traces of one record in format ``fmt``; raises ``TraceError`` saying what is wrong."""
     if fmt == "mint":
-        return [mint_record_to_trace(record, mint_info)]
+        return [mint_record_to_trace(record, mint_info, strip_example)]
     if fmt == "tora":
         return tora_record_to_traces(record)
     return [openai_record_to_trace(record, options)]

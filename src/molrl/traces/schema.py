@@ -11,7 +11,8 @@ Meta conventions shared by every stage:
   ``task_id``  the task's id in its source.
 
 Reading never drops a bad record silently: ``read_traces`` yields the good ones and keeps every
-bad one (file, line, reason) in ``reader.rejects``, or raises on the first with ``strict=True``.
+bad one (file, line, reason) in ``reader.rejects``; with ``strict=True`` it raises at the end of the
+file, listing every bad record one line each (``rejects_error``).
 Writing appends one complete line with a single write plus fsync, so a killed writer leaves at
 worst a truncated final line, which the reader reports instead of crashing. Files are read by
 ``molrl.jsonl``: gzip is read through, a byte-order mark skipped, a line that is not UTF-8 rejected.
@@ -19,17 +20,18 @@ worst a truncated final line, which the reader reports instead of crashing. File
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 from molrl.chat import ROLES
 from molrl.errors import DataError, MolrlError
-from molrl.jsonl import Line, read_lines, write_jsonl
+from molrl.jsonl import Line, json_line, read_lines, write_jsonl
 
 KINDS = ("domain", "general")
+MAX_LISTED = 20
+"""Bad records an error lists one line each; the rest are counted."""
 
 
 class TraceError(MolrlError):
@@ -64,8 +66,8 @@ class Trace:
         return {"messages": [dict(m) for m in self.messages], "meta": dict(self.meta)}
 
     def to_json(self) -> str:
-        """The record as one JSON line (no trailing newline)."""
-        return json.dumps(self.to_dict(), ensure_ascii=False)
+        """The record as one JSON line (no trailing newline), lone surrogates escaped (``molrl.jsonl.json_line``)."""
+        return json_line(self.to_dict())
 
     @classmethod
     def from_dict(cls, record: Any) -> "Trace":
@@ -171,9 +173,7 @@ class TraceReader:
         self.rejects: list[Reject] = []
 
     def reject(self, line: int, reason: str, raw: str = "") -> None:
-        """Record a bad record (raises ``DataError`` instead when strict)."""
-        if self.strict:
-            raise DataError(str(self.path), line, reason)
+        """Record a bad record (a strict reader raises them all, listed, once the file is read)."""
         self.rejects.append(Reject(str(self.path), line, reason, raw))
 
     def __iter__(self) -> Iterator[tuple[int, Trace]]:
@@ -181,6 +181,8 @@ class TraceReader:
             trace = self._parse(line)
             if trace is not None:
                 yield line.number, trace
+        if self.strict and self.rejects:
+            raise rejects_error(self.rejects)
 
     def _parse(self, line: Line) -> Trace | None:
         try:
@@ -195,6 +197,22 @@ class TraceReader:
 def read_traces(path: str | Path, strict: bool = False) -> TraceReader:
     """A reader over ``path``: iterate for ``(line_no, Trace)``, then inspect ``.rejects``."""
     return TraceReader(path, strict=strict)
+
+
+def rejects_error(rejects: Sequence[Reject]) -> DataError:
+    """The error to raise for bad records: one names its file and line; several are listed one line each.
+
+    The first ``MAX_LISTED`` are listed, then a count of the rest, so one run shows everything to fix.
+    """
+    first = rejects[0]
+    if len(rejects) == 1:
+        return DataError(first.path, first.line, first.reason)
+    listed = "".join(f"\n  {r}" for r in rejects[:MAX_LISTED])
+    if len(rejects) > MAX_LISTED:
+        listed += f"\n  ... and {len(rejects) - MAX_LISTED} more"
+    files = ", ".join(dict.fromkeys(r.path for r in rejects))
+    return DataError(files, None, f"{len(rejects)} bad records; fix or delete them (`molrl traces filter IN OUT` "
+                                  f"keeps the good ones and writes the rest to OUT.rejects.jsonl):{listed}")
 
 
 def append_trace(path: str | Path, trace: Trace) -> None:

@@ -9,8 +9,9 @@ Where each message lies in the rendering and which role each token gets is ``mol
 Truncation (``max_length``): ``drop`` rejects a longer trace; ``truncate`` keeps the first
 ``max_length`` tokens and records in ``notes`` which message the cut fell inside (a cut inside a
 feedback span is always reported there, never silent). Only a prefix of the rendering long enough
-for ``max_length`` tokens is tokenised (``encode_prefix``), so a huge record costs no more than a
-long one.
+for ``max_length`` tokens is tokenised (``molrl.traces.spans.encode_rendering``), so a huge record
+costs no more than a long one. Message contents are encoded as plain text: a forged ``<|im_end|>``
+inside a tool reply or a model turn is ordinary tokens, never a control id (``molrl.content``).
 """
 
 from __future__ import annotations
@@ -22,15 +23,13 @@ from typing import Any, Literal
 
 from molrl.errors import DataError
 from molrl.traces.schema import Reject, Trace, TraceError, read_traces
-from molrl.traces.spans import encode, label_tokens, locate_spans, mark_end_of_turn
+from molrl.traces.spans import encode_rendering, label_tokens, locate_spans, mark_end_of_turn
 
 log = logging.getLogger("molrl.traces")
 
 IGNORE_INDEX = -100
 UNLIMITED_CHARS = 4_000_000
 """Longest rendering tokenised whole when there is no max_length (~1M tokens, seconds)."""
-_CHARS_PER_TOKEN_GUESS = 8  # first prefix tried under a max_length; doubled until it holds
-_CUT_MARGIN = 1024  # characters kept between token max_length and the end of the tokenised prefix
 
 
 @dataclass
@@ -116,8 +115,15 @@ def tokenize_trace(trace: Trace, tokenizer: Any, cfg: TokenizeConfig | None = No
     cfg = cfg or TokenizeConfig()
     if not getattr(tokenizer, "is_fast", False):
         raise TraceError("tokenisation needs a fast (Rust) tokenizer for character offsets")
-    text, spans, n_empty = locate_spans(tokenizer, trace.messages, cfg.enable_thinking, cfg.empty_think_is_decision)
-    ids, offsets, whole = encode_prefix(tokenizer, text, cfg.max_length)
+    rendering = locate_spans(tokenizer, trace.messages, cfg.enable_thinking, cfg.empty_think_is_decision)
+    text, spans, n_empty = rendering.text, rendering.spans, rendering.n_empty_think
+    if cfg.max_length is None and len(text) > UNLIMITED_CHARS:
+        raise TraceError(
+            f"trace renders to {len(text):,} characters, more than the {UNLIMITED_CHARS:,} tokenised whole when "
+            "there is no max_length; set max_length with truncation=truncate (traces stats: --max-length N "
+            "--truncation truncate) to use its first N tokens, or cut the trace"
+        )
+    ids, offsets, whole = encode_rendering(tokenizer, text, rendering.content, max_tokens=cfg.max_length)
     roles, owner = label_tokens(offsets, spans)
     mark_end_of_turn(tokenizer, text, ids, offsets, spans, roles, owner)
     notes: list[str] = []
@@ -142,32 +148,6 @@ def tokenize_trace(trace: Trace, tokenizer: Any, cfg: TokenizeConfig | None = No
         )
     verify_feedback(trace, result, tokenizer)
     return result
-
-
-def encode_prefix(
-    tokenizer: Any, text: str, max_length: int | None
-) -> tuple[list[int], list[tuple[int, int]], bool]:
-    """Token ids and character offsets of ``text``, or of a prefix that holds its first ``max_length`` tokens.
-
-    With a ``max_length``, a prefix of ``max_length * 8`` characters is tokenised first and doubled
-    until token ``max_length`` ends ``_CUT_MARGIN`` characters before the cut (only the words the
-    cut falls in can tokenise differently), so a 50 MB trace costs what its first tokens cost.
-    The flag is True when the whole text was tokenised. Without a ``max_length``, a text over
-    ``UNLIMITED_CHARS`` is refused: counting all its tokens would take minutes and gigabytes.
-    """
-    if max_length is None and len(text) > UNLIMITED_CHARS:
-        raise TraceError(
-            f"trace renders to {len(text):,} characters, more than the {UNLIMITED_CHARS:,} tokenised whole when "
-            "there is no max_length; set max_length with truncation=truncate (traces stats: --max-length N "
-            "--truncation truncate) to use its first N tokens, or cut the trace"
-        )
-    cut = len(text) if max_length is None else max_length * _CHARS_PER_TOKEN_GUESS + _CUT_MARGIN
-    while cut < len(text):
-        ids, offsets = encode(tokenizer, text[:cut])
-        if len(ids) > max_length and offsets[max_length][1] <= cut - _CUT_MARGIN:  # type: ignore[operator]
-            return ids, offsets, False
-        cut *= 2
-    return (*encode(tokenizer, text), True)
 
 
 def tokenize_file(

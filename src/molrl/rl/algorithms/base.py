@@ -20,7 +20,7 @@ from trl.trainer.utils import add_fused_lm_head, use_adapter
 
 from molrl.errors import MolrlError
 from molrl.models import load_model
-from molrl.rl.batch import AdvantageInputs, Advantages, LossInputs, RolloutBatch
+from molrl.rl.batch import AdvantageInputs, Advantages, LossInputs, RolloutBatch, StepCounts
 from molrl.rl.config import RlConfig
 from molrl.rl.loss import Aggregation
 from molrl.rl.macro import pool_advantages, segment
@@ -55,7 +55,7 @@ class Algorithm:
     def __init__(self, trainer: Any, cfg: RlConfig):
         self.trainer, self.cfg = trainer, cfg
         self.frozen: dict[str, Any] = {}  # "teacher" / "reference" -> None (adapter off), adapter name, or model
-        self._macro_rng = random.Random(cfg.seed)
+        self._macro_rng = random.Random(cfg.train.seed)
 
     # what subclasses define
     def token_advantages(self, inputs: AdvantageInputs,
@@ -68,8 +68,9 @@ class Algorithm:
         mask = inputs.batch.completion_mask.float()
         return self.trainer.accelerator.gather((tokens * mask).sum(-1) / mask.sum(-1).clamp(min=1.0))
 
-    def loss_terms(self, inputs: LossInputs) -> dict[str, tuple[float, torch.Tensor]]:
-        """Extra loss terms of a micro-batch: metric name -> (weight, term), each with its own normaliser."""
+    def loss_terms(self, inputs: LossInputs, counts: StepCounts) -> dict[str, tuple[float, torch.Tensor]]:
+        """Extra loss terms of a micro-batch: metric name -> (weight, term), each its sum over the micro-batch
+        divided by the step's count of its own tokens (``counts``)."""
         return {}
 
     def frozen_adapters(self) -> tuple[str, ...]:

@@ -22,8 +22,9 @@ from molrl.graders.code import program_for
 from molrl.rl.algorithms.base import CURRENT, Algorithm
 from molrl.rl.algorithms.grpo import dr_grpo_advantages, local_rows
 from molrl.rl.batch import AdvantageInputs, pad_rows
-from molrl.tasks.prompts import strip_added_bos, user_message
+from molrl.tasks.prompts import user_message
 from molrl.tasks.types import Task
+from molrl.traces.spans import encode_chat, encode_template
 
 
 def opd_advantages(teacher: torch.Tensor, reference: torch.Tensor, policy: torch.Tensor, mask: torch.Tensor,
@@ -60,19 +61,25 @@ def teacher_messages(task: Task, user: str, completion: str, grade: Any, teacher
     return [{"role": "user", "content": user}]
 
 
-def teacher_prefix_ids(tokenizer: Any, prefix: str, completion_ids: Sequence[int], task_id: str) -> list[int]:
-    """Token ids of the teacher's ``prefix``, checked to end where the student's completion begins.
+def teacher_prefix_ids(tokenizer: Any, messages: list[dict[str, str]], enable_thinking: bool,
+                       completion_ids: Sequence[int], task_id: str) -> list[int]:
+    """Token ids of the teacher's context ``messages`` with the generation prompt, checked to end where the
+    student's completion begins.
 
-    The teacher scores exactly the student's tokens (``prefix_ids + completion_ids``). That is its own
-    reading of the text only when tokenising ``prefix + completion`` does not merge tokens across the
-    boundary; MolrlError otherwise, naming the task and the boundary.
+    Contents (the task, the attempt, the feedback) are encoded as plain text (``encode_chat``). The teacher scores
+    exactly the student's tokens (``prefix_ids + completion_ids``); that is its own reading of the text only when
+    tokenising the generation prompt followed by the completion does not merge tokens across the boundary;
+    MolrlError otherwise, naming the task and the boundary.
     """
-    prefix_ids = tokenizer(prefix, add_special_tokens=False)["input_ids"]
+    prefix_ids = encode_chat(tokenizer, messages, add_generation_prompt=True, enable_thinking=enable_thinking)
+    bare = render(tokenizer, messages, add_generation_prompt=False, enable_thinking=enable_thinking)
+    full = render(tokenizer, messages, add_generation_prompt=True, enable_thinking=enable_thinking)
+    header = full[len(bare):] if full.startswith(bare) else ""  # the generation prompt's text
     text = tokenizer.decode(list(completion_ids), skip_special_tokens=False)
-    whole = tokenizer(prefix + text, add_special_tokens=False)["input_ids"]
-    if whole != prefix_ids + tokenizer(text, add_special_tokens=False)["input_ids"]:
+    whole = encode_template(tokenizer, header + text)[0]
+    if header and whole != encode_template(tokenizer, header)[0] + encode_template(tokenizer, text)[0]:
         raise MolrlError(f"opd teacher context of task {task_id}: the tokenizer merges tokens across the boundary "
-                         f"{prefix[-20:]!r} | {text[:20]!r}, so the teacher would not score the student's tokens; "
+                         f"{header[-20:]!r} | {text[:20]!r}, so the teacher would not score the student's tokens; "
                          "end the teacher's context (chat template, feedback) on a token boundary")
     return prefix_ids
 
@@ -128,10 +135,8 @@ class Opd(Algorithm):
         for row, (task, completion, grade) in enumerate(zip(batch.tasks, batch.completions, inputs.scores.grades)):
             user = user_message(task, cfg.code_prompt, cfg.math_prompt)
             messages = teacher_messages(task, user, completion, grade, cfg.opd.teacher, probes.get(task.id))
-            text = strip_added_bos(tokenizer, render(tokenizer, messages, add_generation_prompt=True,
-                                                     enable_thinking=cfg.enable_thinking))
             tokens = batch.completion_ids[row][batch.completion_mask[row].bool()].tolist()
-            prefixes.append(teacher_prefix_ids(tokenizer, text, tokens, task.id))
+            prefixes.append(teacher_prefix_ids(tokenizer, messages, cfg.enable_thinking, tokens, task.id))
         return pad_rows(prefixes, tokenizer.pad_token_id, "left", trainer.accelerator.device)
 
     def probe_results(self, tasks: Sequence[Task]) -> dict[str, dict[str, Any]]:

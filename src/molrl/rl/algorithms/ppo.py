@@ -31,7 +31,7 @@ from trl.trainer.utils import use_adapter
 
 from molrl.rl.algorithms.base import Algorithm, copy_adapter
 from molrl.rl.algorithms.grpo import group_stats
-from molrl.rl.batch import AdvantageInputs, LossInputs, join
+from molrl.rl.batch import AdvantageInputs, LossInputs, StepCounts, join
 from molrl.rl.loss import explained_variance, value_loss
 from molrl.rl.macro import macro_gae
 
@@ -72,7 +72,7 @@ class Ppo(Algorithm):
         self.add_critic_adapter(model)
         self.critic_params = [p for n, p in model.named_parameters() if f".{CRITIC}." in n]
         self.critic_params += list(head.parameters())
-        lr = cfg.ppo.critic_learning_rate or cfg.learning_rate
+        lr = cfg.ppo.critic_learning_rate or cfg.train.learning_rate
         self.optimizer = torch.optim.Adam(self.critic_params, lr=lr)
         for p in self.critic_params:
             p.requires_grad_(False)  # on only while the critic is fitted
@@ -150,28 +150,31 @@ class Ppo(Algorithm):
                     part = slice(first, first + size)
                     values = self.values(batch.prompt_ids[part], batch.prompt_mask[part], batch.completion_ids[part],
                                          batch.attention()[part], grad=True)
-                    loss = value_loss(values, old[part], returns[part], batch.completion_mask[part], ppo.value_clip)
+                    # over the minibatch's loss tokens of every process (each fits the same number of minibatches)
+                    tokens = accelerator.reduce(batch.completion_mask[part].sum().float(), reduction="sum")
+                    loss = value_loss(values, old[part], returns[part], batch.completion_mask[part], ppo.value_clip,
+                                      tokens)
                     self.optimizer.zero_grad()
-                    loss.backward()
+                    (loss * accelerator.num_processes).backward()  # its gradients are averaged over processes next
                     if accelerator.num_processes > 1:  # outside DDP's forward: average the critic's gradients here
                         for p in self.critic_params:
                             if p.grad is not None:
                                 p.grad = accelerator.reduce(p.grad, reduction="mean")
                     torch.nn.utils.clip_grad_norm_(self.critic_params, self.trainer.args.max_grad_norm)
                     self.optimizer.step()
-                    losses.append(loss.item())
+                    losses.append(accelerator.reduce(loss.detach(), reduction="sum").item())
         finally:
             for p in self.critic_params:
                 p.requires_grad_(False)
         self.trainer.metrics()["critic/value_loss"].append(sum(losses) / len(losses))
 
-    def loss_terms(self, inputs: LossInputs) -> dict[str, tuple[float, torch.Tensor]]:
+    def loss_terms(self, inputs: LossInputs, counts: StepCounts) -> dict[str, tuple[float, torch.Tensor]]:
         if self.critic != "shared":  # a separate critic is fitted on its own; group_mean learns nothing
             return {}
         values = self.values(inputs.prompt_ids, inputs.prompt_mask, inputs.completion_ids, inputs.attention(),
                              grad=True)
         critic = value_loss(values, inputs.extra["old_values"], inputs.extra["returns"], inputs.completion_mask,
-                            self.cfg.ppo.value_clip)
+                            self.cfg.ppo.value_clip, counts.tokens)  # over the step's loss tokens
         return {"critic/value_loss": (self.cfg.ppo.value_coef, critic)}
 
     def critic_state(self, model: Any) -> dict[str, Any]:

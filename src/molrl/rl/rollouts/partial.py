@@ -199,7 +199,7 @@ class Partial(Synchronous):
         trainer, state = self.trainer, self.state
         data = trainer.train_dataset
         epoch, index = divmod(state.extra_draws, len(data))
-        seed = (self.cfg.seed * 7919 + epoch) * 31 + trainer.accelerator.process_index  # each process its own draws
+        seed = (self.cfg.train.seed * 7919 + epoch) * 31 + trainer.accelerator.process_index  # each process its own draws
         order = random.Random(seed).sample(range(len(data)), len(data))
         state.extra_draws += 1
         row = data[order[index]]

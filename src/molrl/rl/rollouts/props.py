@@ -83,7 +83,7 @@ class Props(Synchronous):
         if self.optimizer is None:
             self.optimizer = torch.optim.Adam(behaviour_params, lr=cfg.learning_rate, eps=1e-5)
         size = max(1, len(rows) // cfg.minibatches)
-        order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(self.cfg.seed + self.updates))
+        order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(self.cfg.train.seed + self.updates))
         kl, steps = torch.tensor(0.0), 0
         for _ in range(cfg.update_epochs):
             for first in range(0, len(rows), size):

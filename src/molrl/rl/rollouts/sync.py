@@ -153,8 +153,7 @@ class Synchronous:
         self.past.append(keep)
         device = trainer.accelerator.device
         merged = {k: v.to(device) for k, v in merge_batches(batches, trainer.processing_class.pad_token_id).items()}
-        merged["num_items_in_batch"] = trainer.accelerator.gather(merged["completion_mask"].sum()).sum()
-        out = LossInputs.from_dict(merged)
+        out = LossInputs.from_dict(merged).counted(trainer.accelerator.gather)  # the merged rows' counts
         if out.behaviour_logps is not None:
             out.behaviour_logps = trainer.completion_logps(trainer.model, out.prompt_ids, out.prompt_mask,
                                                            out.completion_ids, out.attention())

@@ -20,7 +20,10 @@ string was not sampled, so it carries no policy gradient.
 
 Reward: the final answer, scored as single-turn RL scores it: the raw text of the episode's last
 submitted solution, graded by the stage's scorer (staged or binary for code); an episode that submitted
-none scores as an empty answer.
+none scores as an empty answer. When the episode can show test outcomes before its last answer
+(``max_solutions`` above 1, or ``tests_on_execute``), it runs on the task's shown tests and the reward
+grades the held-back rest (``molrl.tasks.held_out``), so no reward comes from a test whose expected
+value the feedback showed.
 
 Simplifications, stated: a step's rows advance in lockstep (one batched generate per round); a row whose
 next feedback would not leave room for another token before ``max_completion_length`` ends there
@@ -38,7 +41,6 @@ from typing import Any
 import torch
 from transformers import StoppingCriteria
 
-from molrl.chat import render
 from molrl.collect.actions import STOP_STRINGS, parse_action
 from molrl.collect.loop import Episode, environment_turns, start_episode, take_turn, think_prefill
 from molrl.collect.providers import build_providers
@@ -46,8 +48,9 @@ from molrl.errors import MolrlError
 from molrl.rl.batch import RolloutBatch, TokenRoles
 from molrl.rl.config import RlConfig
 from molrl.rl.rollouts.sync import Synchronous
+from molrl.tasks.held_out import shows_tests, split_tests
 from molrl.tasks.types import Task
-from molrl.traces.spans import tokenize_tail
+from molrl.traces.spans import encode_chat, tokenize_tail
 
 
 class TurnStop(StoppingCriteria):
@@ -103,9 +106,10 @@ class Turns(Synchronous):
         super().__init__(trainer, cfg, training)
         self.episode = dataclasses.replace(cfg.rollout.episode, max_turns=cfg.rollout.turns,
                                            enable_thinking=cfg.enable_thinking)
-        self.providers = build_providers(self.episode.feedback, self.episode)
+        self.providers = build_providers(self.episode.feedback, self.episode, trainer.processing_class)
         self.prefill = think_prefill(trainer.processing_class, cfg.enable_thinking)
         self.stops = list(dict.fromkeys([*self.episode.sampling.stop, *STOP_STRINGS]))
+        self.hold_back = shows_tests(cfg.rollout.turns, self.episode)  # reward on tests the feedback never showed
         if trainer.scorer.pool is None:
             raise MolrlError("rollout.turns > 1 runs the policy's code in the sandbox, but the trainer has no "
                              "sandbox pool; build it with molrl.rl.run.build_trainer")
@@ -113,7 +117,9 @@ class Turns(Synchronous):
     def rollout(self, inputs: list[dict[str, Any]]) -> RolloutBatch:
         """Run one episode per row of ``inputs`` (``task_json``; rows of a group share a task) and batch them."""
         start, group = time.perf_counter(), self.trainer.num_generations
-        rows = [self.start_row(Task.from_json(x["task_json"]), i % group) for i, x in enumerate(inputs)]
+        tasks = [Task.from_json(x["task_json"]) for x in inputs]
+        shown, held = zip(*(split_tests(t) if self.hold_back else (t, t) for t in tasks))
+        rows = [self.start_row(task, i % group) for i, task in enumerate(shown)]  # the feedback shows these tests
         while live := [r for r in rows if not r.episode.done]:
             self.round(live)
         generation_s = time.perf_counter() - start
@@ -122,7 +128,7 @@ class Turns(Synchronous):
         answers = [final_answer(r.episode) for r in rows]
         roles = TokenRoles([r.sampled for r in rows], [r.feedback for r in rows],
                            [r.episode.stop_reason != "token_limit" for r in rows])
-        batch = self.to_batch([{"prompt": p, "task_json": x["task_json"]} for p, x in zip(prompts, inputs)],
+        batch = self.to_batch([{"prompt": p, "task_json": t.to_json()} for p, t in zip(prompts, held)],  # reward's
                               [r.prompt_ids for r in rows], [r.ids for r in rows], answers, None, roles=roles)
         self.log(rows, generation_s)
         return batch
@@ -130,9 +136,8 @@ class Turns(Synchronous):
     def start_row(self, task: Task, sample: int) -> Row:
         """A fresh episode of ``task`` and its prompt ids."""
         episode = start_episode(task, sample, self.episode)
-        text = render(self.trainer.processing_class, episode.messages, add_generation_prompt=True,
-                      enable_thinking=self.episode.enable_thinking)
-        return Row(episode, self.trainer.processing_class(text, add_special_tokens=False)["input_ids"])
+        return Row(episode, encode_chat(self.trainer.processing_class, episode.messages, add_generation_prompt=True,
+                                        enable_thinking=self.episode.enable_thinking))
 
     def round(self, live: list[Row]) -> None:
         """One turn of every live row: generate, record, run the actions, append the rendered tails."""

@@ -9,7 +9,10 @@ it reads each job, has a zygote (see ``zygote.py``; neither ever reads a job) fo
 deadline, then kills their process groups and every process left under the slot's uids or below
 that zygote (a child subreaper, so orphans of the task re-parent to it), has them reaped, removes
 the job's files and SysV IPC objects, and reports the outcome. A task never inherits the job
-server's memory, which holds earlier jobs.
+server's memory, which holds earlier jobs. When the pool's end of the job pipe closes (its process
+died, even by SIGKILL, mid-job or between jobs) the job server kills the running job and exits, and
+with it the sandbox: bubblewrap's init ends and the kernel kills what is left in its pid namespace,
+and the zygotes die with the job server (PR_SET_PDEATHSIG).
 
 Two zygotes because a fork costs in proportion to the memory it copies: code that names a
 preimported module (``numpy`` in its text) is forked from the warm zygote, where that module is
@@ -32,6 +35,11 @@ if __package__ in (None, ""):  # run as a script inside the sandbox
 
 from . import codec, seccomp, task, zygote  # noqa: E402
 from .cleanup import kill_all, remove_ipc, remove_tree, scan_proc  # noqa: E402
+
+
+class PoolGone(Exception):
+    """The pool closed the job pipe while a job ran: its process is gone, and so should this one be."""
+
 
 def main() -> None:
     """Fork the lean and the warm zygote, then serve jobs until the pool closes the pipe."""
@@ -91,14 +99,18 @@ def serve(proto_in: int, proto_out: int, zygotes: zygote.Zygotes, slot: dict, ui
         if job.get("max_processes"):
             job["max_processes"] = int(job["max_processes"]) + nproc_base
         try:
-            result = run_job(job, slot, zygotes.for_job(job), uids)
+            result = run_job(job, slot, zygotes.for_job(job), uids, proto_in)
+        except PoolGone:
+            return
         except Exception as err:  # noqa: BLE001 - report, never die silently; the pool replaces us
             result = {"status": "sandbox_error", "replace": True, "error": f"worker: {type(err).__name__}: {err}"}
         task.write_msg(proto_out, result)
 
 
-def run_job(job: dict, slot: dict, link: zygote.ZygoteLink, uids: tuple) -> dict:
+def run_job(job: dict, slot: dict, link: zygote.ZygoteLink, uids: tuple, pool_fd: int) -> dict:
     """Run one job to completion or deadline, forked from the zygote ``link`` leads to; the raw outcome.
+
+    Raises ``PoolGone``, with the job's processes killed, when ``pool_fd`` (the job pipe) closes meanwhile.
 
     Assert tests' programs never pass through this process: the judge reads them straight from
     the pool (``slot["sources_fd"]``) and writes its verdicts straight back (``slot["verdicts_fd"]``).
@@ -116,7 +128,11 @@ def run_job(job: dict, slot: dict, link: zygote.ZygoteLink, uids: tuple) -> dict
     if judged:
         zygote.send_job(pipes.judge_job_w, job, dict(io, stdout=os.devnull, stderr=os.devnull, work="/"))
     events = bytearray()
-    statuses, timed_out = _wait(link, pids, events, deadline, cap)
+    try:
+        statuses, timed_out = _wait(link, pids, events, deadline, cap, pool_fd)
+    except PoolGone:
+        kill_all(pids, uids, bool(slot.get("pid_namespace")), root=link.pid)
+        raise
     killed_at = time.monotonic()
     stray = kill_all(pids, uids, bool(slot.get("pid_namespace")), root=link.pid)
     if stray or not set(pids) <= set(statuses):  # else the zygote has reaped them all already
@@ -172,11 +188,13 @@ def _clean_up(io: dict, uids: tuple) -> list[str]:
     return left + ([f"work dir {work}"] if work else [])
 
 
-def _wait(link: zygote.ZygoteLink, pids: list[int], events: bytearray, deadline: float, cap: int):
+def _wait(link: zygote.ZygoteLink, pids: list[int], events: bytearray, deadline: float, cap: int, pool_fd: int):
     """Collect result records until the job's processes exit, or the deadline: (statuses, timed out).
 
     Waiting stops when the processes themselves exit, not when a pipe closes: a daemonised
-    grandchild holding the result pipe open must not stretch the job to its deadline.
+    grandchild holding the result pipe open must not stretch the job to its deadline. The job pipe
+    ``pool_fd`` carries nothing while a job runs (the pool waits for the outcome), so its turning
+    readable means end of file: ``PoolGone``.
     """
     result_r, report_r = link.pipes.result_r, link.pipes.report_r
     statuses = zygote.exit_statuses(link.lines(0))
@@ -184,7 +202,9 @@ def _wait(link: zygote.ZygoteLink, pids: list[int], events: bytearray, deadline:
         left = deadline - time.monotonic()
         if left <= 0:
             return statuses, True
-        ready, _, _ = select.select([report_r, result_r], [], [], left)
+        ready, _, _ = select.select([report_r, result_r, pool_fd], [], [], left)
+        if pool_fd in ready:
+            raise PoolGone()
         if result_r in ready:
             _drain(result_r, events, cap, once=True)
         if report_r in ready:

@@ -1,0 +1,64 @@
+"""A Trainer's progress as one bar of the shared console (``molrl.console``), with live figures.
+
+It lives apart from ``molrl.console`` because it subclasses transformers' ``TrainerCallback``: the
+console is loaded by the CLI before it checks a config, which must not wait for transformers and torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, Mapping
+
+from transformers import TrainerCallback
+
+from molrl import cpu
+from molrl.console import StageBar, figures_text, stage_bar, verbose
+
+log = logging.getLogger(__name__)
+
+
+class TrainerProgress(TrainerCallback):
+    """A Trainer's progress as one bar with live figures (replaces its tqdm bar and printed dicts)."""
+
+    def __init__(self, description: str, figures: Mapping[str, str]):
+        self.description, self.figures = description, dict(figures)
+        self._bar: contextlib.ExitStack | None = None
+        self._handle: StageBar | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        self._bar = contextlib.ExitStack()
+        self._handle = self._bar.enter_context(stage_bar(self.description, state.max_steps, state.global_step))
+
+    def on_step_end(self, args, state, control, **kwargs):
+        cpu.tick()
+        if self._handle is not None:
+            self._handle.update(completed=state.global_step)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        if verbose():
+            log.debug("%s step %d: %s", self.description, state.global_step, logs)
+        if self._handle is not None and any(key in logs for key in self.figures):
+            self._handle.update(completed=state.global_step, figures=figures_text(self.figures, logs))
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = self._handle = None
+
+
+def use_trainer_progress(trainer: Any, description: str, figures: Mapping[str, str]) -> None:
+    """Give ``trainer`` one bar with ``figures`` (log key -> label) instead of tqdm and printed dicts."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    for callback in (ProgressCallback, PrinterCallback):
+        trainer.remove_callback(callback)
+    with contextlib.suppress(ImportError):
+        from transformers.utils.notebook import NotebookProgressCallback
+
+        trainer.remove_callback(NotebookProgressCallback)
+    trainer.add_callback(TrainerProgress(description, figures))
