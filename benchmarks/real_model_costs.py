@@ -1,7 +1,7 @@
 """Costs side by side in one run, on a real pretrained model (SmolLM2-135M-Instruct) and real MINT traces.
 
-Every figure is a ratio of two variants timed in the same process, interleaved (A, B, A, B, ...), so a
-machine shared with other work slows both alike; each reports the median ratio and the ratio of every pair,
+Every figure is a ratio of variants timed in the same process, interleaved (A, B, A, B, ...), so a
+machine shared with other work slows them alike; each reports the median ratio and the ratio of every round,
 never a speed on its own.
 
   mol_vs_ce     molrl's MoL step (``MolTrainer.compute_loss`` + backward, as benchmarks/mol_step.py times it) over
@@ -25,7 +25,8 @@ never a speed on its own.
   generation_bN molrl's ``TransformersGenerator`` against plain ``model.generate`` on the same chat prompts
                 (``render_prompts``), greedy, batch N: the ratio of their tokens per second.
 
-    python benchmarks/real_model_costs.py --model /tmp/smol --traces ../shared/data/traces/mint
+    python benchmarks/real_model_costs.py --model DIR --traces ../shared/data/traces/mint \\
+        --math500 ../shared/data/math500/test.jsonl
     python benchmarks/real_model_costs.py --gguf PATH/SmolLM2-135M-Instruct.Q4_1.gguf --traces DIR --quick
 
 Results go to ``--out`` (default runs/real_model_costs, with ``--quick`` runs/real_model_costs_quick):
@@ -69,7 +70,7 @@ def now() -> float:
     return time.perf_counter()
 
 
-def interleaved(runs: dict[str, Callable[[int], dict]], pairs: int, warmup: int) -> dict:
+def interleaved(runs: dict[str, Callable[[int], dict]], rounds: int, warmup: int) -> dict:
     """Runs the variants in turn, A, B, A, B, ... (``warmup`` untimed rounds first); a run returns a dict with its
     seconds under "s" and takes the round's index (negative in warm-up).
 
@@ -81,10 +82,10 @@ def interleaved(runs: dict[str, Callable[[int], dict]], pairs: int, warmup: int)
         for name in names:
             runs[name](-1 - i)
     out: dict[str, list[dict]] = {name: [] for name in names}
-    for i in range(pairs):
+    for i in range(rounds):
         for name in names:
             out[name].append(runs[name](i))
-        print(f"  round {i + 1}/{pairs}: " + " / ".join(f"{name} {out[name][-1]['s']:.2f} s" for name in names),
+        print(f"  round {i + 1}/{rounds}: " + " / ".join(f"{name} {out[name][-1]['s']:.2f} s" for name in names),
               flush=True)
     ratios = {name: [x["s"] / y["s"] for x, y in zip(out[name], out[names[-1]])] for name in names[:-1]}
     return {"runs": out, "ratios_to_last": ratios, "ratios": ratios[names[0]],
@@ -261,8 +262,9 @@ def measure_mol_profile(args: argparse.Namespace, path: str) -> dict:
         model.zero_grad(set_to_none=True)
         events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
         total = sum(e.self_cpu_time_total for e in events)
-        out[name] = {"total_s": total / 1e6, "top": [{"op": e.key, "calls": e.count, "self_s": e.self_cpu_time_total / 1e6}
-                                                      for e in events[:args.profile_rows]]}
+        top = [{"op": e.key, "calls": e.count, "self_s": e.self_cpu_time_total / 1e6}
+               for e in events[:args.profile_rows]]
+        out[name] = {"total_s": total / 1e6, "top": top}
     return out
 
 
@@ -522,11 +524,13 @@ def markdown(record: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="/tmp/smol", help="a plain transformers model directory")
-    parser.add_argument("--gguf", help="a GGUF file, converted once into runs/real_model_costs/models/ (replaces --model)")
+    parser.add_argument("--model", help="a plain transformers model directory (molrl export --gguf makes one)")
+    parser.add_argument("--gguf", help="a GGUF file, converted once into runs/real_model_costs/models/ "
+                                       "(replaces --model)")
     parser.add_argument("--traces", required=True, help="the MINT trace folder (its *.jsonl files)")
     parser.add_argument("--math500", help="MATH-500 test.jsonl for the RL and generation prompts (default: 8 built-in)")
-    parser.add_argument("--out", help="output folder (default runs/real_model_costs, --quick: runs/real_model_costs_quick)")
+    parser.add_argument("--out", help="output folder (default runs/real_model_costs; with --quick "
+                                      "runs/real_model_costs_quick)")
     parser.add_argument("--quick", action="store_true", help="small settings where not given: " + ", ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items()))
     parser.add_argument("--only", help="comma-separated measurements: loss_memory, mol_vs_ce, mol_profile, rl_vs_trl, "
@@ -545,6 +549,8 @@ def main() -> None:
     for key, value in QUICK.items() if args.quick else ():
         if getattr(args, key) == parser.get_default(key):
             setattr(args, key, value)
+    if not (args.model or args.gguf):
+        parser.error("give --model DIR or --gguf FILE")
     args.out = args.out or ("runs/real_model_costs_quick" if args.quick else "runs/real_model_costs")
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -552,7 +558,7 @@ def main() -> None:
     path = model_dir(args)
     record_file = out / "costs.json"
     record = json.loads(record_file.read_text()) if record_file.is_file() else {"results": {}}
-    record["environment"] = environment(args)
+    env = environment(args)  # the record's environment is that of the last run that measured something
     common = {"model": path, "threads": args.threads, "pairs": args.pairs, "warmup": args.warmup}
     plan = {
         "loss_memory": ({"seq_lens": args.memory_seq_lens}, lambda: measure_loss_memory(args, path)),
@@ -576,8 +582,9 @@ def main() -> None:
         print(f"{name} ...", flush=True)
         t0 = now()
         result = measure()
-        record["results"][name] = {**result, "settings": settings, "date": record["environment"]["date"],
-                                   "command": record["environment"]["command"], "wall_s": now() - t0}
+        record["environment"] = env
+        record["results"][name] = {**result, "settings": settings, "date": env["date"], "command": env["command"],
+                                   "load_average": env["load_average"], "wall_s": now() - t0}
         record_file.write_text(json.dumps(record, indent=1))
         gc.collect()
     text = markdown(record)
