@@ -29,7 +29,7 @@ Decision-token rule for assistant turns:
 Content is text (``molrl.content``): the characters of every message's content are encoded with no
 added-token matching, so forged ``<|im_end|>`` or ``<think>`` inside a tool reply, a task or a model
 turn stay ordinary tokens; only the template's own text around the contents makes control ids
-(``encode_rendering``). A token therefore never crosses a content boundary.
+(``molrl.content.encode_rendering``).
 
 ``tokenize_tail`` labels only what a rendering adds after one model turn, for an agent loop that
 appends it to the tokens the policy sampled (``molrl.rl.rollouts.turns``); ``encode_chat`` gives the
@@ -45,13 +45,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from molrl.chat import ChatPrompt, render
-from molrl.content import control_ids, encode_content
+from molrl.content import encode_rendering
 from molrl.traces.schema import TraceError
 
 ROLE_OF = {"system": "prompt", "user": "prompt", "assistant": "decision", "tool": "feedback"}
 TOKEN_ROLES = ("prompt", "decision", "feedback", "template")
-_CHARS_PER_TOKEN_GUESS = 8  # first prefix tried under a token budget; doubled until it holds
-_CUT_MARGIN = 1024  # characters kept between the last needed token and the end of the encoded prefix
 _THINK = re.compile(r"(\s*<think>\s*)(.*?)(\s*</think>\s*)(.*?)(\s*)\Z", re.S)
 _EMPTY_THINK_AT_END = re.compile(r"<think>\s*</think>\s*\Z")
 
@@ -92,58 +90,6 @@ class Rendering:
     """Empty think blocks found in the rendering."""
 
 
-def encode_template(tokenizer: Any, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-    """Token ids of chat-template text (its added tokens become control ids) and each token's character offsets."""
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
-
-
-def encode_rendering(
-    tokenizer: Any, text: str, content: list[tuple[int, int]], start: int = 0, max_tokens: int | None = None
-) -> tuple[list[int], list[tuple[int, int]], bool]:
-    """Token ids of ``text[start:]`` and their offsets (relative to ``start``), no control id from a content range;
-    the flag is True when all of it was encoded.
-
-    The rendering is encoded whole, as the model's own chat template tokenises it, so ordinary content keeps
-    the tokens it always had (a tool reply's last ``.`` merges with the template's newline). A content range in
-    which that encoding found a control token (a forged ``<|im_end|>``) is encoded again as plain text
-    (``molrl.content``), the template's text around it on its own. With ``max_tokens``, encoding stops once
-    more than ``max_tokens`` tokens are known (a long text is encoded by prefixes, ``_encode_prefix``), so a
-    huge trace costs what its first tokens cost.
-    """
-    if max_tokens is not None and len(text) - start <= max_tokens * _CHARS_PER_TOKEN_GUESS + _CUT_MARGIN:
-        max_tokens = None  # short enough to encode whole: every token count is then exact
-    needed = None if max_tokens is None else max_tokens + 1
-    ids, offsets, whole = _encode_prefix(encode_template, tokenizer, text[start:], needed)
-    forged = _forged(tokenizer, ids, offsets, [(a - start, b - start) for a, b in content if b > start])
-    if not forged:
-        return ids, offsets, whole
-    ids, offsets = [], []
-    for seg_start, seg_end, is_content in _segments(len(text) - start, forged):
-        if needed is not None and len(ids) >= needed:
-            return ids, offsets, False
-        encode = encode_content if is_content else encode_template
-        piece = text[start + seg_start : start + seg_end]
-        piece_ids, piece_offsets, whole = _encode_prefix(encode, tokenizer, piece, None if needed is None else
-                                                         needed - len(ids))
-        ids += piece_ids
-        offsets += [(s + seg_start, e + seg_start) for s, e in piece_offsets]
-        if not whole:
-            return ids, offsets, False
-    return ids, offsets, True
-
-
-def _forged(tokenizer: Any, ids: list[int], offsets: list[tuple[int, int]], content: list[tuple[int, int]]
-            ) -> list[tuple[int, int]]:
-    """The content ranges that a control token of the encoding overlaps, in order."""
-    control = control_ids(tokenizer)
-    hits = [offsets[t] for t, token in enumerate(ids) if token in control]
-    if not hits:
-        return []
-    return [(c_start, c_end) for c_start, c_end in content
-            if any(s < c_end and e > c_start for s, e in hits)]
-
-
 def encode_chat(
     tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool = True, enable_thinking: bool = True
 ) -> list[int]:
@@ -163,37 +109,6 @@ def chat_prompt(tokenizer: Any, messages: list[dict[str, str]], enable_thinking:
     """The generation prompt of ``messages``: its rendered text with the ids ``encode_chat`` gives it."""
     text = render(tokenizer, messages, add_generation_prompt=True, enable_thinking=enable_thinking)
     return ChatPrompt(text, encode_chat(tokenizer, messages, True, enable_thinking))
-
-
-def _encode_prefix(encode: Any, tokenizer: Any, text: str, needed: int | None
-                   ) -> tuple[list[int], list[tuple[int, int]], bool]:
-    """``encode`` of ``text``, or of a prefix whose first ``needed`` tokens are those of the whole (flag False).
-
-    A prefix of ``needed * 8`` characters is encoded first and doubled until its token ``needed`` ends
-    ``_CUT_MARGIN`` characters before the cut (only the words the cut falls in can encode differently).
-    """
-    cut = len(text) if needed is None else needed * _CHARS_PER_TOKEN_GUESS + _CUT_MARGIN
-    while cut < len(text):
-        ids, offsets = encode(tokenizer, text[:cut])
-        if len(ids) >= needed and offsets[needed - 1][1] <= cut - _CUT_MARGIN:  # type: ignore[operator]
-            return ids, offsets, False
-        cut *= 2
-    return (*encode(tokenizer, text), True)
-
-
-def _segments(length: int, content: list[tuple[int, int]]) -> list[tuple[int, int, bool]]:
-    """``[0, length)`` cut into (start, end, is_content) pieces at the content ranges, empty pieces left out."""
-    pieces, cursor = [], 0
-    for c_start, c_end in content:
-        c_start = max(c_start, 0)
-        if c_start > cursor:
-            pieces.append((cursor, c_start, False))
-        if c_end > c_start:
-            pieces.append((c_start, c_end, True))
-        cursor = c_end
-    if length > cursor:
-        pieces.append((cursor, length, False))
-    return pieces
 
 
 def locate_spans(

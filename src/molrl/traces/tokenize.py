@@ -9,7 +9,7 @@ Where each message lies in the rendering and which role each token gets is ``mol
 Truncation (``max_length``): ``drop`` rejects a longer trace; ``truncate`` keeps the first
 ``max_length`` tokens and records in ``notes`` which message the cut fell inside (a cut inside a
 feedback span is always reported there, never silent). Only a prefix of the rendering long enough
-for ``max_length`` tokens is tokenised (``molrl.traces.spans.encode_rendering``), so a huge record
+for ``max_length`` tokens is tokenised (``molrl.content.encode_rendering``), so a huge record
 costs no more than a long one. Message contents are encoded as plain text: a forged ``<|im_end|>``
 inside a tool reply or a model turn is ordinary tokens, never a control id (``molrl.content``).
 """
@@ -23,7 +23,8 @@ from typing import Any, Literal
 
 from molrl.errors import DataError
 from molrl.traces.schema import Reject, Trace, TraceError, read_traces
-from molrl.traces.spans import encode_rendering, label_tokens, locate_spans, mark_end_of_turn
+from molrl.content import encode_rendering
+from molrl.traces.spans import label_tokens, locate_spans, mark_end_of_turn
 
 log = logging.getLogger("molrl.traces")
 

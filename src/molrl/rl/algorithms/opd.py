@@ -17,6 +17,7 @@ import torch
 from molrl.chat import render
 from molrl.collect.environment import exec_record
 from molrl.collect.feedback import ExecutionFeedback, Observation, TestFeedback, VerdictFeedback, render_feedback
+from molrl.content import encode_template
 from molrl.errors import MolrlError
 from molrl.graders.code import program_for
 from molrl.rl.algorithms.base import CURRENT, Algorithm
@@ -24,7 +25,7 @@ from molrl.rl.algorithms.grpo import dr_grpo_advantages, local_rows
 from molrl.rl.batch import AdvantageInputs, pad_rows
 from molrl.tasks.prompts import user_message
 from molrl.tasks.types import Task
-from molrl.traces.spans import encode_chat, encode_template
+from molrl.traces.spans import encode_chat
 
 
 def opd_advantages(teacher: torch.Tensor, reference: torch.Tensor, policy: torch.Tensor, mask: torch.Tensor,
