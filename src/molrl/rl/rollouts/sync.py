@@ -5,7 +5,7 @@ A rollout policy subclasses ``Synchronous`` and is entered by name in ``molrl.rl
 Shared here: sampling a step's groups in rounds (``rollout.rounds``; a subclass may act before each
 round), turning sampled token rows into a ``RolloutBatch`` (padding, the behaviour, vLLM-correction and
 reference log-probs), the training buffer of earlier steps' rows (``rollout.buffer_batches``), and the
-sampling-error metric.
+sampling-error metric (from the loss's own log-probs where they are the sampling policy's: ``WaitingError``).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import copy
 import math
 import time
 from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,6 +30,35 @@ from molrl.rl.props import sampling_error_by_entropy, shared_state_sampling_erro
 from molrl.tasks.types import Task
 
 
+@dataclass
+class WaitingError:
+    """An update's rows whose sampling error waits for the loss's log-probs of them, which come a micro-batch at a
+    time in TRL's shuffled order (``Synchronous.record_loss_logps``)."""
+
+    completion_ids: torch.Tensor
+    """[B, T] the update's completion ids, in the generation batch's order (rows of a group together)."""
+    completion_mask: torch.Tensor
+    """[B, T] 1 on its loss tokens."""
+    group: int
+    """G: rows ``g*G .. g*G+G-1`` share a prompt."""
+    logps: torch.Tensor | None = None
+    """[B, T] the loss's log-probs (at the sampling temperature), filled in row by row."""
+    entropies: torch.Tensor | None = None
+    """[B, T] the policy's entropy at each state, filled in alongside."""
+    seen: set[int] = field(default_factory=set)
+    """The rows filled in so far."""
+
+    def add(self, rows: torch.Tensor, logps: torch.Tensor, entropies: torch.Tensor) -> bool:
+        """Put a micro-batch's ``logps`` and ``entropies`` [b, T] at its ``rows`` [b]; True once every row is in."""
+        if self.logps is None or self.entropies is None:
+            self.logps = logps.new_zeros(self.completion_ids.shape)  # [B, T]
+            self.entropies = entropies.new_zeros(self.completion_ids.shape)  # [B, T]
+        self.logps[rows] = logps
+        self.entropies[rows] = entropies
+        self.seen.update(rows.tolist())
+        return len(self.seen) == self.completion_ids.size(0)
+
+
 class Synchronous:
     """Synchronous sampling: every completion of the step, from the policy being trained, in ``rounds`` rounds."""
 
@@ -36,6 +66,7 @@ class Synchronous:
         self.trainer, self.cfg = trainer, cfg
         self.rounds = cfg.rollout.resolved_rounds() if training else 1
         self.past: deque = deque(maxlen=(cfg.rollout.resolved_buffer() if training else 1) - 1)  # earlier steps' rows
+        self.waiting: WaitingError | None = None  # the last update's rows, until the loss has read them all
 
     # the policy
     def rollout(self, inputs: list[dict[str, Any]]) -> RolloutBatch:
@@ -137,11 +168,16 @@ class Synchronous:
     # what the loss trains on
     def finish(self, inputs: LossInputs) -> LossInputs:
         """The rows the loss trains on: the step's, after the buffer's (``rollout.buffer_batches``), with the
-        sampling error of them logged (``rollout.sampling_error``)."""
+        sampling error of them logged (``rollout.sampling_error``): now, or once the loss has read every row."""
         if self.past.maxlen:
             inputs = self.with_past_batches(inputs)
         if self.cfg.rollout.sampling_error:
-            self.log_sampling_error(inputs)
+            self.waiting = None
+            if self.error_from_loss(inputs):
+                self.waiting = WaitingError(inputs.completion_ids, inputs.completion_mask, self.trainer.group_size())
+                inputs.row_index = torch.arange(inputs.completion_ids.size(0), device=inputs.completion_ids.device)
+            else:
+                self.log_sampling_error(inputs)
         return inputs
 
     def with_past_batches(self, inputs: LossInputs) -> LossInputs:
@@ -160,25 +196,50 @@ class Synchronous:
         trainer.metrics()["buffer/rows"].append(float(out.completion_ids.size(0)))
         return out
 
+    def error_from_loss(self, inputs: LossInputs) -> bool:
+        """Whether the loss's own log-probs give this update's sampling error: it has no behaviour log-probs (so
+        each optimiser step takes whole generation batches, and the loss reads every row under the policy that
+        sampled it, before that policy steps) and TRL's split of it into micro-batches drops no row."""
+        trainer = self.trainer
+        parts = trainer.args.steps_per_generation if trainer.model.training else 1  # evaluation: one whole batch
+        return inputs.behaviour_logps is None and inputs.completion_ids.size(0) % parts == 0
+
+    def record_loss_logps(self, batch: LossInputs, logps: torch.Tensor, entropies: torch.Tensor) -> None:
+        """Take the loss's detached log-probs and entropies [b, T] of a micro-batch (rows ``batch.row_index`` of the
+        update ``finish`` returned); once every row's are in, log the update's sampling error from them."""
+        waiting = self.waiting
+        if waiting is None or batch.row_index is None or not waiting.add(batch.row_index, logps, entropies):
+            return
+        self.waiting = None
+        self.log_error(waiting.completion_ids, waiting.completion_mask, waiting.group, waiting.logps, waiting.entropies)
+
     def log_sampling_error(self, inputs: LossInputs) -> None:
-        """``sampling_error``: KL(empirical || policy) at states two or more of a prompt's completions share,
-        over the rows of this update (``props.shared_state_sampling_error``), under the current policy."""
+        """The sampling error of this update's rows, now: from its behaviour log-probs (the current policy's,
+        computed at the step's start), else from a no-grad forward pass of the current policy."""
         trainer = self.trainer
         logps = inputs.behaviour_logps
-        if logps is None:  # (behaviour log-probs, when present, are the current policy's: computed at the step's start)
+        if logps is None:
             logps = trainer.completion_logps(trainer.model, inputs.prompt_ids, inputs.prompt_mask, inputs.completion_ids,
                                              inputs.attention())
-        error, states = shared_state_sampling_error(inputs.completion_ids.cpu(), logps.cpu(),
-                                                    inputs.completion_mask.cpu(), trainer.group_size())
-        metrics = trainer.metrics()
+        entropies = None
+        if self.cfg.rollout.sampling_error_split is not None:
+            entropies = trainer.completion_entropies(trainer.model, inputs.prompt_ids, inputs.prompt_mask,
+                                                     inputs.completion_ids, inputs.completion_mask)
+        self.log_error(inputs.completion_ids, inputs.completion_mask, trainer.group_size(), logps, entropies)
+
+    def log_error(self, completion_ids: torch.Tensor, completion_mask: torch.Tensor, group: int, logps: torch.Tensor,
+                  entropies: torch.Tensor | None) -> None:
+        """``sampling_error``: KL(empirical || policy) at states two or more of a prompt's completions share,
+        over the rows of an update (``props.shared_state_sampling_error``), and its split by the entropy at the state
+        (``rollout.sampling_error_split``); ``logps`` and ``entropies`` [B, T] are the current policy's."""
+        ids, mask, logps = completion_ids.cpu(), completion_mask.cpu(), logps.cpu()
+        error, states = shared_state_sampling_error(ids, logps, mask, group)
+        metrics = self.trainer.metrics()
         metrics["sampling_error"].append(error)
         metrics["sampling_error/shared_states"].append(float(states))
         threshold = self.cfg.rollout.sampling_error_split
-        if threshold is not None:
-            entropies = trainer.completion_entropies(trainer.model, inputs.prompt_ids, inputs.prompt_mask,
-                                                     inputs.completion_ids, inputs.completion_mask)
-            split = sampling_error_by_entropy(inputs.completion_ids.cpu(), logps.cpu(), entropies.cpu(),
-                                              inputs.completion_mask.cpu(), trainer.group_size(), threshold)
+        if threshold is not None and entropies is not None:
+            split = sampling_error_by_entropy(ids, logps, entropies.cpu(), mask, group, threshold)
             for name, (value, count) in split.items():
                 metrics[f"sampling_error/{name}_entropy"].append(value)
                 metrics[f"sampling_error/{name}_entropy_states"].append(float(count))
