@@ -199,7 +199,7 @@ def test_demo_worlds_and_the_study_world(tmp_path, capsys):
     assert list(WORLDS) == ["chain", "long", "digit"]  # the first is molrl demo's default
     assert WORLDS["chain"]["default"].world.max_steps == 6 and WORLDS["long"]["default"].world.max_steps == 24
     assert set(WORLD_CONFIGS) == set(WORLDS)
-    assert main(["demo", "--study", "--world", "long", "--out", str(tmp_path)]) != 0  # the study is the digit world's
+    assert main(["demo", "--study", "--world", "long", "--out", str(tmp_path)]) != 0  # studies: chain and digit
     assert not any(tmp_path.iterdir())
 
 

@@ -1,4 +1,5 @@
-"""``molrl demo --study``: the verdict rule in closed form, and the quick study end to end (slow)."""
+"""``molrl demo --study``: the verdict rule in closed form, the arms each world runs, and the quick chain study end
+to end (every table, verdict line and plot; finished runs reused); the digit world's quick study is slow."""
 
 from __future__ import annotations
 
@@ -7,15 +8,46 @@ import re
 import pytest
 
 from molrl.cli import main
-from molrl.demo.study_report import cell, verdict
+from molrl.demo.seeds import cell
+from molrl.demo.verdict import closing_weight, decider, seeds_needed, verdict
+
+NUMBER = r"\d\.\d+ ± \d\.\d+"
+VERDICT = r"\*\*: (holds|refuted|undecided) \("
 
 
-def test_verdict_needs_every_seed_and_two_standard_errors():
+def test_a_claim_holds_only_past_two_standard_errors_with_every_seed_on_its_side():
     # d = [0.1, 0.1, 0.7]: mean 0.3, sd = sqrt((0.04 + 0.04 + 0.16) / 2) = 0.3464, se = 0.2; 0.3 < 2 se
-    assert verdict([0.1, 0.1, 0.7]) == "mixed"
-    assert verdict([0.2, 0.2, 0.2]) == "reproduced"  # se 0
-    assert verdict([0.0, 0.0, 0.0]) == "not reproduced"
-    assert verdict([-0.3, 0.1, -0.2]) == "mixed"
+    assert verdict([0.1, 0.1, 0.7]) == "undecided"
+    # d = [0.2, 0.3, 0.4]: mean 0.3, sd 0.1, se 0.0577; 0.3 > 0.115 and every d > 0
+    assert verdict([0.2, 0.3, 0.4]) == "holds"
+    assert verdict([-0.2, -0.3, -0.4]) == "refuted"  # the same the other way
+    assert verdict([0.2, 0.2, 0.2]) == "holds"  # se 0
+    # d = [0.5, 0.5, 0.5, -0.01]: mean 0.3725 over 2 se = 0.255, but one seed has the other sign
+    assert verdict([0.5, 0.5, 0.5, -0.01]) == "undecided"
+    assert verdict([0.0, 0.0, 0.0]) == "undecided"  # no seed on either side
+    assert verdict([0.9]) == "undecided"  # one seed has no standard error
+
+
+def test_the_seeds_an_undecided_claim_needs_follow_from_its_mean_and_spread():
+    # d = [0.1, 0.1, 0.7]: sd^2 = 0.12, mean^2 = 0.09; |mean| > 2 sd / sqrt(n) needs n > 4 * 0.12 / 0.09 = 5.33
+    assert seeds_needed([0.1, 0.1, 0.7]) == 6
+    # d = [0.2, 0.4]: mean 0.3, sd^2 = 0.02; n > 4 * 0.02 / 0.09 = 0.89, but never fewer than 2
+    assert seeds_needed([0.2, 0.4]) == 2
+    assert seeds_needed([0.1, -0.1]) is None  # mean 0: no number of seeds
+    assert decider([0.1, 0.1, 0.7]) == "mean +0.300 under 2 s.e. = 0.400; at this spread about 6 seeds would put it " \
+                                       "past 2 s.e."
+    assert decider([0.5, 0.5, 0.5, -0.01]) == "mean +0.372 over 2 s.e. = 0.255, but 1 of 4 seeds has the other sign"
+    assert "second seed" in decider([0.3])
+
+
+def test_the_closing_weight_is_the_least_that_ends_the_drop_without_losing_held_out():
+    rows = [(0.0, "holds", "undecided"), (0.05, "holds", "undecided"), (0.3, "undecided", "holds"),
+            (1.0, "undecided", "undecided")]
+    assert closing_weight(rows).startswith("weight 1:")  # 0.05 still drops; 0.3 loses held-out
+    assert closing_weight(rows[:3]).startswith("no weight tried") and "0.3: held-out lost" in closing_weight(rows[:3])
+    assert closing_weight([(0.0, "undecided", "undecided"), *rows[1:]]).startswith("no weight needed")
+    with pytest.raises(ValueError, match="weight 0"):
+        closing_weight(rows[1:])
 
 
 def test_cell_gives_mean_standard_error_and_seeds():
@@ -23,15 +55,74 @@ def test_cell_gives_mean_standard_error_and_seeds():
     assert cell([0.2, 0.4], 2) == "0.30 ± 0.10 [0.20, 0.40]"
 
 
-@pytest.mark.slow
-def test_quick_study_fills_every_table(tmp_path):
+def test_the_chain_study_keeps_the_demos_runs_as_they_are_and_its_world_and_base():
+    from molrl.demo.run import CHAIN_PRESETS, config_dir
+    from molrl.demo.study import chain_study_config
+    from molrl.pipeline import load_pipeline_config
+
+    demo = load_pipeline_config(config_dir() / "pipeline_chain.yaml", ["model=m"])
+    study = chain_study_config(demo, "expert.jsonl", 0, "study")  # type: ignore[arg-type]
+    assert all(run in study.mol_runs for run in demo.mol_runs) and all(run in study.rl_runs for run in demo.rl_runs)
+    assert CHAIN_PRESETS["study"] == CHAIN_PRESETS["default"]
+    names = {r.name: r for r in [*study.mol_runs, *study.rl_runs]}
+    assert len(study.mol_runs) == 11 and len(study.rl_runs) == 8
+    assert names["mol_kl0"].overrides == ["loss.mode=mol", "loss.kl_weight=0"]
+    assert names["mol+grpo_dkl0.3"].overrides == ["algorithm=grpo", "terms.decision_kl=0.3"]
+    assert "data.traces=[expert.jsonl," in " ".join(names["ce-expert"].overrides)
+
+
+def test_a_report_over_an_unfinished_seed_names_the_seed_and_the_missing_score(tmp_path):
+    from molrl.demo.study_arms import CHAIN
+    from molrl.demo.study_report import write_study_report
+    from molrl.errors import MolrlError
+
+    run = tmp_path / "seed-0" / "pipeline"
+    (run / "eval").mkdir(parents=True)
+    with pytest.raises(MolrlError, match=r"seed-0/pipeline: no \w+ score of mol; finish the study there"):
+        write_study_report([run], tmp_path, CHAIN)
+
+
+def test_quick_chain_study_fills_every_table_and_reuses_finished_runs(tmp_path):
     assert main(["demo", "--study", "--quick", "--seeds", "2", "--out", str(tmp_path)]) == 0
     report = (tmp_path / "study.md").read_text()
-    for title in ("## 1. MoL vs CE", "## 2. MoL length", "## 3. GRPO vs Dr.GRPO", "## 4. Staged vs binary",
+    for title in ("## 1. MoL vs CE", "## 2. MoL length", "## 3. GRPO vs Dr.GRPO", "## 4. Staged vs binary code reward: "
+                  "not measured", "## 5. The KL dose", "## 6. GRPO from MoL with MoL's decision KL", "## Time",
                   "## Headline over 2 seeds"):
+        assert title in report, title
+    rows = [line for line in report.splitlines() if line.startswith("| ") and re.search(NUMBER, line)]
+    # 6 loss rows, 4 MoL lengths, 2 algorithms, 4 KL doses, 4 RL weights, and the headline: base+grpo against
+    # mol_1ep+grpo, mol_3ep+grpo and mol+grpo, 2 models x 2 benchmarks each
+    assert len(rows) == 6 + 4 + 2 + 4 + 4 + 12
+    for row in rows:  # every cell after the row's labels holds a number
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        numeric = [c for c in cells if re.fullmatch(r"[\d.]+ ± [\d.]+( \[.*\])?|[\d.]+–[\d.]+|[\d., ]+", c)]
+        assert len(numeric) >= len(cells) - 3 and "nan" not in row, row
+    # claim 1: 3 per trace source; 2: 3; 3: 2; 5: 2 per non-zero dose and the dose's control; 6: 1 + 3 per weight
+    assert len(re.findall(VERDICT, report)) == 6 + 3 + 2 + 7 + 10
+    assert re.search(r"The weight that closes the drop .*: \*\*(weight [\d.]+|no weight (needed|tried))", report)
+    assert re.search(r"The whole study: \*\*\d+\.\d minutes\*\* of stage time over 2 seeds", report)
+    for png in ("decision_kl.png", "completion_length.png", "kl_dose.png", "rl_decision_kl.png", "general_vs_heldout.png"):
+        assert f"(plots/{png})" in report and (tmp_path / "plots" / png).stat().st_size > 10_000
+    expert = (tmp_path / "seed-0" / "expert" / "traces.jsonl").read_text()
+    assert "I will walk the chain." in expert and "The chain's last value is" in expert
+    kl_term = (tmp_path / "seed-0" / "pipeline" / "grpo" / "mol+grpo_dkl0.3" / "metrics.jsonl").read_text()
+    assert '"loss/decision_kl"' in kl_term
+
+    done = {p: p.stat().st_mtime_ns for p in tmp_path.glob("seed-*/pipeline/**/DONE")}
+    assert len(done) == 2 * (1 + 11 + 8 + 20)  # collect, MoL, RL, eval of each seed
+    assert main(["demo", "--study", "--quick", "--seeds", "2", "--out", str(tmp_path)]) == 0  # all reused
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.glob("seed-*/pipeline/**/DONE")} == done
+    assert (tmp_path / "study.md").read_text().split("## Time")[0] == report.split("## Time")[0]
+
+
+@pytest.mark.slow
+def test_quick_digit_study_fills_every_table(tmp_path):
+    assert main(["demo", "--study", "--quick", "--world", "digit", "--seeds", "2", "--out", str(tmp_path)]) == 0
+    report = (tmp_path / "study.md").read_text()
+    for title in ("## 1. MoL vs CE", "## 2. MoL length", "## 3. GRPO vs Dr.GRPO", "## 4. Staged vs binary",
+                  "## Time", "## Headline over 2 seeds"):
         assert title in report
-    number = r"\d\.\d+ ± \d\.\d+"
-    rows = [line for line in report.splitlines() if line.startswith("| ") and re.search(number, line)]
+    rows = [line for line in report.splitlines() if line.startswith("| ") and re.search(NUMBER, line)]
     # 6 loss rows, 4 MoL-length rows, 2 algorithm rows, 2 reward rows, and the headline: base+grpo against
     # mol_1ep+grpo, mol+grpo and mol_demo+grpo, 2 models x 3 benchmarks each
     assert len(rows) == 6 + 4 + 2 + 2 + 18
@@ -39,9 +130,7 @@ def test_quick_study_fills_every_table(tmp_path):
         cells = [c.strip() for c in row.strip("|").split("|")]
         numeric = [c for c in cells if re.fullmatch(r"[\d.]+ ± [\d.]+( \[.*\])?|[\d.]+–[\d.]+|[\d., ]+", c)]
         assert len(numeric) >= len(cells) - 2 and "nan" not in row, row
-    verdicts = re.findall(r"\*\*: (reproduced|not reproduced|mixed) \(", report)
-    assert len(verdicts) == 4 + 3 + 1 + 2
-    assert re.search(r"staged − binary on code after GRPO: [+-]\d\.\d{3} ± \d\.\d{3}", report)
+    assert len(re.findall(VERDICT, report)) == 6 + 3 + 2 + 3
     for label in ("| 1.0 (", "| 3.0 (", "steps, the demo's) |"):  # MoL lengths read from the runs
         assert label in report
     for png in ("decision_kl.png", "completion_length.png", "general_vs_heldout.png", "code_reward_stages.png"):
@@ -67,7 +156,26 @@ def test_expert_words_its_turns_unlike_the_base_but_prints_the_same():
     assert answer.endswith("\\boxed{3}.") and answer != ToolDemonstrator.turn("Output:\nf(478) = 3\n")
 
 
-def test_only_the_study_presets_build_the_code_family():
+def test_the_chain_expert_walks_the_same_chain_and_answers_its_last_value_in_a_sentence():
+    from molrl.demo.chain import setup_code
+    from molrl.demo.chain_base import ChainDemonstrator
+    from molrl.demo.expert import ChainExpert
+
+    question = "<|im_start|>user\nWhat is f^3(472)?<|im_end|>\n<|im_start|>assistant\n"
+    code = ChainExpert.turn(question)
+    assert code.startswith("I will walk the chain.<execute>") and code != ChainDemonstrator.turn(question)
+    printed: list[str] = []
+    for call in (code, ChainDemonstrator.turn(question)):  # both print the same feedback
+        program = call.split("<execute>")[1].split("</execute>")[0]
+        scope = {"print": lambda *a: printed.append(" ".join(map(str, a)))}
+        exec(setup_code("1032547698") + program, scope)
+    assert printed[:3] == printed[3:] == ["3: f(472) = 3", "2: f(3) = 2", "1: f(2) = 3"]
+    feedback = question + "<tool_response>\nOutput:\n3: f(472) = 3\n2: f(3) = 2\n1: f(2) = 3\n</tool_response>"
+    assert ChainExpert.turn(feedback) == "The chain's last value is 3, so the answer is \\boxed{3}."
+    assert ChainDemonstrator.turn(feedback).startswith("Output:\n3: f(472) = 3")  # the base writes every step
+
+
+def test_only_the_digit_study_presets_build_the_code_family():
     from molrl.demo.run import PRESETS
 
     assert {name for name, preset in PRESETS.items() if preset.world.code_problems or preset.world.code_heldout} == \

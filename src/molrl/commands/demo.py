@@ -7,13 +7,16 @@
     molrl demo --world long    # chains of 1-24 steps, for telling RL methods apart (about 18 minutes)
     molrl demo --world long --teacher   # its base trained 5x as long: a feedback teacher near 0.9 (about 45 minutes)
     molrl demo --world digit   # one hidden digit per answer (about 5 minutes)
-    molrl demo --study         # the paper's ablations on the digit world, 3 seeds (about 40 minutes): runs/study/
+    molrl demo --study         # the paper's ablations and the KL claims, 3 seeds (about 2 hours): runs/study/
+    molrl demo --study --world digit   # the digit world's ablations, code reward included (about 40 minutes)
 
 A hidden digit rule that only code execution reveals, applied 1 to 6 times in a chain whose every
 step the answer writes out; a tiny base model trained from scratch to use the tool; then the real
 pipeline: collection in the sandbox, MoL, the same GRPO from the MoL model and from the base,
 single-step evaluation on held-out problems and general tasks, report.md. The paper's ablations
-are --study.
+are --study: MoL vs CE vs CE on feedback only, MoL's length before GRPO, GRPO vs Dr.GRPO, the KL
+dose, and MoL's decision KL inside GRPO, each with a verdict over seeds (runs/study/study.md;
+docs/study.md); --study --quick checks every table and verdict in a few minutes.
 Re-running with the same --out reuses finished steps.
 """
 
@@ -42,16 +45,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="repeat with world and training seeds 0..N-1 and report the headline over seeds "
                         "(N times as long; default 1, or 3 with --study)")
     p.add_argument("--study", action="store_true",
-                   help="the paper's ablations over seeds (default 3) in one report, study.md (see molrl.demo.study)")
+                   help="the paper's ablations over seeds (default 3) in one report, study.md, with a verdict per claim "
+                        "(chain world, or --world digit; see docs/study.md)")
     p.add_argument("--world", default=None, choices=["chain", "long", "digit"],
                    help="the built-in world: chain (default: the hidden rule applied 1-6 times, every step written "
                         "out; see molrl.demo.chain), long (the same with 1-24 steps, long-tailed) or digit (one "
-                        "hidden digit per answer; the world of --study)")
+                        "hidden digit per answer); --study runs on chain or digit")
     p.add_argument("--config", default=None, metavar="YAML",
                    help="the pipeline config (default configs/pipeline_tiny.yaml; configs/pipeline_tiny_rl.yaml "
                         "adds a run of every RL algorithm)")
     p.add_argument("--out", default=None,
-                   help="run directory (default runs/demo, runs/demo_quick, runs/study or runs/study_quick)")
+                   help="run directory (default runs/demo, runs/study, runs/demo_WORLD or runs/study_WORLD for "
+                        "other worlds, with _quick after --quick)")
     p.set_defaults(func=handle)
 
 
@@ -60,18 +65,18 @@ def handle(args: argparse.Namespace) -> int:
     from molrl.demo.study import run_study
     from molrl.errors import MolrlError
 
-    if args.study and args.world not in (None, "digit"):
-        raise MolrlError(f"--study runs on the digit world only; drop --world {args.world} or --study")
-    world = args.world or ("digit" if args.study else "chain")
+    if args.study and args.world not in (None, "chain", "digit"):
+        raise MolrlError(f"--study runs on the chain world (the default) or --world digit, not --world {args.world}")
+    world = args.world or "chain"
     if args.teacher and (world != "long" or args.quick or args.study):
         raise MolrlError("--teacher trains the long world's full base longer: use it with --world long, "
                          "without --quick or --study")
     preset = "quick" if args.quick else "teacher" if args.teacher else "default"
-    name = "study" if args.study else "demo" if world == "chain" else f"demo_{world}"
+    name = ("study" if args.study else "demo") + ("" if world == "chain" else f"_{world}")
     name += "" if preset == "default" else f"_{preset}"
     out = args.out or f"runs/{name}"
     if args.study:
-        report = run_study(out, quick=args.quick, seeds=args.seeds or 3, overrides=args.overrides)
+        report = run_study(out, quick=args.quick, seeds=args.seeds or 3, overrides=args.overrides, world=world)
     else:
         report = run_demo(out, preset, args.overrides, seeds=args.seeds or 1,
                           config=args.config, world=world)

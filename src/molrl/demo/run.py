@@ -9,7 +9,8 @@ Steps, each skipped when its output is already there (so an interrupted demo res
    the sandbox, MoL, GRPO from the MoL model and from the base, single-step evaluation, ``report.md``.
 
 The presets (default and quick; study and study_quick for ``molrl demo --study``) only change
-sizes and step counts (the study's add the code-answer family). Every seed is fixed, so the
+sizes and step counts (the digit world's study presets add the code-answer family; the chain
+world's ``study`` preset is its ``default``). Every seed is fixed, so the
 same machine gives the same table run to run; another machine (other BLAS kernels) gives other
 numbers and the same comparison. ``seeds > 1`` repeats the whole demo with world and training seeds
 1, 2, ... in ``seed-N/`` beside the first, and adds the headline comparison over seeds (mean,
@@ -90,8 +91,17 @@ CHAIN_PRESETS = {
         base=BaseModelConfig(num_layers=3, steps=120),
         pipeline_overrides=["mol.train.max_steps=20", "rl.train.max_steps=5", "rl.prompts_per_step=4"],
     ),
+    "study_quick": DemoPreset(  # `molrl demo --study --quick`: a check that every table and verdict of the study fills
+        world=ChainWorldConfig(max_steps=6, train_problems=16, heldout_problems=10, general_train=40, general_eval=10),
+        base=BaseModelConfig(num_layers=1, hidden_size=64, steps=100, teacher_rounds=1),
+        pipeline_overrides=["mol.train.max_steps=3", "mol.train.micro_batch_size=8", "mol.train.grad_accumulation=1",
+                            "rl.train.max_steps=2", "rl.prompts_per_step=2", "rl.num_generations=4",
+                            "rl.train.micro_batch_size=8", "eval.sampling.max_new_tokens=32",
+                            "rl.max_completion_length=32"],
+    ),
 }
 """``molrl demo`` (the default world): the chain world with chains of 1-6 steps (``molrl.demo.chain``)."""
+CHAIN_PRESETS["study"] = CHAIN_PRESETS["default"]  # `molrl demo --study`: the demo itself, so its runs are the demo's
 
 LONG_BASE = BaseModelConfig(num_layers=3, steps=1200, short_steps=700, batch_size=12, micro_batch_size=6,
                             copy_weight=10.0, teacher_rounds=4, attempt_values="context", repeat_values=True,
