@@ -8,6 +8,7 @@ greedy tokens more probability). Reads benchmarks/real_model.py's results folder
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -27,18 +28,10 @@ def main() -> None:
     torch.set_num_threads(1)
     from peft import PeftModel
 
-    from molrl.models import load_model, load_tokenizer
-    from molrl.tasks.prompts import render_prompts
+    from molrl.models import load_model
 
     out, path = Path(args.out), str(Path(args.out) / "model")
-    tok = load_tokenizer(path)
-    firsts = (json.loads(x)["messages"][0]["content"] for f in ("held_out", "train")
-              for x in (out / f"data/{f}.jsonl").read_text().splitlines())
-    size = rm.FULL
-    tasks = rm.general_tasks(Path(args.data), rm.normalised("\n".join(firsts)), size["general_per_source"])
-    base = json.loads((out / "base.json").read_text())
-    assert [t.id for t in tasks] == base["tasks"], "not the prompts the study measured"
-    prompts = render_prompts(tok, tasks, enable_thinking=False)
+    _, prompts, base = rm.prepared(path, out / "data/held_out.jsonl", args, rm.FULL, out)  # the study's prompts
     result = {}
     for run in sorted((out / f"seed{args.seed}").glob("*/adapter")):
         model = PeftModel.from_pretrained(load_model(path, dtype="float32"), run).eval()
@@ -47,12 +40,9 @@ def main() -> None:
             ids = torch.tensor(list(prompt.ids) + answer)[None]
             start = len(prompt.ids) - 1
             with torch.no_grad():
-                for name, ctx in (("trained", None), ("base", model.disable_adapter())):
-                    if ctx is None:
+                for name, ctx in (("trained", contextlib.nullcontext()), ("base", model.disable_adapter())):
+                    with ctx:
                         logp = torch.log_softmax(model(ids).logits[0, start:-1].float(), -1)
-                    else:
-                        with ctx:
-                            logp = torch.log_softmax(model(ids).logits[0, start:-1].float(), -1)
                     sums[name] += float(-(logp.exp() * logp).sum())
             sums["n"] += len(answer)
         result[run.parent.name] = {"trained_entropy": sums["trained"] / sums["n"],
