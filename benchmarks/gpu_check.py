@@ -1,8 +1,9 @@
 """The GPU checks of shared/GPU.md in one command: one markdown table on stdout, one JSON file.
 
-    python benchmarks/gpu_check.py                              # on one GPU: the whole list, at most 20 minutes
+    python benchmarks/gpu_check.py                              # on one GPU: the whole list, about 15 minutes on an H200
     python benchmarks/gpu_check.py --device cpu --tiny          # every item at tiny shapes (the slow test tier)
     python benchmarks/gpu_check.py --only mol_0.6b_4k,eval_throughput --json runs/x.json
+    python benchmarks/gpu_check.py --reuse runs/x.json --json runs/y.json   # runs only what x.json lacks
 
 Before anything runs it prints the device and the versions of python, torch (and its CUDA),
 transformers, peft, trl, accelerate, datasets, math-verify, vllm and deepspeed; a missing required
@@ -252,7 +253,7 @@ ITEMS = [
     Item("mol_1.7b_4k", mol_step("qwen3-1.7b", 4096), 180, 120),
     Item("mol_1.7b_8k", mol_step("qwen3-1.7b", 8192), 210, 120),
     Item("prepare_0.6b", prepare_models, 90, 60),
-    Item("rl_split_0.6b", rl_split, 150, 180),
+    Item("rl_split_0.6b", rl_split, 300, 180),
     Item("eval_throughput", eval_throughput, 90, 60),
     Item("demo_quick", demo_quick, 300, 600),
     Item("partial_rollouts", partial_rollouts, 180, 240),
@@ -340,6 +341,29 @@ def missing_packages() -> list[str]:
     return missing
 
 
+def reusable(path: str | None, info: dict[str, Any], tiny: bool) -> dict[str, dict]:
+    """The items of an earlier run's JSON that finished ok on the same device and at the same shapes.
+
+    ``prepare_0.6b`` is never reused: it writes the model directory the later items load, which a fresh
+    machine does not have. Each kept record carries the date of the run that measured it.
+    """
+    if path is None:
+        return {}
+    try:
+        report = json.loads(Path(path).read_text())
+        same = report["device"] == info["device"] and report["tiny"] == tiny
+        items = report["items"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise SystemExit(f"gpu_check: --reuse {path}: not a gpu_check JSON ({err}); give the file an earlier run "
+                         "wrote with --json")
+    if not same:
+        print(f"gpu_check: --reuse {path}: measured on {report['device']}{' (tiny)' if report['tiny'] else ''}, "
+              "not this device and shape; nothing reused", file=sys.stderr)
+        return {}
+    return {name: {**record, "reused": True, "date": record.get("date", report.get("date", "?"))}
+            for name, record in items.items() if record.get("status") == "ok" and name != "prepare_0.6b"}
+
+
 def format_figures(figures: dict) -> str:
     def fmt(v: Any) -> str:
         return f"{v:.3g}" if isinstance(v, float) else str(v)
@@ -386,6 +410,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "else ../shared/data/qwen3_tokenizer beside the checkout)")
     parser.add_argument("--only", default=None, help="comma-separated item names (default: all)")
     parser.add_argument("--budget-s", type=float, default=1200.0, help="total time for all items")
+    parser.add_argument("--reuse", default=None,
+                        help="an earlier run's JSON: its items that finished ok on the same device are kept, not run "
+                             "again (a GPU lent for minutes at a time finishes the list over several calls)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads in each item (0: torch's default)")
     parser.add_argument("--item", help=argparse.SUPPRESS)  # run one item in this process (the parent's child)
     parser.add_argument("--context", default="{}", help=argparse.SUPPRESS)
@@ -436,10 +463,17 @@ def main(argv: list[str] | None = None) -> int:
     print("gpu_check:", ", ".join(f"{k} {v}" for k, v in info.items()), flush=True)
 
     chosen = [i for i in ITEMS if args.only is None or i.name in args.only.split(",")]
+    earlier = reusable(args.reuse, info, args.tiny)
     ctx: dict[str, Any] = {}
+    if "matmul_peak" in earlier:
+        ctx["peak_tflops"] = earlier["matmul_peak"]["figures"]["tflops"]
     records: dict[str, dict] = {}
     started = time.perf_counter()
     for item in chosen:
+        if item.name in earlier:
+            records[item.name] = earlier[item.name]
+            print(f"{item.name}: reused from {args.reuse} ({earlier[item.name]['date']})", flush=True)
+            continue
         left = args.budget_s - (time.perf_counter() - started)
         limit = min(item.tiny_limit_s if args.tiny else item.limit_s, left)
         if limit < 10:
@@ -463,7 +497,8 @@ def main(argv: list[str] | None = None) -> int:
     print("| item | status | s | figures |\n|---|---|---:|---|")
     for name, r in records.items():
         last_error_line = (r.get("error") or "").strip().splitlines()[-1:] or [""]
-        print(f"| {name} | {r['status']} | {r['seconds']:.0f} | {format_figures(r['figures']) or last_error_line[0]} |")
+        status = f"{r['status']} (reused, {r['date']})" if r.get("reused") else r["status"]
+        print(f"| {name} | {status} | {r['seconds']:.0f} | {format_figures(r['figures']) or last_error_line[0]} |")
     print(f"\nJSON: {out}")
     return 0 if all(r["status"] == "ok" for r in records.values()) else 1
 

@@ -46,3 +46,30 @@ def test_tiny_gpu_check_on_cpu_reports_every_item_with_finite_figures(tmp_path):
     # the markdown table on stdout has a row per item
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and not line.startswith("| item")]
     assert [row.split("|")[1].strip() for row in rows] == ITEMS
+
+
+def gpu_check(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--tiny", "--threads", "1",
+           "--workdir", str(tmp_path / "work"), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+
+
+@pytest.mark.slow
+def test_reuse_keeps_finished_items_and_runs_only_the_rest(tmp_path):
+    first = gpu_check(tmp_path, "--only", "matmul_peak", "--json", str(tmp_path / "a.json"))
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    earlier = json.loads((tmp_path / "a.json").read_text())["items"]["matmul_peak"]
+
+    second = gpu_check(tmp_path, "--only", "matmul_peak,mol_0.6b_4k", "--reuse", str(tmp_path / "a.json"),
+                       "--json", str(tmp_path / "b.json"))
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+    items = json.loads((tmp_path / "b.json").read_text())["items"]
+    assert items["matmul_peak"]["reused"] and items["matmul_peak"]["figures"] == earlier["figures"]
+    assert not (tmp_path / "work" / "matmul_peak.result.json").stat().st_mtime > (tmp_path / "a.json").stat().st_mtime
+    assert items["mol_0.6b_4k"]["status"] == "ok" and "reused" not in items["mol_0.6b_4k"]
+    assert items["mol_0.6b_4k"]["figures"]["mfu"] > 0  # the MFU's denominator came from the reused peak
+    assert "matmul_peak: reused from" in second.stdout
+
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    bad = gpu_check(tmp_path, "--only", "matmul_peak", "--reuse", str(tmp_path / "bad.json"))
+    assert bad.returncode != 0 and "bad.json: not a gpu_check JSON" in bad.stderr
