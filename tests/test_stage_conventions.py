@@ -24,7 +24,7 @@ SHARED = ("learning_rate", "lr_scheduler", "weight_decay", "max_grad_norm", "max
 @pytest.fixture(autouse=True)
 def fresh_notes(monkeypatch):
     """Each test sees its notes: a process notes each distinct line once."""
-    monkeypatch.setattr("molrl.config._NOTED", set(), raising=False)
+    monkeypatch.setattr("molrl.config_renames._NOTED", set(), raising=False)
 
 
 def keys(cls: type) -> set[str]:

@@ -10,9 +10,7 @@ Ranges are one rule for every stage, read from the field types: every float is f
 is 0 or more. ``check_values`` applies the same rule to a config built in Python.
 
 A class may list keys it renamed in ``RENAMED_KEYS`` (old name -> new name, and how an old value
-converts; either name may be dotted, for a key that moved into or out of a section): old configs keep
-loading, with one line naming the new keys, and ``current_names`` reads a saved config the same way, so a
-run saved under the old names is the same run under the new ones.
+converts): old configs keep loading, with one line naming the new keys (``molrl.config_renames``).
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
-import logging
 import math
 import textwrap
 import types
@@ -30,16 +27,10 @@ from typing import Annotated, Any, Literal, Sequence, TypeVar
 
 import yaml
 
-from molrl.errors import MolrlError
+from molrl.config_renames import current, note_renames, renamed, renamed_path, unoptional
+from molrl.errors import ConfigError
 
 T = TypeVar("T")
-log = logging.getLogger(__name__)
-
-
-class ConfigError(MolrlError, ValueError):
-    """A config key is unknown, mistyped or malformed; the message says where and how to fix it."""
-
-
 @dataclasses.dataclass(frozen=True)
 class AtLeast:
     """The smallest value a config number may take, and what such a number is (``Count``, ``Weight``)."""
@@ -66,7 +57,7 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequenc
     moved: list[str] = []
     for item in overrides:
         _apply_override(data, item, cls, moved)
-    _note(overrides_from, moved)
+    note_renames(overrides_from, moved)
     where = source if not overrides else f"{source} + {overrides_from}"
     return _build(cls, data, prefix="", where=where)
 
@@ -85,7 +76,7 @@ def _check_range(tp: Any, value: Any, key: str, where: str, deep: bool = False) 
         if deep:
             check_values(value, where, f"{key}.")
         return
-    args = typing.get_args(_unoptional(tp))
+    args = typing.get_args(unoptional(tp))
     if isinstance(value, dict):
         for name, item in value.items():
             _check_range(args[1] if len(args) == 2 else Any, item, f"{key}.{name}", where, deep)
@@ -102,15 +93,8 @@ def _check_range(tp: Any, value: Any, key: str, where: str, deep: bool = False) 
         raise ConfigError(f"{where}: {key}={value!r} is out of range; allowed: {bound.what}")
 
 
-def _unoptional(tp: Any) -> Any:
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return args[0] if len(args) == 1 else tp
-    return tp
-
-
 def _bound(tp: Any) -> AtLeast | None:
-    tp = _unoptional(tp)
+    tp = unoptional(tp)
     if typing.get_origin(tp) is Annotated:
         return next((m for m in tp.__metadata__ if isinstance(m, AtLeast)), None)
     return None
@@ -132,7 +116,7 @@ def _read_yaml(path: Path, chain: tuple[Path, ...], cls: type) -> dict[str, Any]
     if not isinstance(loaded, dict):
         raise ConfigError(f"{path}: top level must be a mapping of keys, got {type(loaded).__name__}")
     parent = loaded.pop("extends", None)
-    loaded = _current(cls, loaded, "", str(path), note=True)
+    loaded = current(cls, loaded, "", str(path), note=True)
     if parent is None:
         return loaded
     if not isinstance(parent, str) or not parent:
@@ -230,7 +214,7 @@ def _apply_override(data: dict[str, Any], item: str, cls: type | None = None, mo
     except yaml.YAMLError:
         value = raw
     if cls is not None:
-        parts, value = _renamed_path(cls, parts, value, item, moved if moved is not None else [])
+        parts, value = renamed_path(cls, parts, value, item, moved if moved is not None else [])
     node = data
     for part in parts[:-1]:
         child = node.get(part)
@@ -246,7 +230,7 @@ def _build(cls: type[T], data: Any, prefix: str, where: str) -> T:
     name = prefix.rstrip(".") or "<top>"
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: {name} must be a mapping, got {type(data).__name__}")
-    data = _renamed(cls, data, prefix, where)
+    data = renamed(cls, data, prefix, where)
     hints = typing.get_type_hints(cls)
     ranged = typing.get_type_hints(cls, include_extras=True)
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
@@ -265,125 +249,6 @@ def _build(cls: type[T], data: Any, prefix: str, where: str) -> T:
         raise ConfigError(f"{where}: {name}: {err}") from None
     except ValueError as err:  # __post_init__ validation
         raise ConfigError(f"{where}: {name}: {err}") from None
-
-
-def _renamed(cls: type, data: dict[str, Any], prefix: str, where: str, note: bool = True) -> dict[str, Any]:
-    """``data`` with each old key of ``cls.RENAMED_KEYS`` moved to its new name, its value converted; ``note``
-    logs one line naming them."""
-    renamed = getattr(cls, "RENAMED_KEYS", {})
-    if not any(_has(data, old) for old in renamed):
-        return data
-    data = _copy_sections(data)
-    moved = []
-    for old, (new, convert) in renamed.items():
-        if not _has(data, old):
-            continue
-        if _has(data, new):
-            raise ConfigError(f"{where}: {prefix}{old} is the old name of {prefix}{new} and both are set; "
-                              f"keep {prefix}{new}")
-        value = _pop(data, old)
-        try:
-            converted = convert(value)
-            _put(data, new, converted)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where}: {prefix}{old}={value!r} cannot be read as {prefix}{new}; "
-                              f"set {prefix}{new}") from None
-        moved.append(_moved(f"{prefix}{old}", f"{prefix}{new}", value, converted))
-    if note:
-        _note(where, moved)
-    return data
-
-
-def _renamed_path(cls: type, parts: list[str], value: Any, item: str, moved: list[str]) -> tuple[list[str], Any]:
-    """An override's key ``parts`` (and its value) under the current names of ``cls`` and of its sections."""
-    done: list[str] = []
-    while parts and dataclasses.is_dataclass(cls):
-        for old, (new, convert) in getattr(cls, "RENAMED_KEYS", {}).items():
-            old_parts = old.split(".")
-            if parts[: len(old_parts)] != old_parts:
-                continue
-            before = value
-            if len(parts) == len(old_parts):
-                try:
-                    value = convert(value)
-                except (TypeError, ValueError):
-                    raise ConfigError(f"override {item!r}: {value!r} cannot be read as {'.'.join(done + [new])}; "
-                                      f"set {'.'.join(done + [new])}") from None
-            parts = [*new.split("."), *parts[len(old_parts):]]
-            moved.append(_moved(".".join(done + old_parts), ".".join(done + new.split(".")), before, value))
-            break
-        head, parts = parts[0], parts[1:]
-        done.append(head)
-        cls = _unoptional(typing.get_type_hints(cls).get(head))
-    return done + parts, value
-
-
-def _moved(old: str, new: str, value: Any, converted: Any) -> str:
-    return f"{old} -> {new}" if converted == value else f"{old}={value!r} -> {new}={converted!r}"
-
-
-def _note(where: str, moved: list[str]) -> None:
-    """One line naming the old keys read under their new names (once per distinct line)."""
-    line = f"{where}: old key names, read as the new ones: {', '.join(moved)}; rename them to silence this"
-    if moved and line not in _NOTED:
-        _NOTED.add(line)
-        log.warning("%s", line)
-
-
-_NOTED: set[str] = set()
-"""The rename notes logged so far in this process: the pipeline builds each stage's config more than once, and its
-old keys are noted once."""
-
-
-def current_names(cls: type, data: Any) -> Any:
-    """A config as saved (plain data) with every old key of ``cls`` and of its sections under its current name,
-    quietly: how a run saved before a rename compares with the same run now."""
-    return _current(cls, data, "", "saved config", note=False)
-
-
-def _current(cls: type, data: Any, prefix: str, where: str, note: bool) -> Any:
-    if not isinstance(data, dict) or not dataclasses.is_dataclass(cls):
-        return data
-    data = dict(_renamed(cls, data, prefix, where, note))
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if f.name in data:
-            data[f.name] = _current(_unoptional(hints[f.name]), data[f.name], f"{prefix}{f.name}.", where, note)
-    return data
-
-
-def _has(data: dict[str, Any], dotted: str) -> bool:
-    *sections, key = dotted.split(".")
-    for name in sections:
-        data = data.get(name)
-        if not isinstance(data, dict):
-            return False
-    return key in data
-
-
-def _pop(data: dict[str, Any], dotted: str) -> Any:
-    """Remove a dotted key (``_has`` it), and a section it leaves empty."""
-    name, _, rest = dotted.partition(".")
-    if not rest:
-        return data.pop(name)
-    value = _pop(data[name], rest)
-    if not data[name]:
-        del data[name]
-    return value
-
-
-def _put(data: dict[str, Any], dotted: str, value: Any) -> None:
-    *sections, key = dotted.split(".")
-    for name in sections:
-        data = data.setdefault(name, {})
-        if not isinstance(data, dict):
-            raise ValueError(f"{name} is a value, not a section")
-    data[key] = value
-
-
-def _copy_sections(data: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``data`` whose nested mappings are copies too (renaming moves keys between them)."""
-    return {k: _copy_sections(v) if isinstance(v, dict) else v for k, v in data.items()}
 
 
 def _coerce(tp: Any, value: Any, key: str, where: str) -> Any:

@@ -5,6 +5,10 @@ class MolrlError(Exception):
     """A user-facing error: bad input, bad config, missing file. The message says what to do."""
 
 
+class ConfigError(MolrlError, ValueError):
+    """A config key is unknown, mistyped or malformed; the message says where and how to fix it."""
+
+
 class DataError(MolrlError):
     """A record in an input file is malformed; the message names the file, the line and the fix."""
 

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
 
-from molrl.config import ConfigError, Count, current_names, load_config, save_config, to_dict
+from molrl.config import ConfigError, Count, load_config, save_config, to_dict
+from molrl.config_renames import current_names
 from molrl.cpu import stage_threads
 from molrl.errors import MolrlError
 

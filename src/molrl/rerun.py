@@ -34,7 +34,8 @@ from typing import Any
 
 import yaml
 
-from molrl.config import ConfigError, current_names, to_dict
+from molrl.config import ConfigError, to_dict
+from molrl.config_renames import current_names
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from molrl.config import current_names
+from molrl.config_renames import current_names
 from molrl.pipeline import PipelineConfig
 from molrl.report import accuracy, eval_results
 

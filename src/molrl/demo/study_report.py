@@ -13,7 +13,7 @@ from typing import Sequence
 
 import yaml
 
-from molrl.config import current_names
+from molrl.config_renames import current_names
 from molrl.demo.seeds import cell, mean_se, seed_summary
 from molrl.demo.study_arms import CODE, DIGIT, LOSSES, SOURCES, StudyArms
 from molrl.demo.study_kl import dose_section, rl_kl_section

@@ -1,0 +1,147 @@
+"""Renamed config keys: old names read under the new ones, in a YAML file, an override and a saved config.
+
+A config class may list keys it renamed in ``RENAMED_KEYS`` (old name -> (new name, how an old value
+converts); either name may be dotted, for a key that moved into or out of a section). ``molrl.config``
+reads every mapping and override through ``renamed`` and ``renamed_path``: old configs keep loading, with
+one line naming the new keys. ``current_names`` reads a saved config the same way, quietly, so a run saved
+under the old names is the same run under the new ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import types
+import typing
+from typing import Any
+
+from molrl.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def unoptional(tp: Any) -> Any:
+    """``X`` for ``X | None`` (and ``Optional[X]``); any other type as it is."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0] if len(args) == 1 else tp
+    return tp
+
+
+def renamed(cls: type, data: dict[str, Any], prefix: str, where: str, note: bool = True) -> dict[str, Any]:
+    """``data`` with each old key of ``cls.RENAMED_KEYS`` moved to its new name, its value converted; ``note``
+    logs one line naming them."""
+    table = getattr(cls, "RENAMED_KEYS", {})
+    if not any(_has(data, old) for old in table):
+        return data
+    data = _copy_sections(data)
+    moved = []
+    for old, (new, convert) in table.items():
+        if not _has(data, old):
+            continue
+        if _has(data, new):
+            raise ConfigError(f"{where}: {prefix}{old} is the old name of {prefix}{new} and both are set; "
+                              f"keep {prefix}{new}")
+        value = _pop(data, old)
+        try:
+            converted = convert(value)
+            _put(data, new, converted)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: {prefix}{old}={value!r} cannot be read as {prefix}{new}; "
+                              f"set {prefix}{new}") from None
+        moved.append(_moved(f"{prefix}{old}", f"{prefix}{new}", value, converted))
+    if note:
+        note_renames(where, moved)
+    return data
+
+
+def renamed_path(cls: type, parts: list[str], value: Any, item: str, moved: list[str]) -> tuple[list[str], Any]:
+    """An override's key ``parts`` (and its value) under the current names of ``cls`` and of its sections."""
+    done: list[str] = []
+    while parts and dataclasses.is_dataclass(cls):
+        for old, (new, convert) in getattr(cls, "RENAMED_KEYS", {}).items():
+            old_parts = old.split(".")
+            if parts[: len(old_parts)] != old_parts:
+                continue
+            before = value
+            if len(parts) == len(old_parts):
+                try:
+                    value = convert(value)
+                except (TypeError, ValueError):
+                    raise ConfigError(f"override {item!r}: {value!r} cannot be read as {'.'.join(done + [new])}; "
+                                      f"set {'.'.join(done + [new])}") from None
+            parts = [*new.split("."), *parts[len(old_parts):]]
+            moved.append(_moved(".".join(done + old_parts), ".".join(done + new.split(".")), before, value))
+            break
+        head, parts = parts[0], parts[1:]
+        done.append(head)
+        cls = unoptional(typing.get_type_hints(cls).get(head))
+    return done + parts, value
+
+
+def _moved(old: str, new: str, value: Any, converted: Any) -> str:
+    return f"{old} -> {new}" if converted == value else f"{old}={value!r} -> {new}={converted!r}"
+
+
+def note_renames(where: str, moved: list[str]) -> None:
+    """One line naming the old keys read under their new names (once per distinct line)."""
+    line = f"{where}: old key names, read as the new ones: {', '.join(moved)}; rename them to silence this"
+    if moved and line not in _NOTED:
+        _NOTED.add(line)
+        log.warning("%s", line)
+
+
+_NOTED: set[str] = set()
+"""The rename notes logged so far in this process: the pipeline builds each stage's config more than once, and its
+old keys are noted once."""
+
+
+def current_names(cls: type, data: Any) -> Any:
+    """A config as saved (plain data) with every old key of ``cls`` and of its sections under its current name,
+    quietly: how a run saved before a rename compares with the same run now."""
+    return current(cls, data, "", "saved config", note=False)
+
+
+def current(cls: type, data: Any, prefix: str, where: str, note: bool) -> Any:
+    if not isinstance(data, dict) or not dataclasses.is_dataclass(cls):
+        return data
+    data = dict(renamed(cls, data, prefix, where, note))
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name in data:
+            data[f.name] = current(unoptional(hints[f.name]), data[f.name], f"{prefix}{f.name}.", where, note)
+    return data
+
+
+def _has(data: dict[str, Any], dotted: str) -> bool:
+    *sections, key = dotted.split(".")
+    for name in sections:
+        data = data.get(name)
+        if not isinstance(data, dict):
+            return False
+    return key in data
+
+
+def _pop(data: dict[str, Any], dotted: str) -> Any:
+    """Remove a dotted key (``_has`` it), and a section it leaves empty."""
+    name, _, rest = dotted.partition(".")
+    if not rest:
+        return data.pop(name)
+    value = _pop(data[name], rest)
+    if not data[name]:
+        del data[name]
+    return value
+
+
+def _put(data: dict[str, Any], dotted: str, value: Any) -> None:
+    *sections, key = dotted.split(".")
+    for name in sections:
+        data = data.setdefault(name, {})
+        if not isinstance(data, dict):
+            raise ValueError(f"{name} is a value, not a section")
+    data[key] = value
+
+
+def _copy_sections(data: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``data`` whose nested mappings are copies too (renaming moves keys between them)."""
+    return {k: _copy_sections(v) if isinstance(v, dict) else v for k, v in data.items()}
