@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from molrl.demo.base import BaseModelConfig, base_example, expression, collate, demonstration_traces, direct_traces, train_base
+from molrl.demo.base import BaseModelConfig, base_example, expression, demonstration_traces, direct_traces, train_base
+from molrl.demo.base_fit import collate
 from molrl.demo.world import WorldConfig, build_world
 
 WORLD = WorldConfig(train_problems=6, heldout_problems=2, general_train=4, general_eval=2)
@@ -143,7 +144,7 @@ def test_copy_weight_counts_each_copied_token_that_many_times():
 
     import torch
 
-    from molrl.demo.base import BaseExample, _fit_step
+    from molrl.demo.base_fit import BaseExample, _fit_step
     from molrl.tiny import build_tiny_model
 
     torch.manual_seed(0)
@@ -174,7 +175,7 @@ def test_guess_excluded_spreads_the_uniform_target_over_the_other_nine_digits():
 
     import torch
 
-    from molrl.demo.base import BaseExample, _fit_step
+    from molrl.demo.base_fit import BaseExample, _fit_step
     from molrl.tiny import build_tiny_model
 
     model = build_tiny_model(12, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, seed=0)
@@ -197,12 +198,12 @@ def test_guess_excluded_spreads_the_uniform_target_over_the_other_nine_digits():
 
 
 def test_the_first_short_steps_draw_only_short_sequences(monkeypatch):
-    import molrl.demo.base as base
-    from molrl.demo.base import BaseExample, fit
+    import molrl.demo.base_fit as base_fit
+    from molrl.demo.base_fit import BaseExample, fit
     from molrl.tiny import build_tiny_model
 
     drawn = []
-    monkeypatch.setattr(base, "_fit_step", lambda model, rng, pool, *rest: drawn.append(len(pool)) or 0.0)
+    monkeypatch.setattr(base_fit, "_fit_step", lambda model, rng, pool, *rest: drawn.append(len(pool)) or 0.0)
     short = BaseExample([1, 2, 3], [False, True, True], [False] * 3)
     long = BaseExample(list(range(1, 11)), [False] + [True] * 9, [False] * 10)
     model = build_tiny_model(12, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, seed=0)

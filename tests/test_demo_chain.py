@@ -108,7 +108,7 @@ def test_demonstrator_runs_the_chain_then_copies_what_it_printed():
 def _trained_text(trace, copies="copy", **labels):
     """The trace's text with untrained tokens as '?', tokens trained towards a uniform digit as '~', and with
     ``copies="mark"`` the values copied out of feedback (weighted ``copy_weight``) as '^'."""
-    from molrl.demo.base import collate
+    from molrl.demo.base_fit import collate
     from molrl.tiny import build_tiny_tokenizer
     from molrl.traces.tokenize import TokenizeConfig, tokenize_trace
 

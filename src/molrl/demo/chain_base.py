@@ -36,7 +36,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
-from molrl.demo.base import BaseExample, train_base, write_making_time
+from molrl.demo.base import train_base, write_making_time
+from molrl.demo.base_fit import BaseExample
 from molrl.demo.chain import QUESTION, ChainWorldConfig, decoy_at, decoy_keys, fresh_problems, solution_text, walk_output
 from molrl.demo.world import World
 from molrl.generation import SamplingConfig
