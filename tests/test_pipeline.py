@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
 from molrl.config import ConfigError
 from molrl.errors import MolrlError
 from molrl.pipeline import MolRun, PipelineConfig, RlRun, load_pipeline_config, model_weights, run_stage, stage_config
@@ -51,8 +52,26 @@ def test_finished_stage_is_skipped_and_a_changed_config_is_refused(tmp_path):
     assert run_stage(tmp_path / "s", {"a": 1}, lambda: calls.append(1)) is True
     assert run_stage(tmp_path / "s", {"a": 1}, lambda: calls.append(2)) is False
     assert calls == [1]
-    with pytest.raises(MolrlError, match="different config"):
+    with pytest.raises(MolrlError, match="finished with other settings"):
         run_stage(tmp_path / "s", {"a": 2}, lambda: calls.append(3))
+
+
+def test_a_finished_stage_stays_finished_when_only_harmless_keys_change(tmp_path):
+    """A re-run may change what ``molrl.rerun.HARMLESS`` lists (logging, threads) without redoing the stage; any
+    other key is refused, named with both values."""
+    from molrl.config import load_config
+    from molrl.mol.config import MolConfig
+
+    cfg = load_config(MolConfig, REPO / "configs" / "mol_tiny.yaml", [f"output_dir={tmp_path / 'm'}"])
+    assert run_stage(tmp_path / "m", cfg, lambda: None, "mol") is True
+    louder = load_config(MolConfig, REPO / "configs" / "mol_tiny.yaml",
+                         [f"output_dir={tmp_path / 'm'}", "train.report_to=[tensorboard]", "threads=1"])
+    assert run_stage(tmp_path / "m", louder, lambda: pytest.fail("a finished stage ran again"), "mol") is False
+    other = load_config(MolConfig, REPO / "configs" / "mol_tiny.yaml",
+                        [f"output_dir={tmp_path / 'm'}", "train.learning_rate=0.5", "threads=1"])
+    with pytest.raises(MolrlError, match=r"train\.learning_rate was .*, now 0\.5; delete") as err:
+        run_stage(tmp_path / "m", other, lambda: pytest.fail("a changed stage ran"), "mol")
+    assert "threads" not in str(err.value)
 
 
 def test_interrupted_stage_runs_again(tmp_path):

@@ -19,7 +19,8 @@ Run directory::
 A stage directory is finished when its ``DONE`` marker exists (written last, with the stage's
 resolved config); a re-run skips finished stages and calls the stage function again for an
 unfinished one, which resumes from its own checkpoints / appended records. A finished stage whose
-config has since changed is an error rather than a silent reuse.
+config has since changed in a key that matters is an error naming the key, rather than a silent reuse; the
+keys ``molrl.rerun.HARMLESS`` lists (logging, workers, threads) may change freely.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from molrl.config import ConfigError, Count, load_config, save_config, to_dict
 from molrl.config_renames import current_names
 from molrl.cpu import stage_threads
 from molrl.errors import MolrlError
+from molrl.rerun import changed_keys
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +257,7 @@ def collect_stage(cfg: PipelineConfig, out: Path, tasks: Sequence[Any] | None) -
     from molrl.collect.run import run_collect
 
     collect_cfg = collect_config(cfg, out, tasks is not None)
-    run_stage(out / "collect", collect_cfg, lambda: run_collect(collect_cfg, tasks=tasks))
+    run_stage(out / "collect", collect_cfg, lambda: run_collect(collect_cfg, tasks=tasks), "collect")
     return Path(collect_cfg.out)
 
 
@@ -266,7 +268,7 @@ def mol_stage(cfg: PipelineConfig, run: MolRun, traces: Sequence[str], out: Path
     if not traces and not cfg.general_traces:
         raise ConfigError("mol: no traces to train on: run the collect stage or list files under traces")
     mol_cfg = mol_config(cfg, run, traces, out)
-    run_stage(Path(mol_cfg.output_dir), mol_cfg, lambda: run_mol(mol_cfg))
+    run_stage(Path(mol_cfg.output_dir), mol_cfg, lambda: run_mol(mol_cfg), "mol")
     return Path(mol_cfg.output_dir)
 
 
@@ -278,7 +280,7 @@ def rl_stage(cfg: PipelineConfig, run: RlRun, out: Path) -> Path:
         raise MolrlError(f"rl run {run.name} starts from MoL run {run.start}, which has not finished "
                          f"({out / 'mol' / run.start}); add mol to stages")
     rl_cfg = rl_config(cfg, run, out)
-    run_stage(Path(rl_cfg.output_dir), rl_cfg, lambda: run_rl(rl_cfg))
+    run_stage(Path(rl_cfg.output_dir), rl_cfg, lambda: run_rl(rl_cfg), "rl")
     return Path(rl_cfg.output_dir)
 
 
@@ -287,7 +289,7 @@ def eval_stage(cfg: PipelineConfig, name: str, out: Path) -> Path:
     from molrl.eval.run import run_eval
 
     eval_cfg = eval_config(cfg, name, *model_weights(cfg, name, out), out)
-    run_stage(Path(eval_cfg.output_dir), eval_cfg, lambda: run_eval(eval_cfg))
+    run_stage(Path(eval_cfg.output_dir), eval_cfg, lambda: run_eval(eval_cfg), "eval")
     return Path(eval_cfg.output_dir)
 
 
@@ -307,15 +309,23 @@ def model_weights(cfg: PipelineConfig, name: str, out: Path) -> tuple[str, str |
     raise ConfigError(f"eval_models: {name!r} is not base nor a MoL or RL run name")
 
 
-def run_stage(stage_dir: Path, stage_cfg: Any, work: Callable[[], Any]) -> bool:
-    """Run ``work`` unless ``stage_dir`` holds a DONE marker for the same config; returns whether it ran."""
+def run_stage(stage_dir: Path, stage_cfg: Any, work: Callable[[], Any], stage: str | None = None) -> bool:
+    """Run ``work`` unless ``stage_dir`` holds a DONE marker for the same config; returns whether it ran.
+
+    With ``stage`` (``collect``, ``mol``, ``rl``, ``eval``) the keys ``molrl.rerun.HARMLESS`` lists for it may differ
+    from the finished run's (logging, workers, threads): the stage is still finished. Any other difference is an
+    error naming each key with both values."""
     marker = stage_dir / DONE
     resolved = to_dict(stage_cfg)
     if marker.is_file():
-        done = json.loads(marker.read_text())
-        if current_names(type(stage_cfg), done.get("config")) != resolved:  # a run saved before a key was renamed
+        saved = json.loads(marker.read_text()).get("config")
+        if stage is not None:
+            changes = [str(c) for c in changed_keys(stage, saved, stage_cfg)]
+        else:
+            changes = [] if current_names(type(stage_cfg), saved) == resolved else ["its config"]
+        if changes:
             raise MolrlError(
-                f"{stage_dir} finished with a different config than the one asked for now; "
+                f"{stage_dir} finished with other settings than the ones asked for now: {'; '.join(changes)}; "
                 f"delete {stage_dir} to redo it, or use a new output_dir"
             )
         log.info("%s: finished earlier, skipped", stage_dir)

@@ -80,12 +80,9 @@ def check_rerun(stage: str, cfg: Any, saved: Path, *, started: bool, run: Path |
     if not started or not saved.is_file():
         return []
     try:
-        old = _flat(current_names(type(cfg), yaml.safe_load(saved.read_text()) or {}))
+        changes = changed_keys(stage, yaml.safe_load(saved.read_text()) or {}, cfg)
     except yaml.YAMLError as err:
         raise ConfigError(f"{saved}: not valid YAML ({err}); restore it, or use another output for a new run") from None
-    new = _flat(to_dict(cfg))
-    changes = [Change(k, old.get(k, _UNSET), new.get(k, _UNSET)) for k in sorted(set(old) | set(new))
-               if old.get(k, _UNSET) != new.get(k, _UNSET) and not _harmless(stage, k)]
     extended = [c for c in changes if c.key in EXTENDABLE.get(stage, ()) and _raises(c.saved, c.now)]
     refused = [c for c in changes if c not in extended]
     if refused:
@@ -94,6 +91,15 @@ def check_rerun(stage: str, cfg: Any, saved: Path, *, started: bool, run: Path |
         raise ConfigError(f"{saved}: {run} was made with other settings: {'; '.join(hints)}; start a new run "
                           f"elsewhere ({NEW_RUN[stage]}), or re-run with the saved values to resume this one")
     return extended
+
+
+def changed_keys(stage: str, saved: Any, cfg: Any) -> list[Change]:
+    """The keys whose value differs between a run's ``saved`` config (plain data, read under the current key names)
+    and ``cfg``, leaving out the ones ``HARMLESS`` lists for ``stage``."""
+    old = _flat(current_names(type(cfg), saved))
+    new = _flat(to_dict(cfg))
+    return [Change(k, old.get(k, _UNSET), new.get(k, _UNSET)) for k in sorted(set(old) | set(new))
+            if old.get(k, _UNSET) != new.get(k, _UNSET) and not _harmless(stage, k)]
 
 
 def say_finished(out: Path, detail: str, stage: str) -> None:
