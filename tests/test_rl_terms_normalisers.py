@@ -256,9 +256,10 @@ import sys
 sys.path.insert(0, {tests!r})
 from pathlib import Path
 import torch
-from test_rl_terms_normalisers import AGGREGATIONS, gradients, make_trainer, step_inputs
+from test_rl_terms_normalisers import gradients, make_trainer, step_inputs
 from molrl.rl.terms import DecisionKL, FeedbackCE
-trainer = make_trainer(Path({out!r}))
+AGGREGATIONS = {aggregations!r}
+trainer = make_trainer(Path({out!r}), {algorithm!r})
 trainer.terms = [FeedbackCE(1.0), DecisionKL(1.0)]
 initial = torch.load({initial!r})
 with torch.no_grad():
@@ -275,15 +276,22 @@ if acc.is_main_process:
 """
 
 
-def test_two_processes_give_the_gradient_of_one(tmp_path):
-    trainer = make_trainer(tmp_path / "one")
+@pytest.mark.parametrize("algorithm, aggregations", [
+    ("dr_grpo", AGGREGATIONS),
+    # PPO's shared value head sits outside the DDP forward: left out of DDP, its gradient averaged by molrl
+    pytest.param("ppo", ("token_mean",), marks=pytest.mark.slow),
+])
+def test_two_processes_give_the_gradient_of_one(tmp_path, algorithm, aggregations):
+    trainer = make_trainer(tmp_path / "one", algorithm)
     trainer.terms = [FeedbackCE(1.0), DecisionKL(1.0)]
     initial = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     torch.save(initial, tmp_path / "initial.pt")
     inputs = step_inputs(trainer)
-    one = {a: gradients(trainer, trainer.model, inputs, 1, a) for a in AGGREGATIONS}
+    one = {a: gradients(trainer, trainer.model, inputs, 1, a) for a in aggregations}
+    if algorithm == "ppo":
+        assert any("molrl_value_head" in name for name in one["token_mean"])
     script = TWO_PROCESSES.format(tests=str(TESTS), out=str(tmp_path / "two"), initial=str(tmp_path / "initial.pt"),
-                                  result=str(tmp_path / "two.pt"))
+                                  result=str(tmp_path / "two.pt"), algorithm=algorithm, aggregations=aggregations)
     (tmp_path / "two.py").write_text(script)
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", ACCELERATE_USE_CPU="true")
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",

@@ -121,6 +121,7 @@ class RlTrainer(GRPOTrainer):
         batch = LossInputs.from_dict(inputs)
         counts, settings = self.step_counts(batch), self.loss_settings
         ids, attention = join(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.attention())
+        self.algorithm.before_loss_forward()  # PPO's shared critic reads its values off this forward
         logps, entropies, _ = self._get_per_token_logps_and_entropies(  # [B, T] at the sampling temperature
             model, ids, attention, batch.completion_ids.size(1), compute_entropy=True)
         self.rollouts[self._mode()].record_loss_logps(batch, logps.detach(), entropies.detach())  # sampling error

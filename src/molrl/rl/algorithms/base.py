@@ -68,6 +68,9 @@ class Algorithm:
         mask = inputs.batch.completion_mask.float()
         return self.trainer.accelerator.gather((tokens * mask).sum(-1) / mask.sum(-1).clamp(min=1.0))
 
+    def before_loss_forward(self) -> None:
+        """Called by the trainer right before a micro-batch's policy forward (the one ``loss_terms`` follows)."""
+
     def loss_terms(self, inputs: LossInputs, counts: StepCounts) -> dict[str, tuple[float, torch.Tensor]]:
         """Extra loss terms of a micro-batch: metric name -> (weight, term), each its sum over the micro-batch
         divided by the step's count of its own tokens (``counts``)."""

@@ -13,7 +13,10 @@ The critic (``ppo.critic``):
   moves. With separate networks the order does not change the update: the advantages were formed with the
   old values. ``critic_warmup_steps`` fit the critic while every advantage is 0.
 - ``shared``: a zero-initialised value head on the policy's own trunk; ``value_coef`` times the clipped
-  value loss is added to the policy loss, so one optimiser trains both.
+  value loss is added to the policy loss, so one optimiser trains both. The loss applies the head to the
+  last hidden states of the policy's own forward (a hook on the trunk keeps them), so the trunk runs once.
+  The head sits outside that forward, so DDP, which expects a parameter's gradient from its forward only, is
+  told to leave it out, and its gradients are averaged over processes as they arrive.
 - ``group_mean``: no learned critic; each state's value is its group's mean reward (a control: with
   gamma = lam = 1 and beta = 0 the advantages are Dr.GRPO's, R - mean).
 
@@ -67,6 +70,12 @@ class Ppo(Algorithm):
         torch.nn.init.zeros_(head.bias)
         if self.critic == "shared":
             model.add_module("molrl_value_head", head)  # a submodule, so the policy's optimiser trains it
+            self._states: list[torch.Tensor] | None = None  # the loss forward's last hidden states, while it runs
+            self._hooks = [model.get_base_model().get_decoder().register_forward_hook(self._keep_states)]
+            if trainer.accelerator.num_processes > 1:
+                names = [f"molrl_value_head.{name}" for name, _ in head.named_parameters()]
+                torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
+                self._hooks += [p.register_hook(self._averaged) for p in head.parameters()]
             return
         self.head = head  # not a submodule: the policy's optimiser never sees the critic
         self.add_critic_adapter(model)
@@ -92,6 +101,29 @@ class Ppo(Algorithm):
 
     def frozen_adapters(self) -> tuple[str, ...]:
         return (*super().frozen_adapters(), *((CRITIC,) if self.critic == "separate" else ()))
+
+    # the shared critic's values, from the policy's own forward
+    def _keep_states(self, module: Any, args: Any, output: Any) -> None:
+        if self._states is not None and torch.is_grad_enabled():
+            self._states.append(output.last_hidden_state)  # [B, L, H]
+
+    def _averaged(self, grad: torch.Tensor) -> torch.Tensor:
+        """A micro-batch's gradient of the shared head, averaged over processes (as DDP does for the others)."""
+        return self.trainer.accelerator.reduce(grad, reduction="mean")
+
+    def before_loss_forward(self) -> None:
+        if self.critic == "shared":
+            self._states = []
+
+    def loss_values(self, completion_tokens: int) -> torch.Tensor:
+        """[B, T] the shared head's values of the loss forward's states before each completion token (with grad)."""
+        states, self._states = self._states, None
+        if not states:
+            raise RuntimeError("the shared critic saw no loss forward: the trainer calls before_loss_forward first")
+        model = self.trainer.accelerator.unwrap_model(self.trainer.model)
+        states = torch.cat(states)[:, -completion_tokens - 1 : -1].float()  # [B, T, H]
+        with torch.autocast(device_type=states.device.type, enabled=False):
+            return model.molrl_value_head(states).squeeze(-1)
 
     def values(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
                completion_mask: torch.Tensor, grad: bool = False) -> torch.Tensor:
@@ -171,8 +203,7 @@ class Ppo(Algorithm):
     def loss_terms(self, inputs: LossInputs, counts: StepCounts) -> dict[str, tuple[float, torch.Tensor]]:
         if self.critic != "shared":  # a separate critic is fitted on its own; group_mean learns nothing
             return {}
-        values = self.values(inputs.prompt_ids, inputs.prompt_mask, inputs.completion_ids, inputs.attention(),
-                             grad=True)
+        values = self.loss_values(inputs.completion_ids.size(1))
         critic = value_loss(values, inputs.extra["old_values"], inputs.extra["returns"], inputs.completion_mask,
                             self.cfg.ppo.value_clip, counts.tokens)  # over the step's loss tokens
         return {"critic/value_loss": (self.cfg.ppo.value_coef, critic)}
@@ -213,4 +244,6 @@ class Ppo(Algorithm):
         if main_process:
             torch.save(self.critic_state(model), out / "value_head.pt")
         if self.critic == "shared":
+            for hook in self._hooks:
+                hook.remove()
             del model.molrl_value_head
