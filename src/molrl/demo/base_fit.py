@@ -10,15 +10,27 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
 
 from molrl import cpu
 from molrl.console import stage_bar
 
-if TYPE_CHECKING:
-    from molrl.demo.base import BaseModelConfig
+
+
+class FitSettings(Protocol):
+    """What the loop reads of a base's config (``molrl.demo.base.BaseModelConfig`` has them all)."""
+
+    steps: int
+    warmup_steps: int
+    learning_rate: float
+    batch_size: int
+    micro_batch_size: int
+    seed: int
+    short_steps: int
+    short_length: int
+    copy_weight: float
 
 
 @dataclass
@@ -36,7 +48,7 @@ class BaseExample:
     """At each token of ``unsure_mask``, the token id its uniform guess leaves out (-1: none); None: none anywhere."""
 
 
-def fit(model: Any, examples: Sequence[BaseExample], cfg: BaseModelConfig, pad_id: int,
+def fit(model: Any, examples: Sequence[BaseExample], cfg: FitSettings, pad_id: int,
         digits: Sequence[int]) -> list[float]:
     """The training loop: CE on the learned tokens, random batches, warm-up then linear decay.
 
@@ -67,7 +79,7 @@ def fit(model: Any, examples: Sequence[BaseExample], cfg: BaseModelConfig, pad_i
     return losses
 
 
-def _fit_step(model: Any, rng: random.Random, pool: list, cfg: BaseModelConfig, pad_id: int, digits: Sequence[int],
+def _fit_step(model: Any, rng: random.Random, pool: list, cfg: FitSettings, pad_id: int, digits: Sequence[int],
               params: list, optimizer: Any, schedule: Any) -> float:
     """One optimiser step on a random batch of ``pool``; returns its loss."""
     import torch.nn.functional as F
