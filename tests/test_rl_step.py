@@ -298,3 +298,24 @@ def test_the_vllm_generation_attributes_partial_rollouts_read_are_there():
                  "def sync_weights("):
         assert name in source, f"TRL's VLLMGeneration no longer has {name}"
     assert "self._last_loaded_step" in inspect.getsource(GRPOTrainer := __import__("trl").GRPOTrainer)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_the_lora_dropout_a_user_sets_is_the_one_that_trains(tmp_path, dropout):
+    """TRL turns every dropout off for RL; a LoRA dropout set in the config must not be dropped silently."""
+    from datasets import Dataset
+    from peft import LoraConfig
+    from molrl.rl.config import LoraSettings
+    from molrl.tiny import build_tiny_pair
+
+    model, tok = build_tiny_pair("chatml", initializer_range=0.1)
+    cfg = RlConfig(output_dir=tmp_path, policy=PolicyConfig(), num_generations=2, max_completion_length=MAX_COMPLETION,
+                   train=TrainSettings(micro_batch_size=2, max_steps=1), lora=LoraSettings(rank=4, dropout=dropout))
+    prompt = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    row = {"prompt": prompt, "prompt_ids": tok(prompt, add_special_tokens=False)["input_ids"], "task_json": TASK.to_json()}
+    peft_config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=dropout)
+    trainer = RlTrainer(model=model, scorer=FixedScorer([0.0, 0.0]), config=cfg,
+                        args=trl_args(cfg, tmp_path / "ckpt", cuda=False), train_dataset=Dataset.from_list([row] * 4),
+                        processing_class=tok, peft_config=peft_config)
+    rates = {m.p for name, m in trainer.model.named_modules() if "lora_dropout" in name and isinstance(m, torch.nn.Dropout)}
+    assert rates == ({dropout} if dropout else set())  # at 0 peft puts no dropout module in

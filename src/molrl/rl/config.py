@@ -46,7 +46,8 @@ class LoraSettings:
     alpha: int = 128
     """LoRA alpha (scale = alpha / rank)."""
     dropout: float = 0.0
-    """Dropout on the LoRA input."""
+    """Dropout on the LoRA input. 0 (the default) turns every dropout of the model off while training, as TRL does
+    for RL; above 0 it stays on, and the loss's log-probs then differ from the sampler's by the dropout's noise."""
     target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )

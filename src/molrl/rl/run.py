@@ -93,6 +93,10 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
     policy = build_policy(cfg)
     eval_tasks = load_task_source(cfg.eval.tasks, "eval.tasks") if cfg.eval.every_steps > 0 else []
     dataset, scorer, pool = _prompts_and_scorer(cfg, policy.tokenizer, out, eval_tasks)
+    if cfg.lora.dropout > 0:
+        log.warning("lora.dropout=%s: dropout stays on while training, so the loss's log-probs differ from the "
+                    "sampler's by its noise (and so does rollout.sampling_error); 0 turns every dropout off",
+                    cfg.lora.dropout)
     try:
         callbacks: list[Any] = [MetricsFileCallback(out / "metrics.jsonl")]
         if eval_tasks:
@@ -182,7 +186,7 @@ def trl_args(cfg: RlConfig, output_dir: Path, cuda: bool) -> Any:
         bf16=cuda and cfg.policy.dtype in ("bfloat16", "bf16"),
         fp16=False,
         use_cpu=not cuda,
-        disable_dropout=True,
+        disable_dropout=cfg.lora.dropout == 0,  # a LoRA dropout the user set stays on (TRL turns every dropout off)
         logging_steps=t.logging_steps,
         report_to=report_backends(t.report_to, "train.report_to"),  # the figures of metrics.jsonl, under train/
         save_strategy="steps",
