@@ -419,13 +419,12 @@ def write_report(out: Path, arms: list[str], size: dict, split: dict) -> None:
             cells.append(f"{m:.4f} ± {se:.4f} ({', '.join(f'{v:.4f}' for v in vals)})")
         times = [statistics.fmean(r[k] for r in runs.values()) for k in ("train_s", "measure_s")]
         lines.append(f"| {arm} | {len(runs)} | " + " | ".join(cells) + f" | {times[0]:.0f} | {times[1]:.0f} |")
-    absorb = {arm: [runs[s]["base_feedback_nll"] - runs[s]["feedback_nll"] for s in sorted(runs)]
+    absorb = {arm: {s: r["base_feedback_nll"] - r["feedback_nll"] for s, r in runs.items()}
               for arm, runs in found.items()}
     both = sorted(set(found.get("mol", {})) & set(found.get("ce", {})))
     claims = [
         ("MoL absorbs about as much as CE (absorption = base - trained held-out feedback NLL; MoL >= 80% of CE)",
-         about_as_much([absorb["mol"][sorted(found["mol"]).index(s)] for s in both],
-                       [absorb["ce"][sorted(found["ce"]).index(s)] for s in both]) if both else "no runs"),
+         about_as_much([absorb["mol"][s] for s in both], [absorb["ce"][s] for s in both]) if both else "no runs"),
         ("CE drifts further from the base on decisions (CE - MoL decision KL > 0)",
          verdict(paired(found, "ce", "mol", "decision_kl"))),
         ("MoL stays nearer the base on general prompts than CE (CE - MoL general KL > 0)",

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
 
 from molrl.config import ConfigError, Count, load_config, save_config, to_dict
-from molrl.config_renames import current_names
 from molrl.cpu import stage_threads
 from molrl.errors import MolrlError
 from molrl.rerun import changed_keys
@@ -318,15 +317,11 @@ def run_stage(stage_dir: Path, stage_cfg: Any, work: Callable[[], Any], stage: s
     marker = stage_dir / DONE
     resolved = to_dict(stage_cfg)
     if marker.is_file():
-        saved = json.loads(marker.read_text()).get("config")
-        if stage is not None:
-            changes = [str(c) for c in changed_keys(stage, saved, stage_cfg)]
-        else:
-            changes = [] if current_names(type(stage_cfg), saved) == resolved else ["its config"]
+        changes = changed_keys(stage, json.loads(marker.read_text()).get("config"), stage_cfg)
         if changes:
             raise MolrlError(
-                f"{stage_dir} finished with other settings than the ones asked for now: {'; '.join(changes)}; "
-                f"delete {stage_dir} to redo it, or use a new output_dir"
+                f"{stage_dir} finished with other settings than the ones asked for now: "
+                f"{'; '.join(map(str, changes))}; delete {stage_dir} to redo it, or use a new output_dir"
             )
         log.info("%s: finished earlier, skipped", stage_dir)
         return False

@@ -93,9 +93,9 @@ def check_rerun(stage: str, cfg: Any, saved: Path, *, started: bool, run: Path |
     return extended
 
 
-def changed_keys(stage: str, saved: Any, cfg: Any) -> list[Change]:
+def changed_keys(stage: str | None, saved: Any, cfg: Any) -> list[Change]:
     """The keys whose value differs between a run's ``saved`` config (plain data, read under the current key names)
-    and ``cfg``, leaving out the ones ``HARMLESS`` lists for ``stage``."""
+    and ``cfg``, leaving out the ones ``HARMLESS`` lists for ``stage`` (None: none left out)."""
     old = _flat(current_names(type(cfg), saved))
     new = _flat(to_dict(cfg))
     return [Change(k, old.get(k, _UNSET), new.get(k, _UNSET)) for k in sorted(set(old) | set(new))
@@ -192,8 +192,8 @@ def _raises(saved: Any, now: Any) -> bool:
     return all(isinstance(v, int) and not isinstance(v, bool) for v in (saved, now)) and 0 < saved < now
 
 
-def _harmless(stage: str, key: str) -> bool:
-    return any(key == h or key.startswith(h + ".") for h in HARMLESS[stage])
+def _harmless(stage: str | None, key: str) -> bool:
+    return any(key == h or key.startswith(h + ".") for h in HARMLESS.get(stage or "", ()))
 
 
 def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
