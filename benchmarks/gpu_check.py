@@ -35,6 +35,7 @@ head at loss positions) over the matmul peak measured by matmul_peak.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -63,6 +64,7 @@ RL_CASES = {  # item -> RlConfig settings of its one short run
     "rl_ppo_macro": dict(algorithm="ppo", beta=0.05, macro={"rule": "fixed:5"}),
     "rl_partial": dict(algorithm="grpo", rollout={"partial": True, "over_provision": 2.0}),
     "rl_props": dict(algorithm="grpo", rollout={"behaviour": "props"}),
+    "rl_multiturn": dict(algorithm="grpo", rollout={"turns": 2}, terms={"feedback_ce": 0.02, "decision_kl": 0.05}),
 }
 
 
@@ -97,23 +99,30 @@ def matmul_peak(args: argparse.Namespace, ctx: dict) -> dict:
     return {"n": n, "tflops": 2 * n**3 / best / 1e12}
 
 
-def mol_step(shape: str, seq_len: int) -> Callable[[argparse.Namespace, dict], dict]:
+def mol_step(shape: str, seq_len: int, traces: int = 1) -> Callable[[argparse.Namespace, dict], dict]:
     def run(args: argparse.Namespace, ctx: dict) -> dict:
-        """benchmarks/mol_step.py's three variants (ours, naive full logits, plain CE) on one model and batch."""
+        """benchmarks/mol_step.py's three variants (ours, naive full logits, plain CE) on one model and batch
+        (``traces`` traces of ``seq_len`` tokens in one micro-batch)."""
         import mol_step as bench
 
         vocab = 1024 if args.tiny else qwen3_vocab(args.tokenizer)
         ns = argparse.Namespace(device=args.device, dtype="bfloat16", layers=1 if args.tiny else 28,
                                 seq_len=seq_len // 64 if args.tiny else seq_len, tiny_seq_len=0,
-                                steps=1 if args.tiny else 5, warmup=0 if args.tiny else 2)
-        rows = {r["variant"]: r for r in bench.measure(shape, ns, vocab)}
-        mol, naive, ce = rows["mol"], rows["naive"], rows["ce"]
-        figures = {"seq_len": ns.seq_len, "layers": ns.layers, "vocab": vocab, "tokens_per_s": mol["tokens_per_s"],
-                   "step_s": mol["step_s"], "step_peak_mb": mol["step_peak_mb"],
-                   "mol_over_ce_step_time": mol["step_s"] / ce["step_s"],
-                   "loss_path_mb": mol["loss_path_peak_mb"], "naive_loss_path_mb": naive["loss_path_peak_mb"]}
-        if mol["loss_path_peak_mb"] >= 1.0:  # below 1 MB the CPU's resident set cannot tell them apart
-            figures["naive_over_mol_loss_path"] = naive["loss_path_peak_mb"] / mol["loss_path_peak_mb"]
+                                steps=1 if args.tiny else 5, warmup=0 if args.tiny else 2, traces=traces,
+                                variants=("mol", "naive", "ce") if traces == 1 else ("mol", "ce"))
+        rows = {r["variant"]: r for r in bench.measure(shape, ns, vocab)}  # naive's full logits: one trace only
+        mol = rows["mol"]
+        if "error" in mol:
+            raise RuntimeError(f"the MoL step itself: {mol['error']}")
+        figures = {"seq_len": ns.seq_len, "traces": traces, "layers": ns.layers, "vocab": vocab,
+                   "tokens_per_s": mol["tokens_per_s"], "step_s": mol["step_s"], "step_peak_mb": mol["step_peak_mb"],
+                   "loss_path_mb": mol["loss_path_peak_mb"]}
+        ce, naive = rows["ce"], rows.get("naive")
+        figures["mol_over_ce_step_time"] = ce.get("error") or mol["step_s"] / ce["step_s"]  # HF's CE: full logits
+        if naive is not None:
+            figures["naive_loss_path_mb"] = naive["loss_path_peak_mb"]
+            if mol["loss_path_peak_mb"] >= 1.0:  # below 1 MB the CPU's resident set cannot tell them apart
+                figures["naive_over_mol_loss_path"] = naive["loss_path_peak_mb"] / mol["loss_path_peak_mb"]
         if ctx.get("peak_tflops"):
             figures["mfu"] = mol["mol_model_flops"] / mol["step_s"] / (ctx["peak_tflops"] * 1e12)
         return figures
@@ -150,15 +159,22 @@ def prepare_models(args: argparse.Namespace, ctx: dict) -> dict:
     return {"parameters_m": sum(p.numel() for p in model.parameters()) / 1e6}
 
 
-def rl_split(args: argparse.Namespace, ctx: dict) -> dict:
+def rl_split(args: argparse.Namespace, ctx: dict, name: str = "rl_split", merged: bool = False) -> dict:
     """Three GRPO steps (the first dropped as warm-up): generation, reward and optimisation seconds per step."""
-    steps = run_rl_item(args, "rl_split", dict(algorithm="grpo"), steps=3, tokens=16 if args.tiny else 512)
+    settings: dict[str, Any] = dict(algorithm="grpo", rollout={"merged_generation": True}) if merged else \
+        dict(algorithm="grpo")
+    steps = run_rl_item(args, name, settings, steps=3, tokens=16 if args.tiny else 512)
     measured = steps[1:] or steps
     mean = lambda key: sum(r[key] for r in measured) / len(measured)  # noqa: E731
     step, generation, reward = mean("step_time"), mean("time/generation_s"), mean("time/reward_s")
     return {"step_s": step, "generation_s": generation, "reward_s": reward,
             "optimisation_s": step - generation - reward, "reward_share": reward / step,
             "completion_tokens": mean("completions/mean_length")}
+
+
+def rl_split_merged(args: argparse.Namespace, ctx: dict) -> dict:
+    """``rl_split`` with the adapter merged for generation (``rollout.merged_generation``)."""
+    return rl_split(args, ctx, name="rl_split_merged", merged=True)
 
 
 def rl_case(name: str) -> Callable[[argparse.Namespace, dict], dict]:
@@ -170,6 +186,60 @@ def rl_case(name: str) -> Callable[[argparse.Namespace, dict], dict]:
                 "last_loss": steps[-1]["loss"], "reward": sum(r["reward"] for r in steps) / len(steps)}
 
     return run
+
+
+def generation_decode(args: argparse.Namespace, ctx: dict) -> dict:
+    """transformers generation's decoding step at 0.6B shape: the base alone, with a LoRA r64 adapter (all linear
+    layers) unmerged, and with it merged (``molrl.lora_merge``), at widening batches until memory or time runs out.
+
+    A decoding step is (time of N new tokens - time of 1) / (N - 1), EOS suppressed so that every row decodes N."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from molrl.lora_merge import merged_lora
+    from molrl.models import load_model
+
+    model = load_model(str(model_dir(args)), dtype="bfloat16", device=args.device)
+    lora = LoraConfig(r=16 if args.tiny else 64, lora_alpha=32 if args.tiny else 128, target_modules="all-linear",
+                      init_lora_weights=False, task_type="CAUSAL_LM")  # random B: the adapter changes the outputs
+    model = get_peft_model(model, lora).eval()
+    vocab = model.get_output_embeddings().weight.shape[0]
+    new_tokens, prompt_len = (8, 16) if args.tiny else (64, 128)
+    batches = (2, 8) if args.tiny else (8, 64, 256, 1024)
+    figures: dict[str, Any] = {"prompt_tokens": prompt_len, "new_tokens": new_tokens}
+
+    def timed(batch: int, n: int) -> float:
+        ids = torch.randint(0, vocab, (batch, prompt_len), device=args.device,
+                            generator=torch.Generator(args.device).manual_seed(batch))
+        sync(args.device)
+        start = time.perf_counter()
+        with torch.no_grad():
+            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                           do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0)
+        sync(args.device)
+        return time.perf_counter() - start
+
+    modes = {"base": model.disable_adapter, "lora": contextlib.nullcontext, "merged": lambda: merged_lora(model)}
+    started = time.perf_counter()
+    for batch in batches:
+        try:
+            for mode, context in modes.items():
+                with context():
+                    timed(batch, 2)  # warm-up at this width
+                    step_ms = (timed(batch, new_tokens) - timed(batch, 1)) / (new_tokens - 1) * 1e3
+                figures[f"b{batch}/{mode}_step_ms"] = step_ms
+                figures[f"b{batch}/{mode}_tokens_per_s"] = batch / step_ms * 1e3
+            figures[f"b{batch}/lora_over_merged"] = figures[f"b{batch}/lora_step_ms"] / figures[f"b{batch}/merged_step_ms"]
+            figures["widest_batch"] = batch
+        except torch.OutOfMemoryError:
+            figures[f"b{batch}"] = "out of memory"
+            break
+        finally:
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
+        if time.perf_counter() - started > 0.6 * ITEMS_BY_NAME["generation_decode"].limit_s:
+            break
+    return figures
 
 
 def eval_throughput(args: argparse.Namespace, ctx: dict) -> dict:
@@ -252,14 +322,18 @@ ITEMS = [
     Item("mol_0.6b_8k", mol_step("qwen3-0.6b", 8192), 150, 120),
     Item("mol_1.7b_4k", mol_step("qwen3-1.7b", 4096), 180, 120),
     Item("mol_1.7b_8k", mol_step("qwen3-1.7b", 8192), 210, 120),
+    Item("mol_1.7b_4k_x4", mol_step("qwen3-1.7b", 4096, traces=4), 240, 120),
     Item("prepare_0.6b", prepare_models, 90, 60),
+    Item("generation_decode", generation_decode, 180, 120),
     Item("rl_split_0.6b", rl_split, 300, 180),
+    Item("rl_split_merged_0.6b", rl_split_merged, 240, 180),
     Item("eval_throughput", eval_throughput, 90, 60),
     Item("demo_quick", demo_quick, 300, 600),
     Item("partial_rollouts", partial_rollouts, 180, 240),
     *(Item(name, rl_case(name), 120, 180) for name in RL_CASES),
 ]
 """Every check, in the order of the GPU list (prepare_0.6b writes the model the later ones load)."""
+ITEMS_BY_NAME = {item.name: item for item in ITEMS}
 
 
 # --- helpers ---------------------------------------------------------------------------------------
@@ -408,7 +482,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tokenizer", default=None,
                         help="the Qwen3 tokenizer directory (default $MOLRL_SHARED_DATA/qwen3_tokenizer, "
                              "else ../shared/data/qwen3_tokenizer beside the checkout)")
-    parser.add_argument("--only", default=None, help="comma-separated item names (default: all)")
+    parser.add_argument("--only", default=None, help="comma-separated item names, run in this order (default: all)")
     parser.add_argument("--budget-s", type=float, default=1200.0, help="total time for all items")
     parser.add_argument("--reuse", default=None,
                         help="an earlier run's JSON: its items that finished ok on the same device are kept, not run "
@@ -462,7 +536,13 @@ def main(argv: list[str] | None = None) -> int:
     info = versions(args.device)
     print("gpu_check:", ", ".join(f"{k} {v}" for k, v in info.items()), flush=True)
 
-    chosen = [i for i in ITEMS if args.only is None or i.name in args.only.split(",")]
+    names = args.only.split(",") if args.only else [i.name for i in ITEMS]
+    unknown = [n for n in names if n not in ITEMS_BY_NAME]
+    if unknown:
+        print(f"gpu_check: --only {','.join(unknown)}: no such item; the items are {', '.join(ITEMS_BY_NAME)}",
+              file=sys.stderr)
+        return 2
+    chosen = [ITEMS_BY_NAME[n] for n in names]  # in the order --only gives
     earlier = reusable(args.reuse, info, args.tiny)
     ctx: dict[str, Any] = {}
     if "matmul_peak" in earlier:

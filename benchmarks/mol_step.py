@@ -30,19 +30,20 @@ import torch
 
 from molrl.mol.losses import LossSettings, mol_loss, step_counts, token_masks
 
-def make_batch(seq_len: int, vocab: int, device: str, seed: int = 0) -> dict[str, torch.Tensor]:
-    """One trace: 25% prompt, then alternating decision (~200 tokens) and feedback (~150) spans."""
+def make_batch(seq_len: int, vocab: int, device: str, seed: int = 0, traces: int = 1) -> dict[str, torch.Tensor]:
+    """``traces`` traces of ``seq_len`` tokens: 25% prompt, then alternating decision (~200 tokens) and feedback
+    (~150) spans."""
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, vocab, (1, seq_len), generator=g)
-    decision = torch.zeros(1, seq_len, dtype=torch.long)
-    feedback = torch.zeros(1, seq_len, dtype=torch.long)
+    ids = torch.randint(0, vocab, (traces, seq_len), generator=g)
+    decision = torch.zeros(traces, seq_len, dtype=torch.long)
+    feedback = torch.zeros(traces, seq_len, dtype=torch.long)
     t, turn = seq_len // 4, 0
     while t < seq_len:
         span = 200 if turn % 2 == 0 else 150
-        (decision if turn % 2 == 0 else feedback)[0, t: t + span] = 1
+        (decision if turn % 2 == 0 else feedback)[:, t: t + span] = 1
         t, turn = t + span, turn + 1
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "feedback_mask": feedback,
-             "decision_mask": decision, "is_general": torch.zeros(1, dtype=torch.bool)}
+             "decision_mask": decision, "is_general": torch.zeros(traces, dtype=torch.bool)}
     return {k: v.to(device) for k, v in batch.items()}
 
 
@@ -198,7 +199,8 @@ def measure(kind_name: str, args, vocab: int) -> list[dict]:
     model = build_model(kind_name, vocab, args.layers, dtype, args.device)
     vocab = model.get_output_embeddings().weight.shape[0]
     seq_len = args.tiny_seq_len if kind_name == "tiny" else args.seq_len
-    batch = make_batch(seq_len, vocab, args.device)
+    traces = getattr(args, "traces", 1)
+    batch = make_batch(seq_len, vocab, args.device, traces=traces)
     flops = mol_step_flops(model.get_base_model().config, batch)
     trainer = make_trainer(model, args.device)
     # Loss paths first, while the process holds nothing but the model (freed step buffers would hide them).
@@ -206,7 +208,8 @@ def measure(kind_name: str, args, vocab: int) -> list[dict]:
     weight = model.get_output_embeddings().weight.detach()
     with torch.no_grad():
         hidden0 = model.get_base_model().model(input_ids=batch["input_ids"]).last_hidden_state  # [B, L, H]
-    for name in ("mol", "naive", "ce"):
+    variants = getattr(args, "variants", ("mol", "naive", "ce"))
+    for name in variants:
         hidden = hidden0.clone().requires_grad_(True)
         base_hidden = hidden0 + 0.01 * torch.randn_like(hidden0)
         with peak_memory(args.device) as mem:
@@ -215,20 +218,30 @@ def measure(kind_name: str, args, vocab: int) -> list[dict]:
         del hidden, base_hidden
     rows = []
     for name, step in (("mol", step_mol), ("naive", step_naive), ("ce", step_ce)):
-        for _ in range(args.warmup):
-            step(trainer, model, batch)
-            model.zero_grad(set_to_none=True)
-        _sync(args.device)
+        if name not in variants:
+            continue
         times = []
-        with peak_memory(args.device) as mem:
-            for _ in range(args.steps):
-                t0 = time.perf_counter()
+        try:
+            for _ in range(args.warmup):
                 step(trainer, model, batch)
-                _sync(args.device)
-                times.append(time.perf_counter() - t0)
                 model.zero_grad(set_to_none=True)
+            _sync(args.device)
+            with peak_memory(args.device) as mem:
+                for _ in range(args.steps):
+                    t0 = time.perf_counter()
+                    step(trainer, model, batch)
+                    _sync(args.device)
+                    times.append(time.perf_counter() - t0)
+                    model.zero_grad(set_to_none=True)
+        except torch.OutOfMemoryError:  # a baseline too large for the device: the other variants' rows still count
+            model.zero_grad(set_to_none=True)
+            gc.collect()
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
+            rows.append({"model": kind_name, "variant": name, "seq_len": seq_len, "error": "out of memory"})
+            continue
         rows.append({"model": kind_name, "variant": name, "seq_len": seq_len, "step_s": min(times),
-                     "tokens_per_s": seq_len / min(times), "step_peak_mb": mem["peak"] / 2**20,
+                     "tokens_per_s": traces * seq_len / min(times), "step_peak_mb": mem["peak"] / 2**20,
                      "loss_path_peak_mb": loss_path_mb[name], "mol_model_flops": flops})
     del model, trainer
     gc.collect()
@@ -262,10 +275,15 @@ def measure_loss_path(args, vocab: int) -> None:
 def report(rows: list[dict]) -> None:
     print(f"{'model':8} {'variant':6} {'seq':>6} {'step s':>9} {'tok/s':>9} {'step peak MB':>13} {'loss-path MB':>13}")
     for r in rows:
+        if "error" in r:
+            print(f"{r['model']:8} {r['variant']:6} {r['seq_len']:>6} {r['error']}")
+            continue
         print(f"{r['model']:8} {r['variant']:6} {r['seq_len']:>6} {r['step_s']:>9.4f} {r['tokens_per_s']:>9.0f} "
               f"{r['step_peak_mb']:>13.1f} {r['loss_path_peak_mb']:>13.1f}")
     for model in dict.fromkeys(r["model"] for r in rows):
         by = {r["variant"]: r for r in rows if r["model"] == model}
+        if any("error" in r for r in by.values()):
+            continue  # no ratios against a variant that did not run
         t_ratio = by["mol"]["step_s"] / by["ce"]["step_s"]
         print(f"{model}: mol/ce step time {t_ratio:.2f}x (goal <= 1.35x) | naive/mol step time "
               f"{by['naive']['step_s'] / by['mol']['step_s']:.2f}x | naive/mol loss-path memory "

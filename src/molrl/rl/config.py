@@ -273,6 +273,10 @@ class RlConfig:
 
     def _check_turns(self) -> None:
         ro, terms = self.rollout, self.terms
+        if ro.merged_generation and (ro.behaviour == "props" or self.use_vllm):
+            raise ValueError("rollout.merged_generation merges the policy's adapter for transformers generation; not "
+                             "with rollout.behaviour=props (it samples from a second adapter) or use_vllm (the engine "
+                             "holds its own weights): set rollout.merged_generation=false")
         combined = ro.partial or ro.behaviour != "policy" or ro.resolved_rounds() > 1 or self.use_vllm
         if ro.turns < 1 or (ro.turns > 1 and combined):
             raise ValueError(f"rollout.turns={ro.turns}: 1 or more; above 1 it samples whole episodes with transformers, "

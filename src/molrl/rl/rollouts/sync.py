@@ -10,6 +10,7 @@ sampling-error metric (from the loss's own log-probs where they are the sampling
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import time
@@ -23,6 +24,7 @@ from transformers import StoppingCriteriaList
 from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.utils import use_adapter
 
+from molrl.lora_merge import merged_lora
 from molrl.rl.batch import LossInputs, RolloutBatch, TokenRoles, merge_batches, pad_rows, pad_values
 from molrl.rl.config import RlConfig
 from molrl.rl.loss import sampler_weights
@@ -96,7 +98,14 @@ class Synchronous:
 
     def generate_round(self, prompts: list[str], sampled: list[tuple[list[int], list[int]]]) -> tuple:
         """TRL's generation of one round's ``prompts`` (``sampled``: the step's earlier rounds' rows)."""
-        return self.trainer._generate(prompts)
+        with self.generation_weights():
+            return self.trainer._generate(prompts)
+
+    def generation_weights(self) -> Any:
+        """The context generation runs in: the policy's adapter merged (``rollout.merged_generation``) or as is."""
+        if not self.cfg.rollout.merged_generation:
+            return contextlib.nullcontext()
+        return merged_lora(self.trainer.accelerator.unwrap_model(self.trainer.model))
 
     def continue_rows(self, sequences: list[list[int]], max_new_tokens: int,
                       stopper_for: Callable[[int], Any]) -> tuple[list[list[int]], Any]:
@@ -111,7 +120,7 @@ class Synchronous:
                                           gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
                                           generation_kwargs=trainer.generation_kwargs,
                                           gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs)
-              as model, torch.no_grad()):
+              as model, torch.no_grad(), self.generation_weights()):
             out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
                                  stopping_criteria=StoppingCriteriaList([stopper]))
         return out[:, ids.size(1):].tolist(), stopper
