@@ -34,8 +34,8 @@ def _count_prompts(monkeypatch) -> list[int]:
     calls: list[int] = []
     real = sources.load_generator
 
-    def counting(cfg):
-        gen, tok = real(cfg)
+    def counting(cfg, *args):
+        gen, tok = real(cfg, *args)
         inner = gen.generate
         gen.generate = lambda prompts, sampling: (calls.append(len(prompts)), inner(prompts, sampling))[1]
         return gen, tok
@@ -133,7 +133,7 @@ class _SecondTryGenerator:
 def test_interactive_verdict_comes_from_the_last_submission(shared_data, tmp_path, monkeypatch):
     from molrl.models import load_tokenizer
 
-    monkeypatch.setattr(sources, "load_generator", lambda cfg: (_SecondTryGenerator(), load_tokenizer("tiny:chatml")))
+    monkeypatch.setattr(sources, "load_generator", lambda cfg, *args: (_SecondTryGenerator(), load_tokenizer("tiny:chatml")))
     cfg = _cfg(shared_data, tmp_path / "run", ["aime24"], limit=1, mode="interactive")
     out = run_eval(cfg)
     assert json.loads((out / "results.json").read_text())["benchmarks"]["aime24"]["pass@1"] == 1.0

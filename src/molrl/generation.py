@@ -99,38 +99,79 @@ class TransformersGenerator:
             input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), **kwargs
         )  # [B * n, L + new]
         new_tokens = out[:, width:].tolist()
-        texts = [self._decode(ids, sampling) for ids in new_tokens]
+        texts = [decode_completion(self.tokenizer, ids, sampling) for ids in new_tokens]
         return [texts[i * sampling.n : (i + 1) * sampling.n] for i in range(len(batch_ids))]
 
-    def _decode(self, ids: list[int], sampling: SamplingConfig) -> Completion:
-        """Text of the generated tokens, up to and without the first end-of-sequence token; truncated when all
-        ``max_new_tokens`` were generated and neither an end-of-sequence token nor a stop string ended them (a row
-        that stopped early is padded)."""
-        eos = self.tokenizer.eos_token_id
-        eos_ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.pad_token_id}
-        truncated = len(ids) >= sampling.max_new_tokens
-        for cut, token in enumerate(ids):
-            if token in eos_ids:
-                ids, truncated = ids[:cut], False
-                break
-        text = self.tokenizer.decode(ids, skip_special_tokens=False)
-        return Completion(text, truncated and not any(text.endswith(stop) for stop in sampling.stop))
+
+def end_ids(tokenizer: Any) -> set[int]:
+    """The token ids that end a completion: the tokenizer's end-of-sequence token(s) and its pad token."""
+    eos = tokenizer.eos_token_id
+    return set(eos if isinstance(eos, list) else [eos]) | {tokenizer.pad_token_id}
+
+
+def decode_completion(tokenizer: Any, ids: Sequence[int], sampling: SamplingConfig) -> Completion:
+    """Text of the generated tokens, up to and without the first end token (``end_ids``); truncated when all
+    ``max_new_tokens`` were generated and neither an end token nor a stop string ended them. Both engines decode
+    through here, so a completion's text does not depend on the engine that sampled it."""
+    ends = end_ids(tokenizer)
+    ids = list(ids)
+    truncated = len(ids) >= sampling.max_new_tokens
+    for cut, token in enumerate(ids):
+        if token in ends:
+            ids, truncated = ids[:cut], False
+            break
+    text = tokenizer.decode(ids, skip_special_tokens=False)
+    return Completion(text, truncated and not any(text.endswith(stop) for stop in sampling.stop))
+
+
+VLLM_LORA_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
+"""Adapted modules vLLM serves as a LoRA adapter; an adapter on others (the head, the embeddings) is merged into a
+copy of the model instead."""
+VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+"""The ``max_lora_rank`` values vLLM accepts."""
 
 
 class VLLMGenerator:
-    """Generation with vLLM (``pip install molrl[gpu]``) for a model directory."""
+    """Generation with vLLM for a model directory, with a PEFT adapter served as vLLM LoRA (or, where vLLM cannot
+    serve it, merged into a temporary copy of the model that the generator removes when closed).
 
-    def __init__(self, model_path: str, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.85, **llm_kwargs: Any):
+    The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, as TRL's colocate mode): no spawned
+    workers, no ``__main__`` guard needed. On a CPU its KV cache takes ``VLLM_CPU_KVCACHE_SPACE`` GiB (default 1).
+    """
+
+    def __init__(self, model_path: str, tokenizer: Any, adapter: str | None = None, dtype: str = "auto", seed: int = 0,
+                 tensor_parallel_size: int = 1, gpu_memory_utilization: float | None = None,
+                 max_model_len: int | None = None, **llm_kwargs: Any):
+        import os
+        import tempfile
+
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        on_gpu = torch.cuda.is_available()
+        if not on_gpu:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         try:
             from vllm import LLM
         except ImportError as err:
-            raise ImportError("vLLM is not installed; install molrl[gpu] or use the transformers backend") from err
-        self.llm = LLM(
-            model=model_path,
-            tensor_parallel_size=tensor_parallel_size,
-            gpu_memory_utilization=gpu_memory_utilization,
-            **llm_kwargs,
-        )
+            from molrl.engines import install_hint
+
+            raise ImportError(f"vLLM is not installed: {install_hint()}; or use engine=transformers") from err
+        self.tokenizer, self.lora, self._merged_dir = tokenizer, None, None
+        kwargs: dict[str, Any] = dict(llm_kwargs)
+        if adapter is not None:
+            rank, modules = adapter_shape(adapter)
+            if modules <= VLLM_LORA_MODULES and rank <= VLLM_LORA_RANKS[-1]:
+                from vllm.lora.request import LoRARequest
+
+                kwargs.update(enable_lora=True, max_loras=1,
+                              max_lora_rank=next(r for r in VLLM_LORA_RANKS if r >= rank))
+                self.lora = LoRARequest("adapter", 1, str(adapter))
+            else:  # the head or embeddings adapted: generate from a merged copy
+                self._merged_dir = tempfile.TemporaryDirectory(prefix="molrl-merged-")
+                merge_adapter_copy(model_path, adapter, self._merged_dir.name)
+                model_path = self._merged_dir.name
+        self.llm = LLM(model=model_path, dtype=dtype, seed=seed, tensor_parallel_size=tensor_parallel_size,
+                       gpu_memory_utilization=gpu_memory_utilization or (0.85 if on_gpu else 0.3),
+                       max_model_len=max_model_len, **kwargs)
 
     def generate(self, prompts: Sequence[str], sampling: SamplingConfig) -> list[list[str]]:
         """``n`` completions for each prompt, in prompt order."""
@@ -145,7 +186,34 @@ class VLLMGenerator:
             seed=sampling.seed,
             stop=list(sampling.stop) or None,
             include_stop_str_in_output=True,
+            stop_token_ids=sorted(end_ids(self.tokenizer)),  # the pad token ends a completion too, as in transformers
         )
-        inputs = [{"prompt_token_ids": list(p.ids)} if isinstance(p, ChatPrompt) else p for p in prompts]
-        outputs = self.llm.generate(inputs, params)
-        return [[Completion(c.text, c.finish_reason == "length") for c in o.outputs] for o in outputs]
+        inputs = [{"prompt_token_ids": prompt_ids(self.tokenizer, p)} for p in prompts]  # ids in: nothing re-tokenised
+        outputs = self.llm.generate(inputs, params, lora_request=self.lora, use_tqdm=False)
+        return [[decode_completion(self.tokenizer, c.token_ids, sampling) for c in o.outputs] for o in outputs]
+
+    def close(self) -> None:
+        """Remove the merged copy of the model, if one was made."""
+        if self._merged_dir is not None:
+            self._merged_dir.cleanup()
+            self._merged_dir = None
+
+
+def adapter_shape(adapter: str) -> tuple[int, frozenset[str]]:
+    """(rank, adapted module names) of a PEFT LoRA adapter directory."""
+    import json
+    from pathlib import Path
+
+    from molrl.mol.export import adapter_modules
+
+    return int(json.loads((Path(adapter) / "adapter_config.json").read_text())["r"]), adapter_modules(adapter)
+
+
+def merge_adapter_copy(model_path: str, adapter: str, out: str) -> None:
+    """Save ``model_path`` with ``adapter`` merged into it (``molrl.mol.export.merged_model``), and its tokenizer,
+    to ``out``."""
+    from molrl.models import load_tokenizer
+    from molrl.mol.export import merged_model
+
+    merged_model(model_path, adapter).save_pretrained(out)
+    load_tokenizer(model_path).save_pretrained(out)

@@ -44,9 +44,9 @@ HARMLESS: dict[str, tuple[str, ...]] = {
             "train.resume", "threads"),
     "rl": ("output_dir", "train.report_to", "train.logging_steps", "train.save_steps", "reward.sandbox_workers",
            "threads"),
-    "collect": ("out", "limit", "samples", "backend", "device", "progress", "sandbox", "episode.batch_size", "threads"),
+    "collect": ("out", "limit", "samples", "engine", "device", "progress", "sandbox", "episode.batch_size", "threads"),
     "eval": ("output_dir", "label", "benchmarks", "limit", "ks", "batch_size", "partial_predictions", "device",
-             "backend", "sandbox", "threads"),
+             "engine", "sandbox", "threads"),
 }
 """Per stage, the keys a re-run may change freely (a section's name covers every key in it). collect's
 ``limit`` and ``samples`` and eval's ``benchmarks`` and ``limit`` only add or leave out work; what was

@@ -101,8 +101,11 @@ class CollectConfig:
     """Use only the first N tasks."""
     adapter: str | None = None
     """PEFT adapter directory put on top of the model."""
-    backend: Literal["transformers", "vllm"] = "transformers"
-    """Generation engine (vllm needs ``pip install molrl[gpu]``)."""
+    engine: Literal["auto", "vllm", "transformers"] = "auto"
+    """Generation engine: auto (vLLM when installed and the work pays for its start, else transformers), vllm or
+    transformers (``molrl.engines``); an adapter is served as vLLM LoRA or merged into a temporary copy."""
+
+    RENAMED_KEYS: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {"backend": ("engine", lambda v: v)}
     dtype: str = "float32"
     """Model weight dtype for the transformers backend (float32, bfloat16, float16)."""
     device: str | None = None

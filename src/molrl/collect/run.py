@@ -68,7 +68,7 @@ def _collect(cfg: CollectConfig, out: Path, generator: Any, tokenizer: Any, task
                     "set episode.sampling.temperature", cfg.samples)
     use_threads(cfg.threads, "collect")
     if generator is None or tokenizer is None:
-        generator, tokenizer = build_generator(cfg)
+        generator, tokenizer = build_generator(cfg, episodes=todo)
     settings = generation_settings(cfg)
     stats = _Stats()
     for pair in pairs:
@@ -167,7 +167,7 @@ def generation_settings(cfg: CollectConfig) -> dict[str, Any]:
     return {
         "model": cfg.model,
         "adapter": cfg.adapter,
-        "backend": cfg.backend,
+        "engine": cfg.engine,
         "dtype": cfg.dtype,
         "sampling": to_dict(cfg.episode.sampling),
         "enable_thinking": cfg.episode.enable_thinking,
@@ -179,15 +179,18 @@ def generation_settings(cfg: CollectConfig) -> dict[str, Any]:
     }
 
 
-def build_generator(cfg: CollectConfig) -> tuple[Any, Any]:
-    """The generator and tokenizer for ``cfg.model`` on the chosen backend."""
+def build_generator(cfg: CollectConfig, episodes: int = 0) -> tuple[Any, Any]:
+    """The generator and tokenizer for ``cfg.model`` on the engine ``cfg.engine`` picks for ``episodes`` episodes of
+    work (``molrl.engines``)."""
+    from molrl.engines import choose_engine
     from molrl.generation import TransformersGenerator, VLLMGenerator
     from molrl.models import default_device, load_model_and_tokenizer, load_tokenizer
 
-    if cfg.backend == "vllm":
-        if cfg.adapter:
-            raise MolrlError("backend vllm takes a merged model directory; merge the adapter first (molrl export)")
-        return VLLMGenerator(cfg.model), load_tokenizer(cfg.model)
+    engine = choose_engine(cfg.engine, cfg.model, episodes * cfg.episode.max_turns * cfg.episode.sampling.max_new_tokens)
+    engine.log("collect")
+    if engine.name == "vllm":
+        tokenizer = load_tokenizer(cfg.model)
+        return VLLMGenerator(cfg.model, tokenizer, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.episode.seed), tokenizer
     model, tokenizer = load_model_and_tokenizer(
         cfg.model, dtype=cfg.dtype, device=cfg.device or default_device(), adapter=cfg.adapter, seed=cfg.episode.seed
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Callable, ClassVar, Literal
 
 from molrl.collect.config import EpisodeConfig
 from molrl.config import Count
@@ -46,8 +46,11 @@ class EvalConfig:
     """Model weights dtype of the transformers backend: float32, bfloat16 or float16 (vllm uses the checkpoint's)."""
     device: str | None = None
     """Where the model runs (cpu, cuda); default: cuda when visible, else cpu."""
-    backend: Literal["transformers", "vllm"] = "transformers"
-    """Generation engine; vllm needs the gpu extra and a merged model directory (no adapter)."""
+    engine: Literal["auto", "vllm", "transformers"] = "auto"
+    """Generation engine: auto (vLLM when installed and the work pays for its start, else transformers), vllm or
+    transformers (``molrl.engines``); an adapter is served as vLLM LoRA or merged into a temporary copy."""
+
+    RENAMED_KEYS: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {"backend": ("engine", lambda v: v)}
     benchmarks: list[str] = field(default_factory=lambda: ["math500", "aime24", "aime25", "humaneval", "mbpp"])
     """Benchmarks to run: math500, aime24, aime25, humaneval, mbpp, or names defined under custom."""
     data: dict[str, str] = field(default_factory=dict)

@@ -31,6 +31,10 @@ class InteractiveSource:
     def select(self, name: str, tasks: Sequence[Task]) -> list[Task]:
         return list(tasks)
 
+    def plan(self, problems: int) -> None:
+        """Record how many problems are left to sample (each an episode of up to ``interactive.max_turns`` turns)."""
+        self._model.plan(problems, turns=self.cfg.interactive.max_turns)
+
     def finished(self, name: str, task_id: str, records: Sequence[SampleRecord]) -> bool:
         return len(records) == self.cfg.sampling.n
 

