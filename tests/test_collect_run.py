@@ -199,3 +199,30 @@ def test_a_second_writer_of_the_same_file_is_refused(tmp_path, shared_data):
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running collection holds it
         with pytest.raises(MolrlError, match="being written by another molrl collect"):
             run_collect(cfg)
+
+
+class _LookupTableGenerator:
+    """Submits ``return None``, then a table of the expected values the feedback showed (finding 3's attack)."""
+
+    def generate(self, prompts, sampling):
+        import re
+
+        out = []
+        for prompt in prompts:
+            name = re.search(r"function `(\w+)`", prompt).group(1)
+            shown = re.findall(r"^- \w+\((.*)\) returned None, expected (.*)$", prompt, re.M)
+            rows = [f"    if args == ({args},):\n        return {expected}" for args, expected in shown]
+            out.append([f"<solution>\ndef {name}(*args):\n" + "\n".join(rows) + "\n    return None\n</solution>"])
+        return out
+
+
+def test_finding3_collect_success_is_the_held_back_verdict_and_success_only_drops_a_lookup_table(tmp_path, shared_data):
+    cfg = _cfg(tmp_path, shared_data / "humaneval/HumanEval.jsonl.gz", "humaneval", limit=20,
+               episode=EpisodeConfig(enable_thinking=False))
+    run_collect(cfg, generator=_LookupTableGenerator(), tokenizer=build_tiny_tokenizer("chatml"))
+    traces = [t for t in _traces(cfg.out) if t.meta["held_back"]]
+    assert len(traces) >= 15 and sum(t.meta["verdict"] is True for t in traces) >= 5  # shown tests "solved"...
+    assert [t.meta["success"] for t in traces] == [False] * len(traces)  # ...the held-back ones never
+    kept = tmp_path / "kept.jsonl"
+    assert cli.main(["traces", "filter", str(cfg.out), str(kept), "--success-only"]) == 0
+    assert all(not t.meta["held_back"] for _, t in read_traces(kept))  # only one-test tasks, flagged, may remain
