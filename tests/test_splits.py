@@ -15,7 +15,7 @@ from molrl.rl.data import load_task_source
 from molrl.sandbox import SandboxConfig
 from molrl.tasks import Task, load_tasks
 from molrl.tasks.splits import (SPLITS, TRAINED_ON, benchmark_split, mbpp_split, read_trained_on, select_split,
-                                trained_overlap, write_trained_on)
+                                task_entries, trained_overlap, write_trained_on)
 
 FILES = {"mbpp": "mbpp/mbpp.jsonl", "humaneval": "humaneval/HumanEval.jsonl.gz", "math500": "math500/test.jsonl",
          "aime": "aime24/test.jsonl"}
@@ -77,8 +77,8 @@ def test_unknown_split_is_one_line():
 
 def test_trained_on_is_merged_along_a_chain_of_runs(tmp_path, shared_data):
     mbpp = load_tasks(shared_data / FILES["mbpp"], "mbpp")
-    write_trained_on(tmp_path / "mol", [t for t in mbpp if t.id in ("11", "601")])
-    write_trained_on(tmp_path / "rl", [t for t in mbpp if t.id == "602"], earlier=tmp_path / "mol")
+    write_trained_on(tmp_path / "mol", task_entries(t for t in mbpp if t.id in ("11", "601")))
+    write_trained_on(tmp_path / "rl", task_entries(t for t in mbpp if t.id == "602"), earlier=tmp_path / "mol")
     assert read_trained_on(tmp_path / "rl" / "adapter") == {"mbpp": {"test": ["11"], "train": ["601", "602"]}}
     assert trained_overlap(tmp_path / "rl" / "adapter", mbpp) == {"mbpp/test": 1, "mbpp/train": 2}
 
@@ -93,7 +93,7 @@ def _eval_cfg(shared_data, tmp_path, adapter, **kw):
 
 def test_finding2_eval_refuses_to_score_what_the_adapter_trained_on(tmp_path, shared_data):
     run = tmp_path / "rl"
-    write_trained_on(run, [t for t in load_tasks(shared_data / FILES["mbpp"], "mbpp", split="all")])
+    write_trained_on(run, task_entries(load_tasks(shared_data / FILES["mbpp"], "mbpp", split="all")))
     (run / "adapter").mkdir()
     with pytest.raises(MolrlError) as err:
         run_eval(_eval_cfg(shared_data, tmp_path, run / "adapter"))
@@ -107,7 +107,25 @@ def test_finding2_eval_refuses_to_score_what_the_adapter_trained_on(tmp_path, sh
 
 def test_eval_scores_an_adapter_trained_on_the_train_split(tmp_path, shared_data):
     run = tmp_path / "rl"
-    write_trained_on(run, load_tasks(shared_data / FILES["mbpp"], "mbpp", split="train"))
+    write_trained_on(run, task_entries(load_tasks(shared_data / FILES["mbpp"], "mbpp", split="train")))
     (run / "adapter").mkdir()
     out = run_eval(_eval_cfg(shared_data, tmp_path, run / "adapter"))
     assert json.loads((out / "results.json").read_text())["benchmarks"]["mbpp"]["problems"] == 2
+
+
+def test_mol_records_the_benchmark_tasks_its_traces_were_collected_on(tmp_path):
+    from molrl.mol.data import load_examples
+    from molrl.tiny import build_tiny_tokenizer
+
+    def trace(task_id, split, kind="domain"):
+        meta = {"kind": kind, "task_id": task_id, "benchmark": "mbpp", "task_split": split}
+        return {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
+                             {"role": "tool", "content": "f"}, {"role": "assistant", "content": "b"}], "meta": meta}
+
+    path = tmp_path / "traces.jsonl"
+    rows = [trace("11", "test"), trace("11", "test"), trace("601", "train"), trace("12", "test", kind="general")]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _, stats = load_examples([str(path)], build_tiny_tokenizer("chatml"), 256)
+    assert stats.benchmark_tasks == [("mbpp", "test", "11"), ("mbpp", "train", "601")]  # general traces: not tasks
+    write_trained_on(tmp_path / "mol", stats.benchmark_tasks)
+    assert read_trained_on(tmp_path / "mol") == {"mbpp": {"test": ["11"], "train": ["601"]}}

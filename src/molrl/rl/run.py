@@ -135,7 +135,7 @@ def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: li
     from molrl.rl.data import build_prompt_rows, load_task_source
     from molrl.rl.score import Scorer
     from molrl.sandbox import SandboxConfig, SandboxPool
-    from molrl.tasks.splits import write_trained_on
+    from molrl.tasks.splits import task_entries, write_trained_on
 
     tasks = load_task_source(cfg.data, "data")
     rows, summary = build_prompt_rows(
@@ -145,7 +145,7 @@ def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: li
     )
     if PartialState().is_main_process:
         (out / "data_summary.json").write_text(json.dumps(dataclasses.asdict(summary), indent=2))
-        write_trained_on(out, tasks, cfg.policy.mol_adapter)  # what eval refuses to score with this adapter
+        write_trained_on(out, task_entries(tasks), cfg.policy.mol_adapter)  # what eval refuses to score with this adapter
     if not rows:
         raise MolrlError(
             f"{cfg.data.path or cfg.data.format}: no task left to train on ({summary.tasks} read, "

@@ -94,26 +94,31 @@ def overlap_line(tasks: Sequence[Task], key: str) -> str | None:
             f"molrl eval will refuse to score them with this run's adapter")
 
 
-def trained_record(tasks: Iterable[Task]) -> dict[str, Any]:
-    """What ``trained_on.json`` holds: per benchmark, per split, the sorted ids of the tasks trained on."""
-    record: dict[str, dict[str, list[str]]] = {}
-    for task in tasks:
-        name = benchmark_of(task)
-        if name is not None and task.split is not None:
-            record.setdefault(name, {}).setdefault(task.split, []).append(task.id)
-    return {"benchmarks": {name: {split: sorted(set(ids)) for split, ids in splits.items()}
+def task_entries(tasks: Iterable[Task]) -> list[tuple[str | None, str | None, str]]:
+    """(benchmark, split, id) of each task: what ``trained_on.json`` records of it."""
+    return [(benchmark_of(t), t.split, t.id) for t in tasks]
+
+
+def trained_record(entries: Iterable[tuple[str | None, str | None, str]]) -> dict[str, Any]:
+    """What ``trained_on.json`` holds: per benchmark, per split, the sorted ids of the (benchmark, split, id) entries
+    trained on (entries without a benchmark or split are a user's own tasks: nothing to record)."""
+    record: dict[str, dict[str, set[str]]] = {}
+    for name, split, task_id in entries:
+        if name is not None and split is not None:
+            record.setdefault(name, {}).setdefault(split, set()).add(str(task_id))
+    return {"benchmarks": {name: {split: sorted(ids) for split, ids in sorted(splits.items())}
                            for name, splits in sorted(record.items())}}
 
 
-def write_trained_on(folder: Path, tasks: Iterable[Task], earlier: Path | None = None) -> Path:
-    """Write ``folder/trained_on.json`` for ``tasks``, merged with the record found for ``earlier`` (the adapter a
-    run continued from), so a chain of runs keeps every task any of them trained on."""
-    record = trained_record(tasks)
+def write_trained_on(folder: Path, entries: Iterable[tuple[str | None, str | None, str]],
+                     earlier: Path | None = None) -> Path:
+    """Write ``folder/trained_on.json`` for ``entries`` (``task_entries``), merged with the record found for
+    ``earlier`` (the adapter a run continued from), so a chain of runs keeps every task any of them trained on."""
+    entries = list(entries)
     if earlier is not None:
-        for name, splits in (read_trained_on(earlier) or {}).items():
-            mine = record["benchmarks"].setdefault(name, {})
-            for split, ids in splits.items():
-                mine[split] = sorted(set(mine.get(split, [])) | set(ids))
+        entries += [(name, split, i) for name, splits in (read_trained_on(earlier) or {}).items()
+                    for split, ids in splits.items() for i in ids]
+    record = trained_record(entries)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / TRAINED_ON
     tmp = path.with_name(path.name + ".tmp")
