@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections import defaultdict
 from types import SimpleNamespace
@@ -9,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from molrl.collect import EpisodeConfig
+from molrl.collect.loop import open_episode
 from molrl.content import encode_content
 from molrl.graders.code import CodeRewardConfig
 from molrl.rl.config import RlConfig, TrainSettings
@@ -20,6 +22,7 @@ from molrl.tasks import Task, load_tasks
 from molrl.tasks.grade import grade
 from molrl.tasks.held_out import (episode_tasks, held_back_indices, shows_tests, split_outcome, split_reason,
                                   split_tests)
+from molrl.tasks.prompts import user_message
 from molrl.tasks.types import TestCase
 from molrl.tiny import build_tiny_tokenizer
 
@@ -118,13 +121,18 @@ def _mbpp_tables(shared_data, n=20):
     return [t for t in tasks if len(ASSERT.findall(t.prompt)) == 1 and len(held_back_indices(t)) == 2][:n]
 
 
-def test_finding1_mbpp_prompts_list_only_the_shown_test(shared_data):
-    for task in load_tasks(shared_data / "mbpp/mbpp.jsonl", "mbpp"):
-        asserts = re.findall(r"^assert\b", task.prompt, re.M)
-        assert len(asserts) == 1, task.id  # the first test, as the example; the other two held back
-    task = load_tasks(shared_data / "mbpp/mbpp.jsonl", "mbpp", limit=1)[0]
-    assert "min_cost([[1, 2, 3], [4, 8, 2], [1, 5, 3]], 2, 2) == 8" in task.prompt
-    assert "== 12" not in task.prompt and "== 16" not in task.prompt  # tests 2 and 3 of task 1
+def test_finding1_no_prompt_shows_a_held_back_test(shared_data):
+    path = shared_data / "mbpp/mbpp.jsonl"
+    raw = {str(r["task_id"]): r["test_list"] for r in map(json.loads, path.read_text().splitlines())}
+    tok = build_tiny_tokenizer("chatml")
+    for task in load_tasks(path, "mbpp"):
+        shown, *rest = raw[task.id]
+        opening = "\n".join(m["content"] for m in open_episode(task, 0, EpisodeConfig()).messages)
+        for text in (task.prompt, user_message(task), opening):  # the task, single-turn RL's prompt, an episode's
+            assert shown in text and len(re.findall(r"^assert\b", text, re.M)) == 1, task.id
+            assert not [t for t in rest if t != shown and t in text], task.id  # held back: never in a prompt
+    rows, _ = build_prompt_rows(load_tasks(path, "mbpp", limit=3), tok, enable_thinking=False, max_prompt_length=8192)
+    assert "== 12" not in rows[0]["prompt"] and "== 16" not in rows[0]["prompt"]  # task 1's tests 2 and 3
 
 
 def test_finding1_single_turn_a_lookup_table_of_the_prompt_earns_no_reward(shared_data):

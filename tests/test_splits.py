@@ -46,7 +46,7 @@ def test_finding2_rl_on_the_mbpp_file_loads_only_its_train_split(shared_data, ca
     assert "eval test split" not in caplog.text
     tasks = load_task_source(TaskSource(path=shared_data / FILES["mbpp"], format="mbpp", split="all"), "data")
     assert len(tasks) == 974
-    assert "data: 500 of the 974 training tasks are in an eval test split (500 of mbpp's test tasks)" in caplog.text
+    assert "data: 500 of the 974 tasks are in an eval test split (500 of mbpp's test tasks)" in caplog.text
 
 
 def test_a_test_only_benchmark_gives_no_training_task_unless_asked(shared_data):

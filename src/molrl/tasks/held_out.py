@@ -64,7 +64,8 @@ def split_reason(task: Task) -> str | None:
         return None
     distinct = len(task.tests) - sum(any(_same(t, s) for s in task.tests[:i]) for i, t in enumerate(task.tests))
     return (f"code task has {distinct} distinct test{'s' if distinct != 1 else ''}; with tests shown (in its prompt, "
-            "or in feedback when max_solutions > 1 or tests_on_execute) a verdict needs one more, held back")
+            "or in feedback when max_solutions > 1 or tests_on_execute) a verdict needs one more, held back; add a "
+            "distinct test to the task to train on it")
 
 
 def split_tests(task: Task) -> tuple[Task, Task]:

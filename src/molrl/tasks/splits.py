@@ -90,8 +90,8 @@ def overlap_line(tasks: Sequence[Task], key: str) -> str | None:
     if not counts:
         return None
     parts = ", ".join(f"{n} of {name}'s test tasks" for name, n in sorted(counts.items()))
-    return (f"{key}: {sum(counts.values())} of the {len(tasks)} training tasks are in an eval test split ({parts}); "
-            f"molrl eval will refuse to score them with this run's adapter")
+    return (f"{key}: {sum(counts.values())} of the {len(tasks)} tasks are in an eval test split ({parts}); "
+            f"molrl eval will refuse to score them with an adapter trained on them")
 
 
 def task_entries(tasks: Iterable[Task]) -> list[tuple[str | None, str | None, str]]:
