@@ -186,3 +186,9 @@ def test_finding1_multi_turn_a_lookup_table_of_prompt_and_feedback_earns_no_rewa
         rewards = score(graded, answers, pool, CodeRewardConfig(mode="binary")).rewards
     assert metrics["turns/stop_solved"][0] >= 0.75  # the episodes "solved" the tests they were shown...
     assert rewards == [0.0] * len(tasks)  # ...and the held-back tests give the table nothing
+
+
+def test_a_test_repeats_another_only_with_the_same_types():
+    ones = [TestCase("call", [1], True), TestCase("call", [True], 1), TestCase("call", [1.0], True)]
+    task = Task(id="t", prompt="?", kind="code", entry_point="f", tests=[ones[0], *ones])
+    assert held_back_indices(task) == [2, 3]  # 1 == True == 1.0 in Python, but f(True) is another test than f(1)

@@ -21,7 +21,10 @@ are not split: a wrong answer's feedback says it is wrong, never what is right.
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
+
+from molrl.sandbox.runtime.codec import encode
 
 from molrl.tasks.types import Task, TestCase
 
@@ -35,7 +38,14 @@ def shown_count(n: int) -> int:
 
 
 def _same(a: TestCase, b: TestCase) -> bool:
-    return dataclasses.astuple(a) == dataclasses.astuple(b)
+    """Whether two tests are one test: same kind, inputs and expected value, compared with their exact types."""
+    return _exact(a) == _exact(b)
+
+
+def _exact(test: TestCase) -> str:
+    fields = dataclasses.asdict(test)
+    fields.update(args=encode(list(test.args)), expected=encode(test.expected))
+    return json.dumps(fields, sort_keys=True, default=repr)
 
 
 def held_back_indices(task: Task) -> list[int]:

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from transformers import StoppingCriteria
 
-from molrl.collect.actions import STOP_STRINGS, parse_action
+from molrl.collect.actions import STOP_STRINGS
 from molrl.collect.loop import Episode, environment_turns, final_answer, start_episode, take_turn, think_prefill
 from molrl.collect.providers import build_providers
 from molrl.errors import MolrlError
