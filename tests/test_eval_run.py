@@ -171,3 +171,16 @@ def test_finding3_eval_turns_a_lookup_table_of_the_feedback_scores_nothing(share
     # pass@1 is 0 on every task that holds a test back; a one-test task shows its only test, is graded on it, flagged
     assert [r["id"] for r in records if r["correct"] and r["held_back_pass"] is not None] == []
     assert "shown_pass@1" in (out / "results.md").read_text()
+
+
+def test_single_turn_reports_the_shown_and_held_back_tests_apart(shared_data, tmp_path):
+    # MBPP 11's shown test is remove_Occ("hello","l") == "heo": a constant passes it and neither held-back test
+    reference_12 = json.loads((shared_data / DATA["mbpp"]).read_text().splitlines()[11])["code"]
+    predictions = tmp_path / "preds.jsonl"
+    predictions.write_text(json.dumps({"id": "11", "completion": "```python\ndef remove_Occ(s, ch):\n    return 'heo'\n```"})
+                           + "\n" + json.dumps({"id": "12", "completion": f"```python\n{reference_12}\n```"}) + "\n")
+    cfg = _cfg(shared_data, tmp_path / "run", ["mbpp"], predictions={"mbpp": str(predictions)})
+    m = json.loads((run_eval(cfg) / "results.json").read_text())["benchmarks"]["mbpp"]
+    assert (m["pass@1"], m["shown_pass@1"], m["held_back_pass@1"], m["no_held_back"]) == (0.5, 1.0, 0.5, 0)
+    assert [(r["shown_pass"], r["held_back_pass"]) for r in _samples(tmp_path / "run", "mbpp")] == [(True, False),
+                                                                                                   (True, True)]

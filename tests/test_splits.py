@@ -53,8 +53,10 @@ def test_a_test_only_benchmark_gives_no_training_task_unless_asked(shared_data):
     with pytest.raises(MolrlError, match=r"HumanEval.jsonl.gz: no task in the train split \(its splits: test\); "
                                          r"set data.split to one of them, or data.split=all"):
         load_task_source(TaskSource(path=shared_data / FILES["humaneval"], format="humaneval"), "data")
-    # RL's eval hook reads every task of its file unless told otherwise
+    # RL's eval hook scores a test split unless told otherwise: all of HumanEval, MBPP's tasks 11-510
     assert len(load_task_source(TaskSource(path=shared_data / FILES["humaneval"], format="humaneval"), "eval.tasks")) == 164
+    held_out = load_task_source(TaskSource(path=shared_data / FILES["mbpp"], format="mbpp"), "eval.tasks")
+    assert len(held_out) == 500 and {t.split for t in held_out} == {"test"}
 
 
 def test_a_file_without_splits_is_taken_whole(tmp_path):

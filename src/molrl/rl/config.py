@@ -67,7 +67,7 @@ class TaskSource:
     spec: JsonlSpec = field(default_factory=JsonlSpec)
     """Field names of a jsonl task file (format jsonl only)."""
     split: Literal["train", "validation", "test", "prompt", "all"] | None = None
-    """Benchmark split to take (train, validation, test, prompt or all); unset: train for data, all for eval.tasks."""
+    """Benchmark split to take (train, validation, test, prompt or all); unset: train for data, test for eval.tasks."""
 
 
 @dataclass

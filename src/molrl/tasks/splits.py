@@ -48,9 +48,10 @@ def benchmark_split(benchmark: str | None, task_id: str) -> str | None:
     return None
 
 
-def select_split(tasks: Sequence[Task], split: str | None, where: str, key: str) -> list[Task]:
-    """The tasks of ``split`` (``all``: every task; None: ``TRAINING_DEFAULT``); ``where`` (the file) and ``key``
-    (the config key) name the source in errors. A file without splits gives all its tasks when none is named."""
+def select_split(tasks: Sequence[Task], split: str | None, where: str, key: str,
+                 default: str = TRAINING_DEFAULT) -> list[Task]:
+    """The tasks of ``split`` (``all``: every task; None: ``default``); ``where`` (the file) and ``key`` (the config
+    key) name the source in errors. A file without splits gives all its tasks when none is named."""
     if split == "all" or not tasks:
         return list(tasks)
     if split is not None and split not in SPLITS:
@@ -60,7 +61,7 @@ def select_split(tasks: Sequence[Task], split: str | None, where: str, key: str)
             return list(tasks)
         raise MolrlError(f"{where}: its tasks have no benchmark split, so {key}={split} selects nothing; "
                          f"unset {key} or set {key}=all")
-    wanted = split or TRAINING_DEFAULT
+    wanted = split or default
     chosen = [t for t in tasks if t.split == wanted]
     if not chosen:
         found = sorted({t.split or "none" for t in tasks})
