@@ -71,8 +71,9 @@ def held_back_notes(benchmarks: dict[str, dict[str, Any]]) -> list[str]:
     for name, m in benchmarks.items():
         n = m.get("no_held_back")
         if n:
+            it, its = ("it", "its") if n == 1 else ("them", "their")
             out.append(f"- {name}: {n} problem{' holds' if n == 1 else 's hold'} no test back (shown_pass@1 and "
-                       "held_back_pass@1 leave it out; pass@1 grades all its tests).")
+                       f"held_back_pass@1 leave {it} out; pass@1 grades all {its} tests).")
     return out
 
 
