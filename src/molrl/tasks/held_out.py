@@ -25,7 +25,6 @@ import json
 from typing import Any
 
 from molrl.sandbox.runtime.codec import encode
-
 from molrl.tasks.types import Task, TestCase
 
 PROMPT_LISTS_TESTS = frozenset({"mbpp"})
