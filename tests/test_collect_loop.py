@@ -15,7 +15,9 @@ from molrl.tiny import build_tiny_tokenizer
 ADD = Task(
     id="add", prompt="TASK-ADD: return the sum of a and b.", kind="code", entry_point="add",
     tests=[TestCase("call", args=[1, 2], expected=3), TestCase("call", args=[3, 4], expected=7),
-           TestCase("call", args=[0, 0], expected=0)],
+           TestCase("call", args=[0, 0], expected=0),  # the first 3 of 6 are shown, the rest held back
+           TestCase("call", args=[5, 5], expected=10), TestCase("call", args=[2, -2], expected=0),
+           TestCase("call", args=[10, 1], expected=11)],
 )
 MATH = Task(id="m1", prompt="TASK-MATH: what is 2 + 2?", kind="math", answer="4")
 

@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _cfg(tmp_path, tasks, fmt, **kw):
+    kw.setdefault("split", "all")  # these tests name tasks by id (MBPP 1, HumanEval 0); the default split is train
     episode = kw.pop("episode", EpisodeConfig(max_turns=2, sampling=SamplingConfig(temperature=1.0, max_new_tokens=24)))
     return CollectConfig(model="tiny:chatml", tasks=tasks, format=fmt, out=tmp_path / "traces.jsonl", episode=episode,
                          sandbox=SandboxConfig(workers=1, timeout_s=5), progress=False, **kw)
@@ -61,6 +62,7 @@ def test_tiny_model_writes_traces_the_trainer_tokenises(tmp_path, shared_data, f
     traces = _traces(out)
     # every pair ends up in the traces, or (random bytes: a stray </think> in the first turn) the rejects file
     assert set(finished_pairs(out)) == {(t.id, s) for t in load_tasks(cfg.tasks, fmt, limit=2) for s in range(2)}
+    assert {t.meta["task_split"] for t in traces} == {"prompt" if fmt == "mbpp" else "test"}
     assert len(traces) >= 2
     tok = build_tiny_tokenizer("chatml")
     for trace in traces:
@@ -98,7 +100,7 @@ def test_a_lone_surrogate_in_a_result_is_written_not_fatal(tmp_path, shared_data
     run_collect(cfg, generator=ScriptedGenerator(scripts), tokenizer=build_tiny_tokenizer("chatml"))
     (trace,) = _traces(cfg.out)
     tests = trace.meta["observations"]["3"]["observation"]["grade"]["details"]["tests"]
-    assert [t["got"] for t in tests] == [{"t": "str", "v": "\ud800"}] * 3  # read back exactly
+    assert [t["got"] for t in tests] == [{"t": "str", "v": "\ud800"}]  # read back exactly (its one shown test)
     assert "returned '\\ud800', expected 8" in trace.messages[-1]["content"]
 
 
@@ -197,3 +199,30 @@ def test_a_second_writer_of_the_same_file_is_refused(tmp_path, shared_data):
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running collection holds it
         with pytest.raises(MolrlError, match="being written by another molrl collect"):
             run_collect(cfg)
+
+
+class _LookupTableGenerator:
+    """Submits ``return None``, then a table of the expected values the feedback showed (finding 3's attack)."""
+
+    def generate(self, prompts, sampling):
+        import re
+
+        out = []
+        for prompt in prompts:
+            name = re.search(r"function `(\w+)`", prompt).group(1)
+            shown = re.findall(r"^- \w+\((.*)\) returned None, expected (.*)$", prompt, re.M)
+            rows = [f"    if args == ({args},):\n        return {expected}" for args, expected in shown]
+            out.append([f"<solution>\ndef {name}(*args):\n" + "\n".join(rows) + "\n    return None\n</solution>"])
+        return out
+
+
+def test_finding3_collect_success_is_the_held_back_verdict_and_success_only_drops_a_lookup_table(tmp_path, shared_data):
+    cfg = _cfg(tmp_path, shared_data / "humaneval/HumanEval.jsonl.gz", "humaneval", limit=20,
+               episode=EpisodeConfig(enable_thinking=False))
+    run_collect(cfg, generator=_LookupTableGenerator(), tokenizer=build_tiny_tokenizer("chatml"))
+    traces = [t for t in _traces(cfg.out) if t.meta["held_back"]]
+    assert len(traces) >= 15 and sum(t.meta["verdict"] is True for t in traces) >= 5  # shown tests "solved"...
+    assert [t.meta["success"] for t in traces] == [False] * len(traces)  # ...the held-back ones never
+    kept = tmp_path / "kept.jsonl"
+    assert cli.main(["traces", "filter", str(cfg.out), str(kept), "--success-only"]) == 0
+    assert all(not t.meta["held_back"] for _, t in read_traces(kept))  # only one-test tasks, flagged, may remain

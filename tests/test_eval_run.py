@@ -140,3 +140,47 @@ def test_interactive_verdict_comes_from_the_last_submission(shared_data, tmp_pat
     record = _samples(out, "aime24")[0]
     assert (record["stage"], record["extracted"], record["details"]["solutions"]) == ("solved", "204", 2)
     assert len(record["details"]["feedback"]) == 2  # the wrong answer's feedback, then the verdict
+
+
+class _LookupTableGenerator:
+    """The attack of finding 3: submit ``return None``, then a table of the expected values the feedback showed."""
+
+    failed = __import__("re").compile(r"^- (\w+)\((.*)\) returned None, expected (.*)$", __import__("re").M)
+
+    def generate(self, prompts, sampling):
+        out = []
+        for prompt in prompts:
+            name = __import__("re").search(r"function `(\w+)`", prompt).group(1)
+            rows = [f"    if args == ({args},):\n        return {expected}" for _, args, expected in self.failed.findall(prompt)]
+            out.append([f"<solution>\ndef {name}(*args):\n" + "\n".join(rows) + "\n    return None\n</solution>"])
+        return out
+
+
+def test_finding3_eval_turns_a_lookup_table_of_the_feedback_scores_nothing(shared_data, tmp_path, monkeypatch):
+    from molrl.models import load_tokenizer
+
+    monkeypatch.setattr(sources, "load_generator", lambda cfg: (_LookupTableGenerator(), load_tokenizer("tiny:chatml")))
+    cfg = _cfg(shared_data, tmp_path / "run", ["humaneval"], limit=40, mode="interactive",
+               sampling=SamplingConfig(n=1, temperature=0.7, max_new_tokens=6))
+    out = run_eval(cfg)
+    m = json.loads((out / "results.json").read_text())["benchmarks"]["humaneval"]
+    assert m["shown_pass@1"] > 0.2  # the table passes the tests its feedback showed (14 of 40 before)...
+    assert m["held_back_pass@1"] == 0.0  # ...and none it never saw (it "solved" 14 of 40 before)
+    records = _samples(out, "humaneval")
+    assert sum(r["held_back_pass"] is None for r in records) == m["no_held_back"] > 0  # one-test tasks, flagged
+    # pass@1 is 0 on every task that holds a test back; a one-test task shows its only test, is graded on it, flagged
+    assert [r["id"] for r in records if r["correct"] and r["held_back_pass"] is not None] == []
+    assert "shown_pass@1" in (out / "results.md").read_text()
+
+
+def test_single_turn_reports_the_shown_and_held_back_tests_apart(shared_data, tmp_path):
+    # MBPP 11's shown test is remove_Occ("hello","l") == "heo": a constant passes it and neither held-back test
+    reference_12 = json.loads((shared_data / DATA["mbpp"]).read_text().splitlines()[11])["code"]
+    predictions = tmp_path / "preds.jsonl"
+    predictions.write_text(json.dumps({"id": "11", "completion": "```python\ndef remove_Occ(s, ch):\n    return 'heo'\n```"})
+                           + "\n" + json.dumps({"id": "12", "completion": f"```python\n{reference_12}\n```"}) + "\n")
+    cfg = _cfg(shared_data, tmp_path / "run", ["mbpp"], predictions={"mbpp": str(predictions)})
+    m = json.loads((run_eval(cfg) / "results.json").read_text())["benchmarks"]["mbpp"]
+    assert (m["pass@1"], m["shown_pass@1"], m["held_back_pass@1"], m["no_held_back"]) == (0.5, 1.0, 0.5, 0)
+    assert [(r["shown_pass"], r["held_back_pass"]) for r in _samples(tmp_path / "run", "mbpp")] == [(True, False),
+                                                                                                   (True, True)]

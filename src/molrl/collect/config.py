@@ -97,6 +97,8 @@ class CollectConfig:
     """Format of the task file."""
     jsonl: JsonlSpec = field(default_factory=JsonlSpec)
     """Field names and task kind of a ``jsonl`` task file."""
+    split: Literal["train", "validation", "test", "prompt", "all"] | None = None
+    """Benchmark split to collect on (unset: train; a file without splits is taken whole)."""
     limit: Count | None = None
     """Use only the first N tasks."""
     adapter: str | None = None

@@ -7,6 +7,10 @@ with a ``tool`` message written by the feedback providers (``molrl.collect.feedb
 ends on a correct solution, when its solution submissions or turns run out, or at the token limit.
 Finished episodes leave the batch at once and waiting ones take their places.
 
+Where the policy sees tests (feedback that reports test outcomes, or a prompt that lists them), an episode runs
+on the task's shown tests and its ``success`` is its last solution graded, once it ends, on the held-back ones
+(``molrl.tasks.held_out``): a lookup table of the expected values the feedback showed solves nothing.
+
 Simplifications, stated: every ``<execute>`` block runs in a fresh process (no state carries
 between turns; the instructions say so); a turn's sampling seed is the round's, so one episode's
 sample depends on which episodes shared its batch.
@@ -28,7 +32,10 @@ from molrl.collect.feedback import FeedbackProvider, Observation, render_feedbac
 from molrl.collect.providers import build_providers
 from molrl.content import encode_content
 from molrl.generation import Generator
+from molrl.graders.code import CodeRewardConfig
 from molrl.tasks import Task
+from molrl.tasks.grade import grade
+from molrl.tasks.held_out import episode_tasks, shows_tests
 from molrl.traces.schema import Trace, TraceError
 from molrl.traces.spans import chat_prompt, encode_chat
 
@@ -55,7 +62,14 @@ class Episode:
     solutions: int = 0
     """Solutions submitted."""
     verdict: bool | None = None
-    """Verdict of the last submitted solution (None when none was submitted)."""
+    """Verdict of the last submitted solution on the episode's tests (its shown ones where ``held_back``; None when
+    none was submitted)."""
+    graded: Task | None = None
+    """The task whose tests decide ``success`` where they are not the episode's: its held-back tests."""
+    held_back: bool = False
+    """Whether ``success`` is graded on held-back tests (False: no test is shown, or the task holds none back)."""
+    final_verdict: bool | None = None
+    """Verdict of the last solution on ``graded``'s tests, graded when the episode ends (None: not graded)."""
     stop_reason: str | None = None
     """Why it ended: solved, out_of_solutions, max_turns, token_limit, empty_turn, malformed_think, template_error
     (the chat template cannot render the conversation so that its messages can be located) or sandbox_error."""
@@ -73,8 +87,8 @@ class Episode:
 
     @property
     def success(self) -> bool:
-        """Whether a submitted solution was judged correct."""
-        return bool(self.verdict)
+        """Whether the last submitted solution was judged correct: on the held-back tests where ``held_back``."""
+        return bool(self.final_verdict) if self.graded is not None else bool(self.verdict)
 
     def to_trace(self, settings: dict[str, Any]) -> Trace:
         """The trace of this episode; ``settings`` (model, sampling, ...) go into ``meta['generation']``."""
@@ -83,6 +97,9 @@ class Episode:
             "kind": "domain",
             "task_id": self.task.id,
             "task_kind": self.task.kind,
+            "benchmark": self.task.meta.get("source"),
+            "task_split": self.task.split,
+            "held_back": self.held_back,
             "sample": self.sample,
             "success": self.success,
             "verdict": self.verdict,
@@ -98,6 +115,35 @@ class Episode:
             "generation": settings,
         }
         return Trace(messages=[dict(m) for m in self.messages], meta=meta)
+
+
+def open_episode(task: Task, sample: int, cfg: EpisodeConfig) -> Episode:
+    """A fresh episode of ``task`` on the tests it may show, its success graded on those it holds back."""
+    shown, graded, held_back = episode_tasks(task, shows_tests(cfg.max_turns, cfg))
+    episode = start_episode(shown, sample, cfg)
+    episode.graded, episode.held_back = (graded, True) if held_back else (None, False)
+    return episode
+
+
+def grade_final(pool: Any, episodes: Sequence[Episode]) -> None:
+    """Grade each ended episode's last solution on its ``graded`` tests (all in one batch) into ``final_verdict``."""
+    todo = [(ep, answer) for ep in episodes if ep.graded is not None and (answer := final_answer(ep))]
+    if todo:
+        grades = grade([ep.graded for ep, _ in todo], [answer for _, answer in todo], pool,  # type: ignore[misc]
+                       CodeRewardConfig(mode="binary"))
+        for (ep, _), g in zip(todo, grades):
+            ep.final_verdict = bool(g.correct)
+
+
+def final_answer(episode: Episode) -> str:
+    """The raw text of the episode's last submitted solution (what a reward or a final verdict grades); empty
+    when none."""
+    for message in reversed(episode.messages):
+        if message["role"] == "assistant":
+            action = parse_action(message["content"], episode.task.kind)
+            if action.kind == "solution":
+                return action.raw
+    return ""
 
 
 def start_episode(task: Task, sample: int, cfg: EpisodeConfig) -> Episode:
@@ -134,7 +180,7 @@ def run_episodes(
     episodes are also returned, in the order they ended. Nothing is written here.
     """
     providers = list(providers) if providers is not None else build_providers(cfg.feedback, cfg, tokenizer)
-    waiting = deque(start_episode(t, s, cfg) for t in tasks for s in range(samples) if (t.id, s) not in skip)
+    waiting = deque(open_episode(t, s, cfg) for t in tasks for s in range(samples) if (t.id, s) not in skip)
     active: list[Episode] = []
     finished: list[Episode] = []
     round_index = 0
@@ -143,6 +189,7 @@ def run_episodes(
             active.append(waiting.popleft())
         actions = model_turns(generator, tokenizer, active, cfg, seed=cfg.seed + round_index)
         environment_turns(pool, providers, cfg, [(ep, a) for ep, a in zip(active, actions) if a is not None])
+        grade_final(pool, [ep for ep in active if ep.done])
         for ep in active:
             if ep.done:
                 ep.tokens = _count_tokens(tokenizer, ep.messages, cfg.enable_thinking)

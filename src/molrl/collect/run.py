@@ -28,6 +28,7 @@ from molrl.errors import MolrlError
 from molrl.jsonl import json_line, repair_torn_tail
 from molrl.rerun import check_rerun, say_finished
 from molrl.tasks import Task
+from molrl.tasks.splits import overlap_line
 from molrl.traces.schema import TraceError, append_trace, read_traces
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,9 @@ def _collect(cfg: CollectConfig, out: Path, generator: Any, tokenizer: Any, task
     done = finished_pairs(out)
     check_rerun("collect", cfg, config_path(out), started=bool(done), run=out)  # molrl.rerun: one rule for every stage
     if tasks is None:
-        tasks = load_tasks(cfg.tasks, cfg.format, limit=cfg.limit, spec=cfg.jsonl)
+        tasks = load_tasks(cfg.tasks, cfg.format, limit=cfg.limit, spec=cfg.jsonl, split=cfg.split)
+        if line := overlap_line(tasks, "split"):
+            log.warning("%s", line)
     pairs = [(t.id, s) for t in tasks for s in range(cfg.samples)]
     total, todo = len(pairs), sum(pair not in done for pair in pairs)
     if todo == 0:

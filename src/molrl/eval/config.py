@@ -55,6 +55,10 @@ class EvalConfig:
     """Benchmarks to run: math500, aime24, aime25, humaneval, mbpp, or names defined under custom."""
     data: dict[str, str] = field(default_factory=dict)
     """Where each benchmark's problems are: NAME -> local file, or hub:DATASET[:SPLIT] (needs internet)."""
+    split: Literal["test", "validation", "train", "prompt", "all"] = "test"
+    """Benchmark split scored (MBPP's test split is tasks 11-510; a file without splits is scored whole)."""
+    allow_trained_overlap: bool = False
+    """Score problems the adapter's runs trained on (their trained_on.json); refused by default."""
     custom: dict[str, JsonlSpec] = field(default_factory=dict)
     """Custom JSONL benchmarks: NAME -> spec of its fields (prompt, answer or tests, grader)."""
     predictions: dict[str, str] = field(default_factory=dict)

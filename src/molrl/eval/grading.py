@@ -2,7 +2,8 @@
 
 Every completion goes through ``molrl.tasks.grade.grade``, the dispatch RL rewards and trace
 collection use: math-verify for math, the sandbox pool for code with the verdict decided
-outside it. Nothing here judges an answer itself.
+outside it. Nothing here judges an answer itself. A single-turn code sample is graded on all its task's tests (the
+benchmark's measure); whether its shown and its held-back tests passed is kept apart (``molrl.tasks.held_out``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any, Sequence
 from molrl.eval.metrics import majority_vote, problem_metrics
 from molrl.eval.samples import SampleRecord
 from molrl.tasks import Task
+from molrl.tasks.held_out import split_outcome
 
 
 def grade_samples(
@@ -58,6 +60,7 @@ def same_answer(a: str, b: str) -> bool:
 
 
 def _record(task: Task, sample: int, completion: str, grade: Any) -> SampleRecord:
+    shown, held_back = split_outcome(task, grade)
     return SampleRecord(
         id=task.id,
         sample=sample,
@@ -68,4 +71,6 @@ def _record(task: Task, sample: int, completion: str, grade: Any) -> SampleRecor
         stage=str(grade.stage),
         details=dict(grade.details or {}),
         truncated=bool(getattr(completion, "truncated", False)),  # a molrl.generation.Completion knows
+        shown_pass=shown,
+        held_back_pass=held_back,
     )

@@ -1,8 +1,9 @@
 """Interactive evaluation: the collection loop (``molrl.collect.loop``) run on benchmark problems.
 
 Each sample is one episode in which the model may execute code, see feedback and resubmit; the
-verdict is that of its last submitted solution, judged by the same graders. Scores here depend
-on feedback, unlike single-turn ones, and are reported for comparison with them.
+verdict is that of its last submitted solution, judged by the same graders on the tests the episode never
+showed (its held-back tests, where its feedback or prompt shows the others: ``molrl.collect.loop``). Scores
+here depend on feedback, unlike single-turn ones, and are reported for comparison with them.
 """
 
 from __future__ import annotations
@@ -70,4 +71,6 @@ def episode_record(ep: Episode) -> SampleRecord:
             m["content"] for m in ep.messages if m["role"] == "tool"
         ]},
         truncated=ep.stop_reason == "token_limit",  # the episode's token budget cut it
+        shown_pass=bool(ep.verdict) if ep.held_back else None,
+        held_back_pass=bool(ep.final_verdict) if ep.held_back else None,
     )

@@ -50,7 +50,7 @@ def results_markdown(results: dict[str, Any]) -> str:
     for name, m in benchmarks.items():
         cells = [_fraction(m.get(c)) for c in cols] + [_fraction(m.get("truncated"))]
         lines.append(f"| {name} | {m.get('problems', 0)} | {m.get('samples', 0)} | " + " | ".join(cells) + " |")
-    warnings = truncation_warnings(benchmarks, limit)
+    warnings = truncation_warnings(benchmarks, limit) + held_back_notes(benchmarks)
     if warnings:
         lines += ["", *warnings]
     for name, m in benchmarks.items():
@@ -59,6 +59,22 @@ def results_markdown(results: dict[str, Any]) -> str:
                 lines += ["", f"## {name} {key.replace('_', ' ')}", "", "| group | problems | pass@1 |", "|---|---:|---:|"]
                 lines += [f"| {g} | {v['problems']} | {_fraction(v['pass@1'])} |" for g, v in m[key].items()]
     return "\n".join(lines) + "\n"
+
+
+def held_back_notes(benchmarks: dict[str, dict[str, Any]]) -> list[str]:
+    """A note for each code benchmark with problems that hold no test back (graded on all their tests).
+
+    >>> held_back_notes({"mbpp": {"no_held_back": 1}, "humaneval": {"no_held_back": 0}})
+    ['- mbpp: 1 problem holds no test back (shown_pass@1 and held_back_pass@1 leave it out; pass@1 grades all its tests).']
+    """
+    out = []
+    for name, m in benchmarks.items():
+        n = m.get("no_held_back")
+        if n:
+            it, its = ("it", "its") if n == 1 else ("them", "their")
+            out.append(f"- {name}: {n} problem{' holds' if n == 1 else 's hold'} no test back (shown_pass@1 and "
+                       f"held_back_pass@1 leave {it} out; pass@1 grades all {its} tests).")
+    return out
 
 
 def truncation_warnings(benchmarks: dict[str, dict[str, Any]], limit: int | None = None, who: str = "") -> list[str]:

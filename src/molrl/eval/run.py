@@ -29,6 +29,7 @@ from molrl.eval.sources import PredictionSource, SamplingSource
 from molrl.eval.suites import load_suite
 from molrl.rerun import check_rerun, say_finished
 from molrl.tasks import Task
+from molrl.tasks.splits import refuse_trained_overlap
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,8 @@ def _evaluate(cfg: EvalConfig) -> Path:
     started = any(p.stat().st_size for p in out.glob("*/samples.jsonl"))
     check_rerun("eval", cfg, out / "config.yaml", started=started)  # molrl.rerun: one rule for every stage
     suites = {name: load_suite(name, cfg) for name in cfg.benchmarks}  # all data checked before any work
+    if cfg.adapter and not cfg.allow_trained_overlap:  # never score what the adapter trained on
+        refuse_trained_overlap(cfg.adapter, [t for tasks in suites.values() for t in tasks], "allow_trained_overlap")
     source = make_source(cfg)
     suites = {name: source.select(name, tasks) for name, tasks in suites.items()}
     if started and finished(out, cfg, suites, source):

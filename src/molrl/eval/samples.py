@@ -38,6 +38,10 @@ class SampleRecord:
     """Why the grader judged as it did: normalised forms, failing test, error text."""
     truncated: bool = False
     """Generation stopped at the token limit (max_new_tokens) before the model ended its answer."""
+    shown_pass: bool | None = None
+    """code: every test the task may show passed (None: not code, or the task holds no test back)."""
+    held_back_pass: bool | None = None
+    """code: every held-back test passed, tests the model never saw (None: not code, or none held back)."""
 
 
 class SampleStore:

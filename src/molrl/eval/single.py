@@ -69,8 +69,9 @@ def summarise(tasks: Sequence[Task], records: Sequence[Sequence[SampleRecord]], 
     """Benchmark metrics of graded samples (``records[i]`` belong to ``tasks[i]``).
 
     Adds a breakdown by ``subject`` and by ``level`` when every task's meta carries one (MATH-500),
-    counts of grading stages (how many answers were missing, wrong, timed out, ...), and ``truncated``: the share
-    of samples the token limit cut.
+    counts of grading stages (how many answers were missing, wrong, timed out, ...), ``truncated``: the share
+    of samples the token limit cut, and for code: ``shown_pass@1`` and ``held_back_pass@1`` (the shown and the
+    held-back tests apart, over the problems that hold tests back) and ``no_held_back`` (problems that hold none).
     """
     if len(tasks) != len(records):
         raise ValueError(f"summarise: {len(tasks)} tasks but {len(records)} record lists")
@@ -80,6 +81,20 @@ def summarise(tasks: Sequence[Task], records: Sequence[Sequence[SampleRecord]], 
         if tasks and all(key in t.meta for t in tasks):
             out[f"by_{key}"] = breakdown(per_problem, [t.meta[key] for t in tasks])
     out["stages"] = dict(Counter(r.stage for rs in records for r in rs).most_common())
+    out.update(split_metrics(tasks, records))
     samples = [r for rs in records for r in rs]
     out["truncated"] = sum(r.truncated for r in samples) / len(samples) if samples else 0.0
+    return out
+
+
+def split_metrics(tasks: Sequence[Task], records: Sequence[Sequence[SampleRecord]]) -> dict[str, Any]:
+    """Code benchmarks: pass@1 on the shown and on the held-back tests apart, and how many problems hold none back."""
+    code = [rs for t, rs in zip(tasks, records) if t.kind == "code" and rs]
+    if not code:
+        return {}
+    out: dict[str, Any] = {"no_held_back": sum(all(r.held_back_pass is None for r in rs) for rs in code)}
+    for name in ("shown_pass", "held_back_pass"):
+        per_problem = [[bool(getattr(r, name)) for r in rs] for rs in code if getattr(rs[0], name) is not None]
+        if per_problem:
+            out[f"{name}@1"] = sum(sum(v) / len(v) for v in per_problem) / len(per_problem)
     return out

@@ -2,8 +2,9 @@
 
 A benchmark's data is a local file in its usual format (see ``molrl.tasks.load_tasks``) or a
 Hugging Face dataset named ``hub:DATASET[:SPLIT]``, fetched with ``datasets.load_dataset`` and
-written to the run directory as JSONL before the same loader reads it. ``mbpp`` means MBPP's
-standard test split (tasks 11-510), taken out of Google's full file when that is the data given.
+written to the run directory as JSONL before the same loader reads it. Each benchmark is scored on its
+``split`` (default ``test``; ``molrl.tasks.splits``): ``mbpp`` means MBPP's standard test split (tasks 11-510),
+taken out of Google's full file when that is the data given. A file without splits is scored whole.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from molrl.errors import MolrlError
 from molrl.tasks import Task
+from molrl.tasks.splits import select_split
 
 log = logging.getLogger(__name__)
 
@@ -47,20 +49,14 @@ def load_suite(name: str, cfg: Any) -> list[Task]:
     if not path.is_file():
         raise MolrlError(f"{path}: data file of benchmark {name!r} not found")
     tasks = load_tasks(path, fmt, spec=spec)
-    if name == "mbpp":
-        tasks = mbpp_test_split(tasks, path)
+    if any(t.split is not None for t in tasks):  # a file without splits is scored whole
+        before = len(tasks)
+        tasks = select_split(tasks, cfg.split, str(path), "split")
+        if len(tasks) < before:
+            log.info("%s: scoring %s's %s split, %d of %d tasks", path, name, cfg.split, len(tasks), before)
     tasks = tasks[: cfg.limit] if cfg.limit is not None else tasks
     if not tasks:
         raise MolrlError(f"{path}: benchmark {name!r} has no problems")
-    return tasks
-
-
-def mbpp_test_split(tasks: list[Task], path: Path) -> list[Task]:
-    """MBPP's standard test split (tasks 11-510) when ``path`` is Google's full file of 974 tasks."""
-    in_split = [t for t in tasks if t.id.isdigit() and 11 <= int(t.id) <= 510]
-    if len(in_split) == 500 and len(tasks) > 500:
-        log.info("%s: scoring MBPP's test split (tasks 11-510), %d of %d tasks", path, 500, len(tasks))
-        return in_split
     return tasks
 
 

@@ -50,6 +50,9 @@ class DataStats:
     """Decision tokens of domain traces that carry a loss (the KL term's tokens)."""
     files: list[str] = field(default_factory=list)
     """Trace files read."""
+    benchmark_tasks: list[tuple[str, str, str]] = field(default_factory=list)
+    """(benchmark, split, task id) of the benchmark tasks the domain traces were collected on (``molrl collect``
+    records them), for the run's trained_on.json."""
 
 
 def example_from_tokenized(tok: Any, max_length: int) -> dict[str, Any]:
@@ -180,6 +183,9 @@ def _count(stats: DataStats, ex: dict[str, Any], trace: Any, truncated: bool) ->
     if ex["is_general"]:
         stats.general += 1
         return
+    entry = (trace.meta.get("benchmark"), trace.meta.get("task_split"), trace.meta.get("task_id"))
+    if None not in entry and entry not in stats.benchmark_tasks:
+        stats.benchmark_tasks.append(entry)
     # Position 0 is never predicted, so a mask set only there carries nothing.
     has_feedback, has_decision = any(ex["feedback_mask"][1:]), any(ex["decision_mask"][1:])
     stats.feedback_tokens += sum(ex["feedback_mask"][1:])

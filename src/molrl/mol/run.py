@@ -1,6 +1,7 @@
 """``run_mol``: traces -> tokenised examples -> model (+ LoRA) -> MolTrainer -> adapter on disk.
 
-Outputs in ``cfg.output_dir``: ``config.yaml`` (resolved), ``data_stats.json``, ``metrics.jsonl``
+Outputs in ``cfg.output_dir``: ``config.yaml`` (resolved), ``data_stats.json``, ``trained_on.json`` (the
+benchmark tasks its traces were collected on: ``molrl.tasks.splits``), ``metrics.jsonl``
 (one JSON object per logged step), ``checkpoints/checkpoint-N`` (a re-run resumes from the newest) with
 the tensorboard logs under ``checkpoints/runs/``, as the RL stage keeps them, and the final ``adapter/``
 (PEFT, loadable with plain peft) or ``model/`` (full fine-tuning).
@@ -43,12 +44,14 @@ def run_mol(cfg: MolConfig) -> Path:
     from molrl.models import load_tokenizer
     from molrl.mol.data import check_feedback, load_examples
     from molrl.runfiles import drop_records_after, load_checkpoint
+    from molrl.tasks.splits import write_trained_on
 
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "config.yaml")
     tokenizer = load_tokenizer(cfg.model)
     examples, stats = load_examples(cfg.data.traces, tokenizer, cfg.data.max_length, cfg.data.enable_thinking)
     (out / "data_stats.json").write_text(json.dumps(dataclasses.asdict(stats), indent=2))
+    write_trained_on(out, stats.benchmark_tasks)  # the benchmark tasks its traces came from: eval will not score them
     log.info("%d traces (%d general), %d tokens; %d without decision tokens, %d without feedback tokens, "
              "%d truncated to %d tokens", stats.traces, stats.general, stats.tokens, stats.without_decision,
              stats.without_feedback, stats.truncated, cfg.data.max_length)

@@ -66,6 +66,8 @@ class TaskSource:
     """Use only the first N tasks."""
     spec: JsonlSpec = field(default_factory=JsonlSpec)
     """Field names of a jsonl task file (format jsonl only)."""
+    split: Literal["train", "validation", "test", "prompt", "all"] | None = None
+    """Benchmark split to take (train, validation, test, prompt or all); unset: train for data, test for eval.tasks."""
 
 
 @dataclass
@@ -204,7 +206,7 @@ class RlConfig:
     # The training keys moved under train, where MoL keeps them, and the task file from train to data
     # (first, so that the old train section is free for the new one).
     RENAMED_KEYS: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {
-        **{f"train.{key}": (f"data.{key}", _as_is) for key in ("path", "format", "limit", "spec")},
+        **{f"train.{key}": (f"data.{key}", _as_is) for key in ("path", "format", "limit", "spec", "split")},
         **{key: (f"train.{key}", _as_is) for key in ("learning_rate", "lr_scheduler", "warmup_steps", "weight_decay",
                                                      "max_grad_norm", "max_steps", "micro_batch_size", "seed",
                                                      "gradient_checkpointing", "save_steps", "report_to")},

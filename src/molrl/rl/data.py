@@ -2,10 +2,15 @@
 
 Rows carry ``prompt`` (text rendered by ``molrl.chat.render`` with the same single-turn
 instruction evaluation uses, so training and evaluation pose a task identically), ``prompt_ids``
-(its token ids, with the task's text encoded as plain text: ``molrl.traces.spans.encode_chat``) and
-``task_json`` (the whole task, which the reward functions grade against). Tasks that cannot be
-scored (code without tests, math without an answer) and prompts longer than the limit are left
-out, each logged with its task id, and counted in the returned summary.
+(its token ids, with the task's text encoded as plain text: ``molrl.traces.spans.encode_chat``),
+``task_json`` (the task the reward grades: its held-back tests where the policy sees the shown ones,
+``molrl.tasks.held_out.episode_tasks``) and ``episode_json`` (the task a multi-turn episode runs on: its shown
+tests there). Tasks that cannot be scored (code without tests, math without an answer, a code task whose
+tests are shown and that holds none back) and prompts longer than the limit are left out, each logged with its
+task id, and counted in the returned summary.
+
+A benchmark file gives its training split unless ``split`` names another (``molrl.tasks.splits``); a run whose
+tasks lie in a test split says so in one line.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ from typing import Any, Sequence
 from molrl.errors import MolrlError
 from molrl.rl.config import TaskSource
 from molrl.tasks import load_tasks
-from molrl.tasks.held_out import split_reason
+from molrl.tasks.held_out import episode_tasks, prompt_lists_tests, split_reason
+from molrl.tasks.splits import overlap_line, select_split
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION, render_prompt, user_message
 from molrl.tasks.toy import toy_tasks
 from molrl.traces.spans import encode_chat
@@ -27,12 +33,18 @@ log = logging.getLogger(__name__)
 
 
 def load_task_source(src: TaskSource, role: str) -> list[Task]:
-    """The tasks ``src`` names: a benchmark or JSONL file, or the toy (``role``, train / eval.tasks, names it in errors)."""
+    """The tasks ``src`` names: a benchmark or JSONL file (its ``split``: by default the training split for ``data``,
+    the test split for ``eval.tasks``; a file without splits whole), or the toy (``role`` names the key in errors)."""
     if src.format == "toy":
         return toy_tasks(src.limit or 64)
     if src.path is None:
         raise MolrlError(f"{role}.path is not set: give a task file ({role}.path=FILE {role}.format=FORMAT)")
-    return load_tasks(src.path, src.format, limit=src.limit, spec=src.spec)
+    tasks = load_tasks(src.path, src.format, spec=src.spec)
+    tasks = select_split(tasks, src.split, str(src.path), f"{role}.split", "train" if role == "data" else "test")
+    tasks = tasks[:src.limit] if src.limit is not None else tasks
+    if role == "data" and (line := overlap_line(tasks, role)):
+        log.warning("%s", line)
+    return tasks
 
 
 @dataclass
@@ -64,12 +76,14 @@ def build_prompt_rows(
     tasks: Sequence[Task], tokenizer: Any, *, enable_thinking: bool, max_prompt_length: int,
     code_template: str = CODE_INSTRUCTION, math_template: str = MATH_INSTRUCTION, hold_back_tests: bool = False,
 ) -> tuple[list[dict[str, Any]], PromptSummary]:
-    """Dataset rows ``{"prompt", "prompt_ids", "task_json"}`` for the scorable tasks whose prompt fits
-    (``hold_back_tests``: episodes show test outcomes, so a code task needs tests to hold back, ``split_reason``)."""
+    """Dataset rows ``{"prompt", "prompt_ids", "task_json", "episode_json"}`` for the scorable tasks whose prompt fits
+    (``hold_back_tests``: episodes show test outcomes, so a code task needs tests to hold back, ``split_reason``;
+    so does one whose prompt lists its shown tests)."""
     summary = PromptSummary(tasks=len(tasks))
     rows = []
     for task in tasks:
-        reason = unscorable_reason(task) or (split_reason(task) if hold_back_tests else None)
+        shown = hold_back_tests or prompt_lists_tests(task)
+        reason = unscorable_reason(task) or (split_reason(task) if shown else None)
         if reason:
             log.warning("task %s left out of GRPO prompts: %s", task.id, reason)
             summary.unscorable.append(task.id)
@@ -82,7 +96,9 @@ def build_prompt_rows(
             summary.too_long.append(task.id)
             continue
         summary.longest_prompt_tokens = max(summary.longest_prompt_tokens, n_tokens)
-        rows.append({"prompt": prompt, "prompt_ids": prompt_ids, "task_json": task.to_json()})
+        episode, graded, _ = episode_tasks(task, hold_back_tests)
+        rows.append({"prompt": prompt, "prompt_ids": prompt_ids, "task_json": graded.to_json(),
+                     "episode_json": episode.to_json()})
     summary.kept = len(rows)
     if summary.too_long:
         log.warning(

@@ -1,7 +1,8 @@
 """``run_rl``: tasks -> prompts -> policy (+ reference) -> ``RlTrainer`` (molrl.rl.trainer) -> adapter on disk.
 
 Outputs in ``cfg.output_dir``: ``config.yaml`` (resolved), ``data_summary.json`` (tasks kept and
-left out), ``metrics.jsonl`` (one line per logged step: reward, per-stage reward fractions, KL,
+left out), ``trained_on.json`` (the benchmark tasks trained on, the MoL run's included: ``molrl.tasks.splits``),
+``metrics.jsonl`` (one line per logged step: reward, per-stage reward fractions, KL,
 timings, eval-hook results; also to ``train.report_to``'s backends: tensorboard event files under
 ``checkpoints/runs/`` by default), ``completions.jsonl`` (one line per sampled completion with its
 rewards and advantage), ``checkpoints/checkpoint-N`` (a re-run resumes from the newest) and the
@@ -134,6 +135,7 @@ def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: li
     from molrl.rl.data import build_prompt_rows, load_task_source
     from molrl.rl.score import Scorer
     from molrl.sandbox import SandboxConfig, SandboxPool
+    from molrl.tasks.splits import task_entries, write_trained_on
 
     tasks = load_task_source(cfg.data, "data")
     rows, summary = build_prompt_rows(
@@ -143,6 +145,7 @@ def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: li
     )
     if PartialState().is_main_process:
         (out / "data_summary.json").write_text(json.dumps(dataclasses.asdict(summary), indent=2))
+        write_trained_on(out, task_entries(tasks), cfg.policy.mol_adapter)  # what eval refuses to score with this adapter
     if not rows:
         raise MolrlError(
             f"{cfg.data.path or cfg.data.format}: no task left to train on ({summary.tasks} read, "

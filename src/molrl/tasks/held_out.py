@@ -1,27 +1,59 @@
-"""Which tests an episode's feedback may show, and which decide its reward.
+"""Which tests a task may show, and which decide whether an answer solved it.
 
-An episode that grades a code solution before its last answer (``max_solutions`` above 1, or
-``tests_on_execute``) writes the failing tests' expected values into its feedback
-(``f(3) returned None, expected 9``). A reward graded on those same tests is earned by a lookup table of
-the shown values: on MBPP, a second solution built from the first one's feedback scored 1.0 on 20 of 20
-tasks without solving any. So such an episode runs on the task's *shown* tests and its reward grades the
-*held-back* rest, tests its feedback never described:
+A test whose expected value the policy saw, in its prompt or in feedback (``f(3) returned None, expected 9``),
+is earned by a lookup table of the shown values: on MBPP, whose prompt listed every test, a table of the
+prompt's asserts scored 1.0 on 20 of 20 tasks without solving any. So a code task's tests are split once, here:
 
-- shown: the first ``n // 2`` tests in the source's order; held back: the last ``n - n // 2``.
-  MBPP (3 tests each): 1 shown, 2 held back. HumanEval (its ``check`` asserts, 1 to 10+ per task): e.g.
-  2 shown and 3 held back of 5.
-- a task with fewer than 2 tests cannot be split; where tests would be shown it is left out of training,
-  with its reason (23 of HumanEval's 164 have one test).
+- shown: the first ``n // 2`` tests in the source's order. MBPP (3 tests each): the first, which is the one
+  its prompt lists as the example (the convention of EvalPlus's MBPP+ prompt). HumanEval (its ``check``
+  asserts, 1 to 26 per task): e.g. 2 of 5; its prompt lists none (its docstring examples are the benchmark's).
+- held back: the rest, less those that repeat a shown test (same inputs and expected value): a repeat was
+  shown. MBPP task 37 repeats its shown test twice, so it holds none back; tasks 337, 508, 713 and 862 repeat
+  it once and hold one back. HumanEval 111 and 144 repeat one each.
+- a task that holds no test back (fewer than 2 distinct tests: MBPP 37, 23 of HumanEval's 164) is graded on all
+  its tests and flagged (``held_back`` false); RL leaves it out wherever tests are shown, naming the reason.
 
-Math answers are not split: a wrong answer's feedback says it is wrong, never what is right.
+Where the policy sees shown tests (a prompt that lists them, or an episode whose feedback reports test outcomes),
+the episode runs on the shown tests and its verdict grades the held-back ones (``episode_tasks``). Math answers
+are not split: a wrong answer's feedback says it is wrong, never what is right.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
-from molrl.tasks.types import Task
+from molrl.sandbox.runtime.codec import encode
+from molrl.tasks.types import Task, TestCase
+
+PROMPT_LISTS_TESTS = frozenset({"mbpp"})
+"""Benchmarks (a loader's ``meta["source"]``) whose prompt lists the task's shown tests."""
+
+
+def shown_count(n: int) -> int:
+    """How many of a task's ``n`` tests, the first ones, may be shown."""
+    return n // 2
+
+
+def _same(a: TestCase, b: TestCase) -> bool:
+    """Whether two tests are one test: same kind, inputs and expected value, compared with their exact types."""
+    return _exact(a) == _exact(b)
+
+
+def _exact(test: TestCase) -> str:
+    fields = dataclasses.asdict(test)
+    fields.update(args=encode(list(test.args)), expected=encode(test.expected))
+    return json.dumps(fields, sort_keys=True, default=repr)
+
+
+def held_back_indices(task: Task) -> list[int]:
+    """Positions in ``task.tests`` of its held-back tests: after the shown ones, repeating none of them (none when
+    no test is shown: a task of one test)."""
+    shown = task.tests[:shown_count(len(task.tests))]
+    if not shown:
+        return []
+    return [i for i in range(len(shown), len(task.tests)) if not any(_same(task.tests[i], s) for s in shown)]
 
 
 def shows_tests(turns: int, episode: Any) -> bool:
@@ -30,22 +62,51 @@ def shows_tests(turns: int, episode: Any) -> bool:
     return turns > 1 and (episode.max_solutions > 1 or episode.tests_on_execute)
 
 
+def prompt_lists_tests(task: Task) -> bool:
+    """Whether ``task``'s prompt lists its shown tests (its benchmark's convention)."""
+    return task.kind == "code" and task.meta.get("source") in PROMPT_LISTS_TESTS
+
+
 def split_reason(task: Task) -> str | None:
-    """Why ``task``'s tests cannot be split into shown and held back, or None when they can."""
-    if task.kind == "code" and len(task.tests) < 2:
-        return (f"code task has {len(task.tests)} test; an episode that shows test outcomes (max_solutions > 1 or "
-                "tests_on_execute) needs 2 or more, one held back for the reward; set "
-                "rollout.episode.max_solutions=1 and tests_on_execute=false to train on it")
-    return None
+    """Why ``task`` holds no test back, or None when it holds one or more back (or is not code)."""
+    if task.kind != "code" or held_back_indices(task):
+        return None
+    distinct = len(task.tests) - sum(any(_same(t, s) for s in task.tests[:i]) for i, t in enumerate(task.tests))
+    return (f"code task has {distinct} distinct test{'s' if distinct != 1 else ''}; with tests shown (in its prompt, "
+            "or in feedback when max_solutions > 1 or tests_on_execute) a verdict needs one more, held back; add a "
+            "distinct test to the task to train on it")
 
 
 def split_tests(task: Task) -> tuple[Task, Task]:
-    """(shown, held back): ``task`` with its first ``n // 2`` tests, for the episode's feedback, and with the rest,
-    for the reward; a math task is both. Raises ValueError for a code task with fewer than 2 tests."""
+    """(shown, held back): ``task`` with its shown tests and with its held-back tests; a math task is both.
+    Raises ValueError for a code task that holds no test back (``split_reason``)."""
     reason = split_reason(task)
     if reason:
         raise ValueError(f"task {task.id}: {reason}")
     if task.kind != "code":
         return task, task
-    half = len(task.tests) // 2
-    return dataclasses.replace(task, tests=task.tests[:half]), dataclasses.replace(task, tests=task.tests[half:])
+    held = held_back_indices(task)
+    return (dataclasses.replace(task, tests=task.tests[:shown_count(len(task.tests))]),
+            dataclasses.replace(task, tests=[task.tests[i] for i in held]))
+
+
+def episode_tasks(task: Task, feedback_shows_tests: bool) -> tuple[Task, Task, bool]:
+    """(the task an episode or prompt runs on, the task whose tests decide its verdict, whether that verdict is on
+    held-back tests). Tests are held back where the policy sees shown ones: ``task``'s prompt lists them, or
+    ``feedback_shows_tests``; a task that holds none back is graded on all of its tests (flagged: False)."""
+    if task.kind != "code" or not (feedback_shows_tests or prompt_lists_tests(task)) or split_reason(task):
+        return task, task, False
+    shown, held = split_tests(task)
+    return shown, held, True
+
+
+def split_outcome(task: Task, grade: Any) -> tuple[bool | None, bool | None]:
+    """(all shown tests passed, all held-back tests passed) of a ``Grade`` of ``task`` on all its tests, from its
+    per-test outcomes (a test with no outcome failed); (None, None) where the task is not code or holds none back."""
+    if task.kind != "code" or grade is None:
+        return None, None
+    passed = {t["index"] for t in (grade.details or {}).get("tests", []) if t.get("passed")}
+    held = held_back_indices(task)
+    if not held:
+        return None, None
+    return all(i in passed for i in range(shown_count(len(task.tests)))), all(i in passed for i in held)

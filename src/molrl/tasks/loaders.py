@@ -17,6 +17,8 @@ from typing import Any, Iterator
 
 from molrl.errors import DataError, MolrlError
 from molrl.tasks.asserts import assert_to_call, check_function_to_calls, without_function
+from molrl.tasks.held_out import shown_count
+from molrl.tasks.splits import benchmark_split, select_split
 from molrl.tasks.types import JsonlSpec, Task, TestCase
 
 MBPP_TIME_LIMITS = {123: 30.0}
@@ -59,13 +61,15 @@ def load_humaneval(path: Path) -> list[Task]:
         tasks.append(Task(
             id=rec["task_id"], prompt=prompt, kind="code", entry_point=entry, tests=tests, preamble=context,
             reference=prompt + rec.get("canonical_solution", ""), meta={"source": "humaneval"},
+            split=benchmark_split("humaneval", rec["task_id"]),
         ))
     return tasks
 
 
 def mbpp_prompt(text: str, tests: list[str]) -> str:
-    """The standard MBPP prompt: the problem, then the tests the code must pass."""
-    return f"{text}\nYour code should pass these tests:\n\n" + "\n".join(tests)
+    """The MBPP prompt: the problem, then its shown tests (the first, as the example; ``molrl.tasks.held_out``)."""
+    shown = tests[:shown_count(len(tests))]
+    return f"{text}\nYour code should pass these tests:\n\n" + "\n".join(shown)
 
 
 def _mbpp_entry_point(code: str, tests: list[str]) -> str | None:
@@ -81,20 +85,11 @@ def _mbpp_entry_point(code: str, tests: list[str]) -> str | None:
     return next((name for name in calls if name in defined), calls[0] if calls else None)
 
 
-def mbpp_split(task_id: int) -> str:
-    """MBPP's standard split of a task id: prompt 1-10, test 11-510, validation 511-600, train 601-974."""
-    if task_id <= 10:
-        return "prompt"
-    if task_id <= 510:
-        return "test"
-    return "validation" if task_id <= 600 else "train"
-
-
 def load_mbpp(path: Path) -> list[Task]:
     """MBPP, either Google's full file (text/test_list) or DeepSeek's test split (prompt/test).
 
     DeepSeek's file has no test_setup_code, so its task 367 cannot pass; the full file can
-    (filter ``meta["split"] == "test"`` for the same 500 tasks).
+    (``split == "test"`` selects the same 500 tasks).
     """
     tasks = []
     for lineno, rec in read_jsonl(path):
@@ -110,12 +105,12 @@ def load_mbpp(path: Path) -> list[Task]:
         for source in asserts:
             test = assert_to_call(source, {entry}, allow_source_args=True)
             tests.append(test or TestCase("assert", source=source))
-        meta = {"source": "mbpp", "split": mbpp_split(task_id), "challenge_test_list": rec.get("challenge_test_list", [])}
+        meta = {"source": "mbpp", "challenge_test_list": rec.get("challenge_test_list", [])}
         if task_id in MBPP_TIME_LIMITS:
             meta["timeout_s"] = MBPP_TIME_LIMITS[task_id]
         tasks.append(Task(
             id=str(task_id), prompt=mbpp_prompt(text, asserts), kind="code", entry_point=entry,
-            tests=tests, setup_code=setup, reference=code, meta=meta,
+            tests=tests, setup_code=setup, reference=code, meta=meta, split=benchmark_split("mbpp", str(task_id)),
         ))
     return tasks
 
@@ -128,6 +123,7 @@ def load_math500(path: Path) -> list[Task]:
             id=str(_need(rec, "unique_id", path, lineno)), prompt=_need(rec, "problem", path, lineno),
             kind="math", answer=str(_need(rec, "answer", path, lineno)), reference=rec.get("solution"),
             meta={"source": "math500", "subject": rec.get("subject"), "level": rec.get("level")},
+            split=benchmark_split("math500", str(rec["unique_id"])),
         ))
     return tasks
 
@@ -142,6 +138,7 @@ def load_aime(path: Path) -> list[Task]:
         tasks.append(Task(
             id=str(_need(rec, "id", path, lineno)), prompt=_need(rec, "problem", path, lineno), kind="math",
             answer=answer, reference=rec.get("solution"), meta={"source": "aime", "url": rec.get("url")},
+            split=benchmark_split("aime", str(rec["id"])),
         ))
     return tasks
 
@@ -179,8 +176,10 @@ def load_jsonl(path: Path, spec: JsonlSpec) -> list[Task]:
     return tasks
 
 
-def load_tasks(path: str | Path, fmt: str, limit: int | None = None, spec: JsonlSpec | None = None) -> list[Task]:
-    """Tasks from a benchmark file: fmt is humaneval, mbpp, math500, aime or jsonl (with ``spec``)."""
+def load_tasks(path: str | Path, fmt: str, limit: int | None = None, spec: JsonlSpec | None = None,
+               split: str | None = "all", split_key: str = "split") -> list[Task]:
+    """Tasks from a benchmark file: fmt is humaneval, mbpp, math500, aime or jsonl (with ``spec``); those of
+    ``split`` (``molrl.tasks.splits.select_split``; ``split_key`` names it in errors), the first ``limit`` of them."""
     loaders = {"humaneval": load_humaneval, "mbpp": load_mbpp, "math500": load_math500, "aime": load_aime}
     path = Path(path)
     if not path.is_file():
@@ -191,4 +190,5 @@ def load_tasks(path: str | Path, fmt: str, limit: int | None = None, spec: Jsonl
         tasks = loaders[fmt](path)
     else:
         raise MolrlError(f"unknown task format {fmt!r}; expected one of humaneval, mbpp, math500, aime, jsonl")
+    tasks = select_split(tasks, split, str(path), split_key)
     return tasks[:limit] if limit is not None else tasks

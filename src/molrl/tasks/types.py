@@ -66,6 +66,9 @@ class Task:
     feedback teacher reads it). Never shown to the model being trained."""
     meta: dict[str, Any] = field(default_factory=dict)
     """Everything else from the source record (subject, level, ...), kept for breakdowns."""
+    split: str | None = None
+    """The benchmark split it belongs to: train, validation, test or prompt (``molrl.tasks.splits``); None: its
+    file has no split."""
 
     def to_json(self) -> str:
         """The task as one JSON string, test values tagged with their exact types (a dataset column)."""

@@ -21,9 +21,10 @@ string was not sampled, so it carries no policy gradient.
 Reward: the final answer, scored as single-turn RL scores it: the raw text of the episode's last
 submitted solution, graded by the stage's scorer (staged or binary for code); an episode that submitted
 none scores as an empty answer. When the episode can show test outcomes before its last answer
-(``max_solutions`` above 1, or ``tests_on_execute``), it runs on the task's shown tests and the reward
-grades the held-back rest (``molrl.tasks.held_out``), so no reward comes from a test whose expected
-value the feedback showed.
+(``max_solutions`` above 1, or ``tests_on_execute``), or its prompt lists tests, it runs on the task's shown
+tests (the row's ``episode_json``) and the reward grades the held-back rest (its ``task_json``; both made by
+``molrl.rl.data.build_prompt_rows`` through ``molrl.tasks.held_out``), so no reward comes from a test whose
+expected value the policy saw.
 
 Simplifications, stated: a step's rows advance in lockstep (one batched generate per round); a row whose
 next feedback would not leave room for another token before ``max_completion_length`` ends there
@@ -41,14 +42,13 @@ from typing import Any
 import torch
 from transformers import StoppingCriteria
 
-from molrl.collect.actions import STOP_STRINGS, parse_action
-from molrl.collect.loop import Episode, environment_turns, start_episode, take_turn, think_prefill
+from molrl.collect.actions import STOP_STRINGS
+from molrl.collect.loop import Episode, environment_turns, final_answer, start_episode, take_turn, think_prefill
 from molrl.collect.providers import build_providers
 from molrl.errors import MolrlError
 from molrl.rl.batch import RolloutBatch, TokenRoles
 from molrl.rl.config import RlConfig
 from molrl.rl.rollouts.sync import Synchronous
-from molrl.tasks.held_out import shows_tests, split_tests
 from molrl.tasks.types import Task
 from molrl.traces.spans import encode_chat, tokenize_tail
 
@@ -109,16 +109,15 @@ class Turns(Synchronous):
         self.providers = build_providers(self.episode.feedback, self.episode, trainer.processing_class)
         self.prefill = think_prefill(trainer.processing_class, cfg.enable_thinking)
         self.stops = list(dict.fromkeys([*self.episode.sampling.stop, *STOP_STRINGS]))
-        self.hold_back = shows_tests(cfg.rollout.turns, self.episode)  # reward on tests the feedback never showed
         if trainer.scorer.pool is None:
             raise MolrlError("rollout.turns > 1 runs the policy's code in the sandbox, but the trainer has no "
                              "sandbox pool; build it with molrl.rl.run.build_trainer")
 
     def rollout(self, inputs: list[dict[str, Any]]) -> RolloutBatch:
-        """Run one episode per row of ``inputs`` (``task_json``; rows of a group share a task) and batch them."""
+        """Run one episode per row of ``inputs`` (``episode_json``: the task the episode runs on, ``task_json``: the
+        one its reward grades; rows of a group share a task) and batch them."""
         start, group = time.perf_counter(), self.trainer.num_generations
-        tasks = [Task.from_json(x["task_json"]) for x in inputs]
-        shown, held = zip(*(split_tests(t) if self.hold_back else (t, t) for t in tasks))
+        shown = [Task.from_json(x.get("episode_json") or x["task_json"]) for x in inputs]
         rows = [self.start_row(task, i % group) for i, task in enumerate(shown)]  # the feedback shows these tests
         while live := [r for r in rows if not r.episode.done]:
             self.round(live)
@@ -128,7 +127,7 @@ class Turns(Synchronous):
         answers = [final_answer(r.episode) for r in rows]
         roles = TokenRoles([r.sampled for r in rows], [r.feedback for r in rows],
                            [r.episode.stop_reason != "token_limit" for r in rows])
-        batch = self.to_batch([{"prompt": p, "task_json": t.to_json()} for p, t in zip(prompts, held)],  # reward's
+        batch = self.to_batch([{"prompt": p, "task_json": x["task_json"]} for p, x in zip(prompts, inputs)],  # reward's
                               [r.prompt_ids for r in rows], [r.ids for r in rows], answers, None, roles=roles)
         self.log(rows, generation_s)
         return batch
@@ -188,13 +187,3 @@ class Turns(Synchronous):
         for reason in ("solved", "out_of_solutions", "max_turns", "token_limit", "empty_turn", "malformed_think"):
             metrics[f"turns/stop_{reason}"].append(sum(r.episode.stop_reason == reason for r in rows) / n)
         self.trainer.state.num_input_tokens_seen += sum(sum(r.sampled) for r in rows)
-
-
-def final_answer(episode: Episode) -> str:
-    """The raw text of the episode's last submitted solution (what the reward grades); empty when none."""
-    for message in reversed(episode.messages):
-        if message["role"] == "assistant":
-            action = parse_action(message["content"], episode.task.kind)
-            if action.kind == "solution":
-                return action.raw
-    return ""
