@@ -159,7 +159,7 @@ class _LookupTableGenerator:
 def test_finding3_eval_turns_a_lookup_table_of_the_feedback_scores_nothing(shared_data, tmp_path, monkeypatch):
     from molrl.models import load_tokenizer
 
-    monkeypatch.setattr(sources, "load_generator", lambda cfg: (_LookupTableGenerator(), load_tokenizer("tiny:chatml")))
+    monkeypatch.setattr(sources, "load_generator", lambda cfg, *args: (_LookupTableGenerator(), load_tokenizer("tiny:chatml")))
     cfg = _cfg(shared_data, tmp_path / "run", ["humaneval"], limit=40, mode="interactive",
                sampling=SamplingConfig(n=1, temperature=0.7, max_new_tokens=6))
     out = run_eval(cfg)
