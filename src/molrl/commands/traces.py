@@ -232,6 +232,8 @@ def run_show(args: argparse.Namespace) -> int:
     if found is None:
         raise MolrlError(f"{args.file}: no valid trace at index {args.index} ({len(reader.rejects)} rejected records)")
     line_no, trace = found
+    for reject in reader.rejects:  # the bad records before it, which the index skipped
+        log.warning("skipped %s", reject)
     try:
         tokenized = tokenize_trace(trace, tokenizer, _tokenize_config(args))
     except TraceError as err:
