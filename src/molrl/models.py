@@ -5,7 +5,8 @@
 (PEFT) can be put on top, frozen or trainable.
 
 Inputs are checked before anything is loaded from them, each failure one line naming the input and
-the fix: a path that does not exist, a model folder without tokenizer files (transformers would
+the fix: a path that does not exist (or a name that is no folder while the hub is off or out of reach, at
+once instead of a minute of retries), a model folder without tokenizer files (transformers would
 build an empty one-token tokenizer from it), an adapter trained on another base (PEFT would print
 a ``size mismatch`` line per tensor).
 """
@@ -117,12 +118,12 @@ def check_model_folder(name_or_path: str) -> None:
     if looks_like_path(name_or_path):
         raise MolrlError(f"model folder {name_or_path} not found; "
                          "check the path (a hub model is named like Qwen/Qwen3-8B)")
+    if _in_hub_cache(name_or_path):
+        return
     parent = path.parent
     if parent != Path(".") and parent.is_dir():
         raise MolrlError(f"model folder {name_or_path} not found (the folder {parent}/ exists{_close(path)}); "
                          "check the path")
-    if _in_hub_cache(name_or_path):
-        return
     offline = _hub_unavailable()
     if offline is not None:
         raise MolrlError(f"model {name_or_path}: no such local folder, and {offline}; check the path, or "
