@@ -41,7 +41,7 @@ def no_hub(monkeypatch):
         monkeypatch.setattr(cls, "from_pretrained", lambda *a, **k: pytest.fail("transformers was asked"))
 
 
-def test_mistyped_model_folder_beside_its_parent_is_one_line_with_the_near_name(tmp_path, monkeypatch, no_hub):
+def test_finding_15_mistyped_model_folder_beside_its_parent_names_the_near_name(tmp_path, monkeypatch, no_hub):
     from molrl.models import load_model, load_tokenizer
 
     (tmp_path / "models/smollm2").mkdir(parents=True)
@@ -54,7 +54,7 @@ def test_mistyped_model_folder_beside_its_parent_is_one_line_with_the_near_name(
 
 
 @pytest.mark.parametrize("name", ["models/smollm2", "smollm2", "someone/some-model"])
-def test_a_name_that_is_no_folder_fails_at_once_without_the_hub(tmp_path, monkeypatch, no_hub, name):
+def test_finding_15_a_name_that_is_no_folder_fails_at_once_without_the_hub(tmp_path, monkeypatch, no_hub, name):
     from molrl.models import load_tokenizer
 
     monkeypatch.chdir(tmp_path)  # no models/ here: a hub name as far as the name goes
@@ -65,14 +65,14 @@ def test_a_name_that_is_no_folder_fails_at_once_without_the_hub(tmp_path, monkey
                               "and pass its folder")
 
 
-def test_the_hub_switched_off_is_named(monkeypatch):
+def test_finding_15_the_hub_switched_off_is_named(monkeypatch):
     from molrl.models import _hub_unavailable
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert _hub_unavailable() == "the model hub is switched off (HF_HUB_OFFLINE=1)"
 
 
-def test_an_unreachable_hub_is_found_in_seconds(monkeypatch):
+def test_finding_15_an_unreachable_hub_is_found_in_seconds(monkeypatch):
     from molrl.models import _hub_unavailable
 
     for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
@@ -81,7 +81,7 @@ def test_an_unreachable_hub_is_found_in_seconds(monkeypatch):
     assert _hub_unavailable().startswith("the model hub (127.0.0.1) cannot be reached (")
 
 
-def test_mistyped_model_on_the_command_line_is_one_line(tmp_path, monkeypatch, capsys, caplog):
+def test_finding_15_mistyped_model_on_the_command_line_is_one_line(tmp_path, monkeypatch, capsys, caplog):
     (tmp_path / "models/smollm2").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
     traces = tmp_path / "t.jsonl"
@@ -100,7 +100,7 @@ def _raw_mint(shared_data: Path, tmp_path: Path, n: int = 25) -> Path:
     return path
 
 
-def test_raw_mint_file_given_to_mol_is_one_line_naming_the_converter(shared_data, tmp_path, capsys, caplog):
+def test_finding_15_raw_mint_file_given_to_mol_is_one_line_naming_the_converter(shared_data, tmp_path, capsys, caplog):
     path = _raw_mint(shared_data, tmp_path)
     code = main(["mol", "--config", str(REPO / "configs/mol_tiny.yaml"), f"output_dir={tmp_path / 'run'}",
                  f"data.traces=[{path}]", "train.report_to=[none]"])
@@ -112,7 +112,7 @@ def test_raw_mint_file_given_to_mol_is_one_line_naming_the_converter(shared_data
 
 
 @pytest.mark.parametrize("fmt", ["mint", "tora"])
-def test_every_raw_format_is_named_by_the_trace_reader(fmt):
+def test_finding_15_every_raw_format_is_named_by_the_trace_reader(fmt):
     from molrl.traces.schema import RAW_FORMATS, Trace, TraceError
 
     record = {key: {} for key in RAW_FORMATS[fmt][1]}
@@ -120,7 +120,7 @@ def test_every_raw_format_is_named_by_the_trace_reader(fmt):
         Trace.from_dict(record)
 
 
-def test_convert_from_openai_refuses_a_mint_file_naming_mint(shared_data, tmp_path, capsys, caplog):
+def test_finding_15_convert_from_openai_refuses_a_mint_file_naming_mint(shared_data, tmp_path, capsys, caplog):
     path = _raw_mint(shared_data, tmp_path, n=3)
     out = tmp_path / "out.jsonl"
     code = main(["traces", "convert", "--from", "openai", str(path), str(out)])
@@ -130,7 +130,7 @@ def test_convert_from_openai_refuses_a_mint_file_naming_mint(shared_data, tmp_pa
             "'task' and 'state'), not --from openai; convert it with --from mint") in seen
 
 
-def test_convert_from_mint_refuses_a_trace_file_naming_openai(tmp_path, capsys, caplog):
+def test_finding_15_convert_from_mint_refuses_a_trace_file_naming_openai(tmp_path, capsys, caplog):
     out = tmp_path / "out.jsonl"
     code = main(["traces", "convert", "--from", "mint", str(REPO / "configs/data/mol_tiny_traces.jsonl"), str(out)])
     assert code == 1 and not out.exists()
@@ -139,7 +139,7 @@ def test_convert_from_mint_refuses_a_trace_file_naming_openai(tmp_path, capsys, 
 
 # --- the advice after --strip-example ---------------------------------------------------------------------------------
 
-def test_after_strip_example_mol_no_longer_advises_it(shared_data, qwen3_tokenizer, tmp_path):
+def test_finding_15_after_strip_example_mol_no_longer_advises_it(shared_data, qwen3_tokenizer, tmp_path):
     from molrl.mol.data import load_examples
     from molrl.traces.importers import import_file
     from molrl.traces.schema import write_traces
@@ -156,7 +156,7 @@ def test_after_strip_example_mol_no_longer_advises_it(shared_data, qwen3_tokeniz
 
 # --- the console shows each step's own loss, the last one included ----------------------------------------------------
 
-def test_progress_lines_show_each_steps_own_loss_including_the_last(tmp_path):
+def test_finding_15_progress_lines_show_each_steps_own_loss_including_the_last(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"), MOLRL_PROGRESS_EVERY="0.000001", OMP_NUM_THREADS="1")
     out = tmp_path / "run"
     run = subprocess.run([sys.executable, "-m", "molrl.cli", "mol", "--config", "configs/mol_tiny.yaml",

@@ -87,7 +87,7 @@ def one_line_error(capsys, caplog, path: Path, line: int) -> str:
 # ------------------------------------------------------------------------------------------ the reader
 
 
-def test_lone_surrogate_in_every_key_and_value_is_a_bad_line(tmp_path):
+def test_finding_12_lone_surrogate_in_every_key_and_value_is_a_bad_line(tmp_path):
     record = json.loads(TRACES.read_text().splitlines()[0])
     positions = list(string_positions(record))
     assert len(positions) > 10 and any(k for _, k in positions) and any("[" in p for p, _ in positions)
@@ -104,14 +104,14 @@ def test_lone_surrogate_in_every_key_and_value_is_a_bad_line(tmp_path):
 
 
 @pytest.mark.parametrize("text", ["\U0001F600", "\\ud800", "plain", "caf\u00e9"])
-def test_text_that_is_not_a_lone_surrogate_reads_back(tmp_path, text):
+def test_finding_12_text_that_is_not_a_lone_surrogate_reads_back(tmp_path, text):
     # a surrogate pair is one character; an escaped backslash before "ud800" is six characters of text
     path = tmp_path / "t.jsonl"
     path.write_text(json.dumps({"content": text}) + "\n" + json.dumps({"content": text}, ensure_ascii=False) + "\n")
     assert [line.json() for line in read_lines(path)] == [{"content": text}] * 2
 
 
-def test_written_surrogates_read_back_as_visible_text(tmp_path):
+def test_finding_12_written_surrogates_read_back_as_visible_text(tmp_path):
     # what a program printed (chr(0xD800)) is written so that the reader takes it, as the text \ud800
     path = tmp_path / "t.jsonl"
     path.write_text(json_line({"out": "a\ud800b", "pair": "\ud83d\ude00"}) + "\n")
@@ -133,7 +133,7 @@ def _task_lines(shared_data, fmt: str) -> tuple[Path, list[str]]:
 
 
 @pytest.mark.parametrize("fmt", ["mbpp", "humaneval", "math500", "aime", "jsonl"])
-def test_task_file_with_a_lone_surrogate_names_its_line(shared_data, tmp_path, fmt):
+def test_finding_12_task_file_with_a_lone_surrogate_names_its_line(shared_data, tmp_path, fmt):
     if fmt == "jsonl":
         lines = [json.dumps({"id": str(i), "prompt": f"What is {i}+1?", "answer": str(i + 1)}) for i in range(3)]
     else:
@@ -150,7 +150,7 @@ def test_task_file_with_a_lone_surrogate_names_its_line(shared_data, tmp_path, f
 # ------------------------------------------------------------------------------------------ every command
 
 
-def test_traces_stats(tmp_path, capsys, caplog):
+def test_finding_12_traces_stats(tmp_path, capsys, caplog):
     tok = tmp_path / "tok"
     build_tiny_tokenizer("chatml").save_pretrained(tok)
     path = write_lines(tmp_path / "traces.jsonl", TRACES.read_text().splitlines(), 3)
@@ -160,7 +160,7 @@ def test_traces_stats(tmp_path, capsys, caplog):
     assert code == 0 and (counts["traces"], counts["rejects"]) == (7, 1)
 
 
-def test_traces_show_skips_the_bad_line(tmp_path, capsys, caplog):
+def test_finding_12_traces_show_skips_the_bad_line(tmp_path, capsys, caplog):
     tok = tmp_path / "tok"
     build_tiny_tokenizer("chatml").save_pretrained(tok)
     path = write_lines(tmp_path / "traces.jsonl", TRACES.read_text().splitlines(), 1)
@@ -170,7 +170,7 @@ def test_traces_show_skips_the_bad_line(tmp_path, capsys, caplog):
     assert code == 0 and f"{path}:2: " in seen  # index 0 is the first valid trace, on line 2
 
 
-def test_traces_filter_keeps_the_line_out_of_its_output(tmp_path, capsys, caplog):
+def test_finding_12_traces_filter_keeps_the_line_out_of_its_output(tmp_path, capsys, caplog):
     path = write_lines(tmp_path / "traces.jsonl", TRACES.read_text().splitlines(), 2)
     out = tmp_path / "out.jsonl"
     code = main(["traces", "filter", str(path), str(out)])
@@ -182,7 +182,7 @@ def test_traces_filter_keeps_the_line_out_of_its_output(tmp_path, capsys, caplog
 
 
 @pytest.mark.parametrize("fmt", ["openai", "mint", "tora"])
-def test_traces_convert_keeps_the_line_out_of_its_output(shared_data, tmp_path, capsys, caplog, fmt):
+def test_finding_12_traces_convert_keeps_the_line_out_of_its_output(shared_data, tmp_path, capsys, caplog, fmt):
     if fmt == "openai":
         lines = TRACES.read_text().splitlines()
     elif fmt == "mint":
@@ -201,7 +201,7 @@ def test_traces_convert_keeps_the_line_out_of_its_output(shared_data, tmp_path, 
     assert "\\ud800" not in out.read_text()
 
 
-def test_mol(tmp_path, capsys, caplog):
+def test_finding_12_mol(tmp_path, capsys, caplog):
     path = write_lines(tmp_path / "traces.jsonl", TRACES.read_text().splitlines(), 4)
     code = main(["mol", "--config", str(REPO / "configs/mol_tiny.yaml"), f"output_dir={tmp_path / 'run'}",
                  f"data.traces=[{path}]", "train.max_steps=1", "train.report_to=[none]"])
@@ -209,7 +209,7 @@ def test_mol(tmp_path, capsys, caplog):
     assert code == 1
 
 
-def test_rl_task_file(shared_data, tmp_path, capsys, caplog):
+def test_finding_12_rl_task_file(shared_data, tmp_path, capsys, caplog):
     path = write_lines(tmp_path / "mbpp.jsonl", _task_lines(shared_data, "mbpp")[1], 2)
     code = main(["rl", "--config", str(REPO / "configs/grpo_tiny.yaml"), f"output_dir={tmp_path / 'run'}",
                  f"data.path={path}", "data.format=mbpp", "train.max_steps=1", "train.report_to=[none]"])
@@ -217,7 +217,7 @@ def test_rl_task_file(shared_data, tmp_path, capsys, caplog):
     assert code == 1
 
 
-def test_eval_task_file(shared_data, tmp_path, capsys, caplog):
+def test_finding_12_eval_task_file(shared_data, tmp_path, capsys, caplog):
     path = write_lines(tmp_path / "aime.jsonl", _task_lines(shared_data, "aime")[1], 3)
     preds = tmp_path / "p.jsonl"
     preds.write_text("".join(json.dumps({"id": json.loads(line)["id"], "completion": "1"}) + "\n"
@@ -228,7 +228,7 @@ def test_eval_task_file(shared_data, tmp_path, capsys, caplog):
     assert code == 1
 
 
-def test_eval_predictions(shared_data, tmp_path, capsys, caplog):
+def test_finding_12_eval_predictions(shared_data, tmp_path, capsys, caplog):
     data = shared_data / "aime24/test.jsonl"
     rows = [json.loads(line) for line in data.read_text().splitlines()]
     lines = [json.dumps({"id": r["id"], "completion": f"\\boxed{{{r['answer']}}}"}) for r in rows]
@@ -263,7 +263,7 @@ OTHER_JSON_READS = {
 """Modules that parse JSON other than user records, each with what it parses."""
 
 
-def test_every_json_parse_of_user_records_goes_through_the_one_reader():
+def test_finding_12_every_json_parse_of_user_records_goes_through_the_one_reader():
     src = REPO / "src/molrl"
     parsing = {str(p.relative_to(src)) for p in src.rglob("*.py")
                if re.search(r"\bjson\.loads?\(", p.read_text()) and p.name != "jsonl.py"}

@@ -134,7 +134,7 @@ def fresh_clone(dest: Path) -> Path:
     return dest
 
 
-def test_readme_real_model_block_runs_as_written(tmp_path, shared_data):
+def test_finding_14_readme_real_model_block_runs_as_written(tmp_path, shared_data):
     """The README's "With a real model on a CPU" block, pasted as written into a fresh bash in a fresh clone after
     the README's set-up: the clone's ``.venv`` is the set-up's environment (the one running this test), the shared
     data lies beside the clone, the shell has no environment on its PATH. Nothing is rewritten, nothing shimmed;

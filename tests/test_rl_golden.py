@@ -11,20 +11,21 @@ how a rollout is sampled or scored, how advantages are formed or how the loss is
 Regenerate the fixture (only for an intended change of behaviour, and say so in the commit):
 ``MOLRL_WRITE_GOLDEN=1 python -m pytest tests/test_rl_golden.py``.
 
-Tolerances hold across CPUs. Another CPU runs other kernels (torch's scalar, AVX2 or AVX-512 paths, chosen
-at start; ``ATEN_CPU_CAPABILITY=default|avx2|avx512`` picks one), whose float32 results differ in the last
-bits; each training step amplifies that, to a few 1e-5 of a figure's inputs by step 4. So every figure gets
-``EPS`` times the magnitude of what it is computed from (``SCALES``), not of itself: a figure near zero
-that is a difference of nearly equal numbers (the KL, a difference of log-probs of size about the entropy;
-explained variance, ``1 - Var(R - V) / Var(R)`` with the ratio near 1; a loss whose advantage-weighted terms
-cancel) carries the error of those numbers, which a relative tolerance on the figure itself misses (an
-AVX2-only CPU measured explained variance -0.0053166 where the fixture has -0.0053154). ``EPS`` = 1e-3:
-over torch's scalar, AVX2 (also with MKL held to AVX2) and AVX-512 paths the largest deviation was 13% of its
-tolerance (grad_norm, 1.3e-4 relative, scalar path), every other figure's under 3%; a change of sampling,
-scoring, advantages or loss aggregation moves figures by percents (one resampled token moved the PPO run's
-reward by 3% and its loss by half). Counts (lengths, macro actions, buffer sizes) are exact. The runs must not fork: a float difference that flips one sampled token changes every later figure
-by far more than any tolerance, so the PPO run trains at a learning rate (5e-3) whose updates keep the
-kernel paths' differences small; at 2e-2 the scalar path sampled another token at step 3.
+Tolerances hold across CPUs. Another CPU runs other kernels (torch's scalar, AVX2 or AVX-512 paths, chosen at
+start; ``ATEN_CPU_CAPABILITY=default|avx2|avx512`` picks one), whose float32 results differ in the last bits;
+each training step amplifies that, to a few 1e-5 of a figure's inputs by step 4. So every figure gets ``EPS``
+times the magnitude of what it is computed from (``SCALES``), not of itself: a figure near zero that is a
+difference of nearly equal numbers (the KL, a difference of log-probs of size about the entropy; explained
+variance, ``1 - Var(R - V) / Var(R)`` with the ratio near 1; a loss whose advantage-weighted terms cancel)
+carries the error of those numbers, which a relative tolerance on the figure itself misses (an AVX2-only CPU
+measured explained variance -0.0053166 where the fixture has -0.0053154). ``EPS`` = 1e-3: over torch's scalar,
+AVX2 (also with MKL held to AVX2) and AVX-512 paths the largest deviation was 13% of its tolerance (grad_norm,
+1.3e-4 relative, scalar path), every other figure's under 3%; a change of sampling, scoring, advantages or loss
+aggregation moves figures by percents (one resampled token moved the PPO run's reward by 3% and its loss by
+half). Counts (lengths, macro actions, buffer sizes) are exact. The runs must not fork: a float difference that
+flips one sampled token changes every later figure by far more than any tolerance, so the PPO run trains at a
+learning rate (5e-3) whose updates keep the kernel paths' differences small; at 2e-2 the scalar path sampled
+another token at step 3.
 """
 
 from __future__ import annotations
@@ -155,13 +156,13 @@ def test_per_step_figures_match_the_fixture(runs, name):
             assert _same(got[key], want[key], tolerance(key, want)), (name, step, key, got[key], want[key])
 
 
-def test_every_figure_has_a_tolerance_from_its_inputs():
+def test_finding_16_every_figure_has_a_tolerance_from_its_inputs():
     expected = json.loads(FIXTURE.read_text())
     keys = {key for rows in expected.values() for row in rows for key in row}
     assert keys == set(SCALES) | set(EXACT) and not set(SCALES) & set(EXACT)
 
 
-def test_ppo_explained_variance_measured_on_an_avx2_cpu_is_within_tolerance():
+def test_finding_16_ppo_explained_variance_measured_on_an_avx2_cpu_is_within_tolerance():
     # critic/explained_variance near zero, as an AVX2-only CPU measured it against the fixture's -0.0053154: a 2e-4
     # relative difference, within the last bits of the two variances whose ratio it subtracts from 1
     row = {"critic/explained_variance": -0.0053154}

@@ -41,7 +41,8 @@ def conversation(ending: str) -> list[dict[str, str]]:
 @pytest.mark.parametrize("ending", ENDINGS)
 @pytest.mark.parametrize("own_eos", [True, False])
 @pytest.mark.parametrize("thinking", [True, False])
-def test_the_tail_seam_holds_one_end_of_turn_and_the_turns_own_whitespace_once(tokenizer, ending, own_eos, thinking):
+def test_finding_13_the_tail_holds_one_end_of_turn_and_the_turns_own_whitespace_once(tokenizer, ending, own_eos,
+                                                                                       thinking):
     tok, eot = tokenizer, end_of_turn(tokenizer)
     messages = conversation(ending)
     sampled = tok(STEM + ending, add_special_tokens=False)["input_ids"] + ([eot] if own_eos else [])
@@ -57,14 +58,14 @@ def test_the_tail_seam_holds_one_end_of_turn_and_the_turns_own_whitespace_once(t
     assert tail.text == tok.decode(tail.input_ids)
 
 
-def test_the_issue_example_under_qwen3(qwen3_tokenizer):
+def test_finding_13_the_issue_example_under_qwen3(qwen3_tokenizer):
     tok = qwen3_tokenizer
     sampled = tok("Let me think. \n", add_special_tokens=False)["input_ids"] + [end_of_turn(tok)]
     tail = tokenize_tail(tok, conversation(" \n"), 1, add_generation_prompt=True, sampled_end=sampled[-1])
     assert tok.decode(sampled + tail.input_ids).startswith("Let me think. \n<|im_end|>\n<|im_start|>user\n")
 
 
-def test_another_eos_the_policy_ended_with_keeps_the_templates_end_of_turn(qwen3_tokenizer):
+def test_finding_13_another_eos_the_policy_ended_with_keeps_the_templates_end_of_turn(qwen3_tokenizer):
     # Qwen3 also stops at <|endoftext|>; the chat format still needs its <|im_end|>, which is no repeat of it
     tok = qwen3_tokenizer
     sampled = tok("Let me think.", add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids("<|endoftext|>")]
@@ -72,7 +73,7 @@ def test_another_eos_the_policy_ended_with_keeps_the_templates_end_of_turn(qwen3
     assert tail.input_ids[0] == end_of_turn(tok)
 
 
-def test_a_multi_turn_row_repeats_no_end_of_turn(qwen3_tokenizer):
+def test_finding_13_a_multi_turn_row_repeats_no_end_of_turn(qwen3_tokenizer):
     # through the rollout policy: a turn with no action, ending " \n" and its own EOS, gets the format feedback
     from test_rl_turns import ScriptedTurns, scripted_trainer
 
