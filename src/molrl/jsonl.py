@@ -6,13 +6,16 @@ What a file may hold, and what the reader makes of it:
   * a UTF-8 byte-order mark (Windows editors write one) is skipped;
   * bytes that are not UTF-8 make that line unusable: ``Line.error`` says so, with the column;
   * a final line without a newline is marked incomplete (``Line.complete``): a killed writer
-    leaves one, and each caller decides whether that is damage or a tail to drop.
+    leaves one, and each caller decides whether that is damage or a tail to drop;
+  * a record holding a lone surrogate (``"\\ud800"`` with no partner, in a key or a value at any
+    depth) is a bad line, as malformed JSON is: no tokenizer or UTF-8 file takes one, so it would
+    fail later with no file and line, or pass unchecked into a command's output.
 Lines are split at ``\\n`` only, so a U+2028 inside a JSON string stays inside its record.
 
-Writing (``json_line``): text is written as UTF-8 except what UTF-8 cannot hold, a lone surrogate
-(``chr(0xD800)``, which a program's output can carry), which is written as the JSON escape
-``\\ud800``, so a writer never fails on text and reading the line back gives the same string (a
-high surrogate followed by a low one reads back as the one character the pair spells).
+Writing (``json_line``): text is written as UTF-8 except what UTF-8 cannot hold, a surrogate
+(``chr(0xD800)``, which a program's output can carry), which is written as the visible text
+``\\ud800`` (a backslash, then the code point), so a writer never fails on text and never writes a
+line that the reader rejects.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ log = logging.getLogger(__name__)
 
 _BOM = "\ufeff"
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _DECOMPRESSORS: dict[bytes, tuple[str, Callable[[Path], IO[bytes]]]] = {
     b"\x1f\x8b": ("gzip", lambda p: gzip.open(p, "rb")),
     b"BZh": ("bzip2", lambda p: bz2.open(p, "rb")),
@@ -63,13 +67,44 @@ class Line:
         if self.error is not None:
             raise DataError(self.path, self.number, self.error)
         try:
-            return json.loads(self.text)
+            record = json.loads(self.text)
         except json.JSONDecodeError as err:
             if not self.complete:
                 raise DataError(self.path, self.number, "truncated final line (no newline): the writer was stopped "
                                 "mid-write; delete this line or re-run the step that wrote it") from None
             raise DataError(self.path, self.number,
                             f"malformed JSON ({err.msg} at column {err.colno}); fix or delete the line") from None
+        # a lone surrogate can only come from a \uD800-\uDFFF escape: the decoded text holds none itself
+        found = lone_surrogate(record) if _SURROGATE_ESCAPE.search(self.text) else None
+        if found is not None:
+            raise DataError(self.path, self.number, f"{found}; fix the file (a lone surrogate is not text: "
+                            "remove it or write the character it was meant to be)")
+        return record
+
+
+def lone_surrogate(record: Any, where: str = "") -> str | None:
+    """Where a parsed JSON value holds a lone surrogate, as ``lone surrogate U+D800 in messages[1].content``; else None.
+
+    A high surrogate followed by a low one in the text is a pair (``json.loads`` makes it one character),
+    so whatever surrogate is left in a string, key or value, at any depth, is a lone one.
+    """
+    if isinstance(record, str):
+        hit = _SURROGATE.search(record)
+        if hit is None:
+            return None
+        return f"lone surrogate U+{ord(hit.group()):04X} in {where or 'the record'} at character {hit.start() + 1}"
+    if isinstance(record, dict):
+        for key, value in record.items():
+            inner = f"{where}.{key}" if where else str(key)
+            found = lone_surrogate(key, f"a key of {where or 'the record'}") or lone_surrogate(value, inner)
+            if found is not None:
+                return found
+    elif isinstance(record, list):
+        for index, value in enumerate(record):
+            found = lone_surrogate(value, f"{where}[{index}]")
+            if found is not None:
+                return found
+    return None
 
 
 def read_lines(path: str | Path) -> Iterator[Line]:
@@ -163,14 +198,15 @@ def read_records(path: str | Path) -> list[Any]:
 
 
 def json_line(record: Any, default: Callable[[Any], Any] | None = None) -> str:
-    """``record`` as one line of JSON (no newline) that always encodes as UTF-8: lone surrogates are escaped.
+    """``record`` as one line of JSON (no newline) that always encodes as UTF-8: surrogates become text ``\\ud800``.
 
     Raises ``TypeError`` / ``ValueError`` for what JSON cannot hold (an object ``default`` does not turn
     into data, a circular reference).
     """
     text = json.dumps(record, ensure_ascii=False, default=default)
-    # outside strings JSON is ASCII, so a surrogate here sits in a string, where its escape means the same
-    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    # outside strings JSON is ASCII, so a surrogate here sits in a string: an escaped backslash and the code
+    # point read back as the visible text \ud800, never as a surrogate the reader would reject
+    return _SURROGATE.sub(lambda m: f"\\\\u{ord(m.group()):04x}", text)
 
 
 def write_jsonl(path: str | Path, records: Iterable[dict[str, Any]]) -> int:

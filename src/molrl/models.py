@@ -5,7 +5,8 @@
 (PEFT) can be put on top, frozen or trainable.
 
 Inputs are checked before anything is loaded from them, each failure one line naming the input and
-the fix: a path that does not exist, a model folder without tokenizer files (transformers would
+the fix: a path that does not exist (or a name that is no folder while the hub is off or out of reach, at
+once instead of a minute of retries), a model folder without tokenizer files (transformers would
 build an empty one-token tokenizer from it), an adapter trained on another base (PEFT would print
 a ``size mismatch`` line per tensor).
 """
@@ -105,10 +106,62 @@ def looks_like_path(name: str) -> bool:
 
 
 def check_model_folder(name_or_path: str) -> None:
-    """Refuse a path-looking model name whose folder does not exist (instead of the hub's repo-name rules)."""
-    if looks_like_path(name_or_path) and not Path(name_or_path).expanduser().exists():
+    """Refuse, at once and in one line, a model name that is no local folder and that the hub cannot serve.
+
+    A path-looking name (``./m``, ``a/b/c``) or one whose first part is a local folder (``models/smolm2``
+    beside ``models/``) is a mistyped path. Any other name not in the local hub cache needs the hub:
+    when it is switched off (``HF_HUB_OFFLINE``) or cannot be reached, transformers would retry for a minute.
+    """
+    path = Path(name_or_path).expanduser()
+    if name_or_path.startswith("tiny:") or path.exists():
+        return
+    if looks_like_path(name_or_path):
         raise MolrlError(f"model folder {name_or_path} not found; "
                          "check the path (a hub model is named like Qwen/Qwen3-8B)")
+    if _in_hub_cache(name_or_path):
+        return
+    parent = path.parent
+    if parent != Path(".") and parent.is_dir():
+        raise MolrlError(f"model folder {name_or_path} not found (the folder {parent}/ exists{_close(path)}); "
+                         "check the path")
+    offline = _hub_unavailable()
+    if offline is not None:
+        raise MolrlError(f"model {name_or_path}: no such local folder, and {offline}; check the path, or "
+                         "download the model where the hub can be reached and pass its folder")
+
+
+def _close(path: Path) -> str:
+    """``; did you mean X?`` for the nearest name beside a mistyped folder, else empty."""
+    import difflib
+
+    names = [p.name for p in path.parent.iterdir() if p.is_dir()]
+    match = difflib.get_close_matches(path.name, names, n=1)
+    return f"; did you mean {path.parent / match[0]}?" if match else ""
+
+
+def _in_hub_cache(name: str) -> bool:
+    """Whether the local hub cache holds a download of model ``name``."""
+    from huggingface_hub import constants
+
+    return (Path(constants.HF_HUB_CACHE) / f"models--{name.replace('/', '--')}").is_dir()
+
+
+def _hub_unavailable() -> str | None:
+    """Why the model hub cannot be asked for a model (switched off, or no connection in 3 s), or None."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(variable, "").strip().lower() in ("1", "true", "yes", "on"):
+            return f"the model hub is switched off ({variable}={os.environ[variable]})"
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = endpoint.hostname or "huggingface.co", endpoint.port or (80 if endpoint.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+    except OSError as err:
+        return f"the model hub ({host}) cannot be reached ({err.strerror or err})"
+    return None
 
 
 def check_tokenizer_folder(name_or_path: str) -> None:

@@ -34,7 +34,9 @@ class TrainerProgress(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         cpu.tick()
-        if self._handle is not None:
+        # a step that logs moves the bar in on_log, with its own figures: moved here, a progress line written now
+        # would show the previous step's figures (and the last step's never)
+        if self._handle is not None and not control.should_log:
             self._handle.update(completed=state.global_step)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -42,10 +44,13 @@ class TrainerProgress(TrainerCallback):
             return
         if verbose():
             log.debug("%s step %d: %s", self.description, state.global_step, logs)
-        if self._handle is not None and any(key in logs for key in self.figures):
-            self._handle.update(completed=state.global_step, figures=figures_text(self.figures, logs))
+        if self._handle is not None:
+            shown = figures_text(self.figures, logs) if any(key in logs for key in self.figures) else None
+            self._handle.update(completed=state.global_step, figures=shown)
 
     def on_train_end(self, args, state, control, **kwargs):
+        if self._handle is not None:
+            self._handle.update(completed=state.global_step)
         if self._bar is not None:
             self._bar.close()
             self._bar = self._handle = None

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import logging
 import os
 from pathlib import Path
@@ -24,8 +23,8 @@ from molrl.collect.config import CollectConfig
 from molrl.collect.loop import Episode, run_episodes
 from molrl.config import check_values, save_config, to_dict
 from molrl.cpu import use_threads
-from molrl.errors import MolrlError
-from molrl.jsonl import json_line, repair_torn_tail
+from molrl.errors import DataError, MolrlError
+from molrl.jsonl import json_line, read_lines, repair_torn_tail
 from molrl.rerun import check_rerun, say_finished
 from molrl.tasks import Task
 from molrl.tasks.splits import overlap_line
@@ -149,12 +148,12 @@ def finished_pairs(out: Path) -> dict[tuple[str, int], tuple[bool, int]]:
     rejects = rejects_path(out)
     if rejects.exists():
         repair_torn_tail(rejects)
-        for line, raw in enumerate(rejects.read_text(encoding="utf-8").splitlines(), start=1):
+        for line in read_lines(rejects):
             try:
-                record = json.loads(raw)
+                record = line.json()
                 done[(record["task_id"], record["sample"])] = (False, int(record["meta"].get("turns", 0)))
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise MolrlError(f"{rejects}:{line}: not a rejected-episode record; fix or delete the line") from None
+            except (DataError, KeyError, TypeError, AttributeError):
+                raise MolrlError(f"{rejects}:{line.number}: not a rejected-episode record; fix or delete the line") from None
     return done
 
 

@@ -148,6 +148,8 @@ def run_convert(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from collections import Counter
+
     from molrl.traces.importers import OpenAIOptions, import_file
     from molrl.traces.schema import rejects_error, write_traces
 
@@ -165,6 +167,11 @@ def run_convert(args: argparse.Namespace) -> int:
         result = import_file(path, args.fmt, options, strip_example=args.strip_example)
         if args.strict and result.rejects:
             raise rejects_error(result.rejects)  # every bad record of the file, one line each
+        if result.rejects and not result.traces:  # nothing to write: most likely a file in another format
+            reason, _ = Counter(r.reason for r in result.rejects).most_common(1)[0]
+            line = next(r.line for r in result.rejects if r.reason == reason)
+            raise MolrlError(f"{path}: none of its {len(result.rejects)} records converted with --from {args.fmt}; "
+                             f"line {line}: {reason}")
         target = args.output / path.name if args.input.is_dir() else args.output
         write_traces(target, (t for _, t in result.traces))
         table.add_row(path.name, str(len(result.traces)), str(len(result.rejects)))
@@ -232,6 +239,8 @@ def run_show(args: argparse.Namespace) -> int:
     if found is None:
         raise MolrlError(f"{args.file}: no valid trace at index {args.index} ({len(reader.rejects)} rejected records)")
     line_no, trace = found
+    for reject in reader.rejects:  # the bad records before it, which the index skipped
+        log.warning("skipped %s", reject)
     try:
         tokenized = tokenize_trace(trace, tokenizer, _tokenize_config(args))
     except TraceError as err:

@@ -7,13 +7,12 @@ Any text is written, a lone surrogate a program returned included (as a JSON esc
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 from molrl.errors import DataError
-from molrl.jsonl import json_line, repair_torn_tail
+from molrl.jsonl import json_line, read_lines, repair_torn_tail
 
 
 @dataclass
@@ -58,14 +57,14 @@ class SampleStore:
         # A record cut short by an interrupted run goes (its problem is redone), so that the next
         # append starts on a line of its own.
         repair_torn_tail(self.path)
-        for line_no, line in enumerate(self.path.read_text(encoding="utf-8").split("\n"), 1):
-            if not line.strip():
-                continue
+        for line in read_lines(self.path):
             try:
-                record = SampleRecord(**json.loads(line))
-            except (json.JSONDecodeError, TypeError) as err:
+                record = SampleRecord(**line.json())
+            except DataError as err:
+                raise DataError(err.path, err.line, f"{err.message} (or delete the file to start over)") from None
+            except TypeError as err:
                 raise DataError(
-                    str(self.path), line_no, f"not a sample record ({err}); delete the file to start over"
+                    str(self.path), line.number, f"not a sample record ({err}); delete the file to start over"
                 ) from None
             done.setdefault(record.id, []).append(record)
         return done

@@ -53,6 +53,8 @@ class DataStats:
     benchmark_tasks: list[tuple[str, str, str]] = field(default_factory=list)
     """(benchmark, split, task id) of the benchmark tasks the domain traces were collected on (``molrl collect``
     records them), for the run's trained_on.json."""
+    cut_fix: str = ""
+    """How to keep more of the traces under data.max_length (what fits these traces' source)."""
 
 
 def example_from_tokenized(tok: Any, max_length: int) -> dict[str, Any]:
@@ -112,6 +114,7 @@ def load_examples(paths: Sequence[str], tokenizer: Any, max_length: int, enable_
     if rejects:
         order = {str(path): i for i, path in enumerate(paths)}
         raise rejects_error(sorted(rejects, key=lambda r: (order.get(r.path, 0), r.line)))
+    stats.cut_fix = _cut_fix(t for _, ts in files for _, t in ts)
     if stats.truncated > _SHOWN_CUTS:
         log.warning("... %d more traces cut at max_length %d (data_stats.json counts them)",
                     stats.truncated - _SHOWN_CUTS, max_length)
@@ -124,7 +127,7 @@ def load_examples(paths: Sequence[str], tokenizer: Any, max_length: int, enable_
         raise MolrlError(
             f"{', '.join(map(str, paths))}: data.max_length={max_length} cuts all {domain} domain traces before their "
             f"first decision or feedback token, inside the prompt, leaving nothing to train on; refusing to train. "
-            f"{_cut_fix(t for _, ts in files for _, t in ts)}"
+            f"{stats.cut_fix}"
         )
     return examples, stats
 
@@ -149,9 +152,12 @@ def _file_warnings(path: Any, examples: list[dict[str, Any]], traces: list[tuple
 
 def _cut_fix(traces: Iterator[Any]) -> str:
     """How to keep more of the traces under the cut: a longer limit, or (MINT) prompts without the example."""
-    if any(t.meta.get("source") == "mint" for t in traces):
+    mint = [t for t in traces if t.meta.get("source") == "mint"]
+    if any(not t.meta.get("example_stripped") for t in mint):
         return ("Raise data.max_length, or drop MINT's in-context example from the prompts: "
                 "molrl traces convert --from mint --strip-example")
+    if mint:
+        return "Raise data.max_length (MINT's in-context example is already stripped from these prompts)"
     return "Raise data.max_length, or shorten the prompts"
 
 
@@ -168,8 +174,8 @@ def check_feedback(stats: DataStats, mode: str) -> None:
     domain = stats.traces - stats.general
     cause = NO_FEEDBACK_CAUSE
     if stats.cut_feedback:
-        cause = (f"data.max_length={stats.max_length} cuts the feedback of {stats.cut_feedback} of them: raise "
-                 "data.max_length, or shorten the prompts (MINT: molrl traces convert --from mint --strip-example)")
+        cause = (f"data.max_length={stats.max_length} cuts the feedback of {stats.cut_feedback} of them. "
+                 f"{stats.cut_fix or 'Raise data.max_length, or shorten the prompts'}")
     raise MolrlError(
         f"{', '.join(stats.files)}: none of the {domain} domain traces has a feedback token, so loss.mode={mode} "
         f"has nothing to learn (its loss would stay 0); refusing to train. {cause}; "

@@ -9,13 +9,12 @@ and task 123 gets a longer time limit.
 from __future__ import annotations
 
 import ast
-import gzip
-import json
 import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
 from molrl.errors import DataError, MolrlError
+from molrl.jsonl import read_lines
 from molrl.tasks.asserts import assert_to_call, check_function_to_calls, without_function
 from molrl.tasks.held_out import shown_count
 from molrl.tasks.splits import benchmark_split, select_split
@@ -26,19 +25,12 @@ MBPP_TIME_LIMITS = {123: 30.0}
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, record) for each non-blank line of a .jsonl or .jsonl.gz file."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(str(path), lineno, f"not valid JSON ({err.msg}); each line must be one JSON object") from None
-            if not isinstance(record, dict):
-                raise DataError(str(path), lineno, "expected a JSON object")
-            yield lineno, record
+    """(line number, record) for each non-blank line of a task file, read by ``molrl.jsonl`` (gzip, BOM, bad text)."""
+    for line in read_lines(path):
+        record = line.json()  # malformed JSON, bytes that are not UTF-8, a lone surrogate: file:line: reason
+        if not isinstance(record, dict):
+            raise DataError(str(path), line.number, "expected a JSON object")
+        yield line.number, record
 
 
 def _need(record: dict, key: str, path: Path, lineno: int) -> Any:

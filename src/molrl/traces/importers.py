@@ -35,7 +35,7 @@ from typing import Any, Iterator
 from molrl.chat import ROLES
 from molrl.errors import DataError
 from molrl.jsonl import read_lines
-from molrl.traces.schema import Reject, Trace, TraceError
+from molrl.traces.schema import Reject, Trace, TraceError, raw_format, raw_format_note
 from molrl.traces.tora import tora_record_to_traces
 
 FORMATS = ("mint", "openai", "tora")
@@ -197,6 +197,12 @@ def import_file(path: str | Path, fmt: str, options: OpenAIOptions | None = None
 def _convert(record: Any, fmt: str, mint_info: dict[str, str], options: OpenAIOptions | None,
              strip_example: bool = False) -> list[Trace]:
     """The traces of one record in format ``fmt``; raises ``TraceError`` saying what is wrong."""
+    raw = raw_format(record)
+    if raw is not None and raw != fmt:
+        raise TraceError(f"{raw_format_note(raw)}, not --from {fmt}; convert it with --from {raw}")
+    if fmt == "mint" and isinstance(record, dict) and "messages" in record:
+        raise TraceError("a record with 'messages' (a trace or OpenAI-style record), not a MINT row; convert it "
+                         "with --from openai, or use it as it is if it is already a molrl trace")
     if fmt == "mint":
         return [mint_record_to_trace(record, mint_info, strip_example)]
     if fmt == "tora":

@@ -30,6 +30,8 @@ from molrl.errors import DataError, MolrlError
 from molrl.jsonl import Line, json_line, read_lines, write_jsonl
 
 KINDS = ("domain", "general")
+RAW_FORMATS = {"mint": ("MINT", ("task", "state")), "tora": ("ToRA", ("question", "code"))}
+"""Formats ``molrl traces convert`` imports whose records are no traces: name and the top-level keys they hold."""
 MAX_LISTED = 20
 """Bad records an error lists one line each; the rest are counted."""
 
@@ -74,6 +76,10 @@ class Trace:
         """Validate a parsed record and build the trace; raises ``TraceError`` saying what is wrong."""
         if not isinstance(record, dict):
             raise TraceError(f"record is a JSON {type(record).__name__}; expected an object with 'messages' and 'meta'")
+        raw = raw_format(record)
+        if raw is not None:
+            raise TraceError(f"{raw_format_note(raw)}, not a molrl trace; convert the file first: "
+                             f"molrl traces convert --from {raw} IN OUT")
         unknown = sorted(set(record) - {"messages", "meta"})
         if unknown:
             raise TraceError(f"unknown top-level key {unknown[0]!r}; a trace has only 'messages' and 'meta'")
@@ -194,6 +200,19 @@ class TraceReader:
         return None
 
 
+def raw_format(record: Any) -> str | None:
+    """The importer format (``mint``, ``tora``) of a record that is one's raw row and holds no messages, else None."""
+    if not isinstance(record, dict) or "messages" in record:
+        return None
+    return next((fmt for fmt, (_, keys) in RAW_FORMATS.items() if all(key in record for key in keys)), None)
+
+
+def raw_format_note(fmt: str) -> str:
+    """``a raw MINT record (top-level keys 'task' and 'state')``: what names a record of format ``fmt``."""
+    name, keys = RAW_FORMATS[fmt]
+    return f"a raw {name} record (top-level keys {' and '.join(repr(k) for k in keys)})"
+
+
 def read_traces(path: str | Path, strict: bool = False) -> TraceReader:
     """A reader over ``path``: iterate for ``(line_no, Trace)``, then inspect ``.rejects``."""
     return TraceReader(path, strict=strict)
@@ -207,10 +226,13 @@ def rejects_error(rejects: Sequence[Reject]) -> DataError:
     first = rejects[0]
     if len(rejects) == 1:
         return DataError(first.path, first.line, first.reason)
+    files = ", ".join(dict.fromkeys(r.path for r in rejects))
+    if len({r.reason for r in rejects}) == 1:  # one cause (a file in another format): said once
+        lines = ", ".join(str(r.line) for r in rejects[:5]) + (", ..." if len(rejects) > 5 else "")
+        return DataError(files, None, f"{len(rejects)} bad records (lines {lines}), each: {first.reason}")
     listed = "".join(f"\n  {r}" for r in rejects[:MAX_LISTED])
     if len(rejects) > MAX_LISTED:
         listed += f"\n  ... and {len(rejects) - MAX_LISTED} more"
-    files = ", ".join(dict.fromkeys(r.path for r in rejects))
     return DataError(files, None, f"{len(rejects)} bad records; fix or delete them (`molrl traces filter IN OUT` "
                                   f"keeps the good ones and writes the rest to OUT.rejects.jsonl):{listed}")
 

@@ -158,7 +158,7 @@ class TailTokens:
 
 def tokenize_tail(
     tokenizer: Any, messages: list[dict[str, str]], after: int, enable_thinking: bool = True,
-    add_generation_prompt: bool = False,
+    add_generation_prompt: bool = False, sampled_end: int | None = None,
 ) -> TailTokens:
     """Tokens and roles of the rendering of ``messages`` after the content of model turn ``after``.
 
@@ -167,13 +167,18 @@ def tokenize_tail(
     turn's header and think prefill), labelled by the same spans as whole traces. Only the text after the turn is
     tokenised, so the sampled tokens are never re-tokenised and templates that rewrite earlier turns (Qwen3
     drops empty think blocks of earlier turns) cannot change them; raises ``TraceError``.
+
+    The tail never repeats what the turn already holds: the whitespace the turn's content ends with (which a
+    template that keeps it renders before its end-of-turn token), nor, when the policy ended the turn itself
+    with ``sampled_end`` (its last sampled id), that same end-of-turn token.
     """
     rendering = locate_spans(tokenizer, messages, enable_thinking)
     text, spans = rendering.text, rendering.spans
     own = [span for span in spans if span.message == after]
     if not (0 <= after < len(messages)) or messages[after]["role"] != "assistant" or not own:
         raise TraceError(f"message {after}: not a model turn with content; the tail starts after an assistant turn")
-    cut = own[-1].end
+    turn_end = own[-1].end
+    cut = _after_trailing_space(text, turn_end, messages[after]["content"])
     if add_generation_prompt:
         full = render(tokenizer, messages, add_generation_prompt=True, enable_thinking=enable_thinking)
         if not full.startswith(text):
@@ -182,11 +187,28 @@ def tokenize_tail(
         text = full
     tail = text[cut:]
     ids, offsets, _ = encode_rendering(tokenizer, text, rendering.content, start=cut)
-    shifted = [Span(max(span.start - cut, 0), span.end - cut, span.role, span.message) for span in spans
-               if span.end >= cut and span.message >= after]
+    shifted = [Span(max(span.start - cut, 0), max(span.end - cut, 0), span.role, span.message) for span in spans
+               if span.end >= turn_end and span.message >= after]
     roles, owner = label_tokens(offsets, shifted)
     mark_end_of_turn(tokenizer, tail, ids, offsets, shifted, roles, owner)
+    if sampled_end is not None and ids and ids[0] == sampled_end and ids[0] in _special_ids(tokenizer):
+        start = offsets[1][0] if len(offsets) > 1 else len(tail)  # the policy's own end-of-turn is already there
+        ids, roles, tail = ids[1:], roles[1:], tail[start:]
     return TailTokens(ids, roles, tail)
+
+
+def _after_trailing_space(text: str, cut: int, content: str) -> int:
+    """``cut`` moved past the part of ``content``'s trailing whitespace that the rendering keeps there."""
+    trailing = content[len(content.rstrip()):]
+    kept = 0
+    while kept < len(trailing) and text[cut + kept : cut + kept + 1] == trailing[kept]:
+        kept += 1
+    return cut + kept
+
+
+def _special_ids(tokenizer: Any) -> set[int]:
+    """Every control id of ``tokenizer``: its special tokens and its added ones."""
+    return set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}))
 
 
 def _render(tokenizer: Any, messages: list[dict[str, str]], enable_thinking: bool) -> str:
@@ -311,7 +333,7 @@ def mark_end_of_turn(
     roles: list[str], owner: list[int],
 ) -> None:
     """Make the special token closing each assistant turn (and whitespace before it) decision tokens."""
-    special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}))
+    special = _special_ids(tokenizer)
     starts = [s for s, _ in offsets]
     for span in spans:
         if span.role != "decision":

@@ -10,7 +10,7 @@ loop's ``take_turn`` reads and records the turn's text; its ``environment_turns`
 in the sandbox in one batch and appends each feedback message, written by the same providers as
 ``molrl collect``. Then the tokens the template adds after the turn (its end-of-turn token, the tool
 message, the next turn's header) are tokenised on their own by ``molrl.traces.spans.tokenize_tail``
-and appended. The trained row is exactly the sampled ids plus the rendered feedback ids: nothing sampled
+and appended, never repeating the whitespace the turn ended with nor the end-of-turn token it sampled. The trained row is exactly the sampled ids plus the rendered feedback ids: nothing sampled
 is re-tokenised, and a template that rewrites earlier turns (Qwen3) cannot change them.
 
 Roles: sampled tokens are decision tokens (``completion_mask``: the policy gradient's); tail tokens the
@@ -157,11 +157,10 @@ class Turns(Synchronous):
     def append_tail(self, row: Row) -> None:
         """Append what the template renders after the row's last turn: its end, the feedback, the next header."""
         episode, limit = row.episode, self.trainer.max_completion_length
+        ended = row.ids[-1] if row.ids and row.ids[-1] in self.trainer.eos_token_ids else None
         tail = tokenize_tail(self.trainer.processing_class, episode.messages, len(episode.messages) - 2,
-                             self.episode.enable_thinking, add_generation_prompt=not episode.done)
+                             self.episode.enable_thinking, add_generation_prompt=not episode.done, sampled_end=ended)
         ids, roles = tail.input_ids, tail.roles
-        if row.ids and ids and row.ids[-1] == ids[0] and ids[0] in self.trainer.eos_token_ids:
-            ids, roles = ids[1:], roles[1:]  # the policy ended its turn itself: its EOS is already there
         if len(row.ids) + len(ids) + (0 if episode.done else 1) > limit:
             if not episode.done:
                 episode.stop_reason = "token_limit"
