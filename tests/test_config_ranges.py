@@ -153,10 +153,17 @@ def test_values_inside_their_ranges_are_accepted(tmp_path):
                  "train.seed=4294967295", "threads=1024", "lora.rank=4096", f"output_dir={tmp_path / 'new' / 'run'}"]
     cfg = load_config(MolConfig, None, overrides)
     assert (cfg.train.seed, cfg.threads, cfg.lora.rank) == (2**32 - 1, 1024, 4096)
-    assert load_config(RlConfig, None, ["top_p=1", "temperature=1e-3"]).top_p == 1.0
+    assert load_config(RlConfig, None, ["top_p=1", "temperature=0.01"]).top_p == 1.0
 
 
 REQUIRED = {"collect": ["model=tiny:chatml", "tasks=tasks.jsonl", "out=out.jsonl"]}
+
+
+def test_describe_shows_each_key_s_allowed_values(capsys):
+    assert main(["mol", "--describe"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("lora.rank: 64"))
+    assert lines[at + 1] == "    # allowed: an integer in [1, 4096]"
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)

@@ -5,9 +5,11 @@ right after the field). ``load_config`` builds it from a YAML file plus command-
 checking every key, type and range; errors name the key and where it came from. ``save_config``
 writes the resolved config next to a stage's outputs.
 
-Ranges are one rule for every stage, read from the field types: every float is finite, a
-``Count`` (a length or a count) is 1 or more, a ``Weight`` (a loss term's weight or a coefficient)
-is 0 or more. ``check_values`` applies the same rule to a config built in Python.
+Every value is checked in one place (``_check_range``), before a stage loads anything, against the markers of its
+field's type: a ``Range`` for every number (``Count``, ``Seed``, ``Probability``, ``LearningRate``, ... or one of its
+own), ``OneOf`` for a name from a fixed list (optimiser, schedule, dtype, LoRA target modules), ``Creatable`` for a run
+directory; every float is finite. ``check_values`` applies the same rule to a config built in Python. YAML files are
+read under a size cap, as UTF-8, refusing a key given twice in one mapping.
 
 A class may list keys it renamed in ``RENAMED_KEYS`` (old name -> new name, and how an old value
 converts): old configs keep loading, with one line naming the new keys (``molrl.config_renames``).
@@ -406,10 +408,11 @@ def _own_field_docs(cls: type) -> dict[str, str]:
 
 def describe(cls: type, prefix: str = "") -> list[str]:
     """Lines ``key: default  # doc`` for every field, nested sections flattened with dots; a doc of several
-    lines goes on in ``    # ...`` lines below its key."""
+    lines goes on in ``    # ...`` lines below its key, then the values the key allows."""
     lines = []
     docs = field_docs(cls)
     hints = typing.get_type_hints(cls)
+    ranged = typing.get_type_hints(cls, include_extras=True)
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
         if dataclasses.is_dataclass(tp):
@@ -421,6 +424,9 @@ def describe(cls: type, prefix: str = "") -> list[str]:
         first, *more = [line for line in docs.get(f.name, "").splitlines() if line.strip()] or [""]
         lines.append(f"{prefix}{f.name}: {to_dict(default)!r}  # {first}")
         lines += [f"    # {line}" for line in more]
+        allowed = _allowed(ranged[f.name]) or next(
+            (m.describe() for m in _markers(ranged[f.name])[1] if isinstance(m, OneOf)), None)
+        lines += [f"    # allowed: {allowed}"] if allowed else []
     return lines
 
 

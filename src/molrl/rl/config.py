@@ -110,7 +110,7 @@ class RewardSettings:
 
     code_mode: Literal["staged", "binary"] = "staged"
     """Code reward: staged partial credit (no code < compile error < runtime error < tests passed), or 0/1."""
-    sandbox_workers: Count = 4
+    sandbox_workers: Annotated[int, Range(1, 1024)] = 4
     """Parallel sandbox workers for code rewards."""
     timeout_s: Seconds = 6.0
     """Wall-clock limit per sandboxed program."""
