@@ -264,3 +264,36 @@ def test_the_vocabularies_are_names_transformers_knows():
 
     assert set(OPTIMIZERS) <= {o.value for o in OptimizerNames}
     assert set(SCHEDULERS) <= {s.value for s in SchedulerType}
+
+
+@pytest.mark.parametrize("flag,value,key", [("--timeout", "-1", "timeout_s=-1.0"), ("--timeout", "nan", "timeout_s=nan"),
+                                            ("--memory-mb", "0", "memory_mb=0")])
+def test_sandbox_run_checks_its_flags_against_the_sandbox_ranges(tmp_path, cli_logs, caplog, flag, value, key):
+    program = tmp_path / "p.py"
+    program.write_text("print(1)\n")
+    assert main(["sandbox", "run", str(program), flag, value]) == 1
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and f": {key} is out of range; allowed: " in lines[0]
+
+
+def test_a_pipeline_section_value_is_refused_before_any_stage_runs(tmp_path, cli_logs, caplog):
+    out = tmp_path / "run"
+    traces = ROOT / "configs" / "data" / "mol_tiny_traces.jsonl"
+    assert main(["pipeline", "model=tiny:chatml", f"output_dir={out}", "stages=[mol,rl]", f"traces=[{traces}]",
+                 "rl.data.format=toy", "rl.top_p=2"]) == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        "pipeline section rl_runs.rl: defaults + the pipeline config: top_p=2.0 is out of range; allowed: a number "
+        "in (0, 1]"]
+    assert not out.exists() or not any(out.rglob("*"))
+
+
+@pytest.mark.parametrize("stage,overrides,says", [
+    ("rl", ["num_generations=3", "train.micro_batch_size=2"], "train.micro_batch_size=2 must divide"),
+    ("rl", ["policy.reference=mol"], "policy.reference=mol needs policy.mol_adapter"),
+    ("eval", ["sampling.n=2", "sampling.temperature=0"], "sampling.n=2 with greedy decoding"),
+])
+def test_cross_key_checks_run_at_load_time_too(tmp_path, monkeypatch, cli_logs, caplog, stage, overrides, says):
+    monkeypatch.setattr(STAGES[stage][2], lambda *a, **k: pytest.fail("the stage went on to load"))
+    assert main([stage, *STAGES[stage][1], *overrides, f"output_dir={tmp_path / 'run'}"]) == 1
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and says in lines[0]
