@@ -43,12 +43,12 @@ class NonFiniteGuard(TrainerCallback):
 
 
 def gradient_norm(model: Any) -> float:
-    """The 2-norm of all gradients of ``model``'s parameters (0.0 when none has one), summed in float64 so that a
-    large finite gradient does not overflow into inf."""
+    """The 2-norm of all gradients of ``model``'s parameters (0.0 when none has one): each tensor's norm in its own
+    dtype (no copy of a large gradient), their total in float64."""
     grads = [p.grad.detach() for p in model.parameters() if p.grad is not None]
     if not grads:
         return 0.0
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.double()) for g in grads])))
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g).double() for g in grads])))
 
 
 def check_finite_weights(model: Any, where: str, hint: str) -> None:
