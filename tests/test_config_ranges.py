@@ -18,7 +18,7 @@ import pytest
 
 from molrl.cli import main
 from molrl.collect.config import CollectConfig
-from molrl.config import Creatable, OneOf, Range, ranges
+from molrl.config_ranges import Creatable, OneOf, Range, ranges
 from molrl.eval.config import EvalConfig
 from molrl.mol.config import MolConfig
 from molrl.pipeline import PipelineConfig
@@ -260,7 +260,7 @@ def test_the_vocabularies_are_names_transformers_knows():
     from transformers.trainer_utils import SchedulerType
     from transformers.training_args import OptimizerNames
 
-    from molrl.config import OPTIMIZERS, SCHEDULERS
+    from molrl.config_ranges import OPTIMIZERS, SCHEDULERS
 
     assert set(OPTIMIZERS) <= {o.value for o in OptimizerNames}
     assert set(SCHEDULERS) <= {s.value for s in SchedulerType}

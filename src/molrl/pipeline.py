@@ -33,7 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
 
-from molrl.config import ConfigError, RunDir, Threads, load_config, save_config, to_dict
+from molrl.config import ConfigError, load_config, save_config, to_dict
+
+from molrl.config_ranges import RunDir, Threads
 from molrl.cpu import stage_threads
 from molrl.errors import MolrlError
 from molrl.rerun import changed_keys

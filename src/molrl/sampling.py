@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from molrl.config import Count, SamplingTemperature, Seed, Size, TopP
+from molrl.config_ranges import Count, SamplingTemperature, Seed, Size, TopP
 
 
 @dataclass

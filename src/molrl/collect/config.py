@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Literal
 
-from molrl.config import Count, Dtype, Range, SamplingTemperature, Seconds, Seed, Size, Threads
+from molrl.config_ranges import Count, Dtype, Range, SamplingTemperature, Seconds, Seed, Size, Threads
 from molrl.sampling import SamplingConfig
 from molrl.sandbox import SandboxConfig
 from molrl.tasks import JsonlSpec

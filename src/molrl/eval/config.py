@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from molrl.collect.config import EpisodeConfig
-from molrl.config import Count, Dtype, RunDir, SamplingTemperature, Seed, Size, Threads, TopP
+from molrl.config_ranges import Count, Dtype, RunDir, SamplingTemperature, Seed, Size, Threads, TopP
 from molrl.sampling import SamplingConfig
 from molrl.sandbox import SandboxConfig
 from molrl.tasks import JsonlSpec

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
 
-from molrl.config import (MAX_COUNT, Count, Dropout, Dtype, LearningRate, Optimizer, Probability, Range, RunDir,
-                          Scheduler, Seed, Size, TargetModules, Temperature, Threads, Weight)
+from molrl.config_ranges import (MAX_COUNT, Count, Dropout, Dtype, LearningRate, Optimizer, Probability, Range,
+                                 RunDir, Scheduler, Seed, Size, TargetModules, Temperature, Threads, Weight)
 
 Mode = Literal["mol", "ce", "ce_feedback"]
 Direction = Literal["reverse", "forward"]

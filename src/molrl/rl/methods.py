@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from molrl.collect.config import EpisodeConfig
-from molrl.config import Count, LearningRate, Positive, Probability, Range, Size, Weight
+from molrl.config_ranges import Count, LearningRate, Positive, Probability, Range, Size, Weight
 
 
 @dataclass
