@@ -100,7 +100,8 @@ def _read_text(path: Path, chain: tuple[Path, ...]) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:
         line = raw[:err.start].count(b"\n") + 1
-        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte {raw[err.start]:#04x}); save the file as UTF-8") from None
+        byte = raw[err.start]
+        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte {byte:#04x}); save the file as UTF-8") from None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -262,7 +263,9 @@ def _build(cls: type[T], data: Any, prefix: str, where: str) -> T:
             kwargs[key] = _coerce(hints[key], value, f"{prefix}{key}", where)
         except ConfigError as err:
             allowed = _allowed(ranged[key])
-            raise (ConfigError(f"{err}; allowed: {allowed}") if allowed and "allowed:" not in str(err) else err) from None
+            if allowed and "allowed:" not in str(err):
+                raise ConfigError(f"{err}; allowed: {allowed}") from None
+            raise
         _check_range(ranged[key], kwargs[key], f"{prefix}{key}", where)  # before __post_init__ reads the value
     try:
         return cls(**kwargs)

@@ -43,7 +43,8 @@ class Range:
 
     def describe(self, integer: bool) -> str:
         """``an integer in [1, 1000000]`` or ``a number in (0, 1]``, with the special values."""
-        ends = f"{'(' if self.low_open else '['}{_number(self.low)}, {_number(self.high)}{')' if self.high_open else ']'}"
+        left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+        ends = f"{left}{_number(self.low)}, {_number(self.high)}{right}"
         extra = "".join(f" or {_number(v)}" for v in self.also)
         return f"{'an integer' if integer else 'a number'} in {ends}{extra}"
 
