@@ -7,6 +7,7 @@ an unknown name; for each run directory, an existing file. Each goes through the
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import subprocess
@@ -172,7 +173,11 @@ def test_every_shipped_config_is_within_its_ranges(path):
 
     stage = next(s for s in ("pipeline", "mol", "grpo", "eval", "collect") if path.name.startswith(s))
     cls = STAGES["rl" if stage == "grpo" else stage][0]
-    load_config(cls, path, REQUIRED.get(stage, []))
+    cfg = load_config(cls, path, REQUIRED.get(stage, []))
+    if stage == "pipeline":  # its stage sections too, as the pipeline builds them before any work
+        from molrl.pipeline import check_stages
+
+        check_stages(dataclasses.replace(cfg, model=cfg.model or "tiny:chatml"), Path("runs/pipeline"), True)
 
 
 # finding 10: these values were accepted and a run started with them
