@@ -5,9 +5,9 @@ right after the field). ``load_config`` builds it from a YAML file plus command-
 checking every key, type and range; errors name the key and where it came from. ``save_config``
 writes the resolved config next to a stage's outputs.
 
-Ranges are one rule for every stage, read from the field types: every float is finite, a
-``Count`` (a length or a count) is 1 or more, a ``Weight`` (a loss term's weight or a coefficient)
-is 0 or more. ``check_values`` applies the same rule to a config built in Python.
+Every value is checked against its field's declared range (``molrl.config_ranges``) as the config is built, before
+a stage loads anything; ``check_values`` applies the same rule to a config built in Python. YAML files are read
+under a size cap, as UTF-8, refusing a key given twice in one mapping.
 
 A class may list keys it renamed in ``RENAMED_KEYS`` (old name -> new name, and how an old value
 converts): old configs keep loading, with one line naming the new keys (``molrl.config_renames``).
@@ -18,31 +18,21 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
-import math
+import stat
 import textwrap
 import types
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal, Sequence, TypeVar
+from typing import Any, Literal, Sequence, TypeVar
 
 import yaml
 
-from molrl.config_renames import current, note_renames, renamed, renamed_path, unoptional
+from molrl.config_ranges import OneOf, _allowed, _check_range, _markers, check_values
+from molrl.config_ranges import Count, Weight  # noqa: F401  (where stages found them first)
+from molrl.config_renames import current, note_renames, renamed, renamed_path
 from molrl.errors import ConfigError
 
 T = TypeVar("T")
-@dataclasses.dataclass(frozen=True)
-class AtLeast:
-    """The smallest value a config number may take, and what such a number is (``Count``, ``Weight``)."""
-
-    low: float
-    what: str
-
-
-Count = Annotated[int, AtLeast(1, "an integer >= 1 (a length or count)")]
-"""A length or a count (tokens, steps, samples, workers): 1 or more."""
-Weight = Annotated[float, AtLeast(0, "a finite number >= 0 (a weight)")]
-"""A loss term's weight or a coefficient: 0 or more (0 turns the term off)."""
 
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequence[str] = (),
@@ -62,55 +52,11 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequenc
     return _build(cls, data, prefix="", where=where)
 
 
-def check_values(cfg: Any, where: str = "config", prefix: str = "") -> None:
-    """The range rule of ``load_config`` applied to a config dataclass built in Python."""
-    hints = typing.get_type_hints(type(cfg), include_extras=True)
-    for f in dataclasses.fields(cfg):
-        _check_range(hints[f.name], getattr(cfg, f.name), f"{prefix}{f.name}", where, deep=True)
-
-
-def _check_range(tp: Any, value: Any, key: str, where: str, deep: bool = False) -> None:
-    """Every float finite; a ``Count`` or ``Weight`` (also inside a list, a mapping or an optional) at least its
-    bound. ``deep`` also enters sections (``load_config`` checks each section as it builds it)."""
-    if dataclasses.is_dataclass(value):
-        if deep:
-            check_values(value, where, f"{key}.")
-        return
-    args = typing.get_args(unoptional(tp))
-    if isinstance(value, dict):
-        for name, item in value.items():
-            _check_range(args[1] if len(args) == 2 else Any, item, f"{key}.{name}", where, deep)
-        return
-    if isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            _check_range(args[0] if args else Any, item, f"{key}[{i}]", where, deep)
-        return
-    bound = _bound(tp)
-    if isinstance(value, float) and not math.isfinite(value):
-        allowed = bound.what if bound is not None else "a finite number"
-        raise ConfigError(f"{where}: {key}={value} is out of range; allowed: {allowed}")
-    if bound is not None and isinstance(value, (int, float)) and not isinstance(value, bool) and value < bound.low:
-        raise ConfigError(f"{where}: {key}={value!r} is out of range; allowed: {bound.what}")
-
-
-def _bound(tp: Any) -> AtLeast | None:
-    tp = unoptional(tp)
-    if typing.get_origin(tp) is Annotated:
-        return next((m for m in tp.__metadata__ if isinstance(m, AtLeast)), None)
-    return None
-
-
 def _read_yaml(path: Path, chain: tuple[Path, ...], cls: type) -> dict[str, Any]:
     """The mapping in ``path`` under ``cls``'s current key names; a top-level ``extends: other.yaml`` (relative to
     ``path``) is read first and ``path``'s keys are merged over it: sections key by key, every other value (lists
     too) replaced. Each file is renamed before the merge, so a file under old names still overrides its base."""
-    try:
-        loaded = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        where = f" (extended by {chain[-1]})" if chain else ""
-        raise ConfigError(f"{path}: config file not found{where}") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    loaded = parse_yaml(_read_text(path, chain), str(path))
     if loaded is None:
         loaded = {}
     if not isinstance(loaded, dict):
@@ -125,6 +71,74 @@ def _read_yaml(path: Path, chain: tuple[Path, ...], cls: type) -> dict[str, Any]
     if base_path in chain or base_path == path.resolve():
         raise ConfigError(f"{path}: extends {parent} closes a cycle ({' -> '.join(str(c) for c in (*chain, path))})")
     return _merged(_read_yaml(base_path, (*chain, path.resolve()), cls), loaded)
+
+
+MAX_CONFIG_BYTES = 1 << 20
+"""Largest config file read (a config is a few KiB; this refuses /dev/zero and the like)."""
+
+
+def _read_text(path: Path, chain: tuple[Path, ...]) -> str:
+    """The UTF-8 text of a regular config file of at most ``MAX_CONFIG_BYTES``."""
+    where = f" (extended by {chain[-1]})" if chain else ""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found{where}") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read the config file{where}: {err.strerror}") from None
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+        raise ConfigError(f"{path}: {kind}{where}; a config is a YAML file")
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read the config file{where}: {err.strerror}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: over {MAX_CONFIG_BYTES >> 20} MiB{where}; a config is a small YAML file")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[:err.start].count(b"\n") + 1
+        byte = raw[err.start]
+        raise ConfigError(f"{path}:{line}: not UTF-8 text (byte {byte:#04x}); save the file as UTF-8") from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that names one key twice (plain YAML keeps the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise ConfigError(f"{key_node.start_mark.name}:{line}: key {key!r} appears twice in one mapping "
+                                  f"(first on line {seen[key]}); keep one")
+            if isinstance(key, (str, int, float, bool)):
+                seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
+class _NotYaml(ConfigError):
+    """Text that YAML cannot parse (an override's value is then taken as the plain string)."""
+
+
+def parse_yaml(text: str, name: str) -> Any:
+    """YAML ``text`` (from ``name``, for messages) as plain data: duplicate keys, bad syntax and integers too long
+    to convert are one-line ``ConfigError``s."""
+    loader = _UniqueKeyLoader(text)
+    loader.name = name
+    try:
+        return loader.get_single_data()
+    except ConfigError:
+        raise
+    except yaml.YAMLError as err:
+        raise _NotYaml(f"{name}: not valid YAML: {' '.join(str(err).split())}") from None
+    except ValueError as err:  # an integer of more digits than Python converts
+        raise ConfigError(f"{name}: {err.args[0].split(';')[0]}; write a smaller number") from None
+    finally:
+        loader.dispose()
 
 
 def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -183,10 +197,11 @@ def _own_field_docs(cls: type) -> dict[str, str]:
 
 def describe(cls: type, prefix: str = "") -> list[str]:
     """Lines ``key: default  # doc`` for every field, nested sections flattened with dots; a doc of several
-    lines goes on in ``    # ...`` lines below its key."""
+    lines goes on in ``    # ...`` lines below its key, then the values the key allows."""
     lines = []
     docs = field_docs(cls)
     hints = typing.get_type_hints(cls)
+    ranged = typing.get_type_hints(cls, include_extras=True)
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
         if dataclasses.is_dataclass(tp):
@@ -198,6 +213,9 @@ def describe(cls: type, prefix: str = "") -> list[str]:
         first, *more = [line for line in docs.get(f.name, "").splitlines() if line.strip()] or [""]
         lines.append(f"{prefix}{f.name}: {to_dict(default)!r}  # {first}")
         lines += [f"    # {line}" for line in more]
+        allowed = _allowed(ranged[f.name]) or next(
+            (m.describe() for m in _markers(ranged[f.name])[1] if isinstance(m, OneOf)), None)
+        lines += [f"    # allowed: {allowed}"] if allowed else []
     return lines
 
 
@@ -210,8 +228,8 @@ def _apply_override(data: dict[str, Any], item: str, cls: type | None = None, mo
     if not all(parts):
         raise ConfigError(f"override {item!r}: empty key segment")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
+        value = parse_yaml(raw, f"override {key.strip()}=...") if raw.strip() else ""
+    except _NotYaml:
         value = raw
     if cls is not None:
         parts, value = renamed_path(cls, parts, value, item, moved if moved is not None else [])
@@ -241,7 +259,13 @@ def _build(cls: type[T], data: Any, prefix: str, where: str) -> T:
         )
     kwargs = {}
     for key, value in data.items():
-        kwargs[key] = _coerce(hints[key], value, f"{prefix}{key}", where)
+        try:
+            kwargs[key] = _coerce(hints[key], value, f"{prefix}{key}", where)
+        except ConfigError as err:
+            allowed = _allowed(ranged[key])
+            if allowed and "allowed:" not in str(err):
+                raise ConfigError(f"{err}; allowed: {allowed}") from None
+            raise
         _check_range(ranged[key], kwargs[key], f"{prefix}{key}", where)  # before __post_init__ reads the value
     try:
         return cls(**kwargs)

@@ -33,7 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
 
-from molrl.config import ConfigError, Count, load_config, save_config, to_dict
+from molrl.config import ConfigError, load_config, save_config, to_dict
+
+from molrl.config_ranges import RunDir, Threads
 from molrl.cpu import stage_threads
 from molrl.errors import MolrlError
 from molrl.rerun import changed_keys
@@ -75,7 +77,7 @@ class PipelineConfig:
 
     model: str = ""
     """Base model every stage starts from: a local HF directory or a hub name."""
-    output_dir: Path = Path("runs/pipeline")
+    output_dir: RunDir = Path("runs/pipeline")
     """The run directory (every stage's artifacts, the resolved config and report.md)."""
     stages: list[str] = field(default_factory=lambda: list(STAGES))
     """Stages to run, in order, from collect, mol, rl, eval (``grpo``, the first name of rl, still reads)."""
@@ -99,7 +101,7 @@ class PipelineConfig:
     """Models to evaluate by name (base, a MoL run, an RL run); empty = the base and every run."""
     title: str = "MoL-RL pipeline"
     """Title of report.md."""
-    threads: Count | None = None
+    threads: Threads | None = None
     """Torch CPU threads of every stage whose own section leaves them unset; none: the idle cores (molrl.cpu)."""
 
     # The RL sections were named for one algorithm while they run any.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from molrl.config import Count
+from molrl.config_ranges import Count, SamplingTemperature, Seed, Size, TopP
 
 
 @dataclass
@@ -17,15 +17,15 @@ class SamplingConfig:
 
     n: Count = 1
     """Completions per prompt."""
-    temperature: float = 0.0
+    temperature: SamplingTemperature = 0.0
     """Sampling temperature; 0 means greedy decoding."""
-    top_p: float = 1.0
+    top_p: TopP = 1.0
     """Nucleus sampling mass."""
-    top_k: int = 0
+    top_k: Size = 0
     """Top-k cut-off; 0 disables it."""
     max_new_tokens: Count = 512
     """Most tokens generated per completion."""
-    seed: int = 0
+    seed: Seed = 0
     """Random seed set before each generate call, for reproducible samples."""
     stop: list[str] = field(default_factory=list)
     """Strings that end a completion early (kept in the output)."""

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Literal
+from typing import Annotated, Any, Callable, ClassVar, Literal
 
-from molrl.config import Count
+from molrl.config_ranges import Count, Dtype, Range, SamplingTemperature, Seconds, Seed, Size, Threads
 from molrl.sampling import SamplingConfig
 from molrl.sandbox import SandboxConfig
 from molrl.tasks import JsonlSpec
@@ -28,11 +28,11 @@ class CritiqueConfig:
     """System prompt for the critic; empty uses ``molrl.collect.critique.CRITIC_PROMPT``."""
     max_tokens: Count = 256
     """Most tokens in one critique."""
-    temperature: float = 0.0
+    temperature: SamplingTemperature = 0.0
     """Sampling temperature of the critic."""
-    timeout_s: float = 60.0
+    timeout_s: Seconds = 60.0
     """Seconds to wait for one critique before the request fails."""
-    retries: int = 2
+    retries: Annotated[int, Range(0, 100)] = 2
     """Extra attempts after a failed request."""
 
 
@@ -62,7 +62,7 @@ class EpisodeConfig:
     """Feedback providers in message order: execution, tests, verdict, format, budget, critique, or package.module:factory."""
     feedback_max_tokens: Count = 512
     """Most tokens (the run's tokenizer; UTF-8 bytes without one) of program output or a traceback quoted in feedback."""
-    max_failures_shown: int = 3
+    max_failures_shown: Size = 3
     """Most failing tests described in test feedback."""
     tests_on_execute: bool = False
     """Also run the task's tests on executed code that defines the entry point, and report them."""
@@ -70,7 +70,7 @@ class EpisodeConfig:
     """The critic used by the ``critique`` feedback provider."""
     batch_size: Count = 16
     """Episodes advancing in lockstep (one batched generate call per round)."""
-    seed: int = 0
+    seed: Seed = 0
     """Base seed; round r of the loop samples with seed + r."""
 
     # feedback was clipped in characters before it was clipped in tokens: 2000 characters read as 500 tokens
@@ -108,7 +108,7 @@ class CollectConfig:
     transformers (``molrl.engines``); an adapter is served as vLLM LoRA or merged into a temporary copy."""
 
     RENAMED_KEYS: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {"backend": ("engine", lambda v: v)}
-    dtype: str = "float32"
+    dtype: Dtype = "float32"
     """Model weight dtype for the transformers backend (float32, bfloat16, float16)."""
     device: str | None = None
     """Device for the transformers backend; default cuda when visible, else cpu."""
@@ -120,5 +120,5 @@ class CollectConfig:
     """Sandbox that runs the model's code and tests."""
     progress: bool = True
     """Show a progress bar."""
-    threads: Count | None = None
+    threads: Threads | None = None
     """Torch CPU threads; none: as many as cores are idle, re-measured while it runs (molrl.cpu)."""

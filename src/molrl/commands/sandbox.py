@@ -23,6 +23,7 @@ def register(subparsers) -> None:
 
 def run_file(args: argparse.Namespace) -> int:
     """Run the file once; exit status 0 when it ran ok, 1 otherwise."""
+    from molrl.config import check_values
     from molrl.sandbox import SandboxConfig, SandboxPool
 
     for path in (args.file, args.stdin):
@@ -32,6 +33,7 @@ def run_file(args: argparse.Namespace) -> int:
     stdin = args.stdin.read_text(encoding="utf-8") if args.stdin else None
     cfg = SandboxConfig(workers=1, timeout_s=args.timeout, memory_mb=args.memory_mb, backend=args.backend,
                         cache_size=0, preimport=[])
+    check_values(cfg, "molrl sandbox run (--timeout sets timeout_s, --memory-mb memory_mb)")
     with SandboxPool(cfg) as pool:
         result = pool.run(code, stdin=stdin)
     print(result.to_json())

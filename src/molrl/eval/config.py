@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Literal
 
 from molrl.collect.config import EpisodeConfig
-from molrl.config import Count
+from molrl.config_ranges import Count, Dtype, RunDir, SamplingTemperature, Seed, Size, Threads, TopP
 from molrl.sampling import SamplingConfig
 from molrl.sandbox import SandboxConfig
 from molrl.tasks import JsonlSpec
@@ -20,15 +20,15 @@ class EvalSamplingConfig(SamplingConfig):
 
     n: Count = 1
     """Samples per problem (pass@1 is their mean; pass@k and maj@n need n >= k)."""
-    temperature: float = 0.7
+    temperature: SamplingTemperature = 0.7
     """Sampling temperature; 0 means greedy decoding (then n must be 1)."""
-    top_p: float = 0.8
+    top_p: TopP = 0.8
     """Nucleus sampling mass."""
-    top_k: int = 20
+    top_k: Size = 20
     """Top-k cut-off; 0 disables it."""
     max_new_tokens: Count = 4096
     """Most tokens generated per completion."""
-    seed: int = 0
+    seed: Seed = 0
     """Base random seed; each chunk of problems samples with seed + its first problem's index."""
     stop: list[str] = field(default_factory=list)
     """Strings that end a completion early (kept in the output)."""
@@ -42,7 +42,7 @@ class EvalConfig:
     """Model directory or hub name (tiny:chatml for smoke runs); unused when grading predictions."""
     adapter: str | None = None
     """A PEFT adapter directory put on top of the model."""
-    dtype: str = "float32"
+    dtype: Dtype = "float32"
     """Model weights dtype of the transformers backend: float32, bfloat16 or float16 (vllm uses the checkpoint's)."""
     device: str | None = None
     """Where the model runs (cpu, cuda); default: cuda when visible, else cpu."""
@@ -85,11 +85,11 @@ class EvalConfig:
     """single-turn instruction for math tasks ({prompt})."""
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     """The sandbox that runs code answers."""
-    output_dir: Path = Path("runs/eval")
+    output_dir: RunDir = Path("runs/eval")
     """Run directory: config.yaml, results.json, results.md, <benchmark>/samples.jsonl."""
     label: str | None = None
     """Name of this run in comparisons (default: the model name, or the predictions file)."""
-    threads: Count | None = None
+    threads: Threads | None = None
     """Torch CPU threads; none: as many as cores are idle, re-measured while it runs (molrl.cpu)."""
 
     def __post_init__(self) -> None:

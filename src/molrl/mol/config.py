@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from molrl.config import Count, Weight
+from molrl.config_ranges import (MAX_COUNT, Count, Dropout, Dtype, LearningRate, Optimizer, Probability, Range,
+                                 RunDir, Scheduler, Seed, Size, TargetModules, Temperature, Threads, Weight)
 
 Mode = Literal["mol", "ce", "ce_feedback"]
 Direction = Literal["reverse", "forward"]
@@ -24,9 +25,9 @@ class LossSettings:
     """Weight of the KL term (mode mol only)."""
     kl_direction: Direction = "reverse"
     """reverse: KL(p_theta || p_base); forward: KL(p_base || p_theta)."""
-    temperature: float = 1.0
+    temperature: Temperature = 1.0
     """Both distributions of the KL are taken at this temperature (CE is always at 1)."""
-    chunk_size: int = 0
+    chunk_size: Size = 0
     """Positions per logits chunk; 0 picks one from the vocabulary size."""
     monitor_kl: bool = True
     """In the ce modes, still measure the decision-token KL (needs the base forward) for logging."""
@@ -43,13 +44,13 @@ class LoraConfig:
 
     enabled: bool = True
     """Train a LoRA adapter; false means full fine-tuning (KL then needs a frozen copy of the model)."""
-    rank: Count = 64
+    rank: Annotated[int, Range(1, 4096)] = 64
     """Adapter rank r."""
-    alpha: int = 128
+    alpha: Annotated[int, Range(1, 1_000_000)] = 128
     """Scaling numerator: updates are scaled by alpha / rank."""
-    dropout: float = 0.05
+    dropout: Dropout = 0.05
     """Dropout on the adapter's input."""
-    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    target_modules: TargetModules = field(default_factory=lambda: ["all-linear"])
     """Module names to adapt; ``all-linear`` means every linear layer except the output head.
 
     ``lm_head`` may be listed with ``dropout`` 0: the loss applies the head's adapter as a merged
@@ -65,7 +66,7 @@ class DataConfig:
     """Trace files (JSONL, molrl trace schema) to train on."""
     max_length: Count = 4096
     """Longest tokenised trace kept; longer traces are truncated (the count is logged)."""
-    domain_general_ratio: list[int] = field(default_factory=lambda: [1, 1])
+    domain_general_ratio: list[Annotated[int, Range(0, 1_000_000)]] = field(default_factory=lambda: [1, 1])
     """Domain:general examples per batch stream when general-tagged traces exist."""
     enable_thinking: bool = True
     """Passed to the chat template when rendering traces."""
@@ -75,27 +76,27 @@ class DataConfig:
 class TrainConfig:
     """Optimisation and bookkeeping (forwarded to ``transformers.TrainingArguments``)."""
 
-    optim: str = "adamw_torch"
+    optim: Optimizer = "adamw_torch"
     """Optimiser name understood by transformers (adamw_torch, sgd, adamw_torch_fused, ...)."""
-    learning_rate: float = 1e-4
+    learning_rate: LearningRate = 1e-4
     """Peak learning rate."""
-    lr_scheduler: str = "cosine"
+    lr_scheduler: Scheduler = "cosine"
     """Learning-rate schedule name understood by transformers."""
-    warmup_ratio: float = 0.03
+    warmup_ratio: Probability = 0.03
     """Fraction of steps spent warming the learning rate up."""
     weight_decay: Weight = 0.0
     """AdamW weight decay."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: Annotated[float, Range(0, 1e6)] = 1.0
     """Gradient clipping norm; 0 disables clipping."""
-    epochs: float = 1.0
+    epochs: Annotated[float, Range(0, 1e6, low_open=True)] = 1.0
     """Passes over the domain traces (ignored when max_steps > 0)."""
-    max_steps: int = -1
+    max_steps: Annotated[int, Range(1, MAX_COUNT, also=(-1,))] = -1
     """Optimiser steps to run; -1 means run ``epochs``."""
     micro_batch_size: Count = 1
     """Traces per forward pass on each process."""
     grad_accumulation: Count = 8
     """Micro-batches per optimiser step on each process."""
-    seed: int = 0
+    seed: Seed = 0
     """Seed for data order, adapter initialisation and dropout."""
     bf16: bool = False
     """Train in bfloat16 mixed precision."""
@@ -119,9 +120,9 @@ class MolConfig:
 
     model: str = "tiny:chatml"
     """Base model: a local HF directory, a hub name, or tiny:chatml / tiny:llama3 (random, in-process)."""
-    output_dir: Path = Path("runs/mol")
+    output_dir: RunDir = Path("runs/mol")
     """Where the adapter (or full model), checkpoints/, config.yaml and metrics.jsonl go."""
-    dtype: str = "float32"
+    dtype: Dtype = "float32"
     """Weights dtype at load time (float32 / bfloat16)."""
     data: DataConfig = field(default_factory=DataConfig)
     """Training traces."""
@@ -131,5 +132,5 @@ class MolConfig:
     """Adapter settings."""
     train: TrainConfig = field(default_factory=TrainConfig)
     """Optimisation settings."""
-    threads: Count | None = None
+    threads: Threads | None = None
     """Torch CPU threads; none: as many as cores are idle, re-measured while it runs (molrl.cpu)."""

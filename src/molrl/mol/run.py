@@ -43,6 +43,7 @@ def run_mol(cfg: MolConfig) -> Path:
     # torch, transformers and peft load only now: everything above (config, re-run rule) answers in well under a second
     from molrl.models import load_tokenizer
     from molrl.mol.data import check_feedback, load_examples
+    from molrl.nonfinite import check_finite_weights
     from molrl.runfiles import drop_records_after, load_checkpoint
     from molrl.tasks.splits import write_trained_on
 
@@ -69,6 +70,7 @@ def run_mol(cfg: MolConfig) -> Path:
         from molrl.models import DTYPES
 
         trainer.model.to(DTYPES[cfg.dtype])
+    check_finite_weights(trainer.model, str(final), loss_scales(cfg))
     trainer.save_model(str(final))
     log.info("saved %s", final)
     return out
@@ -83,6 +85,7 @@ def build_trainer(cfg: MolConfig, examples: list[dict[str, Any]], tokenizer: Any
     from molrl.models import load_model
     from molrl.mol.data import MolCollator
     from molrl.mol.trainer import MolTrainer
+    from molrl.nonfinite import NonFiniteGuard
     from molrl.runfiles import MetricsFileCallback
 
     set_seed(cfg.train.seed)
@@ -102,7 +105,7 @@ def build_trainer(cfg: MolConfig, examples: list[dict[str, Any]], tokenizer: Any
         train_dataset=examples,
         data_collator=MolCollator(tokenizer.pad_token_id),
         processing_class=tokenizer,
-        callbacks=[MetricsFileCallback(Path(cfg.output_dir) / "metrics.jsonl")],
+        callbacks=[MetricsFileCallback(Path(cfg.output_dir) / "metrics.jsonl"), NonFiniteGuard(loss_scales(cfg))],
         loss_settings=cfg.loss,
         domain_general_ratio=cfg.data.domain_general_ratio,
         ref_model=ref_model,
@@ -110,6 +113,13 @@ def build_trainer(cfg: MolConfig, examples: list[dict[str, Any]], tokenizer: Any
     figures = {"loss": "loss", "ce_feedback": "ce_fb", "kl_decision": "kl_dec"}
     use_trainer_progress(trainer, f"mol {Path(cfg.output_dir).name}", figures)
     return trainer
+
+
+def loss_scales(cfg: MolConfig) -> str:
+    """The config values a non-finite loss or gradient is most likely to come from, for its error line."""
+    loss, train = cfg.loss, cfg.train
+    return (f"loss.temperature={loss.temperature:g}, loss.ce_weight={loss.ce_weight:g}, "
+            f"loss.kl_weight={loss.kl_weight:g}, train.learning_rate={train.learning_rate:g}")
 
 
 def weights_dtype(cfg: MolConfig) -> str:

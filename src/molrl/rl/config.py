@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Literal
+from typing import Annotated, Any, Callable, ClassVar, Literal
 
-from molrl.config import Count, Weight
+from molrl.config_ranges import (Count, Dropout, Dtype, LearningRate, Positive, Range, RolloutTemperature, RunDir,
+                                 Scheduler, Seconds, Seed, Size, TargetModules, Threads, TopP, Weight)
 from molrl.rl.methods import MacroSettings, OpdSettings, PpoSettings, PropsSettings, RolloutSettings, TermSettings
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
 from molrl.tasks.types import JsonlSpec
@@ -31,9 +32,9 @@ class PolicyConfig:
     """continue: keep training the MoL adapter; merge_new: merge it into the base and train a fresh LoRA."""
     reference: Literal["base", "mol"] = "base"
     """KL reference when beta > 0: the original base model, or the MoL model (needs mol_adapter)."""
-    dtype: str = "float32"
+    dtype: Dtype = "float32"
     """Weights dtype: float32, bfloat16 or float16."""
-    seed: int = 0
+    seed: Seed = 0
     """Seed of the tiny models' random weights (ignored for real checkpoints)."""
 
 
@@ -41,14 +42,14 @@ class PolicyConfig:
 class LoraSettings:
     """The LoRA adapter trained on a plain base or after merge_new (continue keeps the MoL adapter's own)."""
 
-    rank: Count = 64
+    rank: Annotated[int, Range(1, 4096)] = 64
     """LoRA rank r."""
-    alpha: int = 128
+    alpha: Annotated[int, Range(1, 1_000_000)] = 128
     """LoRA alpha (scale = alpha / rank)."""
-    dropout: float = 0.0
+    dropout: Dropout = 0.0
     """Dropout on the LoRA input. 0 (the default) turns every dropout of the model off while training, as TRL does
     for RL; above 0 it stays on, and the loss's log-probs then differ from the sampler's by the dropout's noise."""
-    target_modules: list[str] = field(
+    target_modules: TargetModules = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
     """Module names that get LoRA weights (never lm_head: TRL scores tokens from lm_head.weight directly)."""
@@ -75,21 +76,21 @@ class TrainSettings:
     """Optimisation and bookkeeping, under the names MoL's ``train`` section gives them (forwarded to TRL's
     ``GRPOConfig``)."""
 
-    learning_rate: float = 1e-4
+    learning_rate: LearningRate = 1e-4
     """Peak learning rate (1e-4 is the authors' value for LoRA)."""
-    lr_scheduler: str = "constant"
+    lr_scheduler: Scheduler = "constant"
     """Learning-rate schedule name understood by transformers (constant, linear, cosine, ...)."""
-    warmup_steps: int = 0
+    warmup_steps: Size = 0
     """Optimiser steps spent warming the learning rate up."""
     weight_decay: Weight = 0.0
     """AdamW weight decay."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: Annotated[float, Range(0, 1e6)] = 1.0
     """Gradient clipping norm; 0 disables clipping."""
     max_steps: Count = 100
     """Optimiser steps to run."""
     micro_batch_size: Count = 8
     """Completions per forward/backward pass on each process; gradient accumulation makes up the rest of the step."""
-    seed: int = 0
+    seed: Seed = 0
     """Seed of sampling, shuffling and LoRA initialisation."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
@@ -111,11 +112,11 @@ class RewardSettings:
 
     code_mode: Literal["staged", "binary"] = "staged"
     """Code reward: staged partial credit (no code < compile error < runtime error < tests passed), or 0/1."""
-    sandbox_workers: Count = 4
+    sandbox_workers: Annotated[int, Range(1, 1024)] = 4
     """Parallel sandbox workers for code rewards."""
-    timeout_s: float = 6.0
+    timeout_s: Seconds = 6.0
     """Wall-clock limit per sandboxed program."""
-    failure_reward: float = 0.0
+    failure_reward: Annotated[float, Range(-1000, 1000)] = 0.0
     """Reward given to a completion whose scoring failed (reward function or sandbox error)."""
 
 
@@ -123,13 +124,13 @@ class RewardSettings:
 class EvalHookSettings:
     """Periodic held-out check during training: single-step accuracy and mean KL to the base."""
 
-    every_steps: int = 0
+    every_steps: Size = 0
     """Run every N optimiser steps (0 = never)."""
     tasks: TaskSource = field(default_factory=TaskSource)
     """Held-out tasks (keep it small: they are sampled and graded at every hook)."""
     max_new_tokens: Count = 512
     """Most tokens per evaluation answer."""
-    kl_prompts: int = 8
+    kl_prompts: Size = 8
     """Held-out prompts whose greedy answers score the mean per-token KL(policy || base)."""
 
 
@@ -137,7 +138,7 @@ class EvalHookSettings:
 class RlConfig:
     """RL post-training (grpo, dr_grpo, dr_grpo_std, opd, ppo) with sandbox-execution rewards."""
 
-    output_dir: Path = Path("runs/rl")
+    output_dir: RunDir = Path("runs/rl")
     """Where the adapter, config.yaml, metrics.jsonl, completions.jsonl and checkpoints/ go."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     """Policy and reference weights."""
@@ -180,15 +181,15 @@ class RlConfig:
     """Group size G: completions sampled per prompt."""
     prompts_per_step: Count = 1
     """Prompts per optimiser step (per process); the step trains on prompts_per_step * G completions."""
-    temperature: float = 0.9
+    temperature: RolloutTemperature = 0.9
     """Sampling temperature of the rollouts."""
-    top_p: float = 1.0
+    top_p: TopP = 1.0
     """Nucleus sampling mass of the rollouts."""
     train: TrainSettings = field(default_factory=TrainSettings)
     """Optimisation and bookkeeping: learning rate, schedule, steps, micro-batch, seed, logging and checkpoints."""
     beta: Weight = 0.0
     """KL coefficient; > 0 loads the reference chosen by policy.reference."""
-    epsilon: float = 0.2
+    epsilon: Positive = 0.2
     """PPO clipping range of the probability ratio."""
     num_iterations: Count = 1
     """Optimisation passes over each generated batch (mu in the GRPO paper)."""
@@ -198,9 +199,9 @@ class RlConfig:
     """colocate: vLLM shares the training GPU; server: a separate `trl vllm-serve` process."""
     vllm_server_url: str = "http://localhost:8000"
     """Base URL of the vLLM server (server mode)."""
-    vllm_gpu_memory_utilization: float = 0.3
+    vllm_gpu_memory_utilization: Annotated[float, Range(0, 1, low_open=True)] = 0.3
     """Share of each GPU the colocated vLLM engine may take (colocate mode)."""
-    threads: Count | None = None
+    threads: Threads | None = None
     """Torch CPU threads; none: as many as cores are idle, re-measured while it runs (molrl.cpu)."""
 
     # The training keys moved under train, where MoL keeps them, and the task file from train to data

@@ -5,21 +5,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from molrl.collect.config import EpisodeConfig
-from molrl.config import Count, Weight
+from molrl.config_ranges import Count, LearningRate, Positive, Probability, Range, Size, Weight
 
 
 @dataclass
 class PpoSettings:
     """PPO with a learned critic (``algorithm=ppo``): per-token KL rewards, GAE over macro actions."""
 
-    gamma: float = 1.0
+    gamma: Probability = 1.0
     """GAE discount."""
-    lam: float = 0.95
+    lam: Probability = 0.95
     """GAE lambda (the MA-RLHF authors' value)."""
-    value_clip: float = 0.2
+    value_clip: Positive = 0.2
     """The value loss clips new values to old value +- this."""
     value_coef: Weight = 0.5
     """Weight of the value loss beside the policy loss (critic=shared: both train the shared trunk)."""
@@ -31,13 +31,13 @@ class PpoSettings:
     critic_init: str = "policy"
     """critic=separate: its adapter starts as a copy of the policy's adapter at the start of the run (policy),
     as a fresh LoRA on the base (fresh), or from a PEFT adapter directory (e.g. a reward model's)."""
-    critic_learning_rate: float | None = None
+    critic_learning_rate: LearningRate | None = None
     """critic=separate: Adam learning rate of the critic (None: the policy's train.learning_rate)."""
     critic_epochs: Count = 1
     """critic=separate: passes over each step's batch when fitting the critic."""
     critic_minibatches: Count = 1
     """critic=separate: minibatches per pass."""
-    critic_warmup_steps: int = 0
+    critic_warmup_steps: Size = 0
     """The first this many steps train the critic only: every advantage is 0, so the policy does not move."""
 
 
@@ -60,7 +60,7 @@ class OpdSettings:
     Per token of the student's own completion: A_t = lam * (log pi_T - log pi_ref) - (log pi_theta - log pi_ref).
     """
 
-    lam: float = 1.0
+    lam: Annotated[float, Range(0, 1000, low_open=True)] = 1.0
     """lambda: 1 is standard on-policy distillation; above 1 extrapolates past the teacher (ExOPD: 1.25)."""
     teacher: Literal["feedback", "reference", "model"] = "feedback"
     """What the teacher reads before the student's completion: feedback: the environment's feedback on this
@@ -87,12 +87,12 @@ class RolloutSettings:
     partial: bool = False
     """Active partial rollouts (APRIL, ``molrl.rl.partial``): start more groups than a step needs, stop once
     enough have finished, keep the unfinished ones (tokens and behaviour log-probs) and resume them first."""
-    over_provision: float = 2.0
+    over_provision: Annotated[float, Range(1, 1000)] = 2.0
     """Partial rollouts: groups in flight per group a step trains on (the APRIL authors recommend about 2)."""
     off_policy: Literal["importance", "mask"] = "importance"
     """Partial rollouts: tokens a resumed completion got from an older policy are importance-weighted
     (min(pi_old / pi_behaviour, importance_cap)) or left out of the loss (slime's mask-offpolicy)."""
-    importance_cap: float = 2.0
+    importance_cap: Positive = 2.0
     """Partial rollouts: the truncation of the off-policy tokens' importance weights."""
     behaviour: Literal["policy", "props"] = "policy"
     """policy: sample from the policy being trained; props: from a behaviour adapter (PROPS, ``props``) that
@@ -112,7 +112,7 @@ class RolloutSettings:
     """Log ``sampling_error``: KL(empirical || policy) at the states two or more of a prompt's completions share,
     over the data of each update, from the loss's own log-probs (or, where those come after an update, from the
     behaviour log-probs of the step's start): no forward pass of its own."""
-    sampling_error_split: float | None = None
+    sampling_error_split: Annotated[float, Range(0, 1000)] | None = None
     """Also log the sampling error split by the policy's entropy at the state, below and above this many nats
     (``sampling_error/low_entropy``, ``sampling_error/high_entropy``); from the loss's entropies, or one more
     forward pass where the error reads behaviour log-probs (several optimiser steps per generation, vLLM, partial)."""
@@ -151,22 +151,22 @@ class TermSettings:
 class PropsSettings:
     """PROPS (arXiv 2311.08290): the behaviour adapter's update, defaults of the authors."""
 
-    clip: float = 0.3
+    clip: Positive = 0.3
     """epsilon of the clipped behaviour objective max(rho, clip(rho, 1 - eps, 1 + eps)), rho = pi_phi / pi_theta."""
     lambda_kl: Weight = 0.3
     """Weight of KL(pi_theta || pi_phi) (full vocabulary, per buffered state) in the behaviour objective."""
-    target_kl: float = 0.05
+    target_kl: Positive = 0.05
     """The update stops once the mean KL(pi_theta || pi_phi) passes this (delta; the authors' discrete-action
     scripts use 0.01)."""
-    learning_rate: float = 1e-3
+    learning_rate: LearningRate = 1e-3
     """Adam learning rate of the behaviour adapter."""
-    update_epochs: int = 16
+    update_epochs: Size = 16
     """Passes over the buffer per behaviour update (0: phi stays a copy of theta, sampling is on-policy)."""
     minibatches: Count = 4
     """Minibatches per pass."""
     copy_every: Count = 1
     """phi is re-copied from theta every this many behaviour updates (the authors' code: every update)."""
-    min_entropy: float = 0.0
+    min_entropy: Annotated[float, Range(0, 1000)] = 0.0
     """States where pi_theta's entropy is below this (nats) are left out of the behaviour objective, so
     near-deterministic states (format tokens) keep phi = theta. A deviation from the paper, whose states all
     have spread action distributions; 0 (the default) keeps every state, as the paper does."""

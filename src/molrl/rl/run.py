@@ -66,7 +66,7 @@ def run_rl(cfg: RlConfig) -> Path:
         else:
             trainer.train(resume_from_checkpoint=rerun.checkpoint)
         trainer.rollouts["train"].save_final(out)  # what the rollout policy left (partial rollouts: their buffer)
-        _save_final(trainer, policy, out)
+        _save_final(trainer, policy, out, loss_scales(cfg))
     finally:
         if pool is not None:
             pool.close()
@@ -83,6 +83,7 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
     from molrl.rl.policy import build_policy
     from molrl.rl.reference import install_reference, trainable_parameter_count
     from molrl.rl.trainer import RlTrainer
+    from molrl.nonfinite import NonFiniteGuard
     from molrl.runfiles import MetricsFileCallback
     from molrl.trainer_progress import use_trainer_progress
 
@@ -99,7 +100,7 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
                     "sampler's by its noise (and so does rollout.sampling_error); 0 turns every dropout off",
                     cfg.lora.dropout)
     try:
-        callbacks: list[Any] = [MetricsFileCallback(out / "metrics.jsonl")]
+        callbacks: list[Any] = [MetricsFileCallback(out / "metrics.jsonl"), NonFiniteGuard(loss_scales(cfg))]
         if eval_tasks:
             callbacks.append(EvalHookCallback.from_config(cfg, policy, eval_tasks, pool))
         trainer = RlTrainer(
@@ -203,13 +204,23 @@ def trl_args(cfg: RlConfig, output_dir: Path, cuda: bool) -> Any:
     )
 
 
-def _save_final(trainer: Any, policy: Any, out: Path) -> None:
-    """adapter/ (the trained adapter only), plus model/ (fully merged) for merge_new; called on every rank."""
+def loss_scales(cfg: RlConfig) -> str:
+    """The config values a non-finite loss or gradient is most likely to come from, for its error line."""
+    return (f"temperature={cfg.temperature:g}, train.learning_rate={cfg.train.learning_rate:g}, beta={cfg.beta:g}, "
+            f"algorithm={cfg.algorithm}")
+
+
+def _save_final(trainer: Any, policy: Any, out: Path, scales: str) -> None:
+    """adapter/ (the trained adapter only), plus model/ (fully merged) for merge_new, refused when not finite
+    (``scales`` names the settings to change); called on every rank."""
+    from molrl.nonfinite import check_finite_weights
+
     model = trainer.accelerator.unwrap_model(trainer.model)
     trainer.algorithm.save(model, out, trainer.accelerator.is_main_process)  # e.g. ppo's critic, beside the policy
     for frozen in trainer.frozen_adapters():  # TRL's reference, an algorithm's teacher or critic, PROPS' phi
         if frozen in getattr(model, "peft_config", {}):
             model.delete_adapter(frozen)
+    check_finite_weights(model, str(out / "adapter"), scales)
     trainer.save_model(str(out / "adapter"))  # gathers sharded (ZeRO / FSDP) weights; rank 0 writes
     if trainer.accelerator.is_main_process:
         policy.tokenizer.save_pretrained(str(out / "adapter"))

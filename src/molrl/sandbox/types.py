@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from molrl.config_ranges import Range, Seconds
 
 Status = Literal["ok", "runtime_error", "timeout", "memory_limit", "output_limit", "sandbox_error"]
 
@@ -13,22 +15,22 @@ Status = Literal["ok", "runtime_error", "timeout", "memory_limit", "output_limit
 class SandboxConfig:
     """How model-written code is confined and how fast it is run."""
 
-    workers: int = 0
+    workers: Annotated[int, Range(0, 1024)] = 0
     """Worker slots run in parallel (0: two per CPU core, which hides each job's round trip)."""
-    timeout_s: float = 10.0
+    timeout_s: Seconds = 10.0
     """Wall-clock limit of one execution, in seconds."""
-    memory_mb: int = 1024
+    memory_mb: Annotated[int, Range(1, 1 << 24)] = 1024
     """Address-space limit of each task process, in MiB (includes the ~100 MiB of preloaded modules)."""
-    max_output_kb: int = 64
+    max_output_kb: Annotated[int, Range(0, 1 << 20)] = 64
     """How much of stdout and of stderr comes back (the rest is counted, and flagged truncated)."""
-    max_file_mb: int = 16
+    max_file_mb: Annotated[int, Range(0, 1 << 20)] = 16
     """Largest file a task may write, stdout and stderr included; reaching it is output_limit."""
-    max_processes: int = 32
+    max_processes: Annotated[int, Range(1, 4096)] = 32
     """Processes a task may have at once (RLIMIT_NPROC on the slot's own uid)."""
-    slot_memory_mb: int = 0
+    slot_memory_mb: Annotated[int, Range(0, 1 << 24)] = 0
     """Memory cap of a whole slot (worker, task and its children) via a cgroup where the host
     allows one (0: 2 * memory_mb + 256)."""
-    tmpfs_mb: int = 256
+    tmpfs_mb: Annotated[int, Range(1, 1 << 20)] = 256
     """Size of each slot's private writable /tmp (bwrap backend)."""
     backend: Literal["auto", "bwrap", "process"] = "auto"
     """auto: bubblewrap when it works here, else plain processes (with a warning naming what is lost)."""
@@ -38,16 +40,16 @@ class SandboxConfig:
         default_factory=lambda: ["numpy", "math", "re", "collections", "itertools", "functools", "heapq", "json", "random", "string", "bisect", "typing"]
     )
     """Modules each worker imports once so tasks start warm (missing ones are skipped)."""
-    cache_size: int = 2048
+    cache_size: Annotated[int, Range(0, 1 << 24)] = 2048
     """Results kept, keyed by hash of (code, inputs, limits); 0 disables the cache. Outcomes over
     32 KiB are not kept, so the cache stays under ~64 MiB."""
-    float_rel_tol: float = 1e-9
+    float_rel_tol: Annotated[float, Range(0, 1)] = 1e-9
     """Relative tolerance when a returned value is compared with an expected float (an expected int is matched exactly)."""
-    float_abs_tol: float = 0.0
+    float_abs_tol: Annotated[float, Range(0, 1)] = 0.0
     """Absolute tolerance when a returned value is compared with an expected float (an expected int is matched exactly)."""
-    max_result_kb: int = 4096
+    max_result_kb: Annotated[int, Range(1, 1 << 20)] = 4096
     """Largest block of encoded return values a task may send back."""
-    worker_grace_s: float = 5.0
+    worker_grace_s: Seconds = 5.0
     """Extra seconds past the deadline before a silent worker is declared hung and replaced."""
 
 
