@@ -29,6 +29,7 @@ import yaml
 
 from molrl.config_renames import current, note_renames, renamed, renamed_path, unoptional
 from molrl.errors import ConfigError
+from molrl.writes import write_text
 
 T = TypeVar("T")
 @dataclasses.dataclass(frozen=True)
@@ -135,9 +136,8 @@ def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def save_config(cfg: Any, path: str | Path) -> None:
-    """Write a resolved config dataclass as YAML."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    """Write a resolved config dataclass as YAML (atomically)."""
+    write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
 def to_dict(cfg: Any) -> Any:

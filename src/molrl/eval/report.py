@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from molrl.errors import MolrlError
+from molrl.writes import write_text
 
 HEADLINE = ("pass@1",)  # first columns of every table; the rest follow in a fixed order
 
@@ -20,10 +21,9 @@ TRUNCATION_WARNING = 0.05
 
 
 def write_results(run_dir: Path, results: dict[str, Any]) -> None:
-    """Write ``results.json`` and ``results.md`` for a finished run."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (run_dir / "results.md").write_text(results_markdown(results))
+    """Write ``results.json`` and ``results.md`` for a finished run, each atomically."""
+    write_text(run_dir / "results.md", results_markdown(results))
+    write_text(run_dir / "results.json", json.dumps(results, indent=2) + "\n")  # last: what "finished" reads
 
 
 def metric_names(benchmarks: dict[str, dict[str, Any]]) -> list[str]:

@@ -34,6 +34,7 @@ from molrl.rl.partial import (
     off_policy_mask,
 )
 from molrl.rl.rollouts.sync import Synchronous
+from molrl.writes import write_text
 
 Generated = tuple[list[int], dict[tuple[int, int], tuple[list[int], bool]]]
 """(groups in the order they finished, (group, row) -> (new tokens, finished))."""
@@ -232,4 +233,4 @@ class Partial(Synchronous):
     def save_final(self, out: Path) -> None:
         """What partial rollouts left unfinished: ``rollout_buffer.json``."""
         if self.trainer.accelerator.is_main_process:
-            (Path(out) / "rollout_buffer.json").write_text(json.dumps(self.state.to_json()))
+            write_text(Path(out) / "rollout_buffer.json", json.dumps(self.state.to_json()))
