@@ -181,3 +181,18 @@ def test_finding8_the_config_records_the_continued_adapters_shape(tmp_path):
     cfg.lora.dropout = 0.2
     with pytest.raises(ConfigError, match="lora.dropout=0.2: .* whose dropout is 0.05"):
         take_adapter_lora(cfg)
+
+
+def test_a_finished_pipeline_stage_whose_input_changed_is_refused(tmp_path):
+    from molrl.errors import MolrlError
+    from molrl.eval.config import EvalConfig
+    from molrl.pipeline import run_stage
+
+    preds = tmp_path / "p.jsonl"
+    preds.write_text('{"id": "a", "completion": "1"}\n')
+    cfg = EvalConfig(model="m", benchmarks=["x"], predictions={"x": str(preds)}, output_dir=tmp_path / "stage")
+    assert run_stage(tmp_path / "stage", cfg, lambda: None, "eval")
+    assert not run_stage(tmp_path / "stage", cfg, lambda: None, "eval")  # finished, same contents
+    preds.write_text('{"id": "a", "completion": "2"}\n')
+    with pytest.raises(MolrlError, match=rf"predictions.x \({preds}\) has other contents"):
+        run_stage(tmp_path / "stage", cfg, lambda: None, "eval")

@@ -7,6 +7,7 @@ point, and ``MOLRL_KILL_AT`` kills the process (SIGKILL) with that write's conte
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -56,8 +57,11 @@ def test_finding4_a_torn_adapter_is_rebuilt_from_the_last_checkpoint(finished_mo
     run = Path(shutil.copytree(finished_mol, tmp_path / "run"))
     shutil.rmtree(run / "adapter")
     (run / "adapter").mkdir()  # what a kill -9 while the final adapter was written left
+    caplog.set_level(logging.INFO)
     assert main(["mol", *MOL_TINY, f"output_dir={run}"]) == 0
     assert not any("finished" in m for m in caplog.messages)  # before: "finished (step 2 of 2, ...)", empty adapter/
+    assert f"{run}: {run / 'checkpoints' / 'checkpoint-2'} holds the last step (2 of 2); writing {run / 'adapter'} " \
+           "from it, training nothing" in caplog.messages
     assert whole_weights(run / "adapter") and _steps(run) == [1, 2]
     want, got = (load_file(str(r / "adapter" / "adapter_model.safetensors")) for r in (finished_mol, run))
     assert want.keys() == got.keys() and all((want[k] == got[k]).all() for k in want)
@@ -71,6 +75,20 @@ def test_finding4_a_torn_adapter_without_a_checkpoint_is_refused_in_one_line(fin
     assert main(["mol", *MOL_TINY, f"output_dir={run}"]) == 1
     (error,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert error.startswith(f"{run / 'adapter'}: incomplete (the run was killed while writing it) and no checkpoint")
+
+
+def test_finding4_a_torn_rl_adapter_is_rebuilt_from_the_last_checkpoint(tmp_path, cli_logs, caplog):
+    run = tmp_path / "rl"
+    args = ["rl", "--config", str(REPO / "configs" / "grpo_tiny.yaml"), "train.max_steps=2", "max_completion_length=4",
+            f"output_dir={run}"]
+    assert main(args) == 0
+    (run / "adapter" / "adapter_model.safetensors").write_bytes(b"")  # what a kill -9 mid-save left before
+    caplog.clear()
+    caplog.set_level(logging.INFO)
+    assert main(args) == 0
+    assert not any("finished" in m for m in caplog.messages)
+    assert any("rebuilding it from" in m for m in caplog.messages)
+    assert whole_weights(run / "adapter") and _steps(run) == [1, 2]
 
 
 @pytest.mark.parametrize("point", ["adapter", "config.yaml", "inputs.json", "data_stats.json"])

@@ -217,11 +217,7 @@ class Partial(Synchronous):
     def save_state(self, folder: Path) -> None:
         """The buffer, written atomically (the trainer's own state file comes after it, so a checkpoint that has
         that file is whole)."""
-        path = self.state_file(folder)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(self.state.to_json()))
-        tmp.replace(path)
+        write_text(self.state_file(folder), json.dumps(self.state.to_json()))
 
     def load_state(self, checkpoint: Path) -> None:
         path = self.state_file(checkpoint)
