@@ -188,11 +188,11 @@ def test_a_finished_pipeline_stage_whose_input_changed_is_refused(tmp_path):
     from molrl.eval.config import EvalConfig
     from molrl.pipeline import run_stage
 
-    preds = tmp_path / "p.jsonl"
-    preds.write_text('{"id": "a", "completion": "1"}\n')
-    cfg = EvalConfig(model="m", benchmarks=["x"], predictions={"x": str(preds)}, output_dir=tmp_path / "stage")
+    tasks = tmp_path / "x.jsonl"
+    tasks.write_text('{"id": "a", "prompt": "1+1?", "answer": "2"}\n')
+    cfg = EvalConfig(model="m", benchmarks=["x"], data={"x": str(tasks)}, output_dir=tmp_path / "stage")
     assert run_stage(tmp_path / "stage", cfg, lambda: None, "eval")
     assert not run_stage(tmp_path / "stage", cfg, lambda: None, "eval")  # finished, same contents
-    preds.write_text('{"id": "a", "completion": "2"}\n')
-    with pytest.raises(MolrlError, match=rf"predictions.x \({preds}\) has other contents"):
+    tasks.write_text('{"id": "a", "prompt": "1+1?", "answer": "3"}\n')
+    with pytest.raises(MolrlError, match=rf"data.x \({tasks}\) has other contents"):
         run_stage(tmp_path / "stage", cfg, lambda: None, "eval")

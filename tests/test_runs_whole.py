@@ -24,7 +24,7 @@ from molrl.rerun import whole_weights
 REPO = Path(__file__).resolve().parents[1]
 MOL_TINY = ["--config", str(REPO / "configs" / "mol_tiny.yaml"), "train.max_steps=2", "train.report_to=[none]",
             f"data.traces=[{REPO / 'configs' / 'data' / 'mol_tiny_traces.jsonl'}]"]
-LOGS = {"metrics.jsonl", "checkpoints", ".lock"}  # appended to (torn tails repaired) or trainer-written, not points
+LOGS = {"metrics.jsonl", "completions.jsonl", "checkpoints", ".lock"}  # appended to (torn tails repaired) or trainer-written, not points
 
 
 def _cli(args: list[str], kill_at: str | None = None) -> subprocess.CompletedProcess:
@@ -91,23 +91,37 @@ def test_finding4_a_torn_rl_adapter_is_rebuilt_from_the_last_checkpoint(tmp_path
     assert whole_weights(run / "adapter") and _steps(run) == [1, 2]
 
 
-@pytest.mark.parametrize("point", ["adapter", "config.yaml", "inputs.json", "data_stats.json"])
-def test_a_mol_run_killed_at_each_write_point_reruns_to_the_same_result(finished_mol, tmp_path, point):
-    assert sorted([point, *LOGS]) == sorted(set(_left(finished_mol)) & {point, *LOGS})
+RL_TINY = ["--config", str(REPO / "configs" / "grpo_tiny.yaml"), "train.max_steps=2", "max_completion_length=4"]
+POINTS = {"mol": (MOL_TINY, ["adapter", "config.yaml", "inputs.json", "data_stats.json"]),
+          "rl": (RL_TINY, ["adapter", "config.yaml", "inputs.json", "data_summary.json"])}
+"""Per training stage, its tiny run's arguments and every file or folder it writes for good."""
+
+
+@pytest.fixture(scope="module")
+def finished_rl(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("whole") / "rl"
+    assert main(["rl", *RL_TINY, f"output_dir={out}"]) == 0
+    return out
+
+
+@pytest.mark.parametrize("stage,point", [(stage, point) for stage, (_, points) in POINTS.items() for point in points])
+def test_a_training_run_killed_at_each_write_point_reruns_to_the_same_result(stage, point, request, tmp_path):
+    finished, (args, _) = request.getfixturevalue(f"finished_{stage}"), POINTS[stage]
     run = tmp_path / "run"
-    killed = _cli(["mol", *MOL_TINY, f"output_dir={run}"], kill_at=point)
+    killed = _cli([stage, *args, f"output_dir={run}"], kill_at=point)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    rerun = _cli(["mol", *MOL_TINY, f"output_dir={run}"])
+    rerun = _cli([stage, *args, f"output_dir={run}"])
     assert rerun.returncode == 0, rerun.stderr[-2000:]
-    assert _left(run) == _left(finished_mol)  # no temporary left, nothing missing
+    assert _left(run) == _left(finished)  # no temporary left, nothing missing
     assert whole_weights(run / "adapter") and _steps(run) == [1, 2]
-    for name in ("config.yaml", "inputs.json", "data_stats.json"):
-        assert (run / name).read_text() == (finished_mol / name).read_text().replace(str(finished_mol), str(run))
+    for name in POINTS[stage][1][1:]:
+        assert (run / name).read_text() == (finished / name).read_text().replace(str(finished), str(run))
 
 
-def test_every_file_a_mol_run_leaves_is_a_tested_write_point(finished_mol):
-    points = set(test_a_mol_run_killed_at_each_write_point_reruns_to_the_same_result.pytestmark[0].args[1])
-    assert set(_left(finished_mol)) - LOGS == points
+@pytest.mark.parametrize("stage", POINTS)
+def test_every_file_a_training_run_leaves_is_a_tested_write_point(stage, request):
+    finished = request.getfixturevalue(f"finished_{stage}")
+    assert set(_left(finished)) - LOGS == set(POINTS[stage][1])
 
 
 EVAL_SNIPPET = """
@@ -173,8 +187,7 @@ def held(tmp_path):
 @pytest.mark.parametrize("stage", ["mol", "rl"])
 def test_finding5_a_second_training_run_on_one_output_is_refused(held, stage, cli_logs, caplog):
     out, pid = held
-    args = MOL_TINY if stage == "mol" else ["--config", str(REPO / "configs" / "grpo_tiny.yaml"), "train.max_steps=2"]
-    assert main([stage, *args, f"output_dir={out}"]) == 1  # before: both ran, every step logged twice
+    assert main([stage, *POINTS[stage][0], f"output_dir={out}"]) == 1  # before: both ran, every step logged twice
     (error,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert error.startswith(f"{out} is being written by another run (pid {pid}); wait for it to end")
     assert _left(out) == [".lock"]

@@ -67,10 +67,11 @@ INPUTS: dict[str, tuple[str, ...]] = {
     "mol": ("model", "data.traces"),
     "rl": ("policy.base", "policy.mol_adapter", "data.path", "eval.tasks.path"),
     "collect": ("model", "adapter", "tasks"),
-    "eval": ("model", "adapter", "data", "predictions"),
+    "eval": ("model", "adapter", "data"),
 }
 """Per stage, the keys naming what a run reads (files, folders; a list's or mapping's every value): compared as
-resolved paths, and by their contents' fingerprints."""
+resolved paths, and by their contents' fingerprints. eval's ``predictions`` are not here: each problem's graded
+completions are compared with the file's, and an edited one is graded again (``PredictionSource.finished``)."""
 
 EXTENDABLE: dict[str, tuple[str, ...]] = {"mol": ("train.max_steps",), "rl": ("train.max_steps",)}
 """Per stage, the keys a re-run may raise to train a run further (never lower: that is another run)."""
