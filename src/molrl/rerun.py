@@ -41,7 +41,7 @@ from typing import Any
 
 import yaml
 
-from molrl.config import ConfigError, to_dict
+from molrl.config import ConfigError, save_config, to_dict
 from molrl.config_renames import current_names
 from molrl.fingerprint import fingerprint
 from molrl.writes import write_text
@@ -100,7 +100,6 @@ def check_rerun(stage: str, cfg: Any, saved: Path, *, started: bool, run: Path |
     run = run if run is not None else saved.parent
     if not started or not saved.is_file():
         return []
-    _check_inputs(stage, cfg, saved, run)
     try:
         changes = changed_keys(stage, yaml.safe_load(saved.read_text()) or {}, cfg)
     except yaml.YAMLError as err:
@@ -112,6 +111,7 @@ def check_rerun(stage: str, cfg: Any, saved: Path, *, started: bool, run: Path |
                  for c in refused]
         raise ConfigError(f"{saved}: {run} was made with other settings: {'; '.join(hints)}; start a new run "
                           f"elsewhere ({NEW_RUN[stage]}), or re-run with the saved values to resume this one")
+    _check_inputs(stage, cfg, saved, run)
     return extended
 
 
@@ -127,8 +127,6 @@ def changed_keys(stage: str | None, saved: Any, cfg: Any) -> list[Change]:
 def save_run_config(stage: str, cfg: Any, saved: Path) -> None:
     """Write ``cfg`` (resolved) to ``saved`` and the fingerprints of its ``INPUTS`` to ``inputs.json`` beside it,
     each atomically."""
-    from molrl.config import save_config
-
     save_config(cfg, saved)
     write_text(inputs_path(saved), json.dumps(input_fingerprints(stage, cfg), indent=1) + "\n")
 
@@ -172,7 +170,8 @@ def changed_inputs(stage: str | None, kept: Any, cfg: Any) -> list[ChangedInput]
 
 
 def _check_inputs(stage: str, cfg: Any, saved: Path, run: Path) -> None:
-    """Refuse a re-run whose inputs have other contents than the saved run's."""
+    """Refuse a re-run whose inputs have other contents than the saved run's (checked after the keys, so an input
+    given under another name is refused as that key's change)."""
     try:
         kept = json.loads(inputs_path(saved).read_text())
     except (OSError, ValueError):
