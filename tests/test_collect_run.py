@@ -197,7 +197,7 @@ def test_a_second_writer_of_the_same_file_is_refused(tmp_path, shared_data):
     cfg = _cfg(tmp_path, shared_data / "mbpp/mbpp.jsonl", "mbpp", limit=1)
     with open(tmp_path / "traces.jsonl.lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running collection holds it
-        with pytest.raises(MolrlError, match="being written by another molrl collect"):
+        with pytest.raises(MolrlError, match=r"traces.jsonl is being written by another run \(pid unknown\)"):
             run_collect(cfg)
 
 

@@ -31,6 +31,7 @@ from molrl.config_ranges import OneOf, _allowed, _check_range, _markers, check_v
 from molrl.config_ranges import Count, Weight  # noqa: F401  (where stages found them first)
 from molrl.config_renames import current, note_renames, renamed, renamed_path
 from molrl.errors import ConfigError
+from molrl.writes import write_text
 
 T = TypeVar("T")
 
@@ -149,9 +150,8 @@ def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def save_config(cfg: Any, path: str | Path) -> None:
-    """Write a resolved config dataclass as YAML."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    """Write a resolved config dataclass as YAML (atomically)."""
+    write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
 def to_dict(cfg: Any) -> Any:

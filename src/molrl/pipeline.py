@@ -38,7 +38,8 @@ from molrl.config import ConfigError, load_config, save_config, to_dict
 from molrl.config_ranges import RunDir, Threads
 from molrl.cpu import stage_threads
 from molrl.errors import MolrlError
-from molrl.rerun import changed_keys
+from molrl.rerun import changed_inputs, changed_keys, input_fingerprints
+from molrl.writes import folder_lock, write_text
 
 log = logging.getLogger(__name__)
 
@@ -135,16 +136,16 @@ def run_pipeline(cfg: PipelineConfig, *, collect_tasks: Sequence[Any] | None = N
     if not cfg.model:
         raise ConfigError("model is not set: give the base model (model=PATH)")
     out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     check_stages(cfg, out, collect_tasks is not None)
-    save_config(cfg, out / "config.yaml")
-    (out / "environment.json").write_text(json.dumps(environment(), indent=1))
-    with stage_threads(cfg.threads, most_threads):  # each stage applies it, unless its own section sets threads
-        timings = _run_stages(cfg, out, collect_tasks)
-    _record_timings(out, timings)
-    from molrl.report import write_report
+    with folder_lock(out, "use another output_dir"):  # one pipeline at a time in a run directory
+        save_config(cfg, out / "config.yaml")
+        write_text(out / "environment.json", json.dumps(environment(), indent=1))
+        with stage_threads(cfg.threads, most_threads):  # each stage applies it, unless its own section sets threads
+            timings = _run_stages(cfg, out, collect_tasks)
+        _record_timings(out, timings)
+        from molrl.report import write_report
 
-    report = write_report(out)
+        report = write_report(out)
     log.info("report: %s", report)
     return out
 
@@ -311,7 +312,8 @@ def model_weights(cfg: PipelineConfig, name: str, out: Path) -> tuple[str, str |
 
 
 def run_stage(stage_dir: Path, stage_cfg: Any, work: Callable[[], Any], stage: str | None = None) -> bool:
-    """Run ``work`` unless ``stage_dir`` holds a DONE marker for the same config; returns whether it ran.
+    """Run ``work`` unless ``stage_dir`` holds a DONE marker for the same config and inputs (contents, by their
+    fingerprints); returns whether it ran.
 
     With ``stage`` (``collect``, ``mol``, ``rl``, ``eval``) the keys ``molrl.rerun.HARMLESS`` lists for it may differ
     from the finished run's (logging, workers, threads): the stage is still finished. Any other difference is an
@@ -319,7 +321,9 @@ def run_stage(stage_dir: Path, stage_cfg: Any, work: Callable[[], Any], stage: s
     marker = stage_dir / DONE
     resolved = to_dict(stage_cfg)
     if marker.is_file():
-        changes = changed_keys(stage, json.loads(marker.read_text()).get("config"), stage_cfg)
+        done = json.loads(marker.read_text())
+        changes = changed_keys(stage, done.get("config"), stage_cfg)
+        changes += changed_inputs(stage, done.get("inputs"), stage_cfg)
         if changes:
             raise MolrlError(
                 f"{stage_dir} finished with other settings than the ones asked for now: "
@@ -331,7 +335,8 @@ def run_stage(stage_dir: Path, stage_cfg: Any, work: Callable[[], Any], stage: s
     log.info("%s: running", stage_dir)
     started = time.time()
     work()
-    marker.write_text(json.dumps({"seconds": round(time.time() - started, 1), "config": resolved}, indent=1))
+    write_text(marker, json.dumps({"seconds": round(time.time() - started, 1), "config": resolved,
+                                   "inputs": input_fingerprints(stage, stage_cfg)}, indent=1))
     return True
 
 
@@ -367,7 +372,7 @@ def _timed_stage(timings: dict[str, float], name: str, fn: Callable[[], Any]) ->
 
 def _record_timings(out: Path, timings: dict[str, float]) -> None:
     """Wall-clock seconds of each stage in this invocation (skipped stages take ~0 s)."""
-    (out / "timings.json").write_text(json.dumps(timings, indent=1))
+    write_text(out / "timings.json", json.dumps(timings, indent=1))
 
 
 def load_pipeline_config(path: str | Path | None, overrides: Sequence[str] = ()) -> PipelineConfig:

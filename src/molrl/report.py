@@ -7,6 +7,7 @@ time and never states a number that is not on disk. Plots use matplotlib's Agg b
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 import yaml
 
 from molrl.jsonl import read_records
+from molrl.writes import write_bytes, write_text
 
 BASE = "base"
 
@@ -44,7 +46,7 @@ def write_report(run_dir: str | Path) -> Path:
     lines += reproducibility(run_dir)
     lines += ["## Configuration", "", "```yaml", yaml.safe_dump(config, sort_keys=False).rstrip(), "```", ""]
     report = run_dir / "report.md"
-    report.write_text("\n".join(lines))
+    write_text(report, "\n".join(lines))
     return report
 
 
@@ -339,7 +341,9 @@ def _pyplot() -> Any:
 
 def _save(fig: Any, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    image = io.BytesIO()
+    fig.savefig(image, dpi=110, format="png")
+    write_bytes(path, image.getvalue())
     import matplotlib.pyplot as plt
 
     plt.close(fig)

@@ -18,7 +18,14 @@ itself, resumes from there. A saved config is read under the current key names (
 so a run saved before a key was renamed is the same run.
 
 ``HARMLESS`` lists, in this one place, the keys that may differ between a run and its re-run
-without changing what the run computes (where it writes, logging, worker counts, resume switches).
+without changing what the run computes (where it writes, logging, worker counts, resume switches); a key that can
+change a grade (a sandbox limit, a float tolerance) is never among them.
+
+Same run means same contents, not same names: the keys ``INPUTS`` lists (the model, the data files, the adapter
+trained further or evaluated) are compared as resolved paths (``./models/x`` is ``models/x``), and their contents'
+fingerprints (``fingerprint``), saved in ``inputs.json`` beside the config, must match: an input replaced under
+the same name is refused, naming it. "Finished" means a whole, loadable result (``whole_weights``): a final
+``adapter/`` or ``model/`` torn by a kill is rebuilt from the last checkpoint, or refused in one line.
 
 This module imports no torch: the checks run before a stage loads anything.
 """
@@ -34,8 +41,10 @@ from typing import Any
 
 import yaml
 
-from molrl.config import ConfigError, to_dict
+from molrl.config import ConfigError, save_config, to_dict
 from molrl.config_renames import current_names
+from molrl.fingerprint import fingerprint
+from molrl.writes import write_text
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +53,25 @@ HARMLESS: dict[str, tuple[str, ...]] = {
             "train.resume", "threads"),
     "rl": ("output_dir", "train.report_to", "train.logging_steps", "train.save_steps", "reward.sandbox_workers",
            "threads"),
-    "collect": ("out", "limit", "samples", "engine", "device", "progress", "sandbox", "episode.batch_size", "threads"),
+    "collect": ("out", "limit", "samples", "engine", "device", "progress", "sandbox.workers", "episode.batch_size",
+                "threads"),
     "eval": ("output_dir", "label", "benchmarks", "limit", "ks", "batch_size", "partial_predictions", "device",
-             "engine", "sandbox", "threads"),
+             "engine", "sandbox.workers", "threads"),
 }
-"""Per stage, the keys a re-run may change freely (a section's name covers every key in it). collect's
-``limit`` and ``samples`` and eval's ``benchmarks`` and ``limit`` only add or leave out work; what was
-already made stays valid."""
+"""Per stage, the keys a re-run may change freely, each a single key (never a whole section, whose other keys could
+change a result). collect's ``limit`` and ``samples`` and eval's ``benchmarks`` and ``limit`` only add or leave out
+work; what was already made stays valid. Of the sandbox only the worker count is here: its limits and tolerances
+decide verdicts."""
+
+INPUTS: dict[str, tuple[str, ...]] = {
+    "mol": ("model", "data.traces"),
+    "rl": ("policy.base", "policy.mol_adapter", "data.path", "eval.tasks.path"),
+    "collect": ("model", "adapter", "tasks"),
+    "eval": ("model", "adapter", "data"),
+}
+"""Per stage, the keys naming what a run reads (files, folders; a list's or mapping's every value): compared as
+resolved paths, and by their contents' fingerprints. eval's ``predictions`` are not here: each problem's graded
+completions are compared with the file's, and an edited one is graded again (``PredictionSource.finished``)."""
 
 EXTENDABLE: dict[str, tuple[str, ...]] = {"mol": ("train.max_steps",), "rl": ("train.max_steps",)}
 """Per stage, the keys a re-run may raise to train a run further (never lower: that is another run)."""
@@ -90,6 +111,7 @@ def check_rerun(stage: str, cfg: Any, saved: Path, *, started: bool, run: Path |
                  for c in refused]
         raise ConfigError(f"{saved}: {run} was made with other settings: {'; '.join(hints)}; start a new run "
                           f"elsewhere ({NEW_RUN[stage]}), or re-run with the saved values to resume this one")
+    _check_inputs(stage, cfg, saved, run)
     return extended
 
 
@@ -99,7 +121,100 @@ def changed_keys(stage: str | None, saved: Any, cfg: Any) -> list[Change]:
     old = _flat(current_names(type(cfg), saved))
     new = _flat(to_dict(cfg))
     return [Change(k, old.get(k, _UNSET), new.get(k, _UNSET)) for k in sorted(set(old) | set(new))
-            if old.get(k, _UNSET) != new.get(k, _UNSET) and not _harmless(stage, k)]
+            if not _same(stage, k, old.get(k, _UNSET), new.get(k, _UNSET)) and not _harmless(stage, k)]
+
+
+def save_run_config(stage: str, cfg: Any, saved: Path) -> None:
+    """Write ``cfg`` (resolved) to ``saved`` and the fingerprints of its ``INPUTS`` to ``inputs.json`` beside it,
+    each atomically."""
+    save_config(cfg, saved)
+    write_text(inputs_path(saved), json.dumps(input_fingerprints(stage, cfg), indent=1) + "\n")
+
+
+def inputs_path(saved: Path) -> Path:
+    """Where the fingerprints of a run's inputs are kept beside its saved config (``X.config.yaml`` ->
+    ``X.inputs.json``, ``config.yaml`` -> ``inputs.json``)."""
+    return saved.with_name(saved.name.removesuffix("config.yaml") + "inputs.json")
+
+
+def input_fingerprints(stage: str | None, cfg: Any) -> dict[str, dict[str, str]]:
+    """``{label: {"path": resolved path, "fingerprint": ...}}`` for each ``INPUTS`` value of ``cfg`` that is a file or
+    folder on this machine (a hub name or ``tiny:...`` model is not)."""
+    found = {}
+    for label, value in _input_values(stage, _flat(to_dict(cfg))):
+        path = Path(str(value)).expanduser()
+        if path.exists():
+            found[label] = {"path": str(path.resolve()), "fingerprint": fingerprint(path)}
+    return found
+
+
+@dataclass(frozen=True)
+class ChangedInput:
+    """An input (``INPUTS``) whose contents differ from what the saved run read under the same name."""
+
+    label: str
+    path: str
+
+    def __str__(self) -> str:
+        return f"{self.label} ({self.path}) has other contents"
+
+
+def changed_inputs(stage: str | None, kept: Any, cfg: Any) -> list[ChangedInput]:
+    """The inputs of ``cfg`` whose fingerprints differ from ``kept`` (``input_fingerprints`` of the saved run; none
+    kept, by a run made before they were: nothing to compare)."""
+    if not isinstance(kept, dict):
+        return []
+    now = input_fingerprints(stage, cfg)
+    return [ChangedInput(label, now[label]["path"]) for label in sorted(kept)
+            if label in now and now[label]["fingerprint"] != (kept[label] or {}).get("fingerprint")]
+
+
+def _check_inputs(stage: str, cfg: Any, saved: Path, run: Path) -> None:
+    """Refuse a re-run whose inputs have other contents than the saved run's (checked after the keys, so an input
+    given under another name is refused as that key's change)."""
+    try:
+        kept = json.loads(inputs_path(saved).read_text())
+    except (OSError, ValueError):
+        return
+    changed = changed_inputs(stage, kept, cfg)
+    if changed:
+        raise ConfigError(f"{saved}: {run} was made from other contents under the same name: "
+                          f"{'; '.join(map(str, changed))} now; start a new run elsewhere ({NEW_RUN[stage]}), or put "
+                          "the original back to resume this one")
+
+
+def _input_values(stage: str | None, flat: dict[str, Any]) -> list[tuple[str, Any]]:
+    """(label, value) of every input value in a flattened config: ``data.traces[0]``, ``data.math500``, ``model``."""
+    found = []
+    for key, value in flat.items():
+        if not _is_input(stage, key) or value in (None, "", _UNSET):
+            continue
+        if isinstance(value, list):
+            found += [(f"{key}[{i}]", v) for i, v in enumerate(value) if v not in (None, "")]
+        else:
+            found.append((key, value))
+    return found
+
+
+def _is_input(stage: str | None, key: str) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in INPUTS.get(stage or "", ()))
+
+
+def _same(stage: str | None, key: str, old: Any, new: Any) -> bool:
+    """Whether a key's saved and current values are the same: input paths compared resolved."""
+    if old == new:
+        return True
+    if not _is_input(stage, key) or _UNSET in (old, new):
+        return False
+    return _resolved(old) == _resolved(new)
+
+
+def _resolved(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_resolved(v) for v in value]
+    if isinstance(value, str) and value:
+        return str(Path(value).expanduser().resolve())
+    return value
 
 
 def say_finished(out: Path, detail: str, stage: str) -> None:
@@ -138,16 +253,23 @@ def training_rerun(stage: str, cfg: Any, out: Path, final: Path, max_steps: int)
     fresh (module docstring)."""
     checkpoints = out / CHECKPOINTS
     checkpoint = last_whole_checkpoint(checkpoints, out)
-    extended = check_rerun(stage, cfg, out / "config.yaml", started=checkpoint is not None or final.exists())
+    done = whole_weights(final)
+    extended = check_rerun(stage, cfg, out / "config.yaml", started=checkpoint is not None or done)
+    if final.exists() and not done:
+        if checkpoint is None:
+            raise ConfigError(f"{final}: incomplete (the run was killed while writing it) and no checkpoint is left "
+                              f"to rebuild it from; delete {out} to train it again, or start a new run with "
+                              f"{NEW_RUN[stage]}")
+        log.warning("%s: incomplete (the run was killed while writing it); rebuilding it from %s", final, checkpoint)
     if checkpoint is None:
-        if final.exists() and extended:
+        if done and extended:
             raise ConfigError(f"{out}: no checkpoint left to extend the run from (checkpoint-N under {checkpoints}); "
                               f"start a new run with {NEW_RUN[stage]}")
-        if final.exists():
+        if done:
             say_finished(out, f"{final} written, its checkpoints removed", stage)
-        return TrainingRerun(finished=final.exists())
+        return TrainingRerun(finished=done)
     step, last = checkpoint_progress(checkpoint, max_steps)
-    if step >= last and final.exists():
+    if step >= last and done:
         say_finished(out, f"step {step} of {last}, {final}", stage)
         return TrainingRerun(checkpoint, step, at_last_step=True, finished=True)
     if step >= last:
@@ -156,6 +278,29 @@ def training_rerun(stage: str, cfg: Any, out: Path, final: Path, max_steps: int)
         extending = "".join(f"extending the run ({c.key} {c.saved} -> {c.now}), " for c in extended)
         say(f"{out}: {extending}resuming from {checkpoint} (step {step} of {last})")
     return TrainingRerun(checkpoint, step, at_last_step=step >= last)
+
+
+def whole_weights(folder: Path) -> bool:
+    """Whether ``folder`` (a run's final ``adapter/`` or ``model/``) holds a whole, loadable result: its config JSON
+    reads back, and it has weights, each safetensors file as long as its header says."""
+    folder = Path(folder)
+    config = folder / "adapter_config.json" if (folder / "adapter_config.json").exists() else folder / "config.json"
+    weights = [*folder.glob("*.safetensors"), *folder.glob("*.bin")]
+    try:
+        json.loads(config.read_text())
+        return bool(weights) and all(_whole_safetensors(w) if w.suffix == ".safetensors" else w.stat().st_size > 0
+                                     for w in weights)
+    except (OSError, ValueError):
+        return False
+
+
+def _whole_safetensors(file: Path) -> bool:
+    """A safetensors file's 8-byte header length, JSON header, and data up to the last tensor's end are all there."""
+    with file.open("rb") as handle:
+        size = int.from_bytes(handle.read(8), "little")
+        header = json.loads(handle.read(size))
+    end = max((t["data_offsets"][1] for name, t in header.items() if name != "__metadata__"), default=0)
+    return file.stat().st_size >= 8 + size + end
 
 
 def last_whole_checkpoint(*folders: Path) -> str | None:

@@ -40,6 +40,27 @@ class MetricsFileCallback(TrainerCallback):
             fh.write(json.dumps(record) + "\n")
 
 
+class ResumedSchedule(TrainerCallback):
+    """Sets a resumed run's learning rate to what its schedule gives at the resumed step.
+
+    A checkpoint's optimiser state holds the rate of its own last step. transformers rebuilds the scheduler for the
+    run's ``max_steps`` and gives it the checkpoint's step count, but leaves the optimiser at the saved rate, so a
+    run extended past its end (``max_steps`` raised) trained its first added step at the old schedule's last rate
+    (0.0 at the end of a cosine). With every group's rate set from the rebuilt schedule, an extended run's rates are,
+    step for step, those of a run trained to the new ``max_steps`` from step 0; a plain resume is unchanged.
+    """
+
+    def on_train_begin(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
+        scheduler = getattr(lr_scheduler, "scheduler", lr_scheduler)  # accelerate wraps it
+        lambdas = getattr(scheduler, "lr_lambdas", None)
+        if state.global_step == 0 or optimizer is None or lambdas is None:
+            return
+        rates = [base * rule(scheduler.last_epoch) for base, rule in zip(scheduler.base_lrs, lambdas)]
+        for group, rate in zip(optimizer.param_groups, rates):
+            group["lr"] = rate
+        scheduler._last_lr = rates
+
+
 def load_checkpoint(trainer: Any, checkpoint: str) -> None:
     """Load the weights of ``checkpoint``, a run's last step, into ``trainer`` instead of resuming training there.
 

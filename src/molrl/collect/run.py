@@ -13,7 +13,6 @@ finished file says so and is left as it is (``molrl.rerun``: the rule every stag
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 from pathlib import Path
@@ -21,14 +20,15 @@ from typing import Any, Iterator, Sequence
 
 from molrl.collect.config import CollectConfig
 from molrl.collect.loop import Episode, run_episodes
-from molrl.config import check_values, save_config, to_dict
+from molrl.config import check_values, to_dict
 from molrl.cpu import use_threads
 from molrl.errors import DataError, MolrlError
 from molrl.jsonl import json_line, read_lines, repair_torn_tail
-from molrl.rerun import check_rerun, say_finished
+from molrl.rerun import NEW_RUN, check_rerun, save_run_config, say_finished
 from molrl.tasks import Task
 from molrl.tasks.splits import overlap_line
 from molrl.traces.schema import TraceError, append_trace, read_traces
+from molrl.writes import output_lock
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,8 @@ def run_collect(cfg: CollectConfig, *, generator: Any = None, tokenizer: Any = N
     check_values(cfg, "CollectConfig")
     out = Path(cfg.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive(out):
+    # two runs never append to one trace file (molrl.writes.output_lock: the kernel frees it if killed)
+    with output_lock(out.with_name(out.name + ".lock"), out, f"use another {NEW_RUN['collect']}"):
         return _collect(cfg, out, generator, tokenizer, tasks)
 
 
@@ -64,7 +65,7 @@ def _collect(cfg: CollectConfig, out: Path, generator: Any, tokenizer: Any, task
         say_finished(out, f"all {total} episodes collected", "collect")
         return out
     log.info("%s: %d of %d episodes already collected, %d to go", out, total - todo, total, todo)
-    save_config(cfg, config_path(out))
+    save_run_config("collect", cfg, config_path(out))
     if cfg.samples > 1 and cfg.episode.sampling.temperature == 0:
         log.warning("samples=%d with greedy decoding (temperature 0): the samples of a task will mostly repeat; "
                     "set episode.sampling.temperature", cfg.samples)
@@ -89,17 +90,6 @@ def _collect(cfg: CollectConfig, out: Path, generator: Any, tokenizer: Any, task
         log.warning("%s: %d episodes of this run have no trace; their reasons are in %s",
                     out, stats.rejected, rejects_path(out))
     return out
-
-
-@contextlib.contextmanager
-def _exclusive(out: Path) -> Iterator[None]:
-    """Hold ``<out>.lock`` so two runs never append to one trace file (the kernel frees it if killed)."""
-    with open(out.with_name(out.name + ".lock"), "w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise MolrlError(f"{out} is being written by another molrl collect; wait for it or use another --out") from None
-        yield
 
 
 def config_path(out: Path) -> Path:

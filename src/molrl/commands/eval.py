@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 from molrl.errors import MolrlError
+from molrl.writes import write_text
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,7 @@ def compare(runs: list[str], out: str | None, metric: str) -> int:
     print(table, end="")
     out_dir = Path(out or "runs/compare")
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "compare.md").write_text(table)
+    write_text(out_dir / "compare.md", table)
     chart = compare_chart(loaded, out_dir / "compare.png", metric)
     log.info("wrote %s and %s", out_dir / "compare.md", chart)
     return 0

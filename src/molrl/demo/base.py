@@ -38,6 +38,7 @@ from molrl.demo.base_fit import BaseExample, fit
 from molrl.generation import SamplingConfig
 from molrl.tasks import Task
 from molrl.traces.schema import Trace
+from molrl.writes import write_text
 
 log = logging.getLogger(__name__)
 
@@ -285,7 +286,7 @@ def train_base(traces: Sequence[Trace], cfg: BaseModelConfig, out_dir: Path,
     log.info("base model: %d steps in %.0f s, loss %.3f -> %.4f", cfg.steps, time.time() - started,
              losses[0], losses[-1])
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir)
+    model.save_pretrained(out_dir)  # the marker written after it says whether it is whole
     tokenizer.save_pretrained(out_dir)
     return out_dir
 
@@ -293,4 +294,4 @@ def train_base(traces: Sequence[Trace], cfg: BaseModelConfig, out_dir: Path,
 def write_making_time(base_dir: Path, seconds: float) -> None:
     """Record in ``base_dir/timing.json`` how long the base took to make (demonstrations and training), for the
     pipeline report's timing table (``molrl.report.stage_times``)."""
-    (base_dir / "timing.json").write_text(json.dumps({"seconds": round(seconds, 1)}))
+    write_text(base_dir / "timing.json", json.dumps({"seconds": round(seconds, 1)}))

@@ -43,6 +43,7 @@ from molrl.demo.world import World
 from molrl.generation import SamplingConfig
 from molrl.tasks import Task
 from molrl.traces.schema import Trace
+from molrl.writes import write_text
 
 log = logging.getLogger(__name__)
 
@@ -254,6 +255,6 @@ def build_chain_base(world: World, preset: Any, base_dir: Path, episode: Any, ma
     make_example = functools.partial(chain_example, attempt_values=preset.base.attempt_values,
                                      repeat_values=preset.base.repeat_values, guess_others=preset.base.guess_others)
     train_base(traces, preset.base, base_dir, make_example=make_example)
-    marker.write_text(json.dumps(made_of))
+    write_text(marker, json.dumps(made_of))
     write_making_time(base_dir, time.time() - started)
     return base_dir

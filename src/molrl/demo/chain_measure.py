@@ -25,6 +25,7 @@ from typing import Any, Sequence
 from molrl.demo.chain_base import RULE_STEP, RULE_VALUE, direct_solution
 from molrl.demo.world import World
 from molrl.tasks import Task
+from molrl.writes import write_text
 
 
 @dataclass
@@ -113,7 +114,7 @@ def measure_world(world: World, base_dir: Path, world_dir: Path, cfg: Any, sampl
                 "temperature": float(cfg.rl.get("temperature", 1.0))}
     with torch.no_grad():
         props = _measure(model, tokenizer, tasks, world.key, settings, samples)
-    saved.write_text(json.dumps(asdict(props), indent=1))
+    write_text(saved, json.dumps(asdict(props), indent=1))
     return properties_markdown(props)
 
 

@@ -39,6 +39,7 @@ from molrl.cpu import govern_threads, use_threads
 from molrl.errors import MolrlError
 from molrl.pipeline import run_pipeline
 from molrl.tasks import Task
+from molrl.writes import write_text
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +165,7 @@ def run_demo(out: str | Path, preset: str = "default", overrides: list[str] | No
         govern_threads(None)
     if seeds > 1:
         summary = seed_summary([r.parent for r in reports])
-        (out / "seeds.md").write_text(summary)
+        write_text(out / "seeds.md", summary)
         with reports[0].open("a") as fh:
             fh.write("\n" + summary)
         log.info("headline over %d seeds: %s", seeds, out / "seeds.md")
@@ -261,14 +262,14 @@ def write_world(world: World, cfg: WorldConfig | ChainWorldConfig, world_dir: Pa
     if world.code_heldout:
         files["code_heldout.jsonl"] = world.code_heldout
     for name, tasks in files.items():
-        (world_dir / name).write_text("\n".join(json.dumps(task_record(t)) for t in tasks) + "\n")
+        write_text(world_dir / name, "\n".join(json.dumps(task_record(t)) for t in tasks) + "\n")
     replay = world_dir / "general_traces.jsonl"
     tmp = replay.with_suffix(".tmp")
     tmp.unlink(missing_ok=True)
     for trace in (replay_traces or direct_traces)(world.general_train, math_prompt=math_prompt):
         append_trace(tmp, trace)
     os.replace(tmp, replay)
-    (world_dir / "world.json").write_text(json.dumps({"config": asdict(cfg), "key": world.key}, indent=1))
+    write_text(world_dir / "world.json", json.dumps({"config": asdict(cfg), "key": world.key}, indent=1))
     return world_dir
 
 
@@ -312,7 +313,7 @@ def build_base(world: World, preset: DemoPreset, base_dir: Path, episode: "Episo
     code = [*direct_traces(world.code_train, kind="domain", hide_value=True, code_prompt=code_prompt),
             *direct_traces(world.code_general, code_prompt=code_prompt)]
     train_base([*demos, *rule_format, *general, *code], preset.base, base_dir)
-    marker.write_text(json.dumps(made_of))
+    write_text(marker, json.dumps(made_of))
     write_making_time(base_dir, time.time() - started)
     return base_dir
 

@@ -21,6 +21,7 @@ from molrl.demo.study_metrics import KL, Score, late_mean, last_value, mol_late_
 from molrl.demo.verdict import RULE, claim_line
 from molrl.pipeline import PipelineConfig
 from molrl.report import _pyplot, _save, _series, read_metrics, stage_times
+from molrl.writes import write_text
 
 LENGTH = "completions/mean_length"
 """GRPO's logged mean completion length (tokens) per step."""
@@ -57,7 +58,7 @@ def write_study_report(run_dirs: Sequence[Path], out: Path, arms: StudyArms = DI
     lines += time_section(run_dirs, wall_s)
     lines += [seed_summary(run_dirs)]
     report = out / "study.md"
-    report.write_text("\n".join(lines))
+    write_text(report, "\n".join(lines))
     return report
 
 

@@ -7,11 +7,13 @@ passes ``TRUNCATION_WARNING``: a cut answer usually lost its final answer, so it
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any, Sequence
 
 from molrl.errors import MolrlError
+from molrl.writes import write_bytes, write_text
 
 HEADLINE = ("pass@1",)  # first columns of every table; the rest follow in a fixed order
 
@@ -20,10 +22,9 @@ TRUNCATION_WARNING = 0.05
 
 
 def write_results(run_dir: Path, results: dict[str, Any]) -> None:
-    """Write ``results.json`` and ``results.md`` for a finished run."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (run_dir / "results.md").write_text(results_markdown(results))
+    """Write ``results.json`` and ``results.md`` for a finished run, each atomically."""
+    write_text(run_dir / "results.md", results_markdown(results))
+    write_text(run_dir / "results.json", json.dumps(results, indent=2) + "\n")  # last: what "finished" reads
 
 
 def metric_names(benchmarks: dict[str, dict[str, Any]]) -> list[str]:
@@ -159,8 +160,9 @@ def compare_chart(runs: Sequence[tuple[str, dict[str, Any]]], path: Path, metric
     ax.set_title(f"{metric} by benchmark")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=min(len(runs), 3), fontsize=8, frameon=False)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    image = io.BytesIO()
+    fig.savefig(image, dpi=120, format="png")
+    write_bytes(path, image.getvalue())
     plt.close(fig)
     return path
 

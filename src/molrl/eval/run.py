@@ -17,7 +17,7 @@ from typing import Any, Iterator, Sequence
 
 import yaml
 
-from molrl.config import check_values, save_config, to_dict
+from molrl.config import check_values, to_dict
 from molrl.cpu import use_threads
 from molrl.errors import MolrlError
 from molrl.eval.config import EvalConfig
@@ -27,9 +27,10 @@ from molrl.eval.single import summarise
 from molrl.eval.interactive import InteractiveSource
 from molrl.eval.sources import PredictionSource, SamplingSource
 from molrl.eval.suites import load_suite
-from molrl.rerun import check_rerun, say_finished
+from molrl.rerun import NEW_RUN, check_rerun, inputs_path, save_run_config, say_finished
 from molrl.tasks import Task
 from molrl.tasks.splits import refuse_trained_overlap
+from molrl.writes import folder_lock
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +53,11 @@ def make_source(cfg: EvalConfig) -> Any:
 
 
 def run_eval(cfg: EvalConfig) -> Path:
-    """Evaluate ``cfg.benchmarks`` and return the run directory holding the results."""
-    with _removed_if_failed_empty(Path(cfg.output_dir)):
+    """Evaluate ``cfg.benchmarks`` and return the run directory holding the results (one run at a time writes a
+    run directory: ``molrl.writes.output_lock``)."""
+    out = Path(cfg.output_dir)
+    created = not out.exists()
+    with folder_lock(out, f"use another {NEW_RUN['eval']}"), _removed_if_failed_empty(out, created):
         return _evaluate(cfg)
 
 
@@ -74,7 +78,7 @@ def _evaluate(cfg: EvalConfig) -> Path:
     if source.mode != "predictions":  # a model generates: one thread policy for every stage
         use_threads(cfg.threads, "eval")
         source.plan(sum(len(tasks) for tasks in suites.values()))  # what engine=auto weighs the engine's start against
-    save_config(cfg, out / "config.yaml")
+    save_run_config("eval", cfg, out / "config.yaml")
     results: dict[str, Any] = {
         "label": source.label, "mode": source.mode, "model": cfg.model, "adapter": cfg.adapter,
         "enable_thinking": cfg.enable_thinking, "sampling": to_dict(cfg.sampling), "benchmarks": {},
@@ -129,10 +133,10 @@ def finished(out: Path, cfg: EvalConfig, suites: dict[str, Sequence[Task]], sour
 
 
 @contextlib.contextmanager
-def _removed_if_failed_empty(out: Path) -> Iterator[None]:
-    """On a failure before any sample was written, remove what this run made: ``out`` if it created it, else its
-    config.yaml if it wrote one; so a failed eval (a bad model, say) leaves nothing behind."""
-    created, had_config = not out.exists(), (out / "config.yaml").exists()
+def _removed_if_failed_empty(out: Path, created: bool) -> Iterator[None]:
+    """On a failure before any sample was written, remove what this run made: ``out`` if it ``created`` it, else its
+    config.yaml and inputs.json if it wrote them; so a failed eval (a bad model, say) leaves nothing behind."""
+    had_config = (out / "config.yaml").exists()
     try:
         yield
     except BaseException:
@@ -141,6 +145,7 @@ def _removed_if_failed_empty(out: Path) -> Iterator[None]:
                 shutil.rmtree(out, ignore_errors=True)
             elif not had_config:
                 (out / "config.yaml").unlink(missing_ok=True)
+                inputs_path(out / "config.yaml").unlink(missing_ok=True)
         raise
 
 

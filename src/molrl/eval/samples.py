@@ -13,6 +13,7 @@ from typing import Any, Iterable
 
 from molrl.errors import DataError
 from molrl.jsonl import json_line, read_lines, repair_torn_tail
+from molrl.writes import write_text
 
 
 @dataclass
@@ -79,10 +80,7 @@ class SampleStore:
 
     def rewrite(self, records: Iterable[SampleRecord]) -> None:
         """Replace the file with ``records`` (drops problems an interrupted run left half-written)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(_line(r) for r in records), encoding="utf-8")
-        tmp.replace(self.path)
+        write_text(self.path, "".join(_line(r) for r in records))
 
 
 def _line(record: SampleRecord) -> str:

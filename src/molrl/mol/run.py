@@ -17,28 +17,36 @@ import os
 from pathlib import Path
 from typing import Any
 
-from molrl.config import ConfigError, check_values, save_config
+from molrl.config import ConfigError, check_values
 from molrl.cpu import use_threads
 from molrl.mol.config import MolConfig
-from molrl.rerun import CHECKPOINTS, TrainingRerun, training_rerun
+from molrl.rerun import CHECKPOINTS, NEW_RUN, TrainingRerun, save_run_config, training_rerun
 from molrl.trackers import report_backends
+from molrl.writes import folder_lock, write_folder, write_text
 
 log = logging.getLogger(__name__)
 
 
 def run_mol(cfg: MolConfig) -> Path:
     """Train per ``cfg`` (a re-run follows ``molrl.rerun``'s rule: finished, refused, extended or resumed); returns
-    the output dir."""
+    the output dir. One run at a time writes an output dir (``molrl.writes.output_lock``)."""
     check_values(cfg, "MolConfig")
     check_config(cfg)
     out = Path(cfg.output_dir)
+    with folder_lock(out, f"start a new run with {NEW_RUN['mol']}"):
+        _train(cfg, out)
+    return out
+
+
+def _train(cfg: MolConfig, out: Path) -> None:
+    """``run_mol``'s work, under the output's lock."""
     final = out / ("adapter" if cfg.lora.enabled else "model")
     if cfg.train.resume == "never":  # start over in the same directory: the saved run is not looked at
         rerun = TrainingRerun()
     else:
         rerun = training_rerun("mol", cfg, out, final, cfg.train.max_steps)
     if rerun.finished:
-        return out
+        return
     use_threads(cfg.threads, "mol")
     # torch, transformers and peft load only now: everything above (config, re-run rule) answers in well under a second
     from molrl.models import load_tokenizer
@@ -47,11 +55,10 @@ def run_mol(cfg: MolConfig) -> Path:
     from molrl.runfiles import drop_records_after, load_checkpoint
     from molrl.tasks.splits import write_trained_on
 
-    out.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, out / "config.yaml")
+    save_run_config("mol", cfg, out / "config.yaml")
     tokenizer = load_tokenizer(cfg.model)
     examples, stats = load_examples(cfg.data.traces, tokenizer, cfg.data.max_length, cfg.data.enable_thinking)
-    (out / "data_stats.json").write_text(json.dumps(dataclasses.asdict(stats), indent=2))
+    write_text(out / "data_stats.json", json.dumps(dataclasses.asdict(stats), indent=2))
     write_trained_on(out, stats.benchmark_tasks)  # the benchmark tasks its traces came from: eval will not score them
     log.info("%d traces (%d general), %d tokens; %d without decision tokens, %d without feedback tokens, "
              "%d truncated to %d tokens", stats.traces, stats.general, stats.tokens, stats.without_decision,
@@ -71,9 +78,9 @@ def run_mol(cfg: MolConfig) -> Path:
 
         trainer.model.to(DTYPES[cfg.dtype])
     check_finite_weights(trainer.model, str(final), loss_scales(cfg))
-    trainer.save_model(str(final))
+    with write_folder(final, writer=trainer.is_world_process_zero()) as folder:  # whole, or not there at all
+        trainer.save_model(str(folder))
     log.info("saved %s", final)
-    return out
 
 
 def build_trainer(cfg: MolConfig, examples: list[dict[str, Any]], tokenizer: Any) -> Any:
@@ -86,7 +93,7 @@ def build_trainer(cfg: MolConfig, examples: list[dict[str, Any]], tokenizer: Any
     from molrl.mol.data import MolCollator
     from molrl.mol.trainer import MolTrainer
     from molrl.nonfinite import NonFiniteGuard
-    from molrl.runfiles import MetricsFileCallback
+    from molrl.runfiles import MetricsFileCallback, ResumedSchedule
 
     set_seed(cfg.train.seed)
     check_reference_room(cfg)
@@ -105,7 +112,8 @@ def build_trainer(cfg: MolConfig, examples: list[dict[str, Any]], tokenizer: Any
         train_dataset=examples,
         data_collator=MolCollator(tokenizer.pad_token_id),
         processing_class=tokenizer,
-        callbacks=[MetricsFileCallback(Path(cfg.output_dir) / "metrics.jsonl"), NonFiniteGuard(loss_scales(cfg))],
+        callbacks=[MetricsFileCallback(Path(cfg.output_dir) / "metrics.jsonl"), NonFiniteGuard(loss_scales(cfg)),
+                   ResumedSchedule()],
         loss_settings=cfg.loss,
         domain_general_ratio=cfg.data.domain_general_ratio,
         ref_model=ref_model,

@@ -16,6 +16,7 @@ from peft import LoraConfig
 
 from molrl.errors import MolrlError
 from molrl.models import load_model, load_tokenizer
+from molrl.rl.adapter_lora import resolve_adapter_dir  # noqa: F401  (where it lived; kept importable)
 from molrl.rl.config import RlConfig
 
 log = logging.getLogger(__name__)
@@ -39,17 +40,6 @@ class Policy:
     """Loads a fresh copy of the original base model."""
     trainer: Any = None
     """The trainer, once built (the eval hook reads the reference from it)."""
-
-
-def resolve_adapter_dir(path: Path) -> Path:
-    """The PEFT adapter directory inside ``path`` (itself, or the MoL output's adapter/)."""
-    for candidate in (Path(path), Path(path) / "adapter"):
-        if (candidate / "adapter_config.json").is_file():
-            return candidate
-    hint = ""
-    if (Path(path) / "model").is_dir():
-        hint = f"; a full fine-tuned MoL model is a base: set policy.base={Path(path) / 'model'} instead"
-    raise MolrlError(f"{path}: no PEFT adapter here (no adapter_config.json in it or in adapter/){hint}")
 
 
 def lora_config(cfg: RlConfig) -> Any:

@@ -19,13 +19,15 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from molrl.config import check_values, save_config
+from molrl.config import check_values
 from molrl.cpu import use_threads
 from molrl.errors import MolrlError
-from molrl.rerun import CHECKPOINTS, training_rerun
+from molrl.rerun import CHECKPOINTS, NEW_RUN, save_run_config, training_rerun
+from molrl.rl.adapter_lora import take_adapter_lora
 from molrl.rl.config import RlConfig
 from molrl.tasks.held_out import shows_tests
 from molrl.trackers import report_backends
+from molrl.writes import folder_lock, write_folder, write_text
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +37,21 @@ log = logging.getLogger(__name__)
 
 def run_rl(cfg: RlConfig) -> Path:
     """Train per ``cfg`` (a re-run follows ``molrl.rerun``'s rule: finished, refused, extended or resumed); returns
-    the output dir."""
+    the output dir. One run at a time writes an output dir (``molrl.writes.output_lock``)."""
     check_values(cfg, "RlConfig")
     out = Path(cfg.output_dir)
     report_backends(cfg.train.report_to, "train.report_to")  # a backend that is not installed stops the run now
+    take_adapter_lora(cfg)
+    with folder_lock(out, f"start a new run with {NEW_RUN['rl']}"):
+        _train(cfg, out)
+    return out
+
+
+def _train(cfg: RlConfig, out: Path) -> None:
+    """``run_rl``'s work, under the output's lock."""
     rerun = training_rerun("rl", cfg, out, out / "adapter", cfg.train.max_steps)
     if rerun.finished:
-        return out
+        return
     use_threads(cfg.threads, "rl")
     from accelerate import PartialState
 
@@ -50,7 +60,7 @@ def run_rl(cfg: RlConfig) -> Path:
     state = PartialState()  # under accelerate launch: this process's rank; files are written by rank 0
     out.mkdir(parents=True, exist_ok=True)
     if state.is_main_process:
-        save_config(cfg, out / "config.yaml")
+        save_run_config("rl", cfg, out / "config.yaml")
         for name in ("metrics.jsonl", "completions.jsonl"):
             if rerun.checkpoint is not None:
                 drop_records_after(out / name, rerun.step)
@@ -70,7 +80,6 @@ def run_rl(cfg: RlConfig) -> Path:
     finally:
         if pool is not None:
             pool.close()
-    return out
 
 
 def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
@@ -84,7 +93,7 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
     from molrl.rl.reference import install_reference, trainable_parameter_count
     from molrl.rl.trainer import RlTrainer
     from molrl.nonfinite import NonFiniteGuard
-    from molrl.runfiles import MetricsFileCallback
+    from molrl.runfiles import MetricsFileCallback, ResumedSchedule
     from molrl.trainer_progress import use_trainer_progress
 
     if cfg.use_vllm and importlib.util.find_spec("vllm") is None:
@@ -100,7 +109,8 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
                     "sampler's by its noise (and so does rollout.sampling_error); 0 turns every dropout off",
                     cfg.lora.dropout)
     try:
-        callbacks: list[Any] = [MetricsFileCallback(out / "metrics.jsonl"), NonFiniteGuard(loss_scales(cfg))]
+        callbacks: list[Any] = [MetricsFileCallback(out / "metrics.jsonl"), NonFiniteGuard(loss_scales(cfg)),
+                                ResumedSchedule()]
         if eval_tasks:
             callbacks.append(EvalHookCallback.from_config(cfg, policy, eval_tasks, pool))
         trainer = RlTrainer(
@@ -145,7 +155,7 @@ def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: li
         hold_back_tests=shows_tests(cfg.rollout.turns, cfg.rollout.episode),
     )
     if PartialState().is_main_process:
-        (out / "data_summary.json").write_text(json.dumps(dataclasses.asdict(summary), indent=2))
+        write_text(out / "data_summary.json", json.dumps(dataclasses.asdict(summary), indent=2))
         write_trained_on(out, task_entries(tasks), cfg.policy.mol_adapter)  # what eval refuses to score with this adapter
     if not rows:
         raise MolrlError(
@@ -221,14 +231,16 @@ def _save_final(trainer: Any, policy: Any, out: Path, scales: str) -> None:
         if frozen in getattr(model, "peft_config", {}):
             model.delete_adapter(frozen)
     check_finite_weights(model, str(out / "adapter"), scales)
-    trainer.save_model(str(out / "adapter"))  # gathers sharded (ZeRO / FSDP) weights; rank 0 writes
-    if trainer.accelerator.is_main_process:
-        policy.tokenizer.save_pretrained(str(out / "adapter"))
-        if policy.adapter_mode == "merge_new":
-            merged = model.merge_and_unload()
-            merged.save_pretrained(str(out / "model"))
-            policy.tokenizer.save_pretrained(str(out / "model"))
+    main = trainer.accelerator.is_main_process
+    # adapter/ is renamed into place last: its presence means the run finished (molrl.rerun.whole_weights)
+    with write_folder(out / "adapter", writer=main) as adapter:
+        trainer.save_model(str(adapter))  # gathers sharded (ZeRO / FSDP) weights; rank 0 writes
+        if main:
+            policy.tokenizer.save_pretrained(str(adapter))
+        if main and policy.adapter_mode == "merge_new":
+            with write_folder(out / "model") as merged_dir:
+                model.merge_and_unload().save_pretrained(str(merged_dir))
+                policy.tokenizer.save_pretrained(str(merged_dir))
+    if main:
         log.info("saved %s", out / "adapter")
     trainer.accelerator.wait_for_everyone()
-
-

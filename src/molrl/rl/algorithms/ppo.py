@@ -25,6 +25,7 @@ The critic is saved beside the adapter (``value_head.pt``) and in every checkpoi
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from molrl.rl.algorithms.grpo import group_stats
 from molrl.rl.batch import AdvantageInputs, LossInputs, StepCounts, join
 from molrl.rl.loss import explained_variance, value_loss
 from molrl.rl.macro import macro_gae
+from molrl.writes import write_bytes
 
 CRITIC = "critic"
 """The separate critic's adapter name."""
@@ -242,7 +244,9 @@ class Ppo(Algorithm):
         if self.critic == "group_mean":
             return
         if main_process:
-            torch.save(self.critic_state(model), out / "value_head.pt")
+            buffer = io.BytesIO()
+            torch.save(self.critic_state(model), buffer)
+            write_bytes(out / "value_head.pt", buffer.getvalue())
         if self.critic == "shared":
             for hook in self._hooks:
                 hook.remove()

@@ -34,6 +34,7 @@ from molrl.rl.partial import (
     off_policy_mask,
 )
 from molrl.rl.rollouts.sync import Synchronous
+from molrl.writes import write_text
 
 Generated = tuple[list[int], dict[tuple[int, int], tuple[list[int], bool]]]
 """(groups in the order they finished, (group, row) -> (new tokens, finished))."""
@@ -216,11 +217,7 @@ class Partial(Synchronous):
     def save_state(self, folder: Path) -> None:
         """The buffer, written atomically (the trainer's own state file comes after it, so a checkpoint that has
         that file is whole)."""
-        path = self.state_file(folder)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(self.state.to_json()))
-        tmp.replace(path)
+        write_text(self.state_file(folder), json.dumps(self.state.to_json()))
 
     def load_state(self, checkpoint: Path) -> None:
         path = self.state_file(checkpoint)
@@ -232,4 +229,4 @@ class Partial(Synchronous):
     def save_final(self, out: Path) -> None:
         """What partial rollouts left unfinished: ``rollout_buffer.json``."""
         if self.trainer.accelerator.is_main_process:
-            (Path(out) / "rollout_buffer.json").write_text(json.dumps(self.state.to_json()))
+            write_text(Path(out) / "rollout_buffer.json", json.dumps(self.state.to_json()))
