@@ -16,7 +16,7 @@ import contextlib
 import logging
 import os
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 from molrl.collect.config import CollectConfig
 from molrl.collect.loop import Episode, run_episodes

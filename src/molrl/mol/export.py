@@ -11,7 +11,7 @@ from molrl.errors import MolrlError
 
 def merge_adapter(adapter: str | Path, out: str | Path, base: str | None = None, dtype: str = "float32") -> Path:
     """Load ``base`` (default: the adapter's recorded base) + ``adapter``, merge, save model and tokenizer to ``out``."""
-    from molrl.models import load_model, load_tokenizer
+    from molrl.models import load_tokenizer
 
     adapter, out = Path(adapter), Path(out)
     config_file = adapter / "adapter_config.json"
