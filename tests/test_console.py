@@ -55,3 +55,29 @@ def test_threads_follow_idle_cores():
     assert threads_for(idle=1.0, usable=2, most=2) == 1  # another process holds a core: one thread
     assert threads_for(idle=0.2, usable=2, most=2) == 1  # never fewer than one
     assert threads_for(idle=12.0, usable=4, most=8) == 4  # never more than the cores we may run on
+
+
+def test_log_lines_go_to_the_stderr_of_the_moment_not_one_closed_since():
+    """A handler bound to the stderr of the first stage that ran wrote into a closed stream later ('Logging error'
+    and a traceback in the next stage's output, when a test or a caller replaced stderr in between)."""
+    import io
+    import logging
+    import sys
+
+    from molrl.console import CurrentStderrHandler
+
+    handler = CurrentStderrHandler()
+    logger = logging.getLogger("molrl.test_current_stderr")
+    logger.addHandler(handler)
+    logger.propagate = False
+    first, second, saved = io.StringIO(), io.StringIO(), sys.stderr
+    try:
+        sys.stderr = first
+        logger.warning("one")
+        first.close()
+        sys.stderr = second
+        logger.warning("two")
+    finally:
+        sys.stderr = saved
+        logger.removeHandler(handler)
+    assert second.getvalue() == "two\n"

@@ -51,6 +51,19 @@ PROGRESS_EVERY_S = 30.0
 _state = {"verbose": False}
 
 
+class CurrentStderrHandler(logging.StreamHandler):
+    """A log handler that writes to ``sys.stderr`` as it is when each line is logged: a stderr replaced after
+    logging was set up (captured by a test, redirected by a caller) gets the lines, not the stream it replaced."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:  # StreamHandler sets it; the live sys.stderr is used instead
+        pass
+
+
 def setup_logging(verbose: bool = False) -> None:
     """Log lines through the shared console; hide third-party noise unless ``verbose``."""
     from rich.logging import RichHandler
@@ -59,7 +72,7 @@ def setup_logging(verbose: bool = False) -> None:
     if CONSOLE.is_terminal:
         handler: logging.Handler = RichHandler(console=CONSOLE, rich_tracebacks=False, show_path=False)
     else:  # a file or a pipe: whole lines, each with its date and time
-        handler = logging.StreamHandler(sys.stderr)
+        handler = CurrentStderrHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
