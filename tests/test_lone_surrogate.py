@@ -260,6 +260,7 @@ OTHER_JSON_READS = {
     "demo/run.py": "a marker this program wrote",
     "demo/chain_base.py": "a marker this program wrote",
     "generation.py": "adapter_config.json that peft wrote",
+    "rl/adapter_lora.py": "adapter_config.json that peft wrote",
     "tasks/splits.py": "trained_on.json this program wrote",
 }
 """Modules that parse JSON other than user records, each with what it parses."""

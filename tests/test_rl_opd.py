@@ -155,7 +155,7 @@ def test_opd_lambda_at_or_below_zero_is_refused_with_the_valid_range(lam):
     from molrl.config import ConfigError, load_config
     from molrl.rl.config import RlConfig
 
-    with pytest.raises(ConfigError, match=rf"opd.lam={float(lam)}: must be > 0"):
+    with pytest.raises(ConfigError, match=rf"opd.lam={float(lam)} is out of range; allowed: a number in \(0, "):
         load_config(RlConfig, None, ["algorithm=opd", f"opd.lam={lam}"])
     assert load_config(RlConfig, None, ["algorithm=opd", "opd.lam=1.25"]).opd.lam == 1.25
 

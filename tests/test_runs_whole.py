@@ -92,8 +92,8 @@ def test_finding4_a_torn_rl_adapter_is_rebuilt_from_the_last_checkpoint(tmp_path
 
 
 RL_TINY = ["--config", str(REPO / "configs" / "grpo_tiny.yaml"), "train.max_steps=2", "max_completion_length=4"]
-POINTS = {"mol": (MOL_TINY, ["adapter", "config.yaml", "inputs.json", "data_stats.json"]),
-          "rl": (RL_TINY, ["adapter", "config.yaml", "inputs.json", "data_summary.json"])}
+POINTS = {"mol": (MOL_TINY, ["adapter", "config.yaml", "inputs.json", "data_stats.json", "trained_on.json"]),
+          "rl": (RL_TINY, ["adapter", "config.yaml", "inputs.json", "data_summary.json", "trained_on.json"])}
 """Per training stage, its tiny run's arguments and every file or folder it writes for good."""
 
 

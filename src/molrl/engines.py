@@ -22,9 +22,9 @@ Engine = Literal["auto", "vllm", "transformers"]
 
 AUTO_MIN_TOKENS_CPU = 16_384
 """On a CPU, ``auto`` keeps transformers below this many tokens to generate (prompts x samples x most new tokens).
-vLLM's start here is about 15 s in all (import and engine) and it gains about 1.2x at small batches and 1.6-3x at
-64 (benchmarks/engines.py; benchmarks/RESULTS.md, "Generation engines on this machine"): below some ten thousand
-tokens the start costs more than the engine saves."""
+On 2 loaded cores with a 135M model (benchmarks/engines.py; benchmarks/RESULTS.md, "Generation engines on this
+machine") vLLM took 67-83 s to start and generated about 62 tokens/s at batch 64 against transformers' 45: the
+start is repaid after some ten thousand tokens."""
 AUTO_MIN_TOKENS_GPU = 2_048
 """On a GPU the engine's decoding step is several times transformers' (65 ms at batch 8 at 0.6B shape), so it pays
 from a few thousand tokens on."""

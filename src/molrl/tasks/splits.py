@@ -120,11 +120,10 @@ def write_trained_on(folder: Path, entries: Iterable[tuple[str | None, str | Non
         entries += [(name, split, i) for name, splits in (read_trained_on(earlier) or {}).items()
                     for split, ids in splits.items() for i in ids]
     record = trained_record(entries)
-    folder.mkdir(parents=True, exist_ok=True)
+    from molrl.writes import write_text
+
     path = folder / TRAINED_ON
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)
+    write_text(path, json.dumps(record, indent=2, sort_keys=True) + "\n")  # whole, or not there at all
     return path
 
 
