@@ -42,7 +42,7 @@ def write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale(path)
-    tmp = path.with_name(f".{path.name}.tmp-{_writer_id()}")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")  # per process: ranks writing one file do not collide
     with tmp.open("wb") as handle:
         handle.write(data)
         handle.flush()
@@ -117,13 +117,29 @@ def _writer_id() -> int:
 
 
 def _remove_stale(path: Path) -> None:
-    """Remove temporaries of ``path`` a killed writer left (the output lock makes any other writer's impossible)."""
+    """Remove temporaries of ``path`` a killed writer left: those whose writer (the process or process group their
+    name ends with) is gone. A live one is another rank of this launch writing the same file."""
     for stale in [*path.parent.glob(f".{path.name}.tmp-*"), *path.parent.glob(f"{path.name}.tmp-*"),
                   *path.parent.glob(f"{path.name}.old-*")]:
+        if _alive(stale.name.rsplit("-", 1)[-1]):
+            continue
         if stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)
         else:
             stale.unlink(missing_ok=True)
+
+
+def _alive(writer: str) -> bool:
+    """Whether the process (or process group) ``writer`` names still runs (never this process's own leftovers)."""
+    if not writer.isdigit() or int(writer) in (os.getpid(), 0):
+        return False
+    try:
+        os.kill(int(writer), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _kill_point(name: str) -> None:
