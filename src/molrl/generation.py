@@ -9,7 +9,8 @@ a plain string is taken as trusted template text and tokenised as it stands.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+import contextlib
+from typing import Any, Iterator, Protocol, Sequence
 
 import torch
 
@@ -169,9 +170,10 @@ class VLLMGenerator:
                 self._merged_dir = tempfile.TemporaryDirectory(prefix="molrl-merged-")
                 merge_adapter_copy(model_path, adapter, self._merged_dir.name)
                 model_path = self._merged_dir.name
-        self.llm = LLM(model=model_path, dtype=dtype, seed=seed, tensor_parallel_size=tensor_parallel_size,
-                       gpu_memory_utilization=gpu_memory_utilization or (0.85 if on_gpu else 0.3),
-                       max_model_len=max_model_len, **kwargs)
+        with process_settings_kept():
+            self.llm = LLM(model=model_path, dtype=dtype, seed=seed, tensor_parallel_size=tensor_parallel_size,
+                           gpu_memory_utilization=gpu_memory_utilization or (0.85 if on_gpu else 0.3),
+                           max_model_len=max_model_len, **kwargs)
 
     def generate(self, prompts: Sequence[str], sampling: SamplingConfig) -> list[list[str]]:
         """``n`` completions for each prompt, in prompt order."""
@@ -197,6 +199,30 @@ class VLLMGenerator:
         if self._merged_dir is not None:
             self._merged_dir.cleanup()
             self._merged_dir = None
+
+
+HOST_ENVIRONMENT = ("LD_PRELOAD", "LD_LIBRARY_PATH", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS")
+"""Variables vLLM's CPU worker sets for the whole process that the stage around the engine reads (the sandbox's
+child processes, molrl.cpu's share of the cores): put back as they were once the engine has started."""
+
+
+@contextlib.contextmanager
+def process_settings_kept() -> Iterator[None]:
+    """Start an in-process engine without it changing the process for the stage around it: vLLM's CPU worker
+    replaces ``torch.set_num_threads`` with a no-op for the whole process (the stage's thread policy would stop
+    working) and sets ``HOST_ENVIRONMENT`` variables; both are put back."""
+    import os
+
+    set_threads, saved = torch.set_num_threads, {k: os.environ.get(k) for k in HOST_ENVIRONMENT}
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_threads
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def adapter_shape(adapter: str) -> tuple[int, frozenset[str]]:
