@@ -84,14 +84,14 @@ def test_bad_configs_name_the_key():
         load_config(RlConfig, None, ["macro.rule=fixed:0"])
 
 
-def test_vllm_requested_but_missing_is_a_clear_error(tmp_path):
+def test_vllm_requested_but_missing_is_a_clear_error(tmp_path, monkeypatch):
     import importlib.util
 
     from molrl.errors import MolrlError
     from molrl.rl.run import build_trainer
 
-    if importlib.util.find_spec("vllm") is not None:
-        pytest.skip("vllm is installed here")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
     with pytest.raises(MolrlError, match="vllm is not installed"):
         build_trainer(toy_config(tmp_path, "tiny:chatml", use_vllm=True))
 
