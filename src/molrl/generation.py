@@ -158,6 +158,9 @@ class VLLMGenerator:
             raise ImportError(f"vLLM is not installed: {install_hint()}; or use engine=transformers") from err
         self.tokenizer, self.lora, self._merged_dir = tokenizer, None, None
         kwargs: dict[str, Any] = dict(llm_kwargs)
+        # On a CPU the compiled model starts in 77 s and the eager one in 10, at the same tokens per second
+        # (benchmarks/RESULTS.md, "Generation engines on this machine").
+        kwargs.setdefault("enforce_eager", not on_gpu)
         if adapter is not None:
             rank, modules = adapter_shape(adapter)
             if modules <= VLLM_LORA_MODULES and rank <= VLLM_LORA_RANKS[-1]:
