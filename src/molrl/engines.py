@@ -22,9 +22,9 @@ Engine = Literal["auto", "vllm", "transformers"]
 
 AUTO_MIN_TOKENS_CPU = 16_384
 """On a CPU, ``auto`` keeps transformers below this many tokens to generate (prompts x samples x most new tokens).
-On 2 loaded cores with a 135M model (benchmarks/engines.py; benchmarks/RESULTS.md, "Generation engines on this
-machine") vLLM took 67-83 s to start and generated about 62 tokens/s at batch 64 against transformers' 45: the
-start is repaid after some ten thousand tokens."""
+On 2 cores with a 135M model (benchmarks/RESULTS.md, "Generation engines on this machine") vLLM starts in about
+10 s eager (77 s compiled, under load longer) against transformers' 3, and generates 1.5-1.9x as fast; kept
+conservative, since under load the gain shrank to 1.4x at batch 64 and below 1 at smaller batches."""
 AUTO_MIN_TOKENS_GPU = 2_048
 """On a GPU the engine's decoding step is several times transformers' (65 ms at batch 8 at 0.6B shape), so it pays
 from a few thousand tokens on."""
