@@ -259,7 +259,6 @@ OTHER_JSON_READS = {
     "demo/chain_measure.py": "world properties this program wrote",
     "demo/run.py": "a marker this program wrote",
     "demo/chain_base.py": "a marker this program wrote",
-    "generation.py": "adapter_config.json that peft wrote",
     "rl/adapter_lora.py": "adapter_config.json that peft wrote",
     "tasks/splits.py": "trained_on.json this program wrote",
 }

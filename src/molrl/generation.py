@@ -162,6 +162,8 @@ class VLLMGenerator:
         # (benchmarks/RESULTS.md, "Generation engines on this machine").
         kwargs.setdefault("enforce_eager", not on_gpu)
         if adapter is not None:
+            from molrl.mol.export import adapter_shape
+
             rank, modules = adapter_shape(adapter)
             if modules <= VLLM_LORA_MODULES and rank <= VLLM_LORA_RANKS[-1]:
                 from vllm.lora.request import LoRARequest
@@ -226,16 +228,6 @@ def process_settings_kept() -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-
-def adapter_shape(adapter: str) -> tuple[int, frozenset[str]]:
-    """(rank, adapted module names) of a PEFT LoRA adapter directory."""
-    import json
-    from pathlib import Path
-
-    from molrl.mol.export import adapter_modules
-
-    return int(json.loads((Path(adapter) / "adapter_config.json").read_text())["r"]), adapter_modules(adapter)
 
 
 def merge_adapter_copy(model_path: str, adapter: str, out: str) -> None:

@@ -43,18 +43,20 @@ def merged_model(base: str, adapter: str | Path, dtype: str = "float32") -> Any:
     model = load_model(base, dtype=dtype)
     check_adapter(adapter, model, base)
     tied = getattr(model.config, "tie_word_embeddings", False)
-    if tied and adapter_modules(adapter) & {"lm_head", "embed_tokens"}:
+    if tied and adapter_shape(adapter)[1] & {"lm_head", "embed_tokens"}:
         head = model.get_output_embeddings()
         head.weight = torch.nn.Parameter(head.weight.detach().clone())
         model.config.tie_word_embeddings = False
     return PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
 
 
-def adapter_modules(adapter: str | Path) -> frozenset[str]:
-    """The module names a PEFT LoRA adapter adapts (its ``target_modules`` and ``modules_to_save``)."""
+def adapter_shape(adapter: str | Path) -> tuple[int, frozenset[str]]:
+    """(rank, adapted module names: ``target_modules`` and ``modules_to_save``) of a PEFT LoRA adapter directory."""
     config = json.loads((Path(adapter) / "adapter_config.json").read_text())
     targets = config.get("target_modules") or []
-    return frozenset([targets] if isinstance(targets, str) else targets) | frozenset(config.get("modules_to_save") or [])
+    saved = frozenset(config.get("modules_to_save") or [])
+    modules = frozenset([targets] if isinstance(targets, str) else targets) | saved
+    return int(config["r"]), modules
 
 
 def convert_gguf(gguf: str | Path, out: str | Path, dtype: str = "float32") -> Path:
