@@ -208,19 +208,32 @@ def generation_decode(args: argparse.Namespace, ctx: dict) -> dict:
     batches = (2, 8) if args.tiny else (8, 64, 256, 1024)
     figures: dict[str, Any] = {"prompt_tokens": prompt_len, "new_tokens": new_tokens}
 
-    def timed(batch: int, n: int) -> float:
+    def timed(batch: int, n: int, static: bool = False) -> float:
         ids = torch.randint(0, vocab, (batch, prompt_len), device=args.device,
                             generator=torch.Generator(args.device).manual_seed(batch))
+        extra: dict[str, Any] = {}
+        if static:  # one cache length for every n, so that the compiled step is compiled once per batch width
+            from transformers import StaticCache
+            extra["past_key_values"] = StaticCache(config=model.config, max_cache_len=prompt_len + new_tokens)
         sync(args.device)
         start = time.perf_counter()
         with torch.no_grad():
             model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                           do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0)
+                           do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0, **extra)
         sync(args.device)
         return time.perf_counter() - start
 
-    modes = {"base": model.disable_adapter, "lora": contextlib.nullcontext, "merged": lambda: merged_lora(model)}
     started = time.perf_counter()
+    for batch in (8,):  # merged, static cache: generate compiles its decoding step
+        try:
+            with merged_lora(model):
+                timed(batch, 2, static=True)  # compiles
+                timed(batch, 2, static=True)
+                step_ms = (timed(batch, new_tokens, static=True) - timed(batch, 1, static=True)) / (new_tokens - 1) * 1e3
+            figures[f"b{batch}/merged_static_step_ms"] = step_ms
+        except Exception as exc:  # noqa: BLE001 - a figure, not a failure of the item
+            figures[f"b{batch}/merged_static"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+    modes = {"base": model.disable_adapter, "lora": contextlib.nullcontext, "merged": lambda: merged_lora(model)}
     for batch in batches:
         try:
             for mode, context in modes.items():
