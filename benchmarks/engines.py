@@ -12,6 +12,12 @@ by an earlier run are read back from ``OUT/engines.json`` (a killed run resumes 
                    generated tokens per second at that batch (64 new tokens at most, MBPP prompts)
   agreement        greedy completions identical between the engines at batch 64, of 64
   eval_mbpp        ``molrl eval`` of 64 MBPP problems (single turn, greedy, 128 new tokens) end to end, seconds
+  rl_grpo          ``molrl rl`` on MBPP's train split, 2 prompts x 4 completions of up to 128 tokens a step: seconds a
+                   step (steps 2-3 of 3; the engine's start is not in it) and the generation's share
+  rl_turns         the same with 2-turn episodes (code run in the sandbox between turns, up to 256 tokens a row)
+  rl_*_gap         ``rollout/engine_logp_gap`` on the engine (float32: float noise when the sync works)
+
+``--only rl`` measures the RL figures alone.
 """
 
 from __future__ import annotations
@@ -92,10 +98,43 @@ def eval_seconds(engine: str, model: str, data: Path, out: Path) -> float:
     return time.perf_counter() - start
 
 
-def round_of(engine: str, model: str, tokenizer, prompts: list, data: Path, out: Path) -> dict:
+def rl_seconds(engine: str, model: str, data: Path, out: Path, turns: int) -> dict:
+    """Seconds a step of a short RL run (steps after the first), its generation share, and the engine gap."""
+    from molrl.rl import run_rl
+    from molrl.rl.config import LoraSettings, PolicyConfig, RlConfig, TaskSource, TrainSettings
+
+    folder = out / f"rl{turns}_{engine}_{time.time_ns()}"
+    cfg = RlConfig(output_dir=folder, engine=engine, policy=PolicyConfig(base=model, dtype="float32"),
+                   lora=LoraSettings(rank=16, alpha=32),
+                   data=TaskSource(path=data / "mbpp" / "mbpp.jsonl", format="mbpp", split="train", limit=32),
+                   num_generations=4, prompts_per_step=2, max_completion_length=128 * turns, max_prompt_length=512,
+                   temperature=0.9, train=TrainSettings(learning_rate=1e-4, max_steps=3, micro_batch_size=4,
+                                                        save_steps=10_000, gradient_checkpointing=False))
+    if turns > 1:
+        cfg.rollout.turns = turns
+        cfg.rollout.episode.sampling.max_new_tokens = 128
+    cfg.__post_init__()
+    cfg.reward.sandbox_workers = 2
+    run_rl(cfg)
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "step_time" in r and "loss" in r][1:]
+    figures = {"step_s": statistics.mean(r["step_time"] for r in steps),
+               "generation_share": statistics.mean(r["time/generation_s"] / r["step_time"] for r in steps)}
+    if engine == "vllm":
+        figures["gap"] = max(r["rollout/engine_logp_gap"] for r in steps)
+    return figures
+
+
+def round_of(engine: str, model: str, tokenizer, prompts: list, data: Path, out: Path, only_rl: bool = False) -> dict:
     """Every figure of one engine, once."""
+    row: dict = {}
+    for turns, name in ((1, "rl_grpo"), (2, "rl_turns")):
+        for key, value in rl_seconds(engine, model, data, out, turns).items():
+            row[name if key == "step_s" else f"{name}_{key}"] = value
+    if only_rl:
+        return row
     generator, start_s = make_generator(engine, model, tokenizer)
-    row: dict = {"start": start_s}
+    row["start"] = start_s
     for batch in BATCHES:
         for greedy in (True, False):
             rate, completions = throughput(generator, tokenizer, prompts, batch, greedy)
@@ -116,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default=str(REPO.parent / "shared" / "data"), help="folder holding mbpp/mbpp.jsonl")
     parser.add_argument("--out", default="runs/engines", help="where the results (engines.json) and runs go")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of each engine, alternating")
+    parser.add_argument("--only", choices=["rl"], default=None, help="rl: the RL figures alone")
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     out = Path(args.out)
@@ -133,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
             if any(x["round"] == r and x["engine"] == engine for x in results["rounds"]):
                 print(f"round {r} {engine}: reused from {results_file}", flush=True)
                 continue
-            row = {"round": r, "engine": engine, **round_of(engine, model, tokenizer, prompts, Path(args.data), out)}
+            row = {"round": r, "engine": engine,
+                   **round_of(engine, model, tokenizer, prompts, Path(args.data), out, args.only == "rl")}
             results["rounds"].append(row)
             tmp = results_file.with_suffix(".tmp")
             tmp.write_text(json.dumps(results, indent=1))
@@ -145,20 +186,26 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(results: dict, wall_s: float) -> None:
     rows = results["rounds"]
-    keys = ["start", *[f"b{b}/{m}" for b in BATCHES for m in ("greedy", "sampled")], "eval_mbpp"]
+    keys = ["start", *[f"b{b}/{m}" for b in BATCHES for m in ("greedy", "sampled")], "eval_mbpp", "rl_grpo",
+            "rl_turns"]
+    seconds = ("start", "eval_mbpp", "rl_grpo", "rl_turns")
     print(f"\nthis run: {wall_s / 60:.1f} min; load average {os.getloadavg()[0]:.1f}; {os.cpu_count()} cores\n")
     print("| figure | transformers | vLLM | vLLM / transformers |\n|---|---|---|---:|")
     for key in keys:
-        vals = {e: [r[key] for r in rows if r["engine"] == e] for e in ("transformers", "vllm")}
+        vals = {e: [r[key] for r in rows if r["engine"] == e and key in r] for e in ("transformers", "vllm")}
         if not all(vals.values()):
             continue
         mean = {e: statistics.mean(v) for e, v in vals.items()}
         show = {e: f"{mean[e]:.1f} [{', '.join(f'{x:.1f}' for x in v)}]" for e, v in vals.items()}
         ratio = mean["vllm"] / mean["transformers"]
-        if key in ("start", "eval_mbpp"):  # seconds: lower is better; show the speed ratio
+        if key in seconds:  # seconds: lower is better; show the speed ratio
             ratio = mean["transformers"] / mean["vllm"]
-        print(f"| {key}{' (s)' if key in ('start', 'eval_mbpp') else ' (tokens/s)'} | {show['transformers']} | "
+        print(f"| {key}{' (s)' if key in seconds else ' (tokens/s)'} | {show['transformers']} | "
               f"{show['vllm']} | {ratio:.2f}x |")
+    for key in ("rl_grpo_generation_share", "rl_turns_generation_share", "rl_grpo_gap", "rl_turns_gap"):
+        vals = {e: [f"{r[key]:.3g}" for r in rows if r["engine"] == e and key in r] for e in ("transformers", "vllm")}
+        if any(vals.values()):
+            print(f"{key}: transformers {', '.join(vals['transformers']) or '-'}; vLLM {', '.join(vals['vllm'])}")
     for r in range(max(x["round"] for x in rows) + 1):
         pair = {x["engine"]: x.get("greedy_completions") for x in rows if x["round"] == r}
         if pair.get("vllm") and pair.get("transformers"):

@@ -156,7 +156,7 @@ class ScriptedTurns(Turns):
         self.script = list(script)
 
     def generate(self, sequences, budgets):
-        return [list(self.script.pop(0)) for _ in sequences], [False] * len(sequences)
+        return [list(self.script.pop(0)) for _ in sequences], [False] * len(sequences), [None] * len(sequences)
 
 
 def scripted_row(tok, code):
@@ -170,7 +170,7 @@ def scripted_row(tok, code):
         metrics = defaultdict(list)
         trainer = SimpleNamespace(processing_class=tok, eos_token_ids=[im_end], max_completion_length=2000,
                                   num_generations=2, scorer=SimpleNamespace(pool=pool), metrics=lambda: metrics,
-                                  state=SimpleNamespace(num_input_tokens_seen=0))
+                                  state=SimpleNamespace(num_input_tokens_seen=0), engine=None)
         policy = ScriptedTurns(trainer, cfg, turns)
         row = policy.start_row(task, 0)
         while not row.episode.done:

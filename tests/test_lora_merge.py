@@ -102,12 +102,12 @@ def test_an_rl_run_with_merged_generation_samples_what_the_unmerged_one_does(tmp
     assert len(completions[True]) == 16 and completions[True] == completions[False]
 
 
-@pytest.mark.parametrize("setting", [{"use_vllm": True}, {"behaviour": "props"}])
+@pytest.mark.parametrize("setting", [{"engine": "vllm"}, {"behaviour": "props"}])
 def test_merged_generation_is_refused_where_transformers_does_not_sample_the_policy(tmp_path, setting):
     cfg = toy_config(tmp_path, tmp_path / "base")
     cfg.rollout.merged_generation = True
-    if "use_vllm" in setting:
-        cfg.use_vllm = True
+    if "engine" in setting:
+        cfg.engine = "vllm"
     else:
         cfg.rollout.behaviour = "props"
     with pytest.raises(ValueError, match="rollout.merged_generation"):

@@ -92,8 +92,8 @@ def test_vllm_requested_but_missing_is_a_clear_error(tmp_path, monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
-    with pytest.raises(MolrlError, match="vllm is not installed"):
-        build_trainer(toy_config(tmp_path, "tiny:chatml", use_vllm=True))
+    with pytest.raises(MolrlError, match="engine=vllm but vLLM is not installed"):
+        build_trainer(toy_config(tmp_path, "models/m", engine="vllm"))
 
 
 def test_finding2_an_rl_run_on_the_mbpp_file_trains_and_records_only_train_tasks(tmp_path, shared_data):

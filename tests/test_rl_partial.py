@@ -167,7 +167,7 @@ def test_partial_rollouts_refuse_settings_they_cannot_honour(tmp_path):
     with pytest.raises(ValueError, match="cannot be combined"):
         RlConfig(rollout=RolloutSettings(partial=True, behaviour="props"), algorithm="grpo")
     with pytest.raises(ValueError, match="vllm_mode=colocate"):
-        RlConfig(rollout=RolloutSettings(partial=True), use_vllm=True, vllm_mode="server")
+        RlConfig(rollout=RolloutSettings(partial=True), engine="vllm", vllm_mode="server")
 
 
 class FakeOutput:
@@ -183,7 +183,7 @@ class FakeEngine:
     def __init__(self, lengths):
         self.lengths, self.requests, self.aborted, self.steps = lengths, {}, [], 0
 
-    def add_request(self, name, prompt, params):
+    def add_request(self, name, prompt, params, lora_request=None):
         i = len(self.requests)
         self.requests[name] = {"i": i, "tokens": [], "limit": min(self.lengths[i], params["max_tokens"]), "done": False}
 

@@ -75,7 +75,7 @@ class ScriptedTurns(Turns):
 
     def generate(self, sequences, budgets):
         self.seen = getattr(self, "seen", []) + [list(sequences[0])]
-        return [list(self.script.pop(0)) for _ in sequences], [False] * len(sequences)
+        return [list(self.script.pop(0)) for _ in sequences], [False] * len(sequences), [None] * len(sequences)
 
 
 def scripted_trainer(tokenizer, pool, limit=400):
@@ -83,7 +83,7 @@ def scripted_trainer(tokenizer, pool, limit=400):
     metrics = defaultdict(list)
     return SimpleNamespace(processing_class=tokenizer, eos_token_ids=[im_end], max_completion_length=limit,
                            num_generations=2, scorer=SimpleNamespace(pool=pool), metrics=lambda: metrics,
-                           state=SimpleNamespace(num_input_tokens_seen=0))
+                           state=SimpleNamespace(num_input_tokens_seen=0), engine=None)
 
 
 def test_trained_ids_are_the_sampled_ids_plus_the_rendered_feedback_ids_under_qwen3(qwen3_tokenizer):

@@ -163,7 +163,7 @@ class LookupTablePolicy(Turns):
             pairs = [(a, e) for _, a, e in ASSERT.findall(text)] + [(a, e) for _, a, e in FAILED.findall(text)]
             turns.append(encode_content(tok, f"<solution>\n```python\n{_table(name, pairs)}\n```\n</solution>")[0] +
                          [tok.eos_token_id])
-        return turns, [False] * len(sequences)
+        return turns, [False] * len(sequences), [None] * len(sequences)
 
     def to_batch(self, inputs, prompt_lists, completion_lists, completions, sampler_lists, behaviour=None,
                  roles=None):
@@ -181,7 +181,7 @@ def test_finding1_multi_turn_a_lookup_table_of_prompt_and_feedback_earns_no_rewa
         metrics = defaultdict(list)
         trainer = SimpleNamespace(processing_class=tok, eos_token_ids=[tok.eos_token_id], max_completion_length=6000,
                                   num_generations=2, scorer=SimpleNamespace(pool=pool), metrics=lambda: metrics,
-                                  state=SimpleNamespace(num_input_tokens_seen=0))
+                                  state=SimpleNamespace(num_input_tokens_seen=0), engine=None)
         graded, answers = LookupTablePolicy(trainer, cfg).rollout(rows)
         rewards = score(graded, answers, pool, CodeRewardConfig(mode="binary")).rewards
     assert metrics["turns/stop_solved"][0] >= 0.75  # the episodes "solved" the tests they were shown...

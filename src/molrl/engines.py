@@ -67,7 +67,7 @@ def choose_engine(requested: str, model: str | None, work_tokens: int, *, instal
         return EngineChoice("transformers", f"auto: vLLM is not installed ({install_hint()})")
     if not loadable:
         return EngineChoice("transformers", f"auto: {model} is an in-process model vLLM cannot load")
-    gpu = _cuda_visible() if gpu is None else gpu
+    gpu = cuda_visible() if gpu is None else gpu
     floor = AUTO_MIN_TOKENS_GPU if gpu else AUTO_MIN_TOKENS_CPU
     if work_tokens < floor:
         return EngineChoice("transformers", f"auto: {work_tokens:,} tokens to generate, under the {floor:,} at which "
@@ -82,7 +82,8 @@ def install_hint() -> str:
     return "vLLM has no CPU build for this platform; on a GPU machine pip install 'molrl[gpu]'"
 
 
-def _cuda_visible() -> bool:
+def cuda_visible() -> bool:
+    """A CUDA device is visible to torch."""
     try:
         import torch
     except ImportError:  # pragma: no cover - torch is a core dependency

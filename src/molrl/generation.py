@@ -132,6 +132,40 @@ VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 """The ``max_lora_rank`` values vLLM accepts."""
 
 
+def vllm_serves_lora(rank: int, modules: Any) -> bool:
+    """Whether vLLM can serve a LoRA adapter of this rank on these modules (else it is merged into a copy)."""
+    return frozenset(modules) <= VLLM_LORA_MODULES and rank <= VLLM_LORA_RANKS[-1]
+
+
+def start_llm(model_path: str, *, dtype: str = "auto", seed: int = 0, lora_rank: int | None = None,
+              tensor_parallel_size: int = 1, gpu_memory_utilization: float | None = None,
+              max_model_len: int | None = None, **llm_kwargs: Any) -> Any:
+    """A vLLM ``LLM`` for ``model_path`` in this process, serving LoRA adapters up to ``lora_rank`` (one at a time)
+    when given; the process's thread setting and environment are kept (``process_settings_kept``)."""
+    import os
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    on_gpu = torch.cuda.is_available()
+    if not on_gpu:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    try:
+        from vllm import LLM
+    except ImportError as err:
+        from molrl.engines import install_hint
+
+        raise ImportError(f"vLLM is not installed: {install_hint()}; or use engine=transformers") from err
+    kwargs: dict[str, Any] = dict(llm_kwargs)
+    # On a CPU the compiled model starts in 77 s and the eager one in 10, at the same tokens per second
+    # (benchmarks/RESULTS.md, "Generation engines on this machine").
+    kwargs.setdefault("enforce_eager", not on_gpu)
+    if lora_rank is not None:
+        kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=next(r for r in VLLM_LORA_RANKS if r >= lora_rank))
+    with process_settings_kept():
+        return LLM(model=model_path, dtype=dtype, seed=seed, tensor_parallel_size=tensor_parallel_size,
+                   gpu_memory_utilization=gpu_memory_utilization or (0.85 if on_gpu else 0.3),
+                   max_model_len=max_model_len, **kwargs)
+
+
 class VLLMGenerator:
     """Generation with vLLM for a model directory, with a PEFT adapter served as vLLM LoRA (or, where vLLM cannot
     serve it, merged into a temporary copy of the model that the generator removes when closed).
@@ -143,67 +177,58 @@ class VLLMGenerator:
     def __init__(self, model_path: str, tokenizer: Any, adapter: str | None = None, dtype: str = "auto", seed: int = 0,
                  tensor_parallel_size: int = 1, gpu_memory_utilization: float | None = None,
                  max_model_len: int | None = None, **llm_kwargs: Any):
-        import os
         import tempfile
 
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        on_gpu = torch.cuda.is_available()
-        if not on_gpu:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        try:
-            from vllm import LLM
-        except ImportError as err:
-            from molrl.engines import install_hint
-
-            raise ImportError(f"vLLM is not installed: {install_hint()}; or use engine=transformers") from err
         self.tokenizer, self.lora, self._merged_dir = tokenizer, None, None
-        kwargs: dict[str, Any] = dict(llm_kwargs)
-        # On a CPU the compiled model starts in 77 s and the eager one in 10, at the same tokens per second
-        # (benchmarks/RESULTS.md, "Generation engines on this machine").
-        kwargs.setdefault("enforce_eager", not on_gpu)
+        lora_rank = None
         if adapter is not None:
             from molrl.mol.export import adapter_shape
 
             rank, modules = adapter_shape(adapter)
-            if modules <= VLLM_LORA_MODULES and rank <= VLLM_LORA_RANKS[-1]:
+            if vllm_serves_lora(rank, modules):
                 from vllm.lora.request import LoRARequest
 
-                kwargs.update(enable_lora=True, max_loras=1,
-                              max_lora_rank=next(r for r in VLLM_LORA_RANKS if r >= rank))
+                lora_rank = rank
                 self.lora = LoRARequest("adapter", 1, str(adapter))
             else:  # the head or embeddings adapted: generate from a merged copy
                 self._merged_dir = tempfile.TemporaryDirectory(prefix="molrl-merged-")
                 merge_adapter_copy(model_path, adapter, self._merged_dir.name)
                 model_path = self._merged_dir.name
-        with process_settings_kept():
-            self.llm = LLM(model=model_path, dtype=dtype, seed=seed, tensor_parallel_size=tensor_parallel_size,
-                           gpu_memory_utilization=gpu_memory_utilization or (0.85 if on_gpu else 0.3),
-                           max_model_len=max_model_len, **kwargs)
+        self.llm = start_llm(model_path, dtype=dtype, seed=seed, lora_rank=lora_rank,
+                             tensor_parallel_size=tensor_parallel_size,
+                             gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len, **llm_kwargs)
 
     def generate(self, prompts: Sequence[str], sampling: SamplingConfig) -> list[list[str]]:
         """``n`` completions for each prompt, in prompt order."""
-        from vllm import SamplingParams
-
-        params = SamplingParams(
-            n=sampling.n,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k if sampling.top_k > 0 else -1,
-            max_tokens=sampling.max_new_tokens,
-            seed=sampling.seed,
-            stop=list(sampling.stop) or None,
-            include_stop_str_in_output=True,
-            stop_token_ids=sorted(end_ids(self.tokenizer)),  # the pad token ends a completion too, as in transformers
-        )
-        inputs = [{"prompt_token_ids": prompt_ids(self.tokenizer, p)} for p in prompts]  # ids in: nothing re-tokenised
-        outputs = self.llm.generate(inputs, params, lora_request=self.lora, use_tqdm=False)
-        return [[decode_completion(self.tokenizer, c.token_ids, sampling) for c in o.outputs] for o in outputs]
+        return vllm_generate(self.llm, self.tokenizer, prompts, sampling, self.lora)
 
     def close(self) -> None:
         """Remove the merged copy of the model, if one was made."""
         if self._merged_dir is not None:
             self._merged_dir.cleanup()
             self._merged_dir = None
+
+
+def vllm_generate(llm: Any, tokenizer: Any, prompts: Sequence[str], sampling: SamplingConfig,
+                  lora: Any = None) -> list[list[str]]:
+    """``n`` completions for each prompt from a vLLM ``llm`` (with the LoRA adapter ``lora``), in prompt order,
+    decoded as transformers' are (``decode_completion``)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(
+        n=sampling.n,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k if sampling.top_k > 0 else -1,
+        max_tokens=sampling.max_new_tokens,
+        seed=sampling.seed,
+        stop=list(sampling.stop) or None,
+        include_stop_str_in_output=True,
+        stop_token_ids=sorted(end_ids(tokenizer)),  # the pad token ends a completion too, as in transformers
+    )
+    inputs = [{"prompt_token_ids": prompt_ids(tokenizer, p)} for p in prompts]  # ids in: nothing re-tokenised
+    outputs = llm.generate(inputs, params, lora_request=lora, use_tqdm=False)
+    return [[decode_completion(tokenizer, c.token_ids, sampling) for c in o.outputs] for o in outputs]
 
 
 HOST_ENVIRONMENT = ("LD_PRELOAD", "LD_LIBRARY_PATH", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS")

@@ -1,8 +1,8 @@
 """RL post-training with sandbox-execution rewards (``molrl rl``).
 
 Five algorithms (``molrl.rl.algorithms``: grpo, dr_grpo, dr_grpo_std, opd, ppo over macro actions) and
-three rollout policies (``molrl.rl.rollouts``: synchronous, partial rollouts, PROPS), each a module
-behind a registry. ``run_rl(RlConfig) -> Path`` is the stage (``molrl.rl.run``: what it reads and
+four rollout policies (``molrl.rl.rollouts``: synchronous, partial rollouts, PROPS, multi-turn episodes), each a
+module behind a registry; rollouts generate with transformers or on the policy engine (``molrl.rl.engine``). ``run_rl(RlConfig) -> Path`` is the stage (``molrl.rl.run``: what it reads and
 writes); one step of it, rollout -> score -> advantages -> loss, reads top to bottom in
 ``molrl.rl.trainer``.
 """

@@ -39,8 +39,10 @@ class EvalHookCallback(TrainerCallback):
         base = BaseAccess(policy)
 
         def evaluate(model: Any) -> dict[str, float]:
+            engine = getattr(policy.trainer, "engine", None)  # the policy engine when the run generates on one
             return evaluate_policy(model, policy.tokenizer, tasks, sampling, pool, base, cfg.enable_thinking,
-                                   cfg.eval.kl_prompts, code_template=cfg.code_prompt, math_template=cfg.math_prompt)
+                                   cfg.eval.kl_prompts, code_template=cfg.code_prompt, math_template=cfg.math_prompt,
+                                   generator=None if engine is None else engine.text_generator(policy.trainer))
 
         return cls(cfg.eval.every_steps, evaluate, Path(cfg.output_dir) / "metrics.jsonl")
 
@@ -81,11 +83,12 @@ class BaseAccess:
 
 def evaluate_policy(model: Any, tokenizer: Any, tasks: list, sampling: Any, pool: Any, base: BaseAccess,
                     enable_thinking: bool, kl_prompts: int, code_template: str = CODE_INSTRUCTION,
-                    math_template: str = MATH_INSTRUCTION) -> dict[str, float]:
+                    math_template: str = MATH_INSTRUCTION, generator: Any = None) -> dict[str, float]:
     """Held-out accuracy (evaluate_single) and mean per-token KL(policy || base) on its greedy answers,
-    with tasks posed by the single-turn instructions ``code_template`` / ``math_template``."""
+    with tasks posed by the single-turn instructions ``code_template`` / ``math_template``; ``generator``: what
+    generates the answers (None: transformers on ``model``)."""
     result = evaluate_single(model, tokenizer, tasks, sampling, pool, enable_thinking=enable_thinking,
-                             code_template=code_template, math_template=math_template)
+                             code_template=code_template, math_template=math_template, generator=generator)
     metrics = {"eval/accuracy": float(result["accuracy"])}
     n = min(kl_prompts, len(tasks))
     if n:

@@ -193,14 +193,17 @@ class RlConfig:
     """PPO clipping range of the probability ratio."""
     num_iterations: Count = 1
     """Optimisation passes over each generated batch (mu in the GRPO paper)."""
-    use_vllm: bool = False
-    """Generate rollouts with vLLM (needs vllm installed and a GPU)."""
+    engine: Literal["auto", "vllm", "transformers"] = "auto"
+    """Rollout generation: auto (vLLM when installed, the base is a model directory and the run's tokens pay for the
+    engine's start; transformers for PROPS and merged generation), vllm or transformers (``molrl.rl.engine``)."""
     vllm_mode: Literal["colocate", "server"] = "colocate"
-    """colocate: vLLM shares the training GPU; server: a separate `trl vllm-serve` process."""
+    """With engine=vllm. colocate: molrl's engine in the trainer's process, the adapter re-sent after every optimiser
+    step; server: a separate `trl vllm-serve` process (TRL's client and weight sync; single-turn only)."""
     vllm_server_url: str = "http://localhost:8000"
     """Base URL of the vLLM server (server mode)."""
-    vllm_gpu_memory_utilization: Annotated[float, Range(0, 1, low_open=True)] = 0.3
-    """Share of each GPU the colocated vLLM engine may take (colocate mode)."""
+    engine_gpu_memory_utilization: Annotated[float, Range(0, 1, low_open=True)] = 0.3
+    """Share of each GPU the colocated engine may take (the KV cache's share of memory on a CPU is
+    VLLM_CPU_KVCACHE_SPACE GiB, default 1)."""
     threads: Threads | None = None
     """Torch CPU threads; none: as many as cores are idle, re-measured while it runs (molrl.cpu)."""
 
@@ -212,6 +215,8 @@ class RlConfig:
                                                      "max_grad_norm", "max_steps", "micro_batch_size", "seed",
                                                      "gradient_checkpointing", "save_steps", "report_to")},
         "log_every": ("train.logging_steps", _as_is),
+        "use_vllm": ("engine", lambda v: "vllm" if v in (True, "true", "True", 1) else "transformers"),
+        "vllm_gpu_memory_utilization": ("engine_gpu_memory_utilization", _as_is),
     }
 
     def __post_init__(self) -> None:
@@ -249,12 +254,12 @@ class RlConfig:
         if ro.partial and (buffer > 1 or rounds > 1 or ro.behaviour != "policy"):
             raise ValueError("rollout.partial cannot be combined with rollout.behaviour=props, rounds > 1 or "
                              "buffer_batches > 1: each completion is trained on once, when its group finishes")
-        if ro.partial and self.use_vllm and self.vllm_mode != "colocate":
-            raise ValueError("rollout.partial with use_vllm needs vllm_mode=colocate (the trainer aborts the engine's "
-                             "unfinished requests itself)")
-        if ro.behaviour == "props" and self.use_vllm:
+        if self.engine == "vllm" and self.vllm_mode == "server" and (ro.partial or ro.turns > 1):
+            raise ValueError("rollout.partial and rollout.turns > 1 on vLLM need vllm_mode=colocate (the trainer "
+                             "continues and aborts the engine's requests itself)")
+        if ro.behaviour == "props" and self.engine == "vllm":
             raise ValueError("rollout.behaviour=props samples from a second adapter, which vLLM does not hold; "
-                             "set use_vllm=false")
+                             "set engine=transformers (or auto)")
         self._check_turns()
         pp = self.ppo
         if pp.critic_epochs < 1 or pp.critic_minibatches < 1 or pp.critic_warmup_steps < 0:
@@ -276,14 +281,14 @@ class RlConfig:
 
     def _check_turns(self) -> None:
         ro, terms = self.rollout, self.terms
-        if ro.merged_generation and (ro.behaviour == "props" or self.use_vllm):
+        if ro.merged_generation and (ro.behaviour == "props" or self.engine == "vllm"):
             raise ValueError("rollout.merged_generation merges the policy's adapter for transformers generation; not "
-                             "with rollout.behaviour=props (it samples from a second adapter) or use_vllm (the engine "
-                             "holds its own weights): set rollout.merged_generation=false")
-        combined = ro.partial or ro.behaviour != "policy" or ro.resolved_rounds() > 1 or self.use_vllm
+                             "with rollout.behaviour=props (it samples from a second adapter) or engine=vllm (the "
+                             "engine holds its own weights): set rollout.merged_generation=false")
+        combined = ro.partial or ro.behaviour != "policy" or ro.resolved_rounds() > 1
         if ro.turns < 1 or (ro.turns > 1 and combined):
-            raise ValueError(f"rollout.turns={ro.turns}: 1 or more; above 1 it samples whole episodes with transformers, "
-                             "so not with rollout.partial, rollout.behaviour=props, rollout.rounds > 1 or use_vllm")
+            raise ValueError(f"rollout.turns={ro.turns}: 1 or more; above 1 it samples whole episodes, so not with "
+                             "rollout.partial, rollout.behaviour=props or rollout.rounds > 1")
         if ro.turns > 1 and self.algorithm == "opd":
             raise ValueError("rollout.turns > 1 with algorithm=opd: its teacher reads single-turn completions; use grpo")
         if terms.feedback_ce > 0 and ro.turns == 1:

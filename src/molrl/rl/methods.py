@@ -107,7 +107,7 @@ class RolloutSettings:
     """Generate with transformers from the policy's LoRA adapter merged into its base weights (``molrl.lora_merge``):
     a decoding step then costs the base model's, not the base's plus two small matmuls per adapted layer; the base
     weights are copied back exactly afterwards (one copy of the adapted weights is held while generating). Not
-    with behaviour=props (it samples from a second adapter) or use_vllm (the engine holds its own weights)."""
+    with behaviour=props (it samples from a second adapter) or engine=vllm (the engine holds its own weights)."""
     sampling_error: bool = True
     """Log ``sampling_error``: KL(empirical || policy) at the states two or more of a prompt's completions share,
     over the data of each update, from the loss's own log-probs (or, where those come after an update, from the

@@ -207,18 +207,19 @@ class StopWhenGroupsDone(StoppingCriteria):
 
 
 def engine_generate(engine: Any, sequences: Sequence[list[int]], params: Sequence[Any], tracker: GroupTracker,
-                    prefix: str) -> list[list[int]]:
+                    prefix: str, lora_request: Any = None) -> list[list[int]]:
     """Partial rollouts on a vLLM ``LLMEngine``: add one request per row, step the engine, and abort the
     unfinished requests once ``tracker`` has enough finished groups. Returns each row's new tokens
     (those of an aborted request: what it had generated so far); ``tracker.done`` says which finished.
 
-    ``params[i]`` are row i's sampling parameters (its remaining token budget as ``max_tokens``);
+    ``params[i]`` are row i's sampling parameters (its remaining token budget as ``max_tokens``), ``lora_request``
+    the adapter every request samples with;
     outputs are read cumulatively (vLLM's default), so the latest output of a request holds all its tokens.
     """
     tokens: list[list[int]] = [[] for _ in sequences]
     names = [f"{prefix}-{i}" for i in range(len(sequences))]
     for name, sequence, param in zip(names, sequences, params):
-        engine.add_request(name, {"prompt_token_ids": list(sequence)}, param)
+        engine.add_request(name, {"prompt_token_ids": list(sequence)}, param, lora_request=lora_request)
     index = {name: i for i, name in enumerate(names)}
     while not tracker.enough and engine.has_unfinished_requests():
         ending = []

@@ -80,6 +80,8 @@ def _train(cfg: RlConfig, out: Path) -> None:
     finally:
         if pool is not None:
             pool.close()
+        if trainer.engine is not None:
+            trainer.engine.close()
 
 
 def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
@@ -96,9 +98,11 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
     from molrl.runfiles import MetricsFileCallback, ResumedSchedule
     from molrl.trainer_progress import use_trainer_progress
 
-    if cfg.use_vllm and importlib.util.find_spec("vllm") is None:
-        raise MolrlError("use_vllm=true but vllm is not installed: pip install 'molrl[gpu]' on a GPU machine, "
-                         "or set use_vllm=false to generate with transformers")
+    from molrl.rl.engine import attach_engine, rl_engine
+
+    engine = rl_engine(cfg)  # before anything loads: engine=vllm without vLLM stops here
+    engine.log("rl")
+    server = engine.name == "vllm" and cfg.vllm_mode == "server"
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     policy = build_policy(cfg)
@@ -108,6 +112,7 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
         log.warning("lora.dropout=%s: dropout stays on while training, so the loss's log-probs differ from the "
                     "sampler's by its noise (and so does rollout.sampling_error); 0 turns every dropout off",
                     cfg.lora.dropout)
+    trainer = None
     try:
         callbacks: list[Any] = [MetricsFileCallback(out / "metrics.jsonl"), NonFiniteGuard(loss_scales(cfg)),
                                 ResumedSchedule()]
@@ -117,7 +122,7 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
             model=policy.model,
             scorer=scorer,
             config=cfg,
-            args=trl_args(cfg, out / CHECKPOINTS, torch.cuda.is_available()),
+            args=trl_args(cfg, out / CHECKPOINTS, torch.cuda.is_available(), server),
             train_dataset=dataset,
             processing_class=policy.tokenizer,
             peft_config=policy.peft_config,
@@ -126,9 +131,13 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
         )
         use_trainer_progress(trainer, f"{cfg.algorithm} {out.name}", {"reward": "reward", "kl": "kl", "completions/mean_length": "len"})
         described = install_reference(trainer, cfg.policy.reference, policy.adapter_mode, policy.load_base)
+        if engine.name == "vllm" and not server:
+            attach_engine(trainer, cfg)
     except BaseException:
         if pool is not None:
             pool.close()
+        if trainer is not None and trainer.engine is not None:
+            trainer.engine.close()
         raise
     policy.trainer = trainer
     log.info("policy: %s; KL reference: %s; %d trainable parameters",
@@ -171,8 +180,9 @@ def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: li
     return Dataset.from_list(rows), scorer, pool
 
 
-def trl_args(cfg: RlConfig, output_dir: Path, cuda: bool) -> Any:
-    """TRL ``GRPOConfig`` for our config (one optimiser step = prompts_per_step groups per process)."""
+def trl_args(cfg: RlConfig, output_dir: Path, cuda: bool, server: bool = False) -> Any:
+    """TRL ``GRPOConfig`` for our config (one optimiser step = prompts_per_step groups per process); ``server``: TRL
+    generates on a `trl vllm-serve` process (molrl's own engine, colocated, is attached to the trainer instead)."""
     from trl import GRPOConfig as TrlGRPOConfig
 
     completions_per_step, t = cfg.prompts_per_step * cfg.num_generations, cfg.train
@@ -206,10 +216,10 @@ def trl_args(cfg: RlConfig, output_dir: Path, cuda: bool) -> Any:
         save_strategy="steps",
         save_steps=t.save_steps,
         save_total_limit=2,
-        use_vllm=cfg.use_vllm,
-        vllm_mode=cfg.vllm_mode,
-        vllm_server_base_url=cfg.vllm_server_url if cfg.vllm_mode == "server" else None,
-        vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+        use_vllm=server,
+        vllm_mode="server",
+        vllm_server_base_url=cfg.vllm_server_url if server else None,
+        vllm_gpu_memory_utilization=cfg.engine_gpu_memory_utilization,
         dataloader_num_workers=0,
     )
 

@@ -61,7 +61,8 @@ TRL_SURFACE = {
                    "current_gradient_accumulation_steps", "use_vllm", "vllm_importance_sampling_correction",
                    "mask_truncated_completions", "max_completion_length", "epsilon_low", "epsilon_high",
                    "num_generations", "num_generations_eval", "pad_to_multiple_of", "generation_config",
-                   "generation_kwargs", "model_wrapped", "temperature"),
+                   "generation_kwargs", "model_wrapped", "temperature", "top_p", "top_k", "min_p",
+                   "repetition_penalty", "rollout_func"),
 }
 """The private TRL names molrl relies on, checked against the pinned TRL by a test."""
 
@@ -80,6 +81,7 @@ class RlTrainer(GRPOTrainer):
                  **kwargs: Any):
         super().__init__(*args, reward_funcs=[scorer], **kwargs)
         self.scorer, self.completions_path, self.seen_stages = scorer, completions_path, set()
+        self.engine: Any = None  # molrl.rl.engine.PolicyEngine once attached (engine=vllm, colocated)
         self.prompt_ids = prompt_ids_by_text(self.train_dataset)
         # the rollout policy first: PROPS adds its adapter before an algorithm loads frozen ones
         self.rollouts = {"train": ROLLOUTS[config.rollout.policy()](self, config),

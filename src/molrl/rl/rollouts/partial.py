@@ -154,7 +154,7 @@ class Partial(Synchronous):
         groups = [g for g, _ in todo]
         sizes = [len(grp.completions) for grp in flight]
         before = [sum(c.finished for c in grp.completions) for grp in flight]
-        if trainer.use_vllm:
+        if trainer.engine is not None:
             tracker = GroupTracker(groups, sizes, before, needed, done_before)
             tokens = self.generate_vllm(sequences, budgets, tracker)
             return tracker.finish_order, {key: (tokens[i], tracker.done[i]) for i, key in enumerate(todo)}
@@ -163,27 +163,16 @@ class Partial(Synchronous):
         return stopper.finish_order, {key: (new[i][:stopper.lengths[i]], stopper.done[i]) for i, key in enumerate(todo)}
 
     def generate_vllm(self, sequences: list[list[int]], budgets: list[int], tracker: GroupTracker) -> list[list[int]]:
-        """``generate`` on the colocated vLLM engine: one request per row (its prompt and tokens so far, its
-        remaining budget), aborted once enough groups have finished (``molrl.rl.partial.engine_generate``)."""
-        from vllm import SamplingParams  # optional and GPU-only: imported where it is used
-
+        """``generate`` on the policy's engine (``molrl.rl.engine``, its adapter sent after each optimiser step): one
+        request per row (its prompt and tokens so far, its remaining budget), aborted once enough groups have
+        finished (``molrl.rl.partial.engine_generate``)."""
         trainer = self.trainer
-        vllm = trainer.vllm_generation
-        if trainer.state.global_step != trainer._last_loaded_step or getattr(vllm, "_llm_weights_sleeping", False):
-            vllm.sync_weights()  # the policy's current weights (also what sleep mode discarded)
-            trainer._last_loaded_step = trainer.state.global_step
-        if vllm.enable_sleep_mode:
-            vllm.llm.wake_up(tags=["kv_cache"])
-        params = [SamplingParams(n=1, temperature=vllm.temperature, top_p=vllm.top_p, top_k=vllm.top_k,
-                                 min_p=0.0 if vllm.min_p is None else vllm.min_p,
-                                 repetition_penalty=vllm.repetition_penalty, max_tokens=budget,
-                                 **vllm.generation_kwargs) for budget in budgets]
-        tokens = engine_generate(vllm.llm.llm_engine, sequences, params, tracker,
-                                 f"molrl-{trainer.state.global_step}-{trainer.accelerator.process_index}")
-        if vllm.enable_sleep_mode:
-            vllm.llm.sleep(level=2)
-            vllm._llm_weights_sleeping = True
-        return tokens
+        engine = trainer.engine
+        engine.sync(trainer)
+        params = [engine.params(trainer, budget) for budget in budgets]
+        return engine_generate(engine.llm.llm_engine, sequences, params, tracker,
+                               f"molrl-{trainer.state.global_step}-{trainer.accelerator.process_index}",
+                               lora_request=engine.lora)
 
     def row_logps(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
         """Each row's completion-token log-probs under the current policy (one batched no-grad pass)."""

@@ -27,7 +27,7 @@ from trl.trainer.utils import use_adapter
 from molrl.lora_merge import merged_lora
 from molrl.rl.batch import LossInputs, RolloutBatch, TokenRoles, merge_batches, pad_rows, pad_values
 from molrl.rl.config import RlConfig
-from molrl.rl.loss import sampler_weights
+from molrl.rl.loss import engine_logp_gap, sampler_weights
 from molrl.rl.props import sampling_error_by_entropy, shared_state_sampling_error
 from molrl.tasks.types import Task
 
@@ -152,15 +152,17 @@ class Synchronous:
             return trainer.completion_logps(model, prompt_ids, prompt_mask, completion_ids,
                                             completion_mask if attention is None else attention)
 
-        use_sampler = trainer.use_vllm and trainer.vllm_importance_sampling_correction
+        on_engine = sampler_lists is not None and (trainer.use_vllm or trainer.engine is not None)
         reference = weights = None
         generate_every = trainer.args.steps_per_generation * trainer.num_iterations
-        if behaviour is None and (trainer.args.gradient_accumulation_steps % generate_every != 0 or use_sampler):
+        if behaviour is None and (trainer.args.gradient_accumulation_steps % generate_every != 0 or on_engine):
             behaviour = logps_of(trainer.model)
-        if use_sampler and sampler_lists is not None:
+        if on_engine:  # the engine's log-probs of what it sampled against the trainer's, under the same policy
             sampler = pad_values([[math.nan if x is None else x for x in r] for r in sampler_lists], 0.0, "right",
                                  device, torch.float32, multiple)
-            weights = sampler_weights(behaviour, sampler, completion_mask)
+            trainer.metrics()["rollout/engine_logp_gap"].append(engine_logp_gap(behaviour, sampler, completion_mask))
+            if trainer.vllm_importance_sampling_correction:
+                weights = sampler_weights(behaviour, sampler, completion_mask)
         if trainer.beta != 0.0:
             if trainer.ref_model is not None:
                 reference = logps_of(trainer.ref_model)

@@ -2,7 +2,8 @@
 
 A row starts from the collection loop's opening messages (``molrl.collect.loop.start_episode``: its
 instructions and task wording) rendered with the generation prompt. Each round, every unfinished row
-generates one turn from its token ids so far (transformers ``generate`` with the trainer's sampling
+generates one turn from its token ids so far (transformers ``generate``, or the policy engine of
+``molrl.rl.engine``, with the trainer's sampling
 settings; a turn ends at EOS, at ``</execute>`` / ``</solution>``, after ``rollout.episode.sampling.max_new_tokens``
 tokens, or where the row reaches ``max_completion_length``; a turn cut short without an action gets the
 format feedback, as in collection, unless the row is out of tokens). The
@@ -58,7 +59,6 @@ class TurnStop(StoppingCriteria):
 
     def __init__(self, tokenizer: Any, stops: list[str], eos_ids: list[int], start: int, budgets: list[int]):
         self.tokenizer, self.stops, self.eos, self.start, self.budgets = tokenizer, stops, set(eos_ids), start, budgets
-        self.window = max((len(s) for s in stops), default=1)  # a stop string spans at most this many tokens
         self.lengths = [0] * len(budgets)
         """Per row: new tokens of its turn (EOS or the stop string's last token included)."""
         self.at_limit = [False] * len(budgets)
@@ -70,11 +70,21 @@ class TurnStop(StoppingCriteria):
         for row in range(input_ids.size(0)):
             if self.done[row] or new <= 0:
                 continue
-            tail = input_ids[row, max(self.start, input_ids.size(1) - self.window):].tolist()
-            stopped = tail[-1] in self.eos or any(s in self.tokenizer.decode(tail) for s in self.stops)
+            stopped = turn_ended(self.tokenizer, input_ids[row, self.start:].tolist(), self.stops, self.eos)
             if stopped or new >= self.budgets[row]:
                 self.done[row], self.lengths[row], self.at_limit[row] = True, new, not stopped
         return torch.tensor(self.done, device=input_ids.device)
+
+
+def turn_ended(tokenizer: Any, turn: list[int], stops: list[str], eos: set[int]) -> bool:
+    """Whether a turn's last token ended it: an end-of-sequence token, or the token that completed a stop string
+    (the decoded tail of the turn, as many tokens as the longest stop string has characters, contains one). The
+    transformers stopping criterion and the engine's outputs are judged by this one rule."""
+    if not turn:
+        return False
+    window = max((len(s) for s in stops), default=1)  # a stop string spans at most this many tokens
+    text = tokenizer.decode(turn[-window:])
+    return turn[-1] in eos or any(s in text for s in stops)
 
 
 @dataclass
@@ -91,12 +101,16 @@ class Row:
     """Per completion id: 1 if the policy sampled it."""
     feedback: list[int] = field(default_factory=list)
     """Per completion id: 1 if it is feedback text."""
+    engine_logps: list[float | None] = field(default_factory=list)
+    """Per completion id: the engine's log-prob of a token it sampled (None: not sampled, or transformers)."""
 
-    def extend(self, ids: list[int], sampled: int, feedback: list[int] | None = None) -> None:
-        """Append ``ids``, all sampled or none, with their feedback flags (none: 0)."""
+    def extend(self, ids: list[int], sampled: int, feedback: list[int] | None = None,
+               engine_logps: list[float] | None = None) -> None:
+        """Append ``ids``, all sampled or none, with their feedback flags (none: 0) and the engine's log-probs."""
         self.ids += ids
         self.sampled += [sampled] * len(ids)
         self.feedback += feedback if feedback is not None else [0] * len(ids)
+        self.engine_logps += engine_logps if engine_logps is not None else [None] * len(ids)
 
 
 class Turns(Synchronous):
@@ -127,8 +141,9 @@ class Turns(Synchronous):
         answers = [final_answer(r.episode) for r in rows]
         roles = TokenRoles([r.sampled for r in rows], [r.feedback for r in rows],
                            [r.episode.stop_reason != "token_limit" for r in rows])
+        engine_logps = [r.engine_logps for r in rows] if self.trainer.engine is not None else None
         batch = self.to_batch([{"prompt": p, "task_json": x["task_json"]} for p, x in zip(prompts, inputs)],  # reward's
-                              [r.prompt_ids for r in rows], [r.ids for r in rows], answers, None, roles=roles)
+                              [r.prompt_ids for r in rows], [r.ids for r in rows], answers, engine_logps, roles=roles)
         self.log(rows, generation_s)
         return batch
 
@@ -142,10 +157,10 @@ class Turns(Synchronous):
         """One turn of every live row: generate, record, run the actions, append the rendered tails."""
         trainer, limit = self.trainer, self.trainer.max_completion_length
         budgets = [min(limit - len(r.ids), self.episode.sampling.max_new_tokens) for r in live]
-        turns, at_budget = self.generate([r.prompt_ids + r.ids for r in live], budgets)
+        turns, at_budget, logps = self.generate([r.prompt_ids + r.ids for r in live], budgets)
         stepped = []
-        for row, ids, cut in zip(live, turns, at_budget):
-            row.extend(ids, sampled=1)
+        for row, ids, cut, turn_logps in zip(live, turns, at_budget, logps):
+            row.extend(ids, sampled=1, engine_logps=turn_logps)
             text = trainer.processing_class.decode(ids, skip_special_tokens=True)
             action = take_turn(row.episode, self.prefill, text, over_budget=cut and len(row.ids) >= limit)
             if action is not None:
@@ -167,13 +182,20 @@ class Turns(Synchronous):
             return
         row.extend(ids, sampled=0, feedback=[int(role == "feedback") for role in roles])
 
-    def generate(self, sequences: list[list[int]], budgets: list[int]) -> tuple[list[list[int]], list[bool]]:
-        """One turn of each sequence (token ids in, token ids out) and whether it stopped at its budget."""
+    def generate(self, sequences: list[list[int]], budgets: list[int]) -> tuple[list[list[int]], list[bool], list]:
+        """One turn of each sequence (token ids in, token ids out), whether it stopped at its budget, and the
+        engine's log-probs of its tokens (None on transformers)."""
         trainer = self.trainer
+        if trainer.engine is not None:
+            engine = trainer.engine
+            out = engine.generate(trainer, sequences, [engine.params(trainer, b, self.stops) for b in budgets])
+            ends = set(trainer.eos_token_ids)
+            cut = [not turn_ended(trainer.processing_class, s.ids, self.stops, ends) for s in out]
+            return [s.ids for s in out], cut, [s.logps for s in out]
         new, stop = self.continue_rows(sequences, max(budgets), lambda width: TurnStop(
             trainer.processing_class, self.stops, trainer.eos_token_ids, width, budgets))
         lengths = [n if done else len(new[i]) for i, (n, done) in enumerate(zip(stop.lengths, stop.done))]
-        return [new[i][:n] for i, n in enumerate(lengths)], stop.at_limit
+        return [new[i][:n] for i, n in enumerate(lengths)], stop.at_limit, [None] * len(sequences)
 
     def log(self, rows: list[Row], generation_s: float) -> None:
         """The step's multi-turn metrics."""

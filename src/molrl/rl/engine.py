@@ -1,0 +1,185 @@
+"""Rollouts on vLLM with the policy's current weights (``engine: vllm`` in the rl stage).
+
+The engine runs in the trainer's process (``molrl.generation.start_llm``) and holds the policy's base: the base
+model directory, or, for ``policy.adapter_mode=merge_new``, a copy with the MoL adapter merged that the engine
+removes when closed. The adapter being trained is served as a vLLM LoRA adapter. Before the first generation after
+every optimiser step, ``sync`` saves the trainer's adapter and hands it to the engine under a new LoRA id, so the
+engine never samples from a stale policy; the adapter's tensors are a few MB to a few hundred, against the full
+model's weights a full sync would copy.
+
+Token ids in, token ids out: a request is the row's prompt ids (and, in multi-turn rollouts, its tokens so far),
+and the row keeps the ids the engine sampled, with the engine's log-prob of each (after temperature: vLLM's
+``processed_logprobs``, as the trainer's are). ``rollout/engine_logp_gap`` (``molrl.rl.loss.engine_logp_gap``)
+compares those with the trainer's: a stale or half-synced engine shows there.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from molrl.engines import EngineChoice, choose_engine, cuda_visible
+from molrl.errors import MolrlError
+from molrl.rl.config import RlConfig
+
+log = logging.getLogger(__name__)
+
+
+def rl_engine(cfg: RlConfig, *, installed: bool | None = None, gpu: bool | None = None) -> EngineChoice:
+    """The engine the rl stage generates with: ``cfg.engine`` as ``molrl.engines.choose_engine`` decides it for the
+    run's tokens (steps x prompts x G x ``max_completion_length``), but transformers where a rollout needs it."""
+    if cfg.rollout.behaviour == "props":
+        reason = "rollout.behaviour=props samples from a second adapter, which the engine does not hold"
+        if cfg.engine == "vllm":
+            raise MolrlError(f"engine=vllm: {reason}; set engine=transformers (or auto)")
+        return EngineChoice("transformers", f"{cfg.engine}: {reason}")
+    if cfg.rollout.merged_generation and cfg.engine != "transformers":
+        if cfg.engine == "vllm":
+            raise MolrlError("engine=vllm with rollout.merged_generation=true: merging is for transformers "
+                             "generation, the engine holds its own weights; set one of them")
+        return EngineChoice("transformers", "auto: rollout.merged_generation=true asks for transformers generation")
+    gpu = cuda_visible() if gpu is None else gpu
+    if cfg.engine == "auto" and not gpu:
+        return EngineChoice("transformers", "auto: on a CPU an RL step is no faster on vLLM (its batches are one "
+                                            "step's rows, and each step re-sends the adapter; benchmarks/RESULTS.md, "
+                                            "\"RL on the engine\"); engine=vllm runs it there")
+    work = cfg.train.max_steps * cfg.prompts_per_step * cfg.num_generations * cfg.max_completion_length
+    return choose_engine(cfg.engine, cfg.policy.base, work, installed=installed, gpu=gpu)
+
+
+@dataclass
+class Sampled:
+    """One request's result."""
+
+    ids: list[int]
+    """The sampled token ids (an end-of-sequence token that ended the row included)."""
+    logps: list[float]
+    """The engine's log-prob of each sampled id, at the sampling temperature."""
+    finish_reason: str
+    """vLLM's: ``stop`` (an end token or stop string) or ``length`` (the budget)."""
+
+
+class PolicyEngine:
+    """The policy on an in-process vLLM engine, its adapter re-sent after every optimiser step (``sync``)."""
+
+    def __init__(self, cfg: RlConfig, lora_rank: int, lora_modules: Sequence[str]):
+        from molrl.generation import VLLM_LORA_MODULES, merge_adapter_copy, start_llm, vllm_serves_lora
+
+        if not vllm_serves_lora(lora_rank, lora_modules):
+            raise MolrlError(f"engine=vllm serves the trained adapter as vLLM LoRA, which takes ranks up to 512 on "
+                             f"{', '.join(sorted(VLLM_LORA_MODULES))}; this one has rank {lora_rank} on "
+                             f"{', '.join(sorted(lora_modules))}: set lora.target_modules to those modules, or "
+                             "engine=transformers")
+        p = cfg.policy
+        self.work = Path(tempfile.mkdtemp(prefix="molrl-engine-"))
+        model_path = p.base
+        if p.mol_adapter is not None and p.adapter_mode == "merge_new":  # the engine's base is the merged MoL model
+            from molrl.rl.adapter_lora import resolve_adapter_dir
+
+            model_path = str(self.work / "base")
+            merge_adapter_copy(p.base, str(resolve_adapter_dir(p.mol_adapter)), model_path)
+        self.llm = start_llm(model_path, dtype=_vllm_dtype(p.dtype), seed=cfg.train.seed, lora_rank=lora_rank,
+                             gpu_memory_utilization=cfg.engine_gpu_memory_utilization,
+                             max_model_len=cfg.max_prompt_length + cfg.max_completion_length,
+                             logprobs_mode="processed_logprobs")
+        self.lora: Any = None
+        self.synced_step: int | None = None
+        self.syncs = 0
+        """How many times the adapter was sent (one per optimiser step that was followed by generation)."""
+
+    def sync(self, trainer: Any) -> None:
+        """Send the trainer's adapter to the engine if an optimiser step changed it since the last send."""
+        step = trainer.state.global_step
+        if self.lora is not None and step == self.synced_step:
+            return
+        from vllm.lora.request import LoRARequest
+
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        self.syncs += 1
+        folder = self.work / f"adapter-{self.syncs}"
+        model.save_pretrained(str(folder), selected_adapters=[model.active_adapter])  # each process: its own engine
+        previous, self.lora = self.lora, LoRARequest(f"policy-{self.syncs}", self.syncs, str(folder))
+        self.synced_step = step
+        if previous is not None:  # one adapter at a time: the old one is dropped from the engine and the disk
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
+
+    def params(self, trainer: Any, max_tokens: int, stop: Sequence[str] = ()) -> Any:
+        """vLLM sampling parameters for the trainer's sampling settings, ``max_tokens`` new tokens, and ``stop``
+        strings (kept in the output); the trainer's end-of-sequence ids end a row."""
+        from vllm import SamplingParams
+
+        top_k = getattr(trainer, "top_k", None)
+        return SamplingParams(
+            n=1, temperature=trainer.temperature, top_p=trainer.top_p,
+            top_k=top_k if top_k and top_k > 0 else -1,
+            min_p=getattr(trainer, "min_p", None) or 0.0,
+            repetition_penalty=getattr(trainer, "repetition_penalty", None) or 1.0,
+            max_tokens=max_tokens, stop=list(stop) or None, include_stop_str_in_output=True,
+            stop_token_ids=list(trainer.eos_token_ids), logprobs=0, detokenize=bool(stop))
+
+    def generate(self, trainer: Any, sequences: Sequence[list[int]], params: Any) -> list[Sampled]:
+        """One completion of each token sequence under ``params`` (one, or one per sequence), with the policy's
+        current adapter."""
+        self.sync(trainer)
+        outputs = self.llm.generate([{"prompt_token_ids": list(s)} for s in sequences], params,
+                                    lora_request=self.lora, use_tqdm=False)
+        return [sampled_of(o.outputs[0]) for o in outputs]
+
+    def rollout(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
+        """TRL's ``rollout_func``: each prompt's ids (the trainer's own encoding), one completion each, and the
+        engine's log-probs of it."""
+        prompt_ids = trainer._tokenize_prompts(prompts)[0]
+        out = self.generate(trainer, prompt_ids, self.params(trainer, trainer.max_completion_length))
+        return {"prompt_ids": prompt_ids, "completion_ids": [s.ids for s in out], "logprobs": [s.logps for s in out]}
+
+    def text_generator(self, trainer: Any) -> "PolicyGenerator":
+        """A ``molrl.generation.Generator`` on this engine with the policy's current adapter (the RL stage's
+        evaluation hook generates through it)."""
+        return PolicyGenerator(self, trainer)
+
+    def close(self) -> None:
+        """Remove the engine's files (the merged base, the sent adapters)."""
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+@dataclass
+class PolicyGenerator:
+    """Rendered prompts in, texts out, on the policy engine with the trainer's current adapter."""
+
+    engine: PolicyEngine
+    trainer: Any
+
+    def generate(self, prompts: Sequence[Any], sampling: Any) -> list[list[str]]:
+        from molrl.generation import vllm_generate
+
+        self.engine.sync(self.trainer)
+        return vllm_generate(self.engine.llm, self.trainer.processing_class, prompts, sampling, self.engine.lora)
+
+
+def sampled_of(completion: Any) -> Sampled:
+    """A vLLM ``CompletionOutput`` as ``Sampled``: its ids and the log-prob of each (from ``logprobs=0``)."""
+    ids = list(completion.token_ids)
+    logps = [entry[token].logprob for token, entry in zip(ids, completion.logprobs or [])]
+    if len(logps) != len(ids):
+        raise MolrlError(f"vLLM returned {len(logps)} log-probs for {len(ids)} sampled tokens; the engine must be "
+                         "asked for logprobs=0")
+    return Sampled(ids, logps, completion.finish_reason or "length")
+
+
+def _vllm_dtype(dtype: str) -> str:
+    return {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(dtype, dtype)
+
+
+def attach_engine(trainer: Any, cfg: RlConfig) -> PolicyEngine:
+    """Start the engine for ``trainer``'s policy and make it the trainer's generation (TRL's ``rollout_func``)."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    peft = model.peft_config[model.active_adapter]
+    targets = peft.target_modules
+    engine = PolicyEngine(cfg, int(peft.r), [targets] if isinstance(targets, str) else list(targets))
+    trainer.engine, trainer.rollout_func = engine, engine.rollout
+    return engine

