@@ -17,7 +17,7 @@ by an earlier run are read back from ``OUT/engines.json`` (a killed run resumes 
   rl_turns         the same with 2-turn episodes (code run in the sandbox between turns, up to 256 tokens a row)
   rl_*_gap         ``rollout/engine_logp_gap`` on the engine (float32: float noise when the sync works)
 
-``--only rl`` measures the RL figures alone.
+``--only rl`` measures the RL figures alone, ``--only gen`` the others.
 """
 
 from __future__ import annotations
@@ -125,13 +125,14 @@ def rl_seconds(engine: str, model: str, data: Path, out: Path, turns: int) -> di
     return figures
 
 
-def round_of(engine: str, model: str, tokenizer, prompts: list, data: Path, out: Path, only_rl: bool = False) -> dict:
-    """Every figure of one engine, once."""
+def round_of(engine: str, model: str, tokenizer, prompts: list, data: Path, out: Path, only: str | None = None) -> dict:
+    """Every figure of one engine, once (``only``: rl, the RL figures; gen, the others)."""
     row: dict = {}
-    for turns, name in ((1, "rl_grpo"), (2, "rl_turns")):
-        for key, value in rl_seconds(engine, model, data, out, turns).items():
-            row[name if key == "step_s" else f"{name}_{key}"] = value
-    if only_rl:
+    if only != "gen":
+        for turns, name in ((1, "rl_grpo"), (2, "rl_turns")):
+            for key, value in rl_seconds(engine, model, data, out, turns).items():
+                row[name if key == "step_s" else f"{name}_{key}"] = value
+    if only == "rl":
         return row
     generator, start_s = make_generator(engine, model, tokenizer)
     row["start"] = start_s
@@ -155,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default=str(REPO.parent / "shared" / "data"), help="folder holding mbpp/mbpp.jsonl")
     parser.add_argument("--out", default="runs/engines", help="where the results (engines.json) and runs go")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of each engine, alternating")
-    parser.add_argument("--only", choices=["rl"], default=None, help="rl: the RL figures alone")
+    parser.add_argument("--only", choices=["rl", "gen"], default=None,
+                        help="rl: the RL figures alone; gen: the generation, start and eval figures alone")
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     out = Path(args.out)
@@ -174,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {r} {engine}: reused from {results_file}", flush=True)
                 continue
             row = {"round": r, "engine": engine,
-                   **round_of(engine, model, tokenizer, prompts, Path(args.data), out, args.only == "rl")}
+                   **round_of(engine, model, tokenizer, prompts, Path(args.data), out, args.only)}
             results["rounds"].append(row)
             tmp = results_file.with_suffix(".tmp")
             tmp.write_text(json.dumps(results, indent=1))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -218,3 +219,23 @@ def test_partial_rollouts_run_on_the_engine_and_resume_what_they_left(engine_bas
     assert sum(s["partial/resumed_groups"] for s in steps) > 0  # unfinished groups carried over and continued
     assert sum(s["partial/generated_tokens"] for s in steps) > 0  # (a step its buffer fills generates nothing)
     assert all(s["partial/off_policy_token_fraction"] >= 0 for s in steps)
+
+
+@needs_vllm
+@pytest.mark.parametrize("mode", ["continue", "merge_new"])
+def test_rl_from_a_mol_adapter_runs_on_the_engine_without_a_manual_merge(engine_base, tmp_path, mode):
+    """The MoL adapter trained further (served as LoRA on the base) or merged (the engine's base is a merged copy,
+    removed at the end): either way the engine samples from the trainer's policy."""
+    from grpo_helpers import save_mol_adapter
+    from molrl.rl import run_rl
+
+    mol = save_mol_adapter(engine_base[0], tmp_path / "mol")
+    cfg = toy_config(tmp_path / "run", engine_base[0], max_steps=2, engine="vllm", max_completion_length=16)
+    cfg.policy.mol_adapter, cfg.policy.adapter_mode = mol, mode
+    cfg.train.learning_rate = 5e-2
+    if mode == "continue":
+        cfg.lora.rank, cfg.lora.alpha = 4, 8  # the adapter's own shape
+    before = set(Path(tempfile.gettempdir()).glob("molrl-engine-*"))
+    steps = steps_of(run_rl(cfg))
+    assert max(s["rollout/engine_logp_gap"] for s in steps) < 1e-3  # a wrong base or adapter would be far off
+    assert set(Path(tempfile.gettempdir()).glob("molrl-engine-*")) <= before  # its files (a merged copy) are gone
