@@ -169,3 +169,26 @@ def test_a_merged_adapter_computes_what_base_plus_adapter_computes_tied_head_inc
         got = load_model(str(out))(input_ids=ids).logits
         plain = load_model(base)(input_ids=ids).logits
     assert (got - want).abs().max() < 1e-4 < (want - plain).abs().max()
+
+
+@needs_vllm
+def test_sampling_a_batch_whose_prefill_is_split_runs_and_repeats_with_the_same_seed(engine_model):
+    """64 prompts of ~200 tokens: more than one scheduler step's tokens, so vLLM splits their prefill (where a seed
+    per request failed on a CPU); two engines with the same seed give the same samples."""
+    from molrl.generation import VLLMGenerator
+    from molrl.traces.spans import chat_prompt
+
+    base, tok, _ = engine_model
+    prompts = [chat_prompt(tok, [{"role": "user", "content": f"{i} " + "a b c d " * 48}]) for i in range(64)]
+    sampling = SamplingConfig(n=2, temperature=1.0, max_new_tokens=8, seed=3)
+    runs = []
+    for _ in range(2):
+        engine = VLLMGenerator(base, tok, dtype="float32", seed=sampling.seed, max_model_len=512)
+        try:
+            runs.append(engine.generate(prompts, sampling))
+        finally:
+            engine.close()
+            del engine
+    assert len(runs[0]) == 64 and all(len(c) == 2 for c in runs[0])
+    assert runs[0] == runs[1]
+    assert len({c for pair in runs[0] for c in pair}) > 64  # sampled, not one answer repeated

@@ -221,7 +221,9 @@ def vllm_generate(llm: Any, tokenizer: Any, prompts: Sequence[str], sampling: Sa
         top_p=sampling.top_p,
         top_k=sampling.top_k if sampling.top_k > 0 else -1,
         max_tokens=sampling.max_new_tokens,
-        seed=sampling.seed,
+        # a seed per request on a GPU; on a CPU vLLM 0.30 fails on one ("CPU Generator does not use offset") once a
+        # batch's prefill is split, so there the engine's own seed (``start_llm``'s) makes runs repeat
+        seed=sampling.seed if torch.cuda.is_available() else None,
         stop=list(sampling.stop) or None,
         include_stop_str_in_output=True,
         stop_token_ids=sorted(end_ids(tokenizer)),  # the pad token ends a completion too, as in transformers
