@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from molrl.demo.seeds import cell
+from molrl.layout import rl_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,7 +73,7 @@ def accuracy(folder: Path, benchmark: str) -> float:
 
 def rl_wall_s(pipeline: Path, name: str) -> float:
     """Training wall time of an RL run: the sum of its logged step times (0 for a model without RL)."""
-    path = pipeline / "grpo" / name / "metrics.jsonl"
+    path = rl_runs(pipeline) / name / "metrics.jsonl"
     if not path.is_file():
         return 0.0
     return sum(json.loads(line).get("step_time", 0.0) for line in path.read_text().splitlines())
@@ -80,7 +81,7 @@ def rl_wall_s(pipeline: Path, name: str) -> float:
 
 def late_reward(pipeline: Path, name: str, last: int = 10) -> float:
     """Mean training reward of an RL run's last ``last`` steps (nan for a model without RL)."""
-    path = pipeline / "grpo" / name / "metrics.jsonl"
+    path = rl_runs(pipeline) / name / "metrics.jsonl"
     if not path.is_file():
         return math.nan
     rewards = [m["reward"] for m in map(json.loads, path.read_text().splitlines()) if "reward" in m]

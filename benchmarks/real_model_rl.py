@@ -80,7 +80,7 @@ def evaluate(model: str, adapter: Path | None, held: Path, out: Path, new_tokens
 
 def train(model: str, adapter: Path | None, train_file: Path, out: Path, steps: int) -> dict:
     """``molrl rl`` (GRPO) for ``steps`` steps; a finished run is a no-op. Returns its wall time and reward curve."""
-    args = ["rl", "--config", REPO / "configs/grpo_tiny.yaml", f"output_dir={out}", f"policy.base={model}",
+    args = ["rl", "--config", REPO / "configs/rl_tiny.yaml", f"output_dir={out}", f"policy.base={model}",
             f"data.path={train_file}", f"train.max_steps={steps}", *RL]
     if adapter:
         args.append(f"policy.mol_adapter={adapter}")

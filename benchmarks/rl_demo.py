@@ -31,6 +31,7 @@ import json
 from pathlib import Path
 
 from molrl.demo.seeds import cell, mean_se
+from molrl.layout import rl_runs
 
 GRPO = {"mol+grpo": ("mol", ["algorithm=grpo"])}
 SETS = {
@@ -95,7 +96,7 @@ def curve(pipeline: Path, run: str) -> tuple[dict[int, float], float]:
 
 
 def metrics(pipeline: Path, run: str) -> list[dict]:
-    return [json.loads(line) for line in (pipeline / "grpo" / run / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (rl_runs(pipeline) / run / "metrics.jsonl").read_text().splitlines()]
 
 
 def reward_windows(pipeline: Path, run: str, width: int = 10) -> list[float]:
@@ -111,7 +112,7 @@ def metric_windows(pipeline: Path, run: str, key: str, width: int = 10) -> list[
 
 
 def lengths(pipeline: Path, run: str) -> list[int]:
-    rows = [json.loads(line) for line in (pipeline / "grpo" / run / "completions.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (rl_runs(pipeline) / run / "completions.jsonl").read_text().splitlines()]
     return sorted(len(r["completion"]) for r in rows)
 
 

@@ -49,6 +49,7 @@ from pathlib import Path
 from rl_demo import curve, final_accuracy, metric_windows, metrics, reward_windows, run_seed
 
 from molrl.demo.seeds import cell, mean_se
+from molrl.layout import rl_runs
 
 
 def runs(out: Path, steps: int = 80) -> dict[str, tuple[str, list[str]]]:
@@ -56,7 +57,7 @@ def runs(out: Path, steps: int = 80) -> dict[str, tuple[str, list[str]]]:
 
     The controls (``mol+dr_grpo``, ``mol+ppo_group_mean``) and the PROPS pair run a quarter of ``steps``: the
     controls check advantages and rewards step by step, and a PROPS step costs several on-policy steps."""
-    strong = out / "grpo" / "mol+grpo" / "adapter"  # mol+grpo runs first, so its adapter exists by then
+    strong = rl_runs(out) / "mol+grpo" / "adapter"  # mol+grpo runs first, so its adapter exists by then
     short = f"train.max_steps={max(1, steps // 4)}"
     return {  # the claims' runs first, then the further comparisons
         "mol+grpo": ("mol", ["algorithm=grpo"]),
@@ -87,7 +88,7 @@ def rollout_throughput(pipeline: Path, run: str) -> float:
     if any("partial/generated_tokens" in r for r in rows):
         tokens = sum(r["partial/generated_tokens"] for r in rows)
     else:  # every sampled completion was generated in its own step
-        lines = (pipeline / "grpo" / run / "completions.jsonl").read_text().splitlines()
+        lines = (rl_runs(pipeline) / run / "completions.jsonl").read_text().splitlines()
         tokens = sum(json.loads(line)["tokens"] for line in lines)
     return tokens / seconds
 
@@ -129,7 +130,7 @@ def run_mean(pipeline: Path, run: str, key: str) -> float:
 
 def finished(pipeline: Path, run: str) -> bool:
     """Whether ``run`` finished training (its final evaluation comes when the seed's every run has)."""
-    return (pipeline / "grpo" / run / "DONE").is_file()
+    return (rl_runs(pipeline) / run / "DONE").is_file()
 
 
 def accuracy(pipeline: Path, run: str, benchmark: str) -> float:
@@ -219,7 +220,7 @@ def macro_claim(pipelines: list[Path]) -> list[str]:
         for p in cs:
             adv = {}
             for run in ("mol+ppo_group_mean", "mol+dr_grpo"):
-                lines = [json.loads(x) for x in (p / "grpo" / run / "completions.jsonl").read_text().splitlines()]
+                lines = [json.loads(x) for x in (rl_runs(p) / run / "completions.jsonl").read_text().splitlines()]
                 adv[run] = [x["advantage"] for x in lines if x["step"] == 1]
             first_steps.append(max(abs(a - b) for a, b in zip(adv["mol+ppo_group_mean"], adv["mol+dr_grpo"])))
         out.append(f"- control, group-mean critic vs dr_grpo ({seeds_of(cs)}): largest step-1 advantage difference "

@@ -26,7 +26,7 @@ def test_quick_demo_writes_report_with_scores_and_plots(tmp_path):
     assert (run / "collect" / "traces.jsonl").stat().st_size > 0
     assert "## Reproducibility" in report and "episodes carry feedback" in report
     assert "## The chain world under its base" in report
-    assert all((run / stage / "DONE").is_file() for stage in ("collect", "mol/mol", "grpo/mol+grpo", "eval/base"))
+    assert all((run / stage / "DONE").is_file() for stage in ("collect", "mol/mol", "rl/mol+grpo", "eval/base"))
 
 
 @pytest.mark.slow
@@ -40,6 +40,6 @@ def test_quick_demo_runs_every_rl_algorithm_of_the_shipped_config(tmp_path):
     assert [row.split("|")[1].strip() for row in rows] == [
         "base", "mol", "mol+grpo", "base+grpo", "mol+opd", "mol+exopd", "mol+ppo", "mol+ppo_fixed5", "mol+grpo_partial",
         "mol+grpo_props"]
-    partial = tmp_path / "pipeline" / "grpo" / "mol+grpo_partial"
+    partial = tmp_path / "pipeline" / "rl" / "mol+grpo_partial"
     assert (partial / "rollout_buffer.json").is_file()
-    assert "props/kl" in (tmp_path / "pipeline" / "grpo" / "mol+grpo_props" / "metrics.jsonl").read_text()
+    assert "props/kl" in (tmp_path / "pipeline" / "rl" / "mol+grpo_props" / "metrics.jsonl").read_text()

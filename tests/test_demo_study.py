@@ -105,7 +105,7 @@ def test_quick_chain_study_fills_every_table_and_reuses_finished_runs(tmp_path):
         assert f"(plots/{png})" in report and (tmp_path / "plots" / png).stat().st_size > 10_000
     expert = (tmp_path / "seed-0" / "expert" / "traces.jsonl").read_text()
     assert "I will walk the chain." in expert and "The chain's last value is" in expert
-    kl_term = (tmp_path / "seed-0" / "pipeline" / "grpo" / "mol+grpo_dkl0.3" / "metrics.jsonl").read_text()
+    kl_term = (tmp_path / "seed-0" / "pipeline" / "rl" / "mol+grpo_dkl0.3" / "metrics.jsonl").read_text()
     assert '"loss/decision_kl"' in kl_term
 
     done = {p: p.stat().st_mtime_ns for p in tmp_path.glob("seed-*/pipeline/**/DONE")}

@@ -62,7 +62,7 @@ def test_an_extended_rl_run_keeps_the_schedule_of_its_new_length(tmp_path, monke
     from molrl.rl.config import RlConfig
 
     def run(out: Path, steps: int) -> None:
-        rl_run.run_rl(load_config(RlConfig, str(REPO / "configs" / "grpo_tiny.yaml"), [
+        rl_run.run_rl(load_config(RlConfig, str(REPO / "configs" / "rl_tiny.yaml"), [
             f"output_dir={out}", f"train.max_steps={steps}", "max_completion_length=4", "train.lr_scheduler=cosine",
             "train.save_steps=2"]))
 

@@ -211,7 +211,7 @@ def test_finding_12_mol(tmp_path, capsys, caplog):
 
 def test_finding_12_rl_task_file(shared_data, tmp_path, capsys, caplog):
     path = write_lines(tmp_path / "mbpp.jsonl", _task_lines(shared_data, "mbpp")[1], 2)
-    code = main(["rl", "--config", str(REPO / "configs/grpo_tiny.yaml"), f"output_dir={tmp_path / 'run'}",
+    code = main(["rl", "--config", str(REPO / "configs/rl_tiny.yaml"), f"output_dir={tmp_path / 'run'}",
                  f"data.path={path}", "data.format=mbpp", "train.max_steps=1", "train.report_to=[none]"])
     one_line_error(capsys, caplog, path, 2)
     assert code == 1

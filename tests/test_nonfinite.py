@@ -14,7 +14,7 @@ from molrl.nonfinite import NonFiniteError, NonFiniteGuard, check_finite_weights
 
 REPO = Path(__file__).resolve().parents[1]
 MOL_TINY = ["--config", str(REPO / "configs" / "mol_tiny.yaml"), "train.max_steps=2", "train.report_to=[none]"]
-GRPO_TINY = ["--config", str(REPO / "configs" / "grpo_tiny.yaml"), "train.max_steps=1", "max_completion_length=4",
+GRPO_TINY = ["--config", str(REPO / "configs" / "rl_tiny.yaml"), "train.max_steps=1", "max_completion_length=4",
              "train.report_to=[none]"]
 
 

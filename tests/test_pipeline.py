@@ -10,7 +10,8 @@ import pytest
 from conftest import REPO
 from molrl.config import ConfigError
 from molrl.errors import MolrlError
-from molrl.pipeline import MolRun, PipelineConfig, RlRun, load_pipeline_config, model_weights, run_stage, stage_config
+from molrl.pipeline import (MolRun, PipelineConfig, RlRun, load_pipeline_config, model_weights, rl_config, run_stage,
+                            stage_config)
 from molrl.report import score_table, standard_error, write_report
 
 
@@ -206,3 +207,16 @@ def test_report_has_table_findings_and_pngs(tmp_path):
     for png in ("mol_losses.png", "grpo_reward.png", "eval_accuracy.png"):
         assert f"plots/{png}" in report
         assert (tmp_path / "plots" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_rl_runs_live_under_rl_and_an_older_run_dir_resumes_under_grpo(tmp_path):
+    from molrl.layout import rl_runs
+
+    assert rl_runs(tmp_path) == tmp_path / "rl"  # a new run directory
+    (tmp_path / "grpo" / "mol+grpo").mkdir(parents=True)  # one made before the rename
+    assert rl_runs(tmp_path) == tmp_path / "grpo"
+    cfg = PipelineConfig(model="m", mol_runs=[MolRun("mol")], rl_runs=[RlRun("mol+grpo", start="mol")],
+                         output_dir=str(tmp_path))
+    assert str(rl_config(cfg, cfg.rl_runs[0], tmp_path).output_dir) == str(tmp_path / "grpo" / "mol+grpo")
+    (tmp_path / "rl").mkdir()
+    assert rl_runs(tmp_path) == tmp_path / "rl"

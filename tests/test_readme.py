@@ -71,7 +71,7 @@ def test_readme_real_run_block_runs_as_written(shared_data, tmp_path, monkeypatc
         assert main([*argv, *SHRINK.get(argv[0], [])]) == 0, argv
 
     assert (tmp_path / "mask.html").is_file() and (tmp_path / "traces.jsonl").stat().st_size > 0
-    assert (tmp_path / "runs/grpo_qwen3_8b/adapter/adapter_config.json").is_file()
+    assert (tmp_path / "runs/rl_qwen3_8b/adapter/adapter_config.json").is_file()
     assert (tmp_path / "runs/eval/results.json").is_file()
 
 

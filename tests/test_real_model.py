@@ -98,7 +98,7 @@ def test_real_model_through_every_stage(tmp_path, shared_data):
 
     # RL: two GRPO steps from the MoL adapter, rewards from running the code in the sandbox
     rl_dir = tmp_path / "rl"
-    molrl("rl", "--config", REPO / "configs/grpo_tiny.yaml", *rl_overrides(model_dir, mol_dir, tasks, rl_dir),
+    molrl("rl", "--config", REPO / "configs/rl_tiny.yaml", *rl_overrides(model_dir, mol_dir, tasks, rl_dir),
           cwd=tmp_path)
     assert load_adapter(model_dir, rl_dir / "adapter") is not None
     metrics = [json.loads(x) for x in (rl_dir / "metrics.jsonl").read_text().splitlines()]

@@ -18,7 +18,7 @@ from molrl.cli import main
 from molrl.config import ConfigError, load_config, save_config
 
 REPO = Path(__file__).resolve().parents[1]
-GRPO_TINY = ["--config", str(REPO / "configs" / "grpo_tiny.yaml"), "train.max_steps=2", "max_completion_length=4"]
+GRPO_TINY = ["--config", str(REPO / "configs" / "rl_tiny.yaml"), "train.max_steps=2", "max_completion_length=4"]
 MOL_TINY = ["--config", str(REPO / "configs" / "mol_tiny.yaml"), "train.max_steps=2", "train.report_to=[none]",
             f"data.traces=[{REPO / 'configs' / 'data' / 'mol_tiny_traces.jsonl'}]"]
 
@@ -214,7 +214,7 @@ print("RESULT", rc, ",".join(heavy) or "none")
 
 @pytest.mark.parametrize("stage,module,cls,config,typo", [
     ("mol", "molrl.mol.config", "MolConfig", "configs/mol_tiny.yaml", "nosuch.key=1"),
-    ("rl", "molrl.rl.config", "RlConfig", "configs/grpo_tiny.yaml", "nosuch.key=1"),
+    ("rl", "molrl.rl.config", "RlConfig", "configs/rl_tiny.yaml", "nosuch.key=1"),
     ("collect", "molrl.collect.config", "CollectConfig", "configs/collect.yaml", "episode.nosuch=1"),
     ("eval", "molrl.eval.config", "EvalConfig", "configs/eval.yaml", "sampling.nosuch=1"),
     ("pipeline", "molrl.pipeline", "PipelineConfig", "configs/pipeline_tiny.yaml", "mol.train.nosuch=1"),

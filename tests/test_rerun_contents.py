@@ -156,7 +156,7 @@ def test_finding8_a_lora_value_that_disagrees_with_the_continued_adapter_is_refu
     adapter.mkdir(parents=True)
     (adapter / "adapter_config.json").write_text(json.dumps(
         {"r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "target_modules": ["v_proj", "q_proj"]}))
-    base = ["rl", "--config", str(REPO / "configs" / "grpo_tiny.yaml"), f"policy.mol_adapter={tmp_path / 'mol'}",
+    base = ["rl", "--config", str(REPO / "configs" / "rl_tiny.yaml"), f"policy.mol_adapter={tmp_path / 'mol'}",
             f"output_dir={tmp_path / 'rl'}"]
     assert main([*base, "lora.rank=8"]) == 1  # before: trained rank 16, recorded 8
     (error,) = _errors(caplog)

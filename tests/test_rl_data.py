@@ -61,7 +61,7 @@ def test_math_tasks_train_without_a_sandbox(tmp_path):
     assert all(r["rewards"]["correctness"] in (0.0, 1.0) for r in rows)
 
 
-@pytest.mark.parametrize("name", ["grpo_tiny", "grpo_qwen3_4b", "grpo_qwen3_8b"])
+@pytest.mark.parametrize("name", ["rl_tiny", "rl_qwen3_4b", "rl_qwen3_8b"])
 def test_shipped_configs_load(name):
     from pathlib import Path
 

@@ -43,10 +43,10 @@ def make_trainer(root, base, sampling_error: bool = True, buffer_batches: int = 
 
 def old_figures(trainer, inputs: LossInputs) -> dict[str, float]:
     """The metric as it was computed before: a no-grad forward pass of the current policy over the update's rows."""
-    logps = trainer.completion_logps(trainer.model, inputs.prompt_ids, inputs.prompt_mask, inputs.completion_ids,
+    logps = trainer.logprobs.completion(trainer.model, inputs.prompt_ids, inputs.prompt_mask, inputs.completion_ids,
                                      inputs.attention())
-    entropies = trainer.completion_entropies(trainer.model, inputs.prompt_ids, inputs.prompt_mask,
-                                             inputs.completion_ids, inputs.completion_mask)
+    entropies = trainer.logprobs.completion(trainer.model, inputs.prompt_ids, inputs.prompt_mask,
+                                             inputs.completion_ids, inputs.completion_mask, entropies=True)
     ids, mask, group = inputs.completion_ids.cpu(), inputs.completion_mask.cpu(), trainer.group_size()
     error, states = shared_state_sampling_error(ids, logps.cpu(), mask, group)
     split = sampling_error_by_entropy(ids, logps.cpu(), entropies.cpu(), mask, group, SPLIT)

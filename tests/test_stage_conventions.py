@@ -57,20 +57,20 @@ def test_old_rl_training_keys_still_load_with_a_note(tmp_path, caplog):
     assert override_note.startswith("command-line overrides: old key names, read as the new ones: "
                                     "save_steps -> train.save_steps")
     # an old key given on the command line overrides the file's new one
-    assert load_config(RlConfig, CONFIGS / "grpo_tiny.yaml", ["max_steps=2"]).train.max_steps == 2
+    assert load_config(RlConfig, CONFIGS / "rl_tiny.yaml", ["max_steps=2"]).train.max_steps == 2
 
 
 def test_a_run_saved_under_the_old_key_names_is_the_same_run(tmp_path):
     from molrl.rerun import check_rerun
 
-    cfg = load_config(RlConfig, CONFIGS / "grpo_tiny.yaml")
+    cfg = load_config(RlConfig, CONFIGS / "rl_tiny.yaml")
     saved = to_dict(cfg)  # as a run of the earlier layout saved it: training keys on top, the tasks under train
     training = saved.pop("train")
     saved["train"] = saved.pop("data")
     training["log_every"] = training.pop("logging_steps")
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({**saved, **training}))
     assert check_rerun("rl", cfg, tmp_path / "config.yaml", started=True) == []
-    raised = load_config(RlConfig, CONFIGS / "grpo_tiny.yaml", ["train.max_steps=20"])
+    raised = load_config(RlConfig, CONFIGS / "rl_tiny.yaml", ["train.max_steps=20"])
     assert [c.key for c in check_rerun("rl", raised, tmp_path / "config.yaml", started=True)] == ["train.max_steps"]
 
 
@@ -102,7 +102,7 @@ def test_old_pipeline_section_names_still_load_with_a_note(tmp_path, caplog):
 def test_a_pipeline_stage_finished_under_the_old_names_stays_finished(tmp_path):
     from molrl.pipeline import run_stage
 
-    cfg = load_config(RlConfig, CONFIGS / "grpo_tiny.yaml")
+    cfg = load_config(RlConfig, CONFIGS / "rl_tiny.yaml")
     old = to_dict(cfg)
     old.update(old.pop("train"))
     old["train"] = old.pop("data")

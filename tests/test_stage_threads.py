@@ -61,7 +61,7 @@ def _stage_args(stage: str, tmp_path: Path) -> list[str]:
     return {
         "mol": ["mol", "--config", str(REPO / "configs" / "mol_tiny.yaml"), f"data.traces=[{TRACES}]",
                 f"output_dir={tmp_path / 'mol'}"],
-        "rl": ["rl", "--config", str(REPO / "configs" / "grpo_tiny.yaml"), f"output_dir={tmp_path / 'rl'}"],
+        "rl": ["rl", "--config", str(REPO / "configs" / "rl_tiny.yaml"), f"output_dir={tmp_path / 'rl'}"],
         "eval": ["eval", "--model", "tiny:chatml", "--benchmarks", "qa", "--data", f"qa={tasks}",
                  "--out", str(tmp_path / "eval"), "custom.qa.kind=math"],
         "collect": ["collect", "--model", "tiny:chatml", "--tasks", tasks, "--format", "jsonl",

@@ -12,7 +12,7 @@ Run directory::
     config.yaml                 the resolved pipeline config
     collect/traces.jsonl        collected traces (+ their config)
     mol/<run>/                  each MoL run's output (adapter/, metrics.jsonl, config.yaml)
-    grpo/<run>/                 each RL run's output (the folder keeps its first name: runs made before resume)
+    rl/<run>/                   each RL run's output (grpo/<run>/ in a run dir made before: it resumes there)
     eval/<model>/               each evaluated model's results.json
     report.md, plots/*.png
 
@@ -38,14 +38,13 @@ from molrl.config import ConfigError, load_config, save_config, to_dict
 from molrl.config_ranges import RunDir, Threads
 from molrl.cpu import stage_threads
 from molrl.errors import MolrlError
+from molrl.layout import rl_runs
 from molrl.rerun import changed_inputs, changed_keys, input_fingerprints
 from molrl.writes import folder_lock, write_text
 
 log = logging.getLogger(__name__)
 
 STAGES = ("collect", "mol", "rl", "eval")
-RL_DIR = "grpo"
-"""The folder of the RL runs in a pipeline's output, under the stage's first name (runs made before resume)."""
 DONE = "DONE"
 BASE = "base"
 
@@ -65,7 +64,7 @@ class RlRun:
     """One named RL run: the shared ``rl`` section plus overrides, started from a MoL run or the base."""
 
     name: str = "rl"
-    """Run name (its directory under grpo/ and its label in the report)."""
+    """Run name (its directory under rl/ and its label in the report)."""
     start: str = "mol"
     """Name of the MoL run whose adapter the policy starts from, or ``base`` for the plain base model."""
     overrides: list[str] = field(default_factory=list)
@@ -161,7 +160,7 @@ def _run_stages(cfg: PipelineConfig, out: Path, collect_tasks: Sequence[Any] | N
             _timed_stage(timings, f"mol/{run.name}", lambda run=run: mol_stage(cfg, run, traces, out))
     if "rl" in cfg.stages:
         for run in cfg.rl_runs:
-            _timed_stage(timings, f"{RL_DIR}/{run.name}", lambda run=run: rl_stage(cfg, run, out))
+            _timed_stage(timings, f"{rl_runs(out).name}/{run.name}", lambda run=run: rl_stage(cfg, run, out))
     if "eval" in cfg.stages:
         for name in cfg.eval_models or model_names(cfg):
             _timed_stage(timings, f"eval/{name}", lambda name=name: eval_stage(cfg, name, out))
@@ -196,7 +195,7 @@ def model_names(cfg: PipelineConfig) -> list[str]:
     names = [BASE]
     if "mol" in cfg.stages or any((Path(cfg.output_dir) / "mol" / r.name).is_dir() for r in cfg.mol_runs):
         names += [r.name for r in cfg.mol_runs]
-    if "rl" in cfg.stages or any((Path(cfg.output_dir) / RL_DIR / r.name).is_dir() for r in cfg.rl_runs):
+    if "rl" in cfg.stages or any((rl_runs(cfg.output_dir) / r.name).is_dir() for r in cfg.rl_runs):
         names += [r.name for r in cfg.rl_runs]
     return names
 
@@ -225,7 +224,7 @@ def rl_config(cfg: PipelineConfig, run: RlRun, out: Path) -> Any:
     from molrl.rl.config import RlConfig
 
     start = None if run.start == BASE else str(out / "mol" / run.start / "adapter")
-    fixed = {"output_dir": str(out / RL_DIR / run.name), "policy": {"base": cfg.model, "mol_adapter": start}}
+    fixed = {"output_dir": str(rl_runs(out) / run.name), "policy": {"base": cfg.model, "mol_adapter": start}}
     return stage_config(RlConfig, cfg.rl, fixed, run.overrides, f"rl_runs.{run.name}")
 
 
@@ -275,7 +274,7 @@ def mol_stage(cfg: PipelineConfig, run: MolRun, traces: Sequence[str], out: Path
 
 
 def rl_stage(cfg: PipelineConfig, run: RlRun, out: Path) -> Path:
-    """One RL run from a MoL run's adapter or the base (``grpo/<name>/``)."""
+    """One RL run from a MoL run's adapter or the base (``rl/<name>/``)."""
     from molrl.rl.run import run_rl
 
     if run.start != BASE and not (out / "mol" / run.start / DONE).is_file():
@@ -299,7 +298,7 @@ def model_weights(cfg: PipelineConfig, name: str, out: Path) -> tuple[str, str |
     """(model, adapter) of a named model: the base, a MoL run's adapter, or an RL run's."""
     if name == BASE:
         return cfg.model, None
-    for group, runs in (("mol", cfg.mol_runs), (RL_DIR, cfg.rl_runs)):
+    for group, runs in (("mol", cfg.mol_runs), (rl_runs(out).name, cfg.rl_runs)):
         if name in {r.name for r in runs}:
             run_dir = out / group / name
             if not (run_dir / DONE).is_file():

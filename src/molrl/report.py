@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from molrl.jsonl import read_records
+from molrl.layout import rl_runs
 from molrl.writes import write_bytes, write_text
 
 BASE = "base"
@@ -174,7 +175,7 @@ def _in_standard_errors(p: float, q: float, n: int) -> str:
 def reward_findings(run_dir: Path, window: int = 10) -> list[str]:
     """Each GRPO run's mean training reward over its first and its last ``window`` logged steps."""
     out = []
-    for path in sorted((run_dir / "grpo").glob("*/metrics.jsonl")):
+    for path in sorted(rl_runs(run_dir).glob("*/metrics.jsonl")):
         _, rewards = _series(read_metrics(path), "reward")
         if len(rewards) >= 2 * window:
             first, last = sum(rewards[:window]) / window, sum(rewards[-window:]) / window
@@ -217,7 +218,7 @@ def plot_mol(run_dir: Path, path: Path) -> Path | None:
 
 def plot_grpo(run_dir: Path, path: Path) -> Path | None:
     """Mean reward per step (and its running mean over 5 steps), one colour per GRPO run."""
-    runs = {p.parent.name: read_metrics(p) for p in sorted((run_dir / "grpo").glob("*/metrics.jsonl"))}
+    runs = {p.parent.name: read_metrics(p) for p in sorted(rl_runs(run_dir).glob("*/metrics.jsonl"))}
     runs = {k: v for k, v in runs.items() if _series(v, "reward")[0]}
     if not runs:
         return None
@@ -299,7 +300,7 @@ def stage_times(run_dir: Path, config: dict[str, Any]) -> list[tuple[str, float]
     rank = {name: i for i, name in enumerate(run_order(config))}
     evaluated = sorted((p.parent.name for p in (run_dir / "eval").glob("*/DONE")), key=lambda n: (rank.get(n, len(rank)), n))
     stages = ["collect", *(f"mol/{r['name']}" for r in config.get("mol_runs", [])),
-              *(f"grpo/{r['name']}" for r in config.get("rl_runs", [])), *(f"eval/{name}" for name in evaluated)]
+              *(f"{rl_runs(run_dir).name}/{r['name']}" for r in config.get("rl_runs", [])), *(f"eval/{name}" for name in evaluated)]
     for stage in stages:
         marker = run_dir / stage / "DONE"
         if marker.is_file():

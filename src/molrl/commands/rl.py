@@ -1,10 +1,10 @@
 """``molrl rl``: RL post-training of a (MoL) policy with sandbox-execution rewards.
 
 Algorithms: grpo, dr_grpo, dr_grpo_std, opd (on-policy distillation), ppo (over macro actions);
-rollout options: partial rollouts, PROPS (docs/grpo.md).
+rollout options: partial rollouts, PROPS (docs/rl.md).
 
-    molrl rl --config configs/grpo_tiny.yaml [key.sub=value ...]
-    molrl rl --config configs/grpo_qwen3_8b.yaml policy.mol_adapter=runs/mol data.path=mbpp.jsonl
+    molrl rl --config configs/rl_tiny.yaml [key.sub=value ...]
+    molrl rl --config configs/rl_qwen3_8b.yaml policy.mol_adapter=runs/mol data.path=mbpp.jsonl
     molrl rl --describe        # every config key with its default and meaning
 
 Re-running the same command resumes from the newest checkpoint; on a finished run it says so and trains
@@ -13,7 +13,7 @@ run with another output_dir). The training keys sit under ``train.`` as in ``mol
 command's first name, still runs it.
 
 Several processes: ``accelerate launch [--config_file ...] -m molrl.cli rl --config FILE ...``
-(on CPU: ``ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 ...``); see docs/grpo.md.
+(on CPU: ``ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes 2 ...``); see docs/rl.md.
 """
 
 from __future__ import annotations

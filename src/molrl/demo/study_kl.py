@@ -55,7 +55,7 @@ def dose_section(score: Score, run_dirs: Sequence[Path], plots: Path, arms: Stud
 def rl_kl_section(score: Score, run_dirs: Sequence[Path], plots: Path, arms: StudyArms) -> list[str]:
     """Claim 6: GRPO from MoL with and without ``terms.decision_kl``, and the weight that closes the general drop."""
     start, runs = arms.algorithm_start, arms.rl_kl
-    kl = {w: [last_quarter_mean(logged(d, "grpo", run, RL_KL)) for d in run_dirs] for w, run in runs.items() if w > 0}
+    kl = {w: [last_quarter_mean(logged(d, "rl", run, RL_KL)) for d in run_dirs] for w, run in runs.items() if w > 0}
     lines = ["## 6. GRPO from MoL with MoL's decision KL (single-turn)", "",
              f"GRPO from `{start}` (the demo's `{runs[0.0]}`) with `terms.decision_kl` at "
              + ", ".join(f"{w:g}" for w in runs) + ": the full-vocabulary KL(policy || base) on every sampled token, "

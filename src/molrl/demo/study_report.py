@@ -1,7 +1,7 @@
 """``study.md``: one table per claim over seeds, a verdict line per claim, the time, and the mechanism plots.
 
 Read back from each seed's pipeline directory (``eval/*/results.json``, ``mol/*/metrics.jsonl``,
-``grpo/*/metrics.jsonl``, the ``DONE`` markers), so the report can be rebuilt at any time. A cell is the mean
+``rl/*/metrics.jsonl``, the ``DONE`` markers), so the report can be rebuilt at any time. A cell is the mean
 over seeds ± its standard error, with the per-seed values after it. Verdicts follow ``molrl.demo.verdict``.
 The KL claims (5 and 6) are in ``molrl.demo.study_kl``.
 """
@@ -73,13 +73,14 @@ def study_models(arms: StudyArms) -> list[str]:
 
 def time_section(run_dirs: Sequence[Path], wall_s: float | None) -> list[str]:
     """The study's time: each seed's stages as they took (their ``DONE`` markers and the base's timing), summed."""
-    groups = ("base model", "collect", "mol", "grpo", "eval")
+    groups = ("base model", "collect", "mol", "rl", "eval")
     per_seed = []
     for run_dir in run_dirs:
         config = current_names(PipelineConfig, yaml.safe_load((Path(run_dir) / "config.yaml").read_text()))
         sums = dict.fromkeys(groups, 0.0)
         for stage, seconds in stage_times(Path(run_dir), config):
-            sums[next(g for g in groups if stage.startswith(g))] += seconds
+            group = "rl" if stage.startswith(("rl/", "grpo/")) else next(g for g in groups if stage.startswith(g))
+            sums[group] += seconds  # (grpo/: RL runs of a run directory made before the rename)
         per_seed.append(sums)
     total = sum(sum(s.values()) for s in per_seed)
     lines = ["## Time", "",

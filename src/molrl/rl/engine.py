@@ -115,7 +115,7 @@ class PolicyEngine:
 
         top_k = getattr(trainer, "top_k", None)
         return SamplingParams(
-            n=1, temperature=trainer.temperature, top_p=trainer.top_p,
+            n=1, temperature=trainer.logprobs.temperature, top_p=trainer.top_p,
             top_k=top_k if top_k and top_k > 0 else -1,
             min_p=getattr(trainer, "min_p", None) or 0.0,
             repetition_penalty=getattr(trainer, "repetition_penalty", None) or 1.0,

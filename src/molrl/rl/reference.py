@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 from trl.models import prepare_deepspeed, prepare_fsdp
-from trl.trainer.utils import add_fused_lm_head
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +49,7 @@ def install_reference(trainer: Any, reference: str, adapter_mode: str | None, ba
     ref_model = base_loader()
     ref_model.requires_grad_(False)
     ref_model.eval()
-    add_fused_lm_head(ref_model, temperature=trainer.temperature, cast_lm_head_to_fp32=trainer.args.cast_lm_head_to_fp32)
+    trainer.logprobs.fuse_head(ref_model)
     if trainer.is_deepspeed_enabled:  # placed exactly as TRL places its own reference model
         trainer.ref_model = prepare_deepspeed(ref_model, trainer.accelerator)
     elif trainer.is_fsdp_enabled:

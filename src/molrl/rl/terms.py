@@ -3,7 +3,7 @@
 - ``FeedbackCE`` (``terms.feedback_ce``): cross-entropy on the feedback tokens of multi-turn completions, so
   the policy learns what the environment answers while RL trains its decisions (ECHO, arXiv 2605.24517). It is
   the model's own CE, at temperature 1: ``log_softmax(logits)`` of the policy's logits. TRL's log-probs, which
-  the policy-gradient term reads, are ``log_softmax(logits / temperature)``: the sampling policy's, right for a
+  the policy-gradient term reads, are ``log_softmax(logits / T)`` at the sampling temperature T: the sampling policy's, right for a
   ratio to it, not the model's CE that MoL and ECHO train.
 - ``DecisionKL`` (``terms.decision_kl``): the full-vocabulary KL(policy || base) on decision tokens, MoL's
   term (``molrl.mol.losses``), the base being the policy with its adapter disabled, both at temperature 1.

@@ -35,12 +35,12 @@ import torch
 from accelerate.utils import gather_object
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
-from trl.models.utils import disable_gradient_checkpointing
 
 from molrl.errors import MolrlError
 from molrl.rl.algorithms import ALGORITHMS
 from molrl.rl.batch import AdvantageInputs, LossInputs, LossOutputs, RolloutBatch, StepCounts, join
 from molrl.rl.config import RlConfig
+from molrl.rl.logprobs import LogProbs
 from molrl.rl.loss import LossSettings, policy_loss, policy_normaliser
 from molrl.rl.rollouts import ROLLOUTS, Synchronous
 from molrl.rl.score import Scorer, log_scores
@@ -81,6 +81,7 @@ class RlTrainer(GRPOTrainer):
                  **kwargs: Any):
         super().__init__(*args, reward_funcs=[scorer], **kwargs)
         self.scorer, self.completions_path, self.seen_stages = scorer, completions_path, set()
+        self.logprobs = LogProbs(self)  # every sampling log-prob, at the one temperature
         self.engine: Any = None  # molrl.rl.engine.PolicyEngine once attached (engine=vllm, colocated)
         self.prompt_ids = prompt_ids_by_text(self.train_dataset)
         # the rollout policy first: PROPS adds its adapter before an algorithm loads frozen ones
@@ -124,8 +125,8 @@ class RlTrainer(GRPOTrainer):
         counts, settings = self.step_counts(batch), self.loss_settings
         ids, attention = join(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.attention())
         self.algorithm.before_loss_forward()  # PPO's shared critic reads its values off this forward
-        logps, entropies, _ = self._get_per_token_logps_and_entropies(  # [B, T] at the sampling temperature
-            model, ids, attention, batch.completion_ids.size(1), compute_entropy=True)
+        logps, entropies = self.logprobs.of(  # [B, T] at the sampling temperature
+            model, ids, attention, batch.completion_ids.size(1), entropies=True)
         self.rollouts[self._mode()].record_loss_logps(batch, logps.detach(), entropies.detach())  # sampling error
         out = policy_loss(logps, batch.advantages, batch.completion_mask, settings, batch.behaviour_logps,
                           batch.reference_logps, batch.weights,
@@ -193,30 +194,12 @@ class RlTrainer(GRPOTrainer):
         """G of this mode: completions per prompt."""
         return self.num_generations if self._mode() == "train" else self.num_generations_eval
 
-    def completion_logps(self, model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                         completion_ids: torch.Tensor, completion_mask: torch.Tensor,
-                         entropies: bool = False) -> torch.Tensor:
-        """[B, T] log-probs of the completion tokens after the prompts (or, with ``entropies``, the policy's entropy
-        at each of their states), without grad (TRL's computation); ``completion_mask`` is what attention sees of
-        the completions."""
-        ids, attention = join(prompt_ids, prompt_mask, completion_ids, completion_mask)
-        size = self.args.per_device_train_batch_size if self._mode() == "train" else self.args.per_device_eval_batch_size
-        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-            out = self._get_per_token_logps_and_entropies(model, ids, attention, completion_ids.size(1),
-                                                          batch_size=size, compute_entropy=entropies)
-        return out[1] if entropies else out[0]
-
-    def completion_entropies(self, model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                             completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
-        """[B, T] the policy's entropy at the state before each completion token, without grad."""
-        return self.completion_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask, entropies=True)
-
     def policy_logps(self, batch: RolloutBatch) -> torch.Tensor:
         """[B, T] log-probs of the batch under the policy that sampled it (recorded, or the current one)."""
         if batch.behaviour_logps is not None:
             return batch.behaviour_logps
-        return self.completion_logps(self.model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
-                                     batch.attention())
+        return self.logprobs.completion(self.model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+                                        batch.attention())
 
     def frozen_adapters(self) -> tuple[str, ...]:
         """Adapters beside the trained one: TRL's ``ref``, the algorithm's and the rollout policy's."""

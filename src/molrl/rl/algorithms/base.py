@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Iterator
 
 import torch
-from trl.trainer.utils import add_fused_lm_head, use_adapter
+from trl.trainer.utils import use_adapter
 
 from molrl.errors import MolrlError
 from molrl.models import load_model
@@ -105,7 +105,7 @@ class Algorithm:
         reference = batch.reference_logps
         if rule == "ppl" and reference is None:
             with self.frozen_model("reference") as model:
-                reference = trainer.completion_logps(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+                reference = trainer.logprobs.completion(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
                                                      batch.attention())
         rows = []
         for row in range(batch.completion_ids.size(0)):
@@ -129,7 +129,7 @@ class Algorithm:
             return name
         frozen = load_model(str(path), dtype=self.cfg.policy.dtype).requires_grad_(False).train(False)  # inference
         # TRL's log-prob path reads the fused head's log_probs, as on its own reference model
-        add_fused_lm_head(frozen, temperature=trainer.temperature, cast_lm_head_to_fp32=trainer.args.cast_lm_head_to_fp32)
+        trainer.logprobs.fuse_head(frozen)
         return trainer.accelerator.prepare_model(frozen.to(trainer.accelerator.device), evaluation_mode=True)
 
     def freeze_initial(self, name: str) -> str:

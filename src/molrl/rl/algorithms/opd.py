@@ -111,14 +111,14 @@ class Opd(Algorithm):
         mask = batch.completion_mask.float()
         policy = trainer.policy_logps(batch)
         with self.frozen_model("reference") as model:
-            reference = trainer.completion_logps(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
+            reference = trainer.logprobs.completion(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
                                                  batch.completion_mask)
         if opd.teacher == "model":
             prompt_ids, prompt_mask = batch.prompt_ids, batch.prompt_mask
         else:
             prompt_ids, prompt_mask = self.teacher_prompts(inputs)
         with self.frozen_model("teacher") as model:
-            teacher = trainer.completion_logps(model, prompt_ids, prompt_mask, batch.completion_ids,
+            teacher = trainer.logprobs.completion(model, prompt_ids, prompt_mask, batch.completion_ids,
                                                batch.completion_mask)
         advantages = opd_advantages(teacher, reference, policy, mask, opd.lam)
         metrics, tokens = trainer.metrics(), mask.sum().clamp(min=1.0)

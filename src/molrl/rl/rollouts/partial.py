@@ -180,7 +180,7 @@ class Partial(Synchronous):
             return []
         trainer = self.trainer
         device, pad_id = trainer.accelerator.device, trainer.processing_class.pad_token_id
-        logps = trainer.completion_logps(trainer.model, *pad_rows(prompts, pad_id, "left", device),
+        logps = trainer.logprobs.completion(trainer.model, *pad_rows(prompts, pad_id, "left", device),
                                          *pad_rows(completions, pad_id, "right", device))
         return [logps[i, : len(c)].float().tolist() for i, c in enumerate(completions)]
 

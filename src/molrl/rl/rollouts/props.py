@@ -107,14 +107,14 @@ class Props(Synchronous):
         """One Adam step of phi on a minibatch of rows; returns the minibatch's KL(pi_theta || pi_phi)."""
         trainer, cfg = self.trainer, self.cfg.props
         ids, attention = join(prompt_ids, prompt_mask, completion_ids, mask)
-        length, temperature = completion_ids.size(1), trainer.temperature
+        length, tempered = completion_ids.size(1), trainer.logprobs.tempered
         with torch.no_grad():
-            theta = model(input_ids=ids, attention_mask=attention).logits[:, -length - 1:-1] / temperature
+            theta = tempered(model(input_ids=ids, attention_mask=attention).logits[:, -length - 1:-1])
             if cfg.min_entropy > 0:  # near-deterministic states stay out of the objective (a deviation, see config)
                 logp = torch.log_softmax(theta.float(), -1)
                 mask = mask * (-(logp.exp() * logp).sum(-1) >= cfg.min_entropy)
         with use_adapter(model, ADAPTER):
-            phi = model(input_ids=ids, attention_mask=attention).logits[:, -length - 1:-1] / temperature
+            phi = tempered(model(input_ids=ids, attention_mask=attention).logits[:, -length - 1:-1])
             gather = completion_ids.unsqueeze(-1)
             # in float32: bf16 log-softmax would round the ratios the clip acts on
             loss, kl = behaviour_objective(torch.log_softmax(phi.float(), -1).gather(-1, gather).squeeze(-1),

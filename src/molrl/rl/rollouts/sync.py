@@ -149,7 +149,7 @@ class Synchronous:
             completion_mask = completion_mask * finished.unsqueeze(1).int()
 
         def logps_of(model: Any) -> torch.Tensor:
-            return trainer.completion_logps(model, prompt_ids, prompt_mask, completion_ids,
+            return trainer.logprobs.completion(model, prompt_ids, prompt_mask, completion_ids,
                                             completion_mask if attention is None else attention)
 
         on_engine = sampler_lists is not None and (trainer.use_vllm or trainer.engine is not None)
@@ -202,7 +202,7 @@ class Synchronous:
         merged = {k: v.to(device) for k, v in merge_batches(batches, trainer.processing_class.pad_token_id).items()}
         out = LossInputs.from_dict(merged).counted(trainer.accelerator.gather)  # the merged rows' counts
         if out.behaviour_logps is not None:
-            out.behaviour_logps = trainer.completion_logps(trainer.model, out.prompt_ids, out.prompt_mask,
+            out.behaviour_logps = trainer.logprobs.completion(trainer.model, out.prompt_ids, out.prompt_mask,
                                                            out.completion_ids, out.attention())
         trainer.metrics()["buffer/rows"].append(float(out.completion_ids.size(0)))
         return out
@@ -230,12 +230,12 @@ class Synchronous:
         trainer = self.trainer
         logps = inputs.behaviour_logps
         if logps is None:
-            logps = trainer.completion_logps(trainer.model, inputs.prompt_ids, inputs.prompt_mask, inputs.completion_ids,
+            logps = trainer.logprobs.completion(trainer.model, inputs.prompt_ids, inputs.prompt_mask, inputs.completion_ids,
                                              inputs.attention())
         entropies = None
         if self.cfg.rollout.sampling_error_split is not None:
-            entropies = trainer.completion_entropies(trainer.model, inputs.prompt_ids, inputs.prompt_mask,
-                                                     inputs.completion_ids, inputs.completion_mask)
+            entropies = trainer.logprobs.completion(trainer.model, inputs.prompt_ids, inputs.prompt_mask,
+                                                     inputs.completion_ids, inputs.completion_mask, entropies=True)
         self.log_error(inputs.completion_ids, inputs.completion_mask, trainer.group_size(), logps, entropies)
 
     def log_error(self, completion_ids: torch.Tensor, completion_mask: torch.Tensor, group: int, logps: torch.Tensor,
