@@ -82,3 +82,12 @@ def kill_when(script: str, marker: Path, limit_s: float = 600.0) -> None:
     assert marker.exists(), proc.stderr.read().decode()[-2000:] if proc.poll() is not None else "no checkpoint in time"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+def loss_inputs(advantages, mask, behaviour=None, reference=None, weights=None):
+    """The ``LossInputs`` the policy loss reads, for tensors of [B, T] (ids: zeros, unread by the loss)."""
+    from molrl.rl.batch import LossInputs
+
+    ids = torch.zeros(mask.shape, dtype=torch.long)
+    return LossInputs(ids[:, :1], torch.ones_like(ids[:, :1]), ids, mask, advantages, behaviour_logps=behaviour,
+                      reference_logps=reference, weights=weights)

@@ -13,10 +13,11 @@ import math
 import pytest
 import torch
 
+from grpo_helpers import loss_inputs
 from molrl.rl.config import PolicyConfig, RlConfig, TrainSettings
 from molrl.rl.run import trl_args
 from molrl.rl.algorithms import ALGORITHMS
-from molrl.rl.loss import LossSettings, policy_loss, sampler_weights
+from molrl.rl.loss import PolicyLossSettings, policy_loss, sampler_weights
 from molrl.rl.score import Scorer, Scores, zero_std_fraction
 from molrl.rl.trainer import TRL_SURFACE, RlTrainer
 from molrl.tasks import Task
@@ -131,7 +132,7 @@ def test_constant_aggregation_sums_tokens_over_b_times_t_max():
     logps = _leaf([[-1.0, -2.0, -0.5, -3.0], [-1.5, -1.0, -1.0, -1.0]])
     mask = torch.tensor([[1.0, 1, 1, 0], [1, 0, 0, 0]])
     adv = torch.tensor([1.0, -1.0])[:, None] * mask
-    stats = policy_loss(logps, adv, mask, LossSettings("constant", 4))
+    stats = policy_loss(logps, loss_inputs(adv, mask), PolicyLossSettings("constant", 4))
     loss = stats.loss
     loss.backward()
     assert loss.item() == pytest.approx(-0.25)
@@ -145,7 +146,7 @@ def test_sequence_mean_aggregation_averages_within_each_completion_first():
     logps = _leaf([[-1.0, -2.0, -0.5, -3.0], [-1.5, -1.0, -1.0, -1.0]])
     mask = torch.tensor([[1.0, 1, 1, 0], [1, 0, 0, 0]])
     adv = torch.tensor([1.0, -1.0])[:, None] * mask
-    loss = policy_loss(logps, adv, mask, LossSettings("sequence_mean", 4)).loss
+    loss = policy_loss(logps, loss_inputs(adv, mask), PolicyLossSettings("sequence_mean", 4)).loss
     loss.backward()
     assert loss.item() == pytest.approx(0.0, abs=1e-7)
     torch.testing.assert_close(logps.grad, -adv / (torch.tensor([[3.0], [1.0]]) * 2))
@@ -156,7 +157,7 @@ def test_token_mean_aggregation_averages_over_all_loss_tokens():
     logps = _leaf([[-1.0, -2.0, -0.5, -3.0], [-1.5, -1.0, -1.0, -1.0]])
     mask = torch.tensor([[1.0, 1, 1, 0], [1, 0, 0, 0]])
     adv = torch.tensor([1.0, -1.0])[:, None] * mask
-    loss = policy_loss(logps, adv, mask, LossSettings("token_mean", 4)).loss
+    loss = policy_loss(logps, loss_inputs(adv, mask), PolicyLossSettings("token_mean", 4)).loss
     loss.backward()
     assert loss.item() == pytest.approx(-0.5)
     torch.testing.assert_close(logps.grad, -adv / 4)
@@ -171,7 +172,7 @@ def test_clipping_and_the_kl_term_match_the_formula():
     reference = torch.tensor([[-0.7], [-2.2]])
     mask = torch.ones(2, 1)
     adv = torch.tensor([[0.7], [-1.3]])
-    stats = policy_loss(logps, adv, mask, LossSettings("constant", 1, eps, eps, beta), behaviour, reference)
+    stats = policy_loss(logps, loss_inputs(adv, mask, behaviour, reference), PolicyLossSettings("constant", 1, eps, eps, beta))
     loss = stats.loss
     loss.backward()
     ratio = torch.exp(torch.tensor([[0.5], [-0.4]]))
@@ -319,3 +320,23 @@ def test_the_lora_dropout_a_user_sets_is_the_one_that_trains(tmp_path, dropout):
                         processing_class=tok, peft_config=peft_config)
     rates = {m.p for name, m in trainer.model.named_modules() if "lora_dropout" in name and isinstance(m, torch.nn.Dropout)}
     assert rates == ({dropout} if dropout else set())  # at 0 peft puts no dropout module in
+
+
+def test_every_registered_aggregation_splits_a_step_into_micro_batches_that_add_up():
+    """Each entry of the registry, enumerated: the sum of micro-batch shares at the step's normaliser is the whole
+    step's loss, and an unknown name is one line naming the known ones."""
+    from molrl.rl.batch import StepCounts
+    from molrl.rl.loss import AGGREGATORS, aggregator, policy_normaliser
+
+    logps = torch.tensor([[-1.0, -2.0, -0.5], [-1.5, -1.0, -1.0], [-0.2, -0.3, -0.4]])
+    mask = torch.tensor([[1.0, 1, 0], [1, 0, 0], [1, 1, 1]])
+    adv = torch.tensor([0.5, -1.0, 2.0])[:, None] * mask
+    for name in AGGREGATORS:
+        settings = PolicyLossSettings(name, 3)
+        whole = policy_loss(logps, loss_inputs(adv, mask), settings).loss
+        step = policy_normaliser(name, StepCounts.of(mask), 3)
+        parts = sum(policy_loss(logps[i:i + 1], loss_inputs(adv[i:i + 1], mask[i:i + 1]), settings, step).loss
+                    for i in range(3))
+        assert parts.item() == pytest.approx(whole.item(), abs=1e-6), name
+    with pytest.raises(ValueError, match="sequence_mean, constant, token_mean"):
+        aggregator("median")

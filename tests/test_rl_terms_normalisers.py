@@ -19,9 +19,10 @@ import pytest
 import torch
 from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
 
+from grpo_helpers import loss_inputs
 from molrl.rl.batch import LossInputs, StepCounts
 from molrl.rl.config import PolicyConfig, RlConfig, TrainSettings
-from molrl.rl.loss import LossSettings, policy_loss, policy_normaliser, value_loss
+from molrl.rl.loss import PolicyLossSettings, policy_loss, policy_normaliser, value_loss
 from molrl.rl.run import trl_args
 from molrl.rl.score import Scorer
 from molrl.rl.terms import DecisionKL, FeedbackCE, decision_kl, feedback_cross_entropy, token_logps
@@ -79,9 +80,9 @@ def test_two_micro_batches_of_the_policy_loss_add_up_to_the_steps(aggregation, n
     logps = torch.tensor([[-1.0, -2.0, -0.5, -3.0], [-1.5, -1.0, -1.0, -1.0]])
     mask = torch.tensor([[1.0, 1, 1, 0], [1, 0, 0, 0]])
     adv = torch.tensor([1.0, -1.0])[:, None] * mask
-    settings = LossSettings(aggregation, 4)
-    whole = policy_loss(logps, adv, mask, settings).loss
-    parts = [policy_loss(logps[i:i + 1], adv[i:i + 1], mask[i:i + 1], settings, normaliser=normaliser).loss
+    settings = PolicyLossSettings(aggregation, 4)
+    whole = policy_loss(logps, loss_inputs(adv, mask), settings).loss
+    parts = [policy_loss(logps[i:i + 1], loss_inputs(adv[i:i + 1], mask[i:i + 1]), settings, normaliser=normaliser).loss
              for i in range(2)]
     assert whole.item() == pytest.approx({"token_mean": -0.5, "sequence_mean": 0.0, "constant": -0.25}[aggregation])
     assert sum(parts).item() == pytest.approx(whole.item(), abs=1e-7)

@@ -19,11 +19,11 @@ its own normaliser (the step's loss tokens), added with its weight, so it never 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
 import torch
 
-from molrl.rl.batch import LossOutputs, StepCounts
+from molrl.rl.batch import LossInputs, LossOutputs, StepCounts
 
 Aggregation = Literal["sequence_mean", "constant", "token_mean"]
 
@@ -33,7 +33,7 @@ SAMPLER_CAP = 3.0
 
 
 @dataclass
-class LossSettings:
+class PolicyLossSettings:
     """How token losses become the step's loss."""
 
     aggregation: Aggregation
@@ -55,31 +55,59 @@ def share(total: torch.Tensor, normaliser: torch.Tensor | float) -> torch.Tensor
     return total / torch.as_tensor(normaliser, dtype=total.dtype, device=total.device).clamp(min=1.0)
 
 
+@dataclass(frozen=True)
+class Aggregator:
+    """How one aggregation turns a micro-batch's token losses into its share of the step's loss."""
+
+    total: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    """(token losses [B, T], mask [B, T]) -> [] the micro-batch's sum: of completion means, or of token losses."""
+    normaliser: Callable[[StepCounts, int], torch.Tensor]
+    """(the step's counts, T_max) -> [] what the step's sum is divided by."""
+
+
+def _completion_means(token_loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return ((token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).sum()  # sum of completion means
+
+
+def _token_sum(token_loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (token_loss * mask).sum()  # sum of token losses
+
+
+AGGREGATORS: dict[str, Aggregator] = {
+    "sequence_mean": Aggregator(_completion_means, lambda counts, t_max: counts.completions),
+    "constant": Aggregator(_token_sum, lambda counts, t_max: counts.completions * t_max),
+    "token_mean": Aggregator(_token_sum, lambda counts, t_max: counts.tokens),
+}
+"""The aggregations by name (``PolicyLossSettings.aggregation``; an algorithm names its own): adding one is an entry."""
+
+
+def aggregator(aggregation: str) -> Aggregator:
+    """The registered aggregation ``aggregation``, or a one-line error naming the known ones."""
+    if aggregation not in AGGREGATORS:
+        raise ValueError(f"unknown aggregation {aggregation!r}; expected {', '.join(AGGREGATORS)}")
+    return AGGREGATORS[aggregation]
+
+
 def policy_normaliser(aggregation: Aggregation, counts: StepCounts, max_completion_length: int) -> torch.Tensor:
     """[] what the step's policy term divides its sum by: completions (``sequence_mean``), completions x
     ``max_completion_length`` (``constant``) or loss tokens (``token_mean``)."""
-    if aggregation == "sequence_mean":
-        return counts.completions
-    if aggregation == "constant":
-        return counts.completions * max_completion_length
-    if aggregation == "token_mean":
-        return counts.tokens
-    raise ValueError(f"unknown aggregation {aggregation!r}; expected sequence_mean, constant or token_mean")
+    return aggregator(aggregation).normaliser(counts, max_completion_length)
 
 
-def policy_loss(logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, settings: LossSettings,
-                behaviour_logps: torch.Tensor | None = None, reference_logps: torch.Tensor | None = None,
-                weights: torch.Tensor | None = None, normaliser: torch.Tensor | float | None = None) -> LossOutputs:
+def policy_loss(logps: torch.Tensor, inputs: LossInputs, settings: PolicyLossSettings,
+                normaliser: torch.Tensor | float | None = None) -> LossOutputs:
     """The clipped policy-gradient loss of one micro-batch (its share of the step's) and its statistics.
 
-    ``logps``, ``advantages``, ``mask``, ``behaviour_logps`` and ``reference_logps`` are [B, T];
-    ``behaviour_logps`` None means the batch was sampled by the policy being trained (ratio 1 in
-    value, gradient of log pi); ``weights`` ([B, 1] or [B, T]) multiplies each token's loss;
-    ``normaliser`` is the step's ``policy_normaliser`` (None: this batch's own, as if it were the whole step).
-    Ratios and the KL are formed in float32 (bf16 log-probs would round exp() of their differences).
+    ``logps`` [B, T] are the policy's log-probs of ``inputs.completion_ids``; from ``inputs`` the loss reads the
+    advantages, the loss mask (``completion_mask``), the behaviour log-probs (None: the batch was sampled by the
+    policy being trained: ratio 1 in value, gradient of log pi), the reference log-probs and the weights ([B, 1] or
+    [B, T], multiplying each token's loss). ``normaliser`` is the step's ``policy_normaliser`` (None: this batch's
+    own, as if it were the whole step). Ratios and the KL are formed in float32 (bf16 log-probs would round exp()
+    of their differences).
     """
+    advantages, mask, weights = inputs.advantages, inputs.completion_mask, inputs.weights
     logps = logps.float()
-    behaviour = logps.detach() if behaviour_logps is None else behaviour_logps.float()
+    behaviour = logps.detach() if inputs.behaviour_logps is None else inputs.behaviour_logps.float()
     ratio = torch.exp(logps - behaviour)  # [B, T]
     clipped = torch.clamp(ratio, 1 - settings.epsilon_low, 1 + settings.epsilon_high)
     token_loss = -torch.min(ratio * advantages, clipped * advantages)  # [B, T]
@@ -87,18 +115,15 @@ def policy_loss(logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tenso
         token_loss = token_loss * weights
     kl = torch.zeros_like(logps)
     if settings.beta != 0.0:
-        if reference_logps is None:
+        if inputs.reference_logps is None:
             raise ValueError("policy_loss: beta > 0 needs reference_logps")
-        delta = reference_logps.float() - logps
+        delta = inputs.reference_logps.float() - logps
         kl = torch.exp(delta) - delta - 1  # [B, T], KL3 estimator of KL(pi_theta || pi_ref)
         token_loss = token_loss + settings.beta * ratio * kl  # the ratio (1 in value) makes the gradient unbiased
+    rule = aggregator(settings.aggregation)
     if normaliser is None:
-        normaliser = policy_normaliser(settings.aggregation, StepCounts.of(mask), settings.max_completion_length)
-    if settings.aggregation == "sequence_mean":
-        total = ((token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).sum()  # sum of completion means
-    else:
-        total = (token_loss * mask).sum()  # constant, token_mean: sum of token losses
-    loss = share(total, normaliser)
+        normaliser = rule.normaliser(StepCounts.of(mask), settings.max_completion_length)
+    loss = share(rule.total(token_loss, mask), normaliser)
     with torch.no_grad():
         low = (ratio < 1 - settings.epsilon_low) & (advantages < 0)
         high = (ratio > 1 + settings.epsilon_high) & (advantages > 0)

@@ -41,7 +41,7 @@ from molrl.rl.algorithms import ALGORITHMS
 from molrl.rl.batch import AdvantageInputs, LossInputs, LossOutputs, RolloutBatch, StepCounts, join
 from molrl.rl.config import RlConfig
 from molrl.rl.logprobs import LogProbs
-from molrl.rl.loss import LossSettings, policy_loss, policy_normaliser
+from molrl.rl.loss import PolicyLossSettings, policy_loss, policy_normaliser
 from molrl.rl.rollouts import ROLLOUTS, Synchronous
 from molrl.rl.score import Scorer, log_scores
 from molrl.rl.terms import CompletionLogits, build_terms
@@ -89,8 +89,9 @@ class RlTrainer(GRPOTrainer):
                          "eval": Synchronous(self, config, training=False)}
         self.algorithm = ALGORITHMS[config.algorithm](self, config)
         self.terms = build_terms(config.terms)
-        self.loss_settings = LossSettings(self.algorithm.aggregation, self.max_completion_length, self.epsilon_low,
-                                          self.epsilon_high, self.beta if self.algorithm.kl_in_loss else 0.0)
+        self.loss_settings = PolicyLossSettings(self.algorithm.aggregation, self.max_completion_length,
+                                                self.epsilon_low, self.epsilon_high,
+                                                self.beta if self.algorithm.kl_in_loss else 0.0)
 
     # the step's first half: rollout -> score -> advantages
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
@@ -128,8 +129,7 @@ class RlTrainer(GRPOTrainer):
         logps, entropies = self.logprobs.of(  # [B, T] at the sampling temperature
             model, ids, attention, batch.completion_ids.size(1), entropies=True)
         self.rollouts[self._mode()].record_loss_logps(batch, logps.detach(), entropies.detach())  # sampling error
-        out = policy_loss(logps, batch.advantages, batch.completion_mask, settings, batch.behaviour_logps,
-                          batch.reference_logps, batch.weights,
+        out = policy_loss(logps, batch, settings,
                           policy_normaliser(settings.aggregation, counts, settings.max_completion_length))
         loss, shares = out.loss, {}
         for name, (weight, term) in self.algorithm.loss_terms(batch, counts).items():  # PPO's value loss
