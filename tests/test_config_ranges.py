@@ -171,8 +171,8 @@ def test_describe_shows_each_key_s_allowed_values(capsys):
 def test_every_shipped_config_is_within_its_ranges(path):
     from molrl.config import load_config
 
-    stage = next(s for s in ("pipeline", "mol", "grpo", "eval", "collect") if path.name.startswith(s))
-    cls = STAGES["rl" if stage == "grpo" else stage][0]
+    stage = next(s for s in ("pipeline", "mol", "rl", "eval", "collect") if path.name.startswith(s))
+    cls = STAGES[stage][0]
     cfg = load_config(cls, path, REQUIRED.get(stage, []))
     if stage == "pipeline":  # its stage sections too, as the pipeline builds them before any work
         from molrl.pipeline import check_stages

@@ -189,7 +189,7 @@ def test_non_finite_and_empty_values_are_refused_before_loading(overrides, key, 
 
 def test_values_of_a_config_built_in_python_are_checked_by_the_stage(tmp_path):
     from molrl.rl.config import RlConfig, TaskSource, TrainSettings
-    from molrl.rl.methods import TermSettings
+    from molrl.rl.method_settings import TermSettings
     from molrl.rl.run import run_rl
 
     cfg = RlConfig(output_dir=tmp_path / "run", data=TaskSource(format="toy", limit=2),

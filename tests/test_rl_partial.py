@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from grpo_helpers import kill_when, save_tiny_model, toy_config
-from molrl.rl.partial import (PartialCompletion, PartialGroup, RolloutState, StopWhenGroupsDone, accounting,
+from molrl.rl.rollouts.partial_state import (PartialCompletion, PartialGroup, RolloutState, StopWhenGroupsDone, accounting,
                               choose_trained, groups_to_start, importance_weights, off_policy_mask)
 
 TESTS = Path(__file__).parent
@@ -208,7 +208,7 @@ class FakeEngine:
 
 
 def test_the_engine_backend_aborts_unfinished_requests_once_enough_groups_are_done():
-    from molrl.rl.partial import GroupTracker, engine_generate
+    from molrl.rl.rollouts.partial_state import GroupTracker, engine_generate
 
     # groups of 2 rows: g0 rows finish after 2 and 3 tokens, g1 after 9 and 1, g2 after 4 and 4 (budget 3 on row 4)
     engine = FakeEngine([2, 3, 9, 1, 4, 4])

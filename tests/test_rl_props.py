@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from molrl.rl.props import behaviour_objective, sampling_error
+from molrl.rl.rollouts.props_math import behaviour_objective, sampling_error
 
 
 def _objective(phi_logits, theta_logits, actions, eps=0.3, lambda_kl=0.3):
@@ -62,7 +62,7 @@ def test_shared_state_sampling_error_in_closed_form():
 
     import torch
 
-    from molrl.rl.props import shared_state_sampling_error
+    from molrl.rl.rollouts.props_math import shared_state_sampling_error
 
     # one prompt, 4 completions: first tokens 5, 5, 5, 7 (policy: p(5) = 0.5, p(7) = 0.25); after 5 the
     # three continue 1, 1, 2 (policy: p(1) = 0.5, p(2) = 0.5); the state after 7 is reached once (left out)
@@ -140,7 +140,7 @@ def test_sampling_error_splits_by_the_entropy_at_the_state():
 
     import torch
 
-    from molrl.rl.props import sampling_error_by_entropy, shared_state_sampling_error
+    from molrl.rl.rollouts.props_math import sampling_error_by_entropy, shared_state_sampling_error
 
     # one prompt, 4 completions of 2 tokens: all start with token 5 (a near-deterministic state, pi(5) = 0.99,
     # entropy 0.06), then 2 x token 7 and 2 x token 8 at a spread state (pi 0.5 each, entropy log 2)

@@ -12,7 +12,7 @@ import torch
 
 from grpo_helpers import save_tiny_model, toy_config
 from molrl.rl.batch import LossInputs
-from molrl.rl.props import sampling_error_by_entropy, shared_state_sampling_error
+from molrl.rl.rollouts.props_math import sampling_error_by_entropy, shared_state_sampling_error
 
 SPLIT = 4.2
 """``rollout.sampling_error_split``: the error is split too, at this entropy (nats; the runs' shared states have

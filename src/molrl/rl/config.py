@@ -13,7 +13,7 @@ from typing import Annotated, Any, Callable, ClassVar, Literal
 
 from molrl.config_ranges import (Count, Dropout, Dtype, LearningRate, Positive, Range, RolloutTemperature, RunDir,
                                  Scheduler, Seconds, Seed, Size, TargetModules, Threads, TopP, Weight)
-from molrl.rl.methods import MacroSettings, OpdSettings, PpoSettings, PropsSettings, RolloutSettings, TermSettings
+from molrl.rl.method_settings import MacroSettings, OpdSettings, PpoSettings, PropsSettings, RolloutSettings, TermSettings
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
 from molrl.tasks.types import JsonlSpec
 

@@ -3,7 +3,7 @@
 A step resumes the buffered groups and starts new ones up to ``rollout.over_provision`` times the groups
 it trains on, stops generating once enough whole groups have finished, trains on those and keeps the
 rest (tokens and behaviour log-probs) for the next step. The rule's types and pure functions are
-``molrl.rl.partial``; this module is the policy: generation with transformers (a stopping criterion) or
+``molrl.rl.rollouts.partial_state``; this module is the policy: generation with transformers (a stopping criterion) or
 the colocated vLLM engine (aborted requests), the off-policy treatment of resumed tokens, the buffer's
 checkpoint (``rollout_state.json``) and what is left at the end (``rollout_buffer.json``).
 """
@@ -21,7 +21,7 @@ import torch
 from molrl.errors import MolrlError
 from molrl.rl.batch import RolloutBatch, pad_rows, pad_values
 from molrl.rl.config import RlConfig
-from molrl.rl.partial import (
+from molrl.rl.rollouts.partial_state import (
     GroupTracker,
     PartialCompletion,
     PartialGroup,
@@ -165,7 +165,7 @@ class Partial(Synchronous):
     def generate_vllm(self, sequences: list[list[int]], budgets: list[int], tracker: GroupTracker) -> list[list[int]]:
         """``generate`` on the policy's engine (``molrl.rl.engine``, its adapter sent after each optimiser step): one
         request per row (its prompt and tokens so far, its remaining budget), aborted once enough groups have
-        finished (``molrl.rl.partial.engine_generate``)."""
+        finished (``molrl.rl.rollouts.partial_state.engine_generate``)."""
         trainer = self.trainer
         engine = trainer.engine
         engine.sync(trainer)

@@ -2,7 +2,7 @@
 
 The behaviour policy phi is a second LoRA adapter on the policy's base, never trained by the loop. Before
 each round of a step's sampling it is copied from theta (every ``props.copy_every`` updates) and moved to
-minimise the clipped behaviour objective (``molrl.rl.props.behaviour_objective``) on the buffered steps'
+minimise the clipped behaviour objective (``molrl.rl.rollouts.props_math.behaviour_objective``) on the buffered steps'
 rows and the step's earlier rounds, until KL(pi_theta || pi_phi) passes ``props.target_kl``; then it samples
 the round. The training buffer (``rollout.buffer_batches``, 2 by default here) is ``Synchronous``'s.
 """
@@ -19,7 +19,7 @@ from trl.trainer.utils import use_adapter
 from molrl.errors import MolrlError
 from molrl.rl.batch import join, pad_rows
 from molrl.rl.config import RlConfig
-from molrl.rl.props import behaviour_objective
+from molrl.rl.rollouts.props_math import behaviour_objective
 from molrl.rl.rollouts.sync import Synchronous
 
 ADAPTER = "behaviour"

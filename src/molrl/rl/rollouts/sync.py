@@ -28,7 +28,7 @@ from molrl.lora_merge import merged_lora
 from molrl.rl.batch import LossInputs, RolloutBatch, TokenRoles, merge_batches, pad_rows, pad_values
 from molrl.rl.config import RlConfig
 from molrl.rl.loss import engine_logp_gap, sampler_weights
-from molrl.rl.props import sampling_error_by_entropy, shared_state_sampling_error
+from molrl.rl.rollouts.props_math import sampling_error_by_entropy, shared_state_sampling_error
 from molrl.tasks.types import Task
 
 

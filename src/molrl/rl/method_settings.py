@@ -85,7 +85,7 @@ class RolloutSettings:
     """How a step's completions are sampled: partial rollouts (APRIL), the behaviour policy (PROPS), the buffer."""
 
     partial: bool = False
-    """Active partial rollouts (APRIL, ``molrl.rl.partial``): start more groups than a step needs, stop once
+    """Active partial rollouts (APRIL, ``molrl.rl.rollouts.partial_state``): start more groups than a step needs, stop once
     enough have finished, keep the unfinished ones (tokens and behaviour log-probs) and resume them first."""
     over_provision: Annotated[float, Range(1, 1000)] = 2.0
     """Partial rollouts: groups in flight per group a step trains on (the APRIL authors recommend about 2)."""
