@@ -120,7 +120,10 @@ WHY_HARMLESS = {
     "batch_size": "how many problems are generated together (the resume granularity)",
     "episode.batch_size": "how many episodes are generated together",
     "device": "where the model runs",
-    "engine": "which engine generates",
+    "engine": "which engine generates (in rl each samples the policy being trained: rollout/engine_logp_gap)",
+    "vllm_mode": "where the engine runs (in the trainer's process or a server), not what it samples from",
+    "vllm_server_url": "where the engine's server is",
+    "engine_gpu_memory_utilization": "how much of a GPU the engine's KV cache takes",
     "progress": "whether a progress bar is drawn",
 }
 """Why each key ``HARMLESS`` lists cannot change a grade or a trained weight: a key added there must be added here."""

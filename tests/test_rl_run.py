@@ -117,6 +117,20 @@ def test_rerun_resumes_from_the_last_checkpoint(tmp_path, base):
     assert sorted({c["step"] for c in read_jsonl(out / "completions.jsonl")}) == [1, 2, 3]
 
 
+def test_resume_never_trains_a_finished_run_again_and_save_total_limit_reaches_trl(tmp_path, base):
+    from molrl.rl.run import trl_args
+
+    cfg = toy_config(tmp_path, base, max_steps=2)
+    cfg.train.save_total_limit = 5
+    assert trl_args(cfg, tmp_path / "checkpoints", False).save_total_limit == 5  # no longer fixed at 2
+    run_rl(cfg)
+    first = (tmp_path / "adapter" / "adapter_model.safetensors").stat().st_mtime_ns
+    cfg.train.resume = "never"  # the re-run rule would say finished; never starts over
+    run_rl(cfg)
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").stat().st_mtime_ns != first
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl") if "reward" in r] == [1, 2]
+
+
 def test_cli_runs_the_shipped_tiny_config(tmp_path):
     from molrl.cli import main
 
@@ -124,3 +138,21 @@ def test_cli_runs_the_shipped_tiny_config(tmp_path):
     assert main(["rl", "--config", str(config), f"output_dir={tmp_path}", "train.max_steps=1",
                  "max_completion_length=4"]) == 0
     assert (tmp_path / "adapter" / "adapter_config.json").is_file()
+
+
+def test_a_run_saved_with_the_old_engine_keys_is_the_same_run(tmp_path, base):
+    """A run directory whose config.yaml predates the engine key (``use_vllm``, ``vllm_gpu_memory_utilization``, no
+    ``train.save_total_limit`` / ``train.resume``) is finished, not refused, when the same command runs again."""
+    import yaml
+
+    cfg = toy_config(tmp_path, base, max_steps=1)
+    run_rl(cfg)
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    saved["use_vllm"] = saved.pop("engine") == "vllm"
+    saved["vllm_gpu_memory_utilization"] = saved.pop("engine_gpu_memory_utilization")
+    for key in ("save_total_limit", "resume"):
+        saved["train"].pop(key)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
+    first = (tmp_path / "adapter" / "adapter_model.safetensors").stat().st_mtime_ns
+    run_rl(cfg)
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").stat().st_mtime_ns == first  # nothing trained

@@ -7,7 +7,6 @@ time and never states a number that is not on disk. Plots use matplotlib's Agg b
 
 from __future__ import annotations
 
-import io
 import json
 import math
 from pathlib import Path
@@ -16,8 +15,9 @@ from typing import Any
 import yaml
 
 from molrl.jsonl import read_records
+from molrl.plots import metric_series, pyplot, save_figure
 from molrl.layout import rl_runs
-from molrl.writes import write_bytes, write_text
+from molrl.writes import write_text
 
 BASE = "base"
 
@@ -176,7 +176,7 @@ def reward_findings(run_dir: Path, window: int = 10) -> list[str]:
     """Each GRPO run's mean training reward over its first and its last ``window`` logged steps."""
     out = []
     for path in sorted(rl_runs(run_dir).glob("*/metrics.jsonl")):
-        _, rewards = _series(read_metrics(path), "reward")
+        _, rewards = metric_series(read_metrics(path), "reward")
         if len(rewards) >= 2 * window:
             first, last = sum(rewards[:window]) / window, sum(rewards[-window:]) / window
             out.append(f"- GRPO training reward of {path.parent.name}: {first:.3f} over its first {window} steps, "
@@ -189,23 +189,18 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return read_records(path) if path.is_file() else []
 
 
-def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
-    pairs = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float)) and "step" in r]
-    return [p[0] for p in pairs], [p[1] for p in pairs]
-
-
 def plot_mol(run_dir: Path, path: Path) -> Path | None:
     """CE on feedback tokens and KL on decision tokens per step, one line per MoL run."""
     runs = {p.parent.name: read_metrics(p) for p in sorted((run_dir / "mol").glob("*/metrics.jsonl"))}
     runs = {k: v for k, v in runs.items() if v}
     if not runs:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, key, title, scale in ((axes[0], "ce_feedback", "CE on feedback tokens (nats/token)", "log"),
                                   (axes[1], "kl_decision", "KL(policy || base) on decision tokens (nats/token)", "linear")):
         for name, rows in runs.items():
-            steps, values = _series(rows, key)
+            steps, values = metric_series(rows, key)
             if steps:
                 ax.plot(steps, values, marker=".", label=name)
         ax.set_title(title)
@@ -213,19 +208,19 @@ def plot_mol(run_dir: Path, path: Path) -> Path | None:
         ax.set_yscale(scale)
         ax.grid(alpha=0.3)
         ax.legend()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_grpo(run_dir: Path, path: Path) -> Path | None:
     """Mean reward per step (and its running mean over 5 steps), one colour per GRPO run."""
     runs = {p.parent.name: read_metrics(p) for p in sorted(rl_runs(run_dir).glob("*/metrics.jsonl"))}
-    runs = {k: v for k, v in runs.items() if _series(v, "reward")[0]}
+    runs = {k: v for k, v in runs.items() if metric_series(v, "reward")[0]}
     if not runs:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     for name, rows in runs.items():
-        steps, values = _series(rows, "reward")
+        steps, values = metric_series(rows, "reward")
         line = ax.plot(steps, values, alpha=0.35)[0]
         smooth = [sum(values[max(0, i - 4) : i + 1]) / len(values[max(0, i - 4) : i + 1]) for i in range(len(values))]
         ax.plot(steps, smooth, color=line.get_color(), linewidth=2, label=f"{name} (5-step mean)")
@@ -235,14 +230,14 @@ def plot_grpo(run_dir: Path, path: Path) -> Path | None:
     ax.set_ylim(-0.05, 1.05)
     ax.grid(alpha=0.3)
     ax.legend()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_eval(results: dict[str, dict[str, Any]], path: Path) -> Path | None:
     """Grouped bars: single-step pass@1 of every model on every benchmark, with standard-error bars."""
     if not results:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     benchmarks = benchmark_names(results)
     names = list(results)
     width = 0.8 / len(names)
@@ -265,7 +260,7 @@ def plot_eval(results: dict[str, dict[str, Any]], path: Path) -> Path | None:
     ax.set_title("Single-step accuracy (no execution feedback)")
     ax.legend(fontsize=8, ncol=min(4, len(names)), loc="upper center", bbox_to_anchor=(0.5, -0.15))
     ax.grid(axis="y", alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def collection_summary(run_dir: Path) -> list[str]:
@@ -329,23 +324,3 @@ def reproducibility(run_dir: Path) -> list[str]:
             "BLAS kernels round differently, a small difference early in training changes which completions RL "
             "samples, and the scores drift apart while the comparisons between runs usually hold. Compare runs "
             "over seeds (the demo's `--seeds 3`), not exact numbers across machines.", ""]
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig: Any, path: Path) -> Path:
-    fig.tight_layout()
-    image = io.BytesIO()
-    fig.savefig(image, dpi=110, format="png")
-    write_bytes(path, image.getvalue())
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return path

@@ -51,8 +51,9 @@ log = logging.getLogger(__name__)
 HARMLESS: dict[str, tuple[str, ...]] = {
     "mol": ("output_dir", "train.report_to", "train.logging_steps", "train.save_steps", "train.save_total_limit",
             "train.resume", "threads"),
-    "rl": ("output_dir", "train.report_to", "train.logging_steps", "train.save_steps", "reward.sandbox_workers",
-           "threads"),
+    "rl": ("output_dir", "train.report_to", "train.logging_steps", "train.save_steps", "train.save_total_limit",
+           "train.resume", "reward.sandbox_workers", "engine", "vllm_mode", "vllm_server_url",
+           "engine_gpu_memory_utilization", "threads"),
     "collect": ("out", "limit", "samples", "engine", "device", "progress", "sandbox.workers", "episode.batch_size",
                 "threads"),
     "eval": ("output_dir", "label", "benchmarks", "limit", "ks", "batch_size", "partial_predictions", "device",

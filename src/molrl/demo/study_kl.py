@@ -14,7 +14,7 @@ from molrl.demo.seeds import cell, mean_se
 from molrl.demo.study_arms import StudyArms
 from molrl.demo.study_metrics import RL_KL, Score, last_quarter_mean, logged, mol_late_mean
 from molrl.demo.verdict import claim_line, closing_weight, verdict
-from molrl.report import _pyplot, _save
+from molrl.plots import pyplot, save_figure
 
 Point = tuple[str, list[float], list[float]]
 """(label, held-out per seed, general per seed) of one model on a curve."""
@@ -104,7 +104,7 @@ def rl_kl_verdicts(score: Score, arms: StudyArms) -> tuple[list[str], list[tuple
 def plot_curve(panels: dict[str, list[Point]], path: Path, kl: dict[float, list[float]] | None = None) -> Path:
     """Per panel, held-out (x) against general (y) accuracy, one point per label joined in order, means over seeds
     with standard-error bars; with ``kl``, a last panel of the decision KL against the weight."""
-    plt = _pyplot()
+    plt = pyplot()
     count = len(panels) + (kl is not None)
     fig, axes = plt.subplots(1, count, figsize=(5.5 * count + 1, 4.5), squeeze=False)
     for ax, (title, points) in zip(axes[0], panels.items()):
@@ -128,4 +128,4 @@ def plot_curve(panels: dict[str, list[Point]], path: Path, kl: dict[float, list[
         ax.set_xlabel("loss.kl_weight")
         ax.set_ylabel("nats per decision token")
         ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -8,7 +8,8 @@ from typing import Any, Callable, Sequence
 
 from molrl.errors import MolrlError
 from molrl.layout import rl_runs
-from molrl.report import _series, accuracy, eval_results, read_metrics
+from molrl.plots import metric_series
+from molrl.report import accuracy, eval_results, read_metrics
 
 KL = "kl_decision"
 """MoL's logged decision-token KL(model || base) per step."""
@@ -45,7 +46,7 @@ def last_quarter_mean(values: Sequence[float]) -> float:
 def logged(run_dir: Path, group: str, run: str, key: str) -> list[float]:
     """Every logged value of ``key`` in a run's metrics.jsonl (``group``: mol or rl), in step order."""
     folder = rl_runs(run_dir) if group == "rl" else run_dir / group
-    return _series(read_metrics(folder / run / "metrics.jsonl"), key)[1]
+    return metric_series(read_metrics(folder / run / "metrics.jsonl"), key)[1]
 
 
 def mol_late_mean(run_dir: Path, run: str, key: str = KL) -> float:
@@ -62,8 +63,8 @@ def last_value(run_dir: Path, group: str, run: str, key: str) -> float:
 def summed_series(run_dir: Path, run: str, keys: Sequence[str]) -> tuple[list[float], list[float]]:
     """(steps, values): per training step of a GRPO run, the sum of ``keys`` (a key not logged at a step counts 0)."""
     rows = read_metrics(rl_runs(run_dir) / run / "metrics.jsonl")
-    steps, _ = _series(rows, "reward")
-    series = [dict(zip(*_series(rows, key))) for key in keys]
+    steps, _ = metric_series(rows, "reward")
+    series = [dict(zip(*metric_series(rows, key))) for key in keys]
     return steps, [sum(s.get(step, 0.0) for s in series) for step in steps]
 
 

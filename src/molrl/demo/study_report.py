@@ -20,7 +20,8 @@ from molrl.demo.study_kl import dose_section, rl_kl_section
 from molrl.demo.study_metrics import KL, Score, late_mean, last_value, mol_late_mean, scorer, summed_series
 from molrl.demo.verdict import RULE, claim_line
 from molrl.pipeline import PipelineConfig
-from molrl.report import _pyplot, _save, _series, read_metrics, stage_times
+from molrl.plots import metric_series, pyplot, save_figure
+from molrl.report import read_metrics, stage_times
 from molrl.writes import write_text
 
 LENGTH = "completions/mean_length"
@@ -234,7 +235,7 @@ Curve = tuple[list[float], list[float]]
 
 def plot_panels(panels: dict[str, dict[str, list[Curve]]], xlabel: str, path: Path, ylabel: str = "") -> Path | None:
     """One panel per title, one line per label (the mean of its per-seed curves); None when nothing was logged."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels) + 1, 4), sharey=True, squeeze=False)
     drawn = False
     for ax, (title, lines) in zip(axes[0], panels.items()):
@@ -252,13 +253,13 @@ def plot_panels(panels: dict[str, dict[str, list[Curve]]], xlabel: str, path: Pa
     if not drawn:
         plt.close(fig)
         return None
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_kl(run_dirs: Sequence[Path], path: Path) -> Path | None:
     """Decision-token KL to the base per MoL step, one line per loss, one panel per trace source (mean over seeds)."""
     panels = {f"{source} traces: KL(model || base) on decision tokens":
-              {mode: [_series(read_metrics(d / "mol" / (mode + suffix) / "metrics.jsonl"), KL)
+              {mode: [metric_series(read_metrics(d / "mol" / (mode + suffix) / "metrics.jsonl"), KL)
                       for d in run_dirs] for mode in LOSSES}
               for source, suffix in SOURCES.items()}
     return plot_panels(panels, "MoL optimiser step", path)
@@ -280,7 +281,7 @@ def plot_lengths(run_dirs: Sequence[Path], runs: dict[str, str], path: Path) -> 
 
 def plot_general_vs_heldout(score: Score, path: Path, models: Sequence[str]) -> Path | None:
     """One point per model: general accuracy against held-out accuracy (means over seeds)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 5))
     for model in models:
         x, y = mean_se(score(model, "heldout"))[0], mean_se(score(model, "general"))[0]
@@ -291,4 +292,4 @@ def plot_general_vs_heldout(score: Score, path: Path, models: Sequence[str]) -> 
     ax.set_xlim(-0.05, 1.05)
     ax.set_ylim(-0.05, 1.05)
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)

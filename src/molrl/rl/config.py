@@ -98,6 +98,11 @@ class TrainSettings:
     """Log every this many optimiser steps (metrics.jsonl and report_to)."""
     save_steps: Count = 50
     """Write a resumable checkpoint every this many optimiser steps (a re-run resumes from the newest)."""
+    save_total_limit: Count = 2
+    """Checkpoints kept on disk (oldest deleted first), as MoL's."""
+    resume: Literal["auto", "never"] = "auto"
+    """``auto`` continues from the newest checkpoint in output_dir/checkpoints when there is one (the re-run rule,
+    ``molrl.rerun``); ``never`` starts over in the same directory, as MoL's."""
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
     """Logging backends (tensorboard, wandb, ...) beside metrics.jsonl; ``none`` for metrics.jsonl only."""
 

@@ -13,7 +13,6 @@ merged MoL model for ``merge_new``, which therefore also writes the full merged 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import logging
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 from molrl.config import check_values
 from molrl.cpu import use_threads
 from molrl.errors import MolrlError
-from molrl.rerun import CHECKPOINTS, NEW_RUN, save_run_config, training_rerun
+from molrl.rerun import CHECKPOINTS, NEW_RUN, TrainingRerun, save_run_config, training_rerun
 from molrl.rl.adapter_lora import take_adapter_lora
 from molrl.rl.config import RlConfig
 from molrl.tasks.held_out import shows_tests
@@ -49,7 +48,10 @@ def run_rl(cfg: RlConfig) -> Path:
 
 def _train(cfg: RlConfig, out: Path) -> None:
     """``run_rl``'s work, under the output's lock."""
-    rerun = training_rerun("rl", cfg, out, out / "adapter", cfg.train.max_steps)
+    if cfg.train.resume == "never":  # start over in the same directory: the saved run is not looked at
+        rerun = TrainingRerun()
+    else:
+        rerun = training_rerun("rl", cfg, out, out / "adapter", cfg.train.max_steps)
     if rerun.finished:
         return
     use_threads(cfg.threads, "rl")
@@ -215,7 +217,7 @@ def trl_args(cfg: RlConfig, output_dir: Path, cuda: bool, server: bool = False) 
         report_to=report_backends(t.report_to, "train.report_to"),  # the figures of metrics.jsonl, under train/
         save_strategy="steps",
         save_steps=t.save_steps,
-        save_total_limit=2,
+        save_total_limit=t.save_total_limit,
         use_vllm=server,
         vllm_mode="server",
         vllm_server_base_url=cfg.vllm_server_url if server else None,
