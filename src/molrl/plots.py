@@ -20,11 +20,11 @@ def pyplot() -> Any:
     return plt
 
 
-def save_figure(fig: Any, path: Path) -> Path:
+def save_figure(fig: Any, path: Path, dpi: int = 110) -> Path:
     """Write ``fig`` as a PNG at ``path`` (under a temporary name, renamed into place) and close it."""
     fig.tight_layout()
     image = io.BytesIO()
-    fig.savefig(image, dpi=110, format="png")
+    fig.savefig(image, dpi=dpi, format="png")
     write_bytes(path, image.getvalue())
     import matplotlib.pyplot as plt
 

@@ -7,13 +7,12 @@ passes ``TRUNCATION_WARNING``: a cut answer usually lost its final answer, so it
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from typing import Any, Sequence
 
 from molrl.errors import MolrlError
-from molrl.writes import write_bytes, write_text
+from molrl.writes import write_text
 
 HEADLINE = ("pass@1",)  # first columns of every table; the rest follow in a fixed order
 
@@ -141,11 +140,9 @@ def compare_table(runs: Sequence[tuple[str, dict[str, Any]]], metric: str = "pas
 
 def compare_chart(runs: Sequence[tuple[str, dict[str, Any]]], path: Path, metric: str = "pass@1") -> Path:
     """A grouped bar chart of ``metric`` per benchmark, one bar per run, saved as PNG."""
-    import matplotlib
+    from molrl.plots import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     benchmarks = _benchmark_union(runs)
     width = 0.8 / len(runs)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(benchmarks) + 2), 4.5))
@@ -159,12 +156,7 @@ def compare_chart(runs: Sequence[tuple[str, dict[str, Any]]], path: Path, metric
     ax.set_ylim(0, 1.05)
     ax.set_title(f"{metric} by benchmark")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=min(len(runs), 3), fontsize=8, frameon=False)
-    fig.tight_layout()
-    image = io.BytesIO()
-    fig.savefig(image, dpi=120, format="png")
-    write_bytes(path, image.getvalue())
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)
 
 
 def _benchmark_union(runs: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
