@@ -19,7 +19,7 @@ Measured per arm and seed, on the same held-out traces and general prompts:
   agreement    generation level: the share of general prompts where the trained model's greedy answer equals the
                base's, token for token (and the mean share of the answer's tokens before they first differ)
 
-Verdicts (over seeds, paired by seed; the rule of ``molrl.demo.verdict``): a difference "holds" when its mean is over
+Verdicts (over seeds, paired by seed; the rule of ``molrl.study.verdict``): a difference "holds" when its mean is over
 2 standard errors from 0 and has the same sign on every seed; "refuted" when that holds the other way; else
 "undecided", with the figure that would decide it. MoL "absorbs about as much as
 CE" holds when MoL's absorption is at least 80% of CE's on every seed and on the mean less 2 s.e.
@@ -70,8 +70,8 @@ MAX_LENGTH = 1024
 # ---- statistics and verdicts (pure) ------------------------------------------------------------------------------
 
 def verdict(diffs: Sequence[float]) -> str:
-    """The study's verdict rule (``molrl.demo.verdict``), with what would decide an undecided claim."""
-    from molrl.demo.verdict import decider, verdict as rule
+    """The study's verdict rule (``molrl.study.verdict``), with what would decide an undecided claim."""
+    from molrl.study.verdict import decider, verdict as rule
 
     found = rule(diffs)
     return found if found != "undecided" else f"undecided ({decider(diffs)})"

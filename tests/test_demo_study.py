@@ -9,7 +9,7 @@ import pytest
 
 from molrl.cli import main
 from molrl.demo.seeds import cell
-from molrl.demo.verdict import closing_weight, decider, seeds_needed, verdict
+from molrl.study.verdict import closing_weight, decider, seeds_needed, verdict
 
 NUMBER = r"\d\.\d+ ± \d\.\d+"
 VERDICT = r"\*\*: (holds|refuted|undecided) \("
@@ -57,7 +57,7 @@ def test_cell_gives_mean_standard_error_and_seeds():
 
 def test_the_chain_study_keeps_the_demos_runs_as_they_are_and_its_world_and_base():
     from molrl.demo.run import CHAIN_PRESETS, config_dir
-    from molrl.demo.study import chain_study_config
+    from molrl.study.run import chain_study_config
     from molrl.pipeline import load_pipeline_config
 
     demo = load_pipeline_config(config_dir() / "pipeline_chain.yaml", ["model=m"])
@@ -72,8 +72,8 @@ def test_the_chain_study_keeps_the_demos_runs_as_they_are_and_its_world_and_base
 
 
 def test_a_report_over_an_unfinished_seed_names_the_seed_and_the_missing_score(tmp_path):
-    from molrl.demo.study_arms import CHAIN
-    from molrl.demo.study_report import write_study_report
+    from molrl.study.arms import CHAIN
+    from molrl.study.report import write_study_report
     from molrl.errors import MolrlError
 
     run = tmp_path / "seed-0" / "pipeline"

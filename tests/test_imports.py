@@ -107,3 +107,14 @@ def test_no_two_modules_import_each_other_even_inside_functions():
         if name not in index:
             visit(name)
     assert not cycles, cycles
+
+
+def test_the_demo_runs_without_importing_the_study():
+    """``molrl.study`` imports the demo; the demo (and ``molrl demo`` without ``--study``) never imports the study."""
+    import subprocess
+    import sys
+
+    code = ("import sys, molrl.demo.run, molrl.demo.seeds, molrl.demo.chain, molrl.demo.expert; "
+            "print([m for m in sys.modules if m.startswith('molrl.study')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -62,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     from molrl.demo.run import run_demo
-    from molrl.demo.study import run_study
+    from molrl.study.run import run_study
     from molrl.errors import MolrlError
 
     if args.study and args.world not in (None, "chain", "digit"):

@@ -33,8 +33,7 @@ from typing import Any
 
 from molrl.demo.base import BaseModelConfig
 from molrl.demo.chain import ChainWorldConfig, build_chain_world
-from molrl.demo.study_arms import CODE_TOKENS
-from molrl.demo.world import World, WorldConfig, build_world
+from molrl.demo.world import CODE_TOKENS, World, WorldConfig, build_world
 from molrl.cpu import govern_threads, use_threads
 from molrl.errors import MolrlError
 from molrl.pipeline import run_pipeline

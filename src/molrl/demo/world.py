@@ -34,6 +34,9 @@ from dataclasses import dataclass, field
 
 from molrl.tasks import Task, TestCase
 
+CODE_TOKENS = 64
+"""Most tokens of a code answer (the statement, then ``def solve(): return 274`` in a fence: up to 59)."""
+
 GENERAL_OPS = {
     "reverse": lambda s: s[::-1],
     "rotate": lambda s: s[1:] + s[:1],

@@ -2,8 +2,8 @@
 
 Read back from each seed's pipeline directory (``eval/*/results.json``, ``mol/*/metrics.jsonl``,
 ``rl/*/metrics.jsonl``, the ``DONE`` markers), so the report can be rebuilt at any time. A cell is the mean
-over seeds ± its standard error, with the per-seed values after it. Verdicts follow ``molrl.demo.verdict``.
-The KL claims (5 and 6) are in ``molrl.demo.study_kl``.
+over seeds ± its standard error, with the per-seed values after it. Verdicts follow ``molrl.study.verdict``.
+The KL claims (5 and 6) are in ``molrl.study.kl``.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import yaml
 
 from molrl.config_renames import current_names
 from molrl.demo.seeds import cell, mean_se, seed_summary
-from molrl.demo.study_arms import CODE, DIGIT, LOSSES, SOURCES, StudyArms
-from molrl.demo.study_kl import dose_section, rl_kl_section
-from molrl.demo.study_metrics import KL, Score, late_mean, last_value, mol_late_mean, scorer, summed_series
-from molrl.demo.verdict import RULE, claim_line
+from molrl.study.arms import CODE, DIGIT, LOSSES, SOURCES, StudyArms
+from molrl.study.kl import dose_section, rl_kl_section
+from molrl.study.metrics import KL, Score, late_mean, last_value, mol_late_mean, scorer, summed_series
+from molrl.study.verdict import RULE, claim_line
 from molrl.pipeline import PipelineConfig
 from molrl.plots import metric_series, pyplot, save_figure
 from molrl.report import read_metrics, stage_times

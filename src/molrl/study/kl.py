@@ -2,7 +2,7 @@
 inside GRPO (claim 6), each a table, verdict lines and a held-out-against-general curve.
 
 Both read the runs named in ``StudyArms.kl_doses`` and ``StudyArms.rl_kl``; verdicts follow
-``molrl.demo.verdict``.
+``molrl.study.verdict``.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Sequence
 
 from molrl.demo.seeds import cell, mean_se
-from molrl.demo.study_arms import StudyArms
-from molrl.demo.study_metrics import RL_KL, Score, last_quarter_mean, logged, mol_late_mean
-from molrl.demo.verdict import claim_line, closing_weight, verdict
+from molrl.study.arms import StudyArms
+from molrl.study.metrics import RL_KL, Score, last_quarter_mean, logged, mol_late_mean
+from molrl.study.verdict import claim_line, closing_weight, verdict
 from molrl.plots import pyplot, save_figure
 
 Point = tuple[str, list[float], list[float]]

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from molrl.demo.world import CODE_TOKENS  # noqa: F401  (the study's code arms use the demo's)
+
 SOURCES = {"own": "", "expert": "-expert"}
 """Trace sources and the suffix of their MoL run names."""
 LOSSES = ("mol", "ce", "ce_feedback")
 """The MoL loss ablation."""
 CODE = "code"
 """The held-out code-answer benchmark's name (digit world)."""
-CODE_TOKENS = 64
-"""Most tokens of a code answer (the statement, then ``def solve(): return 274`` in a fence: up to 59)."""
 
 
 @dataclass(frozen=True)

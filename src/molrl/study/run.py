@@ -2,12 +2,12 @@
 
 For each seed (world and training seed 0, 1, 2) in ``seed-N/``: the demo's world and base model, the base's
 own traces (the collect stage) and an expert's traces in another style (``molrl.demo.expert``), then one
-pipeline run with every arm below, then ``study.md`` over all seeds (``molrl.demo.study_report``). Every step
+pipeline run with every arm below, then ``study.md`` over all seeds (``molrl.study.report``). Every step
 skips what is already on disk (the world's base by its settings, each run by its ``DONE`` marker), so a killed
 study continues where it stopped and a finished one only rebuilds its report. Arms that are the same run share
 it: one world, base and trace set per seed, and the demo's own runs wherever an arm is the demo's.
 
-The chain world (the default; ``molrl.demo.study_arms.CHAIN``), on the demo's own world, base and settings
+The chain world (the default; ``molrl.study.arms.CHAIN``), on the demo's own world, base and settings
 (``study`` preset: the ``default`` one), so ``mol``, ``mol+grpo`` and ``base+grpo`` are ``molrl demo``'s runs:
 
 1. MoL vs CE vs CE on feedback only (``mol``, ``ce``, ``ce_feedback``, each again with ``-expert`` on the
@@ -22,7 +22,7 @@ The chain world (the default; ``molrl.demo.study_arms.CHAIN``), on the demo's ow
 
 11 MoL runs, 8 GRPO runs and 20 evaluations a seed. Measured on the 2-core VM: see docs/study.md.
 
-The digit world (``--world digit``; ``molrl.demo.study_arms.DIGIT``, the ``study`` preset of the digit
+The digit world (``--world digit``; ``molrl.study.arms.DIGIT``, the ``study`` preset of the digit
 world's presets): claim 1 at 3 epochs each; claim 2 with ``mol_1ep``, ``mol`` (3 epochs) and ``mol_demo``;
 claim 3 from ``mol_demo``; claim 4 with two GRPO runs on its code-answer problems (the staged code reward, no
 code < compile error < runtime error < tests pass, against the binary one), evaluated on held-out code-answer
@@ -41,7 +41,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from molrl.cpu import govern_threads
-from molrl.demo.study_arms import CHAIN, CODE, CODE_TOKENS, DIGIT, LOSSES, SOURCES, WORLD_ARMS, StudyArms
+from molrl.study.arms import CHAIN, CODE, CODE_TOKENS, DIGIT, LOSSES, SOURCES, WORLD_ARMS, StudyArms
 from molrl.errors import MolrlError
 from molrl.pipeline import MolRun, PipelineConfig, RlRun, run_pipeline
 
@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 def run_study(out: str | Path, quick: bool = False, seeds: int = 3, overrides: list[str] | None = None,
               world: str = "chain") -> Path:
     """The study of ``world`` in ``out/seed-N`` for each seed and ``out/study.md`` over them; returns its path."""
-    from molrl.demo.study_report import write_study_report
+    from molrl.study.report import write_study_report
 
     if seeds < 1:
         raise MolrlError(f"--seeds {seeds}: give 1 or more")
