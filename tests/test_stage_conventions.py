@@ -68,6 +68,8 @@ def test_a_run_saved_under_the_old_key_names_is_the_same_run(tmp_path):
     training = saved.pop("train")
     saved["train"] = saved.pop("data")
     training["log_every"] = training.pop("logging_steps")
+    for key in ("save_total_limit", "resume"):  # added after that layout
+        training.pop(key)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({**saved, **training}))
     assert check_rerun("rl", cfg, tmp_path / "config.yaml", started=True) == []
     raised = load_config(RlConfig, CONFIGS / "rl_tiny.yaml", ["train.max_steps=20"])
@@ -79,7 +81,7 @@ def test_pipeline_sections_named_for_what_they_run(caplog):
     assert PipelineConfig().stages == ["collect", "mol", "rl", "eval"]
     for path in sorted(CONFIGS.glob("pipeline_*.yaml")):  # the shipped configs use the names: no note
         load_pipeline_config(path, ["model=m"])
-    for path in sorted(CONFIGS.glob("grpo_*.yaml")):
+    for path in sorted(CONFIGS.glob("rl_*.yaml")):
         load_config(RlConfig, path)
     assert notes(caplog) == []
 
@@ -107,8 +109,12 @@ def test_a_pipeline_stage_finished_under_the_old_names_stays_finished(tmp_path):
     old.update(old.pop("train"))
     old["train"] = old.pop("data")
     old["log_every"] = old.pop("logging_steps")
+    for key in ("save_total_limit", "resume"):  # added after that layout, as the engine key was
+        old.pop(key)
+    old["use_vllm"] = old.pop("engine") == "vllm"
+    old["vllm_gpu_memory_utilization"] = old.pop("engine_gpu_memory_utilization")
     (tmp_path / "DONE").write_text(json.dumps({"seconds": 1.0, "config": old}))
-    assert run_stage(tmp_path, cfg, lambda: pytest.fail("a finished stage ran again")) is False
+    assert run_stage(tmp_path, cfg, lambda: pytest.fail("a finished stage ran again"), "rl") is False
 
 
 def test_grpo_command_is_an_alias_of_rl_with_a_note(cli_logs, caplog, capsys):
