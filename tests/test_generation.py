@@ -1,5 +1,7 @@
 """Batched generation: order, determinism, and equivalence of batched and single prompts."""
 
+import pytest
+
 from molrl.chat import render
 from molrl.generation import SamplingConfig, TransformersGenerator
 from molrl.models import load_model_and_tokenizer
@@ -28,3 +30,20 @@ def test_sampling_is_seeded_and_returns_n():
     assert [len(c) for c in first] == [3, 3]
     assert first == gen.generate(_prompts(tok), sampling)
     assert len(set(first[0])) > 1  # a random tiny model at T=1 does not repeat itself
+
+
+@pytest.mark.parametrize("batch_size", [3, 8])
+def test_a_static_cache_generates_the_dynamic_caches_tokens(batch_size):
+    """Greedy and seeded sampled completions of prompts of several lengths (padded to the width bucket) are the same
+    with a static KV cache as with the dynamic one."""
+    from molrl.generation import TransformersGenerator
+    from molrl.sampling import SamplingConfig
+    from molrl.tiny import build_tiny_pair
+
+    model, tok = build_tiny_pair("chatml", initializer_range=0.1)
+    prompts = [("word " * n).strip() for n in (1, 7, 20, 33, 2, 15, 9, 40)]
+    for sampling in (SamplingConfig(n=1, temperature=0.0, max_new_tokens=12),
+                     SamplingConfig(n=2, temperature=1.0, max_new_tokens=12, seed=5)):
+        dynamic = TransformersGenerator(model, tok, batch_size=batch_size).generate(prompts, sampling)
+        static = TransformersGenerator(model, tok, batch_size=batch_size, static_cache=True).generate(prompts, sampling)
+        assert static == dynamic

@@ -125,6 +125,7 @@ WHY_HARMLESS = {
     "vllm_server_url": "where the engine's server is",
     "engine_gpu_memory_utilization": "how much of a GPU the engine's KV cache takes",
     "progress": "whether a progress bar is drawn",
+    "static_cache": "how the KV cache is held while generating: the same tokens (tests/test_generation.py)",
 }
 """Why each key ``HARMLESS`` lists cannot change a grade or a trained weight: a key added there must be added here."""
 

@@ -57,7 +57,7 @@ HARMLESS: dict[str, tuple[str, ...]] = {
     "collect": ("out", "limit", "samples", "engine", "device", "progress", "sandbox.workers", "episode.batch_size",
                 "threads"),
     "eval": ("output_dir", "label", "benchmarks", "limit", "ks", "batch_size", "partial_predictions", "device",
-             "engine", "sandbox.workers", "threads"),
+             "engine", "static_cache", "sandbox.workers", "threads"),
 }
 """Per stage, the keys a re-run may change freely, each a single key (never a whole section, whose other keys could
 change a result). collect's ``limit`` and ``samples`` and eval's ``benchmarks`` and ``limit`` only add or leave out

@@ -77,6 +77,9 @@ class EvalConfig:
     """Evaluate only the first N problems of each benchmark."""
     batch_size: Count = 16
     """Problems generated and graded together (also the resume granularity)."""
+    static_cache: bool = False
+    """transformers engine: a static KV cache, with which generation compiles its decoding step on a GPU (several
+    times faster a step; each batch shape compiles once, about a minute); on a CPU it runs uncompiled and does not pay."""
     interactive: EpisodeConfig = field(default_factory=EpisodeConfig)
     """interactive mode: turns, solution budget, feedback (sampling, thinking, batch size come from above)."""
     code_prompt: str = CODE_INSTRUCTION

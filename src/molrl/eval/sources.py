@@ -112,4 +112,4 @@ def load_generator(cfg: EvalConfig, planned_tokens: int = 0) -> tuple[Any, Any]:
                        seed=cfg.sampling.seed)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
-    return TransformersGenerator(model, tokenizer, batch_size=cfg.batch_size), tokenizer
+    return TransformersGenerator(model, tokenizer, batch_size=cfg.batch_size, static_cache=cfg.static_cache), tokenizer
