@@ -169,6 +169,10 @@ def start_llm(model_path: str, *, dtype: str = "auto", seed: int = 0, lora_rank:
         from molrl.engines import install_hint
 
         raise ImportError(f"vLLM is not installed: {install_hint()}; or use engine=transformers") from err
+    from molrl.models import DTYPES
+
+    if dtype in DTYPES:  # molrl's dtype names (bf16, fp32, ...) as vLLM spells them
+        dtype = str(DTYPES[dtype]).removeprefix("torch.")
     kwargs: dict[str, Any] = dict(llm_kwargs)
     # On a CPU the compiled model starts in 77 s and the eager one in 10, at the same tokens per second
     # (benchmarks/RESULTS.md, "Generation engines on this machine").

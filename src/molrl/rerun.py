@@ -251,7 +251,9 @@ CHECKPOINTS = "checkpoints"
 def training_rerun(stage: str, cfg: Any, out: Path, final: Path, max_steps: int) -> TrainingRerun:
     """The rule for a training stage whose config is saved in ``out``, checkpoints in ``out/checkpoints`` (or, for a
     MoL run made before, ``out`` itself) and final weights in ``final``: refused, finished, extended, resumed or
-    fresh (module docstring)."""
+    fresh (module docstring); ``train.resume=never`` starts over in the same directory without looking at it."""
+    if cfg.train.resume == "never":
+        return TrainingRerun()
     checkpoints = out / CHECKPOINTS
     checkpoint = last_whole_checkpoint(checkpoints, out)
     done = whole_weights(final)

@@ -20,7 +20,7 @@ from typing import Any
 from molrl.config import ConfigError, check_values
 from molrl.cpu import use_threads
 from molrl.mol.config import MolConfig
-from molrl.rerun import CHECKPOINTS, NEW_RUN, TrainingRerun, save_run_config, training_rerun
+from molrl.rerun import CHECKPOINTS, NEW_RUN, save_run_config, training_rerun
 from molrl.trackers import report_backends
 from molrl.writes import folder_lock, write_folder, write_text
 
@@ -41,10 +41,7 @@ def run_mol(cfg: MolConfig) -> Path:
 def _train(cfg: MolConfig, out: Path) -> None:
     """``run_mol``'s work, under the output's lock."""
     final = out / ("adapter" if cfg.lora.enabled else "model")
-    if cfg.train.resume == "never":  # start over in the same directory: the saved run is not looked at
-        rerun = TrainingRerun()
-    else:
-        rerun = training_rerun("mol", cfg, out, final, cfg.train.max_steps)
+    rerun = training_rerun("mol", cfg, out, final, cfg.train.max_steps)
     if rerun.finished:
         return
     use_threads(cfg.threads, "mol")

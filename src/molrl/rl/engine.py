@@ -15,7 +15,6 @@ compares those with the trainer's: a stale or half-synced engine shows there.
 
 from __future__ import annotations
 
-import logging
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -25,8 +24,6 @@ from typing import Any, Sequence
 from molrl.engines import EngineChoice, choose_engine, cuda_visible
 from molrl.errors import MolrlError
 from molrl.rl.config import RlConfig
-
-log = logging.getLogger(__name__)
 
 
 def rl_engine(cfg: RlConfig, *, installed: bool | None = None, gpu: bool | None = None) -> EngineChoice:
@@ -59,8 +56,6 @@ class Sampled:
     """The sampled token ids (an end-of-sequence token that ended the row included)."""
     logps: list[float]
     """The engine's log-prob of each sampled id, at the sampling temperature."""
-    finish_reason: str
-    """vLLM's: ``stop`` (an end token or stop string) or ``length`` (the budget)."""
 
 
 class PolicyEngine:
@@ -82,7 +77,7 @@ class PolicyEngine:
 
             model_path = str(self.work / "base")
             merge_adapter_copy(p.base, str(resolve_adapter_dir(p.mol_adapter)), model_path)
-        self.llm = start_llm(model_path, dtype=_vllm_dtype(p.dtype), seed=cfg.train.seed, lora_rank=lora_rank,
+        self.llm = start_llm(model_path, dtype=p.dtype, seed=cfg.train.seed, lora_rank=lora_rank,
                              gpu_memory_utilization=cfg.engine_gpu_memory_utilization,
                              max_model_len=cfg.max_prompt_length + cfg.max_completion_length,
                              logprobs_mode="processed_logprobs")
@@ -168,11 +163,7 @@ def sampled_of(completion: Any) -> Sampled:
     if len(logps) != len(ids):
         raise MolrlError(f"vLLM returned {len(logps)} log-probs for {len(ids)} sampled tokens; the engine must be "
                          "asked for logprobs=0")
-    return Sampled(ids, logps, completion.finish_reason or "length")
-
-
-def _vllm_dtype(dtype: str) -> str:
-    return {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(dtype, dtype)
+    return Sampled(ids, logps)
 
 
 def attach_engine(trainer: Any, cfg: RlConfig) -> PolicyEngine:

@@ -21,7 +21,7 @@ from typing import Any
 from molrl.config import check_values
 from molrl.cpu import use_threads
 from molrl.errors import MolrlError
-from molrl.rerun import CHECKPOINTS, NEW_RUN, TrainingRerun, save_run_config, training_rerun
+from molrl.rerun import CHECKPOINTS, NEW_RUN, save_run_config, training_rerun
 from molrl.rl.adapter_lora import take_adapter_lora
 from molrl.rl.config import RlConfig
 from molrl.tasks.held_out import shows_tests
@@ -48,10 +48,7 @@ def run_rl(cfg: RlConfig) -> Path:
 
 def _train(cfg: RlConfig, out: Path) -> None:
     """``run_rl``'s work, under the output's lock."""
-    if cfg.train.resume == "never":  # start over in the same directory: the saved run is not looked at
-        rerun = TrainingRerun()
-    else:
-        rerun = training_rerun("rl", cfg, out, out / "adapter", cfg.train.max_steps)
+    rerun = training_rerun("rl", cfg, out, out / "adapter", cfg.train.max_steps)
     if rerun.finished:
         return
     use_threads(cfg.threads, "rl")
