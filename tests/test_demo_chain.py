@@ -104,6 +104,10 @@ def test_demonstrator_runs_the_chain_then_copies_what_it_printed():
     after = question + "<tool_response>\nOutput:\n2: f(472) = 3\n1: f(3) = 2\n</tool_response><|im_end|>\n"
     assert ChainDemonstrator.turn(after) == "Output:\n2: f(472) = 3\n1: f(3) = 2\n\\boxed{2}"
 
+    # a template that wraps tool messages in a turn of its own (SmolLM2's ChatML) reads the same
+    own_turn = question + "<|im_end|>\n<|im_start|>tool\nOutput:\n2: f(472) = 3\n1: f(3) = 2<|im_end|>\n"
+    assert ChainDemonstrator.turn(own_turn) == "Output:\n2: f(472) = 3\n1: f(3) = 2\n\\boxed{2}"
+
 
 def _trained_text(trace, copies="copy", **labels):
     """The trace's text with untrained tokens as '?', tokens trained towards a uniform digit as '~', and with

@@ -4,6 +4,7 @@ to end (every table, verdict line and plot; finished runs reused); the digit wor
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -180,3 +181,79 @@ def test_only_the_digit_study_presets_build_the_code_family():
 
     assert {name for name, preset in PRESETS.items() if preset.world.code_problems or preset.world.code_heldout} == \
         {"study", "study_quick"}
+
+
+def test_the_no_replay_arms_train_on_the_rule_problems_alone_and_take_the_mol_model_as_the_kls_base():
+    from molrl.demo.run import RULE_ONLY, config_dir
+    from molrl.pipeline import load_pipeline_config, mol_config, rl_config
+    from molrl.study.arms import CHAIN_NO_REPLAY, NO_REPLAY
+    from molrl.study.run import no_replay_config
+
+    demo = load_pipeline_config(config_dir() / "pipeline_chain.yaml",
+                                ["model=m", "output_dir=/r/pipeline", "general_traces=[/r/world/general.jsonl]"])
+    cfg = no_replay_config(demo, Path("/r/world"), 0, "study")
+    assert cfg.general_traces == []
+    names = {r.name for r in cfg.mol_runs}
+    assert names == {"mol" + NO_REPLAY, "ce" + NO_REPLAY, "ce_feedback" + NO_REPLAY, *CHAIN_NO_REPLAY.kl_doses.values()}
+    for run in cfg.mol_runs:  # every MoL run reads the collected traces and nothing else
+        traces = mol_config(cfg, run, ["/r/pipeline/collect/traces.jsonl"], Path("/r/pipeline")).data.traces
+        assert [str(t) for t in traces] == ["/r/pipeline/collect/traces.jsonl"]
+    assert [r.name for r in cfg.rl_runs] == list(CHAIN_NO_REPLAY.rl_kl.values())
+    for run, weight in zip(cfg.rl_runs, CHAIN_NO_REPLAY.rl_kl):
+        rl = rl_config(cfg, run, Path("/r/pipeline"))
+        assert str(rl.data.path) == f"/r/world/{RULE_ONLY}" and run.start == "mol" + NO_REPLAY
+        assert (rl.policy.adapter_mode, rl.policy.reference) == ("merge_new", "mol")
+        assert rl.terms.decision_kl == weight
+
+
+def test_no_replay_and_model_refuse_the_combinations_they_do_not_run(cli_logs, caplog):
+    for args, said in ((["--no-replay"], "--no-replay is a study arm set of the chain world"),
+                       (["--study", "--no-replay", "--world", "digit"], "--no-replay is a study arm set"),
+                       (["--model", "m", "--study"], "--model runs the demo's chain world on a pretrained model")):
+        caplog.clear()
+        assert main(["demo", *args]) == 1
+        assert said in caplog.text, args
+
+
+def test_a_pretrained_model_that_is_not_a_model_directory_is_refused_before_any_work(tmp_path, cli_logs, caplog):
+    assert main(["demo", "--model", str(tmp_path), "--quick", "--out", str(tmp_path / "out")]) == 1
+    assert re.search(r"--model .*no config.json.*molrl export --gguf", caplog.text)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_quick_no_replay_study_fills_every_table(tmp_path):
+    assert main(["demo", "--study", "--no-replay", "--quick", "--seeds", "2", "--out", str(tmp_path)]) == 0
+    report = (tmp_path / "study_no_replay.md").read_text()
+    for title in ("## 1. MoL vs CE vs CE on feedback only, without replay", "## RL from MoL without replay",
+                  "## 5. The KL dose", "## 6. GRPO from MoL with MoL's decision KL", "## Time"):
+        assert title in report, title
+    assert "policy.adapter_mode=merge_new" in report and "nan" not in report
+    assert len(re.findall(VERDICT, report)) == 3 + 4 + 2 + 7 + 10
+    assert (tmp_path / "plots" / "no_replay_arms.png").stat().st_size > 10_000
+    rl_prompts = (tmp_path / "seed-0" / "world" / "rl_rule_train.jsonl").read_text()
+    assert '"id": "f/' in rl_prompts and '"id": "s/' not in rl_prompts and '"id": "m/' not in rl_prompts
+
+
+@pytest.mark.slow
+def test_quick_demo_on_a_pretrained_model_warms_it_up_then_reports_the_four_models_and_reuses_runs(tmp_path):
+    from molrl.demo.run import prepare_seed
+
+    # a small model that already writes text (a random one ends every turn at once): the chain demo's quick base
+    prepare_seed(tmp_path / "made", "study_quick", [], 0)
+    out = tmp_path / "out"
+    args = ["demo", "--model", str(tmp_path / "made" / "base"), "--quick", "--seeds", "2", "--out", str(out)]
+    assert main(args) == 0
+    report = (out / "headline.md").read_text()
+    rows = [line for line in report.splitlines() if line.startswith("| `")]
+    assert [r.split("|")[1].strip() for r in rows] == ["`base`", "`base+grpo`", "`mol`", "`mol+grpo`"]
+    assert len(re.findall(VERDICT, report)) == 7 and "nan" not in report
+    assert (out / "plots" / "headline.png").stat().st_size > 10_000
+    warm = (out / "base" / "warm_up" / "traces.jsonl").read_text()
+    assert "<execute>walk(f, " in warm and '"kind": "domain"' in warm
+    assert (out / "base" / "config.json").is_file() and not (out / "seed-1" / "base").exists()  # one base, shared
+    assert f"model: {out / 'base'}" in (out / "seed-1" / "pipeline" / "config.yaml").read_text()
+    done = {p: p.stat().st_mtime_ns for p in out.glob("**/DONE")}
+    assert main(args) == 0  # every warm-up, stage and measurement reused
+    assert {p: p.stat().st_mtime_ns for p in out.glob("**/DONE")} == done
+    assert (out / "headline.md").read_text() == report

@@ -9,6 +9,8 @@
     molrl demo --world digit   # one hidden digit per answer (about 5 minutes)
     molrl demo --study         # the paper's ablations and the KL claims, 3 seeds (about 2 hours): runs/study/
     molrl demo --study --world digit   # the digit world's ablations, code reward included (about 40 minutes)
+    molrl demo --study --no-replay     # the forgetting claims without the general replay: runs/study_no_replay/
+    molrl demo --model DIR --seeds 3   # the chain world on a pretrained chat model (runs/demo_pretrained/)
 
 A hidden digit rule that only code execution reveals, applied 1 to 6 times in a chain whose every
 step the answer writes out; a tiny base model trained from scratch to use the tool; then the real
@@ -47,6 +49,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--study", action="store_true",
                    help="the paper's ablations over seeds (default 3) in one report, study.md, with a verdict per claim "
                         "(chain world, or --world digit; see docs/study.md)")
+    p.add_argument("--model", default=None, metavar="DIR",
+                   help="a pretrained chat model (transformers directory) as the chain world's base, warmed up on "
+                        "the world's formats first (never its rule); the report adds the four models' comparison "
+                        "over seeds (headline.md)")
+    p.add_argument("--no-replay", action="store_true",
+                   help="with --study: the chain world's arms without the general replay (MoL, CE, CE on feedback "
+                        "only, the KL dose, GRPO from MoL with its decision KL in merge_new mode), so that "
+                        "forgetting has room to show (study_no_replay.md)")
     p.add_argument("--world", default=None, choices=["chain", "long", "digit"],
                    help="the built-in world: chain (default: the hidden rule applied 1-6 times, every step written "
                         "out; see molrl.demo.chain), long (the same with 1-24 steps, long-tailed) or digit (one "
@@ -68,17 +78,29 @@ def handle(args: argparse.Namespace) -> int:
     if args.study and args.world not in (None, "chain", "digit"):
         raise MolrlError(f"--study runs on the chain world (the default) or --world digit, not --world {args.world}")
     world = args.world or "chain"
+    if args.model and (args.study or args.teacher or world != "chain"):
+        raise MolrlError("--model runs the demo's chain world on a pretrained model: use it without --study, "
+                         "--teacher and --world")
+    if args.no_replay and (not args.study or world != "chain"):
+        raise MolrlError("--no-replay is a study arm set of the chain world: use it with --study (and no --world "
+                         "or --world chain)")
     if args.teacher and (world != "long" or args.quick or args.study):
         raise MolrlError("--teacher trains the long world's full base longer: use it with --world long, "
                          "without --quick or --study")
     preset = "quick" if args.quick else "teacher" if args.teacher else "default"
     name = ("study" if args.study else "demo") + ("" if world == "chain" else f"_{world}")
+    name += "_no_replay" if args.no_replay else "_pretrained" if args.model else ""
     name += "" if preset == "default" else f"_{preset}"
     out = args.out or f"runs/{name}"
     if args.study:
-        report = run_study(out, quick=args.quick, seeds=args.seeds or 3, overrides=args.overrides, world=world)
+        report = run_study(out, quick=args.quick, seeds=args.seeds or 3, overrides=args.overrides, world=world,
+                           replay=not args.no_replay)
     else:
         report = run_demo(out, preset, args.overrides, seeds=args.seeds or 1,
-                          config=args.config, world=world)
+                          config=args.config, world=world, model=args.model)
+        if args.model:
+            from molrl.study.headline import write_headline
+
+            report = write_headline(out, args.seeds or 1, args.model)
     print(report)
     return 0

@@ -47,7 +47,8 @@ from molrl.writes import write_text
 
 log = logging.getLogger(__name__)
 
-_OUTPUT = re.compile(r"<tool_response>\nOutput:\n(.*?)\n</tool_response>", re.DOTALL)
+_OUTPUT = re.compile(r"Output:\n((?:\d+: \w\(\d+\) = \d+\n?)+)")
+"""The tool's printed steps in a rendered conversation, whatever the chat template wraps tool messages in."""
 RULE_VALUE = re.compile(r"\bf\(\d+\) = (\d)")
 """A step of the secret rule; group 1 is its value."""
 RULE_STEP = re.compile(r"\bf\((\d+)\) = (\d)")

@@ -33,6 +33,7 @@ from typing import Any
 
 from molrl.demo.base import BaseModelConfig
 from molrl.demo.chain import ChainWorldConfig, build_chain_world
+from molrl.demo.pretrained_base import WarmUpConfig
 from molrl.demo.world import CODE_TOKENS, World, WorldConfig, build_world
 from molrl.cpu import govern_threads, use_threads
 from molrl.errors import MolrlError
@@ -55,6 +56,8 @@ class DemoPreset:
     """``key=value`` overrides of configs/pipeline_tiny.yaml."""
     threads: int = 2
     """Most torch threads (fewer while other processes keep cores busy)."""
+    warm_up: WarmUpConfig | None = None
+    """With ``molrl demo --model``: how the pretrained model is warmed up on the world's formats (its base)."""
 
 
 STUDY_PROMPTS = ['rl.code_prompt="{prompt}"', 'eval.code_prompt="{prompt}"',
@@ -126,11 +129,33 @@ LONG_PRESETS = {
 that the base reading the feedback, on-policy distillation's feedback teacher, answers at about 0.9 (0.88-0.96 on
 seeds 0-2, against 0.20-0.71 with the 5-minute base)."""
 
+PRETRAINED_PRESETS = {
+    "default": DemoPreset(
+        world=ChainWorldConfig(max_steps=6, train_problems=200, heldout_problems=200, general_train=400,
+                               general_eval=100),
+        warm_up=WarmUpConfig(),
+    ),
+    "quick": DemoPreset(
+        world=ChainWorldConfig(max_steps=3, train_problems=16, heldout_problems=12, general_train=24, general_eval=8),
+        warm_up=WarmUpConfig(rule_demos=8, general_demos=4, general_direct=8, max_steps=2, micro_batch_size=4),
+        pipeline_overrides=["mol.train.max_steps=2", "rl.train.max_steps=1", "rl.prompts_per_step=2",
+                            "rl.train.micro_batch_size=8",
+                            "rl.max_completion_length=48", "eval.sampling.max_new_tokens=48",
+                            "collect.episode.sampling.max_new_tokens=48"],
+    ),
+}
+"""``molrl demo --model PATH``: the chain world (chains of 1-6 steps) with a pretrained chat model as its base,
+warmed up on the world's formats first (``molrl.demo.pretrained_base``), and sizes for a 135M model on 2 cores:
+200 rule problems to collect and train on, 200 held out, 100 general ones held out
+(``configs/pipeline_pretrained.yaml``)."""
+
 WORLDS = {"chain": CHAIN_PRESETS, "long": LONG_PRESETS, "digit": PRESETS}
 """Presets of each built-in world by its ``--world`` name (the first is the default)."""
 
 WORLD_CONFIGS = {"chain": "pipeline_chain.yaml", "long": "pipeline_long.yaml", "digit": "pipeline_tiny.yaml"}
 """The pipeline config each world runs by default."""
+PRETRAINED_CONFIG = "pipeline_pretrained.yaml"
+"""The pipeline config of ``molrl demo --model``."""
 
 
 def config_dir() -> Path:
@@ -143,22 +168,30 @@ def config_dir() -> Path:
 
 
 def run_demo(out: str | Path, preset: str = "default", overrides: list[str] | None = None, seeds: int = 1,
-             config: str | Path | None = None, world: str = "chain") -> Path:
+             config: str | Path | None = None, world: str = "chain", model: str | None = None) -> Path:
     """The demo in ``out`` (seed 0) and ``out/seed-N`` (further seeds); returns the first report's path.
 
     ``config``: the pipeline config (default the world's, ``configs/pipeline_tiny.yaml`` for the digit
-    world; ``pipeline_tiny_rl.yaml`` adds every RL algorithm's run); ``world``: a name in ``WORLDS``."""
+    world; ``pipeline_tiny_rl.yaml`` adds every RL algorithm's run); ``world``: a name in ``WORLDS``;
+    ``model``: a pretrained chat model's directory as the chain world's base (``PRETRAINED_PRESETS``)."""
     from molrl.demo.seeds import seed_summary
 
     if seeds < 1:
         raise MolrlError(f"--seeds {seeds}: give 1 or more")
     if world not in WORLDS:
         raise MolrlError(f"--world {world}: unknown; choose one of {', '.join(WORLDS)}")
-    if preset not in WORLDS[world]:
-        raise MolrlError(f"preset {preset!r}: the {world} world has {', '.join(WORLDS[world])}")
+    presets = PRETRAINED_PRESETS if model else WORLDS[world]
+    if model and world != "chain":
+        raise MolrlError(f"--model runs the chain world, not --world {world}")
+    if model and not (Path(model) / "config.json").is_file():
+        raise MolrlError(f"--model {model}: not a transformers model directory (no config.json); a GGUF file "
+                         "converts with molrl export --gguf FILE --out DIR")
+    if preset not in presets:
+        raise MolrlError(f"preset {preset!r}: the {world} world has {', '.join(presets)}"
+                         + (" with --model" if model else ""))
     out = Path(out)
     try:
-        reports = [run_one(out if seed == 0 else out / f"seed-{seed}", preset, overrides, seed, config, world)
+        reports = [run_one(out if seed == 0 else out / f"seed-{seed}", preset, overrides, seed, config, world, model)
                    for seed in range(seeds)]
     finally:
         govern_threads(None)
@@ -172,12 +205,12 @@ def run_demo(out: str | Path, preset: str = "default", overrides: list[str] | No
 
 
 def run_one(out: Path, preset: str, overrides: list[str] | None, seed: int, config: str | Path | None = None,
-            world_name: str = "chain") -> Path:
+            world_name: str = "chain", model: str | None = None) -> Path:
     """One whole demo with world and training seed ``seed``; returns its report's path."""
     started = time.time()
-    cfg, world, threads = prepare_seed(out, preset, overrides, seed, config, world_name)
+    cfg, world, threads = prepare_seed(out, preset, overrides, seed, config, world_name, model)
     properties = None
-    if world_name != "digit":  # the chain world's measured properties, before the pipeline changes nothing of the base
+    if world_name != "digit" and model is None:  # the chain world's measured properties, before the pipeline changes nothing of the base
         from molrl.demo.chain_measure import measure_world
 
         properties = measure_world(world, out / "base", out / "world", cfg)
@@ -191,9 +224,10 @@ def run_one(out: Path, preset: str, overrides: list[str] | None, seed: int, conf
 
 
 def prepare_seed(out: Path, preset: str, overrides: list[str] | None, seed: int,
-                 config: str | Path | None = None,
-                 world_name: str = "chain") -> tuple["PipelineConfig", World, int]:  # noqa: F821
-    """The world and trained base of seed ``seed`` in ``out``, and the pipeline config to run on them.
+                 config: str | Path | None = None, world_name: str = "chain",
+                 model: str | None = None) -> tuple["PipelineConfig", World, int]:  # noqa: F821
+    """The world and trained base of seed ``seed`` in ``out``, and the pipeline config to run on them; with
+    ``model``, the base is that pretrained model warmed up on the world's formats.
 
     Returns (pipeline config, world, most torch threads).
     """
@@ -201,11 +235,12 @@ def prepare_seed(out: Path, preset: str, overrides: list[str] | None, seed: int,
 
     from molrl.pipeline import load_pipeline_config
 
-    chosen = seeded(WORLDS[world_name][preset], seed)
+    chosen = seeded((PRETRAINED_PRESETS if model else WORLDS[world_name])[preset], seed)
     torch.manual_seed(seed)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    world_dir, base_dir = out / "world", out / "base"
+    # a pretrained model's warmed-up base is one for every seed, in the first seed's directory (out/../base)
+    world_dir, base_dir = out / "world", (out if seed == 0 or model is None else out.parent) / "base"
     fixed = [
         f"model={base_dir}",
         f"output_dir={out / 'pipeline'}",
@@ -213,11 +248,13 @@ def prepare_seed(out: Path, preset: str, overrides: list[str] | None, seed: int,
         f"rl.data.path={world_dir / 'rl_train.jsonl'}",
         f"eval.data.heldout={world_dir / 'heldout.jsonl'}",
         f"eval.data.general={world_dir / 'general.jsonl'}",
-        f"title=molrl demo ({preset} preset{'' if world_name == 'digit' else f', {world_name} world'}, seed {seed})",
+        f"title=molrl demo ({preset} preset{'' if world_name == 'digit' else f', {world_name} world'}"
+        f"{f', {Path(model).name}' if model else ''}, seed {seed})",
         f"mol.train.seed={seed}",
         f"rl.train.seed={seed}",
     ]
-    cfg = load_pipeline_config(config or config_dir() / WORLD_CONFIGS[world_name],
+    default_config = PRETRAINED_CONFIG if model else WORLD_CONFIGS[world_name]
+    cfg = load_pipeline_config(config or config_dir() / default_config,
                                [*fixed, *chosen.pipeline_overrides, *(overrides or [])])
     prompts = {"math_prompt": cfg.eval.get("math_prompt"), "code_prompt": cfg.eval.get("code_prompt")}
     if isinstance(chosen.world, ChainWorldConfig):
@@ -225,8 +262,14 @@ def prepare_seed(out: Path, preset: str, overrides: list[str] | None, seed: int,
 
         world = build_chain_world(chosen.world)
         write_world(world, chosen.world, world_dir, prompts["math_prompt"], replay_traces=chain_direct)
-        use_threads(None, "base model", most=chosen.threads)
-        build_chain_base(world, chosen, base_dir, episode_config(cfg), prompts["math_prompt"])
+        if model is not None:
+            from molrl.demo.pretrained_base import build_pretrained_base
+
+            build_pretrained_base(chosen.world, chosen.warm_up or WarmUpConfig(), model, base_dir,
+                                  episode_config(cfg), prompts["math_prompt"], threads=chosen.threads)
+        else:
+            use_threads(None, "base model", most=chosen.threads)
+            build_chain_base(world, chosen, base_dir, episode_config(cfg), prompts["math_prompt"])
     else:
         world = build_world(chosen.world)
         write_world(world, chosen.world, world_dir, prompts["math_prompt"])
@@ -241,9 +284,14 @@ def seeded(preset: DemoPreset, seed: int) -> DemoPreset:
     return replace(preset, world=replace(preset.world, seed=seed), base=replace(preset.base, seed=seed))
 
 
+RULE_ONLY = "rl_rule_train.jsonl"
+"""The world file of the training rule problems alone: RL prompts without the general replay."""
+
+
 def write_world(world: World, cfg: WorldConfig | ChainWorldConfig, world_dir: Path, math_prompt: str | None = None,
                 replay_traces: Any = None) -> Path:
-    """Task files (JSONL ``{id, prompt, answer}``) and the general replay traces of ``world``.
+    """Task files (JSONL ``{id, prompt, answer}``) and the general replay traces of ``world``: RL's prompts with the
+    general replay (``rl_train.jsonl``) and without it (``RULE_ONLY``), the held-out and general evaluation sets.
 
     ``math_prompt`` is evaluation's single-turn instruction, which the replay traces pose problems with;
     ``replay_traces(tasks, math_prompt=...)`` makes them (default the digit world's ``direct_traces``).
@@ -255,7 +303,8 @@ def write_world(world: World, cfg: WorldConfig | ChainWorldConfig, world_dir: Pa
     # RL prompts: the training rule problems plus half as many general problems, so RL keeps
     # rewarding what the base could already do instead of trading it away.
     rl_mix = world.rule_train + world.general_train[: len(world.rule_train) // 2]
-    files = {"rl_train.jsonl": rl_mix, "heldout.jsonl": world.rule_heldout, "general.jsonl": world.general_eval}
+    files = {"rl_train.jsonl": rl_mix, RULE_ONLY: world.rule_train, "heldout.jsonl": world.rule_heldout,
+             "general.jsonl": world.general_eval}
     if world.code_train:  # the code-answer family, mixed the same way
         files["code_rl_train.jsonl"] = world.code_train + world.code_general[: len(world.code_train) // 2]
     if world.code_heldout:

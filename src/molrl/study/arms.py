@@ -33,6 +33,12 @@ class StudyArms:
     """Claim 5: MoL's ``loss.kl_weight`` -> its MoL run (empty: not run)."""
     rl_kl: dict[float, str] = field(default_factory=dict)
     """Claim 6: RL's ``terms.decision_kl`` -> its GRPO run from ``algorithm_start`` (empty: not run)."""
+    rl_adapter_mode: str = "continue"
+    """Claim 6's ``policy.adapter_mode``: continue (the KL's base is the model before MoL) or merge_new (the MoL
+    model merged; the KL's base is the MoL model, so the term holds only what GRPO changes)."""
+    replay: bool = True
+    """Whether the MoL and GRPO runs replay the general tasks (MoL: the general traces; GRPO: general problems
+    in its prompts). Without it, forgetting has room to show."""
 
 
 DIGIT = StudyArms(
@@ -59,6 +65,28 @@ claim 2's epoch runs, so ``mol``, ``mol+grpo`` and ``base+grpo`` are the demo's 
 and end at 0.3, where on seed 0 the term already held GRPO's training reward near its start (0.39 in the first 10
 steps, 0.43 in the last 10, against 0.61 and 0.74 without it); at MoL's own weight, 1, held-out accuracy after
 GRPO fell to 0.33 (0.86 without), as low as 1 epoch of MoL gives."""
+
+NO_REPLAY = "-norep"
+"""The suffix of a run trained without the general replay."""
+
+CHAIN_NO_REPLAY = StudyArms(
+    world="chain",
+    epochs={"0": "base", "demo": "mol" + NO_REPLAY},
+    algorithms={},
+    algorithm_start="mol" + NO_REPLAY,
+    kl_doses={0.0: "ce_feedback" + NO_REPLAY, 0.1: "mol_kl0.1" + NO_REPLAY, 1.0: "mol" + NO_REPLAY,
+              10.0: "mol_kl10" + NO_REPLAY},
+    rl_kl={0.0: f"mol{NO_REPLAY}+grpo", 0.05: f"mol{NO_REPLAY}+grpo_dkl0.05", 0.1: f"mol{NO_REPLAY}+grpo_dkl0.1",
+           0.3: f"mol{NO_REPLAY}+grpo_dkl0.3"},
+    rl_adapter_mode="merge_new",
+    replay=False,
+)
+"""The chain world's arms without the general replay (``--study --no-replay``): MoL, CE and CE on feedback only on
+the base's own traces alone, the KL dose, and GRPO from MoL on the rule problems alone with MoL's decision KL at
+0 to 0.3 in ``merge_new`` mode, so that forgetting has room and the term holds only what GRPO changes. The demo's
+length and settings otherwise; every name ends in ``-norep`` (GRPO's in ``-norep+grpo...``). Without replay, MoL at
+KL weight 0 is CE on the feedback tokens alone, the loss of ``ce_feedback-norep`` (the same sums and normaliser),
+so the dose's zero point is that run."""
 
 WORLD_ARMS = {"chain": CHAIN, "digit": DIGIT}
 """The arms of each world that has a study."""

@@ -16,6 +16,15 @@ from molrl.study.metrics import RL_KL, Score, last_quarter_mean, logged, mol_lat
 from molrl.study.verdict import claim_line, closing_weight, verdict
 from molrl.plots import pyplot, save_figure
 
+BASES = {
+    "continue": "the base being the policy with its adapter disabled, that is the model before MoL (MoL's own "
+                "reference; the MoL adapter is trained on, `policy.adapter_mode=continue`).",
+    "merge_new": "the base being the MoL model itself (`policy.adapter_mode=merge_new`: the MoL adapter merged, a "
+                 "fresh adapter trained, and the term's base that merged model with the fresh adapter disabled), so "
+                 "the term holds only what GRPO changes.",
+}
+"""What claim 6's KL is taken against, by ``policy.adapter_mode``."""
+
 Point = tuple[str, list[float], list[float]]
 """(label, held-out per seed, general per seed) of one model on a curve."""
 
@@ -57,12 +66,11 @@ def rl_kl_section(score: Score, run_dirs: Sequence[Path], plots: Path, arms: Stu
     start, runs = arms.algorithm_start, arms.rl_kl
     kl = {w: [last_quarter_mean(logged(d, "rl", run, RL_KL)) for d in run_dirs] for w, run in runs.items() if w > 0}
     lines = ["## 6. GRPO from MoL with MoL's decision KL (single-turn)", "",
-             f"GRPO from `{start}` (the demo's `{runs[0.0]}`) with `terms.decision_kl` at "
+             f"GRPO from `{start}` (`{runs[0.0]}` without the term) with `terms.decision_kl` at "
              + ", ".join(f"{w:g}" for w in runs) + ": the full-vocabulary KL(policy || base) on every sampled token, "
-             "the base being the policy with its adapter disabled, that is the model before MoL (MoL's own "
-             "reference; the MoL adapter is trained on, `policy.adapter_mode=continue`). In single-turn RL every "
-             "sampled token is a decision token, the rule's values included, so the term holds those near the "
-             "base's as well as the general answers. Every run also keeps the pipeline's `rl.beta` (TRL's "
+             + BASES[arms.rl_adapter_mode] + " In single-turn RL every sampled token is a decision token, "
+             "so the term holds the rule's values as well as the general answers near its base's. "
+             "Every run also keeps the pipeline's `rl.beta` (TRL's "
              f"sampled-token KL to the same base). *General drop* is `{start}`'s general accuracy minus the run's; "
              "the question is at which weight the drop closes without losing the held-out accuracy GRPO reaches "
              "without the term. Decision KL is the term's value per sampled token, mean over the last quarter of "

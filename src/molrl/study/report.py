@@ -54,8 +54,7 @@ def write_study_report(run_dirs: Sequence[Path], out: Path, arms: StudyArms = DI
     if arms.rl_kl:
         lines += rl_kl_section(score, run_dirs, plots, arms)
     figure = plot_general_vs_heldout(score, plots / "general_vs_heldout.png", study_models(arms))
-    if figure is not None:
-        lines += ["## General vs held-out accuracy per model", "", f"![general vs held-out](plots/{figure.name})", ""]
+    lines += ["## General vs held-out accuracy per model", "", f"![general vs held-out](plots/{figure.name})", ""]
     lines += time_section(run_dirs, wall_s)
     lines += [seed_summary(run_dirs)]
     report = out / "study.md"
@@ -279,16 +278,18 @@ def plot_lengths(run_dirs: Sequence[Path], runs: dict[str, str], path: Path) -> 
     return plot_panels(panels, "GRPO step", path, "mean completion length (tokens)")
 
 
-def plot_general_vs_heldout(score: Score, path: Path, models: Sequence[str]) -> Path | None:
-    """One point per model: general accuracy against held-out accuracy (means over seeds)."""
+def plot_general_vs_heldout(score: Score, path: Path, models: Sequence[str]) -> Path:
+    """One point per model: held-out (x) against general (y) accuracy, means over seeds with standard-error bars
+    (grey: the base, red: RL runs, blue: MoL runs)."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 5))
+    fig, ax = plt.subplots(figsize=(7.5, 5.5))
     for model in models:
-        x, y = mean_se(score(model, "heldout"))[0], mean_se(score(model, "general"))[0]
-        ax.scatter([x], [y], color="tab:red" if "grpo" in model else "tab:blue")
-        ax.annotate(model, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    ax.set_xlabel("held-out accuracy (rule problems)")
-    ax.set_ylabel("general accuracy (forgetting check)")
+        (x, xe), (y, ye) = mean_se(score(model, "heldout")), mean_se(score(model, "general"))
+        colour = "tab:gray" if model == "base" else "tab:red" if "grpo" in model else "tab:blue"
+        ax.errorbar([x], [y], xerr=[xe], yerr=[ye], marker="o", color=colour, capsize=3)
+        ax.annotate(model, (x, y), fontsize=7, xytext=(4, 4), textcoords="offset points")
+    ax.set_xlabel("held-out accuracy (absorbed)")
+    ax.set_ylabel("general accuracy (kept)")
     ax.set_xlim(-0.05, 1.05)
     ax.set_ylim(-0.05, 1.05)
     ax.grid(alpha=0.3)

@@ -41,7 +41,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from molrl.cpu import govern_threads
-from molrl.study.arms import CHAIN, CODE, CODE_TOKENS, DIGIT, LOSSES, SOURCES, WORLD_ARMS, StudyArms
+from molrl.study.arms import (CHAIN, CHAIN_NO_REPLAY, CODE, CODE_TOKENS, DIGIT, LOSSES, NO_REPLAY, SOURCES,
+                              WORLD_ARMS, StudyArms)
 from molrl.errors import MolrlError
 from molrl.pipeline import MolRun, PipelineConfig, RlRun, run_pipeline
 
@@ -49,27 +50,38 @@ log = logging.getLogger(__name__)
 
 
 def run_study(out: str | Path, quick: bool = False, seeds: int = 3, overrides: list[str] | None = None,
-              world: str = "chain") -> Path:
-    """The study of ``world`` in ``out/seed-N`` for each seed and ``out/study.md`` over them; returns its path."""
+              world: str = "chain", replay: bool = True) -> Path:
+    """The study of ``world`` in ``out/seed-N`` for each seed and ``out/study.md`` over them; returns its path.
+
+    ``replay=False``: the chain world's arms without the general replay (``CHAIN_NO_REPLAY``) and their report,
+    ``out/study_no_replay.md``."""
+    from molrl.study.no_replay import write_no_replay_report
     from molrl.study.report import write_study_report
 
     if seeds < 1:
         raise MolrlError(f"--seeds {seeds}: give 1 or more")
     if world not in WORLD_ARMS:
         raise MolrlError(f"--study --world {world}: the study runs on {' or '.join(WORLD_ARMS)}")
+    if not replay and world != "chain":
+        raise MolrlError(f"--study --no-replay runs on the chain world, not --world {world}")
     out = Path(out)
     started = time.time()
     try:
-        run_dirs = [run_seed(out / f"seed-{seed}", quick, overrides, seed, world) for seed in range(seeds)]
+        run_dirs = [run_seed(out / f"seed-{seed}", quick, overrides, seed, world, replay) for seed in range(seeds)]
     finally:
         govern_threads(None)
-    report = write_study_report(run_dirs, out, WORLD_ARMS[world], wall_s=time.time() - started)
+    if not replay:
+        report = write_no_replay_report(run_dirs, out, CHAIN_NO_REPLAY, wall_s=time.time() - started)
+    else:
+        report = write_study_report(run_dirs, out, WORLD_ARMS[world], wall_s=time.time() - started)
     log.info("study finished in %.0f s: %s", time.time() - started, report)
     return report
 
 
-def run_seed(out: Path, quick: bool, overrides: list[str] | None, seed: int, world: str = "chain") -> Path:
-    """Every run of ``world``'s study for one seed; returns its pipeline directory."""
+def run_seed(out: Path, quick: bool, overrides: list[str] | None, seed: int, world: str = "chain",
+             replay: bool = True) -> Path:
+    """Every run of ``world``'s study for one seed (``replay=False``: the arms without the general replay); returns
+    its pipeline directory."""
     from transformers import AutoTokenizer
 
     from molrl.demo.expert import ChainExpert, StyledExpert, expert_traces
@@ -78,6 +90,11 @@ def run_seed(out: Path, quick: bool, overrides: list[str] | None, seed: int, wor
     started = time.time()
     preset = "study_quick" if quick else "study"
     cfg, built, threads = prepare_seed(out, preset, overrides, seed, world_name=world)
+    if not replay:
+        cfg = no_replay_config(cfg, out / "world", seed, preset)
+        run_pipeline(cfg, collect_tasks=built.rule_train, most_threads=threads)
+        log.info("seed %d of the study without replay finished in %.0f s", seed, time.time() - started)
+        return Path(cfg.output_dir)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model)
     expert = expert_traces(built.rule_train, tokenizer, episode_config(cfg), out / "expert" / "traces.jsonl",
                            expert=ChainExpert() if world == "chain" else StyledExpert())
@@ -146,3 +163,27 @@ def digit_study_config(cfg: PipelineConfig, expert: Path, world_dir: Path, seed:
     evaluation["data"] = {**evaluation.get("data", {}), CODE: str(world_dir / "code_heldout.jsonl")}
     return replace(cfg, mol_runs=mol_runs, rl_runs=rl_runs, eval=evaluation, eval_models=[],
                    title=f"molrl study ({preset} preset, seed {seed})")
+
+
+def no_replay_config(cfg: PipelineConfig, world_dir: Path, seed: int, preset: str,
+                     arms: StudyArms = CHAIN_NO_REPLAY) -> PipelineConfig:
+    """The chain demo's pipeline ``cfg`` with ``arms``' runs: every MoL run on the base's own collected traces alone
+    (``general_traces`` emptied), every GRPO run from ``arms.algorithm_start`` on the rule problems alone, in
+    ``arms.rl_adapter_mode``."""
+    from molrl.demo.run import RULE_ONLY
+
+    mol_runs = []
+    for mode in LOSSES:
+        monitor = [] if mode == "mol" else ["loss.monitor_kl=true"]
+        mol_runs.append(MolRun(name=mode + NO_REPLAY, overrides=[f"loss.mode={mode}", *monitor]))
+    for weight, name in arms.kl_doses.items():
+        if name not in {r.name for r in mol_runs}:
+            mol_runs.append(MolRun(name=name, overrides=["loss.mode=mol", f"loss.kl_weight={weight:g}"]))
+    rule_only = [f"data.path={world_dir / RULE_ONLY}", f"policy.adapter_mode={arms.rl_adapter_mode}"]
+    if arms.rl_adapter_mode == "merge_new":  # rl.beta's KL then also to the MoL model, as the decision KL's
+        rule_only.append("policy.reference=mol")
+    rl_runs = [RlRun(name=name, start=arms.algorithm_start,
+                     overrides=["algorithm=grpo", *rule_only, *([f"terms.decision_kl={w:g}"] if w > 0 else [])])
+               for w, name in arms.rl_kl.items()]
+    return replace(cfg, mol_runs=mol_runs, rl_runs=rl_runs, eval_models=[], general_traces=[],
+                   title=f"molrl study without the general replay ({preset} preset, chain world, seed {seed})")

@@ -1,0 +1,162 @@
+"""``headline.md`` of ``molrl demo --model``: the four models of the headline over seeds, on a pretrained model.
+
+Base, base + GRPO, MoL and MoL + GRPO, each seed's pipeline run of the chain world with the pretrained model
+(warmed up on the world's formats) as its base. Per model: single-step pass@1 on the held-out rule problems and on
+the general problems (task accuracy), and two measures of what it kept of the base on the general prompts, as the
+real-model benchmark measures them:
+
+- *general KL*: the full-vocabulary KL(model || base) per token on the base's own greedy answers to the general
+  prompts (the base's answers are its evaluation's completions);
+- *agreement*: the share of general prompts whose greedy answer equals the base's, text for text (both from the
+  evaluation's greedy completions).
+
+Verdicts follow the study's rule (``molrl.study.verdict``) on paired per-seed differences. The KL figures are
+kept in each seed's ``pipeline/forgetting.json`` (recomputed only when a model's run changed).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Sequence
+
+from molrl.demo.seeds import cell
+from molrl.jsonl import read_records
+from molrl.study.metrics import scorer
+from molrl.study.report import plot_general_vs_heldout
+from molrl.study.verdict import RULE, claim_line
+from molrl.writes import write_text
+
+log = logging.getLogger(__name__)
+
+MODELS = ("base", "base+grpo", "mol", "mol+grpo")
+"""The headline's four models, by their pipeline names."""
+KL_CHUNK = 8
+"""Prompts per forward pass of the KL measurement (a [chunk, length, vocabulary] logits tensor each)."""
+
+
+def seed_dirs(out: Path, seeds: int) -> list[Path]:
+    """Each seed's pipeline directory of a ``molrl demo`` run in ``out`` (seed 0 in ``out`` itself)."""
+    return [(out if seed == 0 else out / f"seed-{seed}") / "pipeline" for seed in range(seeds)]
+
+
+def write_headline(out: str | Path, seeds: int, model: str) -> Path:
+    """Write ``out/headline.md`` and ``out/plots/headline.png`` over ``seeds`` seeds; returns the report's path."""
+    out = Path(out)
+    run_dirs = seed_dirs(out, seeds)
+    score = scorer(run_dirs)
+    kept = [forgetting(d) for d in run_dirs]
+    kl = {m: [k[m]["general_kl"] for k in kept] for m in MODELS}
+    agree = {m: [k[m]["agreement"] for k in kept] for m in MODELS}
+    held = {m: score(m, "heldout") for m in MODELS}
+    general = {m: score(m, "general") for m in MODELS}
+    n_held, n_general = (problem_count(run_dirs[0], "base", b) for b in ("heldout", "general"))
+    lines = [f"# The headline on a pretrained model: {Path(model).name}, chain world ({seeds} seed"
+             f"{'s' * (seeds != 1)})", "",
+             f"`{model}` is warmed up once on the chain world's formats (tool use and the answer format, in decoy "
+             "worlds of a chain world of its own, never a seed's rule; `molrl.demo.pretrained_base`): that is the "
+             "base. Each seed builds its chain world, collects the base's own traces in the sandbox, trains MoL on "
+             "them, runs the same GRPO from the MoL model and from the base, and evaluates in a single step without "
+             f"feedback: held-out rule problems (n = {n_held} a seed) and general problems (n = {n_general} a seed, "
+             "the public rules). General KL is KL(model || base) per token on the base's greedy answers to the "
+             "general prompts; agreement is the share of those prompts answered exactly as the base does. A cell is "
+             "mean ± standard error over seeds [per seed].", "",
+             "| model | held-out | general | general KL | agreement with the base |", "|---|---|---|---|---|"]
+    for m in MODELS:
+        lines.append(f"| `{m}` | {cell(held[m])} | {cell(general[m])} | {cell(kl[m], 4)} | {cell(agree[m])} |")
+    lines += ["", "Verdicts compare paired per-seed differences d: " + RULE, "",
+              claim_line("MoL + GRPO reaches more than GRPO alone (the headline)", held["mol+grpo"],
+                         held["base+grpo"], "held-out, mol+grpo − base+grpo"),
+              claim_line("MoL absorbs the feedback", held["mol"], held["base"], "held-out, mol − base"),
+              claim_line("GRPO alone learns the rule problems", held["base+grpo"], held["base"],
+                         "held-out, base+grpo − base"),
+              claim_line("GRPO from MoL adds to MoL", held["mol+grpo"], held["mol"], "held-out, mol+grpo − mol"),
+              claim_line("MoL forgets general accuracy", general["base"], general["mol"], "general, base − mol"),
+              claim_line("MoL + GRPO forgets more than GRPO alone", general["base+grpo"], general["mol+grpo"],
+                         "general, base+grpo − mol+grpo"),
+              claim_line("MoL + GRPO moves further from the base than GRPO alone", kl["mol+grpo"], kl["base+grpo"],
+                         "general KL, mol+grpo − base+grpo"), ""]
+    plots = out / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
+    figure = plot_general_vs_heldout(lambda m, b: held[m] if b == "heldout" else general[m], plots / "headline.png",
+                                     MODELS)
+    lines += [f"![held-out against general per model](plots/{figure.name})", "",
+              "Each seed's own report: `pipeline/report.md` (seed 0) and `seed-N/pipeline/report.md`.", ""]
+    report = out / "headline.md"
+    write_text(report, "\n".join(lines))
+    return report
+
+
+def problem_count(run_dir: Path, model: str, bench: str) -> int:
+    """Problems of ``bench`` in ``model``'s evaluation."""
+    return sum(1 for _ in read_records(run_dir / "eval" / model / bench / "samples.jsonl"))
+
+
+def greedy_answers(run_dir: Path, model: str, bench: str = "general") -> dict[str, str]:
+    """``model``'s first completion per problem of ``bench`` (greedy evaluation), by problem id."""
+    return {r["id"]: r["completion"] for r in read_records(run_dir / "eval" / model / bench / "samples.jsonl")
+            if r.get("sample", 0) == 0}
+
+
+def forgetting(run_dir: Path) -> dict[str, dict[str, float]]:
+    """Per model: general KL to the base on the base's greedy answers, and greedy agreement with the base; kept in
+    ``run_dir/forgetting.json`` keyed by each model's run marker, so a finished measurement is reused."""
+    from molrl.pipeline import load_pipeline_config
+
+    cfg = load_pipeline_config(run_dir / "config.yaml")
+    cache_file = run_dir / "forgetting.json"
+    cache = json.loads(cache_file.read_text()) if cache_file.is_file() else {}
+    base_answers = greedy_answers(run_dir, "base")
+    out: dict[str, dict[str, float]] = {}
+    todo = []
+    for m in MODELS:
+        marker = (run_dir / "eval" / m / "DONE").read_text() if (run_dir / "eval" / m / "DONE").is_file() else ""
+        answers = greedy_answers(run_dir, m)
+        same = sum(answers.get(i) == a for i, a in base_answers.items()) / max(len(base_answers), 1)
+        if m == "base":
+            out[m] = {"general_kl": 0.0, "agreement": same}
+        elif cache.get(m, {}).get("marker") == marker:
+            out[m] = {"general_kl": cache[m]["general_kl"], "agreement": same}
+        else:
+            todo.append((m, marker, same))
+    if todo:
+        for (m, marker, same), value in zip(todo, general_kls(cfg, run_dir, [t[0] for t in todo], base_answers)):
+            out[m] = {"general_kl": value, "agreement": same}
+            cache[m] = {"marker": marker, "general_kl": value}
+        write_text(cache_file, json.dumps(cache, indent=1))
+    return out
+
+
+def general_kls(cfg: Any, run_dir: Path, models: Sequence[str], answers: dict[str, str]) -> list[float]:
+    """KL(model || base) per token on ``answers`` (the base's greedy answers, by general problem id), per model."""
+    import torch
+
+    from molrl.models import load_model, load_tokenizer
+    from molrl.pipeline import model_weights
+    from molrl.rl.kl import policy_base_kl
+    from molrl.tasks.loaders import load_tasks
+    from molrl.tasks.prompts import render_prompts
+    from molrl.tasks.types import JsonlSpec
+
+    evaluation = cfg.eval
+    tasks = {t.id: t for t in load_tasks(evaluation["data"]["general"], "jsonl", spec=JsonlSpec(kind="math"))}
+    ids = [i for i in answers if i in tasks]
+    tokenizer = load_tokenizer(cfg.model)
+    prompts = render_prompts(tokenizer, [tasks[i] for i in ids], enable_thinking=evaluation.get("enable_thinking", True),
+                             math_template=evaluation.get("math_prompt", "{prompt}"))
+    values = []
+    for m in models:
+        base_path, adapter = model_weights(cfg, m, run_dir)
+        policy = load_model(base_path, adapter=adapter)
+        total = tokens = 0.0
+        for start in range(0, len(ids), KL_CHUNK):
+            chunk = slice(start, start + KL_CHUNK)
+            count = sum(len(tokenizer(answers[i], add_special_tokens=False)["input_ids"]) + 1 for i in ids[chunk])
+            with torch.no_grad():
+                kl = policy_base_kl(policy, policy.disable_adapter, tokenizer, prompts[chunk],
+                                    [answers[i] for i in ids[chunk]])
+            total, tokens = total + kl * count, tokens + count
+        values.append(total / max(tokens, 1))
+        log.info("%s: general KL to the base %.4f per token over %d answers", m, values[-1], len(ids))
+    return values

@@ -1,0 +1,97 @@
+"""``study_no_replay.md``: the chain study's forgetting claims without the general replay (``--study --no-replay``).
+
+Every arm of the full study replays the general tasks (MoL mixes in general traces, GRPO's prompts include
+general problems), which leaves forgetting no room to show. These arms (``molrl.study.arms.CHAIN_NO_REPLAY``)
+train on the world's rule problems alone: MoL vs CE vs CE on feedback only, the KL dose, and GRPO from MoL with
+MoL's decision KL at several weights in ``merge_new`` mode. Read back from each seed's pipeline directory as
+``molrl.study.report`` does, with the same verdict rule.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from molrl.demo.seeds import cell
+from molrl.study.arms import LOSSES, NO_REPLAY, StudyArms
+from molrl.study.kl import dose_section, rl_kl_section
+from molrl.study.metrics import Score, mol_late_mean, scorer
+from molrl.study.report import plot_general_vs_heldout, time_section
+from molrl.study.verdict import RULE, claim_line
+from molrl.writes import write_text
+
+
+def write_no_replay_report(run_dirs: Sequence[Path], out: Path, arms: StudyArms, wall_s: float | None = None) -> Path:
+    """Write ``out/study_no_replay.md`` and its plots (``out/plots/no_replay_*.png``); returns the report's path."""
+    plots = out / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
+    score = scorer(run_dirs)
+    lines = [f"# molrl study without the general replay: forgetting on the {arms.world} world "
+             f"({len(run_dirs)} seeds)", "",
+             "Each seed builds its world and base as the demo does; every MoL run here trains on the base's own "
+             "collected traces alone (no general replay traces), and every GRPO run prompts the training rule "
+             "problems alone (no general problems). Scores are single-step pass@1 on the held-out rule problems "
+             "(*held-out*) and the general tasks (*general*, what the model kept); a cell is mean ± standard error "
+             "over seeds (per-seed values in brackets).", "",
+             "Verdicts compare paired per-seed differences d (the claim's side minus the other): " + RULE, ""]
+    lines += loss_section(score, run_dirs, arms)
+    lines += rl_forgetting_section(score, arms)
+    lines += ["Without replay, MoL at KL weight 0 is CE on the feedback tokens alone, the loss of "
+              f"`ce_feedback{NO_REPLAY}` (the same sums and normaliser), so that run is the dose's zero point.", ""]
+    lines += dose_section(score, run_dirs, plots, arms)
+    lines += rl_kl_section(score, run_dirs, plots, arms)
+    models = ["base", *dict.fromkeys([*(m + NO_REPLAY for m in LOSSES), *arms.kl_doses.values(),
+                                      *arms.rl_kl.values()])]
+    figure = plot_general_vs_heldout(score, plots / "no_replay_arms.png", models)
+    lines += ["## Held-out against general, per arm", "",
+              "Means over seeds with standard-error bars; up and right is better, left of the base is forgetting.",
+              "", f"![held-out against general per arm](plots/{figure.name})", ""]
+    lines += time_section(run_dirs, wall_s)
+    report = out / "study_no_replay.md"
+    write_text(report, "\n".join(lines))
+    return report
+
+
+def loss_section(score: Score, run_dirs: Sequence[Path], arms: StudyArms) -> list[str]:
+    """MoL vs CE vs CE on feedback only, each on the base's own traces alone: scores, decision KL, verdicts."""
+    runs = {mode: mode + NO_REPLAY for mode in LOSSES}
+    kl = {mode: [mol_late_mean(d, run) for d in run_dirs] for mode, run in runs.items()}
+    lines = ["## 1. MoL vs CE vs CE on feedback only, without replay", "",
+             "The paper: pure CE on traces forgets; MoL's KL on decision tokens keeps the model's own reasoning. "
+             "*General drop* is the base's general accuracy minus the run's. Decision KL is KL(model || base) per "
+             "decision token on the training batches, mean over the last quarter of MoL steps.", "",
+             "| loss | run | held-out | general | general drop from the base | decision KL (end) |",
+             "|---|---|---|---|---|---|", f"| — | `base` | {cell(score('base', 'heldout'))} | "
+             f"{cell(score('base', 'general'))} | — | — |"]
+    base = score("base", "general")
+    for mode, run in runs.items():
+        drop = [b - a for b, a in zip(base, score(run, "general"))]
+        lines.append(f"| {mode} | `{run}` | {cell(score(run, 'heldout'))} | {cell(score(run, 'general'))} | "
+                     f"{cell(drop)} | {cell(kl[mode], 4)} |")
+    lines.append("")
+    for mode, run in runs.items():
+        lines.append(claim_line(f"{mode} without replay forgets", base, score(run, "general"),
+                                f"general, base − {run}"))
+    lines += [claim_line("CE forgets more than MoL", score(runs["mol"], "general"), score(runs["ce"], "general"),
+                         "general accuracy, mol − ce"),
+              claim_line("CE on feedback only forgets more than MoL", score(runs["mol"], "general"),
+                         score(runs["ce_feedback"], "general"), "general accuracy, mol − ce_feedback"),
+              claim_line("MoL learns more than CE on feedback only", score(runs["mol"], "heldout"),
+                         score(runs["ce_feedback"], "heldout"), "held-out accuracy, mol − ce_feedback"),
+              claim_line("CE moves the decisions further from the base than MoL", kl["ce"], kl["mol"],
+                         "decision KL, ce − mol"), ""]
+    return lines
+
+
+def rl_forgetting_section(score: Score, arms: StudyArms) -> list[str]:
+    """GRPO from MoL on the rule problems alone: does it forget what MoL kept?"""
+    start, plain = arms.algorithm_start, arms.rl_kl[0.0]
+    return ["## RL from MoL without replay", "",
+            f"`{plain}`: GRPO from `{start}` on the rule problems alone (`policy.adapter_mode="
+            f"{arms.rl_adapter_mode}`, no decision KL; `rl.beta` as the pipeline's).", "",
+            "| model | held-out | general |", "|---|---|---|",
+            *(f"| `{m}` | {cell(score(m, 'heldout'))} | {cell(score(m, 'general'))} |" for m in ("base", start, plain)),
+            "", claim_line("RL from MoL forgets", score(start, "general"), score(plain, "general"),
+                           f"general, {start} − {plain}"),
+            claim_line("RL from MoL learns the rule problems", score(plain, "heldout"), score(start, "heldout"),
+                       f"held-out, {plain} − {start}"), ""]
