@@ -101,10 +101,10 @@ def eval_seconds(engine: str, model: str, data: Path, out: Path) -> float:
 def rl_seconds(engine: str, model: str, data: Path, out: Path, turns: int) -> dict:
     """Seconds a step of a short RL run (steps after the first), its generation share, and the engine gap."""
     from molrl.rl import run_rl
-    from molrl.rl.config import LoraSettings, PolicyConfig, RlConfig, TaskSource, TrainSettings
+    from molrl.rl.config import LoraSettings, RlConfig, TaskSource, TrainSettings
 
     folder = out / f"rl{turns}_{engine}_{time.time_ns()}"
-    cfg = RlConfig(output_dir=folder, engine=engine, policy=PolicyConfig(base=model, dtype="float32"),
+    cfg = RlConfig(output_dir=folder, engine=engine, model=model,
                    lora=LoraSettings(rank=16, alpha=32),
                    data=TaskSource(path=data / "mbpp" / "mbpp.jsonl", format="mbpp", split="train", limit=32),
                    num_generations=4, prompts_per_step=2, max_completion_length=128 * turns, max_prompt_length=512,
@@ -114,7 +114,7 @@ def rl_seconds(engine: str, model: str, data: Path, out: Path, turns: int) -> di
         cfg.rollout.turns = turns
         cfg.rollout.episode.sampling.max_new_tokens = 128
     cfg.__post_init__()
-    cfg.reward.sandbox_workers = 2
+    cfg.sandbox.workers = 2
     run_rl(cfg)
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "step_time" in r and "loss" in r][1:]

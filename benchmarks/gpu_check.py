@@ -386,13 +386,14 @@ def model_dir(args: argparse.Namespace) -> Path:
 def run_rl_item(args: argparse.Namespace, name: str, settings: dict, steps: int, tokens: int) -> list[dict]:
     """``run_rl`` on the prepared model in bf16 with ``settings``; its logged steps (metrics.jsonl)."""
     from molrl.rl import run_rl
-    from molrl.rl.config import LoraSettings, PolicyConfig, RlConfig, TaskSource, TrainSettings
+    from molrl.config_blocks import ModelSource
+    from molrl.rl.config import LoraSettings, RlConfig, TaskSource, TrainSettings
 
     out = Path(args.workdir) / name
     if out.exists():
         shutil.rmtree(out)  # a re-run would resume instead of measuring
     nested = {k: v for k, v in settings.items() if isinstance(v, dict)}
-    cfg = RlConfig(output_dir=out, policy=PolicyConfig(base=str(model_dir(args)), dtype="bfloat16"),
+    cfg = RlConfig(output_dir=out, model=ModelSource(str(model_dir(args)), dtype="bfloat16"),
                    lora=LoraSettings(rank=16 if args.tiny else 64, alpha=32 if args.tiny else 128),
                    data=TaskSource(format="toy", limit=64), num_generations=8,
                    max_completion_length=tokens, max_prompt_length=512,
@@ -402,7 +403,7 @@ def run_rl_item(args: argparse.Namespace, name: str, settings: dict, steps: int,
         for key, value in values.items():
             setattr(getattr(cfg, section), key, value)
     cfg.__post_init__()  # re-check the combination the nested settings made
-    cfg.reward.sandbox_workers = 2 if args.tiny else 4
+    cfg.sandbox.workers = 2 if args.tiny else 4
     run_rl(cfg)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if "step_time" in r and "loss" in r]

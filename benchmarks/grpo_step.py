@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from molrl.rl.config import RlConfig, LoraSettings, PolicyConfig, TaskSource, TrainSettings
+from molrl.rl.config import RlConfig, LoraSettings, TaskSource, TrainSettings
 from molrl.rl.run import build_trainer
 from molrl.tasks import JsonlSpec, Task, TestCase
 
@@ -102,12 +102,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = RlConfig(output_dir=Path(tmp) / "run", policy=PolicyConfig(base=args.model),
+        cfg = RlConfig(output_dir=Path(tmp) / "run", model=args.model,
                        lora=LoraSettings(rank=64, alpha=128), data=task_source(args, Path(tmp)),
                        num_generations=8, max_completion_length=args.completion_tokens, max_prompt_length=4096,
                        train=TrainSettings(learning_rate=1e-4, max_steps=args.steps, micro_batch_size=8,
                                            save_steps=10_000))
-        cfg.reward.sandbox_workers = args.workers
+        cfg.sandbox.workers = args.workers
         trainer, _, pool = build_trainer(cfg)
         trainer.scorer.score = ReferenceCompletions(trainer.scorer, {t.id: t.reference for t in BUILT_IN})
         timer = StepTimer()

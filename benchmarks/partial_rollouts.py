@@ -81,15 +81,15 @@ def decode_cost(model_dir: Path, widths: tuple[int, int], tokens: int = 64, repe
 
 def run_arm(out: Path, base: Path, arm: str, seed: int, args: argparse.Namespace, steps: int, lr: float) -> Path:
     from molrl.rl import run_rl
-    from molrl.rl.config import LoraSettings, PolicyConfig, RlConfig, TaskSource, TrainSettings
+    from molrl.rl.config import LoraSettings, RlConfig, TaskSource, TrainSettings
 
-    cfg = RlConfig(output_dir=out, policy=PolicyConfig(base=str(base)), lora=LoraSettings(rank=16, alpha=32),
+    cfg = RlConfig(output_dir=out, model=str(base), lora=LoraSettings(rank=16, alpha=32),
                    data=TaskSource(format="toy", limit=64), algorithm="grpo", num_generations=args.group,
                    prompts_per_step=args.prompts, max_completion_length=args.max_tokens,
                    max_prompt_length=256, temperature=1.0,
                    train=TrainSettings(learning_rate=lr, max_steps=steps, micro_batch_size=args.group,
                                        save_steps=10_000, seed=seed))
-    cfg.reward.sandbox_workers = 2
+    cfg.sandbox.workers = 2
     if arm != "sync":
         cfg.rollout.partial = True
         cfg.rollout.over_provision = args.over_provision

@@ -29,6 +29,7 @@ import json
 import math
 from pathlib import Path
 
+from molrl.config_blocks import ModelSource
 from molrl.demo.seeds import cell
 
 ARMS = {
@@ -41,11 +42,11 @@ ARMS = {
 
 def config(run: Path, out: Path, arm: dict, seed: int, steps: int, prompts: int, split: float,
            max_completion_length: int = 48):
-    from molrl.rl.config import LoraSettings, PolicyConfig, RlConfig, TaskSource, TrainSettings
-    from molrl.tasks.types import JsonlSpec
+    from molrl.rl.config import LoraSettings, RlConfig, TaskSource, TrainSettings
+    from molrl.task_types import JsonlSpec
 
     cfg = RlConfig(
-        output_dir=out, policy=PolicyConfig(base=str(run / "base"), mol_adapter=run / "pipeline" / "mol" / "mol"),
+        output_dir=out, model=ModelSource(str(run / "base"), adapter=run / "pipeline" / "mol" / "mol"),
         lora=LoraSettings(rank=16, alpha=32),
         data=TaskSource(path=run / "world" / "rl_train.jsonl", format="jsonl", limit=prompts,
                          spec=JsonlSpec(kind="math")),
@@ -56,7 +57,7 @@ def config(run: Path, out: Path, arm: dict, seed: int, steps: int, prompts: int,
     cfg.rollout.behaviour, cfg.rollout.rounds, cfg.rollout.buffer_batches = arm["behaviour"], 2, 2
     cfg.rollout.sampling_error_split = split
     cfg.props.min_entropy = split if arm["min_entropy"] is None else arm["min_entropy"]
-    cfg.reward.sandbox_workers = 2
+    cfg.sandbox.workers = 2
     return cfg
 
 

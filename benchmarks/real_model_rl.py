@@ -34,7 +34,7 @@ from real_model import normalised  # benchmarks/real_model.py: the same rule for
 REPO = Path(__file__).resolve().parents[1]
 RL = ["algorithm=grpo", "num_generations=4", "prompts_per_step=1", "max_completion_length=128", "temperature=1.0",
       "lora.rank=16", "lora.alpha=32", "train.learning_rate=2e-4", "train.micro_batch_size=4", "train.save_steps=10",
-      "train.report_to=[]", "reward.sandbox_workers=1", "threads=1", "data.format=mbpp"]
+      "train.report_to=[]", "sandbox.workers=1", "threads=1", "data.format=mbpp"]
 
 
 def easy_split(mbpp: Path, mint: Path, out: Path, count: int, held: int) -> tuple[Path, Path]:
@@ -80,10 +80,10 @@ def evaluate(model: str, adapter: Path | None, held: Path, out: Path, new_tokens
 
 def train(model: str, adapter: Path | None, train_file: Path, out: Path, steps: int) -> dict:
     """``molrl rl`` (GRPO) for ``steps`` steps; a finished run is a no-op. Returns its wall time and reward curve."""
-    args = ["rl", "--config", REPO / "configs/rl_tiny.yaml", f"output_dir={out}", f"policy.base={model}",
+    args = ["rl", "--config", REPO / "configs/rl_tiny.yaml", f"output_dir={out}", f"model.path={model}",
             f"data.path={train_file}", f"train.max_steps={steps}", *RL]
     if adapter:
-        args.append(f"policy.mol_adapter={adapter}")
+        args.append(f"model.adapter={adapter}")
     timing = out.parent / f"{out.name}.seconds"
     if not (out / "adapter").is_dir() or not timing.is_file():  # a finished run is timed once, when it trains
         timing.write_text(str(molrl(args, out.parent / f"{out.name}.log")))

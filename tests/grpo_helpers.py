@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from molrl.rl.config import LoraSettings, PolicyConfig, RlConfig, TaskSource, TrainSettings
+from molrl.rl.config import LoraSettings, RlConfig, TaskSource, TrainSettings
 
 
 def save_tiny_model(path: Path, eos_logit: float | None = None) -> Path:
@@ -51,7 +51,7 @@ def toy_config(out: Path, base: Path, *, max_steps: int = 3, save_steps: int = 1
     ``micro_batch_size`` go to its ``train`` section."""
     settings = dict(
         output_dir=out,
-        policy=PolicyConfig(base=str(base)),
+        model=str(base),
         lora=LoraSettings(rank=16, alpha=32),
         data=TaskSource(format="toy", limit=32),
         num_generations=8,
@@ -62,7 +62,7 @@ def toy_config(out: Path, base: Path, *, max_steps: int = 3, save_steps: int = 1
     )
     settings.update(overrides)
     cfg = RlConfig(**settings)
-    cfg.reward.sandbox_workers = 2
+    cfg.sandbox.workers = 2
     return cfg
 
 

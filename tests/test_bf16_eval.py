@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from grpo_helpers import save_mol_adapter, save_tiny_model
+from molrl.config_blocks import ModelSource
 from molrl.eval import EvalConfig, run_eval
 from molrl.eval.sources import load_generator
 from molrl.generation import SamplingConfig
@@ -30,7 +31,7 @@ def model_dirs(tmp_path_factory):
 
 
 def config(out, base, adapter=None, **kw) -> EvalConfig:
-    return EvalConfig(model=str(base), adapter=None if adapter is None else str(adapter), dtype="bfloat16",
+    return EvalConfig(model=ModelSource(str(base), adapter=adapter, dtype="bfloat16"),
                       device="cpu", output_dir=out, sandbox=SandboxConfig(workers=1), **kw)
 
 

@@ -13,6 +13,7 @@ import math
 import pytest
 import torch
 
+from molrl.config_blocks import ModelSource
 from molrl.mol.config import MolConfig
 from molrl.mol.losses import LossSettings, mol_loss, step_counts, token_masks
 from molrl.mol.run import run_mol
@@ -35,7 +36,7 @@ def write_tiny_traces(path) -> str:
 
 
 def bf16_config(tmp_path, traces: str, **loss) -> MolConfig:
-    cfg = MolConfig(model="tiny:chatml", output_dir=tmp_path / "run", dtype="bfloat16", loss=LossSettings(**loss))
+    cfg = MolConfig(model=ModelSource("tiny:chatml", dtype="bfloat16"), output_dir=tmp_path / "run", loss=LossSettings(**loss))
     cfg.data.traces = [traces]
     cfg.lora.rank, cfg.lora.alpha, cfg.lora.dropout = 4, 8, 0.0
     t = cfg.train
@@ -67,7 +68,7 @@ def test_lora_mol_in_bf16_trains_and_saves_a_float32_adapter(tmp_path, traces, d
     from safetensors.torch import load_file
 
     cfg = bf16_config(tmp_path, traces, kl_direction=direction)
-    cfg.dtype = dtype
+    cfg.model.dtype = dtype
     cfg.lora.target_modules = ["q_proj", "v_proj", "down_proj", "lm_head"]  # the head's adapter enters the chunked loss
     out = run_mol(cfg)
     steps = logged_steps(out)

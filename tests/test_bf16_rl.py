@@ -1,4 +1,4 @@
-"""Every RL algorithm and rollout policy in bfloat16 on CPU: ``run_rl`` with ``policy.dtype=bfloat16``.
+"""Every RL algorithm and rollout policy in bfloat16 on CPU: ``run_rl`` with ``model.dtype=bfloat16``.
 
 Two steps of the toy task per run. Checked: finite losses and gradient norms, importance ratios at 1
 where the batch is the policy's own (a ratio formed from bf16 log-probs would not be), LoRA weights
@@ -55,7 +55,7 @@ def test_rl_in_bf16_trains_with_finite_losses_and_saves_a_float32_adapter(tmp_pa
     from safetensors.torch import load_file
 
     cfg = configure(toy_config(tmp_path / case, base, max_steps=2, max_completion_length=12), case)
-    cfg.policy.dtype = "bfloat16"
+    cfg.model.dtype = "bfloat16"
     out = run_rl(cfg)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "loss" in r]

@@ -294,7 +294,7 @@ def test_a_pipeline_section_value_is_refused_before_any_stage_runs(tmp_path, cli
 
 @pytest.mark.parametrize("stage,overrides,says", [
     ("rl", ["num_generations=3", "train.micro_batch_size=2"], "train.micro_batch_size=2 must divide"),
-    ("rl", ["policy.reference=mol"], "policy.reference=mol needs policy.mol_adapter"),
+    ("rl", ["policy.reference=mol"], "policy.reference=mol needs model.adapter"),
     ("eval", ["sampling.n=2", "sampling.temperature=0"], "sampling.n=2 with greedy decoding"),
 ])
 def test_cross_key_checks_run_at_load_time_too(tmp_path, monkeypatch, cli_logs, caplog, stage, overrides, says):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from molrl.config_blocks import ModelSource
 from molrl.errors import DataError, MolrlError
 
 MINT = "traces/mint"
@@ -50,7 +51,7 @@ def _rl_policy(adapter: Path, tmp_path: Path) -> None:
     from molrl.rl.policy import build_policy
 
     cfg = RlConfig()
-    cfg.policy.mol_adapter = adapter
+    cfg.model.adapter = adapter
     build_policy(cfg)
 
 
@@ -58,7 +59,7 @@ def _eval_generator(adapter: Path, tmp_path: Path) -> None:
     from molrl.eval.config import EvalConfig
     from molrl.eval.sources import load_generator
 
-    load_generator(EvalConfig(model="tiny:chatml", adapter=str(adapter), device="cpu"))
+    load_generator(EvalConfig(model=ModelSource("tiny:chatml", adapter=adapter), device="cpu"))
 
 
 @pytest.mark.parametrize("path", [_merge, _rl_policy, _eval_generator], ids=["export", "rl", "eval"])

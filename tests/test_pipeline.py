@@ -20,7 +20,7 @@ def test_stage_config_merges_section_fixed_values_and_run_overrides():
 
     section = {"train": {"learning_rate": 0.002, "max_steps": 7}, "lora": {"rank": 4}}
     cfg = stage_config(MolConfig, section, {"model": "m", "data": {"traces": ["t.jsonl"]}}, ["loss.mode=ce"], "mol_runs.ce")
-    assert (cfg.model, cfg.data.traces, cfg.loss.mode) == ("m", ["t.jsonl"], "ce")
+    assert (cfg.model.path, cfg.data.traces, cfg.loss.mode) == ("m", ["t.jsonl"], "ce")
     assert (cfg.train.learning_rate, cfg.train.max_steps, cfg.lora.rank) == (0.002, 7, 4)
 
 

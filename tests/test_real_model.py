@@ -115,7 +115,7 @@ def test_real_model_through_every_stage(tmp_path, shared_data):
 
 def rl_overrides(model_dir: Path, mol_dir: Path, tasks: Path, out: Path) -> list[str]:
     """The RL stage's overrides for two small GRPO steps of the real model on ``tasks``."""
-    return [f"output_dir={out}", f"policy.base={model_dir}", f"policy.mol_adapter={mol_dir / 'adapter'}",
+    return [f"output_dir={out}", f"model.path={model_dir}", f"model.adapter={mol_dir / 'adapter'}",
             f"data.path={tasks}", "data.format=mbpp", "algorithm=grpo", "num_generations=2", "micro_batch_size=2",
             "max_completion_length=48", "train.max_steps=2", "train.save_steps=2", "lora.rank=4",
             "train.report_to=[]"]

@@ -158,7 +158,7 @@ def test_collect_and_eval_refuse_through_the_shared_rule(tmp_path):
     # ks, label and limit only change what is summarised: allowed
     assert check_rerun("eval", EvalConfig(model="a", ks=[1], label="x", limit=3), tmp_path / "config.yaml",
                        started=True) == []
-    with pytest.raises(ConfigError, match=r"model was 'a', now 'b'; start a new run elsewhere \(--out DIR\)"):
+    with pytest.raises(ConfigError, match=r"model.path was 'a', now 'b'; start a new run elsewhere \(--out DIR\)"):
         check_rerun("eval", EvalConfig(model="b", ks=[1]), tmp_path / "config.yaml", started=True)
     saved = tmp_path / "t.jsonl.config.yaml"
     save_config(CollectConfig(model="m", tasks=Path("t"), out=tmp_path / "t.jsonl"), saved)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from molrl.config_blocks import ModelSource
 from molrl.cli import main
 from molrl.config import ConfigError, load_config, save_config, to_dict
 from molrl.rerun import HARMLESS, check_rerun, save_run_config
@@ -50,7 +51,7 @@ def test_finding6_replaced_model_weights_are_refused(tmp_path):
     save_run_config("mol", cfg, tmp_path / "run" / "config.yaml")
     assert check_rerun("mol", cfg, tmp_path / "run" / "config.yaml", started=True) == []
     (model / "model.safetensors").write_bytes(bytes(reversed(range(256))) * 4)  # same size, other weights
-    with pytest.raises(ConfigError, match=rf"model \({model}\) has other contents"):
+    with pytest.raises(ConfigError, match=rf"model.path \({model}\) has other contents"):
         check_rerun("mol", cfg, tmp_path / "run" / "config.yaml", started=True)
 
 
@@ -62,7 +63,7 @@ def test_finding6_the_same_folder_written_two_ways_is_the_same_run(tmp_path, mon
     save_run_config("mol", MolConfig(model="models", output_dir=Path("run")), tmp_path / "run" / "config.yaml")
     again = MolConfig(model="./models", output_dir=Path("run"))  # before: refused as a change of model
     assert check_rerun("mol", again, tmp_path / "run" / "config.yaml", started=True) == []
-    with pytest.raises(ConfigError, match="model was 'models', now 'other'"):
+    with pytest.raises(ConfigError, match="model.path was 'models', now 'other'"):
         check_rerun("mol", MolConfig(model="other", output_dir=Path("run")), tmp_path / "run" / "config.yaml",
                     started=True)
 
@@ -79,11 +80,11 @@ def test_finding6_eval_of_an_adapter_trained_further_is_refused_not_finished(tmp
     (adapter / "adapter_config.json").write_text('{"r": 8}')
     (adapter / "adapter_model.safetensors").write_bytes(b"step 2")
     cfg = EvalConfig(benchmarks=["mine"], data={"mine": str(data)}, predictions={"mine": str(preds)},
-                     adapter=str(adapter), output_dir=tmp_path / "eval",
+                     model=ModelSource(adapter=adapter), output_dir=tmp_path / "eval",
                      custom={"mine": JsonlSpec(kind="math", id_field="qid", prompt_field="question", answer_field="final")})
     run_eval(cfg)
     (adapter / "adapter_model.safetensors").write_bytes(b"step 3")  # the RL run was extended
-    with pytest.raises(ConfigError, match=rf"adapter \({adapter}\) has other contents"):
+    with pytest.raises(ConfigError, match=rf"model.adapter \({adapter}\) has other contents"):
         run_eval(cfg)  # before: "finished", with the old adapter's scores
 
 
@@ -109,7 +110,7 @@ WHY_HARMLESS = {
     "train.save_steps": "how often checkpoints are written (a resume continues the same curve)",
     "train.save_total_limit": "how many checkpoints are kept",
     "train.resume": "whether the saved run is looked at, not what is trained",
-    "reward.sandbox_workers": "how many sandbox processes run tests at once; a verdict does not depend on it",
+    "sandbox.workers": "how many sandbox processes run tests at once; a verdict does not depend on it",
     "sandbox.workers": "how many sandbox processes run tests at once; a verdict does not depend on it",
     "limit": "how many problems or tasks: what was made for the first ones stays valid",
     "samples": "how many samples per task: what was collected stays valid",
@@ -160,7 +161,7 @@ def test_finding8_a_lora_value_that_disagrees_with_the_continued_adapter_is_refu
     adapter.mkdir(parents=True)
     (adapter / "adapter_config.json").write_text(json.dumps(
         {"r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "target_modules": ["v_proj", "q_proj"]}))
-    base = ["rl", "--config", str(REPO / "configs" / "rl_tiny.yaml"), f"policy.mol_adapter={tmp_path / 'mol'}",
+    base = ["rl", "--config", str(REPO / "configs" / "rl_tiny.yaml"), f"model.adapter={tmp_path / 'mol'}",
             f"output_dir={tmp_path / 'rl'}"]
     assert main([*base, "lora.rank=8"]) == 1  # before: trained rank 16, recorded 8
     (error,) = _errors(caplog)
@@ -176,7 +177,7 @@ def test_finding8_the_config_records_the_continued_adapters_shape(tmp_path):
     (tmp_path / "adapter_config.json").write_text(json.dumps(
         {"r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "target_modules": ["v_proj", "q_proj"]}))
     cfg = RlConfig()
-    cfg.policy.mol_adapter = tmp_path
+    cfg.model.adapter = tmp_path
     take_adapter_lora(cfg)
     save_config(cfg, tmp_path / "config.yaml")
     lora = yaml.safe_load((tmp_path / "config.yaml").read_text())["lora"]

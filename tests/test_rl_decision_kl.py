@@ -68,7 +68,7 @@ def test_single_turn_grpo_runs_with_the_decision_kl_against_the_model_before_mol
     base = save_tiny_model(tmp_path / "base")
     cfg = toy_config(tmp_path / "run", base, max_steps=2, algorithm="grpo")
     if start != "plain":
-        cfg.policy.mol_adapter = str(save_mol_adapter(base, tmp_path / "mol") / "adapter")
+        cfg.model.adapter = str(save_mol_adapter(base, tmp_path / "mol") / "adapter")
         cfg.policy.adapter_mode = start
         cfg.lora = LoraSettings() if start == "continue" else cfg.lora  # continue: the adapter's own shape
     cfg.terms.decision_kl = 0.5

@@ -41,7 +41,7 @@ def test_the_old_use_vllm_keys_load_as_engine():
 def test_rl_auto_takes_the_engine_only_where_the_rollout_can_use_it(installed, gpu):
     big = dict(max_completion_length=4096, num_generations=16)
     cfg = RlConfig(**big)
-    cfg.policy.base, cfg.train.max_steps = "models/m", 100
+    cfg.model.path, cfg.train.max_steps = "models/m", 100
     choice = rl_engine(cfg, installed=installed, gpu=gpu)
     assert choice.name == ("vllm" if installed and gpu else "transformers")  # a CPU keeps transformers (measured)
     if not gpu:
@@ -50,10 +50,10 @@ def test_rl_auto_takes_the_engine_only_where_the_rollout_can_use_it(installed, g
     choice = rl_engine(cfg, installed=installed, gpu=gpu)
     assert choice.name == "transformers" and "second adapter" in choice.reason
     cfg = RlConfig(**big)
-    cfg.policy.base, cfg.rollout.merged_generation = "models/m", True
+    cfg.model.path, cfg.rollout.merged_generation = "models/m", True
     assert rl_engine(cfg, installed=installed, gpu=gpu).name == "transformers"
     cfg = RlConfig(**big)
-    cfg.policy.base = "tiny:chatml"
+    cfg.model.path = "tiny:chatml"
     assert rl_engine(cfg, installed=installed, gpu=gpu).name == "transformers"
 
 
@@ -71,7 +71,7 @@ def test_the_engine_asked_for_where_a_rollout_cannot_use_it_is_refused_in_one_li
         cfg.rollout.turns = 2
         cfg.__post_init__()
     cfg = RlConfig(engine="vllm")
-    cfg.policy.base = "models/m"
+    cfg.model.path = "models/m"
     with pytest.raises(MolrlError, match="not installed"):
         rl_engine(cfg, installed=False)
 
@@ -156,7 +156,7 @@ def test_multi_turn_rows_on_the_engine_are_the_rows_the_token_loop_makes_of_the_
     token loop: the same ids, role masks, turn boundaries and stop reasons, row for row."""
     from molrl.rl.rollouts.turns import Turns
     from molrl.rl.run import build_trainer
-    from molrl.tasks.types import Task
+    from molrl.task_types import Task
 
     base, tasks = engine_base
     cfg = toy_config(tmp_path / "run", base, data=TaskSource(path=tasks, format="jsonl"), engine="vllm",
@@ -231,7 +231,7 @@ def test_rl_from_a_mol_adapter_runs_on_the_engine_without_a_manual_merge(engine_
 
     mol = save_mol_adapter(engine_base[0], tmp_path / "mol")
     cfg = toy_config(tmp_path / "run", engine_base[0], max_steps=2, engine="vllm", max_completion_length=16)
-    cfg.policy.mol_adapter, cfg.policy.adapter_mode = mol, mode
+    cfg.model.adapter, cfg.policy.adapter_mode = mol, mode
     cfg.train.learning_rate = 5e-2
     if mode == "continue":
         cfg.lora.rank, cfg.lora.alpha = 4, 8  # the adapter's own shape

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from grpo_helpers import save_tiny_model, toy_config
+from molrl.config_blocks import ModelSource
 from molrl.rl.config import EvalHookSettings, TaskSource
 from molrl.rl.kl import mean_token_kl, policy_base_kl
 
@@ -65,7 +66,8 @@ def test_after_merge_new_the_hook_measures_against_the_original_base(tmp_path, r
     base = save_tiny_model(tmp_path / "base")
     mol = save_mol_adapter(base, tmp_path / "mol")
     cfg = toy_config(tmp_path / "run", base, beta=beta)
-    cfg.policy = PolicyConfig(base=str(base), mol_adapter=mol, adapter_mode="merge_new", reference=reference)
+    cfg.model = ModelSource(str(base), adapter=mol)
+    cfg.policy = PolicyConfig(adapter_mode="merge_new", reference=reference)
     trainer, policy, pool = build_trainer(cfg)
     pool.close()
     hook_base = BaseAccess(policy)(trainer.model)

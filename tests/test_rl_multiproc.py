@@ -26,8 +26,8 @@ def test_two_process_run_completes_and_aggregates_rewards_across_ranks(tmp_path)
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", ACCELERATE_USE_CPU="true")
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "molrl.cli", "rl",
-           "--config", str(REPO / "configs/rl_tiny.yaml"), f"output_dir={out}", f"policy.base={base}",
-           "train.max_steps=2", "max_completion_length=6", "reward.sandbox_workers=1", "train.micro_batch_size=4"]
+           "--config", str(REPO / "configs/rl_tiny.yaml"), f"output_dir={out}", f"model.path={base}",
+           "train.max_steps=2", "max_completion_length=6", "sandbox.workers=1", "train.micro_batch_size=4"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from grpo_helpers import save_mol_adapter, save_tiny_model, toy_config
+from molrl.config_blocks import ModelSource
 from molrl.rl.config import PolicyConfig
 from molrl.rl.run import build_trainer
 from molrl.models import load_model
@@ -49,8 +50,8 @@ def reference_logps(cfg):
     finally:
         pool.close()
     args = (out["prompt_ids"], out["prompt_mask"], out["completion_ids"], out["completion_mask"], cfg.temperature)
-    base = load_model(cfg.policy.base)
-    mol = load_model(cfg.policy.base, adapter=cfg.policy.mol_adapter / "adapter") if cfg.policy.mol_adapter else None
+    base = load_model(cfg.model.path)
+    mol = load_model(cfg.model.path, adapter=cfg.model.adapter / "adapter") if cfg.model.adapter else None
     peft_model.eval()
     return (out["reference_logps"], temperature_logps(base, *args), mol and temperature_logps(mol, *args),
             temperature_logps(peft_model, *args), out["completion_mask"].bool())
@@ -69,7 +70,8 @@ def assert_different(a, b, mask):
 def test_reference_is_the_configured_model(tmp_path, dirs, mode, reference):
     base, mol = dirs
     cfg = toy_config(tmp_path, base, beta=0.1, max_completion_length=6)
-    cfg.policy = PolicyConfig(base=str(base), mol_adapter=mol, adapter_mode=mode, reference=reference)
+    cfg.model = ModelSource(str(base), adapter=mol)
+    cfg.policy = PolicyConfig(adapter_mode=mode, reference=reference)
     ref, base_lp, mol_lp, policy_lp, mask = reference_logps(cfg)
     expected, other = (base_lp, mol_lp) if reference == "base" else (mol_lp, base_lp)
     assert_same(ref, expected, mask)
@@ -88,5 +90,5 @@ def test_plain_base_reference_is_the_base(tmp_path, dirs):
 
 def test_mol_reference_needs_a_mol_adapter(tmp_path, dirs):
     base, _ = dirs
-    with pytest.raises(ValueError, match="needs policy.mol_adapter"):
-        toy_config(tmp_path, base, policy=PolicyConfig(base=str(base), reference="mol"))
+    with pytest.raises(ValueError, match="needs model.adapter"):
+        toy_config(tmp_path, base, policy=PolicyConfig(reference="mol"))

@@ -257,8 +257,8 @@ def test_two_processes_run_multi_turn_episodes_with_both_terms(tmp_path, world_f
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", ACCELERATE_USE_CPU="true")
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "molrl.cli", "rl",
-           "--config", str(repo / "configs/rl_tiny.yaml"), f"output_dir={out}", f"policy.base={base}",
-           "train.max_steps=2", "reward.sandbox_workers=1", f"data.path={tasks}", "data.format=jsonl",
+           "--config", str(repo / "configs/rl_tiny.yaml"), f"output_dir={out}", f"model.path={base}",
+           "train.max_steps=2", "sandbox.workers=1", f"data.path={tasks}", "data.format=jsonl",
            "data.spec.kind=math", "rollout.turns=2", "rollout.episode.feedback=[execution, verdict]",
            "rollout.episode.sampling.max_new_tokens=8", "max_completion_length=128", "terms.feedback_ce=0.05",
            "terms.decision_kl=0.05"]

@@ -23,7 +23,7 @@ from molrl.tasks.grade import grade
 from molrl.tasks.held_out import (episode_tasks, held_back_indices, shows_tests, split_outcome, split_reason,
                                   split_tests)
 from molrl.tasks.prompts import user_message
-from molrl.tasks.types import TestCase
+from molrl.task_types import TestCase
 from molrl.tiny import build_tiny_tokenizer
 
 FAILED = re.compile(r"^- (\w+)\((.*)\) returned None, expected (.*)$", re.M)

@@ -8,6 +8,7 @@ import logging
 
 import pytest
 
+from molrl.config_blocks import ModelSource
 from molrl.errors import MolrlError
 from molrl.eval import EvalConfig, run_eval
 from molrl.rl.config import TaskSource
@@ -88,7 +89,7 @@ def test_trained_on_is_merged_along_a_chain_of_runs(tmp_path, shared_data):
 def _eval_cfg(shared_data, tmp_path, adapter, **kw):
     predictions = tmp_path / "preds.jsonl"
     predictions.write_text("".join(json.dumps({"id": str(i), "completion": "x"}) + "\n" for i in range(11, 13)))
-    return EvalConfig(model="tiny:chatml", adapter=str(adapter), benchmarks=["mbpp"],
+    return EvalConfig(model=ModelSource("tiny:chatml", adapter=adapter), benchmarks=["mbpp"],
                       data={"mbpp": str(shared_data / FILES["mbpp"])}, predictions={"mbpp": str(predictions)},
                       limit=2, output_dir=tmp_path / "eval", sandbox=SandboxConfig(workers=1), **kw)
 

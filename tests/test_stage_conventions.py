@@ -124,3 +124,19 @@ def test_grpo_command_is_an_alias_of_rl_with_a_note(cli_logs, caplog, capsys):
     assert main(["grpo", "--describe"]) == 0
     assert "train.max_steps: 100  # Optimiser steps to run." in capsys.readouterr().out.splitlines()
     assert "molrl grpo is now molrl rl, the same command under its one name" in caplog.messages
+
+
+def test_every_stage_command_takes_overrides_a_config_and_describe_through_one_parser(capsys):
+    """collect, mol, rl, eval, pipeline and demo build their parsers with ``add_stage_parser``: the same positional
+    overrides, ``--config`` and ``--describe`` (export and the sandbox and traces tools take no config)."""
+    from molrl.cli import build_parser, main
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    for name in ("collect", "mol", "rl", "eval", "pipeline", "demo"):
+        options = {o for a in commands[name]._actions for o in a.option_strings}
+        positional = [a.dest for a in commands[name]._actions if not a.option_strings]
+        assert {"--config", "--describe"} <= options and positional == ["overrides"], name
+        capsys.readouterr()
+        assert main([name, "--describe"]) == 0
+        assert "output_dir" in capsys.readouterr().out or name == "collect", name

@@ -30,12 +30,14 @@ COMMANDS = [
 
 def add_stage_parser(
     subparsers: argparse._SubParsersAction, name: str, *, help: str, doc: str | None, config: str, example: str,
-    aliases: list[str] | None = None,
+    aliases: list[str] | None = None, overrides_help: str | None = None,
 ) -> argparse.ArgumentParser:
-    """A stage's subparser with the common ``key=value`` overrides, ``--config`` and ``--describe``."""
+    """A stage's subparser with the common ``key=value`` overrides (``overrides_help``: their help, when the
+    positional arguments take more than overrides), ``--config`` and ``--describe``."""
     p = subparsers.add_parser(name, help=help, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter,
                               aliases=aliases or [])
-    p.add_argument("overrides", nargs="*", metavar="key=value", help=f"config overrides, e.g. {example}")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help=overrides_help or f"config overrides, e.g. {example}")
     p.add_argument("--config", help=f"YAML {config} file (see configs/)")
     p.add_argument("--describe", action="store_true", help="print every config key with its default and meaning, then exit")
     return p

@@ -29,7 +29,7 @@ import yaml
 
 from molrl.config_ranges import OneOf, _allowed, _check_range, _markers, check_values
 from molrl.config_ranges import Count, Weight  # noqa: F401  (where stages found them first)
-from molrl.config_renames import current, note_renames, renamed, renamed_path
+from molrl.config_renames import current, note_renames, renamed, renamed_path, shorthand, unoptional
 from molrl.errors import ConfigError
 from molrl.writes import write_text
 
@@ -233,15 +233,26 @@ def _apply_override(data: dict[str, Any], item: str, cls: type | None = None, mo
         value = raw
     if cls is not None:
         parts, value = renamed_path(cls, parts, value, item, moved if moved is not None else [])
-    node = data
+    node, section = data, cls
     for part in parts[:-1]:
         child = node.get(part)
+        section = _section_type(section, part)
         if child is None:
             child = node[part] = {}
+        if not isinstance(child, dict) and section is not None:
+            child = node[part] = shorthand(section, child)  # model=PATH, then model.dtype=...
         if not isinstance(child, dict):
             raise ConfigError(f"override {item!r}: {part!r} is a value, not a section")
         node = child
     node[parts[-1]] = value
+
+
+def _section_type(cls: type | None, key: str) -> type | None:
+    """The dataclass type of section ``key`` of ``cls`` (None when either is not a dataclass)."""
+    if cls is None or not dataclasses.is_dataclass(cls):
+        return None
+    tp = unoptional(typing.get_type_hints(cls).get(key))
+    return tp if dataclasses.is_dataclass(tp) else None
 
 
 def _build(cls: type[T], data: Any, prefix: str, where: str) -> T:

@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
 from molrl.errors import ConfigError
@@ -31,6 +32,7 @@ def unoptional(tp: Any) -> Any:
 def renamed(cls: type, data: dict[str, Any], prefix: str, where: str, note: bool = True) -> dict[str, Any]:
     """``data`` with each old key of ``cls.RENAMED_KEYS`` moved to its new name, its value converted; ``note``
     logs one line naming them."""
+    data = _expanded(cls, data)
     table = getattr(cls, "RENAMED_KEYS", {})
     if not any(_has(data, old) for old in table):
         return data
@@ -111,6 +113,30 @@ def current(cls: type, data: Any, prefix: str, where: str, note: bool) -> Any:
         if f.name in data:
             data[f.name] = current(unoptional(hints[f.name]), data[f.name], f"{prefix}{f.name}.", where, note)
     return data
+
+
+def _expanded(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with each block given by its shorthand (``model: PATH``) written out (``molrl.config_blocks``)."""
+    if not dataclasses.is_dataclass(cls):
+        return data
+    hints = typing.get_type_hints(cls)
+    out = data
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name in data:
+            value = shorthand(unoptional(hints[f.name]), data[f.name])
+            if value is not data[f.name]:
+                out = dict(out) if out is data else out
+                out[f.name] = value
+    return out
+
+
+def shorthand(cls: type, value: Any) -> Any:
+    """``value`` as section ``cls``: a plain string (or path) given for a block with a ``SHORTHAND`` key becomes
+    ``{SHORTHAND: value}`` (``model: PATH`` -> ``model: {path: PATH}``); anything else as it is."""
+    key = getattr(cls, "SHORTHAND", None)
+    if key is not None and isinstance(value, (str, Path)):
+        return {key: str(value)}
+    return value
 
 
 def _has(data: dict[str, Any], dotted: str) -> bool:

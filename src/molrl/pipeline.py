@@ -92,7 +92,7 @@ class PipelineConfig:
     mol_runs: list[MolRun] = field(default_factory=lambda: [MolRun()])
     """The MoL runs."""
     rl: dict[str, Any] = field(default_factory=dict)
-    """RlConfig settings shared by every RL run (policy.base, policy.mol_adapter, output_dir are set)."""
+    """RlConfig settings shared by every RL run (model.path, model.adapter, output_dir are set)."""
     rl_runs: list[RlRun] = field(default_factory=lambda: [RlRun()])
     """The RL runs (any algorithm: grpo, dr_grpo, dr_grpo_std, opd, ppo)."""
     eval: dict[str, Any] = field(default_factory=dict)
@@ -204,7 +204,7 @@ def collect_config(cfg: PipelineConfig, out: Path, in_memory: bool) -> Any:
     """The CollectConfig of the collect stage."""
     from molrl.collect.config import CollectConfig
 
-    fixed = {"model": cfg.model, "out": str(out / "collect" / "traces.jsonl")}
+    fixed = {"model": {"path": cfg.model}, "out": str(out / "collect" / "traces.jsonl")}
     if in_memory:
         fixed["tasks"] = "<in memory>"
     return stage_config(CollectConfig, cfg.collect, fixed, [], "collect")
@@ -214,7 +214,7 @@ def mol_config(cfg: PipelineConfig, run: MolRun, traces: Sequence[str], out: Pat
     """The MolConfig of one MoL run."""
     from molrl.mol.config import MolConfig
 
-    fixed = {"model": cfg.model, "output_dir": str(out / "mol" / run.name),
+    fixed = {"model": {"path": cfg.model}, "output_dir": str(out / "mol" / run.name),
              "data": {"traces": [*traces, *cfg.general_traces]}}
     return stage_config(MolConfig, cfg.mol, fixed, run.overrides, f"mol_runs.{run.name}")
 
@@ -224,7 +224,7 @@ def rl_config(cfg: PipelineConfig, run: RlRun, out: Path) -> Any:
     from molrl.rl.config import RlConfig
 
     start = None if run.start == BASE else str(out / "mol" / run.start / "adapter")
-    fixed = {"output_dir": str(rl_runs(out) / run.name), "policy": {"base": cfg.model, "mol_adapter": start}}
+    fixed = {"output_dir": str(rl_runs(out) / run.name), "model": {"path": cfg.model, "adapter": start}}
     return stage_config(RlConfig, cfg.rl, fixed, run.overrides, f"rl_runs.{run.name}")
 
 
@@ -232,7 +232,7 @@ def eval_config(cfg: PipelineConfig, name: str, model: str, adapter: str | None,
     """The EvalConfig of one evaluated model."""
     from molrl.eval.config import EvalConfig
 
-    fixed = {"model": model, "adapter": adapter, "output_dir": str(out / "eval" / name), "label": name}
+    fixed = {"model": {"path": model, "adapter": adapter}, "output_dir": str(out / "eval" / name), "label": name}
     return stage_config(EvalConfig, cfg.eval, fixed, [], "eval")
 
 

@@ -32,9 +32,11 @@ This module imports no torch: the checks run before a stage loads anything.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +44,7 @@ from typing import Any
 import yaml
 
 from molrl.config import ConfigError, save_config, to_dict
-from molrl.config_renames import current_names
+from molrl.config_renames import current_names, unoptional
 from molrl.fingerprint import fingerprint
 from molrl.writes import write_text
 
@@ -52,7 +54,7 @@ HARMLESS: dict[str, tuple[str, ...]] = {
     "mol": ("output_dir", "train.report_to", "train.logging_steps", "train.save_steps", "train.save_total_limit",
             "train.resume", "threads"),
     "rl": ("output_dir", "train.report_to", "train.logging_steps", "train.save_steps", "train.save_total_limit",
-           "train.resume", "reward.sandbox_workers", "engine", "vllm_mode", "vllm_server_url",
+           "train.resume", "sandbox.workers", "engine", "vllm_mode", "vllm_server_url",
            "engine_gpu_memory_utilization", "threads"),
     "collect": ("out", "limit", "samples", "engine", "device", "progress", "sandbox.workers", "episode.batch_size",
                 "threads"),
@@ -65,10 +67,10 @@ work; what was already made stays valid. Of the sandbox only the worker count is
 decide verdicts."""
 
 INPUTS: dict[str, tuple[str, ...]] = {
-    "mol": ("model", "data.traces"),
-    "rl": ("policy.base", "policy.mol_adapter", "data.path", "eval.tasks.path"),
-    "collect": ("model", "adapter", "tasks"),
-    "eval": ("model", "adapter", "data"),
+    "mol": ("model.path", "data.traces"),
+    "rl": ("model.path", "model.adapter", "data.path", "eval.tasks.path"),
+    "collect": ("model.path", "model.adapter", "tasks"),
+    "eval": ("model.path", "model.adapter", "data"),
 }
 """Per stage, the keys naming what a run reads (files, folders; a list's or mapping's every value): compared as
 resolved paths, and by their contents' fingerprints. eval's ``predictions`` are not here: each problem's graded
@@ -118,9 +120,14 @@ def check_rerun(stage: str, cfg: Any, saved: Path, *, started: bool, run: Path |
 
 def changed_keys(stage: str | None, saved: Any, cfg: Any) -> list[Change]:
     """The keys whose value differs between a run's ``saved`` config (plain data, read under the current key names)
-    and ``cfg``, leaving out the ones ``HARMLESS`` lists for ``stage`` (None: none left out)."""
+    and ``cfg``, leaving out the ones ``HARMLESS`` lists for ``stage`` (None: none left out). A key the saved config
+    does not have (one added since) is the same when ``cfg`` holds its default: the run was made with that
+    behaviour."""
     old = _flat(current_names(type(cfg), saved))
     new = _flat(to_dict(cfg))
+    for key, value in _flat(defaults(type(cfg))).items():
+        if key not in old and new.get(key, _UNSET) == value:
+            old[key] = value
     return [Change(k, old.get(k, _UNSET), new.get(k, _UNSET)) for k in sorted(set(old) | set(new))
             if not _same(stage, k, old.get(k, _UNSET), new.get(k, _UNSET)) and not _harmless(stage, k)]
 
@@ -199,6 +206,24 @@ def _input_values(stage: str | None, flat: dict[str, Any]) -> list[tuple[str, An
 
 def _is_input(stage: str | None, key: str) -> bool:
     return any(key == k or key.startswith(k + ".") for k in INPUTS.get(stage or "", ()))
+
+
+def defaults(cls: type) -> dict[str, Any]:
+    """The default value of every key of the config class ``cls`` that has one, as plain data (sections nested;
+    none for a class that is not a dataclass)."""
+    out: dict[str, Any] = {}
+    if not dataclasses.is_dataclass(cls):
+        return out
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = unoptional(hints[f.name])
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = to_dict(f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = to_dict(f.default_factory())
+        elif dataclasses.is_dataclass(tp):
+            out[f.name] = defaults(tp)
+    return out
 
 
 def _same(stage: str | None, key: str, old: Any, new: Any) -> bool:

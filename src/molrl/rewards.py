@@ -24,7 +24,7 @@ from molrl.graders.code import CodeRewardConfig
 from molrl.graders.grade import Grade
 from molrl.sandbox import SandboxPool
 from molrl.tasks.grade import grade
-from molrl.tasks.types import Task
+from molrl.task_types import Task
 
 
 def completion_text(completion: Any) -> str:

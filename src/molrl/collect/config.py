@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Literal
 
-from molrl.config_ranges import Count, Dtype, Range, SamplingTemperature, Seconds, Seed, Size, Threads
+from molrl.config_blocks import ModelSource, as_model_source
+from molrl.config_ranges import Count, Range, SamplingTemperature, Seconds, Seed, Size, Threads
 from molrl.sampling import SamplingConfig
 from molrl.sandbox import SandboxConfig
 from molrl.tasks import JsonlSpec
@@ -87,8 +88,8 @@ class EpisodeConfig:
 class CollectConfig:
     """``molrl collect``: run a model as an agent on tasks and append its traces to a file."""
 
-    model: str
-    """Model directory or hub name (``tiny:chatml`` for the in-process tiny model)."""
+    model: ModelSource
+    """The model that acts (``model: PATH`` for short), an adapter on it and its dtype."""
     tasks: Path
     """Task file (HumanEval .jsonl/.jsonl.gz, MBPP, MATH-500, AIME, or molrl task JSONL)."""
     out: Path
@@ -101,15 +102,12 @@ class CollectConfig:
     """Benchmark split to collect on (unset: train; a file without splits is taken whole)."""
     limit: Count | None = None
     """Use only the first N tasks."""
-    adapter: str | None = None
-    """PEFT adapter directory put on top of the model."""
     engine: Literal["auto", "vllm", "transformers"] = "auto"
     """Generation engine: auto (vLLM when installed and the work pays for its start, else transformers), vllm or
     transformers (``molrl.engines``); an adapter is served as vLLM LoRA or merged into a temporary copy."""
 
-    RENAMED_KEYS: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {"backend": ("engine", lambda v: v)}
-    dtype: Dtype = "float32"
-    """Model weight dtype for the transformers backend (float32, bfloat16, float16)."""
+    RENAMED_KEYS: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {
+        "backend": ("engine", lambda v: v), **{key: (f"model.{key}", lambda v: v) for key in ("adapter", "dtype")}}
     device: str | None = None
     """Device for the transformers backend; default cuda when visible, else cpu."""
     samples: Count = 1
@@ -122,3 +120,6 @@ class CollectConfig:
     """Show a progress bar."""
     threads: Threads | None = None
     """Torch CPU threads; none: as many as cores are idle, re-measured while it runs (molrl.cpu)."""
+
+    def __post_init__(self) -> None:
+        self.model = as_model_source(self.model)

@@ -16,7 +16,7 @@ from molrl.collect.actions import Action
 from molrl.collect.feedback import Observation
 from molrl.graders.code import CodeRewardConfig, program_for
 from molrl.tasks.grade import grade
-from molrl.tasks.types import Task
+from molrl.task_types import Task
 
 _BINARY = CodeRewardConfig(mode="binary")
 

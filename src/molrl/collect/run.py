@@ -37,7 +37,7 @@ def run_collect(cfg: CollectConfig, *, generator: Any = None, tokenizer: Any = N
                 tasks: Sequence[Task] | None = None) -> Path:
     """Collect traces for every (task, sample) not yet in ``cfg.out``; returns the trace file.
 
-    ``generator`` and ``tokenizer`` replace the ones ``cfg.model`` would load (e.g. a model already
+    ``generator`` and ``tokenizer`` replace the ones ``cfg.model.path`` would load (e.g. a model already
     in memory); ``tasks`` replaces the task file (tasks held in memory, whose sandbox setup a task
     file cannot carry).
     """
@@ -157,10 +157,10 @@ def _append_line(path: Path, line: str) -> None:
 def generation_settings(cfg: CollectConfig) -> dict[str, Any]:
     """What produced the traces: model, adapter, sampling and rendering settings."""
     return {
-        "model": cfg.model,
-        "adapter": cfg.adapter,
+        "model": cfg.model.path,
+        "adapter": to_dict(cfg.model.adapter),
         "engine": cfg.engine,
-        "dtype": cfg.dtype,
+        "dtype": cfg.model.dtype,
         "sampling": to_dict(cfg.episode.sampling),
         "enable_thinking": cfg.episode.enable_thinking,
         "max_turns": cfg.episode.max_turns,
@@ -172,19 +172,19 @@ def generation_settings(cfg: CollectConfig) -> dict[str, Any]:
 
 
 def build_generator(cfg: CollectConfig, episodes: int = 0) -> tuple[Any, Any]:
-    """The generator and tokenizer for ``cfg.model`` on the engine ``cfg.engine`` picks for ``episodes`` episodes of
+    """The generator and tokenizer for ``cfg.model.path`` on the engine ``cfg.engine`` picks for ``episodes`` episodes of
     work (``molrl.engines``)."""
     from molrl.engines import choose_engine
     from molrl.generation import TransformersGenerator, VLLMGenerator
     from molrl.models import default_device, load_model_and_tokenizer, load_tokenizer
 
-    engine = choose_engine(cfg.engine, cfg.model, episodes * cfg.episode.max_turns * cfg.episode.sampling.max_new_tokens)
+    engine = choose_engine(cfg.engine, cfg.model.path, episodes * cfg.episode.max_turns * cfg.episode.sampling.max_new_tokens)
     engine.log("collect")
     if engine.name == "vllm":
-        tokenizer = load_tokenizer(cfg.model)
-        return VLLMGenerator(cfg.model, tokenizer, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.episode.seed), tokenizer
+        tokenizer = load_tokenizer(cfg.model.path)
+        return VLLMGenerator(cfg.model.path, tokenizer, adapter=cfg.model.adapter, dtype=cfg.model.dtype, seed=cfg.episode.seed), tokenizer
     model, tokenizer = load_model_and_tokenizer(
-        cfg.model, dtype=cfg.dtype, device=cfg.device or default_device(), adapter=cfg.adapter, seed=cfg.episode.seed
+        cfg.model.path, dtype=cfg.model.dtype, device=cfg.device or default_device(), adapter=cfg.model.adapter, seed=cfg.episode.seed
     )
     return TransformersGenerator(model, tokenizer, batch_size=cfg.episode.batch_size), tokenizer
 

@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 FLAGS = {
-    "model": "model", "adapter": "adapter", "tasks": "tasks", "format": "format", "out": "out",
+    "model": "model.path", "adapter": "model.adapter", "tasks": "tasks", "format": "format", "out": "out",
     "samples": "samples", "max_turns": "episode.max_turns", "limit": "limit",
 }
 """Command-line flags and the config keys they set."""

@@ -31,13 +31,11 @@ log = logging.getLogger(__name__)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "demo",
-        help="the whole method end to end on a self-built tiny world (CPU, minutes)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of configs/pipeline_tiny.yaml")
+    from molrl.cli import add_stage_parser
+
+    p = add_stage_parser(subparsers, "demo", help="the whole method end to end on a self-built tiny world (CPU, minutes)",
+                         doc=__doc__, config="PipelineConfig (default: the world's configs/pipeline_*.yaml)",
+                         example="rl.train.max_steps=60")
     p.add_argument("--quick", action="store_true", help="the small preset, a smoke run (about 2 minutes on 2 cores)")
     p.add_argument("--teacher", action="store_true",
                    help="long world: train the base five times as long (25 to 32 minutes on 2 cores instead of 5), "
@@ -61,9 +59,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the built-in world: chain (default: the hidden rule applied 1-6 times, every step written "
                         "out; see molrl.demo.chain), long (the same with 1-24 steps, long-tailed) or digit (one "
                         "hidden digit per answer); --study runs on chain or digit")
-    p.add_argument("--config", default=None, metavar="YAML",
-                   help="the pipeline config (default configs/pipeline_tiny.yaml; configs/pipeline_tiny_rl.yaml "
-                        "adds a run of every RL algorithm)")
     p.add_argument("--out", default=None,
                    help="run directory (default runs/demo, runs/study, runs/demo_WORLD or runs/study_WORLD for "
                         "other worlds, with _quick after --quick)")
@@ -74,6 +69,13 @@ def handle(args: argparse.Namespace) -> int:
     from molrl.demo.run import run_demo
     from molrl.study.run import run_study
     from molrl.errors import MolrlError
+
+    if args.describe:
+        from molrl.config import describe
+        from molrl.pipeline import PipelineConfig
+
+        print("\n".join(describe(PipelineConfig)))
+        return 0
 
     if args.study and args.world not in (None, "chain", "digit"):
         raise MolrlError(f"--study runs on the chain world (the default) or --world digit, not --world {args.world}")

@@ -24,15 +24,13 @@ NAMED = re.compile(r"^([A-Za-z0-9_.\-]+)=(.+)$")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "eval",
-        help="single-turn benchmark scores (MATH-500, AIME, HumanEval, MBPP, custom JSONL); compare runs",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("args", nargs="*", metavar="key=value | compare RUN...",
-                   help="config overrides (e.g. sampling.temperature=0), or `compare` and run directories")
-    p.add_argument("--config", help="YAML EvalConfig file (see configs/eval.yaml)")
+    from molrl.cli import add_stage_parser
+
+    p = add_stage_parser(subparsers, "eval",
+                         help="single-turn benchmark scores (MATH-500, AIME, HumanEval, MBPP, custom JSONL); compare runs",
+                         doc=__doc__, config="EvalConfig", example="sampling.temperature=0",
+                         overrides_help="config overrides (e.g. sampling.temperature=0), or `compare` and run "
+                                        "directories")
     p.add_argument("--model", help="model directory or hub name (tiny:chatml for smoke runs)")
     p.add_argument("--adapter", help="PEFT adapter directory to put on the model")
     p.add_argument("--benchmarks", help="comma-separated: math500,aime24,aime25,humaneval,mbpp or custom names")
@@ -50,13 +48,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--thinking", action="store_true", help="enable the thinking block of Qwen3-style templates")
     p.add_argument("--out", help="run directory (eval) or where compare writes its table and chart")
     p.add_argument("--metric", default="pass@1", help="compare: metric to tabulate and plot")
-    p.add_argument("--describe", action="store_true", help="print every config key and exit")
     p.set_defaults(func=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
-    if args.args[:1] == ["compare"]:
-        return compare(args.args[1:], args.out, args.metric)
+    if args.overrides[:1] == ["compare"]:
+        return compare(args.overrides[1:], args.out, args.metric)
     from molrl.config import describe, load_config
     from molrl.eval.config import EvalConfig
 
@@ -66,12 +63,12 @@ def handle(args: argparse.Namespace) -> int:
     overrides = flag_overrides(args)
     bare = [p for p in args.predictions if not NAMED.match(p)]
     if bare:
-        cfg = load_config(EvalConfig, args.config, overrides + list(args.args))
+        cfg = load_config(EvalConfig, args.config, overrides + list(args.overrides))
         if len(bare) > 1 or len(cfg.benchmarks) != 1:
             raise MolrlError("--predictions PATH without NAME= needs exactly one benchmark; "
                              "use --predictions NAME=PATH for each of several")
         overrides.append(f"predictions.{cfg.benchmarks[0]}={bare[0]}")
-    cfg = load_config(EvalConfig, args.config, overrides + list(args.args))
+    cfg = load_config(EvalConfig, args.config, overrides + list(args.overrides))
     from molrl.eval.run import run_eval  # torch loads only now: a config error is reported before it
 
     out = run_eval(cfg)
@@ -82,7 +79,7 @@ def handle(args: argparse.Namespace) -> int:
 def flag_overrides(args: argparse.Namespace) -> list[str]:
     """The command-line flags as ``key=value`` overrides (applied before explicit ones)."""
     out = []
-    simple = {"model": "model", "adapter": "adapter", "benchmarks": "benchmarks", "limit": "limit",
+    simple = {"model": "model.path", "adapter": "model.adapter", "benchmarks": "benchmarks", "limit": "limit",
               "n": "sampling.n", "max_new_tokens": "sampling.max_new_tokens", "mode": "mode", "out": "output_dir"}
     for attr, key in simple.items():
         value = getattr(args, attr)

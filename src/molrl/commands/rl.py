@@ -4,7 +4,7 @@ Algorithms: grpo, dr_grpo, dr_grpo_std, opd (on-policy distillation), ppo (over 
 rollout options: partial rollouts, PROPS (docs/rl.md).
 
     molrl rl --config configs/rl_tiny.yaml [key.sub=value ...]
-    molrl rl --config configs/rl_qwen3_8b.yaml policy.mol_adapter=runs/mol data.path=mbpp.jsonl
+    molrl rl --config configs/rl_qwen3_8b.yaml model.adapter=runs/mol data.path=mbpp.jsonl
     molrl rl --describe        # every config key with its default and meaning
 
 Re-running the same command resumes from the newest checkpoint; on a finished run it says so and trains

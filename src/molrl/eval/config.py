@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Literal
 
 from molrl.collect.config import EpisodeConfig
-from molrl.config_ranges import Count, Dtype, RunDir, SamplingTemperature, Seed, Size, Threads, TopP
+from molrl.config_blocks import ModelSource, as_model_source
+from molrl.config_ranges import Count, RunDir, SamplingTemperature, Seed, Size, Threads, TopP
 from molrl.sampling import SamplingConfig
 from molrl.sandbox import SandboxConfig
 from molrl.tasks import JsonlSpec
@@ -38,19 +39,17 @@ class EvalSamplingConfig(SamplingConfig):
 class EvalConfig:
     """What to evaluate, on which benchmarks, how to sample, and where results go."""
 
-    model: str | None = None
-    """Model directory or hub name (tiny:chatml for smoke runs); unused when grading predictions."""
-    adapter: str | None = None
-    """A PEFT adapter directory put on top of the model."""
-    dtype: Dtype = "float32"
-    """Model weights dtype of the transformers backend: float32, bfloat16 or float16 (vllm uses the checkpoint's)."""
+    model: ModelSource = field(default_factory=ModelSource)
+    """The model evaluated (``model: PATH`` for short), an adapter on it and its dtype; no path when grading
+    predictions."""
     device: str | None = None
     """Where the model runs (cpu, cuda); default: cuda when visible, else cpu."""
     engine: Literal["auto", "vllm", "transformers"] = "auto"
     """Generation engine: auto (vLLM when installed and the work pays for its start, else transformers), vllm or
     transformers (``molrl.engines``); an adapter is served as vLLM LoRA or merged into a temporary copy."""
 
-    RENAMED_KEYS: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {"backend": ("engine", lambda v: v)}
+    RENAMED_KEYS: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {
+        "backend": ("engine", lambda v: v), **{key: (f"model.{key}", lambda v: v) for key in ("adapter", "dtype")}}
     benchmarks: list[str] = field(default_factory=lambda: ["math500", "aime24", "aime25", "humaneval", "mbpp"])
     """Benchmarks to run: math500, aime24, aime25, humaneval, mbpp, or names defined under custom."""
     data: dict[str, str] = field(default_factory=dict)
@@ -96,6 +95,7 @@ class EvalConfig:
     """Torch CPU threads; none: as many as cores are idle, re-measured while it runs (molrl.cpu)."""
 
     def __post_init__(self) -> None:
+        self.model = as_model_source(self.model)
         if self.sampling.n > 1 and self.sampling.temperature == 0:
             raise ValueError(f"sampling.n={self.sampling.n} with greedy decoding gives n equal samples; set sampling.temperature > 0")
         if not self.benchmarks:

@@ -27,7 +27,7 @@ from molrl.eval.single import summarise
 from molrl.eval.interactive import InteractiveSource
 from molrl.eval.sources import PredictionSource, SamplingSource
 from molrl.eval.suites import load_suite
-from molrl.rerun import NEW_RUN, check_rerun, inputs_path, save_run_config, say_finished
+from molrl.rerun import NEW_RUN, changed_keys, check_rerun, inputs_path, save_run_config, say_finished
 from molrl.tasks import Task
 from molrl.tasks.splits import refuse_trained_overlap
 from molrl.writes import folder_lock
@@ -42,10 +42,10 @@ def make_source(cfg: EvalConfig) -> Any:
         if missing:
             raise MolrlError(f"predictions given for {', '.join(cfg.predictions)} but not for {', '.join(missing)}; "
                              "pass one --predictions NAME=PATH per benchmark")
-        if cfg.model:
-            log.warning("grading predictions: model %s is not loaded", cfg.model)
+        if cfg.model.path:
+            log.warning("grading predictions: model %s is not loaded", cfg.model.path)
         return PredictionSource(cfg)
-    if not cfg.model:
+    if not cfg.model.path:
         raise MolrlError("no model to evaluate: pass --model M, or --predictions FILE to grade completions made elsewhere")
     if cfg.mode == "interactive":
         return InteractiveSource(cfg)
@@ -68,8 +68,8 @@ def _evaluate(cfg: EvalConfig) -> Path:
     started = any(p.stat().st_size for p in out.glob("*/samples.jsonl"))
     check_rerun("eval", cfg, out / "config.yaml", started=started)  # molrl.rerun: one rule for every stage
     suites = {name: load_suite(name, cfg) for name in cfg.benchmarks}  # all data checked before any work
-    if cfg.adapter and not cfg.allow_trained_overlap:  # never score what the adapter trained on
-        refuse_trained_overlap(cfg.adapter, [t for tasks in suites.values() for t in tasks], "allow_trained_overlap")
+    if cfg.model.adapter and not cfg.allow_trained_overlap:  # never score what the adapter trained on
+        refuse_trained_overlap(cfg.model.adapter, [t for tasks in suites.values() for t in tasks], "allow_trained_overlap")
     source = make_source(cfg)
     suites = {name: source.select(name, tasks) for name, tasks in suites.items()}
     if started and finished(out, cfg, suites, source):
@@ -80,7 +80,7 @@ def _evaluate(cfg: EvalConfig) -> Path:
         source.plan(sum(len(tasks) for tasks in suites.values()))  # what engine=auto weighs the engine's start against
     save_run_config("eval", cfg, out / "config.yaml")
     results: dict[str, Any] = {
-        "label": source.label, "mode": source.mode, "model": cfg.model, "adapter": cfg.adapter,
+        "label": source.label, "mode": source.mode, "model": cfg.model.path, "adapter": to_dict(cfg.model.adapter),
         "enable_thinking": cfg.enable_thinking, "sampling": to_dict(cfg.sampling), "benchmarks": {},
     }
     # interactive episodes run the model's code whatever the task kind
@@ -123,8 +123,8 @@ def finished(out: Path, cfg: EvalConfig, suites: dict[str, Sequence[Task]], sour
     """Whether ``out`` already holds this very run's results: the same config, key for key (a changed ``ks`` or
     ``benchmarks`` summarises again), results written, and every problem's samples complete."""
     saved, results = out / "config.yaml", out / "results.json"
-    if not (saved.is_file() and results.is_file()) or (yaml.safe_load(saved.read_text()) or {}) != to_dict(cfg):
-        return False
+    if not (saved.is_file() and results.is_file()) or changed_keys(None, yaml.safe_load(saved.read_text()) or {}, cfg):
+        return False  # compared under the current key names: a run saved before a rename is the same run
     for name, tasks in suites.items():
         found = SampleStore(out / name / "samples.jsonl").load()
         if not all(t.id in found and source.finished(name, t.id, found[t.id]) for t in tasks):

@@ -63,7 +63,7 @@ class SamplingSource:
 
     def __init__(self, cfg: EvalConfig):
         self.cfg = cfg
-        self.label = cfg.label or (cfg.model if not cfg.adapter else f"{cfg.model}+{Path(cfg.adapter).name}")
+        self.label = cfg.label or (cfg.model.path if not cfg.model.adapter else f"{cfg.model.path}+{Path(cfg.model.adapter).name}")
         self._generator: Any = None
         self._tokenizer: Any = None
         self.planned_tokens = 0
@@ -97,18 +97,18 @@ class SamplingSource:
 
 
 def load_generator(cfg: EvalConfig, planned_tokens: int = 0) -> tuple[Any, Any]:
-    """A generator for ``cfg.model`` (+ adapter) on the engine ``cfg.engine`` picks for ``planned_tokens`` tokens of
+    """A generator for ``cfg.model.path`` (+ adapter) on the engine ``cfg.engine`` picks for ``planned_tokens`` tokens of
     work (``molrl.engines``), and its tokenizer."""
     from molrl.engines import choose_engine
     from molrl.generation import TransformersGenerator, VLLMGenerator
     from molrl.models import default_device, load_model, load_tokenizer
 
-    tokenizer = load_tokenizer(cfg.model)
-    engine = choose_engine(cfg.engine, cfg.model, planned_tokens)
+    tokenizer = load_tokenizer(cfg.model.path)
+    engine = choose_engine(cfg.engine, cfg.model.path, planned_tokens)
     engine.log("eval")
     if engine.name == "vllm":
-        return VLLMGenerator(cfg.model, tokenizer, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.sampling.seed), tokenizer
-    model = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device or default_device(), adapter=cfg.adapter,
+        return VLLMGenerator(cfg.model.path, tokenizer, adapter=cfg.model.adapter, dtype=cfg.model.dtype, seed=cfg.sampling.seed), tokenizer
+    model = load_model(cfg.model.path, dtype=cfg.model.dtype, device=cfg.device or default_device(), adapter=cfg.model.adapter,
                        seed=cfg.sampling.seed)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id

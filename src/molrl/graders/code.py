@@ -20,7 +20,7 @@ from typing import Literal
 
 from molrl.graders.grade import Grade
 from molrl.sandbox import ExecResult, SandboxPool
-from molrl.tasks.types import Task
+from molrl.task_types import Task
 
 log = logging.getLogger(__name__)
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Callable, ClassVar, Literal
 
-from molrl.config_ranges import (MAX_COUNT, Count, Dropout, Dtype, LearningRate, Optimizer, Probability, Range,
+from molrl.config_blocks import ModelSource, as_model_source
+from molrl.config_ranges import (MAX_COUNT, Count, Dropout, LearningRate, Optimizer, Probability, Range,
                                  RunDir, Scheduler, Seed, Size, TargetModules, Temperature, Threads, Weight)
 
 Mode = Literal["mol", "ce", "ce_feedback"]
@@ -118,12 +119,11 @@ class TrainConfig:
 class MolConfig:
     """A MoL continual-training run: model, traces, loss, adapter and optimisation."""
 
-    model: str = "tiny:chatml"
-    """Base model: a local HF directory, a hub name, or tiny:chatml / tiny:llama3 (random, in-process)."""
+    model: ModelSource = field(default_factory=lambda: ModelSource("tiny:chatml"))
+    """The base model (``model: PATH`` for short) and its dtype; MoL trains a new adapter, so ``model.adapter`` is
+    refused (merge one first: ``molrl export --adapter``)."""
     output_dir: RunDir = Path("runs/mol")
     """Where the adapter (or full model), checkpoints/, config.yaml and metrics.jsonl go."""
-    dtype: Dtype = "float32"
-    """Weights dtype at load time (float32 / bfloat16)."""
     data: DataConfig = field(default_factory=DataConfig)
     """Training traces."""
     loss: LossSettings = field(default_factory=LossSettings)
@@ -134,3 +134,11 @@ class MolConfig:
     """Optimisation settings."""
     threads: Threads | None = None
     """Torch CPU threads; none: as many as cores are idle, re-measured while it runs (molrl.cpu)."""
+
+    RENAMED_KEYS: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {"dtype": ("model.dtype", lambda v: v)}
+
+    def __post_init__(self) -> None:
+        self.model = as_model_source(self.model)
+        if self.model.adapter is not None:
+            raise ValueError(f"model.adapter={self.model.adapter}: MoL trains a new adapter on the base; merge that "
+                             "one into the base first (molrl export --adapter DIR --out MERGED) and train from MERGED")

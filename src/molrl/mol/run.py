@@ -53,7 +53,7 @@ def _train(cfg: MolConfig, out: Path) -> None:
     from molrl.tasks.splits import write_trained_on
 
     save_run_config("mol", cfg, out / "config.yaml")
-    tokenizer = load_tokenizer(cfg.model)
+    tokenizer = load_tokenizer(cfg.model.path)
     examples, stats = load_examples(cfg.data.traces, tokenizer, cfg.data.max_length, cfg.data.enable_thinking)
     write_text(out / "data_stats.json", json.dumps(dataclasses.asdict(stats), indent=2))
     write_trained_on(out, stats.benchmark_tasks)  # the benchmark tasks its traces came from: eval will not score them
@@ -70,10 +70,10 @@ def _train(cfg: MolConfig, out: Path) -> None:
         load_checkpoint(trainer, rerun.checkpoint)
     else:
         trainer.train(resume_from_checkpoint=rerun.checkpoint)
-    if weights_dtype(cfg) != cfg.dtype:  # full fine-tuning trained float32 master weights: save in the asked dtype
+    if weights_dtype(cfg) != cfg.model.dtype:  # full fine-tuning trained float32 master weights: save in the asked dtype
         from molrl.models import DTYPES
 
-        trainer.model.to(DTYPES[cfg.dtype])
+        trainer.model.to(DTYPES[cfg.model.dtype])
     check_finite_weights(trainer.model, str(final), loss_scales(cfg))
     with write_folder(final, writer=trainer.is_world_process_zero()) as folder:  # whole, or not there at all
         trainer.save_model(str(folder))
@@ -94,15 +94,15 @@ def build_trainer(cfg: MolConfig, examples: list[dict[str, Any]], tokenizer: Any
 
     set_seed(cfg.train.seed)
     check_reference_room(cfg)
-    model = load_model(cfg.model, dtype=weights_dtype(cfg))
-    model.name_or_path = cfg.model  # recorded in adapter_config.json as the adapter's base
+    model = load_model(cfg.model.path, dtype=weights_dtype(cfg))
+    model.name_or_path = cfg.model.path  # recorded in adapter_config.json as the adapter's base
     ref_model = None
     if cfg.lora.enabled:
         model = _add_lora(model, cfg)
     elif cfg.loss.needs_base:
         from molrl.models import DTYPES
 
-        ref_model = copy.deepcopy(model).to(DTYPES[cfg.dtype])  # frozen: held in the configured dtype
+        ref_model = copy.deepcopy(model).to(DTYPES[cfg.model.dtype])  # frozen: held in the configured dtype
     trainer = MolTrainer(
         model=model,
         args=_training_arguments(cfg, TrainingArguments, torch.cuda.is_available()),
@@ -128,19 +128,19 @@ def loss_scales(cfg: MolConfig) -> str:
 
 
 def weights_dtype(cfg: MolConfig) -> str:
-    """The dtype the trained model is loaded in: ``cfg.dtype``, except float32 for full fine-tuning.
+    """The dtype the trained model is loaded in: ``cfg.model.dtype``, except float32 for full fine-tuning.
 
     An optimiser step on bf16 weights rounds away every update below about 1/256 of the weight (at
     learning rate 1e-5, two AdamW steps left 85% of the tiny model's bf16 weights exactly unchanged),
     so full fine-tuning keeps float32 master weights and computes in bf16 under ``train.bf16``
     autocast, as DeepSpeed's bf16 mode does; the frozen reference and the saved model are in
-    ``cfg.dtype``. With LoRA the base is frozen and PEFT keeps the adapter in float32 already.
+    ``cfg.model.dtype``. With LoRA the base is frozen and PEFT keeps the adapter in float32 already.
     """
-    if cfg.lora.enabled or cfg.dtype in ("float32", "fp32"):
-        return cfg.dtype
+    if cfg.lora.enabled or cfg.model.dtype in ("float32", "fp32"):
+        return cfg.model.dtype
     if not cfg.train.bf16:
         log.warning("full fine-tuning with dtype=%s: the weights are trained in float32; set train.bf16=true to "
-                    "compute in bf16", cfg.dtype)
+                    "compute in bf16", cfg.model.dtype)
     return "float32"
 
 
@@ -160,17 +160,17 @@ def check_reference_room(cfg: MolConfig, available_bytes: int | None = None) -> 
     """Full fine-tuning with KL keeps a frozen copy of the model: refuse early if it cannot fit.
 
     Needed: fp32 policy weights (``weights_dtype``) + fp32 grads + two fp32 AdamW moments + the
-    reference copy's weights in ``cfg.dtype``.
+    reference copy's weights in ``cfg.model.dtype``.
     """
     if cfg.lora.enabled or not cfg.loss.needs_base:
         return
-    n_params = _count_parameters(cfg.model)
-    reference_bytes = 2 if cfg.dtype in ("bfloat16", "bf16", "float16", "fp16") else 4
+    n_params = _count_parameters(cfg.model.path)
+    reference_bytes = 2 if cfg.model.dtype in ("bfloat16", "bf16", "float16", "fp16") else 4
     needed = n_params * (4 + 4 + 8 + reference_bytes)
     available = available_bytes if available_bytes is not None else _available_memory()
     if needed > available:
         raise ConfigError(
-            f"KL with full fine-tuning needs a frozen reference copy of {cfg.model}: about "
+            f"KL with full fine-tuning needs a frozen reference copy of {cfg.model.path}: about "
             f"{needed / 1e9:.1f} GB for policy, gradients, optimiser state and reference, but only "
             f"{available / 1e9:.1f} GB is free; use lora.enabled=true, loss.mode=ce / ce_feedback with "
             "loss.monitor_kl=false, or a larger device"

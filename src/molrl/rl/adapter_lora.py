@@ -26,16 +26,16 @@ def resolve_adapter_dir(path: Path) -> Path:
             return candidate
     hint = ""
     if (Path(path) / "model").is_dir():
-        hint = f"; a full fine-tuned MoL model is a base: set policy.base={Path(path) / 'model'} instead"
+        hint = f"; a full fine-tuned MoL model is a base: set model.path={Path(path) / 'model'} instead"
     raise MolrlError(f"{path}: no PEFT adapter here (no adapter_config.json in it or in adapter/){hint}")
 
 
 def take_adapter_lora(cfg: RlConfig) -> None:
     """Set ``cfg.lora`` to the continued adapter's shape, or refuse a ``lora.*`` value that disagrees with it."""
     p = cfg.policy
-    if p.mol_adapter is None or p.adapter_mode != "continue":
+    if cfg.model.adapter is None or p.adapter_mode != "continue":
         return
-    adapter = resolve_adapter_dir(p.mol_adapter)
+    adapter = resolve_adapter_dir(cfg.model.adapter)
     try:
         saved = json.loads((adapter / "adapter_config.json").read_text())
     except ValueError as err:

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from trl.trainer.utils import pad
 
-from molrl.tasks.types import Task
+from molrl.task_types import Task
 
 
 @dataclass

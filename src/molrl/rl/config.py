@@ -11,11 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Literal
 
-from molrl.config_ranges import (Count, Dropout, Dtype, LearningRate, Positive, Range, RolloutTemperature, RunDir,
-                                 Scheduler, Seconds, Seed, Size, TargetModules, Threads, TopP, Weight)
+from molrl.config_blocks import ModelSource, as_model_source
+from molrl.sandbox import SandboxConfig
+from molrl.config_ranges import (Count, Dropout, LearningRate, Positive, Range, RolloutTemperature, RunDir,
+                                 Scheduler, Seed, Size, TargetModules, Threads, TopP, Weight)
 from molrl.rl.method_settings import MacroSettings, OpdSettings, PpoSettings, PropsSettings, RolloutSettings, TermSettings
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
-from molrl.tasks.types import JsonlSpec
+from molrl.task_types import JsonlSpec
 
 ALGORITHMS = ("grpo", "dr_grpo", "dr_grpo_std", "opd", "ppo")
 
@@ -24,16 +26,10 @@ ALGORITHMS = ("grpo", "dr_grpo", "dr_grpo_std", "opd", "ppo")
 class PolicyConfig:
     """Which weights are trained and which weights the KL term pulls towards."""
 
-    base: str = "tiny:chatml"
-    """Base model: a local HF directory, a hub name, or tiny:chatml / tiny:llama3."""
-    mol_adapter: Path | None = None
-    """MoL stage output: a PEFT adapter directory (or a MoL output dir holding adapter/); none = plain base."""
     adapter_mode: Literal["continue", "merge_new"] = "continue"
     """continue: keep training the MoL adapter; merge_new: merge it into the base and train a fresh LoRA."""
     reference: Literal["base", "mol"] = "base"
-    """KL reference when beta > 0: the original base model, or the MoL model (needs mol_adapter)."""
-    dtype: Dtype = "float32"
-    """Weights dtype: float32, bfloat16 or float16."""
+    """KL reference when beta > 0: the original base model, or the MoL model (needs model.adapter)."""
     seed: Seed = 0
     """Seed of the tiny models' random weights (ignored for real checkpoints)."""
 
@@ -117,10 +113,6 @@ class RewardSettings:
 
     code_mode: Literal["staged", "binary"] = "staged"
     """Code reward: staged partial credit (no code < compile error < runtime error < tests passed), or 0/1."""
-    sandbox_workers: Annotated[int, Range(1, 1024)] = 4
-    """Parallel sandbox workers for code rewards."""
-    timeout_s: Seconds = 6.0
-    """Wall-clock limit per sandboxed program."""
     failure_reward: Annotated[float, Range(-1000, 1000)] = 0.0
     """Reward given to a completion whose scoring failed (reward function or sandbox error)."""
 
@@ -143,6 +135,9 @@ class EvalHookSettings:
 class RlConfig:
     """RL post-training (grpo, dr_grpo, dr_grpo_std, opd, ppo) with sandbox-execution rewards."""
 
+    model: ModelSource = field(default_factory=lambda: ModelSource("tiny:chatml"))
+    """The base model (``model: PATH`` for short), the MoL stage's adapter the policy starts from (``model.adapter``:
+    a PEFT adapter directory or a MoL output directory holding adapter/; none: the plain base) and the dtype."""
     output_dir: RunDir = Path("runs/rl")
     """Where the adapter, config.yaml, metrics.jsonl, completions.jsonl and checkpoints/ go."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -153,6 +148,9 @@ class RlConfig:
     """Training tasks (code with tests, or math with answers): what the stage trains on, as MoL's data is."""
     reward: RewardSettings = field(default_factory=RewardSettings)
     """Reward settings."""
+    sandbox: SandboxConfig = field(default_factory=lambda: SandboxConfig(workers=4, timeout_s=6.0))
+    """The sandbox that runs completions' code for rewards (collect's and eval's settings, 4 workers and 6 s a
+    program by default)."""
     eval: EvalHookSettings = field(default_factory=EvalHookSettings)
     """Periodic evaluation hook."""
     algorithm: Literal["grpo", "dr_grpo", "dr_grpo_std", "opd", "ppo"] = "dr_grpo"
@@ -222,11 +220,15 @@ class RlConfig:
         "log_every": ("train.logging_steps", _as_is),
         "use_vllm": ("engine", lambda v: "vllm" if v in (True, "true", "True", 1) else "transformers"),
         "vllm_gpu_memory_utilization": ("engine_gpu_memory_utilization", _as_is),
+        "policy.base": ("model.path", _as_is), "policy.mol_adapter": ("model.adapter", _as_is),
+        "policy.dtype": ("model.dtype", _as_is),
+        "reward.sandbox_workers": ("sandbox.workers", _as_is), "reward.timeout_s": ("sandbox.timeout_s", _as_is),
     }
 
     def __post_init__(self) -> None:
-        if self.policy.reference == "mol" and self.policy.mol_adapter is None:
-            raise ValueError("policy.reference=mol needs policy.mol_adapter (the MoL stage's adapter directory)")
+        self.model = as_model_source(self.model)
+        if self.policy.reference == "mol" and self.model.adapter is None:
+            raise ValueError("policy.reference=mol needs model.adapter (the MoL stage's adapter directory)")
         if self.num_generations < 2:
             raise ValueError(f"num_generations={self.num_generations}: GRPO needs at least 2 completions per prompt")
         per_step, micro = self.prompts_per_step * self.num_generations, self.train.micro_batch_size

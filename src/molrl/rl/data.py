@@ -27,7 +27,7 @@ from molrl.tasks.splits import overlap_line, select_split
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION, render_prompt, user_message
 from molrl.tasks.toy import toy_tasks
 from molrl.traces.spans import encode_chat
-from molrl.tasks.types import Task
+from molrl.task_types import Task
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ def rl_engine(cfg: RlConfig, *, installed: bool | None = None, gpu: bool | None 
                                             "step's rows, and each step re-sends the adapter; benchmarks/RESULTS.md, "
                                             "\"RL on the engine\"); engine=vllm runs it there")
     work = cfg.train.max_steps * cfg.prompts_per_step * cfg.num_generations * cfg.max_completion_length
-    return choose_engine(cfg.engine, cfg.policy.base, work, installed=installed, gpu=gpu)
+    return choose_engine(cfg.engine, cfg.model.path, work, installed=installed, gpu=gpu)
 
 
 @dataclass
@@ -69,15 +69,15 @@ class PolicyEngine:
                              f"{', '.join(sorted(VLLM_LORA_MODULES))}; this one has rank {lora_rank} on "
                              f"{', '.join(sorted(lora_modules))}: set lora.target_modules to those modules, or "
                              "engine=transformers")
-        p = cfg.policy
+        p, m = cfg.policy, cfg.model
         self.work = Path(tempfile.mkdtemp(prefix="molrl-engine-"))
-        model_path = p.base
-        if p.mol_adapter is not None and p.adapter_mode == "merge_new":  # the engine's base is the merged MoL model
+        model_path = m.path
+        if m.adapter is not None and p.adapter_mode == "merge_new":  # the engine's base is the merged MoL model
             from molrl.rl.adapter_lora import resolve_adapter_dir
 
             model_path = str(self.work / "base")
-            merge_adapter_copy(p.base, str(resolve_adapter_dir(p.mol_adapter)), model_path)
-        self.llm = start_llm(model_path, dtype=p.dtype, seed=cfg.train.seed, lora_rank=lora_rank,
+            merge_adapter_copy(m.path, str(resolve_adapter_dir(m.adapter)), model_path)
+        self.llm = start_llm(model_path, dtype=m.dtype, seed=cfg.train.seed, lora_rank=lora_rank,
                              gpu_memory_utilization=cfg.engine_gpu_memory_utilization,
                              max_model_len=cfg.max_prompt_length + cfg.max_completion_length,
                              logprobs_mode="processed_logprobs")

@@ -56,24 +56,24 @@ def lora_config(cfg: RlConfig) -> Any:
 
 def build_policy(cfg: RlConfig) -> Policy:
     """Load the base, put the MoL adapter on it as ``adapter_mode`` says, and describe the result."""
-    p = cfg.policy
-    tokenizer = load_tokenizer(p.base)
+    p, m = cfg.policy, cfg.model
+    tokenizer = load_tokenizer(m.path)
 
     def load_base() -> Any:
-        model = load_model(p.base, dtype=p.dtype, seed=p.seed)
+        model = load_model(m.path, dtype=m.dtype, seed=p.seed)
         _sync_pad(model, tokenizer)
         return model
 
-    if p.mol_adapter is None:
-        return Policy(load_base(), tokenizer, lora_config(cfg), None, f"{p.base} + new LoRA r={cfg.lora.rank}", load_base)
-    adapter = resolve_adapter_dir(p.mol_adapter)
+    if m.adapter is None:
+        return Policy(load_base(), tokenizer, lora_config(cfg), None, f"{m.path} + new LoRA r={cfg.lora.rank}", load_base)
+    adapter = resolve_adapter_dir(m.adapter)
     if p.adapter_mode == "continue":
-        model = load_model(p.base, dtype=p.dtype, seed=p.seed, adapter=adapter, adapter_trainable=True)
+        model = load_model(m.path, dtype=m.dtype, seed=p.seed, adapter=adapter, adapter_trainable=True)
         _sync_pad(model, tokenizer)
-        return Policy(model, tokenizer, None, "continue", f"{p.base} + MoL adapter {adapter} (trained further)", load_base)
-    merged = load_model(p.base, dtype=p.dtype, seed=p.seed, adapter=adapter).merge_and_unload()
+        return Policy(model, tokenizer, None, "continue", f"{m.path} + MoL adapter {adapter} (trained further)", load_base)
+    merged = load_model(m.path, dtype=m.dtype, seed=p.seed, adapter=adapter).merge_and_unload()
     _sync_pad(merged, tokenizer)
-    description = f"{p.base} with MoL adapter {adapter} merged + new LoRA r={cfg.lora.rank}"
+    description = f"{m.path} with MoL adapter {adapter} merged + new LoRA r={cfg.lora.rank}"
     return Policy(merged, tokenizer, lora_config(cfg), "merge_new", description, load_base)
 
 

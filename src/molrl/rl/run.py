@@ -6,7 +6,7 @@ left out), ``trained_on.json`` (the benchmark tasks trained on, the MoL run's in
 timings, eval-hook results; also to ``train.report_to``'s backends: tensorboard event files under
 ``checkpoints/runs/`` by default), ``completions.jsonl`` (one line per sampled completion with its
 rewards and advantage), ``checkpoints/checkpoint-N`` (a re-run resumes from the newest) and the
-final ``adapter/`` (PEFT; its base is ``policy.base`` for a plain base or ``continue``, the
+final ``adapter/`` (PEFT; its base is ``model.path`` for a plain base or ``continue``, the
 merged MoL model for ``merge_new``, which therefore also writes the full merged ``model/``).
 """
 
@@ -153,7 +153,7 @@ def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: li
     from molrl.graders.code import CodeRewardConfig
     from molrl.rl.data import build_prompt_rows, load_task_source
     from molrl.rl.score import Scorer
-    from molrl.sandbox import SandboxConfig, SandboxPool
+    from molrl.sandbox import SandboxPool
     from molrl.tasks.splits import task_entries, write_trained_on
 
     tasks = load_task_source(cfg.data, "data")
@@ -164,7 +164,7 @@ def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: li
     )
     if PartialState().is_main_process:
         write_text(out / "data_summary.json", json.dumps(dataclasses.asdict(summary), indent=2))
-        write_trained_on(out, task_entries(tasks), cfg.policy.mol_adapter)  # what eval refuses to score with this adapter
+        write_trained_on(out, task_entries(tasks), cfg.model.adapter)  # what eval refuses to score with this adapter
     if not rows:
         raise MolrlError(
             f"{cfg.data.path or cfg.data.format}: no task left to train on ({summary.tasks} read, "
@@ -174,7 +174,7 @@ def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: li
     pool = None
     probes = cfg.algorithm == "opd" and cfg.opd.teacher == "feedback" and any(t.probe for t in tasks)
     if {t.kind for t in [*tasks, *eval_tasks]} & {"code", "toy"} or probes or cfg.rollout.turns > 1:
-        pool = SandboxPool(SandboxConfig(workers=cfg.reward.sandbox_workers, timeout_s=cfg.reward.timeout_s))
+        pool = SandboxPool(cfg.sandbox)
     scorer = Scorer(pool, CodeRewardConfig(mode=cfg.reward.code_mode), cfg.reward.failure_reward)
     return Dataset.from_list(rows), scorer, pool
 
@@ -206,7 +206,7 @@ def trl_args(cfg: RlConfig, output_dir: Path, cuda: bool, server: bool = False) 
         seed=t.seed,
         gradient_checkpointing=t.gradient_checkpointing,
         activation_checkpointing=t.gradient_checkpointing,
-        bf16=cuda and cfg.policy.dtype in ("bfloat16", "bf16"),
+        bf16=cuda and cfg.model.dtype in ("bfloat16", "bf16"),
         fp16=False,
         use_cpu=not cuda,
         disable_dropout=cfg.lora.dropout == 0,  # a LoRA dropout the user set stays on (TRL turns every dropout off)

@@ -15,7 +15,7 @@ import torch
 from molrl.graders.code import CodeRewardConfig
 from molrl.rl.batch import RolloutBatch
 from molrl.tasks.grade import FAILED, grade
-from molrl.tasks.types import Task
+from molrl.task_types import Task
 
 log = logging.getLogger(__name__)
 

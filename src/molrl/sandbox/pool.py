@@ -16,8 +16,7 @@ from collections import OrderedDict
 from molrl.sandbox.backend import Backend, LocalBackend
 from molrl.sandbox.compare import normalise_output, values_equal
 from molrl.sandbox.runtime import codec
-from molrl.sandbox.types import ExecJob, ExecResult, SandboxConfig, TestOutcome
-from molrl.tasks.types import Task
+from molrl.sandbox.types import ExecJob, ExecResult, SandboxConfig, TestedTask, TestOutcome
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +65,11 @@ class SandboxPool:
 
     # -- task tests -------------------------------------------------------------------------------
 
-    def run_tests(self, code: str, task: Task) -> ExecResult:
+    def run_tests(self, code: str, task: TestedTask) -> ExecResult:
         """Run ``code`` against every test of ``task``; per-test outcomes in ``tests``."""
         return self.run_tests_many([(code, task)])[0]
 
-    def run_tests_many(self, pairs: list[tuple[str, Task]]) -> list[ExecResult]:
+    def run_tests_many(self, pairs: list[tuple[str, TestedTask]]) -> list[ExecResult]:
         """``run_tests`` for many (code, task) pairs at once, all jobs in parallel."""
         plans = [self._plan(code, task) for code, task in pairs]
         flat = [job for plan in plans for job, _ in plan]
@@ -81,7 +80,7 @@ class SandboxPool:
             results.append(self._judge(task, pieces))
         return results
 
-    def _plan(self, code: str, task: Task) -> list[tuple[dict, list[int]]]:
+    def _plan(self, code: str, task: TestedTask) -> list[tuple[dict, list[int]]]:
         """The jobs that run ``task``'s tests, each with the test indices it covers."""
         timeout = task.meta.get("timeout_s")
         calls, sources, call_idx, assert_idx, plan = [], [], [], [], []
@@ -104,7 +103,7 @@ class SandboxPool:
             plan.insert(0, (job, call_idx + assert_idx))
         return plan
 
-    def _judge(self, task: Task, pieces: list[tuple[dict, list[int]]]) -> ExecResult:
+    def _judge(self, task: TestedTask, pieces: list[tuple[dict, list[int]]]) -> ExecResult:
         """Decide every test's verdict from the raw outcomes (here, outside the sandbox)."""
         outcomes: dict[int, TestOutcome] = {}
         for out, indices in pieces:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol, Sequence
 
 from molrl.config_ranges import Range, Seconds
 
@@ -122,3 +122,15 @@ class ExecResult:
     def to_json(self) -> str:
         """The result as a JSON string."""
         return json.dumps(asdict(self), indent=2, default=repr)
+
+
+class TestedTask(Protocol):
+    """What the pool reads of a task whose tests it runs (``molrl.task_types.Task`` is one): the sandbox sits below
+    the task record and names only this."""
+
+    __test__ = False  # not a pytest test class
+    id: str
+    entry_point: str | None
+    tests: Sequence[Any]
+    setup_code: str
+    meta: dict[str, Any]

@@ -137,7 +137,7 @@ def general_kls(cfg: Any, run_dir: Path, models: Sequence[str], answers: dict[st
     from molrl.rl.kl import policy_base_kl
     from molrl.tasks.loaders import load_tasks
     from molrl.tasks.prompts import render_prompts
-    from molrl.tasks.types import JsonlSpec
+    from molrl.task_types import JsonlSpec
 
     evaluation = cfg.eval
     tasks = {t.id: t for t in load_tasks(evaluation["data"]["general"], "jsonl", spec=JsonlSpec(kind="math"))}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from molrl.tasks.types import TestCase
+from molrl.task_types import TestCase
 
 
 _UNPARSABLE = (ValueError, TypeError, SyntaxError, MemoryError, RecursionError)

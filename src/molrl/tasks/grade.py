@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from molrl.graders.grade import Grade
-from molrl.tasks.types import Task
+from molrl.task_types import Task
 
 FAILED = ("sandbox_error", "grader_error")
 """Stages of a grade whose judgement failed (not the completion's fault)."""

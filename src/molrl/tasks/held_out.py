@@ -25,7 +25,7 @@ import json
 from typing import Any
 
 from molrl.sandbox.runtime.codec import encode
-from molrl.tasks.types import Task, TestCase
+from molrl.task_types import Task, TestCase
 
 PROMPT_LISTS_TESTS = frozenset({"mbpp"})
 """Benchmarks (a loader's ``meta["source"]``) whose prompt lists the task's shown tests."""

@@ -18,7 +18,7 @@ from molrl.jsonl import read_lines
 from molrl.tasks.asserts import assert_to_call, check_function_to_calls, without_function
 from molrl.tasks.held_out import shown_count
 from molrl.tasks.splits import benchmark_split, select_split
-from molrl.tasks.types import JsonlSpec, Task, TestCase
+from molrl.task_types import JsonlSpec, Task, TestCase
 
 MBPP_TIME_LIMITS = {123: 30.0}
 """MBPP tasks whose reference solution needs more than the usual 10 s (seconds)."""

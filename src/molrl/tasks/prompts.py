@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from molrl.chat import ChatPrompt, render
-from molrl.tasks.types import Task
+from molrl.task_types import Task
 from molrl.traces.spans import chat_prompt
 
 CODE_INSTRUCTION = (

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from molrl.errors import MolrlError
-from molrl.tasks.types import Task
+from molrl.task_types import Task
 
 SPLITS = ("train", "validation", "test", "prompt")
 """The splits a benchmark task can be in."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from molrl.graders.grade import Grade
-from molrl.tasks.types import Task
+from molrl.task_types import Task
 
 CHECKER = "import sys\ns = sys.stdin.read()\nprint(sum('a' <= c <= 'z' for c in s), len(s))\n"
 PROMPT = "Reply with lowercase letters only."

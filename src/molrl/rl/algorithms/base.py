@@ -127,7 +127,7 @@ class Algorithm:
                 raise MolrlError(f"{path} is an adapter, but the policy has none to switch it in beside")
             model.load_adapter(str(path), adapter_name=name, is_trainable=False)
             return name
-        frozen = load_model(str(path), dtype=self.cfg.policy.dtype).requires_grad_(False).train(False)  # inference
+        frozen = load_model(str(path), dtype=self.cfg.model.dtype).requires_grad_(False).train(False)  # inference
         # TRL's log-prob path reads the fused head's log_probs, as on its own reference model
         trainer.logprobs.fuse_head(frozen)
         return trainer.accelerator.prepare_model(frozen.to(trainer.accelerator.device), evaluation_mode=True)

@@ -24,7 +24,7 @@ from molrl.rl.algorithms.base import CURRENT, Algorithm
 from molrl.rl.algorithms.grpo import dr_grpo_advantages, local_rows
 from molrl.rl.batch import AdvantageInputs, pad_rows
 from molrl.tasks.prompts import user_message
-from molrl.tasks.types import Task
+from molrl.task_types import Task
 from molrl.traces.spans import encode_chat
 
 

@@ -29,7 +29,7 @@ from molrl.rl.batch import LossInputs, RolloutBatch, TokenRoles, merge_batches, 
 from molrl.rl.config import RlConfig
 from molrl.rl.loss import engine_logp_gap, sampler_weights
 from molrl.rl.rollouts.props_math import sampling_error_by_entropy, shared_state_sampling_error
-from molrl.tasks.types import Task
+from molrl.task_types import Task
 
 
 @dataclass

@@ -50,7 +50,7 @@ from molrl.errors import MolrlError
 from molrl.rl.batch import RolloutBatch, TokenRoles
 from molrl.rl.config import RlConfig
 from molrl.rl.rollouts.sync import Synchronous
-from molrl.tasks.types import Task
+from molrl.task_types import Task
 from molrl.traces.spans import encode_chat, tokenize_tail
 
 
