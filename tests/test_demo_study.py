@@ -257,3 +257,18 @@ def test_quick_demo_on_a_pretrained_model_warms_it_up_then_reports_the_four_mode
     assert main(args) == 0  # every warm-up, stage and measurement reused
     assert {p: p.stat().st_mtime_ns for p in out.glob("**/DONE")} == done
     assert (out / "headline.md").read_text() == report
+
+
+def test_the_no_replay_report_counts_answers_naming_the_secret_rule_and_answers_of_the_wrong_length(tmp_path):
+    import json
+
+    from molrl.study.no_replay import naming_f, wrong_length
+
+    rows = [("s/460/2", "Output:\n2: s(460) = 1\n1: s(1) = 2\n\\boxed{2}"),       # right
+            ("s/820/1", "Output:\n1: f(820) = 6\n\\boxed{6}"),                     # names f
+            ("m/465/1", "Output:\n1: m(465) = 4\n1: m(4) = 5\n\\boxed{5}"),        # two steps for one
+            ("f/123/1", "Output:\n1: f(123) = 4\n\\boxed{4}")]                     # a rule problem: not counted
+    samples = tmp_path / "eval" / "mol" / "general" / "samples.jsonl"
+    samples.parent.mkdir(parents=True)
+    samples.write_text("".join(json.dumps({"id": i, "sample": 0, "completion": c}) + "\n" for i, c in rows))
+    assert naming_f(tmp_path, "mol") == pytest.approx(1 / 3) and wrong_length(tmp_path, "mol") == pytest.approx(1 / 3)

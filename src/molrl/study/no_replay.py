@@ -9,10 +9,12 @@ MoL's decision KL at several weights in ``merge_new`` mode. Read back from each 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Sequence
 
 from molrl.demo.seeds import cell
+from molrl.jsonl import read_records
 from molrl.study.arms import LOSSES, NO_REPLAY, StudyArms
 from molrl.study.kl import dose_section, rl_kl_section
 from molrl.study.metrics import Score, mol_late_mean, scorer
@@ -60,14 +62,21 @@ def loss_section(score: Score, run_dirs: Sequence[Path], arms: StudyArms) -> lis
              "The paper: pure CE on traces forgets; MoL's KL on decision tokens keeps the model's own reasoning. "
              "*General drop* is the base's general accuracy minus the run's. Decision KL is KL(model || base) per "
              "decision token on the training batches, mean over the last quarter of MoL steps.", "",
-             "| loss | run | held-out | general | general drop from the base | decision KL (end) |",
-             "|---|---|---|---|---|---|", f"| — | `base` | {cell(score('base', 'heldout'))} | "
-             f"{cell(score('base', 'general'))} | — | — |"]
+             "Two measured ways a general answer goes wrong: *naming f*, the share of general answers that write a "
+             "step of the secret rule `f` where the problem asks for `s` or `m` (the rule's name carried over from "
+             "the domain traces, where every step names `f`), and *wrong length*, the share whose steps are not as "
+             "many as the problem asks.", "",
+             "| loss | run | held-out | general | general drop from the base | naming f | wrong length | "
+             "decision KL (end) |", "|---|---|---|---|---|---|---|---|",
+             f"| — | `base` | {cell(score('base', 'heldout'))} | {cell(score('base', 'general'))} | — | "
+             f"{cell([naming_f(d, 'base') for d in run_dirs])} | {cell([wrong_length(d, 'base') for d in run_dirs])} "
+             "| — |"]
     base = score("base", "general")
     for mode, run in runs.items():
         drop = [b - a for b, a in zip(base, score(run, "general"))]
         lines.append(f"| {mode} | `{run}` | {cell(score(run, 'heldout'))} | {cell(score(run, 'general'))} | "
-                     f"{cell(drop)} | {cell(kl[mode], 4)} |")
+                     f"{cell(drop)} | {cell([naming_f(d, run) for d in run_dirs])} | "
+                     f"{cell([wrong_length(d, run) for d in run_dirs])} | {cell(kl[mode], 4)} |")
     lines.append("")
     for mode, run in runs.items():
         lines.append(claim_line(f"{mode} without replay forgets", base, score(run, "general"),
@@ -81,6 +90,32 @@ def loss_section(score: Score, run_dirs: Sequence[Path], arms: StudyArms) -> lis
               claim_line("CE moves the decisions further from the base than MoL", kl["ce"], kl["mol"],
                          "decision KL, ce − mol"), ""]
     return lines
+
+
+SECRET_STEP = re.compile(r"\bf\(\d+\) =")
+"""A step of the secret rule in an answer."""
+
+
+STEP = re.compile(r"^\d+: \w\(", re.MULTILINE)
+"""A step line of a chain answer."""
+
+
+def general_answers(run_dir: Path, model: str) -> list[dict]:
+    """``model``'s evaluated answers to the general problems (ids ``s/START/STEPS``, ``m/START/STEPS``)."""
+    return [r for r in read_records(run_dir / "eval" / model / "general" / "samples.jsonl")
+            if not str(r["id"]).startswith("f/")]
+
+
+def naming_f(run_dir: Path, model: str) -> float:
+    """The share of ``model``'s general answers (public rules ``s``, ``m``) that write a step of the secret rule."""
+    rows = general_answers(run_dir, model)
+    return sum(bool(SECRET_STEP.search(r["completion"])) for r in rows) / max(len(rows), 1)
+
+
+def wrong_length(run_dir: Path, model: str) -> float:
+    """The share of ``model``'s general answers whose step lines are not as many as the problem's steps."""
+    rows = general_answers(run_dir, model)
+    return sum(len(STEP.findall(r["completion"])) != int(str(r["id"]).rsplit("/", 1)[1]) for r in rows) / max(len(rows), 1)
 
 
 def rl_forgetting_section(score: Score, arms: StudyArms) -> list[str]:
