@@ -91,3 +91,45 @@ def test_old_keys_load_with_one_line_and_a_run_saved_under_them_is_the_same_run(
     assert changed_keys(stage, saved, old) == []
     changed = load_config(cls, None, [*required, *OLD_NAMES[stage], "model.dtype=float16"])
     assert [c.key for c in changed_keys(stage, saved, changed)] == ["model.dtype"]
+
+
+def _declared_sections(cls: type, path: str = "") -> list[tuple[str, typing.Any]]:
+    """(dotted key, default) of every section of ``cls`` (nested too) whose field's default_factory makes something
+    other than its class's plain default: the sections a partial setting must not reset."""
+    found = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = unoptional(hints[f.name])
+        if not dataclasses.is_dataclass(tp):
+            continue
+        key = f"{path}{f.name}"
+        if f.default_factory is not dataclasses.MISSING:
+            made = f.default_factory()
+            try:
+                plain = tp()
+            except TypeError:
+                plain = None
+            if made != plain:
+                found.append((key, made))
+        found += _declared_sections(tp, key + ".")
+    return found
+
+
+def test_the_sections_with_their_own_defaults_are_enumerated():
+    keys = {f"{stage}:{key}" for stage, cls in STAGES.items() for key, _ in _declared_sections(cls)}
+    assert {"rl:sandbox", "rl:rollout.episode", "rl:model", "mol:model"} <= keys, keys
+
+
+@pytest.mark.parametrize("stage,key,default", [(stage, key, default) for stage, cls in STAGES.items()
+                                               for key, default in _declared_sections(cls)])
+def test_a_section_given_in_part_keeps_the_rest_of_its_declared_default(stage, key, default):
+    """Setting one key of a section whose declared default differs from its class's (rl's sandbox: 4 workers and 6 s;
+    rl's rollout.episode: 2 turns) leaves every other key at the declared default, not at the class's."""
+    plain = {f.name: getattr(default, f.name) for f in dataclasses.fields(default)
+             if isinstance(getattr(default, f.name), (int, float, str)) and not isinstance(getattr(default, f.name), bool)}
+    name, value = next(iter(plain.items()))
+    cfg = load_config(STAGES[stage], None, [*REQUIRED.get(stage, []), f"{key}.{name}={value}"])
+    section = cfg
+    for part in key.split("."):
+        section = getattr(section, part)
+    assert section == default

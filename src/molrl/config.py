@@ -16,6 +16,7 @@ converts): old configs keep loading, with one line naming the new keys (``molrl.
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import inspect
 import stat
@@ -255,7 +256,9 @@ def _section_type(cls: type | None, key: str) -> type | None:
     return tp if dataclasses.is_dataclass(tp) else None
 
 
-def _build(cls: type[T], data: Any, prefix: str, where: str) -> T:
+def _build(cls: type[T], data: Any, prefix: str, where: str, base: Any = None) -> T:
+    """``cls`` from ``data``; a key ``data`` leaves out takes ``base``'s value (the section's default as its parent
+    declares it, e.g. ``RlConfig.rollout.episode``'s two turns), else the class's own default."""
     name = prefix.rstrip(".") or "<top>"
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: {name} must be a mapping, got {type(data).__name__}")
@@ -271,13 +274,16 @@ def _build(cls: type[T], data: Any, prefix: str, where: str) -> T:
     kwargs = {}
     for key, value in data.items():
         try:
-            kwargs[key] = _coerce(hints[key], value, f"{prefix}{key}", where)
+            kwargs[key] = _coerce(hints[key], value, f"{prefix}{key}", where,
+                                  getattr(base, key) if base is not None else _factory_default(fields[key]))
         except ConfigError as err:
             allowed = _allowed(ranged[key])
             if allowed and "allowed:" not in str(err):
                 raise ConfigError(f"{err}; allowed: {allowed}") from None
             raise
         _check_range(ranged[key], kwargs[key], f"{prefix}{key}", where)  # before __post_init__ reads the value
+    if base is not None:  # a section given in part keeps the rest of its declared default
+        kwargs.update({k: copy.deepcopy(getattr(base, k)) for k in fields if k not in kwargs})
     try:
         return cls(**kwargs)
     except TypeError as err:
@@ -286,11 +292,20 @@ def _build(cls: type[T], data: Any, prefix: str, where: str) -> T:
         raise ConfigError(f"{where}: {name}: {err}") from None
 
 
-def _coerce(tp: Any, value: Any, key: str, where: str) -> Any:
+def _factory_default(f: dataclasses.Field) -> Any:
+    """A section field's default made by its ``default_factory`` (None for any other field)."""
+    if f.default_factory is dataclasses.MISSING:  # type: ignore[misc]
+        return None
+    made = f.default_factory()  # type: ignore[misc]
+    return made if dataclasses.is_dataclass(made) else None
+
+
+def _coerce(tp: Any, value: Any, key: str, where: str, base: Any = None) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if dataclasses.is_dataclass(tp):
-        return _build(tp, value, prefix=key + ".", where=where)
+        return _build(tp, value, prefix=key + ".", where=where,
+                      base=base if dataclasses.is_dataclass(base) and isinstance(base, tp) else None)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
@@ -299,7 +314,7 @@ def _coerce(tp: Any, value: Any, key: str, where: str) -> Any:
             if arg is type(None):
                 continue
             try:
-                return _coerce(arg, value, key, where)
+                return _coerce(arg, value, key, where, base)
             except ConfigError as err:
                 errors.append(str(err))
         raise ConfigError(f"{where}: {key}={value!r} matches none of {_type_name(tp)}")
