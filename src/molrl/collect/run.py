@@ -50,7 +50,6 @@ def run_collect(cfg: CollectConfig, *, generator: Any = None, tokenizer: Any = N
 
 
 def _collect(cfg: CollectConfig, out: Path, generator: Any, tokenizer: Any, tasks: Sequence[Task] | None) -> Path:
-    from molrl.sandbox import SandboxPool
     from molrl.tasks import load_tasks
 
     done = finished_pairs(out)
@@ -70,8 +69,22 @@ def _collect(cfg: CollectConfig, out: Path, generator: Any, tokenizer: Any, task
         log.warning("samples=%d with greedy decoding (temperature 0): the samples of a task will mostly repeat; "
                     "set episode.sampling.temperature", cfg.samples)
     use_threads(cfg.threads, "collect")
-    if generator is None or tokenizer is None:
+    own = generator is None or tokenizer is None  # made here: released here (a vLLM engine's memory)
+    if own:
         generator, tokenizer = build_generator(cfg, episodes=todo)
+    try:
+        _run(cfg, out, generator, tokenizer, tasks, pairs, done, total)
+    finally:
+        if own and hasattr(generator, "close"):
+            generator.close()
+    return out
+
+
+def _run(cfg: CollectConfig, out: Path, generator: Any, tokenizer: Any, tasks: Sequence[Task], pairs: Any, done: Any,
+         total: int) -> None:
+    """Run the episodes left and append each finished one to ``out``."""
+    from molrl.sandbox import SandboxPool
+
     settings = generation_settings(cfg)
     stats = _Stats()
     for pair in pairs:
@@ -89,7 +102,6 @@ def _collect(cfg: CollectConfig, out: Path, generator: Any, tokenizer: Any, task
     if stats.rejected:
         log.warning("%s: %d episodes of this run have no trace; their reasons are in %s",
                     out, stats.rejected, rejects_path(out))
-    return out
 
 
 def config_path(out: Path) -> Path:

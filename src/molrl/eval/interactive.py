@@ -29,6 +29,10 @@ class InteractiveSource:
         self._model = SamplingSource(cfg)  # loads the model once, on first use
         self.label = f"{self._model.label} (interactive)" if not cfg.label else cfg.label
 
+    def close(self) -> None:
+        """Release the model's generator."""
+        self._model.close()
+
     def select(self, name: str, tasks: Sequence[Task]) -> list[Task]:
         return list(tasks)
 

@@ -85,10 +85,13 @@ def _evaluate(cfg: EvalConfig) -> Path:
     }
     # interactive episodes run the model's code whatever the task kind
     needs_sandbox = cfg.mode == "interactive" or any(t.kind == "code" for tasks in suites.values() for t in tasks)
-    with _sandbox_pool(cfg, needs_sandbox) as pool, _progress() as progress:
-        for name, tasks in suites.items():
-            records = run_suite(name, tasks, source, pool, cfg, progress)
-            results["benchmarks"][name] = summarise(tasks, records, cfg.ks)
+    try:
+        with _sandbox_pool(cfg, needs_sandbox) as pool, _progress() as progress:
+            for name, tasks in suites.items():
+                records = run_suite(name, tasks, source, pool, cfg, progress)
+                results["benchmarks"][name] = summarise(tasks, records, cfg.ks)
+    finally:  # a vLLM engine's memory back before the next stage of the process starts its own
+        getattr(source, "close", lambda: None)()
     write_results(out, results)
     scores = ", ".join(f"{name} pass@1 {m.get('pass@1', float('nan')):.3f}" for name, m in results["benchmarks"].items())
     log.info("eval %s: %s (%s)", source.label, scores, out / "results.md")

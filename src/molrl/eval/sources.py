@@ -95,6 +95,12 @@ class SamplingSource:
             self._generator, self._tokenizer = load_generator(self.cfg, self.planned_tokens)
         return self._generator, self._tokenizer
 
+    def close(self) -> None:
+        """Release the generator (a vLLM engine's memory, a merged copy of the model), if one was loaded."""
+        generator, self._generator = self._generator, None
+        if generator is not None and hasattr(generator, "close"):
+            generator.close()
+
 
 def load_generator(cfg: EvalConfig, planned_tokens: int = 0) -> tuple[Any, Any]:
     """A generator for ``cfg.model.path`` (+ adapter) on the engine ``cfg.engine`` picks for ``planned_tokens`` tokens of

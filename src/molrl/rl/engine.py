@@ -138,7 +138,12 @@ class PolicyEngine:
         return PolicyGenerator(self, trainer)
 
     def close(self) -> None:
-        """Remove the engine's files (the merged base, the sent adapters)."""
+        """Shut the engine down (its memory given back) and remove its files (the merged base, the sent adapters)."""
+        from molrl.generation import stop_llm
+
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            stop_llm(llm)
         shutil.rmtree(self.work, ignore_errors=True)
 
 
