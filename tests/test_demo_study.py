@@ -272,3 +272,13 @@ def test_the_no_replay_report_counts_answers_naming_the_secret_rule_and_answers_
     samples.parent.mkdir(parents=True)
     samples.write_text("".join(json.dumps({"id": i, "sample": 0, "completion": c}) + "\n" for i, c in rows))
     assert naming_f(tmp_path, "mol") == pytest.approx(1 / 3) and wrong_length(tmp_path, "mol") == pytest.approx(1 / 3)
+
+
+def test_a_mean_left_at_float_noise_decides_nothing_and_a_huge_seed_count_is_not_printed():
+    # the no-replay study's "weight 0.05 keeps more general accuracy" (general 0.15, 0.17, 0.12 against 0.23, 0.17,
+    # 0.04): the differences sum to float noise, which gave "about 299076299051606099246410924818433 seeds"
+    diffs = [0.15 - 0.23, 0.17 - 0.17, 0.12 - 0.04]
+    assert sum(diffs) != 0
+    assert decider(diffs) == "the mean difference is 0: no number of seeds would decide it"
+    assert seeds_needed(diffs) is None
+    assert "over 1000 seeds would" in decider([-0.1, 0.0, 0.1004])

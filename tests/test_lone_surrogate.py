@@ -248,7 +248,7 @@ OTHER_JSON_READS = {
     "graders/math_worker.py": "the grading worker's pipe",
     "collect/critique.py": "an HTTP reply from the critique endpoint",
     "content.py": "a tokenizer's own serialisation",
-    "tasks/types.py": "a task serialised by Task.to_json for a dataset column",
+    "task_types.py": "a task serialised by Task.to_json for a dataset column",
     "report.py": "results.json / stage markers / env.json this program wrote",
     "eval/report.py": "results.json this program wrote",
     "rerun.py": "trainer_state.json that transformers wrote",
@@ -259,6 +259,8 @@ OTHER_JSON_READS = {
     "demo/chain_measure.py": "world properties this program wrote",
     "demo/run.py": "a marker this program wrote",
     "demo/chain_base.py": "a marker this program wrote",
+    "demo/pretrained_base.py": "a marker this program wrote",
+    "study/headline.py": "forgetting.json this program wrote",
     "rl/adapter_lora.py": "adapter_config.json that peft wrote",
     "tasks/splits.py": "trained_on.json this program wrote",
 }

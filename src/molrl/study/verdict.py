@@ -18,6 +18,12 @@ from typing import Sequence
 
 from molrl.demo.seeds import mean_se
 
+NO_MEAN = 1e-9
+"""A mean paired difference this close to 0 is 0 (float sums of equal scores leave a few 1e-17 behind): no number of
+seeds decides it."""
+MOST_SEEDS = 1000
+"""Past this many seeds the decider says "over 1000" rather than a number nobody will run."""
+
 RULE = ("*holds* when the mean paired difference over seeds is over 2 standard errors and has the same sign "
         "on every seed; *refuted* when that holds the other way; *undecided* otherwise, with the figure that "
         "would decide it. One seed decides nothing. Every verdict is as measured on these seeds.")
@@ -50,7 +56,7 @@ def seeds_needed(diffs: Sequence[float]) -> int | None:
     if len(diffs) < 2:
         return 2
     mean, se = mean_se(diffs)
-    if mean == 0:
+    if abs(mean) < NO_MEAN:
         return None
     variance = se * se * len(diffs)  # sd^2
     return max(2, math.floor(4 * variance / (mean * mean)) + 1)
@@ -68,14 +74,15 @@ def decider(diffs: Sequence[float]) -> str:
     if n < 2:
         return "one seed has no standard error: run a second seed"
     mean, se = mean_se(diffs)
-    if mean == 0:
+    if abs(mean) < NO_MEAN:
         return "the mean difference is 0: no number of seeds would decide it"
     against = sum(1 for d in diffs if d * mean <= 0)
     sign = f"{against} of {n} seeds {'has' if against == 1 else 'have'} the other sign"
     if abs(mean) > 2 * se:
         return f"mean {mean:+.3f} over 2 s.e. = {2 * se:.3f}, but {sign}"
     needed = seeds_needed(diffs)
-    text = f"mean {mean:+.3f} under 2 s.e. = {2 * se:.3f}; at this spread about {needed} seeds would put it past 2 s.e."
+    about = f"about {needed}" if needed is not None and needed <= MOST_SEEDS else f"over {MOST_SEEDS}"
+    text = f"mean {mean:+.3f} under 2 s.e. = {2 * se:.3f}; at this spread {about} seeds would put it past 2 s.e."
     return text if against == 0 else f"{text}, and {sign}"
 
 
