@@ -246,8 +246,11 @@ def test_quick_demo_on_a_pretrained_model_warms_it_up_then_reports_the_four_mode
     assert main(args) == 0
     report = (out / "headline.md").read_text()
     rows = [line for line in report.splitlines() if line.startswith("| `")]
-    assert [r.split("|")[1].strip() for r in rows] == ["`base`", "`base+grpo`", "`mol`", "`mol+grpo`"]
-    assert len(re.findall(VERDICT, report)) == 7 and "nan" not in report
+    assert [r.split("|")[1].strip() for r in rows] == ["`base`", "`base+grpo`", "`mol`", "`mol+grpo`",
+                                                        "`mol+grpo_refmol`"]  # and the KL-reference control
+    assert len(re.findall(VERDICT, report)) == 8 and "nan" not in report
+    control = (out / "pipeline" / "rl" / "mol+grpo_refmol" / "config.yaml").read_text()
+    assert "reference: mol" in control
     assert (out / "plots" / "headline.png").stat().st_size > 10_000
     warm = (out / "base" / "warm_up" / "traces.jsonl").read_text()
     assert "<execute>walk(f, " in warm and '"kind": "domain"' in warm

@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 
 MODELS = ("base", "base+grpo", "mol", "mol+grpo")
 """The headline's four models, by their pipeline names."""
+REFERENCE_CONTROL = "mol+grpo_refmol"
+"""GRPO from MoL with its KL reference the MoL model (``policy.reference=mol``), where the pipeline runs it: the
+control that tells whether ``mol+grpo``'s KL to the model before MoL undoes what MoL absorbed."""
 KL_CHUNK = 8
 """Prompts per forward pass of the KL measurement (a [chunk, length, vocabulary] logits tensor each)."""
 
@@ -46,11 +49,13 @@ def write_headline(out: str | Path, seeds: int, model: str) -> Path:
     out = Path(out)
     run_dirs = seed_dirs(out, seeds)
     score = scorer(run_dirs)
-    kept = [forgetting(d) for d in run_dirs]
-    kl = {m: [k[m]["general_kl"] for k in kept] for m in MODELS}
-    agree = {m: [k[m]["agreement"] for k in kept] for m in MODELS}
-    held = {m: score(m, "heldout") for m in MODELS}
-    general = {m: score(m, "general") for m in MODELS}
+    models = (*MODELS, *((REFERENCE_CONTROL,) if all((d / "eval" / REFERENCE_CONTROL).is_dir() for d in run_dirs)
+                         else ()))
+    kept = [forgetting(d, models) for d in run_dirs]
+    kl = {m: [k[m]["general_kl"] for k in kept] for m in models}
+    agree = {m: [k[m]["agreement"] for k in kept] for m in models}
+    held = {m: score(m, "heldout") for m in models}
+    general = {m: score(m, "general") for m in models}
     n_held, n_general = (problem_count(run_dirs[0], "base", b) for b in ("heldout", "general"))
     lines = [f"# The headline on a pretrained model: {Path(model).name}, chain world ({seeds} seed"
              f"{'s' * (seeds != 1)})", "",
@@ -63,7 +68,7 @@ def write_headline(out: str | Path, seeds: int, model: str) -> Path:
              "general prompts; agreement is the share of those prompts answered exactly as the base does. A cell is "
              "mean ± standard error over seeds [per seed].", "",
              "| model | held-out | general | general KL | agreement with the base |", "|---|---|---|---|---|"]
-    for m in MODELS:
+    for m in models:
         lines.append(f"| `{m}` | {cell(held[m])} | {cell(general[m])} | {cell(kl[m], 4)} | {cell(agree[m])} |")
     lines += ["", "Verdicts compare paired per-seed differences d: " + RULE, "",
               claim_line("MoL + GRPO reaches more than GRPO alone (the headline)", held["mol+grpo"],
@@ -76,11 +81,15 @@ def write_headline(out: str | Path, seeds: int, model: str) -> Path:
               claim_line("MoL + GRPO forgets more than GRPO alone", general["base+grpo"], general["mol+grpo"],
                          "general, base+grpo − mol+grpo"),
               claim_line("MoL + GRPO moves further from the base than GRPO alone", kl["mol+grpo"], kl["base+grpo"],
-                         "general KL, mol+grpo − base+grpo"), ""]
+                         "general KL, mol+grpo − base+grpo")]
+    if REFERENCE_CONTROL in models:
+        lines.append(claim_line("GRPO from MoL keeps more of MoL with its KL to the MoL model", held[REFERENCE_CONTROL],
+                                held["mol+grpo"], f"held-out, {REFERENCE_CONTROL} − mol+grpo"))
+    lines.append("")
     plots = out / "plots"
     plots.mkdir(parents=True, exist_ok=True)
     figure = plot_general_vs_heldout(lambda m, b: held[m] if b == "heldout" else general[m], plots / "headline.png",
-                                     MODELS)
+                                     models)
     lines += [f"![held-out against general per model](plots/{figure.name})", "",
               "Each seed's own report: `pipeline/report.md` (seed 0) and `seed-N/pipeline/report.md`.", ""]
     report = out / "headline.md"
@@ -99,7 +108,7 @@ def greedy_answers(run_dir: Path, model: str, bench: str = "general") -> dict[st
             if r.get("sample", 0) == 0}
 
 
-def forgetting(run_dir: Path) -> dict[str, dict[str, float]]:
+def forgetting(run_dir: Path, models: Sequence[str] = MODELS) -> dict[str, dict[str, float]]:
     """Per model: general KL to the base on the base's greedy answers, and greedy agreement with the base; kept in
     ``run_dir/forgetting.json`` keyed by each model's run marker, so a finished measurement is reused."""
     from molrl.pipeline import load_pipeline_config
@@ -110,7 +119,7 @@ def forgetting(run_dir: Path) -> dict[str, dict[str, float]]:
     base_answers = greedy_answers(run_dir, "base")
     out: dict[str, dict[str, float]] = {}
     todo = []
-    for m in MODELS:
+    for m in models:
         marker = (run_dir / "eval" / m / "DONE").read_text() if (run_dir / "eval" / m / "DONE").is_file() else ""
         answers = greedy_answers(run_dir, m)
         same = sum(answers.get(i) == a for i, a in base_answers.items()) / max(len(base_answers), 1)
