@@ -91,7 +91,7 @@ def _evaluate(cfg: EvalConfig) -> Path:
                 records = run_suite(name, tasks, source, pool, cfg, progress)
                 results["benchmarks"][name] = summarise(tasks, records, cfg.ks)
     finally:  # a vLLM engine's memory back before the next stage of the process starts its own
-        getattr(source, "close", lambda: None)()
+        source.close()
     write_results(out, results)
     scores = ", ".join(f"{name} pass@1 {m.get('pass@1', float('nan')):.3f}" for name, m in results["benchmarks"].items())
     log.info("eval %s: %s (%s)", source.label, scores, out / "results.md")

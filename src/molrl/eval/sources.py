@@ -34,6 +34,9 @@ class PredictionSource:
         self.label = cfg.label or ", ".join(Path(p).name for p in dict.fromkeys(cfg.predictions.values()))
         self.by_benchmark: dict[str, dict[str, list[str]]] = {}
 
+    def close(self) -> None:
+        """Nothing to release: no model is loaded."""
+
     def select(self, name: str, tasks: Sequence[Task]) -> list[Task]:
         """The problems to score: all of them, or those with predictions when partial_predictions is set."""
         path = self.cfg.predictions[name]
