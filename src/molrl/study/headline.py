@@ -1,9 +1,10 @@
-"""``headline.md`` of ``molrl demo --model``: the four models of the headline over seeds, on a pretrained model.
+"""``headline.md``: the four models of the headline over seeds, on a pretrained model.
 
-Base, base + GRPO, MoL and MoL + GRPO, each seed's pipeline run of the chain world with the pretrained model
-(warmed up on the world's formats) as its base. Per model: single-step pass@1 on the held-out rule problems and on
-the general problems (task accuracy), and two measures of what it kept of the base on the general prompts, as the
-real-model benchmark measures them:
+Base, base + GRPO, MoL and MoL + GRPO, each seed's pipeline run with the pretrained model as its base: the chain
+world's (``molrl demo --model``; the model warmed up on the world's formats) or a code task's
+(``benchmarks/headline_code.py``). Per model: single-step pass@1 on the held-out problems and on the general problems
+(task accuracy), and two measures of what it kept of the base on the general prompts, as the real-model benchmark
+measures them:
 
 - *general KL*: the full-vocabulary KL(model || base) per token on the base's own greedy answers to the general
   prompts (the base's answers are its evaluation's completions);
@@ -44,29 +45,38 @@ def seed_dirs(out: Path, seeds: int) -> list[Path]:
     return [(out if seed == 0 else out / f"seed-{seed}") / "pipeline" for seed in range(seeds)]
 
 
-def write_headline(out: str | Path, seeds: int, model: str) -> Path:
-    """Write ``out/headline.md`` and ``out/plots/headline.png`` over ``seeds`` seeds; returns the report's path."""
+CHAIN_INTRO = ("`{model}` is warmed up once on the chain world's formats (tool use and the answer format, in decoy "
+               "worlds of a chain world of its own, never a seed's rule; `molrl.demo.pretrained_base`): that is the "
+               "base. Each seed builds its chain world, collects the base's own traces in the sandbox, trains MoL on "
+               "them, runs the same GRPO from the MoL model and from the base, and evaluates in a single step without "
+               "feedback: held-out rule problems (n = {n_held} a seed) and general problems (n = {n_general} a seed, "
+               "the public rules).")
+"""The chain world's description in ``headline.md`` (``{model}``, ``{n_held}``, ``{n_general}`` filled in)."""
+
+
+def write_headline(out: str | Path, seeds: int, model: str, *, task: str = "chain world", held_bench: str = "heldout",
+                   general_bench: str = "general", intro: str = CHAIN_INTRO, extra: Sequence[str] = ()) -> Path:
+    """Write ``out/headline.md`` and ``out/plots/headline.png`` over ``seeds`` seeds; returns the report's path.
+
+    ``held_bench`` and ``general_bench`` name the evaluation's benchmarks for held-out and general problems; ``intro``
+    describes the runs (``{model}``, ``{n_held}``, ``{n_general}`` filled in); ``extra`` lines go after the verdicts.
+    """
     out = Path(out)
     run_dirs = seed_dirs(out, seeds)
     score = scorer(run_dirs)
     models = (*MODELS, *((REFERENCE_CONTROL,) if all((d / "eval" / REFERENCE_CONTROL).is_dir() for d in run_dirs)
                          else ()))
-    kept = [forgetting(d, models) for d in run_dirs]
+    kept = [forgetting(d, models, general_bench) for d in run_dirs]
     kl = {m: [k[m]["general_kl"] for k in kept] for m in models}
     agree = {m: [k[m]["agreement"] for k in kept] for m in models}
-    held = {m: score(m, "heldout") for m in models}
-    general = {m: score(m, "general") for m in models}
-    n_held, n_general = (problem_count(run_dirs[0], "base", b) for b in ("heldout", "general"))
-    lines = [f"# The headline on a pretrained model: {Path(model).name}, chain world ({seeds} seed"
+    held = {m: score(m, held_bench) for m in models}
+    general = {m: score(m, general_bench) for m in models}
+    n_held, n_general = (problem_count(run_dirs[0], "base", b) for b in (held_bench, general_bench))
+    lines = [f"# The headline on a pretrained model: {Path(model).name}, {task} ({seeds} seed"
              f"{'s' * (seeds != 1)})", "",
-             f"`{model}` is warmed up once on the chain world's formats (tool use and the answer format, in decoy "
-             "worlds of a chain world of its own, never a seed's rule; `molrl.demo.pretrained_base`): that is the "
-             "base. Each seed builds its chain world, collects the base's own traces in the sandbox, trains MoL on "
-             "them, runs the same GRPO from the MoL model and from the base, and evaluates in a single step without "
-             f"feedback: held-out rule problems (n = {n_held} a seed) and general problems (n = {n_general} a seed, "
-             "the public rules). General KL is KL(model || base) per token on the base's greedy answers to the "
-             "general prompts; agreement is the share of those prompts answered exactly as the base does. A cell is "
-             "mean ± standard error over seeds [per seed].", "",
+             intro.format(model=model, n_held=n_held, n_general=n_general) + " General KL is KL(model || base) per "
+             "token on the base's greedy answers to the general prompts; agreement is the share of those prompts "
+             "answered exactly as the base does. A cell is mean ± standard error over seeds [per seed].", "",
              "| model | held-out | general | general KL | agreement with the base |", "|---|---|---|---|---|"]
     for m in models:
         lines.append(f"| `{m}` | {cell(held[m])} | {cell(general[m])} | {cell(kl[m], 4)} | {cell(agree[m])} |")
@@ -74,7 +84,7 @@ def write_headline(out: str | Path, seeds: int, model: str) -> Path:
               claim_line("MoL + GRPO reaches more than GRPO alone (the headline)", held["mol+grpo"],
                          held["base+grpo"], "held-out, mol+grpo − base+grpo"),
               claim_line("MoL absorbs the feedback", held["mol"], held["base"], "held-out, mol − base"),
-              claim_line("GRPO alone learns the rule problems", held["base+grpo"], held["base"],
+              claim_line("GRPO alone learns the held-out problems", held["base+grpo"], held["base"],
                          "held-out, base+grpo − base"),
               claim_line("GRPO from MoL adds to MoL", held["mol+grpo"], held["mol"], "held-out, mol+grpo − mol"),
               claim_line("MoL forgets general accuracy", general["base"], general["mol"], "general, base − mol"),
@@ -85,7 +95,7 @@ def write_headline(out: str | Path, seeds: int, model: str) -> Path:
     if REFERENCE_CONTROL in models:
         lines.append(claim_line("GRPO from MoL keeps more of MoL with its KL to the MoL model", held[REFERENCE_CONTROL],
                                 held["mol+grpo"], f"held-out, {REFERENCE_CONTROL} − mol+grpo"))
-    lines.append("")
+    lines += ["", *extra, *([""] if extra else [])]
     plots = out / "plots"
     plots.mkdir(parents=True, exist_ok=True)
     figure = plot_general_vs_heldout(lambda m, b: held[m] if b == "heldout" else general[m], plots / "headline.png",
@@ -102,26 +112,26 @@ def problem_count(run_dir: Path, model: str, bench: str) -> int:
     return sum(1 for _ in read_records(run_dir / "eval" / model / bench / "samples.jsonl"))
 
 
-def greedy_answers(run_dir: Path, model: str, bench: str = "general") -> dict[str, str]:
+def greedy_answers(run_dir: Path, model: str, bench: str) -> dict[str, str]:
     """``model``'s first completion per problem of ``bench`` (greedy evaluation), by problem id."""
     return {r["id"]: r["completion"] for r in read_records(run_dir / "eval" / model / bench / "samples.jsonl")
             if r.get("sample", 0) == 0}
 
 
-def forgetting(run_dir: Path, models: Sequence[str] = MODELS) -> dict[str, dict[str, float]]:
-    """Per model: general KL to the base on the base's greedy answers, and greedy agreement with the base; kept in
-    ``run_dir/forgetting.json`` keyed by each model's run marker, so a finished measurement is reused."""
+def forgetting(run_dir: Path, models: Sequence[str] = MODELS, bench: str = "general") -> dict[str, dict[str, float]]:
+    """Per model: KL to the base on the base's greedy answers to ``bench``, and greedy agreement with the base; kept
+    in ``run_dir/forgetting.json`` keyed by each model's run marker, so a finished measurement is reused."""
     from molrl.pipeline import load_pipeline_config
 
     cfg = load_pipeline_config(run_dir / "config.yaml")
     cache_file = run_dir / "forgetting.json"
     cache = json.loads(cache_file.read_text()) if cache_file.is_file() else {}
-    base_answers = greedy_answers(run_dir, "base")
+    base_answers = greedy_answers(run_dir, "base", bench)
     out: dict[str, dict[str, float]] = {}
     todo = []
     for m in models:
         marker = (run_dir / "eval" / m / "DONE").read_text() if (run_dir / "eval" / m / "DONE").is_file() else ""
-        answers = greedy_answers(run_dir, m)
+        answers = greedy_answers(run_dir, m, bench)
         same = sum(answers.get(i) == a for i, a in base_answers.items()) / max(len(base_answers), 1)
         if m == "base":
             out[m] = {"general_kl": 0.0, "agreement": same}
@@ -130,30 +140,32 @@ def forgetting(run_dir: Path, models: Sequence[str] = MODELS) -> dict[str, dict[
         else:
             todo.append((m, marker, same))
     if todo:
-        for (m, marker, same), value in zip(todo, general_kls(cfg, run_dir, [t[0] for t in todo], base_answers)):
+        for (m, marker, same), value in zip(todo, general_kls(cfg, run_dir, [t[0] for t in todo], base_answers,
+                                                                bench)):
             out[m] = {"general_kl": value, "agreement": same}
             cache[m] = {"marker": marker, "general_kl": value}
         write_text(cache_file, json.dumps(cache, indent=1))
     return out
 
 
-def general_kls(cfg: Any, run_dir: Path, models: Sequence[str], answers: dict[str, str]) -> list[float]:
-    """KL(model || base) per token on ``answers`` (the base's greedy answers, by general problem id), per model."""
+def general_kls(cfg: Any, run_dir: Path, models: Sequence[str], answers: dict[str, str],
+                bench: str = "general") -> list[float]:
+    """KL(model || base) per token on ``answers`` (the base's greedy answers, by problem id of ``bench``), per model;
+    the prompts are the ones the evaluation posed (its config's loader, templates and thinking)."""
     import torch
 
+    from molrl.eval.suites import load_suite
     from molrl.models import load_model, load_tokenizer
-    from molrl.pipeline import model_weights
+    from molrl.pipeline import eval_config, model_weights
     from molrl.rl.kl import policy_base_kl
-    from molrl.tasks.loaders import load_tasks
     from molrl.tasks.prompts import render_prompts
-    from molrl.task_types import JsonlSpec
 
-    evaluation = cfg.eval
-    tasks = {t.id: t for t in load_tasks(evaluation["data"]["general"], "jsonl", spec=JsonlSpec(kind="math"))}
+    evaluation = eval_config(cfg, "base", cfg.model, None, run_dir)
+    tasks = {t.id: t for t in load_suite(bench, evaluation)}
     ids = [i for i in answers if i in tasks]
     tokenizer = load_tokenizer(cfg.model)
-    prompts = render_prompts(tokenizer, [tasks[i] for i in ids], enable_thinking=evaluation.get("enable_thinking", True),
-                             math_template=evaluation.get("math_prompt", "{prompt}"))
+    prompts = render_prompts(tokenizer, [tasks[i] for i in ids], enable_thinking=evaluation.enable_thinking,
+                             code_template=evaluation.code_prompt, math_template=evaluation.math_prompt)
     values = []
     for m in models:
         base_path, adapter = model_weights(cfg, m, run_dir)

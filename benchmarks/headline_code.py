@@ -1,0 +1,146 @@
+"""The headline on a pretrained model, on a code task: easy MBPP with SmolLM2-135M-Instruct, over seeds.
+
+Per seed, the whole pipeline (``configs/pipeline_code_pretrained.yaml``) on the pretrained model, with no warm-up
+(it writes Python as it is):
+
+1. collect: the model's own multi-turn traces on the training tasks in the sandbox; executed code that defines the
+   function is tested on the task's shown test and the outcome is the feedback;
+2. MoL on those traces (CE on the sandbox's feedback, KL to the base on the model's own tokens);
+3. the same GRPO from the MoL model and from the base, with a binary reward (1 only when the task's held-back
+   tests pass: the answer format alone earns nothing);
+4. single-turn evaluation without execution of base, base + GRPO, MoL and MoL + GRPO, greedy: held-out easy MBPP
+   (scored on held-back tests) and a slice of HumanEval (general: accuracy, KL to the base on its greedy answers,
+   agreement with them).
+
+Tasks: the MBPP tasks with the shortest reference code whose text is in no MINT trace (``real_model_rl.easy_split``),
+split once (seed 0) into training and held-out tasks; general: the HumanEval tasks with the shortest reference
+solutions. Seeds vary collection's sampling, MoL's and GRPO's seeds; the tasks stay.
+
+    python benchmarks/headline_code.py --model runs/smollm2/model --mbpp ../shared/data/mbpp/mbpp.jsonl \\
+        --mint ../shared/data/traces/mint --humaneval ../shared/data/humaneval/HumanEval.jsonl.gz --seeds 3
+    python benchmarks/headline_code.py ... --quick        # a check that every stage and the report run (minutes)
+
+Resumable: each seed is a pipeline run (seed 0 in OUT/pipeline, seed N in OUT/seed-N/pipeline) whose finished stages
+are reused. The report is OUT/headline.md with OUT/plots/headline.png; OUT/timings.json keeps each seed's stage
+seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from real_model_rl import easy_split  # the same easy tasks as the one-seed GRPO benchmark
+
+from molrl.cli import setup_logging
+from molrl.demo.seeds import cell
+from molrl.pipeline import load_pipeline_config, run_pipeline
+from molrl.study.headline import seed_dirs, write_headline
+from molrl.study.metrics import logged
+from molrl.study.verdict import claim_line
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "configs/pipeline_code_pretrained.yaml"
+QUICK = ["collect.episode.batch_size=10", "mol.train.max_steps=2", "mol.train.save_steps=1000",
+         "rl.train.max_steps=2", "rl.train.save_steps=1000", "rl.sandbox.workers=1"]
+"""--quick: the same stages, two optimiser steps each."""
+INTRO = ("`{model}` as it is (no warm-up: it writes Python) is the base. Each seed collects the base's own traces on "
+         "the training tasks in the sandbox (up to 3 turns; executed code is tested on the task's shown test), trains "
+         "MoL on them, runs the same GRPO from the MoL model and from the base (binary reward: the held-back tests "
+         "pass), and evaluates in a single turn without execution, greedy: held-out easy MBPP tasks (n = {n_held} a "
+         "seed, scored on held-back tests) and general HumanEval tasks (n = {n_general} a seed).")
+log = logging.getLogger("headline_code")
+
+
+def general_split(humaneval: Path, out: Path, count: int) -> Path:
+    """The ``count`` HumanEval tasks with the shortest reference solutions, as HumanEval records."""
+    path = out / "general.jsonl"
+    if not path.is_file():
+        opener = gzip.open if humaneval.suffix == ".gz" else open
+        with opener(humaneval, "rt") as fh:
+            records = [json.loads(x) for x in fh if x.strip()]
+        chosen = sorted(records, key=lambda r: (len(r["canonical_solution"]), r["task_id"]))[:count]
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r) + "\n" for r in chosen))
+    return path
+
+
+def run_seed(seed: int, out: Path, model: str, files: dict[str, Path], quick: bool) -> dict[str, float]:
+    """One seed's pipeline (finished stages reused); returns the seconds each stage took in this invocation."""
+    run_dir = seed_dirs(out, seed + 1)[seed]
+    fixed = [f"model={model}", f"output_dir={run_dir}", f"collect.tasks={files['train']}",
+             f"rl.data.path={files['train']}", f"eval.data.mbpp={files['held']}",
+             f"eval.data.humaneval={files['general']}", f"collect.episode.seed={seed}", f"mol.train.seed={seed}",
+             f"rl.train.seed={seed}", f"title=molrl headline, easy MBPP, {Path(model).name}, seed {seed}"]
+    cfg = load_pipeline_config(CONFIG, [*fixed, *(QUICK if quick else [])])
+    started = time.time()
+    run_pipeline(cfg, most_threads=2)
+    log.info("seed %d finished in %.0f s", seed, time.time() - started)
+    return json.loads((run_dir / "timings.json").read_text())
+
+
+def quarters(values: list[float]) -> tuple[float, float]:
+    """(mean of the first quarter, mean of the last quarter) of a run's logged values (at least one each)."""
+    width = max(1, len(values) // 4)
+    return statistics.fmean(values[:width]), statistics.fmean(values[-width:])
+
+
+def reward_lines(out: Path, seeds: int) -> list[str]:
+    """Whether each GRPO run's reward (the share of completions passing the held-back tests) rose, and the share
+    with no code, first quarter of the run against the last."""
+    run_dirs = seed_dirs(out, seeds)
+    lines = ["GRPO's training reward, the share of completions passing the held-back tests (binary reward), and the "
+             "share with no code, mean of the run's first quarter of steps -> its last quarter:", "",
+             "| run | reward, first quarter | reward, last quarter | no code, first | no code, last |",
+             "|---|---|---|---|---|"]
+    claims = []
+    for run in ("base+grpo", "mol+grpo"):
+        reward = [quarters(logged(d, "rl", run, "reward")) for d in run_dirs]
+        no_code = [quarters(logged(d, "rl", run, "reward_stage/code/no_code") or [0.0]) for d in run_dirs]
+        early, late = [r[0] for r in reward], [r[1] for r in reward]
+        lines.append(f"| `{run}` | {cell(early)} | {cell(late)} | {cell([c[0] for c in no_code])} | "
+                     f"{cell([c[1] for c in no_code])} |")
+        claims.append(claim_line(f"{run}: the reward rises by tests passed", late, early,
+                                 "reward, last quarter − first quarter"))
+    return [*lines, "", *claims]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="the pretrained model as a transformers directory")
+    p.add_argument("--mbpp", required=True, help="MBPP's full file (mbpp.jsonl)")
+    p.add_argument("--mint", required=True, help="the MINT traces folder (tasks in it are left out)")
+    p.add_argument("--humaneval", required=True, help="HumanEval.jsonl(.gz): the general tasks")
+    p.add_argument("--out", default="runs/headline_code")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--train-tasks", type=int, default=150)
+    p.add_argument("--held-out", type=int, default=100)
+    p.add_argument("--general", type=int, default=50, help="HumanEval tasks")
+    p.add_argument("--quick", action="store_true", help="20 training, 10 held-out and 5 general tasks, 2 steps")
+    args = p.parse_args()
+    setup_logging()
+    out = Path(args.out)
+    train_n, held_n, general_n = (20, 10, 5) if args.quick else (args.train_tasks, args.held_out, args.general)
+    train, held = easy_split(Path(args.mbpp), Path(args.mint), out / "data", train_n + held_n, held_n)
+    files = {"train": train, "held": held, "general": general_split(Path(args.humaneval), out / "data", general_n)}
+    timings_file = out / "timings.json"
+    timings = json.loads(timings_file.read_text()) if timings_file.is_file() else {}
+    for seed in range(args.seeds):
+        ran = run_seed(seed, out, args.model, files, args.quick)
+        kept = timings.get(str(seed), {})  # a resumed seed keeps the seconds its finished stages took before
+        timings[str(seed)] = {k: max(v, kept.get(k, 0.0)) for k, v in ran.items()}
+        timings_file.write_text(json.dumps(timings, indent=1))
+    report = write_headline(out, args.seeds, args.model, task="easy MBPP", held_bench="mbpp",
+                            general_bench="humaneval", intro=INTRO, extra=reward_lines(out, args.seeds))
+    print(report.read_text())
+    print(f"stage seconds per seed: {json.dumps(timings)}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
