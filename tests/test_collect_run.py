@@ -30,8 +30,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _cfg(tmp_path, tasks, fmt, **kw):
     kw.setdefault("split", "all")  # these tests name tasks by id (MBPP 1, HumanEval 0); the default split is train
-    episode = kw.pop("episode", EpisodeConfig(max_turns=2, sampling=SamplingConfig(temperature=1.0, max_new_tokens=24)))
-    return CollectConfig(model="tiny:chatml", tasks=tasks, format=fmt, out=tmp_path / "traces.jsonl", episode=episode,
+    kw.setdefault("episode", EpisodeConfig(max_turns=2))
+    kw.setdefault("sampling", SamplingConfig(temperature=1.0, max_new_tokens=24))
+    return CollectConfig(model="tiny:chatml", tasks=tasks, format=fmt, out=tmp_path / "traces.jsonl",
                          sandbox=SandboxConfig(workers=1, timeout_s=5), progress=False, **kw)
 
 
@@ -171,7 +172,7 @@ def test_kill_9_then_resume_loses_and_duplicates_nothing(tmp_path, shared_data):
     out = tmp_path / "traces.jsonl"
     args = [sys.executable, "-m", "molrl.cli", "collect", "--model", "tiny:chatml", "--format", "mbpp",
             "--tasks", str(shared_data / "mbpp/mbpp.jsonl"), "--out", str(out), "--limit", "12", "--max-turns", "1",
-            "episode.sampling.temperature=1", "episode.sampling.max_new_tokens=8", "episode.batch_size=2",
+            "sampling.temperature=1", "sampling.max_new_tokens=8", "episode.batch_size=2",
             "sandbox.workers=1", "progress=false"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

@@ -5,32 +5,44 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import typing
+from pathlib import Path
 
 import pytest
+import yaml
 
 from molrl.collect.config import CollectConfig
 from molrl.config import load_config, to_dict
+from molrl.errors import ConfigError
 from molrl.config_blocks import ModelSource
 from molrl.config_renames import unoptional
 from molrl.eval.config import EvalConfig
 from molrl.mol.config import MolConfig
 from molrl.rerun import changed_keys
 from molrl.rl.config import RlConfig
+from molrl.sampling import SamplingConfig
 from molrl.sandbox import SandboxConfig
 
 STAGES = {"mol": MolConfig, "collect": CollectConfig, "rl": RlConfig, "eval": EvalConfig}
 """Every stage's config class, by its command's name."""
 SHARED = {"model": {"mol", "collect", "rl", "eval"}, "threads": {"mol", "collect", "rl", "eval"},
-          "engine": {"collect", "rl", "eval"}, "sandbox": {"collect", "rl", "eval"}}
-"""The shared blocks and the stages that have each (the ones that generate have an engine; the ones that run code a
-sandbox)."""
-OLD_NAMES = {"mol": ["dtype=bfloat16"], "collect": ["adapter=a", "dtype=bfloat16"],
+          "engine": {"collect", "rl", "eval"}, "sandbox": {"collect", "rl", "eval"},
+          "sampling": {"collect", "rl", "eval"}}
+"""The shared blocks and the stages that have each (the ones that generate have an engine and a sampling; the ones
+that run code a sandbox)."""
+BLOCK_TYPES = {"model": ModelSource, "sandbox": SandboxConfig, "sampling": SamplingConfig}
+"""The type of each shared block that is a section."""
+OLD_NAMES = {"mol": ["dtype=bfloat16"],
+             "collect": ["adapter=a", "dtype=bfloat16", "episode.sampling.temperature=0.5", "episode.seed=3"],
              "eval": ["adapter=a", "dtype=bfloat16"],
              "rl": ["policy.base=m", "policy.mol_adapter=a", "policy.dtype=bfloat16", "reward.sandbox_workers=3",
-                    "reward.timeout_s=5"]}
+                    "reward.timeout_s=5", "num_generations=16", "temperature=0.8", "top_p=0.9",
+                    "max_completion_length=64"]}
 """Per stage, old keys that moved into the shared blocks."""
-REQUIRED = {"collect": ["tasks=t.jsonl", "out=o.jsonl"]}
+ADDED_BLOCKS = {"rl": ["sandbox", "sampling"], "collect": ["sampling"]}
+"""Per stage, the blocks a run saved under the old names does not have."""
+REQUIRED = {"collect": ["model=m", "tasks=t.jsonl", "out=o.jsonl"]}
 
 
 def field_type(cls: type, name: str) -> typing.Any:
@@ -43,10 +55,8 @@ def test_every_stage_that_has_a_shared_block_has_it_under_one_name_and_one_type(
     assert have == SHARED[block]
     types = {stage: field_type(STAGES[stage], block) for stage in have}
     assert len(set(types.values())) == 1, types
-    if block == "model":
-        assert set(types.values()) == {ModelSource}
-    if block == "sandbox":
-        assert set(types.values()) == {SandboxConfig}
+    if block in BLOCK_TYPES:
+        assert set(types.values()) == {BLOCK_TYPES[block]}
 
 
 @pytest.mark.parametrize("stage", sorted(STAGES))
@@ -81,9 +91,10 @@ def test_old_keys_load_with_one_line_and_a_run_saved_under_them_is_the_same_run(
         node = saved
         for s in sections:
             node = node.setdefault(s, {})
-        node[name] = value if name != "timeout_s" and name != "sandbox_workers" else float(value) if name == "timeout_s" else int(value)
+        node[name] = yaml.safe_load(value)
+    for block in ADDED_BLOCKS.get(stage, []):
+        del saved[block]
     if stage == "rl":
-        del saved["sandbox"]
         saved["model"] = {}
     else:
         saved["model"] = saved["model"]["path"]
@@ -133,3 +144,88 @@ def test_a_section_given_in_part_keeps_the_rest_of_its_declared_default(stage, k
     for part in key.split("."):
         section = getattr(section, part)
     assert section == default
+
+
+RETIRED = [(stage, key) for stage, cls in STAGES.items() for key in getattr(cls, "RETIRED_KEYS", {})]
+"""Every key a stage dropped because it never had an effect, enumerated."""
+
+
+def test_the_retired_keys_are_enumerated():
+    assert {"collect:episode.sampling.seed", "eval:interactive.seed", "rl:rollout.episode.seed"} <= {
+        f"{stage}:{key}" for stage, key in RETIRED}
+
+
+@pytest.mark.parametrize("stage,key", RETIRED)
+def test_a_retired_key_loads_named_in_one_line_and_a_run_saved_with_it_is_the_same_run(stage, key, caplog):
+    cls, required = STAGES[stage], REQUIRED.get(stage, [])
+    caplog.set_level(logging.WARNING)
+    cfg = load_config(cls, None, [*required, f"{key}=1"], overrides_from=f"{stage} retired")
+    assert cfg == load_config(cls, None, required)
+    lines = [r.getMessage() for r in caplog.records if "old key names" in r.getMessage()]
+    assert len(lines) == 1 and f"{key} dropped (" in lines[0]
+    saved = to_dict(cfg)
+    *sections, name = key.split(".")
+    node = saved
+    for part in sections:
+        node = node.setdefault(part, {})
+    node[name] = 1
+    assert changed_keys(stage, saved, cfg) == []
+
+
+OLD_FILES = {
+    "collect": ("tasks: t.jsonl\nout: o.jsonl\nmodel: m\nepisode:\n  max_turns: 3\n  seed: 2\n"
+                "  sampling: {temperature: 0.7, top_k: 20, max_new_tokens: 64, seed: 9, stop: [END]}\n",
+                "tasks: t.jsonl\nout: o.jsonl\nmodel: m\nepisode: {max_turns: 3}\n"
+                "sampling: {temperature: 0.7, top_k: 20, max_new_tokens: 64, seed: 2, stop: [END]}\n"),
+    "rl": ("num_generations: 16\ntemperature: 1.0\ntop_p: 0.95\nmax_completion_length: 96\n"
+           "rollout:\n  turns: 2\n  episode:\n    max_solutions: 1\n    seed: 5\n"
+           "    sampling: {max_new_tokens: 48, stop: [END], temperature: 0.3}\n",
+           "sampling: {n: 16, temperature: 1.0, top_p: 0.95, max_new_tokens: 96, stop: [END]}\n"
+           "rollout: {turns: 2, turn_tokens: 48, episode: {max_solutions: 1}}\n"),
+    "eval": ("sampling: {n: 2}\ninteractive:\n  max_turns: 3\n  seed: 4\n  sampling: {temperature: 0.1, stop: [END]}\n",
+             "sampling: {n: 2, stop: [END]}\ninteractive: {max_turns: 3}\n"),
+}
+"""Per stage, a config file under the names before the shared sampling block, and the same config now."""
+
+
+@pytest.mark.parametrize("stage", sorted(OLD_FILES))
+def test_a_config_file_under_the_old_sampling_names_is_the_same_config(stage, tmp_path):
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    old.write_text(OLD_FILES[stage][0])
+    new.write_text(OLD_FILES[stage][1])
+    assert load_config(STAGES[stage], old) == load_config(STAGES[stage], new)
+
+
+def test_a_key_given_under_its_old_and_new_name_with_one_value_is_read_once_and_two_values_are_refused(tmp_path):
+    """A saved config held both names (eval's interactive.sampling.stop beside sampling.stop, both empty)."""
+    both = tmp_path / "both.yaml"
+    both.write_text("interactive: {sampling: {stop: [X]}}\nsampling: {stop: [X]}\n")
+    assert load_config(EvalConfig, both).sampling.stop == ["X"]
+    both.write_text("interactive: {sampling: {stop: [X]}}\nsampling: {stop: [Y]}\n")
+    with pytest.raises(ConfigError, match="interactive.sampling.stop is the old name of sampling.stop and both are set"):
+        load_config(EvalConfig, both)
+
+
+@pytest.mark.parametrize("overrides,says", [
+    (["sampling.n=1"], "sampling.n=1: GRPO needs at least 2"),
+    (["sampling.temperature=0"], "sampling.temperature=0.0: rollouts are never greedy"),
+    (["sampling.seed=3"], "sampling.seed=3: the RL stage's sampling is seeded by train.seed"),
+    (["sampling.stop=[END]"], "sampling.stop=['END']: stop strings end the turns of multi-turn rollouts"),
+])
+def test_the_sampling_keys_rl_cannot_honour_are_refused(overrides, says):
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        load_config(RlConfig, None, overrides)
+
+
+def test_collect_samples_one_completion_a_turn():
+    with pytest.raises(ConfigError, match="sampling.n=2 must be 1"):
+        load_config(CollectConfig, None, [*REQUIRED["collect"], "sampling.n=2"])
+
+
+def test_rl_top_k_reaches_trl():
+    from molrl.rl.run import trl_args
+
+    cfg = load_config(RlConfig, None, ["sampling.top_k=20", "sampling.top_p=0.8"])
+    args = trl_args(cfg, Path("/tmp/unused"), cuda=False)
+    assert (args.top_k, args.top_p, args.num_generations, args.max_completion_length, args.temperature) == (
+        20, 0.8, 8, 1024, 0.9)

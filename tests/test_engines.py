@@ -147,7 +147,7 @@ def test_eval_and_collect_with_an_adapter_run_on_the_engine(engine_model, shared
     traces = run_collect(CollectConfig(model=ModelSource(base, adapter=adapters["lora"]), engine="vllm",
                                        tasks=shared_data / "mbpp/mbpp.jsonl", format="mbpp", limit=2,
                                        out=tmp_path / "traces.jsonl", progress=False,
-                                       episode=EpisodeConfig(max_turns=2, sampling=SamplingConfig(max_new_tokens=8)),
+                                       episode=EpisodeConfig(max_turns=2), sampling=SamplingConfig(max_new_tokens=8),
                                        sandbox=SandboxConfig(workers=1, timeout_s=5)))
     assert len(Path(traces).read_text().splitlines()) == 2
     assert "eval: generation engine vllm (engine=vllm)" in caplog.text

@@ -18,7 +18,7 @@ from molrl.cli import main
 from molrl.config import ConfigError, load_config, save_config
 
 REPO = Path(__file__).resolve().parents[1]
-GRPO_TINY = ["--config", str(REPO / "configs" / "rl_tiny.yaml"), "train.max_steps=2", "max_completion_length=4"]
+GRPO_TINY = ["--config", str(REPO / "configs" / "rl_tiny.yaml"), "train.max_steps=2", "sampling.max_new_tokens=4"]
 MOL_TINY = ["--config", str(REPO / "configs" / "mol_tiny.yaml"), "train.max_steps=2", "train.report_to=[none]",
             f"data.traces=[{REPO / 'configs' / 'data' / 'mol_tiny_traces.jsonl'}]"]
 
@@ -163,8 +163,8 @@ def test_collect_and_eval_refuse_through_the_shared_rule(tmp_path):
     saved = tmp_path / "t.jsonl.config.yaml"
     save_config(CollectConfig(model="m", tasks=Path("t"), out=tmp_path / "t.jsonl"), saved)
     other = CollectConfig(model="m", tasks=Path("t"), out=tmp_path / "u.jsonl", samples=4)  # out and samples: allowed
-    other.episode.sampling.temperature = 0.8
-    with pytest.raises(ConfigError, match=r"episode.sampling.temperature was 0.0, now 0.8; start a new run "
+    other.sampling.temperature = 0.8
+    with pytest.raises(ConfigError, match=r"sampling.temperature was 0.0, now 0.8; start a new run "
                                           r"elsewhere \(--out FILE\)") as err:
         check_rerun("collect", other, saved, started=True)
     assert "samples" not in str(err.value) and "out was" not in str(err.value)
@@ -175,8 +175,8 @@ def test_collect_and_eval_refuse_through_the_shared_rule(tmp_path):
     (["rollout.turns=2", "terms.feedback_ce=inf"], "terms.feedback_ce=inf"),
     (["rollout.turns=2", "terms.feedback_ce=nan"], "terms.feedback_ce=nan"),
     (["terms.decision_kl=nan"], "terms.decision_kl=nan"),  # before: min(nan, x) < 0 is false, the term went off
-    (["max_completion_length=0"], "max_completion_length=0"),  # before: a transformers traceback after loading
-    (["rollout.turns=2", "rollout.episode.sampling.max_new_tokens=0"], "rollout.episode.sampling.max_new_tokens=0"),
+    (["sampling.max_new_tokens=0"], "sampling.max_new_tokens=0"),  # before: a transformers traceback after loading
+    (["rollout.turns=2", "rollout.turn_tokens=0"], "rollout.turn_tokens=0"),
 ])
 def test_non_finite_and_empty_values_are_refused_before_loading(overrides, key, tmp_path, cli_logs, caplog):
     out = tmp_path / "run"

@@ -69,7 +69,7 @@ def test_shipped_configs_load(name):
     from molrl.rl.config import RlConfig
 
     cfg = load_config(RlConfig, Path(__file__).resolve().parents[1] / "configs" / f"{name}.yaml")
-    assert cfg.num_generations == 8 and cfg.temperature == 0.9
+    assert cfg.sampling.n == 8 and cfg.sampling.temperature == 0.9
 
 
 def test_bad_configs_name_the_key():

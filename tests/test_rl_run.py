@@ -139,7 +139,7 @@ def test_cli_runs_the_shipped_tiny_config(tmp_path):
 
     config = Path(__file__).resolve().parents[1] / "configs" / "rl_tiny.yaml"
     assert main(["rl", "--config", str(config), f"output_dir={tmp_path}", "train.max_steps=1",
-                 "max_completion_length=4"]) == 0
+                 "sampling.max_new_tokens=4"]) == 0
     assert (tmp_path / "adapter" / "adapter_config.json").is_file()
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Literal
 
 from molrl.config_blocks import ModelSource, as_model_source
-from molrl.config_ranges import Count, Range, SamplingTemperature, Seconds, Seed, Size, Threads
+from molrl.config_ranges import Count, Range, SamplingTemperature, Seconds, Size, Threads
 from molrl.sampling import SamplingConfig
 from molrl.sandbox import SandboxConfig
 from molrl.tasks import JsonlSpec
@@ -39,7 +39,8 @@ class CritiqueConfig:
 
 @dataclass
 class EpisodeConfig:
-    """How an agent episode runs: turns, limits, action format, generation and feedback."""
+    """How an agent episode runs: turns, limits, action format and feedback (its turns sample with the stage's
+    ``sampling``)."""
 
     max_turns: Count = 5
     """Most model turns per episode."""
@@ -47,8 +48,6 @@ class EpisodeConfig:
     """Most solution submissions per episode (a wrong one earns feedback and another try)."""
     max_total_tokens: Count = 8192
     """Most tokens of rendered prompt plus generated turn; a turn that would pass it is cut there and ends the episode."""
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    """Sampling of each turn (``n`` must be 1: samples per task are separate episodes; </execute> and </solution> are always stop strings)."""
     enable_thinking: bool = True
     """Render with thinking on (Qwen3-style templates); off adds the template's empty think block."""
     system_prompt: str = ""
@@ -71,17 +70,11 @@ class EpisodeConfig:
     """The critic used by the ``critique`` feedback provider."""
     batch_size: Count = 16
     """Episodes advancing in lockstep (one batched generate call per round)."""
-    seed: Seed = 0
-    """Base seed; round r of the loop samples with seed + r."""
 
     # feedback was clipped in characters before it was clipped in tokens: 2000 characters read as 500 tokens
     RENAMED_KEYS: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {
         "feedback_max_chars": ("feedback_max_tokens", lambda chars: -(-int(chars) // 4)),
     }
-
-    def __post_init__(self) -> None:
-        if self.sampling.n != 1:
-            raise ValueError("sampling.n must be 1: set samples per task with 'samples' instead")
 
 
 @dataclass
@@ -107,11 +100,17 @@ class CollectConfig:
     transformers (``molrl.engines``); an adapter is served as vLLM LoRA or merged into a temporary copy."""
 
     RENAMED_KEYS: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {
-        "backend": ("engine", lambda v: v), **{key: (f"model.{key}", lambda v: v) for key in ("adapter", "dtype")}}
+        "backend": ("engine", lambda v: v), **{key: (f"model.{key}", lambda v: v) for key in ("adapter", "dtype")},
+        "episode.sampling": ("sampling", lambda v: v), "episode.seed": ("sampling.seed", lambda v: v)}
+    RETIRED_KEYS: ClassVar[dict[str, str]] = {"episode.sampling.seed": "the rounds were seeded by episode.seed, "
+                                                                       "now sampling.seed"}
     device: str | None = None
     """Device for the transformers backend; default cuda when visible, else cpu."""
     samples: Count = 1
-    """Episodes per task (use temperature > 0 so they differ)."""
+    """Episodes per task (use sampling.temperature > 0 so they differ)."""
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    """Sampling of each turn: greedy and 512 new tokens by default (``n`` must be 1: samples per task are separate
+    episodes; </execute> and </solution> are always stop strings; round r of turns samples with seed + r)."""
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
     """How each episode runs."""
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
@@ -123,3 +122,5 @@ class CollectConfig:
 
     def __post_init__(self) -> None:
         self.model = as_model_source(self.model)
+        if self.sampling.n != 1:
+            raise ValueError(f"sampling.n={self.sampling.n} must be 1: set samples per task with 'samples' instead")

@@ -65,9 +65,9 @@ def _collect(cfg: CollectConfig, out: Path, generator: Any, tokenizer: Any, task
         return out
     log.info("%s: %d of %d episodes already collected, %d to go", out, total - todo, total, todo)
     save_run_config("collect", cfg, config_path(out))
-    if cfg.samples > 1 and cfg.episode.sampling.temperature == 0:
+    if cfg.samples > 1 and cfg.sampling.temperature == 0:
         log.warning("samples=%d with greedy decoding (temperature 0): the samples of a task will mostly repeat; "
-                    "set episode.sampling.temperature", cfg.samples)
+                    "set sampling.temperature", cfg.samples)
     use_threads(cfg.threads, "collect")
     own = generator is None or tokenizer is None  # made here: released here (a vLLM engine's memory)
     if own:
@@ -97,7 +97,8 @@ def _run(cfg: CollectConfig, out: Path, generator: Any, tokenizer: Any, tasks: S
             stats.add(ep.success, ep.turns)
             advance()
 
-        run_episodes(generator, tokenizer, tasks, pool, cfg.episode, samples=cfg.samples, skip=done, on_finish=save)
+        run_episodes(generator, tokenizer, tasks, pool, cfg.episode, cfg.sampling, samples=cfg.samples, skip=done,
+                     on_finish=save)
     log.info("%s: %d episodes, success rate %.3f, mean turns %.2f", out, stats.done, stats.rate, stats.mean_turns)
     if stats.rejected:
         log.warning("%s: %d episodes of this run have no trace; their reasons are in %s",
@@ -173,13 +174,13 @@ def generation_settings(cfg: CollectConfig) -> dict[str, Any]:
         "adapter": to_dict(cfg.model.adapter),
         "engine": cfg.engine,
         "dtype": cfg.model.dtype,
-        "sampling": to_dict(cfg.episode.sampling),
+        "sampling": to_dict(cfg.sampling),
         "enable_thinking": cfg.episode.enable_thinking,
         "max_turns": cfg.episode.max_turns,
         "max_solutions": cfg.episode.max_solutions,
         "max_total_tokens": cfg.episode.max_total_tokens,
         "feedback": list(cfg.episode.feedback),
-        "seed": cfg.episode.seed,
+        "seed": cfg.sampling.seed,
     }
 
 
@@ -190,13 +191,13 @@ def build_generator(cfg: CollectConfig, episodes: int = 0) -> tuple[Any, Any]:
     from molrl.generation import TransformersGenerator, VLLMGenerator
     from molrl.models import default_device, load_model_and_tokenizer, load_tokenizer
 
-    engine = choose_engine(cfg.engine, cfg.model.path, episodes * cfg.episode.max_turns * cfg.episode.sampling.max_new_tokens)
+    engine = choose_engine(cfg.engine, cfg.model.path, episodes * cfg.episode.max_turns * cfg.sampling.max_new_tokens)
     engine.log("collect")
     if engine.name == "vllm":
         tokenizer = load_tokenizer(cfg.model.path)
-        return VLLMGenerator(cfg.model.path, tokenizer, adapter=cfg.model.adapter, dtype=cfg.model.dtype, seed=cfg.episode.seed), tokenizer
+        return VLLMGenerator(cfg.model.path, tokenizer, adapter=cfg.model.adapter, dtype=cfg.model.dtype, seed=cfg.sampling.seed), tokenizer
     model, tokenizer = load_model_and_tokenizer(
-        cfg.model.path, dtype=cfg.model.dtype, device=cfg.device or default_device(), adapter=cfg.model.adapter, seed=cfg.episode.seed
+        cfg.model.path, dtype=cfg.model.dtype, device=cfg.device or default_device(), adapter=cfg.model.adapter, seed=cfg.sampling.seed
     )
     return TransformersGenerator(model, tokenizer, batch_size=cfg.episode.batch_size), tokenizer
 

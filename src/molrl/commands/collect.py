@@ -5,7 +5,7 @@
 
 Re-running the same command resumes: finished (task, sample) pairs in --out are skipped; a finished file
 says so and is left alone; other settings on the same --out are refused, naming each key.
-Overrides reach every field, e.g. ``episode.sampling.temperature=0.8 episode.feedback=execution,verdict``.
+Overrides reach every field, e.g. ``sampling.temperature=0.8 episode.feedback=execution,verdict``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = add_stage_parser(subparsers, "collect",
                          help="run a model as an agent on code/math tasks and write multi-turn feedback traces",
-                         doc=__doc__, config="CollectConfig", example="episode.sampling.temperature=0.8")
+                         doc=__doc__, config="CollectConfig", example="sampling.temperature=0.8")
     p.add_argument("--model", help="model directory or hub name (tiny:chatml for smoke runs)")
     p.add_argument("--adapter", help="PEFT adapter directory to put on the model")
     p.add_argument("--tasks", help="task file")

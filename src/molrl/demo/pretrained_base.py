@@ -93,7 +93,7 @@ def build_pretrained_base(world_cfg: ChainWorldConfig, warm: WarmUpConfig, model
     marker = base_dir / "DONE"
     made_of = {"model": str(Path(model).resolve()), "world": asdict(replace(world_cfg, seed=warm.world_seed)),
                "warm_up": asdict(warm),
-               "episode": asdict(episode), "math_prompt": math_prompt}
+               "episode": episode.key(), "math_prompt": math_prompt}
     if marker.is_file() and json.loads(marker.read_text()) == made_of:
         log.info("%s: warmed-up base already made, reused", base_dir)
         return base_dir

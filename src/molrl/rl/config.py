@@ -13,9 +13,10 @@ from typing import Annotated, Any, Callable, ClassVar, Literal
 
 from molrl.config_blocks import ModelSource, as_model_source
 from molrl.sandbox import SandboxConfig
-from molrl.config_ranges import (Count, Dropout, LearningRate, Positive, Range, RolloutTemperature, RunDir,
-                                 Scheduler, Seed, Size, TargetModules, Threads, TopP, Weight)
+from molrl.config_ranges import (Count, Dropout, LearningRate, Positive, Range, RunDir, Scheduler, Seed, Size,
+                                 TargetModules, Threads, Weight)
 from molrl.rl.method_settings import MacroSettings, OpdSettings, PpoSettings, PropsSettings, RolloutSettings, TermSettings
+from molrl.sampling import SamplingConfig
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
 from molrl.task_types import JsonlSpec
 
@@ -107,6 +108,12 @@ def _as_is(value: Any) -> Any:
     return value
 
 
+def rollout_sampling(**changes: Any) -> SamplingConfig:
+    """The RL stage's default ``sampling`` (the authors': group size 8, temperature 0.9; 1024 tokens a completion),
+    with ``changes``."""
+    return SamplingConfig(**{"n": 8, "temperature": 0.9, "max_new_tokens": 1024, **changes})
+
+
 @dataclass
 class RewardSettings:
     """How completions are scored."""
@@ -176,18 +183,14 @@ class RlConfig:
     """Single-turn instruction for math tasks ({prompt}); keep it equal to eval's math_prompt."""
     max_prompt_length: Count = 1024
     """Prompts longer than this many tokens are left out (and counted in the log)."""
-    max_completion_length: Count = 1024
-    """Most generated tokens per completion (also Dr.GRPO's constant normaliser)."""
+    sampling: SamplingConfig = field(default_factory=rollout_sampling)
+    """The rollouts' sampling: group size G (``n``, completions per prompt, at least 2), temperature (above 0: the
+    loss's log-probs are taken at it), top-p, top-k, most tokens per completion (``max_new_tokens``, also Dr.GRPO's
+    constant normaliser) and stop strings (multi-turn turns only); seeded by train.seed."""
     mask_truncated_completions: bool = False
-    """Leave completions that hit max_completion_length out of the loss."""
-    num_generations: Count = 8
-    """Group size G: completions sampled per prompt."""
+    """Leave completions that hit sampling.max_new_tokens out of the loss."""
     prompts_per_step: Count = 1
     """Prompts per optimiser step (per process); the step trains on prompts_per_step * G completions."""
-    temperature: RolloutTemperature = 0.9
-    """Sampling temperature of the rollouts."""
-    top_p: TopP = 1.0
-    """Nucleus sampling mass of the rollouts."""
     train: TrainSettings = field(default_factory=TrainSettings)
     """Optimisation and bookkeeping: learning rate, schedule, steps, micro-batch, seed, logging and checkpoints."""
     beta: Weight = 0.0
@@ -223,17 +226,25 @@ class RlConfig:
         "policy.base": ("model.path", _as_is), "policy.mol_adapter": ("model.adapter", _as_is),
         "policy.dtype": ("model.dtype", _as_is),
         "reward.sandbox_workers": ("sandbox.workers", _as_is), "reward.timeout_s": ("sandbox.timeout_s", _as_is),
+        "num_generations": ("sampling.n", _as_is), "temperature": ("sampling.temperature", _as_is),
+        "top_p": ("sampling.top_p", _as_is), "max_completion_length": ("sampling.max_new_tokens", _as_is),
+        "rollout.episode.sampling.max_new_tokens": ("rollout.turn_tokens", _as_is),
+        "rollout.episode.sampling.stop": ("sampling.stop", _as_is),
     }
+    RETIRED_KEYS: ClassVar[dict[str, str]] = {
+        **{f"rollout.episode.sampling.{key}": f"multi-turn rollouts sample with sampling.{key}"
+           for key in ("n", "temperature", "top_p", "top_k")},
+        "rollout.episode.sampling.seed": "rollouts are seeded by train.seed",
+        "rollout.episode.seed": "rollouts are seeded by train.seed"}
 
     def __post_init__(self) -> None:
         self.model = as_model_source(self.model)
         if self.policy.reference == "mol" and self.model.adapter is None:
             raise ValueError("policy.reference=mol needs model.adapter (the MoL stage's adapter directory)")
-        if self.num_generations < 2:
-            raise ValueError(f"num_generations={self.num_generations}: GRPO needs at least 2 completions per prompt")
-        per_step, micro = self.prompts_per_step * self.num_generations, self.train.micro_batch_size
+        self._check_sampling()
+        per_step, micro = self.prompts_per_step * self.sampling.n, self.train.micro_batch_size
         if micro < 1 or per_step % micro:
-            raise ValueError(f"train.micro_batch_size={micro} must divide prompts_per_step * num_generations "
+            raise ValueError(f"train.micro_batch_size={micro} must divide prompts_per_step * sampling.n "
                              f"= {per_step}")
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm={self.algorithm!r}; expected one of {', '.join(ALGORITHMS)}")
@@ -251,8 +262,8 @@ class RlConfig:
         if ro.importance_cap <= 0:
             raise ValueError(f"rollout.importance_cap={ro.importance_cap}: must be > 0")
         rounds, buffer = ro.resolved_rounds(), ro.resolved_buffer()
-        if rounds < 1 or self.num_generations % rounds:
-            raise ValueError(f"rollout.rounds={rounds} must divide num_generations={self.num_generations}")
+        if rounds < 1 or self.sampling.n % rounds:
+            raise ValueError(f"rollout.rounds={rounds} must divide sampling.n={self.sampling.n}")
         if buffer < 1:
             raise ValueError(f"rollout.buffer_batches={buffer}: must be 1 or more")
         if buffer > 1 and self.algorithm not in ("grpo", "dr_grpo", "dr_grpo_std"):
@@ -285,6 +296,21 @@ class RlConfig:
                 and self.opd.teacher_model is None):
             raise ValueError("opd.teacher=model needs opd.teacher_model (an adapter or model directory), "
                              "or opd.teacher_weights=current")
+
+    def _check_sampling(self) -> None:
+        sp = self.sampling
+        if sp.n < 2:
+            raise ValueError(f"sampling.n={sp.n}: GRPO needs at least 2 completions per prompt (the group size G)")
+        if sp.temperature < 0.01:
+            raise ValueError(f"sampling.temperature={sp.temperature}: rollouts are never greedy (the loss's log-probs "
+                             "are taken at this temperature); set 0.01 or more")
+        if sp.seed != 0:
+            raise ValueError(f"sampling.seed={sp.seed}: the RL stage's sampling is seeded by train.seed; set that "
+                             "and leave sampling.seed at 0")
+        if sp.stop and self.rollout.turns == 1:
+            raise ValueError(f"sampling.stop={sp.stop}: stop strings end the turns of multi-turn rollouts "
+                             "(rollout.turns > 1); a single-turn completion ends at its end of sequence or "
+                             "sampling.max_new_tokens")
 
     def _check_turns(self) -> None:
         ro, terms = self.rollout, self.terms

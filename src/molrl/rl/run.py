@@ -184,16 +184,17 @@ def trl_args(cfg: RlConfig, output_dir: Path, cuda: bool, server: bool = False) 
     generates on a `trl vllm-serve` process (molrl's own engine, colocated, is attached to the trainer instead)."""
     from trl import GRPOConfig as TrlGRPOConfig
 
-    completions_per_step, t = cfg.prompts_per_step * cfg.num_generations, cfg.train
+    completions_per_step, t, sp = cfg.prompts_per_step * cfg.sampling.n, cfg.train, cfg.sampling
     return TrlGRPOConfig(
         output_dir=str(output_dir),
         per_device_train_batch_size=t.micro_batch_size,
         gradient_accumulation_steps=completions_per_step // t.micro_batch_size,
-        num_generations=cfg.num_generations,
-        max_completion_length=cfg.max_completion_length,
+        num_generations=sp.n,
+        max_completion_length=sp.max_new_tokens,
         mask_truncated_completions=cfg.mask_truncated_completions,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
+        temperature=sp.temperature,
+        top_p=sp.top_p,
+        top_k=sp.top_k,
         learning_rate=t.learning_rate,
         lr_scheduler_type=t.lr_scheduler,
         warmup_steps=t.warmup_steps,
@@ -225,7 +226,7 @@ def trl_args(cfg: RlConfig, output_dir: Path, cuda: bool, server: bool = False) 
 
 def loss_scales(cfg: RlConfig) -> str:
     """The config values a non-finite loss or gradient is most likely to come from, for its error line."""
-    return (f"temperature={cfg.temperature:g}, train.learning_rate={cfg.train.learning_rate:g}, beta={cfg.beta:g}, "
+    return (f"sampling.temperature={cfg.sampling.temperature:g}, train.learning_rate={cfg.train.learning_rate:g}, beta={cfg.beta:g}, "
             f"algorithm={cfg.algorithm}")
 
 
