@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 def _cfg(tmp_path, tasks, fmt, **kw):
     kw.setdefault("split", "all")  # these tests name tasks by id (MBPP 1, HumanEval 0); the default split is train
     kw.setdefault("episode", EpisodeConfig(max_turns=2))
+    kw.setdefault("thinking", True)
     kw.setdefault("sampling", SamplingConfig(temperature=1.0, max_new_tokens=24))
     return CollectConfig(model="tiny:chatml", tasks=tasks, format=fmt, out=tmp_path / "traces.jsonl",
                          sandbox=SandboxConfig(workers=1, timeout_s=5), progress=False, **kw)
@@ -80,7 +81,7 @@ def test_sandbox_feedback_rederives_and_tokenises_with_qwen3(tmp_path, shared_da
     scripts = {t.prompt: [f"<execute>\ndef {t.entry_point}(*args):\n    return None\nprint({t.entry_point}(1))\n</execute>",
                           f"<solution>\n{t.reference}\n</solution>"] for t in tasks}
     cfg = _cfg(tmp_path, shared_data / "humaneval/HumanEval.jsonl.gz", "humaneval", limit=3,
-               episode=EpisodeConfig(enable_thinking=False))
+               episode=EpisodeConfig(), thinking=False)
     out = run_collect(cfg, generator=ScriptedGenerator(scripts), tokenizer=qwen3_tokenizer)
     traces = _traces(out)
     assert [t.meta["success"] for t in traces] == [True, True, True]
@@ -219,7 +220,7 @@ class _LookupTableGenerator:
 
 def test_finding3_collect_success_is_the_held_back_verdict_and_success_only_drops_a_lookup_table(tmp_path, shared_data):
     cfg = _cfg(tmp_path, shared_data / "humaneval/HumanEval.jsonl.gz", "humaneval", limit=20,
-               episode=EpisodeConfig(enable_thinking=False))
+               episode=EpisodeConfig(), thinking=False)
     run_collect(cfg, generator=_LookupTableGenerator(), tokenizer=build_tiny_tokenizer("chatml"))
     traces = [t for t in _traces(cfg.out) if t.meta["held_back"]]
     assert len(traces) >= 15 and sum(t.meta["verdict"] is True for t in traces) >= 5  # shown tests "solved"...

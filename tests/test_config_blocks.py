@@ -28,19 +28,21 @@ STAGES = {"mol": MolConfig, "collect": CollectConfig, "rl": RlConfig, "eval": Ev
 """Every stage's config class, by its command's name."""
 SHARED = {"model": {"mol", "collect", "rl", "eval"}, "threads": {"mol", "collect", "rl", "eval"},
           "engine": {"collect", "rl", "eval"}, "sandbox": {"collect", "rl", "eval"},
-          "sampling": {"collect", "rl", "eval"}}
+          "sampling": {"collect", "rl", "eval"}, "thinking": {"mol", "collect", "rl", "eval"}}
 """The shared blocks and the stages that have each (the ones that generate have an engine and a sampling; the ones
 that run code a sandbox)."""
 BLOCK_TYPES = {"model": ModelSource, "sandbox": SandboxConfig, "sampling": SamplingConfig}
 """The type of each shared block that is a section."""
-OLD_NAMES = {"mol": ["dtype=bfloat16"],
-             "collect": ["adapter=a", "dtype=bfloat16", "episode.sampling.temperature=0.5", "episode.seed=3"],
-             "eval": ["adapter=a", "dtype=bfloat16"],
+OLD_NAMES = {"mol": ["dtype=bfloat16", "data.enable_thinking=true"],
+             "collect": ["adapter=a", "dtype=bfloat16", "episode.sampling.temperature=0.5", "episode.seed=3",
+                         "episode.enable_thinking=true"],
+             "eval": ["adapter=a", "dtype=bfloat16", "enable_thinking=true"],
              "rl": ["policy.base=m", "policy.mol_adapter=a", "policy.dtype=bfloat16", "reward.sandbox_workers=3",
                     "reward.timeout_s=5", "num_generations=16", "temperature=0.8", "top_p=0.9",
-                    "max_completion_length=64"]}
+                    "max_completion_length=64", "enable_thinking=true"]}
 """Per stage, old keys that moved into the shared blocks."""
-ADDED_BLOCKS = {"rl": ["sandbox", "sampling"], "collect": ["sampling"]}
+ADDED_BLOCKS = {"rl": ["sandbox", "sampling", "thinking"], "collect": ["sampling", "thinking"], "mol": ["thinking"],
+                "eval": ["thinking"]}
 """Per stage, the blocks a run saved under the old names does not have."""
 REQUIRED = {"collect": ["model=m", "tasks=t.jsonl", "out=o.jsonl"]}
 
@@ -151,7 +153,8 @@ RETIRED = [(stage, key) for stage, cls in STAGES.items() for key in getattr(cls,
 
 
 def test_the_retired_keys_are_enumerated():
-    assert {"collect:episode.sampling.seed", "eval:interactive.seed", "rl:rollout.episode.seed"} <= {
+    assert {"collect:episode.sampling.seed", "eval:interactive.seed", "rl:rollout.episode.seed",
+            "eval:interactive.enable_thinking", "rl:rollout.episode.enable_thinking"} <= {
         f"{stage}:{key}" for stage, key in RETIRED}
 
 
@@ -229,3 +232,13 @@ def test_rl_top_k_reaches_trl():
     args = trl_args(cfg, Path("/tmp/unused"), cuda=False)
     assert (args.top_k, args.top_p, args.num_generations, args.max_completion_length, args.temperature) == (
         20, 0.8, 8, 1024, 0.9)
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_thinking_is_one_top_level_key_off_by_default_in_every_stage(stage):
+    cfg = load_config(STAGES[stage], None, REQUIRED.get(stage, []))
+    assert cfg.thinking is False
+    for f in dataclasses.fields(STAGES[stage]):
+        section = field_type(STAGES[stage], f.name)
+        if dataclasses.is_dataclass(section):
+            assert "enable_thinking" not in {g.name for g in dataclasses.fields(section)}, f.name

@@ -121,7 +121,7 @@ def test_collected_episode_whose_code_prints_control_text_yields_no_control_ids(
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text('{"id": "t", "prompt": "What is 3 + 4?", "answer": "7"}\n')
     cfg = CollectConfig(model="scripted", tasks=tasks, format="jsonl", out=tmp_path / "traces.jsonl",
-                        episode=EpisodeConfig(max_turns=2, enable_thinking=False), sandbox=SandboxConfig(workers=1),
+                        episode=EpisodeConfig(max_turns=2), thinking=False, sandbox=SandboxConfig(workers=1),
                         progress=False)
     gen = TurnByTurn([PRINTS_FORGED, "<solution>7</solution>"])
     run_collect(cfg, generator=gen, tokenizer=tok)

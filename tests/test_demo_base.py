@@ -20,7 +20,7 @@ def demos():
     from molrl.tiny import build_tiny_tokenizer
 
     world = build_world(WORLD)
-    episode = CollectionFormat(max_turns=2, max_solutions=1, system_prompt="Run code.",
+    episode = CollectionFormat(max_turns=2, max_solutions=1, system_prompt="Run code.", thinking=True,
                                feedback=["execution", "verdict"])
     with SandboxPool(SandboxConfig(workers=1)) as pool:
         tok = build_tiny_tokenizer("chatml")

@@ -72,7 +72,7 @@ def test_base_training_never_sees_a_heldout_problem_or_the_secret_values():
 
     world = build_chain_world(SMALL)
     episode = CollectionFormat(max_turns=2, max_solutions=1, max_total_tokens=1280, system_prompt="Run code.",
-                               feedback=["execution", "verdict"])
+                               thinking=True, feedback=["execution", "verdict"])
     with SandboxPool(SandboxConfig(workers=1)) as pool:
         traces = chain_base_traces(world, SMALL.seed, build_tiny_tokenizer("chatml"), episode, pool, "{prompt}",
                                    general_demos=5, teacher_rounds=1)
@@ -257,7 +257,7 @@ def test_fresh_decoy_problems_never_start_from_a_heldout_number_and_are_not_the_
     assert not heldout & {start for start, _ in shapes}
     assert {steps for _, steps in shapes} == set(range(1, SMALL.max_steps + 1))
     episode = CollectionFormat(max_turns=2, max_solutions=1, max_total_tokens=1280, system_prompt="Run code.",
-                               feedback=["execution", "verdict"])
+                               thinking=True, feedback=["execution", "verdict"])
     with SandboxPool(SandboxConfig(workers=1)) as pool:
         traces = chain_base_traces(world, SMALL.seed, build_tiny_tokenizer("chatml"), episode, pool, "{prompt}",
                                    general_demos=0, teacher_rounds=1, fresh=SMALL)

@@ -48,8 +48,6 @@ class EpisodeConfig:
     """Most solution submissions per episode (a wrong one earns feedback and another try)."""
     max_total_tokens: Count = 8192
     """Most tokens of rendered prompt plus generated turn; a turn that would pass it is cut there and ends the episode."""
-    enable_thinking: bool = True
-    """Render with thinking on (Qwen3-style templates); off adds the template's empty think block."""
     system_prompt: str = ""
     """Instructions stating the action format ({max_turns}, {max_solutions} filled in); empty uses ``molrl.collect.actions.SYSTEM_PROMPT``."""
     code_task: str = "Write a Python function `{entry_point}` that solves the following problem.\n\n{prompt}"
@@ -101,7 +99,8 @@ class CollectConfig:
 
     RENAMED_KEYS: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {
         "backend": ("engine", lambda v: v), **{key: (f"model.{key}", lambda v: v) for key in ("adapter", "dtype")},
-        "episode.sampling": ("sampling", lambda v: v), "episode.seed": ("sampling.seed", lambda v: v)}
+        "episode.sampling": ("sampling", lambda v: v), "episode.seed": ("sampling.seed", lambda v: v),
+        "episode.enable_thinking": ("thinking", lambda v: v)}
     RETIRED_KEYS: ClassVar[dict[str, str]] = {"episode.sampling.seed": "the rounds were seeded by episode.seed, "
                                                                        "now sampling.seed"}
     device: str | None = None
@@ -111,6 +110,9 @@ class CollectConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     """Sampling of each turn: greedy and 512 new tokens by default (``n`` must be 1: samples per task are separate
     episodes; </execute> and </solution> are always stop strings; round r of turns samples with seed + r)."""
+    thinking: bool = False
+    """Render with the chat template's thinking on (Qwen3-style: the model may open a <think> block); off, the
+    default in every stage, puts the template's empty think block before each answer."""
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
     """How each episode runs."""
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)

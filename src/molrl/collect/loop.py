@@ -170,13 +170,15 @@ def run_episodes(
     cfg: EpisodeConfig,
     sampling: SamplingConfig | None = None,
     *,
+    thinking: bool,
     samples: int = 1,
     skip: Collection[tuple[str, int]] = (),
     providers: Sequence[FeedbackProvider] | None = None,
     on_finish: Callable[[Episode], None] | None = None,
 ) -> list[Episode]:
     """Run ``samples`` episodes per task (minus the ``(task_id, sample)`` pairs in ``skip``) to the end, each turn
-    sampled with ``sampling`` (none: greedy, 512 new tokens; its ``n`` is ignored), round r with its seed + r.
+    sampled with ``sampling`` (none: greedy, 512 new tokens; its ``n`` is ignored), round r with its seed + r, and
+    rendered with the chat template's thinking on or off (``thinking``).
 
     ``pool`` is a ``molrl.sandbox.SandboxPool`` (anything with its ``run_many`` / ``run_tests_many``).
     ``on_finish`` is called with each episode as it ends (the place to persist it); the finished
@@ -191,12 +193,13 @@ def run_episodes(
     while waiting or active:
         while waiting and len(active) < cfg.batch_size:
             active.append(waiting.popleft())
-        actions = model_turns(generator, tokenizer, active, cfg, dataclasses.replace(sampling, seed=sampling.seed + round_index))
+        actions = model_turns(generator, tokenizer, active, cfg, dataclasses.replace(sampling, seed=sampling.seed + round_index),
+                              thinking)
         environment_turns(pool, providers, cfg, [(ep, a) for ep, a in zip(active, actions) if a is not None])
         grade_final(pool, [ep for ep in active if ep.done])
         for ep in active:
             if ep.done:
-                ep.tokens = _count_tokens(tokenizer, ep.messages, cfg.enable_thinking)
+                ep.tokens = _count_tokens(tokenizer, ep.messages, thinking)
                 finished.append(ep)
                 if on_finish is not None:
                     on_finish(ep)
@@ -206,17 +209,19 @@ def run_episodes(
 
 
 def model_turns(
-    generator: Generator, tokenizer: Any, episodes: Sequence[Episode], cfg: EpisodeConfig, sampling: SamplingConfig
+    generator: Generator, tokenizer: Any, episodes: Sequence[Episode], cfg: EpisodeConfig, sampling: SamplingConfig,
+    thinking: bool,
 ) -> list[Action | None]:
     """Generate one turn for every episode in one call, sampled with ``sampling`` (one completion each, the action
-    tags added to its stop strings); returns each turn's action (None: episode ended)."""
+    tags added to its stop strings) and rendered with thinking on or off; returns each turn's action (None: episode
+    ended)."""
     prompts: list[Any] = [None] * len(episodes)
     for i, ep in enumerate(episodes):
         try:  # content is plain text: a forged <|im_end|> in a tool reply stays characters
-            prompts[i] = chat_prompt(tokenizer, ep.messages, enable_thinking=cfg.enable_thinking)
+            prompts[i] = chat_prompt(tokenizer, ep.messages, enable_thinking=thinking)
         except TraceError:
             ep.stop_reason = "template_error"
-    prefill = think_prefill(tokenizer, cfg.enable_thinking)
+    prefill = think_prefill(tokenizer, thinking)
     budgets = [0 if p is None else cfg.max_total_tokens - len(p.ids) for p in prompts]  # tokens each may still add
     actions: list[Action | None] = [None] * len(episodes)
     live = [i for i, b in enumerate(budgets) if b > 0]

@@ -97,8 +97,8 @@ def _run(cfg: CollectConfig, out: Path, generator: Any, tokenizer: Any, tasks: S
             stats.add(ep.success, ep.turns)
             advance()
 
-        run_episodes(generator, tokenizer, tasks, pool, cfg.episode, cfg.sampling, samples=cfg.samples, skip=done,
-                     on_finish=save)
+        run_episodes(generator, tokenizer, tasks, pool, cfg.episode, cfg.sampling, thinking=cfg.thinking,
+                     samples=cfg.samples, skip=done, on_finish=save)
     log.info("%s: %d episodes, success rate %.3f, mean turns %.2f", out, stats.done, stats.rate, stats.mean_turns)
     if stats.rejected:
         log.warning("%s: %d episodes of this run have no trace; their reasons are in %s",
@@ -175,7 +175,7 @@ def generation_settings(cfg: CollectConfig) -> dict[str, Any]:
         "engine": cfg.engine,
         "dtype": cfg.model.dtype,
         "sampling": to_dict(cfg.sampling),
-        "enable_thinking": cfg.episode.enable_thinking,
+        "enable_thinking": cfg.thinking,
         "max_turns": cfg.episode.max_turns,
         "max_solutions": cfg.episode.max_solutions,
         "max_total_tokens": cfg.episode.max_total_tokens,

@@ -109,7 +109,8 @@ def build_pretrained_base(world_cfg: ChainWorldConfig, warm: WarmUpConfig, model
         append_trace(tmp, trace)
     tmp.replace(traces_file)
     section = {
-        "data": {"traces": [str(traces_file)], "max_length": episode.max_total_tokens, "enable_thinking": True},
+        "data": {"traces": [str(traces_file)], "max_length": episode.max_total_tokens},
+        "thinking": True,
         "loss": {"mode": "ce"},
         "lora": {"rank": warm.lora_rank, "alpha": 2 * warm.lora_rank, "dropout": 0.0},
         "train": {"learning_rate": warm.learning_rate, "max_steps": warm.max_steps, "warmup_ratio": 0.1,

@@ -30,11 +30,12 @@ class EvalConfig:
 
     RENAMED_KEYS: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {
         "backend": ("engine", lambda v: v), **{key: (f"model.{key}", lambda v: v) for key in ("adapter", "dtype")},
-        "interactive.sampling.stop": ("sampling.stop", lambda v: v)}
+        "interactive.sampling.stop": ("sampling.stop", lambda v: v), "enable_thinking": ("thinking", lambda v: v)}
     RETIRED_KEYS: ClassVar[dict[str, str]] = {
         **{f"interactive.sampling.{key}": f"interactive mode samples with sampling.{key}"
            for key in ("n", "temperature", "top_p", "top_k", "max_new_tokens", "seed")},
-        "interactive.seed": "interactive mode is seeded by sampling.seed"}
+        "interactive.seed": "interactive mode is seeded by sampling.seed",
+        "interactive.enable_thinking": "interactive mode renders with the stage's thinking"}
     benchmarks: list[str] = field(default_factory=lambda: ["math500", "aime24", "aime25", "humaneval", "mbpp"])
     """Benchmarks to run: math500, aime24, aime25, humaneval, mbpp, or names defined under custom."""
     data: dict[str, str] = field(default_factory=dict)
@@ -51,8 +52,9 @@ class EvalConfig:
     """Score only the problems that have predictions (default: every problem must have some)."""
     mode: Literal["single", "interactive"] = "single"
     """single: one turn, no execution feedback (what the paper reports); interactive: the collection loop."""
-    enable_thinking: bool = False
-    """Let Qwen3-style templates open a thinking block (off: an empty one is inserted)."""
+    thinking: bool = False
+    """Render with the chat template's thinking on (Qwen3-style: the model may open a <think> block); off, the
+    default in every stage, puts the template's empty think block before each answer."""
     sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=0.7, top_p=0.8, top_k=20,
                                                                           max_new_tokens=4096))
     """Samples per problem (n), temperature, top-p, top-k, max new tokens, seed, stop strings; the authors'

@@ -44,15 +44,14 @@ class InteractiveSource:
         return len(records) == self.cfg.sampling.n
 
     def episode_config(self) -> Any:
-        """The episode settings: turns and feedback from ``interactive``, thinking and batch size from the eval."""
-        return dataclasses.replace(self.cfg.interactive, enable_thinking=self.cfg.enable_thinking,
-                                   batch_size=self.cfg.batch_size * self.cfg.sampling.n)
+        """The episode settings: turns and feedback from ``interactive``, the batch size from the eval."""
+        return dataclasses.replace(self.cfg.interactive, batch_size=self.cfg.batch_size * self.cfg.sampling.n)
 
     def records(self, name: str, tasks: Sequence[Task], offset: int, pool: Any) -> list[list[SampleRecord]]:
         generator, tokenizer = self._model.load()
         sampling = dataclasses.replace(self.cfg.sampling, seed=self.cfg.sampling.seed + offset)
         episodes = run_episodes(generator, tokenizer, tasks, pool, self.episode_config(), sampling,
-                                samples=self.cfg.sampling.n)
+                                thinking=self.cfg.thinking, samples=self.cfg.sampling.n)
         by_key = {(ep.task.id, ep.sample): ep for ep in episodes}
         return [[episode_record(by_key[(t.id, s)]) for s in range(self.cfg.sampling.n)] for t in tasks]
 

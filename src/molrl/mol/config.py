@@ -69,8 +69,6 @@ class DataConfig:
     """Longest tokenised trace kept; longer traces are truncated (the count is logged)."""
     domain_general_ratio: list[Annotated[int, Range(0, 1_000_000)]] = field(default_factory=lambda: [1, 1])
     """Domain:general examples per batch stream when general-tagged traces exist."""
-    enable_thinking: bool = True
-    """Passed to the chat template when rendering traces."""
 
 
 @dataclass
@@ -126,6 +124,10 @@ class MolConfig:
     """Where the adapter (or full model), checkpoints/, config.yaml and metrics.jsonl go."""
     data: DataConfig = field(default_factory=DataConfig)
     """Training traces."""
+    thinking: bool = False
+    """Render the traces with the chat template's thinking on (Qwen3-style: the model may open a <think> block) as
+    they were collected; off, the default in every stage, puts the template's empty think block before each
+    answer."""
     loss: LossSettings = field(default_factory=LossSettings)
     """Loss mode, weights, KL direction and temperature."""
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -135,7 +137,8 @@ class MolConfig:
     threads: Threads | None = None
     """Torch CPU threads; none: as many as cores are idle, re-measured while it runs (molrl.cpu)."""
 
-    RENAMED_KEYS: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {"dtype": ("model.dtype", lambda v: v)}
+    RENAMED_KEYS: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {
+        "dtype": ("model.dtype", lambda v: v), "data.enable_thinking": ("thinking", lambda v: v)}
 
     def __post_init__(self) -> None:
         self.model = as_model_source(self.model)

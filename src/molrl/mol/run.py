@@ -54,7 +54,7 @@ def _train(cfg: MolConfig, out: Path) -> None:
 
     save_run_config("mol", cfg, out / "config.yaml")
     tokenizer = load_tokenizer(cfg.model.path)
-    examples, stats = load_examples(cfg.data.traces, tokenizer, cfg.data.max_length, cfg.data.enable_thinking)
+    examples, stats = load_examples(cfg.data.traces, tokenizer, cfg.data.max_length, cfg.thinking)
     write_text(out / "data_stats.json", json.dumps(dataclasses.asdict(stats), indent=2))
     write_trained_on(out, stats.benchmark_tasks)  # the benchmark tasks its traces came from: eval will not score them
     log.info("%d traces (%d general), %d tokens; %d without decision tokens, %d without feedback tokens, "

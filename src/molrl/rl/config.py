@@ -175,8 +175,9 @@ class RlConfig:
     """The behaviour update of rollout.behaviour=props."""
     terms: TermSettings = field(default_factory=TermSettings)
     """Loss terms beside the policy gradient: CE on feedback tokens, KL to the base on decision tokens."""
-    enable_thinking: bool = False
-    """Render prompts with thinking on (Qwen3 <think>) or off."""
+    thinking: bool = False
+    """Render with the chat template's thinking on (Qwen3-style: the model may open a <think> block); off, the
+    default in every stage, puts the template's empty think block before each answer."""
     code_prompt: str = CODE_INSTRUCTION
     """Single-turn instruction for code tasks ({prompt}, {entry_point}); keep it equal to eval's code_prompt."""
     math_prompt: str = MATH_INSTRUCTION
@@ -229,13 +230,14 @@ class RlConfig:
         "num_generations": ("sampling.n", _as_is), "temperature": ("sampling.temperature", _as_is),
         "top_p": ("sampling.top_p", _as_is), "max_completion_length": ("sampling.max_new_tokens", _as_is),
         "rollout.episode.sampling.max_new_tokens": ("rollout.turn_tokens", _as_is),
-        "rollout.episode.sampling.stop": ("sampling.stop", _as_is),
+        "rollout.episode.sampling.stop": ("sampling.stop", _as_is), "enable_thinking": ("thinking", _as_is),
     }
     RETIRED_KEYS: ClassVar[dict[str, str]] = {
         **{f"rollout.episode.sampling.{key}": f"multi-turn rollouts sample with sampling.{key}"
            for key in ("n", "temperature", "top_p", "top_k")},
         "rollout.episode.sampling.seed": "rollouts are seeded by train.seed",
-        "rollout.episode.seed": "rollouts are seeded by train.seed"}
+        "rollout.episode.seed": "rollouts are seeded by train.seed",
+        "rollout.episode.enable_thinking": "multi-turn rollouts render with the stage's thinking"}
 
     def __post_init__(self) -> None:
         self.model = as_model_source(self.model)

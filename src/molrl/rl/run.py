@@ -158,7 +158,7 @@ def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: li
 
     tasks = load_task_source(cfg.data, "data")
     rows, summary = build_prompt_rows(
-        tasks, tokenizer, enable_thinking=cfg.enable_thinking, max_prompt_length=cfg.max_prompt_length,
+        tasks, tokenizer, enable_thinking=cfg.thinking, max_prompt_length=cfg.max_prompt_length,
         code_template=cfg.code_prompt, math_template=cfg.math_prompt,
         hold_back_tests=shows_tests(cfg.rollout.turns, cfg.rollout.episode),
     )

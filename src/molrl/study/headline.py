@@ -141,19 +141,20 @@ def general_kls(cfg: Any, run_dir: Path, models: Sequence[str], answers: dict[st
     """KL(model || base) per token on ``answers`` (the base's greedy answers, by general problem id), per model."""
     import torch
 
+    from molrl.eval.config import EvalConfig
     from molrl.models import load_model, load_tokenizer
-    from molrl.pipeline import model_weights
+    from molrl.pipeline import model_weights, stage_config
     from molrl.rl.kl import policy_base_kl
     from molrl.tasks.loaders import load_tasks
     from molrl.tasks.prompts import render_prompts
     from molrl.task_types import JsonlSpec
 
-    evaluation = cfg.eval
-    tasks = {t.id: t for t in load_tasks(evaluation["data"]["general"], "jsonl", spec=JsonlSpec(kind="math"))}
+    evaluation = stage_config(EvalConfig, cfg.eval, {}, [], "eval")  # the prompts as evaluation renders them
+    tasks = {t.id: t for t in load_tasks(evaluation.data["general"], "jsonl", spec=JsonlSpec(kind="math"))}
     ids = [i for i in answers if i in tasks]
     tokenizer = load_tokenizer(cfg.model)
-    prompts = render_prompts(tokenizer, [tasks[i] for i in ids], enable_thinking=evaluation.get("enable_thinking", True),
-                             math_template=evaluation.get("math_prompt", "{prompt}"))
+    prompts = render_prompts(tokenizer, [tasks[i] for i in ids], enable_thinking=evaluation.thinking,
+                             math_template=evaluation.math_prompt)
     values = []
     for m in models:
         base_path, adapter = model_weights(cfg, m, run_dir)

@@ -118,10 +118,10 @@ class Turns(Synchronous):
 
     def __init__(self, trainer: Any, cfg: RlConfig, training: bool = True):
         super().__init__(trainer, cfg, training)
-        self.episode = dataclasses.replace(cfg.rollout.episode, max_turns=cfg.rollout.turns,
-                                           enable_thinking=cfg.enable_thinking)
+        self.episode = dataclasses.replace(cfg.rollout.episode, max_turns=cfg.rollout.turns)
+        self.thinking = cfg.thinking
         self.providers = build_providers(self.episode.feedback, self.episode, trainer.processing_class)
-        self.prefill = think_prefill(trainer.processing_class, cfg.enable_thinking)
+        self.prefill = think_prefill(trainer.processing_class, cfg.thinking)
         self.stops = list(dict.fromkeys([*cfg.sampling.stop, *STOP_STRINGS]))
         if trainer.scorer.pool is None:
             raise MolrlError("rollout.turns > 1 runs the policy's code in the sandbox, but the trainer has no "
@@ -151,7 +151,7 @@ class Turns(Synchronous):
         """A fresh episode of ``task`` and its prompt ids."""
         episode = start_episode(task, sample, self.episode)
         return Row(episode, encode_chat(self.trainer.processing_class, episode.messages, add_generation_prompt=True,
-                                        enable_thinking=self.episode.enable_thinking))
+                                        enable_thinking=self.thinking))
 
     def round(self, live: list[Row]) -> None:
         """One turn of every live row: generate, record, run the actions, append the rendered tails."""
@@ -174,7 +174,7 @@ class Turns(Synchronous):
         episode, limit = row.episode, self.trainer.max_completion_length
         ended = row.ids[-1] if row.ids and row.ids[-1] in self.trainer.eos_token_ids else None
         tail = tokenize_tail(self.trainer.processing_class, episode.messages, len(episode.messages) - 2,
-                             self.episode.enable_thinking, add_generation_prompt=not episode.done, sampled_end=ended)
+                             self.thinking, add_generation_prompt=not episode.done, sampled_end=ended)
         ids, roles = tail.input_ids, tail.roles
         if len(row.ids) + len(ids) + (0 if episode.done else 1) > limit:
             if not episode.done:
