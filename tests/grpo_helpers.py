@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from molrl.rl.config import LoraSettings, RlConfig, TaskSource, TrainSettings, rollout_sampling
+from molrl.rl.config import RlConfig, TaskSource, rl_lora, rl_sampling, rl_train
 
 
 def save_tiny_model(path: Path, eos_logit: float | None = None) -> Path:
@@ -53,11 +53,11 @@ def toy_config(out: Path, base: Path, *, max_steps: int = 3, save_steps: int = 1
     settings = dict(
         output_dir=out,
         model=str(base),
-        lora=LoraSettings(rank=16, alpha=32),
+        lora=rl_lora(rank=16, alpha=32),
         data=TaskSource(format="toy", limit=32),
-        sampling=rollout_sampling(n=n, max_new_tokens=max_new_tokens, temperature=temperature),
+        sampling=rl_sampling(n=n, max_new_tokens=max_new_tokens, temperature=temperature),
         max_prompt_length=256,
-        train=TrainSettings(learning_rate=2e-2, max_steps=max_steps, save_steps=save_steps,
+        train=rl_train(learning_rate=2e-2, max_steps=max_steps, save_steps=save_steps,
                             micro_batch_size=micro_batch_size),
     )
     settings.update(overrides)

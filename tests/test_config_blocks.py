@@ -15,7 +15,7 @@ import yaml
 from molrl.collect.config import CollectConfig
 from molrl.config import load_config, to_dict
 from molrl.errors import ConfigError
-from molrl.config_blocks import ModelSource
+from molrl.config_blocks import LoraAdapterConfig, ModelSource, TrainConfig
 from molrl.config_renames import unoptional
 from molrl.eval.config import EvalConfig
 from molrl.mol.config import MolConfig
@@ -28,10 +28,12 @@ STAGES = {"mol": MolConfig, "collect": CollectConfig, "rl": RlConfig, "eval": Ev
 """Every stage's config class, by its command's name."""
 SHARED = {"model": {"mol", "collect", "rl", "eval"}, "threads": {"mol", "collect", "rl", "eval"},
           "engine": {"collect", "rl", "eval"}, "sandbox": {"collect", "rl", "eval"},
-          "sampling": {"collect", "rl", "eval"}, "thinking": {"mol", "collect", "rl", "eval"}}
+          "sampling": {"collect", "rl", "eval"}, "thinking": {"mol", "collect", "rl", "eval"},
+          "train": {"mol", "rl"}, "lora": {"mol", "rl"}}
 """The shared blocks and the stages that have each (the ones that generate have an engine and a sampling; the ones
 that run code a sandbox)."""
-BLOCK_TYPES = {"model": ModelSource, "sandbox": SandboxConfig, "sampling": SamplingConfig}
+BLOCK_TYPES = {"model": ModelSource, "sandbox": SandboxConfig, "sampling": SamplingConfig, "train": TrainConfig,
+               "lora": LoraAdapterConfig}
 """The type of each shared block that is a section."""
 OLD_NAMES = {"mol": ["dtype=bfloat16", "data.enable_thinking=true"],
              "collect": ["adapter=a", "dtype=bfloat16", "episode.sampling.temperature=0.5", "episode.seed=3",
@@ -205,7 +207,7 @@ def test_a_key_given_under_its_old_and_new_name_with_one_value_is_read_once_and_
     both.write_text("interactive: {sampling: {stop: [X]}}\nsampling: {stop: [X]}\n")
     assert load_config(EvalConfig, both).sampling.stop == ["X"]
     both.write_text("interactive: {sampling: {stop: [X]}}\nsampling: {stop: [Y]}\n")
-    with pytest.raises(ConfigError, match="interactive.sampling.stop is the old name of sampling.stop and both are set"):
+    with pytest.raises(ConfigError, match="interactive.sampling.stop is the old name of sampling.stop and both are"):
         load_config(EvalConfig, both)
 
 
@@ -242,3 +244,52 @@ def test_thinking_is_one_top_level_key_off_by_default_in_every_stage(stage):
         section = field_type(STAGES[stage], f.name)
         if dataclasses.is_dataclass(section):
             assert "enable_thinking" not in {g.name for g in dataclasses.fields(section)}, f.name
+
+
+BEFORE_ONE_TRAIN = {"mol": {"train": ["warmup_steps"], "lora": []},
+                    "rl": {"train": ["optim", "warmup_ratio", "epochs", "grad_accumulation", "bf16"],
+                           "lora": ["enabled"]}}
+"""Per training stage, the keys its train and lora sections did not have before they became one type each."""
+
+
+@pytest.mark.parametrize("stage", sorted(BEFORE_ONE_TRAIN))
+def test_a_run_saved_before_train_and_lora_were_one_type_is_the_same_run(stage):
+    cfg = load_config(STAGES[stage], None, [])
+    saved = to_dict(cfg)
+    for section, keys in BEFORE_ONE_TRAIN[stage].items():
+        for key in keys:
+            del saved[section][key]
+    assert changed_keys(stage, saved, cfg) == []
+
+
+@pytest.mark.parametrize("override,says", [
+    ("train.grad_accumulation=4", "train.grad_accumulation=4: the RL stage accumulates"),
+    ("train.epochs=2", "epochs are MoL's"),
+    ("train.max_steps=-1", "epochs are MoL's"),
+    ("lora.enabled=false", "lora.enabled=false: the RL stage trains a LoRA adapter"),
+])
+def test_the_train_and_lora_keys_rl_cannot_honour_are_refused(override, says):
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        load_config(RlConfig, None, [override])
+
+
+def test_mol_needs_a_count_of_accumulated_micro_batches_and_one_warm_up():
+    with pytest.raises(ConfigError, match="train.grad_accumulation: MoL accumulates"):
+        load_config(MolConfig, None, ["train.grad_accumulation=null"])
+    with pytest.raises(ConfigError, match="set one of them"):
+        load_config(MolConfig, None, ["train.warmup_steps=5"])
+    assert load_config(MolConfig, None, ["train.warmup_steps=5", "train.warmup_ratio=0"]).train.warmup() == 5
+
+
+def test_rl_train_keys_reach_trl_and_its_defaults_are_trl_s():
+    from molrl.rl.run import trl_args
+
+    args = trl_args(load_config(RlConfig, None, []), Path("/tmp/unused"), cuda=False)
+    assert (args.optim, args.warmup_steps, args.bf16, args.gradient_accumulation_steps) == (
+        "adamw_torch_fused", 0, False, 1)
+    cfg = load_config(RlConfig, None, ["train.optim=sgd", "train.warmup_ratio=0.1", "train.bf16=true"])
+    args = trl_args(cfg, Path("/tmp/unused"), cuda=False)
+    assert (args.optim, args.warmup_steps, args.bf16) == ("sgd", 0.1, True)
+    unset = load_config(RlConfig, None, []).train  # bf16 unset: a bfloat16 model on a GPU, as before
+    assert unset.mixed_bf16("bfloat16", cuda=True) and not unset.mixed_bf16("bfloat16", cuda=False)
+    assert not unset.mixed_bf16("float32", cuda=True)

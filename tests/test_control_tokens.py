@@ -17,7 +17,7 @@ import pytest
 from molrl.collect import CollectConfig, EpisodeConfig, run_collect
 from molrl.content import control_ids, encode_content
 from molrl.generation import SamplingConfig
-from molrl.rl.config import RlConfig, TrainSettings, rollout_sampling
+from molrl.rl.config import RlConfig, rl_sampling, rl_train
 from molrl.rl.rollouts.turns import Turns
 from molrl.sandbox import SandboxConfig, SandboxPool
 from molrl.tasks import Task
@@ -164,7 +164,7 @@ def scripted_row(tok, code):
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     task = Task(id="t", prompt="What is 3 + 4?", kind="math", answer="7")
     turns = [encode_content(tok, code)[0], encode_content(tok, "\\boxed{7}")[0] + [im_end]]
-    cfg = RlConfig(sampling=rollout_sampling(n=2), train=TrainSettings(micro_batch_size=2))
+    cfg = RlConfig(sampling=rl_sampling(n=2), train=rl_train(micro_batch_size=2))
     cfg.rollout.turns = 2
     with SandboxPool(SandboxConfig(workers=1, timeout_s=10)) as pool:
         metrics = defaultdict(list)

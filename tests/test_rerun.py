@@ -188,12 +188,12 @@ def test_non_finite_and_empty_values_are_refused_before_loading(overrides, key, 
 
 
 def test_values_of_a_config_built_in_python_are_checked_by_the_stage(tmp_path):
-    from molrl.rl.config import RlConfig, TaskSource, TrainSettings
+    from molrl.rl.config import RlConfig, TaskSource, rl_train
     from molrl.rl.method_settings import TermSettings
     from molrl.rl.run import run_rl
 
     cfg = RlConfig(output_dir=tmp_path / "run", data=TaskSource(format="toy", limit=2),
-                   train=TrainSettings(max_steps=1), terms=TermSettings(decision_kl=math.nan))
+                   train=rl_train(max_steps=1), terms=TermSettings(decision_kl=math.nan))
     with pytest.raises(ConfigError, match=r"RlConfig: terms.decision_kl=nan is out of range"):
         run_rl(cfg)
     assert not (tmp_path / "run").exists()

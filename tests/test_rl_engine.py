@@ -19,7 +19,7 @@ from grpo_helpers import toy_config
 from molrl.config import load_config
 from molrl.engines import vllm_installed
 from molrl.errors import MolrlError
-from molrl.rl.config import RlConfig, TaskSource, rollout_sampling
+from molrl.rl.config import RlConfig, TaskSource, rl_sampling
 from molrl.rl.engine import rl_engine
 from molrl.rl.loss import engine_logp_gap
 from molrl.rl.rollouts.turns import turn_ended
@@ -39,7 +39,7 @@ def test_the_old_use_vllm_keys_load_as_engine():
 @pytest.mark.parametrize("installed", [False, True])
 @pytest.mark.parametrize("gpu", [False, True])
 def test_rl_auto_takes_the_engine_only_where_the_rollout_can_use_it(installed, gpu):
-    big = dict(sampling=rollout_sampling(max_new_tokens=4096, n=16))
+    big = dict(sampling=rl_sampling(max_new_tokens=4096, n=16))
     cfg = RlConfig(**big)
     cfg.model.path, cfg.train.max_steps = "models/m", 100
     choice = rl_engine(cfg, installed=installed, gpu=gpu)

@@ -194,7 +194,7 @@ def test_the_students_initial_model_as_reference_is_the_starting_adapter(tmp_pat
     # a policy that starts from a MoL adapter: its initial model is base + that adapter, so at step 1
     # log pi_theta - log pi_ref is exactly 0 (where the adapter-disabled base would differ)
     from grpo_helpers import save_mol_adapter
-    from molrl.rl.config import LoraSettings
+    from molrl.rl.config import rl_lora
     from molrl.rl.run import run_rl
 
     base = save_tiny_model(tmp_path / "base")
@@ -204,7 +204,7 @@ def test_the_students_initial_model_as_reference_is_the_starting_adapter(tmp_pat
         cfg = toy_config(tmp_path / reference, base, algorithm="opd", max_steps=1, max_new_tokens=6,
                          opd=OpdSettings(teacher="feedback", reference=reference))
         cfg.model = ModelSource(str(base), adapter=mol / "adapter")
-        cfg.lora = LoraSettings()  # left unset: continue trains the adapter in its own shape
+        cfg.lora = rl_lora()  # left unset: continue trains the adapter in its own shape
         rows[reference] = _opd_rows(run_rl(cfg))[0]
     assert rows["student_initial"]["opd/policy_minus_reference"] == pytest.approx(0.0, abs=1e-6)
     assert abs(rows["student_base"]["opd/policy_minus_reference"]) > 1e-3

@@ -83,10 +83,10 @@ def test_shared_state_sampling_error_in_closed_form():
 
 
 def test_props_settings_are_checked():
-    from molrl.rl.config import RlConfig, RolloutSettings, rollout_sampling
+    from molrl.rl.config import RlConfig, RolloutSettings, rl_sampling
 
     with pytest.raises(ValueError, match="must divide sampling.n"):
-        RlConfig(rollout=RolloutSettings(rounds=3), sampling=rollout_sampling(n=8))
+        RlConfig(rollout=RolloutSettings(rounds=3), sampling=rl_sampling(n=8))
     with pytest.raises(ValueError, match="stale"):
         RlConfig(rollout=RolloutSettings(behaviour="props"), algorithm="opd", beta=0.0)
     assert RlConfig(rollout=RolloutSettings(behaviour="props"), algorithm="grpo").rollout.resolved_buffer() == 2

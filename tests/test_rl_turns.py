@@ -18,7 +18,7 @@ from grpo_helpers import kill_when, save_tiny_model, toy_config
 from molrl.chat import render
 from molrl.demo.run import task_record
 from molrl.demo.world import WorldConfig, build_world, rule_setup_code
-from molrl.rl.config import RlConfig, TaskSource, TrainSettings, rollout_sampling
+from molrl.rl.config import RlConfig, TaskSource, rl_sampling, rl_train
 from molrl.rl.rollouts.turns import Turns, TurnStop, final_answer
 from molrl.rl.score import score
 from molrl.rl.terms import decision_kl, feedback_cross_entropy
@@ -94,7 +94,7 @@ def test_trained_ids_are_the_sampled_ids_plus_the_rendered_feedback_ids_under_qw
     turn1 = [tok.convert_tokens_to_ids(t) for c in run for t in tok.tokenize(c)]  # one token per character
     assert len(turn1) != len(tok(run, add_special_tokens=False)["input_ids"])  # so a re-tokenisation would differ
     turn2 = tok(f"\\boxed{{{KEY[2]}}}", add_special_tokens=False)["input_ids"] + [im_end]  # it ends its turn itself
-    cfg = RlConfig(sampling=rollout_sampling(n=2), train=TrainSettings(micro_batch_size=2))
+    cfg = RlConfig(sampling=rl_sampling(n=2), train=rl_train(micro_batch_size=2))
     cfg.rollout.turns = 2
     with SandboxPool(SandboxConfig(workers=1, timeout_s=10)) as pool:
         policy = ScriptedTurns(scripted_trainer(tok, pool), cfg, [turn1, turn2])

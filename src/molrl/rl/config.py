@@ -11,10 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Literal
 
-from molrl.config_blocks import ModelSource, as_model_source
+from molrl.config_blocks import LoraAdapterConfig, ModelSource, TrainConfig, as_model_source
 from molrl.sandbox import SandboxConfig
-from molrl.config_ranges import (Count, Dropout, LearningRate, Positive, Range, RunDir, Scheduler, Seed, Size,
-                                 TargetModules, Threads, Weight)
+from molrl.config_ranges import Count, Positive, Range, RunDir, Seed, Size, Threads, Weight
 from molrl.rl.method_settings import MacroSettings, OpdSettings, PpoSettings, PropsSettings, RolloutSettings, TermSettings
 from molrl.sampling import SamplingConfig
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
@@ -36,23 +35,6 @@ class PolicyConfig:
 
 
 @dataclass
-class LoraSettings:
-    """The LoRA adapter trained on a plain base or after merge_new (continue keeps the MoL adapter's own)."""
-
-    rank: Annotated[int, Range(1, 4096)] = 64
-    """LoRA rank r."""
-    alpha: Annotated[int, Range(1, 1_000_000)] = 128
-    """LoRA alpha (scale = alpha / rank)."""
-    dropout: Dropout = 0.0
-    """Dropout on the LoRA input. 0 (the default) turns every dropout of the model off while training, as TRL does
-    for RL; above 0 it stays on, and the loss's log-probs then differ from the sampler's by the dropout's noise."""
-    target_modules: TargetModules = field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    )
-    """Module names that get LoRA weights (never lm_head: TRL scores tokens from lm_head.weight directly)."""
-
-
-@dataclass
 class TaskSource:
     """A task file and how to read it."""
 
@@ -68,50 +50,28 @@ class TaskSource:
     """Benchmark split to take (train, validation, test, prompt or all); unset: train for data, test for eval.tasks."""
 
 
-@dataclass
-class TrainSettings:
-    """Optimisation and bookkeeping, under the names MoL's ``train`` section gives them (forwarded to TRL's
-    ``GRPOConfig``)."""
-
-    learning_rate: LearningRate = 1e-4
-    """Peak learning rate (1e-4 is the authors' value for LoRA)."""
-    lr_scheduler: Scheduler = "constant"
-    """Learning-rate schedule name understood by transformers (constant, linear, cosine, ...)."""
-    warmup_steps: Size = 0
-    """Optimiser steps spent warming the learning rate up."""
-    weight_decay: Weight = 0.0
-    """AdamW weight decay."""
-    max_grad_norm: Annotated[float, Range(0, 1e6)] = 1.0
-    """Gradient clipping norm; 0 disables clipping."""
-    max_steps: Count = 100
-    """Optimiser steps to run."""
-    micro_batch_size: Count = 8
-    """Completions per forward/backward pass on each process; gradient accumulation makes up the rest of the step."""
-    seed: Seed = 0
-    """Seed of sampling, shuffling and LoRA initialisation."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in backward to save memory."""
-    logging_steps: Count = 1
-    """Log every this many optimiser steps (metrics.jsonl and report_to)."""
-    save_steps: Count = 50
-    """Write a resumable checkpoint every this many optimiser steps (a re-run resumes from the newest)."""
-    save_total_limit: Count = 2
-    """Checkpoints kept on disk (oldest deleted first), as MoL's."""
-    resume: Literal["auto", "never"] = "auto"
-    """``auto`` continues from the newest checkpoint in output_dir/checkpoints when there is one (the re-run rule,
-    ``molrl.rerun``); ``never`` starts over in the same directory, as MoL's."""
-    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
-    """Logging backends (tensorboard, wandb, ...) beside metrics.jsonl; ``none`` for metrics.jsonl only."""
-
-
 def _as_is(value: Any) -> Any:
     return value
 
 
-def rollout_sampling(**changes: Any) -> SamplingConfig:
+def rl_sampling(**changes: Any) -> SamplingConfig:
     """The RL stage's default ``sampling`` (the authors': group size 8, temperature 0.9; 1024 tokens a completion),
     with ``changes``."""
     return SamplingConfig(**{"n": 8, "temperature": 0.9, "max_new_tokens": 1024, **changes})
+
+
+def rl_train(**changes: Any) -> TrainConfig:
+    """The RL stage's default ``train`` (constant learning rate 1e-4, no warm-up, 100 steps of micro-batches of 8
+    completions, TRL's fused AdamW; accumulation and bf16 derived), with ``changes``."""
+    return TrainConfig(**{"optim": "adamw_torch_fused", "lr_scheduler": "constant", "warmup_ratio": 0.0,
+                          "max_steps": 100, "micro_batch_size": 8, "grad_accumulation": None, "bf16": None, **changes})
+
+
+def rl_lora(**changes: Any) -> LoraAdapterConfig:
+    """The RL stage's default ``lora`` (rank 64, alpha 128, no dropout, the attention and MLP projections), with
+    ``changes``."""
+    return LoraAdapterConfig(**{"dropout": 0.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                                  "up_proj", "down_proj"], **changes})
 
 
 @dataclass
@@ -149,8 +109,10 @@ class RlConfig:
     """Where the adapter, config.yaml, metrics.jsonl, completions.jsonl and checkpoints/ go."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     """Policy and reference weights."""
-    lora: LoraSettings = field(default_factory=LoraSettings)
-    """LoRA settings for a freshly created adapter."""
+    lora: LoraAdapterConfig = field(default_factory=rl_lora)
+    """The LoRA adapter trained on a plain base or after merge_new (continue keeps the MoL adapter's own shape). Its
+    dropout, 0 by default, turns every dropout of the model off while training, as TRL does for RL; above 0 it stays
+    on, and the loss's log-probs then differ from the sampler's by the dropout's noise."""
     data: TaskSource = field(default_factory=TaskSource)
     """Training tasks (code with tests, or math with answers): what the stage trains on, as MoL's data is."""
     reward: RewardSettings = field(default_factory=RewardSettings)
@@ -184,7 +146,7 @@ class RlConfig:
     """Single-turn instruction for math tasks ({prompt}); keep it equal to eval's math_prompt."""
     max_prompt_length: Count = 1024
     """Prompts longer than this many tokens are left out (and counted in the log)."""
-    sampling: SamplingConfig = field(default_factory=rollout_sampling)
+    sampling: SamplingConfig = field(default_factory=rl_sampling)
     """The rollouts' sampling: group size G (``n``, completions per prompt, at least 2), temperature (above 0: the
     loss's log-probs are taken at it), top-p, top-k, most tokens per completion (``max_new_tokens``, also Dr.GRPO's
     constant normaliser) and stop strings (multi-turn turns only); seeded by train.seed."""
@@ -192,8 +154,10 @@ class RlConfig:
     """Leave completions that hit sampling.max_new_tokens out of the loss."""
     prompts_per_step: Count = 1
     """Prompts per optimiser step (per process); the step trains on prompts_per_step * G completions."""
-    train: TrainSettings = field(default_factory=TrainSettings)
-    """Optimisation and bookkeeping: learning rate, schedule, steps, micro-batch, seed, logging and checkpoints."""
+    train: TrainConfig = field(default_factory=rl_train)
+    """Optimisation and bookkeeping, MoL's ``train`` block: learning rate, schedule, steps, micro-batch, seed, logging
+    and checkpoints (``epochs`` and ``grad_accumulation`` are MoL's: RL runs max_steps steps of prompts_per_step *
+    sampling.n completions)."""
     beta: Weight = 0.0
     """KL coefficient; > 0 loads the reference chosen by policy.reference."""
     epsilon: Positive = 0.2
@@ -244,6 +208,7 @@ class RlConfig:
         if self.policy.reference == "mol" and self.model.adapter is None:
             raise ValueError("policy.reference=mol needs model.adapter (the MoL stage's adapter directory)")
         self._check_sampling()
+        self._check_training()
         per_step, micro = self.prompts_per_step * self.sampling.n, self.train.micro_batch_size
         if micro < 1 or per_step % micro:
             raise ValueError(f"train.micro_batch_size={micro} must divide prompts_per_step * sampling.n "
@@ -313,6 +278,19 @@ class RlConfig:
             raise ValueError(f"sampling.stop={sp.stop}: stop strings end the turns of multi-turn rollouts "
                              "(rollout.turns > 1); a single-turn completion ends at its end of sequence or "
                              "sampling.max_new_tokens")
+
+    def _check_training(self) -> None:
+        t = self.train
+        if not self.lora.enabled:
+            raise ValueError("lora.enabled=false: the RL stage trains a LoRA adapter (full fine-tuning is MoL's)")
+        if t.max_steps == -1 or t.epochs != 1.0:
+            raise ValueError(f"train.max_steps={t.max_steps}, train.epochs={t.epochs}: the RL stage runs "
+                             "train.max_steps optimiser steps (1 or more); epochs are MoL's")
+        if t.grad_accumulation is not None:
+            derived = self.prompts_per_step * self.sampling.n // t.micro_batch_size
+            raise ValueError(f"train.grad_accumulation={t.grad_accumulation}: the RL stage accumulates "
+                             f"prompts_per_step * sampling.n / train.micro_batch_size micro-batches a step ({derived} "
+                             "here); leave it unset and change those")
 
     def _check_turns(self) -> None:
         ro, terms = self.rollout, self.terms
