@@ -14,6 +14,7 @@ from collect_scripted import ScriptedGenerator
 
 from molrl import cli
 from molrl.collect import CollectConfig, EpisodeConfig, run_collect
+from molrl.config_blocks import TaskSource
 from molrl.collect.feedback import rederive_feedback
 from molrl.collect.providers import build_providers
 from molrl.collect.run import config_path, finished_pairs, rejects_path
@@ -28,12 +29,13 @@ from molrl.traces.tokenize import TokenizeConfig, tokenize_trace
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _cfg(tmp_path, tasks, fmt, **kw):
-    kw.setdefault("split", "all")  # these tests name tasks by id (MBPP 1, HumanEval 0); the default split is train
+def _cfg(tmp_path, tasks, fmt, limit=None, **kw):
+    # these tests name tasks by id (MBPP 1, HumanEval 0): every split (the default is train)
+    kw.setdefault("data", TaskSource(path=tasks, format=fmt, split="all", limit=limit))
     kw.setdefault("episode", EpisodeConfig(max_turns=2))
     kw.setdefault("thinking", True)
     kw.setdefault("sampling", SamplingConfig(temperature=1.0, max_new_tokens=24))
-    return CollectConfig(model="tiny:chatml", tasks=tasks, format=fmt, out=tmp_path / "traces.jsonl",
+    return CollectConfig(model="tiny:chatml", out=tmp_path / "traces.jsonl",
                          sandbox=SandboxConfig(workers=1, timeout_s=5), progress=False, **kw)
 
 
@@ -63,7 +65,7 @@ def test_tiny_model_writes_traces_the_trainer_tokenises(tmp_path, shared_data, f
     out = run_collect(cfg)
     traces = _traces(out)
     # every pair ends up in the traces, or (random bytes: a stray </think> in the first turn) the rejects file
-    assert set(finished_pairs(out)) == {(t.id, s) for t in load_tasks(cfg.tasks, fmt, limit=2) for s in range(2)}
+    assert set(finished_pairs(out)) == {(t.id, s) for t in load_tasks(cfg.data.path, fmt, limit=2) for s in range(2)}
     assert {t.meta["task_split"] for t in traces} == {"prompt" if fmt == "mbpp" else "test"}
     assert len(traces) >= 2
     tok = build_tiny_tokenizer("chatml")
@@ -72,7 +74,7 @@ def test_tiny_model_writes_traces_the_trainer_tokenises(tmp_path, shared_data, f
         assert [a == "model" for a in trace.meta["authors"]] == [m["role"] == "assistant" for m in trace.messages]
         tokenized = tokenize_trace(trace, tok, TokenizeConfig(max_length=None, enable_thinking=True))
         assert tokenized.n_feedback > 0 and tokenized.n_decision > 0
-    assert _check_feedback_rederives(traces, load_tasks(cfg.tasks, fmt, limit=2), cfg.episode, tok) > 0
+    assert _check_feedback_rederives(traces, load_tasks(cfg.data.path, fmt, limit=2), cfg.episode, tok) > 0
 
 
 def test_sandbox_feedback_rederives_and_tokenises_with_qwen3(tmp_path, shared_data, qwen3_tokenizer):

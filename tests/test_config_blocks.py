@@ -15,7 +15,7 @@ import yaml
 from molrl.collect.config import CollectConfig
 from molrl.config import load_config, to_dict
 from molrl.errors import ConfigError
-from molrl.config_blocks import LoraAdapterConfig, ModelSource, TrainConfig
+from molrl.config_blocks import LoraAdapterConfig, ModelSource, TaskSource, TrainConfig
 from molrl.config_renames import unoptional
 from molrl.eval.config import EvalConfig
 from molrl.mol.config import MolConfig
@@ -29,24 +29,28 @@ STAGES = {"mol": MolConfig, "collect": CollectConfig, "rl": RlConfig, "eval": Ev
 SHARED = {"model": {"mol", "collect", "rl", "eval"}, "threads": {"mol", "collect", "rl", "eval"},
           "engine": {"collect", "rl", "eval"}, "sandbox": {"collect", "rl", "eval"},
           "sampling": {"collect", "rl", "eval"}, "thinking": {"mol", "collect", "rl", "eval"},
-          "train": {"mol", "rl"}, "lora": {"mol", "rl"}}
+          "train": {"mol", "rl"}, "lora": {"mol", "rl"}, "data": {"collect", "rl"}}
 """The shared blocks and the stages that have each (the ones that generate have an engine and a sampling; the ones
 that run code a sandbox)."""
 BLOCK_TYPES = {"model": ModelSource, "sandbox": SandboxConfig, "sampling": SamplingConfig, "train": TrainConfig,
-               "lora": LoraAdapterConfig}
+               "lora": LoraAdapterConfig, "data": TaskSource}
 """The type of each shared block that is a section."""
 OLD_NAMES = {"mol": ["dtype=bfloat16", "data.enable_thinking=true"],
              "collect": ["adapter=a", "dtype=bfloat16", "episode.sampling.temperature=0.5", "episode.seed=3",
-                         "episode.enable_thinking=true"],
+                         "episode.enable_thinking=true", "tasks=t2.jsonl", "format=mbpp", "limit=3", "split=test",
+                         "jsonl.kind=code"],
              "eval": ["adapter=a", "dtype=bfloat16", "enable_thinking=true"],
              "rl": ["policy.base=m", "policy.mol_adapter=a", "policy.dtype=bfloat16", "reward.sandbox_workers=3",
                     "reward.timeout_s=5", "num_generations=16", "temperature=0.8", "top_p=0.9",
                     "max_completion_length=64", "enable_thinking=true"]}
 """Per stage, old keys that moved into the shared blocks."""
-ADDED_BLOCKS = {"rl": ["sandbox", "sampling", "thinking"], "collect": ["sampling", "thinking"], "mol": ["thinking"],
+OWN_MEANING = {"data": {"mol", "eval"}}
+"""Per block name, the stages where the name holds something else, stated in docs/config.md: mol's ``data`` the
+traces it trains on (not tasks), eval's each benchmark it scores by name."""
+ADDED_BLOCKS = {"rl": ["sandbox", "sampling", "thinking"], "collect": ["sampling", "thinking", "data"], "mol": ["thinking"],
                 "eval": ["thinking"]}
 """Per stage, the blocks a run saved under the old names does not have."""
-REQUIRED = {"collect": ["model=m", "tasks=t.jsonl", "out=o.jsonl"]}
+REQUIRED = {"collect": ["model=m", "data.path=t.jsonl", "out=o.jsonl"]}
 
 
 def field_type(cls: type, name: str) -> typing.Any:
@@ -56,6 +60,7 @@ def field_type(cls: type, name: str) -> typing.Any:
 @pytest.mark.parametrize("block", sorted(SHARED))
 def test_every_stage_that_has_a_shared_block_has_it_under_one_name_and_one_type(block):
     have = {stage for stage, cls in STAGES.items() if block in {f.name for f in dataclasses.fields(cls)}}
+    have -= OWN_MEANING.get(block, set())
     assert have == SHARED[block]
     types = {stage: field_type(STAGES[stage], block) for stage in have}
     assert len(set(types.values())) == 1, types
@@ -78,7 +83,8 @@ def test_no_stage_keeps_a_model_key_outside_the_model_block(stage):
 def test_a_model_given_as_a_path_is_the_model_block(stage):
     cfg = load_config(STAGES[stage], None, [*REQUIRED.get(stage, []), "model=some/model", "model.dtype=bfloat16"])
     assert cfg.model == ModelSource("some/model", dtype="bfloat16")
-    assert STAGES[stage](**{**({"tasks": "t", "out": "o"} if stage == "collect" else {}), "model": "p"}).model.path == "p"
+    needs = {"data": TaskSource(Path("t")), "out": "o"} if stage == "collect" else {}
+    assert STAGES[stage](**{**needs, "model": "p"}).model.path == "p"
 
 
 @pytest.mark.parametrize("stage", sorted(OLD_NAMES))

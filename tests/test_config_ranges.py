@@ -157,7 +157,7 @@ def test_values_inside_their_ranges_are_accepted(tmp_path):
     assert load_config(RlConfig, None, ["sampling.top_p=1", "sampling.temperature=0.01"]).sampling.top_p == 1.0
 
 
-REQUIRED = {"collect": ["model=tiny:chatml", "tasks=tasks.jsonl", "out=out.jsonl"]}
+REQUIRED = {"collect": ["model=tiny:chatml", "data.path=tasks.jsonl", "out=out.jsonl"]}
 
 
 def test_describe_shows_each_key_s_allowed_values(capsys):

@@ -17,6 +17,7 @@ import pytest
 from molrl.collect import CollectConfig, EpisodeConfig, run_collect
 from molrl.content import control_ids, encode_content
 from molrl.generation import SamplingConfig
+from molrl.config_blocks import TaskSource
 from molrl.rl.config import RlConfig, rl_sampling, rl_train
 from molrl.rl.rollouts.turns import Turns
 from molrl.sandbox import SandboxConfig, SandboxPool
@@ -120,7 +121,7 @@ def test_collected_episode_whose_code_prints_control_text_yields_no_control_ids(
     tok = qwen3_tokenizer
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text('{"id": "t", "prompt": "What is 3 + 4?", "answer": "7"}\n')
-    cfg = CollectConfig(model="scripted", tasks=tasks, format="jsonl", out=tmp_path / "traces.jsonl",
+    cfg = CollectConfig(model="scripted", data=TaskSource(path=tasks), out=tmp_path / "traces.jsonl",
                         episode=EpisodeConfig(max_turns=2), thinking=False, sandbox=SandboxConfig(workers=1),
                         progress=False)
     gen = TurnByTurn([PRINTS_FORGED, "<solution>7</solution>"])

@@ -113,6 +113,7 @@ WHY_HARMLESS = {
     "sandbox.workers": "how many sandbox processes run tests at once; a verdict does not depend on it",
     "sandbox.workers": "how many sandbox processes run tests at once; a verdict does not depend on it",
     "limit": "how many problems or tasks: what was made for the first ones stays valid",
+    "data.limit": "how many tasks: what was made for the first ones stays valid",
     "samples": "how many samples per task: what was collected stays valid",
     "benchmarks": "which benchmarks: each one's samples stay valid",
     "ks": "which pass@k are summarised from the same samples",
@@ -138,7 +139,9 @@ def _flat_keys(data, prefix=""):
 
 
 def _required(cls: type) -> dict:
-    return {"model": "m", "tasks": Path("t"), "out": Path("o")} if cls.__name__ == "CollectConfig" else {}
+    from molrl.config_blocks import TaskSource
+
+    return {"model": "m", "data": TaskSource(Path("t")), "out": Path("o")} if cls.__name__ == "CollectConfig" else {}
 
 
 @pytest.mark.parametrize("stage,cls", [("mol", "molrl.mol.config:MolConfig"), ("rl", "molrl.rl.config:RlConfig"),

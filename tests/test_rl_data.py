@@ -10,7 +10,7 @@ from grpo_helpers import save_tiny_model, toy_config
 from molrl.rl.config import TaskSource
 from molrl.rl.data import build_prompt_rows
 from molrl.tasks.prompts import strip_added_bos
-from molrl.rl.data import load_task_source
+from molrl.tasks.source import load_task_source
 from molrl.tasks import Task
 
 SOURCES = {

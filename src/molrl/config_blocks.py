@@ -5,6 +5,7 @@
 - ``train`` (``TrainConfig``): optimisation and bookkeeping of the training stages (mol, rl), each with its own
   defaults; a key a stage cannot honour is refused there when set.
 - ``lora`` (``LoraAdapterConfig``): the LoRA adapter a training stage creates.
+- ``data`` (``TaskSource``): the task file a stage runs on (collect, rl), read by ``molrl.tasks.source``.
 
 The others live beside what they configure: ``sampling`` (``molrl.sampling.SamplingConfig``), ``sandbox``
 (``molrl.sandbox.SandboxConfig``).
@@ -21,6 +22,7 @@ from typing import Annotated, ClassVar, Literal
 
 from molrl.config_ranges import (MAX_COUNT, Count, Dropout, Dtype, LearningRate, Optimizer, Probability, Range,
                                  Scheduler, Seed, Size, TargetModules, Weight)
+from molrl.task_types import JsonlSpec
 
 
 @dataclass
@@ -123,3 +125,21 @@ class LoraAdapterConfig:
     extra [vocab, hidden] tensor and its gradient, which cannot drop inputs out). RL: never ``lm_head`` (TRL scores
     tokens from lm_head.weight directly).
     """
+
+
+@dataclass
+class TaskSource:
+    """A task file and how to read it."""
+
+    path: Path | None = None
+    """Task file (JSONL/JSON/parquet as the format expects); unused for format toy."""
+    format: Literal["humaneval", "mbpp", "math500", "aime", "jsonl", "toy"] = "jsonl"
+    """Format of the task file: humaneval (.jsonl/.jsonl.gz), mbpp, math500, aime or jsonl (molrl task JSONL, fields
+    under ``spec``); toy: RL's built-in toy task (no file)."""
+    limit: Count | None = None
+    """Use only the first N tasks."""
+    spec: JsonlSpec = field(default_factory=JsonlSpec)
+    """Field names and task kind of a jsonl task file (format jsonl only)."""
+    split: Literal["train", "validation", "test", "prompt", "all"] | None = None
+    """Benchmark split to take (train, validation, test, prompt or all); unset: train (rl's eval.tasks: test); a
+    file without splits is taken whole."""

@@ -86,7 +86,8 @@ class PipelineConfig:
     general_traces: list[str] = field(default_factory=list)
     """Trace files tagged general (replay data: KL on all their tokens in MoL)."""
     collect: dict[str, Any] = field(default_factory=dict)
-    """CollectConfig settings (model and out are set by the pipeline)."""
+    """CollectConfig settings (model and out are set by the pipeline; data.path too when the tasks are held in
+    memory)."""
     mol: dict[str, Any] = field(default_factory=dict)
     """MolConfig settings shared by every MoL run (model, data.traces and output_dir are set by the pipeline)."""
     mol_runs: list[MolRun] = field(default_factory=lambda: [MolRun()])
@@ -206,7 +207,7 @@ def collect_config(cfg: PipelineConfig, out: Path, in_memory: bool) -> Any:
 
     fixed = {"model": {"path": cfg.model}, "out": str(out / "collect" / "traces.jsonl")}
     if in_memory:
-        fixed["tasks"] = "<in memory>"
+        fixed["data"] = {"path": "<in memory>"}
     return stage_config(CollectConfig, cfg.collect, fixed, [], "collect")
 
 

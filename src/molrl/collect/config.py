@@ -6,11 +6,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Literal
 
-from molrl.config_blocks import ModelSource, as_model_source
+from molrl.config_blocks import ModelSource, TaskSource, as_model_source
 from molrl.config_ranges import Count, Range, SamplingTemperature, Seconds, Size, Threads
 from molrl.sampling import SamplingConfig
 from molrl.sandbox import SandboxConfig
-from molrl.tasks import JsonlSpec
 
 DEFAULT_FEEDBACK = ["execution", "tests", "verdict", "format", "budget"]
 
@@ -81,18 +80,11 @@ class CollectConfig:
 
     model: ModelSource
     """The model that acts (``model: PATH`` for short), an adapter on it and its dtype."""
-    tasks: Path
-    """Task file (HumanEval .jsonl/.jsonl.gz, MBPP, MATH-500, AIME, or molrl task JSONL)."""
     out: Path
     """Trace file (JSONL) that finished episodes are appended to; re-running resumes it."""
-    format: Literal["humaneval", "mbpp", "math500", "aime", "jsonl"] = "jsonl"
-    """Format of the task file."""
-    jsonl: JsonlSpec = field(default_factory=JsonlSpec)
-    """Field names and task kind of a ``jsonl`` task file."""
-    split: Literal["train", "validation", "test", "prompt", "all"] | None = None
-    """Benchmark split to collect on (unset: train; a file without splits is taken whole)."""
-    limit: Count | None = None
-    """Use only the first N tasks."""
+    data: TaskSource = field(default_factory=TaskSource)
+    """The tasks collected on: ``data.path`` (required), its format (HumanEval .jsonl/.jsonl.gz, MBPP, MATH-500, AIME,
+    or molrl task JSONL with fields under ``data.spec``), split (unset: train) and limit, as rl's ``data``."""
     engine: Literal["auto", "vllm", "transformers"] = "auto"
     """Generation engine: auto (vLLM when installed and the work pays for its start, else transformers), vllm or
     transformers (``molrl.engines``); an adapter is served as vLLM LoRA or merged into a temporary copy."""
@@ -100,7 +92,9 @@ class CollectConfig:
     RENAMED_KEYS: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {
         "backend": ("engine", lambda v: v), **{key: (f"model.{key}", lambda v: v) for key in ("adapter", "dtype")},
         "episode.sampling": ("sampling", lambda v: v), "episode.seed": ("sampling.seed", lambda v: v),
-        "episode.enable_thinking": ("thinking", lambda v: v)}
+        "episode.enable_thinking": ("thinking", lambda v: v), "tasks": ("data.path", lambda v: v),
+        "format": ("data.format", lambda v: v), "jsonl": ("data.spec", lambda v: v),
+        "split": ("data.split", lambda v: v), "limit": ("data.limit", lambda v: v)}
     RETIRED_KEYS: ClassVar[dict[str, str]] = {"episode.sampling.seed": "the rounds were seeded by episode.seed, "
                                                                        "now sampling.seed"}
     device: str | None = None
@@ -124,5 +118,8 @@ class CollectConfig:
 
     def __post_init__(self) -> None:
         self.model = as_model_source(self.model)
+        if self.data.path is None or self.data.format == "toy":
+            raise ValueError(f"data.path={self.data.path}, data.format={self.data.format}: collect runs on a task "
+                             "file; give data.path=FILE (--tasks) and its data.format (--format)")
         if self.sampling.n != 1:
             raise ValueError(f"sampling.n={self.sampling.n} must be 1: set samples per task with 'samples' instead")

@@ -26,7 +26,6 @@ from molrl.errors import DataError, MolrlError
 from molrl.jsonl import json_line, read_lines, repair_torn_tail
 from molrl.rerun import NEW_RUN, check_rerun, save_run_config, say_finished
 from molrl.tasks import Task
-from molrl.tasks.splits import overlap_line
 from molrl.traces.schema import TraceError, append_trace, read_traces
 from molrl.writes import output_lock
 
@@ -50,14 +49,12 @@ def run_collect(cfg: CollectConfig, *, generator: Any = None, tokenizer: Any = N
 
 
 def _collect(cfg: CollectConfig, out: Path, generator: Any, tokenizer: Any, tasks: Sequence[Task] | None) -> Path:
-    from molrl.tasks import load_tasks
+    from molrl.tasks.source import load_task_source
 
     done = finished_pairs(out)
     check_rerun("collect", cfg, config_path(out), started=bool(done), run=out)  # molrl.rerun: one rule for every stage
     if tasks is None:
-        tasks = load_tasks(cfg.tasks, cfg.format, limit=cfg.limit, spec=cfg.jsonl, split=cfg.split)
-        if line := overlap_line(tasks, "split"):
-            log.warning("%s", line)
+        tasks = load_task_source(cfg.data, "data")  # its training split unless data.split names another
     pairs = [(t.id, s) for t in tasks for s in range(cfg.samples)]
     total, todo = len(pairs), sum(pair not in done for pair in pairs)
     if todo == 0:

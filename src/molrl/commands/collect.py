@@ -31,8 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 FLAGS = {
-    "model": "model.path", "adapter": "model.adapter", "tasks": "tasks", "format": "format", "out": "out",
-    "samples": "samples", "max_turns": "episode.max_turns", "limit": "limit",
+    "model": "model.path", "adapter": "model.adapter", "tasks": "data.path", "format": "data.format", "out": "out",
+    "samples": "samples", "max_turns": "episode.max_turns", "limit": "data.limit",
 }
 """Command-line flags and the config keys they set."""
 

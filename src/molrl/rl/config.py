@@ -11,13 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Literal
 
-from molrl.config_blocks import LoraAdapterConfig, ModelSource, TrainConfig, as_model_source
+from molrl.config_blocks import LoraAdapterConfig, ModelSource, TaskSource, TrainConfig, as_model_source
 from molrl.sandbox import SandboxConfig
 from molrl.config_ranges import Count, Positive, Range, RunDir, Seed, Size, Threads, Weight
 from molrl.rl.method_settings import MacroSettings, OpdSettings, PpoSettings, PropsSettings, RolloutSettings, TermSettings
 from molrl.sampling import SamplingConfig
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
-from molrl.task_types import JsonlSpec
 
 ALGORITHMS = ("grpo", "dr_grpo", "dr_grpo_std", "opd", "ppo")
 
@@ -32,22 +31,6 @@ class PolicyConfig:
     """KL reference when beta > 0: the original base model, or the MoL model (needs model.adapter)."""
     seed: Seed = 0
     """Seed of the tiny models' random weights (ignored for real checkpoints)."""
-
-
-@dataclass
-class TaskSource:
-    """A task file and how to read it."""
-
-    path: Path | None = None
-    """Task file (JSONL/JSON/parquet as the format expects); unused for format toy."""
-    format: str = "jsonl"
-    """Loader format of molrl.tasks.load_tasks (humaneval, mbpp, math500, aime, jsonl, ...) or toy."""
-    limit: Count | None = None
-    """Use only the first N tasks."""
-    spec: JsonlSpec = field(default_factory=JsonlSpec)
-    """Field names of a jsonl task file (format jsonl only)."""
-    split: Literal["train", "validation", "test", "prompt", "all"] | None = None
-    """Benchmark split to take (train, validation, test, prompt or all); unset: train for data, test for eval.tasks."""
 
 
 def _as_is(value: Any) -> Any:

@@ -89,7 +89,7 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
     import torch
 
     from molrl.rl.callbacks import EvalHookCallback
-    from molrl.rl.data import load_task_source
+    from molrl.tasks.source import load_task_source
     from molrl.rl.policy import build_policy
     from molrl.rl.reference import install_reference, trainable_parameter_count
     from molrl.rl.trainer import RlTrainer
@@ -151,7 +151,8 @@ def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: li
     from datasets import Dataset
 
     from molrl.graders.code import CodeRewardConfig
-    from molrl.rl.data import build_prompt_rows, load_task_source
+    from molrl.rl.data import build_prompt_rows
+    from molrl.tasks.source import load_task_source
     from molrl.rl.score import Scorer
     from molrl.sandbox import SandboxPool
     from molrl.tasks.splits import task_entries, write_trained_on
