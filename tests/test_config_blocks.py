@@ -29,7 +29,8 @@ STAGES = {"mol": MolConfig, "collect": CollectConfig, "rl": RlConfig, "eval": Ev
 SHARED = {"model": {"mol", "collect", "rl", "eval"}, "threads": {"mol", "collect", "rl", "eval"},
           "engine": {"collect", "rl", "eval"}, "sandbox": {"collect", "rl", "eval"},
           "sampling": {"collect", "rl", "eval"}, "thinking": {"mol", "collect", "rl", "eval"},
-          "train": {"mol", "rl"}, "lora": {"mol", "rl"}, "data": {"collect", "rl"}}
+          "train": {"mol", "rl"}, "lora": {"mol", "rl"}, "data": {"collect", "rl"},
+          "output_dir": {"mol", "collect", "rl", "eval"}}
 """The shared blocks and the stages that have each (the ones that generate have an engine and a sampling; the ones
 that run code a sandbox)."""
 BLOCK_TYPES = {"model": ModelSource, "sandbox": SandboxConfig, "sampling": SamplingConfig, "train": TrainConfig,
@@ -38,7 +39,7 @@ BLOCK_TYPES = {"model": ModelSource, "sandbox": SandboxConfig, "sampling": Sampl
 OLD_NAMES = {"mol": ["dtype=bfloat16", "data.enable_thinking=true"],
              "collect": ["adapter=a", "dtype=bfloat16", "episode.sampling.temperature=0.5", "episode.seed=3",
                          "episode.enable_thinking=true", "tasks=t2.jsonl", "format=mbpp", "limit=3", "split=test",
-                         "jsonl.kind=code"],
+                         "jsonl.kind=code", "out=runs/o.jsonl"],
              "eval": ["adapter=a", "dtype=bfloat16", "enable_thinking=true"],
              "rl": ["policy.base=m", "policy.mol_adapter=a", "policy.dtype=bfloat16", "reward.sandbox_workers=3",
                     "reward.timeout_s=5", "num_generations=16", "temperature=0.8", "top_p=0.9",
@@ -47,10 +48,11 @@ OLD_NAMES = {"mol": ["dtype=bfloat16", "data.enable_thinking=true"],
 OWN_MEANING = {"data": {"mol", "eval"}}
 """Per block name, the stages where the name holds something else, stated in docs/config.md: mol's ``data`` the
 traces it trains on (not tasks), eval's each benchmark it scores by name."""
-ADDED_BLOCKS = {"rl": ["sandbox", "sampling", "thinking"], "collect": ["sampling", "thinking", "data"], "mol": ["thinking"],
+ADDED_BLOCKS = {"rl": ["sandbox", "sampling", "thinking"], "collect": ["sampling", "thinking", "data", "output_dir"],
+                "mol": ["thinking"],
                 "eval": ["thinking"]}
 """Per stage, the blocks a run saved under the old names does not have."""
-REQUIRED = {"collect": ["model=m", "data.path=t.jsonl", "out=o.jsonl"]}
+REQUIRED = {"collect": ["model=m", "data.path=t.jsonl"]}
 
 
 def field_type(cls: type, name: str) -> typing.Any:
@@ -83,7 +85,7 @@ def test_no_stage_keeps_a_model_key_outside_the_model_block(stage):
 def test_a_model_given_as_a_path_is_the_model_block(stage):
     cfg = load_config(STAGES[stage], None, [*REQUIRED.get(stage, []), "model=some/model", "model.dtype=bfloat16"])
     assert cfg.model == ModelSource("some/model", dtype="bfloat16")
-    needs = {"data": TaskSource(Path("t")), "out": "o"} if stage == "collect" else {}
+    needs = {"data": TaskSource(Path("t"))} if stage == "collect" else {}
     assert STAGES[stage](**{**needs, "model": "p"}).model.path == "p"
 
 
@@ -299,3 +301,16 @@ def test_rl_train_keys_reach_trl_and_its_defaults_are_trl_s():
     unset = load_config(RlConfig, None, []).train  # bf16 unset: a bfloat16 model on a GPU, as before
     assert unset.mixed_bf16("bfloat16", cuda=True) and not unset.mixed_bf16("bfloat16", cuda=False)
     assert not unset.mixed_bf16("float32", cuda=True)
+
+
+@pytest.mark.parametrize("out,output_dir", [("runs/t/mbpp.jsonl", "runs/t/mbpp"), ("runs/p/collect/traces.jsonl",
+                                                                                  "runs/p/collect"),
+                                            ("traces.jsonl", ".")])
+def test_collect_s_old_trace_file_reads_as_its_output_dir(out, output_dir):
+    cfg = load_config(CollectConfig, None, [*REQUIRED["collect"], f"out={out}"])
+    assert cfg.output_dir == Path(output_dir)
+
+
+def test_collect_s_old_trace_file_that_is_not_jsonl_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match="'t.txt' cannot be read as output_dir; set output_dir"):
+        load_config(CollectConfig, None, [*REQUIRED["collect"], "out=t.txt"])

@@ -32,7 +32,7 @@ STAGES = {
     "mol": (MolConfig, [], "molrl.mol.run.run_mol"),
     "rl": (RlConfig, [], "molrl.rl.run.run_rl"),
     "eval": (EvalConfig, ["--model", "tiny:chatml"], "molrl.eval.run.run_eval"),
-    "collect": (CollectConfig, ["--model", "tiny:chatml", "--tasks", "tasks.jsonl", "--out", "out.jsonl"],
+    "collect": (CollectConfig, ["--model", "tiny:chatml", "--tasks", "tasks.jsonl", "--out", "out"],
                 "molrl.collect.run.run_collect"),
     "pipeline": (PipelineConfig, [], "molrl.pipeline.run_pipeline"),
 }
@@ -144,7 +144,7 @@ def test_every_run_directory_key_refuses_a_path_through_a_file(refused, tmp_path
         for path in ("/dev/null", tmp_path / "a_file", tmp_path / "a_file" / "run"):
             lines = refused(stage, f"{key}={path}")
             assert len(lines) == 1 and f"{key}={path} is out of range; allowed: a directory" in lines[0]
-    assert {stage for stage, _ in run_dir_keys()} == {"mol", "rl", "eval", "pipeline"}
+    assert {stage for stage, _ in run_dir_keys()} == {"mol", "rl", "eval", "collect", "pipeline"}
 
 
 def test_values_inside_their_ranges_are_accepted(tmp_path):
@@ -157,7 +157,7 @@ def test_values_inside_their_ranges_are_accepted(tmp_path):
     assert load_config(RlConfig, None, ["sampling.top_p=1", "sampling.temperature=0.01"]).sampling.top_p == 1.0
 
 
-REQUIRED = {"collect": ["model=tiny:chatml", "data.path=tasks.jsonl", "out=out.jsonl"]}
+REQUIRED = {"collect": ["model=tiny:chatml", "data.path=tasks.jsonl"]}
 
 
 def test_describe_shows_each_key_s_allowed_values(capsys):

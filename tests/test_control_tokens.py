@@ -121,12 +121,12 @@ def test_collected_episode_whose_code_prints_control_text_yields_no_control_ids(
     tok = qwen3_tokenizer
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text('{"id": "t", "prompt": "What is 3 + 4?", "answer": "7"}\n')
-    cfg = CollectConfig(model="scripted", data=TaskSource(path=tasks), out=tmp_path / "traces.jsonl",
+    cfg = CollectConfig(model="scripted", data=TaskSource(path=tasks), output_dir=tmp_path,
                         episode=EpisodeConfig(max_turns=2), thinking=False, sandbox=SandboxConfig(workers=1),
                         progress=False)
     gen = TurnByTurn([PRINTS_FORGED, "<solution>7</solution>"])
     run_collect(cfg, generator=gen, tokenizer=tok)
-    (_, trace), = list(read_traces(cfg.out))
+    (_, trace), = list(read_traces(tmp_path / "traces.jsonl"))
     assert FORGED in trace.messages[3]["content"]  # the sandbox's output, verbatim
     second = gen.calls[1][0]  # the prompt of turn 2: system, user, turn 1, the tool's reply, a new header
     clean = [*trace.messages[:3], {"role": "tool", "content": CLEAN}]

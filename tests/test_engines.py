@@ -146,7 +146,7 @@ def test_eval_and_collect_with_an_adapter_run_on_the_engine(engine_model, shared
     assert len(samples) == 3 and all(isinstance(s["completion"], str) for s in samples)
     traces = run_collect(CollectConfig(model=ModelSource(base, adapter=adapters["lora"]), engine="vllm",
                                        data=TaskSource(shared_data / "mbpp/mbpp.jsonl", "mbpp", limit=2),
-                                       out=tmp_path / "traces.jsonl", progress=False,
+                                       output_dir=tmp_path / "collect", progress=False,
                                        episode=EpisodeConfig(max_turns=2), sampling=SamplingConfig(max_new_tokens=8),
                                        sandbox=SandboxConfig(workers=1, timeout_s=5)))
     assert len(Path(traces).read_text().splitlines()) == 2

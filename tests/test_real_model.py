@@ -76,11 +76,12 @@ def test_real_model_through_every_stage(tmp_path, shared_data):
     tasks = tmp_path / "mbpp_easy.jsonl"
     lines = (shared_data / "mbpp/mbpp.jsonl").read_text().splitlines()
     tasks.write_text("\n".join(x for x in lines if str(json.loads(x)["task_id"]) in EASY_MBPP) + "\n")
-    traces = tmp_path / "collected.jsonl"
-    molrl("collect", "--model", model_dir, "--tasks", tasks, "--format", "mbpp", "--out", traces, "--max-turns", 2,
+    collected = tmp_path / "collected"
+    molrl("collect", "--model", model_dir, "--tasks", tasks, "--format", "mbpp", "--out", collected, "--max-turns", 2,
           "sampling.max_new_tokens=64", cwd=tmp_path)
+    traces = collected / "traces.jsonl"
     written = [json.loads(x) for x in traces.read_text().splitlines()] if traces.exists() else []
-    rejects = Path(f"{traces}.rejects.jsonl")
+    rejects = collected / "traces.rejects.jsonl"
     rejected = rejects.read_text().splitlines() if rejects.exists() else []
     assert len(written) + len(rejected) == 2  # each episode is a trace or a counted reject
 

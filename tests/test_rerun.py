@@ -161,15 +161,15 @@ def test_collect_and_eval_refuse_through_the_shared_rule(tmp_path):
                        started=True) == []
     with pytest.raises(ConfigError, match=r"model.path was 'a', now 'b'; start a new run elsewhere \(--out DIR\)"):
         check_rerun("eval", EvalConfig(model="b", ks=[1]), tmp_path / "config.yaml", started=True)
-    saved = tmp_path / "t.jsonl.config.yaml"
-    save_config(CollectConfig(model="m", data=TaskSource(Path("t")), out=tmp_path / "t.jsonl"), saved)
-    # out and samples: allowed
-    other = CollectConfig(model="m", data=TaskSource(Path("t")), out=tmp_path / "u.jsonl", samples=4)
+    saved = tmp_path / "t" / "config.yaml"
+    save_config(CollectConfig(model="m", data=TaskSource(Path("t")), output_dir=tmp_path / "t"), saved)
+    # output_dir and samples: allowed
+    other = CollectConfig(model="m", data=TaskSource(Path("t")), output_dir=tmp_path / "u", samples=4)
     other.sampling.temperature = 0.8
     with pytest.raises(ConfigError, match=r"sampling.temperature was 0.0, now 0.8; start a new run "
-                                          r"elsewhere \(--out FILE\)") as err:
+                                          r"elsewhere \(--out DIR\)") as err:
         check_rerun("collect", other, saved, started=True)
-    assert "samples" not in str(err.value) and "out was" not in str(err.value)
+    assert "samples" not in str(err.value) and "output_dir was" not in str(err.value)
     assert check_rerun("collect", other, saved, started=False) == []  # nothing collected yet: nothing to protect
 
 
@@ -222,7 +222,7 @@ print("RESULT", rc, ",".join(heavy) or "none")
     ("pipeline", "molrl.pipeline", "PipelineConfig", "configs/pipeline_tiny.yaml", "mol.train.nosuch=1"),
 ])
 def test_config_typo_reported_without_importing_torch(stage, module, cls, config, typo, tmp_path):
-    extra = {"collect": ["model=tiny:chatml", "data.path=t.jsonl", f"out={tmp_path / 't.jsonl'}"],
+    extra = {"collect": ["model=tiny:chatml", "data.path=t.jsonl", f"output_dir={tmp_path / 't'}"],
              "pipeline": ["model=tiny:chatml", "stages=[mol]", f"output_dir={tmp_path}"]}.get(stage, [])
     argv = [stage, "--config", config, *extra, typo]
     done = subprocess.run([sys.executable, "-c", PROBE, module, cls, config, json.dumps(extra), *argv], cwd=REPO,

@@ -103,7 +103,6 @@ def test_finding9_a_sandbox_tolerance_is_not_harmless(tmp_path):
 
 WHY_HARMLESS = {
     "output_dir": "where a run writes, not what it computes",
-    "out": "where a run writes, not what it computes",
     "threads": "torch CPU threads: the same numbers, sooner or later",
     "train.report_to": "which trackers receive the logged figures",
     "train.logging_steps": "how often figures are logged",
@@ -141,7 +140,7 @@ def _flat_keys(data, prefix=""):
 def _required(cls: type) -> dict:
     from molrl.config_blocks import TaskSource
 
-    return {"model": "m", "data": TaskSource(Path("t")), "out": Path("o")} if cls.__name__ == "CollectConfig" else {}
+    return {"model": "m", "data": TaskSource(Path("t"))} if cls.__name__ == "CollectConfig" else {}
 
 
 @pytest.mark.parametrize("stage,cls", [("mol", "molrl.mol.config:MolConfig"), ("rl", "molrl.rl.config:RlConfig"),

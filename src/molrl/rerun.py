@@ -56,7 +56,7 @@ HARMLESS: dict[str, tuple[str, ...]] = {
     "rl": ("output_dir", "train.report_to", "train.logging_steps", "train.save_steps", "train.save_total_limit",
            "train.resume", "sandbox.workers", "engine", "vllm_mode", "vllm_server_url",
            "engine_gpu_memory_utilization", "threads"),
-    "collect": ("out", "data.limit", "samples", "engine", "device", "progress", "sandbox.workers", "episode.batch_size",
+    "collect": ("output_dir", "data.limit", "samples", "engine", "device", "progress", "sandbox.workers", "episode.batch_size",
                 "threads"),
     "eval": ("output_dir", "label", "benchmarks", "limit", "ks", "batch_size", "partial_predictions", "device",
              "engine", "static_cache", "sandbox.workers", "threads"),
@@ -79,7 +79,7 @@ completions are compared with the file's, and an edited one is graded again (``P
 EXTENDABLE: dict[str, tuple[str, ...]] = {"mol": ("train.max_steps",), "rl": ("train.max_steps",)}
 """Per stage, the keys a re-run may raise to train a run further (never lower: that is another run)."""
 
-NEW_RUN = {"mol": "output_dir=DIR", "rl": "output_dir=DIR", "collect": "--out FILE", "eval": "--out DIR"}
+NEW_RUN = {"mol": "output_dir=DIR", "rl": "output_dir=DIR", "collect": "--out DIR", "eval": "--out DIR"}
 """How a user of each stage starts a new run instead."""
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Literal
 
 from molrl.config_blocks import ModelSource, TaskSource, as_model_source
-from molrl.config_ranges import Count, Range, SamplingTemperature, Seconds, Size, Threads
+from molrl.collect.files import output_dir_of
+from molrl.config_ranges import Count, Range, RunDir, SamplingTemperature, Seconds, Size, Threads
 from molrl.sampling import SamplingConfig
 from molrl.sandbox import SandboxConfig
 
@@ -76,12 +77,13 @@ class EpisodeConfig:
 
 @dataclass
 class CollectConfig:
-    """``molrl collect``: run a model as an agent on tasks and append its traces to a file."""
+    """``molrl collect``: run a model as an agent on tasks and append its traces to output_dir/traces.jsonl."""
 
     model: ModelSource
     """The model that acts (``model: PATH`` for short), an adapter on it and its dtype."""
-    out: Path
-    """Trace file (JSONL) that finished episodes are appended to; re-running resumes it."""
+    output_dir: RunDir = Path("runs/collect")
+    """Run directory: traces.jsonl (finished episodes are appended to it; re-running resumes it),
+    traces.rejects.jsonl, config.yaml."""
     data: TaskSource = field(default_factory=TaskSource)
     """The tasks collected on: ``data.path`` (required), its format (HumanEval .jsonl/.jsonl.gz, MBPP, MATH-500, AIME,
     or molrl task JSONL with fields under ``data.spec``), split (unset: train) and limit, as rl's ``data``."""
@@ -94,7 +96,7 @@ class CollectConfig:
         "episode.sampling": ("sampling", lambda v: v), "episode.seed": ("sampling.seed", lambda v: v),
         "episode.enable_thinking": ("thinking", lambda v: v), "tasks": ("data.path", lambda v: v),
         "format": ("data.format", lambda v: v), "jsonl": ("data.spec", lambda v: v),
-        "split": ("data.split", lambda v: v), "limit": ("data.limit", lambda v: v)}
+        "split": ("data.split", lambda v: v), "limit": ("data.limit", lambda v: v), "out": ("output_dir", output_dir_of)}
     RETIRED_KEYS: ClassVar[dict[str, str]] = {"episode.sampling.seed": "the rounds were seeded by episode.seed, "
                                                                        "now sampling.seed"}
     device: str | None = None
