@@ -101,18 +101,19 @@ def eval_seconds(engine: str, model: str, data: Path, out: Path) -> float:
 def rl_seconds(engine: str, model: str, data: Path, out: Path, turns: int) -> dict:
     """Seconds a step of a short RL run (steps after the first), its generation share, and the engine gap."""
     from molrl.rl import run_rl
-    from molrl.rl.config import LoraSettings, RlConfig, TaskSource, TrainSettings
+    from molrl.rl.config import RlConfig, TaskSource, rl_lora, rl_sampling, rl_train
 
     folder = out / f"rl{turns}_{engine}_{time.time_ns()}"
     cfg = RlConfig(output_dir=folder, engine=engine, model=model,
-                   lora=LoraSettings(rank=16, alpha=32),
+                   lora=rl_lora(rank=16, alpha=32),
                    data=TaskSource(path=data / "mbpp" / "mbpp.jsonl", format="mbpp", split="train", limit=32),
-                   num_generations=4, prompts_per_step=2, max_completion_length=128 * turns, max_prompt_length=512,
-                   temperature=0.9, train=TrainSettings(learning_rate=1e-4, max_steps=3, micro_batch_size=4,
-                                                        save_steps=10_000, gradient_checkpointing=False))
+                   sampling=rl_sampling(n=4, max_new_tokens=128 * turns, temperature=0.9),
+                   prompts_per_step=2, max_prompt_length=512,
+                   train=rl_train(learning_rate=1e-4, max_steps=3, micro_batch_size=4, save_steps=10_000,
+                                       gradient_checkpointing=False))
     if turns > 1:
         cfg.rollout.turns = turns
-        cfg.rollout.episode.sampling.max_new_tokens = 128
+        cfg.rollout.turn_tokens = 128
     cfg.__post_init__()
     cfg.sandbox.workers = 2
     run_rl(cfg)

@@ -387,17 +387,17 @@ def run_rl_item(args: argparse.Namespace, name: str, settings: dict, steps: int,
     """``run_rl`` on the prepared model in bf16 with ``settings``; its logged steps (metrics.jsonl)."""
     from molrl.rl import run_rl
     from molrl.config_blocks import ModelSource
-    from molrl.rl.config import LoraSettings, RlConfig, TaskSource, TrainSettings
+    from molrl.rl.config import RlConfig, TaskSource, rl_lora, rl_sampling, rl_train
 
     out = Path(args.workdir) / name
     if out.exists():
         shutil.rmtree(out)  # a re-run would resume instead of measuring
     nested = {k: v for k, v in settings.items() if isinstance(v, dict)}
     cfg = RlConfig(output_dir=out, model=ModelSource(str(model_dir(args)), dtype="bfloat16"),
-                   lora=LoraSettings(rank=16 if args.tiny else 64, alpha=32 if args.tiny else 128),
-                   data=TaskSource(format="toy", limit=64), num_generations=8,
-                   max_completion_length=tokens, max_prompt_length=512,
-                   train=TrainSettings(learning_rate=1e-4, max_steps=steps, micro_batch_size=8, save_steps=10_000),
+                   lora=rl_lora(rank=16 if args.tiny else 64, alpha=32 if args.tiny else 128),
+                   data=TaskSource(format="toy", limit=64),
+                   sampling=rl_sampling(n=8, max_new_tokens=tokens), max_prompt_length=512,
+                   train=rl_train(learning_rate=1e-4, max_steps=steps, micro_batch_size=8, save_steps=10_000),
                    **{k: v for k, v in settings.items() if k not in nested})
     for section, values in nested.items():
         for key, value in values.items():

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from molrl.rl.config import RlConfig, LoraSettings, TaskSource, TrainSettings
+from molrl.rl.config import RlConfig, TaskSource, rl_lora, rl_sampling, rl_train
 from molrl.rl.run import build_trainer
 from molrl.tasks import JsonlSpec, Task, TestCase
 
@@ -103,9 +103,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = RlConfig(output_dir=Path(tmp) / "run", model=args.model,
-                       lora=LoraSettings(rank=64, alpha=128), data=task_source(args, Path(tmp)),
-                       num_generations=8, max_completion_length=args.completion_tokens, max_prompt_length=4096,
-                       train=TrainSettings(learning_rate=1e-4, max_steps=args.steps, micro_batch_size=8,
+                       lora=rl_lora(rank=64, alpha=128), data=task_source(args, Path(tmp)),
+                       sampling=rl_sampling(n=8, max_new_tokens=args.completion_tokens), max_prompt_length=4096,
+                       train=rl_train(learning_rate=1e-4, max_steps=args.steps, micro_batch_size=8,
                                            save_steps=10_000))
         cfg.sandbox.workers = args.workers
         trainer, _, pool = build_trainer(cfg)
@@ -127,7 +127,7 @@ def report(args, cfg, wall: list[float], rows: list[dict]) -> None:
     rew = [r["time/reward_s"] for r in rows]
     opt = [w - g - r for w, g, r in zip(wall, gen, rew)]
     mean = statistics.mean
-    print(f"model {args.model}, G = {cfg.num_generations}, {args.completion_tokens} new tokens, "
+    print(f"model {args.model}, G = {cfg.sampling.n}, {args.completion_tokens} new tokens, "
           f"{args.workers} sandbox workers, {len(wall)} measured steps, torch threads {args.threads}")
     print(f"{'':14s}{'mean s':>9s}{'median s':>10s}{'share':>8s}")
     for name, xs in (("step (wall)", wall), ("generation", gen), ("reward", rew), ("optimisation", opt)):

@@ -62,7 +62,7 @@ def multi_turn_eval(cfg: object, pipeline: Path, name: str) -> Path:
     if (out / "results.json").is_file():
         return out
     single = eval_config(cfg, name, model, adapter, pipeline)
-    episode = dataclasses.replace(episode_config(cfg), max_turns=2)
+    episode = episode_config(cfg).episode(max_turns=2)
     run_eval(dataclasses.replace(single, mode="interactive", interactive=episode, output_dir=out))
     return out
 

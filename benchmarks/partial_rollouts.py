@@ -81,13 +81,13 @@ def decode_cost(model_dir: Path, widths: tuple[int, int], tokens: int = 64, repe
 
 def run_arm(out: Path, base: Path, arm: str, seed: int, args: argparse.Namespace, steps: int, lr: float) -> Path:
     from molrl.rl import run_rl
-    from molrl.rl.config import LoraSettings, RlConfig, TaskSource, TrainSettings
+    from molrl.rl.config import RlConfig, TaskSource, rl_lora, rl_sampling, rl_train
 
-    cfg = RlConfig(output_dir=out, model=str(base), lora=LoraSettings(rank=16, alpha=32),
-                   data=TaskSource(format="toy", limit=64), algorithm="grpo", num_generations=args.group,
-                   prompts_per_step=args.prompts, max_completion_length=args.max_tokens,
-                   max_prompt_length=256, temperature=1.0,
-                   train=TrainSettings(learning_rate=lr, max_steps=steps, micro_batch_size=args.group,
+    cfg = RlConfig(output_dir=out, model=str(base), lora=rl_lora(rank=16, alpha=32),
+                   data=TaskSource(format="toy", limit=64), algorithm="grpo",
+                   sampling=rl_sampling(n=args.group, max_new_tokens=args.max_tokens, temperature=1.0),
+                   prompts_per_step=args.prompts, max_prompt_length=256,
+                   train=rl_train(learning_rate=lr, max_steps=steps, micro_batch_size=args.group,
                                        save_steps=10_000, seed=seed))
     cfg.sandbox.workers = 2
     if arm != "sync":

@@ -42,17 +42,18 @@ ARMS = {
 
 def config(run: Path, out: Path, arm: dict, seed: int, steps: int, prompts: int, split: float,
            max_completion_length: int = 48):
-    from molrl.rl.config import LoraSettings, RlConfig, TaskSource, TrainSettings
+    from molrl.rl.config import RlConfig, TaskSource, rl_lora, rl_sampling, rl_train
     from molrl.task_types import JsonlSpec
 
     cfg = RlConfig(
         output_dir=out, model=ModelSource(str(run / "base"), adapter=run / "pipeline" / "mol" / "mol"),
-        lora=LoraSettings(rank=16, alpha=32),
+        lora=rl_lora(rank=16, alpha=32),
         data=TaskSource(path=run / "world" / "rl_train.jsonl", format="jsonl", limit=prompts,
                          spec=JsonlSpec(kind="math")),
-        algorithm="grpo", enable_thinking=True, math_prompt="{prompt}", num_generations=8, prompts_per_step=prompts,
-        max_prompt_length=256, max_completion_length=max_completion_length, temperature=1.0, beta=0.0,
-        train=TrainSettings(learning_rate=0.0, max_steps=steps, micro_batch_size=8 * prompts, save_steps=10_000,
+        algorithm="grpo", thinking=True, math_prompt="{prompt}", prompts_per_step=prompts,
+        sampling=rl_sampling(n=8, max_new_tokens=max_completion_length, temperature=1.0),
+        max_prompt_length=256, beta=0.0,
+        train=rl_train(learning_rate=0.0, max_steps=steps, micro_batch_size=8 * prompts, save_steps=10_000,
                             seed=seed))
     cfg.rollout.behaviour, cfg.rollout.rounds, cfg.rollout.buffer_batches = arm["behaviour"], 2, 2
     cfg.rollout.sampling_error_split = split

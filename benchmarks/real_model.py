@@ -60,7 +60,7 @@ ARMS = {
 }
 FULL = {"steps": 8, "grad_accumulation": 2, "held_out": 10, "general_per_source": 8, "answer_tokens": 32, "seeds": 3}
 QUICK = {"steps": 2, "grad_accumulation": 1, "held_out": 3, "general_per_source": 2, "answer_tokens": 16, "seeds": 1}
-TRAIN = ["data.max_length=1024", "data.enable_thinking=false", "lora.rank=16", "lora.alpha=32",
+TRAIN = ["data.max_length=1024", "thinking=false", "lora.rank=16", "lora.alpha=32",
          "train.learning_rate=5e-4", "train.warmup_ratio=0.0", "train.micro_batch_size=1", "train.report_to=[]",
          "threads=1"]
 HELD_OUT_SHARE = 0.2

@@ -113,9 +113,9 @@ def load_lora_model(path: str) -> Any:
     from peft import LoraConfig, get_peft_model
 
     from molrl.models import load_model
-    from molrl.mol.config import LoraConfig as MolLora
+    from molrl.config_blocks import LoraAdapterConfig
 
-    lora = MolLora()
+    lora = LoraAdapterConfig()
     model = load_model(path, dtype="float32")
     model.config.use_cache = False
     torch.manual_seed(0)
@@ -303,13 +303,14 @@ def measure_loss_memory(args: argparse.Namespace, path: str) -> dict:
 
 def rl_config(args: argparse.Namespace, model: str, tasks: tuple[Path, str], out: Path, sampling_error: bool) -> Any:
     """molrl's RL config for this comparison. The only place that names RlConfig's keys (adjust here when they move)."""
-    from molrl.rl.config import LoraSettings, RlConfig, TaskSource, TrainSettings
+    from molrl.rl.config import RlConfig, TaskSource, rl_lora, rl_sampling, rl_train
     from molrl.rl.method_settings import RolloutSettings
 
-    return RlConfig(output_dir=out, model=model, lora=LoraSettings(rank=64, alpha=128),
+    return RlConfig(output_dir=out, model=model, lora=rl_lora(rank=64, alpha=128),
                     data=TaskSource(path=tasks[0], format=tasks[1], limit=8), algorithm="grpo",
-                    num_generations=args.generations, max_completion_length=args.new_tokens, max_prompt_length=1024,
-                    train=TrainSettings(learning_rate=0.0, micro_batch_size=args.generations, max_steps=1000,
+                    sampling=rl_sampling(n=args.generations, max_new_tokens=args.new_tokens),
+                    max_prompt_length=1024,
+                    train=rl_train(learning_rate=0.0, micro_batch_size=args.generations, max_steps=1000,
                                         save_steps=1000, report_to=["none"]),
                     rollout=RolloutSettings(sampling_error=sampling_error), threads=args.threads)
 

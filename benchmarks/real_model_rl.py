@@ -32,7 +32,7 @@ from pathlib import Path
 from real_model import normalised  # benchmarks/real_model.py: the same rule for text in MINT
 
 REPO = Path(__file__).resolve().parents[1]
-RL = ["algorithm=grpo", "num_generations=4", "prompts_per_step=1", "max_completion_length=128", "temperature=1.0",
+RL = ["algorithm=grpo", "sampling.n=4", "prompts_per_step=1", "sampling.max_new_tokens=128", "sampling.temperature=1.0",
       "lora.rank=16", "lora.alpha=32", "train.learning_rate=2e-4", "train.micro_batch_size=4", "train.save_steps=10",
       "train.report_to=[]", "sandbox.workers=1", "threads=1", "data.format=mbpp"]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from molrl.rl.config import LoraSettings, RlConfig, TaskSource, TrainSettings
+from molrl.rl.config import RlConfig, TaskSource, rl_lora, rl_sampling, rl_train
 
 
 def save_tiny_model(path: Path, eos_logit: float | None = None) -> Path:
@@ -46,18 +46,18 @@ def save_mol_adapter(base: Path, path: Path, seed: int = 1) -> Path:
 
 
 def toy_config(out: Path, base: Path, *, max_steps: int = 3, save_steps: int = 1000, micro_batch_size: int = 8,
-               **overrides) -> RlConfig:
+               n: int = 8, max_new_tokens: int = 8, temperature: float = 0.9, **overrides) -> RlConfig:
     """A short toy-task run on ``base`` (8 completions of 8 tokens per step); ``max_steps``, ``save_steps`` and
-    ``micro_batch_size`` go to its ``train`` section."""
+    ``micro_batch_size`` go to its ``train`` section, ``n``, ``max_new_tokens`` and ``temperature`` to its
+    ``sampling``."""
     settings = dict(
         output_dir=out,
         model=str(base),
-        lora=LoraSettings(rank=16, alpha=32),
+        lora=rl_lora(rank=16, alpha=32),
         data=TaskSource(format="toy", limit=32),
-        num_generations=8,
-        max_completion_length=8,
+        sampling=rl_sampling(n=n, max_new_tokens=max_new_tokens, temperature=temperature),
         max_prompt_length=256,
-        train=TrainSettings(learning_rate=2e-2, max_steps=max_steps, save_steps=save_steps,
+        train=rl_train(learning_rate=2e-2, max_steps=max_steps, save_steps=save_steps,
                             micro_batch_size=micro_batch_size),
     )
     settings.update(overrides)

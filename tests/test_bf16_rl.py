@@ -54,7 +54,7 @@ CASES = ["grpo_kl", "dr_grpo", "opd", "ppo_macro", "partial", "props", "two_iter
 def test_rl_in_bf16_trains_with_finite_losses_and_saves_a_float32_adapter(tmp_path, base, case):
     from safetensors.torch import load_file
 
-    cfg = configure(toy_config(tmp_path / case, base, max_steps=2, max_completion_length=12), case)
+    cfg = configure(toy_config(tmp_path / case, base, max_steps=2, max_new_tokens=12), case)
     cfg.model.dtype = "bfloat16"
     out = run_rl(cfg)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

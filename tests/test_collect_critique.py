@@ -87,6 +87,6 @@ def test_critique_joins_the_feedback_of_an_episode(critic):
 
     cfg = EpisodeConfig(max_turns=1, feedback=["format", "critique"], critique=CritiqueConfig(base_url=critic, model="judge"))
     gen = ScriptedGenerator({"TASK-SQ": ["I would square it."]})
-    (ep,) = run_episodes(gen, build_tiny_tokenizer("chatml"), [TASK], NoSandbox(), cfg)
+    (ep,) = run_episodes(gen, build_tiny_tokenizer("chatml"), [TASK], NoSandbox(), cfg, thinking=True)
     assert ep.messages[-1]["content"].endswith("\n\nExpert feedback:\nCheck the sign. (2)")
     assert ep.observations[3]["feedback"]["critique"] == "Expert feedback:\nCheck the sign. (2)"

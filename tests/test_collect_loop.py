@@ -40,7 +40,7 @@ def tok():
 
 def _run(tok, pool, scripts, tasks=(ADD,), **cfg):
     gen = ScriptedGenerator(scripts)
-    return gen, run_episodes(gen, tok, list(tasks), pool, EpisodeConfig(**cfg))
+    return gen, run_episodes(gen, tok, list(tasks), pool, EpisodeConfig(**cfg), thinking=True)
 
 
 def test_wrong_code_then_fixed_code_then_solution(tok, pool):
@@ -102,7 +102,7 @@ def test_token_limit_cuts_the_turn_and_ends_the_episode(tok, pool):
     gen = ScriptedGenerator({"TASK-ADD": ["x" * 500]})
     prompt = render(tok, start_episode(ADD, 0, EpisodeConfig()).messages, add_generation_prompt=True)
     limit = len(tok(prompt, add_special_tokens=False)["input_ids"]) + 40  # room for 40 generated tokens
-    (ep,) = run_episodes(gen, tok, [ADD], pool, EpisodeConfig(max_total_tokens=limit))
+    (ep,) = run_episodes(gen, tok, [ADD], pool, EpisodeConfig(max_total_tokens=limit), thinking=True)
     assert ep.stop_reason == "token_limit"
     assert ep.messages[-1] == {"role": "assistant", "content": "x" * 40}  # byte tokens: 40 tokens = 40 chars
 
@@ -132,7 +132,7 @@ def test_episodes_advance_in_lockstep_batches(tok, pool):
     tasks = [dataclasses.replace(ADD, id=f"add{i}", prompt=f"TASK-{i}: add") for i in range(3)]
     scripts = {"TASK-0": [RIGHT], "TASK-1": [WRONG_RUN, RIGHT], "TASK-2": [WRONG_RUN, FIXED_RUN, RIGHT]}
     gen = ScriptedGenerator(scripts)
-    episodes = run_episodes(gen, tok, tasks, pool, EpisodeConfig(batch_size=2), samples=2)
+    episodes = run_episodes(gen, tok, tasks, pool, EpisodeConfig(batch_size=2), thinking=True, samples=2)
     # round 1: add0/s0, add0/s1 (both solve at once); round 2: add1/s0, add1/s1 (first turn);
     # round 3: add1 x2 solve; round 4..6: add2 x2 take three turns.
     assert [len(call) for call in gen.calls] == [2, 2, 2, 2, 2, 2]
@@ -143,7 +143,8 @@ def test_episodes_advance_in_lockstep_batches(tok, pool):
 
 def test_skip_leaves_out_finished_pairs(tok, pool):
     gen = ScriptedGenerator({"TASK-ADD": [RIGHT]})
-    episodes = run_episodes(gen, tok, [ADD], pool, EpisodeConfig(), samples=3, skip={("add", 0), ("add", 2)})
+    episodes = run_episodes(gen, tok, [ADD], pool, EpisodeConfig(), thinking=True, samples=3,
+                            skip={("add", 0), ("add", 2)})
     assert [(ep.task.id, ep.sample) for ep in episodes] == [("add", 1)]
 
 

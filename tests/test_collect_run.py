@@ -14,9 +14,11 @@ from collect_scripted import ScriptedGenerator
 
 from molrl import cli
 from molrl.collect import CollectConfig, EpisodeConfig, run_collect
+from molrl.config_blocks import TaskSource
 from molrl.collect.feedback import rederive_feedback
 from molrl.collect.providers import build_providers
-from molrl.collect.run import config_path, finished_pairs, rejects_path
+from molrl.collect.files import collect_files
+from molrl.collect.run import finished_pairs
 from molrl.errors import MolrlError
 from molrl.generation import SamplingConfig
 from molrl.sandbox import SandboxConfig
@@ -28,10 +30,13 @@ from molrl.traces.tokenize import TokenizeConfig, tokenize_trace
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _cfg(tmp_path, tasks, fmt, **kw):
-    kw.setdefault("split", "all")  # these tests name tasks by id (MBPP 1, HumanEval 0); the default split is train
-    episode = kw.pop("episode", EpisodeConfig(max_turns=2, sampling=SamplingConfig(temperature=1.0, max_new_tokens=24)))
-    return CollectConfig(model="tiny:chatml", tasks=tasks, format=fmt, out=tmp_path / "traces.jsonl", episode=episode,
+def _cfg(tmp_path, tasks, fmt, limit=None, **kw):
+    # these tests name tasks by id (MBPP 1, HumanEval 0): every split (the default is train)
+    kw.setdefault("data", TaskSource(path=tasks, format=fmt, split="all", limit=limit))
+    kw.setdefault("episode", EpisodeConfig(max_turns=2))
+    kw.setdefault("thinking", True)
+    kw.setdefault("sampling", SamplingConfig(temperature=1.0, max_new_tokens=24))
+    return CollectConfig(model="tiny:chatml", output_dir=tmp_path,
                          sandbox=SandboxConfig(workers=1, timeout_s=5), progress=False, **kw)
 
 
@@ -61,7 +66,9 @@ def test_tiny_model_writes_traces_the_trainer_tokenises(tmp_path, shared_data, f
     out = run_collect(cfg)
     traces = _traces(out)
     # every pair ends up in the traces, or (random bytes: a stray </think> in the first turn) the rejects file
-    assert set(finished_pairs(out)) == {(t.id, s) for t in load_tasks(cfg.tasks, fmt, limit=2) for s in range(2)}
+    assert out == tmp_path / "traces.jsonl"
+    assert set(finished_pairs(collect_files(tmp_path))) == {(t.id, s) for t in load_tasks(cfg.data.path, fmt, limit=2)
+                                                          for s in range(2)}
     assert {t.meta["task_split"] for t in traces} == {"prompt" if fmt == "mbpp" else "test"}
     assert len(traces) >= 2
     tok = build_tiny_tokenizer("chatml")
@@ -70,7 +77,7 @@ def test_tiny_model_writes_traces_the_trainer_tokenises(tmp_path, shared_data, f
         assert [a == "model" for a in trace.meta["authors"]] == [m["role"] == "assistant" for m in trace.messages]
         tokenized = tokenize_trace(trace, tok, TokenizeConfig(max_length=None, enable_thinking=True))
         assert tokenized.n_feedback > 0 and tokenized.n_decision > 0
-    assert _check_feedback_rederives(traces, load_tasks(cfg.tasks, fmt, limit=2), cfg.episode, tok) > 0
+    assert _check_feedback_rederives(traces, load_tasks(cfg.data.path, fmt, limit=2), cfg.episode, tok) > 0
 
 
 def test_sandbox_feedback_rederives_and_tokenises_with_qwen3(tmp_path, shared_data, qwen3_tokenizer):
@@ -79,7 +86,7 @@ def test_sandbox_feedback_rederives_and_tokenises_with_qwen3(tmp_path, shared_da
     scripts = {t.prompt: [f"<execute>\ndef {t.entry_point}(*args):\n    return None\nprint({t.entry_point}(1))\n</execute>",
                           f"<solution>\n{t.reference}\n</solution>"] for t in tasks}
     cfg = _cfg(tmp_path, shared_data / "humaneval/HumanEval.jsonl.gz", "humaneval", limit=3,
-               episode=EpisodeConfig(enable_thinking=False))
+               episode=EpisodeConfig(), thinking=False)
     out = run_collect(cfg, generator=ScriptedGenerator(scripts), tokenizer=qwen3_tokenizer)
     traces = _traces(out)
     assert [t.meta["success"] for t in traces] == [True, True, True]
@@ -98,7 +105,7 @@ def test_a_lone_surrogate_in_a_result_is_written_not_fatal(tmp_path, shared_data
     scripts = {"": ["<solution>\ndef min_cost(*args):\n    return chr(0xD800)\n</solution>"]}
     cfg = _cfg(tmp_path, shared_data / "mbpp/mbpp.jsonl", "mbpp", limit=1, episode=EpisodeConfig(max_turns=1))
     run_collect(cfg, generator=ScriptedGenerator(scripts), tokenizer=build_tiny_tokenizer("chatml"))
-    (trace,) = _traces(cfg.out)
+    (trace,) = _traces(tmp_path / "traces.jsonl")
     tests = trace.meta["observations"]["3"]["observation"]["grade"]["details"]["tests"]
     assert [t["got"] for t in tests] == [{"t": "str", "v": "\\ud800"}]  # its one shown test, as the visible text readers take
     assert "returned '\\ud800', expected 8" in trace.messages[-1]["content"]
@@ -110,7 +117,7 @@ def test_a_lone_surrogate_in_an_error_reaches_the_model_escaped(tmp_path, shared
                     "<solution>\nx\n</solution>"]}
     cfg = _cfg(tmp_path, shared_data / "mbpp/mbpp.jsonl", "mbpp", limit=1, episode=EpisodeConfig(max_turns=2))
     run_collect(cfg, generator=ScriptedGenerator(scripts), tokenizer=build_tiny_tokenizer("chatml"))
-    (trace,) = _traces(cfg.out)
+    (trace,) = _traces(tmp_path / "traces.jsonl")
     assert trace.meta["turns"] == 2
     assert "failed: ValueError: \\ud800" in trace.messages[3]["content"]
 
@@ -123,10 +130,10 @@ def test_an_episode_that_cannot_be_written_is_a_counted_reject(tmp_path, shared_
     monkeypatch.setattr(loop.Episode, "to_trace", lambda ep, settings: _with_meta(to_trace(ep, settings), odd=object()))
     cfg = _cfg(tmp_path, shared_data / "mbpp/mbpp.jsonl", "mbpp", limit=2, episode=EpisodeConfig(max_turns=1))
     run_collect(cfg, generator=ScriptedGenerator({"": ["<solution>\nx\n</solution>"]}), tokenizer=build_tiny_tokenizer("chatml"))
-    rejects = [json.loads(line) for line in rejects_path(cfg.out).read_text().splitlines()]
+    rejects = [json.loads(line) for line in (tmp_path / "traces.rejects.jsonl").read_text().splitlines()]
     assert [(r["task_id"], r["sample"]) for r in rejects] == [("1", 0), ("2", 0)]
     assert all("cannot be written as JSON (TypeError" in r["error"] for r in rejects)
-    assert set(finished_pairs(cfg.out)) == {("1", 0), ("2", 0)}  # counted as done: a resume does not replay them
+    assert set(finished_pairs(collect_files(tmp_path))) == {("1", 0), ("2", 0)}  # counted as done: a resume does not replay them
     assert "2 episodes of this run have no trace" in caplog.text
 
 
@@ -144,7 +151,7 @@ def test_rerun_skips_finished_pairs_and_adds_new_samples(tmp_path, shared_data):
     run_collect(cfg, generator=gen, tokenizer=tok)
     assert gen.calls == []  # nothing left to do
     run_collect(dataclasses.replace(cfg, samples=2), generator=gen, tokenizer=tok)
-    keys = [(t.meta["task_id"], t.meta["sample"]) for t in _traces(cfg.out)]
+    keys = [(t.meta["task_id"], t.meta["sample"]) for t in _traces(tmp_path / "traces.jsonl")]
     assert sorted(keys) == sorted({(k, s) for k, _ in keys for s in (0, 1)})
     assert len(keys) == 4
 
@@ -152,7 +159,7 @@ def test_rerun_skips_finished_pairs_and_adds_new_samples(tmp_path, shared_data):
 def test_resume_with_other_settings_is_refused(tmp_path, shared_data):
     cfg = _cfg(tmp_path, shared_data / "mbpp/mbpp.jsonl", "mbpp", limit=1, episode=EpisodeConfig(max_turns=1))
     run_collect(cfg, generator=ScriptedGenerator({"": ["<solution>\nx\n</solution>"]}), tokenizer=build_tiny_tokenizer("chatml"))
-    assert config_path(cfg.out).exists()
+    assert (tmp_path / "config.yaml").exists()
     with pytest.raises(MolrlError, match="was made with other settings: episode.max_turns was 1, now 3"):
         run_collect(dataclasses.replace(cfg, episode=EpisodeConfig(max_turns=3)))
 
@@ -162,7 +169,7 @@ def test_torn_final_line_is_set_aside_and_collected_again(tmp_path):
     good = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
             "meta": {"task_id": "a", "sample": 0, "success": False, "turns": 1}}
     out.write_text(json.dumps(good) + "\n" + json.dumps(dict(good, meta={"task_id": "b", "sample": 0}))[:40])
-    assert finished_pairs(out) == {("a", 0): (False, 1)}
+    assert finished_pairs(collect_files(tmp_path)) == {("a", 0): (False, 1)}
     assert out.read_text() == json.dumps(good) + "\n"
     assert (tmp_path / "traces.jsonl.torn").read_text().startswith('{"messages"')
 
@@ -170,8 +177,8 @@ def test_torn_final_line_is_set_aside_and_collected_again(tmp_path):
 def test_kill_9_then_resume_loses_and_duplicates_nothing(tmp_path, shared_data):
     out = tmp_path / "traces.jsonl"
     args = [sys.executable, "-m", "molrl.cli", "collect", "--model", "tiny:chatml", "--format", "mbpp",
-            "--tasks", str(shared_data / "mbpp/mbpp.jsonl"), "--out", str(out), "--limit", "12", "--max-turns", "1",
-            "episode.sampling.temperature=1", "episode.sampling.max_new_tokens=8", "episode.batch_size=2",
+            "--tasks", str(shared_data / "mbpp/mbpp.jsonl"), "--out", str(tmp_path), "--limit", "12", "--max-turns", "1",
+            "sampling.temperature=1", "sampling.max_new_tokens=8", "episode.batch_size=2",
             "sandbox.workers=1", "progress=false"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -188,7 +195,7 @@ def test_kill_9_then_resume_loses_and_duplicates_nothing(tmp_path, shared_data):
     after = [(t.meta["task_id"], t.meta["sample"]) for t in _traces(out)]
     assert after[: len(before)] == before
     assert len(after) == len(set(after))
-    assert len(finished_pairs(out)) == 12  # traces plus episodes without a valid trace (rejects file)
+    assert len(finished_pairs(collect_files(tmp_path))) == 12  # traces plus episodes without a valid trace (rejects file)
 
 
 def test_a_second_writer_of_the_same_file_is_refused(tmp_path, shared_data):
@@ -199,6 +206,37 @@ def test_a_second_writer_of_the_same_file_is_refused(tmp_path, shared_data):
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running collection holds it
         with pytest.raises(MolrlError, match=r"traces.jsonl is being written by another run \(pid unknown\)"):
             run_collect(cfg)
+
+
+def test_a_run_made_before_as_one_trace_file_resumes_where_it_lies(tmp_path, shared_data, caplog):
+    """A run saved when collect wrote ``out: X.jsonl`` with ``X.jsonl.config.yaml`` beside it: the same config (its
+    out read as output_dir X) finds it finished, and more samples go on in the same file."""
+    import yaml
+
+    from molrl.config import load_config
+
+    scripts, tok = {"": ["<solution>\nx\n</solution>"]}, build_tiny_tokenizer("chatml")
+    made = _cfg(tmp_path / "made", shared_data / "mbpp/mbpp.jsonl", "mbpp", limit=2, episode=EpisodeConfig(max_turns=1))
+    run_collect(made, generator=ScriptedGenerator(scripts), tokenizer=tok)
+    old = tmp_path / "old.jsonl"
+    (tmp_path / "made" / "traces.jsonl").rename(old)
+    saved = yaml.safe_load((tmp_path / "made" / "config.yaml").read_text())
+    data = saved.pop("data")
+    saved.update(out=str(old), tasks=data["path"], format=data["format"], jsonl=data["spec"], split=data["split"],
+                 limit=data["limit"])
+    del saved["output_dir"]
+    (tmp_path / "old.jsonl.config.yaml").write_text(yaml.safe_dump(saved))
+    before = old.read_text()
+    again = tmp_path / "again.yaml"
+    again.write_text(yaml.safe_dump({k: v for k, v in saved.items() if k != "model"} | {"model": "tiny:chatml"}))
+    cfg = load_config(CollectConfig, again)
+    assert cfg.output_dir == tmp_path / "old"
+    caplog.set_level("INFO")
+    gen = ScriptedGenerator(scripts)
+    assert run_collect(cfg, generator=gen, tokenizer=tok) == old and gen.calls == [] and old.read_text() == before
+    assert "resuming it where it lies" in caplog.text
+    run_collect(dataclasses.replace(cfg, samples=2), generator=gen, tokenizer=tok)
+    assert len(old.read_text().splitlines()) == 4 and not (tmp_path / "old").exists()
 
 
 class _LookupTableGenerator:
@@ -218,11 +256,11 @@ class _LookupTableGenerator:
 
 def test_finding3_collect_success_is_the_held_back_verdict_and_success_only_drops_a_lookup_table(tmp_path, shared_data):
     cfg = _cfg(tmp_path, shared_data / "humaneval/HumanEval.jsonl.gz", "humaneval", limit=20,
-               episode=EpisodeConfig(enable_thinking=False))
+               episode=EpisodeConfig(), thinking=False)
     run_collect(cfg, generator=_LookupTableGenerator(), tokenizer=build_tiny_tokenizer("chatml"))
-    traces = [t for t in _traces(cfg.out) if t.meta["held_back"]]
+    traces = [t for t in _traces(tmp_path / "traces.jsonl") if t.meta["held_back"]]
     assert len(traces) >= 15 and sum(t.meta["verdict"] is True for t in traces) >= 5  # shown tests "solved"...
     assert [t.meta["success"] for t in traces] == [False] * len(traces)  # ...the held-back ones never
     kept = tmp_path / "kept.jsonl"
-    assert cli.main(["traces", "filter", str(cfg.out), str(kept), "--success-only"]) == 0
+    assert cli.main(["traces", "filter", str(tmp_path / "traces.jsonl"), str(kept), "--success-only"]) == 0
     assert all(not t.meta["held_back"] for _, t in read_traces(kept))  # only one-test tasks, flagged, may remain

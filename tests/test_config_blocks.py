@@ -5,32 +5,54 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import typing
+from pathlib import Path
 
 import pytest
+import yaml
 
 from molrl.collect.config import CollectConfig
 from molrl.config import load_config, to_dict
-from molrl.config_blocks import ModelSource
+from molrl.errors import ConfigError
+from molrl.config_blocks import LoraAdapterConfig, ModelSource, TaskSource, TrainConfig
 from molrl.config_renames import unoptional
 from molrl.eval.config import EvalConfig
 from molrl.mol.config import MolConfig
 from molrl.rerun import changed_keys
 from molrl.rl.config import RlConfig
+from molrl.sampling import SamplingConfig
 from molrl.sandbox import SandboxConfig
 
 STAGES = {"mol": MolConfig, "collect": CollectConfig, "rl": RlConfig, "eval": EvalConfig}
 """Every stage's config class, by its command's name."""
 SHARED = {"model": {"mol", "collect", "rl", "eval"}, "threads": {"mol", "collect", "rl", "eval"},
-          "engine": {"collect", "rl", "eval"}, "sandbox": {"collect", "rl", "eval"}}
-"""The shared blocks and the stages that have each (the ones that generate have an engine; the ones that run code a
-sandbox)."""
-OLD_NAMES = {"mol": ["dtype=bfloat16"], "collect": ["adapter=a", "dtype=bfloat16"],
-             "eval": ["adapter=a", "dtype=bfloat16"],
+          "engine": {"collect", "rl", "eval"}, "sandbox": {"collect", "rl", "eval"},
+          "sampling": {"collect", "rl", "eval"}, "thinking": {"mol", "collect", "rl", "eval"},
+          "train": {"mol", "rl"}, "lora": {"mol", "rl"}, "data": {"collect", "rl"},
+          "output_dir": {"mol", "collect", "rl", "eval"}}
+"""The shared blocks and the stages that have each (the ones that generate have an engine and a sampling; the ones
+that run code a sandbox)."""
+BLOCK_TYPES = {"model": ModelSource, "sandbox": SandboxConfig, "sampling": SamplingConfig, "train": TrainConfig,
+               "lora": LoraAdapterConfig, "data": TaskSource}
+"""The type of each shared block that is a section."""
+OLD_NAMES = {"mol": ["dtype=bfloat16", "data.enable_thinking=true"],
+             "collect": ["adapter=a", "dtype=bfloat16", "episode.sampling.temperature=0.5", "episode.seed=3",
+                         "episode.enable_thinking=true", "tasks=t2.jsonl", "format=mbpp", "limit=3", "split=test",
+                         "jsonl.kind=code", "out=runs/o.jsonl"],
+             "eval": ["adapter=a", "dtype=bfloat16", "enable_thinking=true"],
              "rl": ["policy.base=m", "policy.mol_adapter=a", "policy.dtype=bfloat16", "reward.sandbox_workers=3",
-                    "reward.timeout_s=5"]}
+                    "reward.timeout_s=5", "num_generations=16", "temperature=0.8", "top_p=0.9",
+                    "max_completion_length=64", "enable_thinking=true"]}
 """Per stage, old keys that moved into the shared blocks."""
-REQUIRED = {"collect": ["tasks=t.jsonl", "out=o.jsonl"]}
+OWN_MEANING = {"data": {"mol", "eval"}}
+"""Per block name, the stages where the name holds something else, stated in docs/config.md: mol's ``data`` the
+traces it trains on (not tasks), eval's each benchmark it scores by name."""
+ADDED_BLOCKS = {"rl": ["sandbox", "sampling", "thinking"], "collect": ["sampling", "thinking", "data", "output_dir"],
+                "mol": ["thinking"],
+                "eval": ["thinking"]}
+"""Per stage, the blocks a run saved under the old names does not have."""
+REQUIRED = {"collect": ["model=m", "data.path=t.jsonl"]}
 
 
 def field_type(cls: type, name: str) -> typing.Any:
@@ -40,13 +62,12 @@ def field_type(cls: type, name: str) -> typing.Any:
 @pytest.mark.parametrize("block", sorted(SHARED))
 def test_every_stage_that_has_a_shared_block_has_it_under_one_name_and_one_type(block):
     have = {stage for stage, cls in STAGES.items() if block in {f.name for f in dataclasses.fields(cls)}}
+    have -= OWN_MEANING.get(block, set())
     assert have == SHARED[block]
     types = {stage: field_type(STAGES[stage], block) for stage in have}
     assert len(set(types.values())) == 1, types
-    if block == "model":
-        assert set(types.values()) == {ModelSource}
-    if block == "sandbox":
-        assert set(types.values()) == {SandboxConfig}
+    if block in BLOCK_TYPES:
+        assert set(types.values()) == {BLOCK_TYPES[block]}
 
 
 @pytest.mark.parametrize("stage", sorted(STAGES))
@@ -64,7 +85,8 @@ def test_no_stage_keeps_a_model_key_outside_the_model_block(stage):
 def test_a_model_given_as_a_path_is_the_model_block(stage):
     cfg = load_config(STAGES[stage], None, [*REQUIRED.get(stage, []), "model=some/model", "model.dtype=bfloat16"])
     assert cfg.model == ModelSource("some/model", dtype="bfloat16")
-    assert STAGES[stage](**{**({"tasks": "t", "out": "o"} if stage == "collect" else {}), "model": "p"}).model.path == "p"
+    needs = {"data": TaskSource(Path("t"))} if stage == "collect" else {}
+    assert STAGES[stage](**{**needs, "model": "p"}).model.path == "p"
 
 
 @pytest.mark.parametrize("stage", sorted(OLD_NAMES))
@@ -81,9 +103,10 @@ def test_old_keys_load_with_one_line_and_a_run_saved_under_them_is_the_same_run(
         node = saved
         for s in sections:
             node = node.setdefault(s, {})
-        node[name] = value if name != "timeout_s" and name != "sandbox_workers" else float(value) if name == "timeout_s" else int(value)
+        node[name] = yaml.safe_load(value)
+    for block in ADDED_BLOCKS.get(stage, []):
+        del saved[block]
     if stage == "rl":
-        del saved["sandbox"]
         saved["model"] = {}
     else:
         saved["model"] = saved["model"]["path"]
@@ -133,3 +156,161 @@ def test_a_section_given_in_part_keeps_the_rest_of_its_declared_default(stage, k
     for part in key.split("."):
         section = getattr(section, part)
     assert section == default
+
+
+RETIRED = [(stage, key) for stage, cls in STAGES.items() for key in getattr(cls, "RETIRED_KEYS", {})]
+"""Every key a stage dropped because it never had an effect, enumerated."""
+
+
+def test_the_retired_keys_are_enumerated():
+    assert {"collect:episode.sampling.seed", "eval:interactive.seed", "rl:rollout.episode.seed",
+            "eval:interactive.enable_thinking", "rl:rollout.episode.enable_thinking"} <= {
+        f"{stage}:{key}" for stage, key in RETIRED}
+
+
+@pytest.mark.parametrize("stage,key", RETIRED)
+def test_a_retired_key_loads_named_in_one_line_and_a_run_saved_with_it_is_the_same_run(stage, key, caplog):
+    cls, required = STAGES[stage], REQUIRED.get(stage, [])
+    caplog.set_level(logging.WARNING)
+    cfg = load_config(cls, None, [*required, f"{key}=1"], overrides_from=f"{stage} retired")
+    assert cfg == load_config(cls, None, required)
+    lines = [r.getMessage() for r in caplog.records if "old key names" in r.getMessage()]
+    assert len(lines) == 1 and f"{key} dropped (" in lines[0]
+    saved = to_dict(cfg)
+    *sections, name = key.split(".")
+    node = saved
+    for part in sections:
+        node = node.setdefault(part, {})
+    node[name] = 1
+    assert changed_keys(stage, saved, cfg) == []
+
+
+OLD_FILES = {
+    "collect": ("tasks: t.jsonl\nout: o.jsonl\nmodel: m\nepisode:\n  max_turns: 3\n  seed: 2\n"
+                "  sampling: {temperature: 0.7, top_k: 20, max_new_tokens: 64, seed: 9, stop: [END]}\n",
+                "tasks: t.jsonl\nout: o.jsonl\nmodel: m\nepisode: {max_turns: 3}\n"
+                "sampling: {temperature: 0.7, top_k: 20, max_new_tokens: 64, seed: 2, stop: [END]}\n"),
+    "rl": ("num_generations: 16\ntemperature: 1.0\ntop_p: 0.95\nmax_completion_length: 96\n"
+           "rollout:\n  turns: 2\n  episode:\n    max_solutions: 1\n    seed: 5\n"
+           "    sampling: {max_new_tokens: 48, stop: [END], temperature: 0.3}\n",
+           "sampling: {n: 16, temperature: 1.0, top_p: 0.95, max_new_tokens: 96, stop: [END]}\n"
+           "rollout: {turns: 2, turn_tokens: 48, episode: {max_solutions: 1}}\n"),
+    "eval": ("sampling: {n: 2}\ninteractive:\n  max_turns: 3\n  seed: 4\n  sampling: {temperature: 0.1, stop: [END]}\n",
+             "sampling: {n: 2, stop: [END]}\ninteractive: {max_turns: 3}\n"),
+}
+"""Per stage, a config file under the names before the shared sampling block, and the same config now."""
+
+
+@pytest.mark.parametrize("stage", sorted(OLD_FILES))
+def test_a_config_file_under_the_old_sampling_names_is_the_same_config(stage, tmp_path):
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    old.write_text(OLD_FILES[stage][0])
+    new.write_text(OLD_FILES[stage][1])
+    assert load_config(STAGES[stage], old) == load_config(STAGES[stage], new)
+
+
+def test_a_key_given_under_its_old_and_new_name_with_one_value_is_read_once_and_two_values_are_refused(tmp_path):
+    """A saved config held both names (eval's interactive.sampling.stop beside sampling.stop, both empty)."""
+    both = tmp_path / "both.yaml"
+    both.write_text("interactive: {sampling: {stop: [X]}}\nsampling: {stop: [X]}\n")
+    assert load_config(EvalConfig, both).sampling.stop == ["X"]
+    both.write_text("interactive: {sampling: {stop: [X]}}\nsampling: {stop: [Y]}\n")
+    with pytest.raises(ConfigError, match="interactive.sampling.stop is the old name of sampling.stop and both are"):
+        load_config(EvalConfig, both)
+
+
+@pytest.mark.parametrize("overrides,says", [
+    (["sampling.n=1"], "sampling.n=1: GRPO needs at least 2"),
+    (["sampling.temperature=0"], "sampling.temperature=0.0: rollouts are never greedy"),
+    (["sampling.seed=3"], "sampling.seed=3: the RL stage's sampling is seeded by train.seed"),
+    (["sampling.stop=[END]"], "sampling.stop=['END']: stop strings end the turns of multi-turn rollouts"),
+])
+def test_the_sampling_keys_rl_cannot_honour_are_refused(overrides, says):
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        load_config(RlConfig, None, overrides)
+
+
+def test_collect_samples_one_completion_a_turn():
+    with pytest.raises(ConfigError, match="sampling.n=2 must be 1"):
+        load_config(CollectConfig, None, [*REQUIRED["collect"], "sampling.n=2"])
+
+
+def test_rl_top_k_reaches_trl():
+    from molrl.rl.run import trl_args
+
+    cfg = load_config(RlConfig, None, ["sampling.top_k=20", "sampling.top_p=0.8"])
+    args = trl_args(cfg, Path("/tmp/unused"), cuda=False)
+    assert (args.top_k, args.top_p, args.num_generations, args.max_completion_length, args.temperature) == (
+        20, 0.8, 8, 1024, 0.9)
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_thinking_is_one_top_level_key_off_by_default_in_every_stage(stage):
+    cfg = load_config(STAGES[stage], None, REQUIRED.get(stage, []))
+    assert cfg.thinking is False
+    for f in dataclasses.fields(STAGES[stage]):
+        section = field_type(STAGES[stage], f.name)
+        if dataclasses.is_dataclass(section):
+            assert "enable_thinking" not in {g.name for g in dataclasses.fields(section)}, f.name
+
+
+BEFORE_ONE_TRAIN = {"mol": {"train": ["warmup_steps"], "lora": []},
+                    "rl": {"train": ["optim", "warmup_ratio", "epochs", "grad_accumulation", "bf16"],
+                           "lora": ["enabled"]}}
+"""Per training stage, the keys its train and lora sections did not have before they became one type each."""
+
+
+@pytest.mark.parametrize("stage", sorted(BEFORE_ONE_TRAIN))
+def test_a_run_saved_before_train_and_lora_were_one_type_is_the_same_run(stage):
+    cfg = load_config(STAGES[stage], None, [])
+    saved = to_dict(cfg)
+    for section, keys in BEFORE_ONE_TRAIN[stage].items():
+        for key in keys:
+            del saved[section][key]
+    assert changed_keys(stage, saved, cfg) == []
+
+
+@pytest.mark.parametrize("override,says", [
+    ("train.grad_accumulation=4", "train.grad_accumulation=4: the RL stage accumulates"),
+    ("train.epochs=2", "epochs are MoL's"),
+    ("train.max_steps=-1", "epochs are MoL's"),
+    ("lora.enabled=false", "lora.enabled=false: the RL stage trains a LoRA adapter"),
+])
+def test_the_train_and_lora_keys_rl_cannot_honour_are_refused(override, says):
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        load_config(RlConfig, None, [override])
+
+
+def test_mol_needs_a_count_of_accumulated_micro_batches_and_one_warm_up():
+    with pytest.raises(ConfigError, match="train.grad_accumulation: MoL accumulates"):
+        load_config(MolConfig, None, ["train.grad_accumulation=null"])
+    with pytest.raises(ConfigError, match="set one of them"):
+        load_config(MolConfig, None, ["train.warmup_steps=5"])
+    assert load_config(MolConfig, None, ["train.warmup_steps=5", "train.warmup_ratio=0"]).train.warmup() == 5
+
+
+def test_rl_train_keys_reach_trl_and_its_defaults_are_trl_s():
+    from molrl.rl.run import trl_args
+
+    args = trl_args(load_config(RlConfig, None, []), Path("/tmp/unused"), cuda=False)
+    assert (args.optim, args.warmup_steps, args.bf16, args.gradient_accumulation_steps) == (
+        "adamw_torch_fused", 0, False, 1)
+    cfg = load_config(RlConfig, None, ["train.optim=sgd", "train.warmup_ratio=0.1", "train.bf16=true"])
+    args = trl_args(cfg, Path("/tmp/unused"), cuda=False)
+    assert (args.optim, args.warmup_steps, args.bf16) == ("sgd", 0.1, True)
+    unset = load_config(RlConfig, None, []).train  # bf16 unset: a bfloat16 model on a GPU, as before
+    assert unset.mixed_bf16("bfloat16", cuda=True) and not unset.mixed_bf16("bfloat16", cuda=False)
+    assert not unset.mixed_bf16("float32", cuda=True)
+
+
+@pytest.mark.parametrize("out,output_dir", [("runs/t/mbpp.jsonl", "runs/t/mbpp"), ("runs/p/collect/traces.jsonl",
+                                                                                  "runs/p/collect"),
+                                            ("traces.jsonl", ".")])
+def test_collect_s_old_trace_file_reads_as_its_output_dir(out, output_dir):
+    cfg = load_config(CollectConfig, None, [*REQUIRED["collect"], f"out={out}"])
+    assert cfg.output_dir == Path(output_dir)
+
+
+def test_collect_s_old_trace_file_that_is_not_jsonl_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match="'t.txt' cannot be read as output_dir; set output_dir"):
+        load_config(CollectConfig, None, [*REQUIRED["collect"], "out=t.txt"])

@@ -32,7 +32,7 @@ STAGES = {
     "mol": (MolConfig, [], "molrl.mol.run.run_mol"),
     "rl": (RlConfig, [], "molrl.rl.run.run_rl"),
     "eval": (EvalConfig, ["--model", "tiny:chatml"], "molrl.eval.run.run_eval"),
-    "collect": (CollectConfig, ["--model", "tiny:chatml", "--tasks", "tasks.jsonl", "--out", "out.jsonl"],
+    "collect": (CollectConfig, ["--model", "tiny:chatml", "--tasks", "tasks.jsonl", "--out", "out"],
                 "molrl.collect.run.run_collect"),
     "pipeline": (PipelineConfig, [], "molrl.pipeline.run_pipeline"),
 }
@@ -144,7 +144,7 @@ def test_every_run_directory_key_refuses_a_path_through_a_file(refused, tmp_path
         for path in ("/dev/null", tmp_path / "a_file", tmp_path / "a_file" / "run"):
             lines = refused(stage, f"{key}={path}")
             assert len(lines) == 1 and f"{key}={path} is out of range; allowed: a directory" in lines[0]
-    assert {stage for stage, _ in run_dir_keys()} == {"mol", "rl", "eval", "pipeline"}
+    assert {stage for stage, _ in run_dir_keys()} == {"mol", "rl", "eval", "collect", "pipeline"}
 
 
 def test_values_inside_their_ranges_are_accepted(tmp_path):
@@ -154,10 +154,10 @@ def test_values_inside_their_ranges_are_accepted(tmp_path):
                  "train.seed=4294967295", "threads=1024", "lora.rank=4096", f"output_dir={tmp_path / 'new' / 'run'}"]
     cfg = load_config(MolConfig, None, overrides)
     assert (cfg.train.seed, cfg.threads, cfg.lora.rank) == (2**32 - 1, 1024, 4096)
-    assert load_config(RlConfig, None, ["top_p=1", "temperature=0.01"]).top_p == 1.0
+    assert load_config(RlConfig, None, ["sampling.top_p=1", "sampling.temperature=0.01"]).sampling.top_p == 1.0
 
 
-REQUIRED = {"collect": ["model=tiny:chatml", "tasks=tasks.jsonl", "out=out.jsonl"]}
+REQUIRED = {"collect": ["model=tiny:chatml", "data.path=tasks.jsonl"]}
 
 
 def test_describe_shows_each_key_s_allowed_values(capsys):
@@ -182,7 +182,7 @@ def test_every_shipped_config_is_within_its_ranges(path):
 
 # finding 10: these values were accepted and a run started with them
 @pytest.mark.parametrize("stage,override", [
-    ("rl", "top_p=2"), ("mol", "lora.alpha=-1"), ("rl", "lora.alpha=-1"), ("mol", "train.warmup_ratio=2"),
+    ("rl", "sampling.top_p=2"), ("mol", "lora.alpha=-1"), ("rl", "lora.alpha=-1"), ("mol", "train.warmup_ratio=2"),
     ("mol", "train.max_grad_norm=-1"), ("rl", "train.max_grad_norm=-1"), ("mol", "train.max_steps=0"),
     ("mol", "train.max_steps=-5"), ("mol", "train.max_steps=1e21"), ("rl", "train.max_steps=1e21"),
 ])
@@ -205,7 +205,7 @@ def test_finding_10_duplicate_yaml_keys_in_a_file(tmp_path, cli_logs, caplog):
 
 
 # finding 11: these crashed with a traceback after the model had loaded
-FINDING_11 = [("mol", "train.learning_rate=-1e-4"), ("rl", "temperature=-1"), ("mol", "lora.dropout=1.5"),
+FINDING_11 = [("mol", "train.learning_rate=-1e-4"), ("rl", "sampling.temperature=-1"), ("mol", "lora.dropout=1.5"),
               ("mol", "lora.rank=1e11"), ("mol", "lora.rank=100000000000"), ("rl", "lora.target_modules=[]"),
               ("mol", "lora.target_modules=[attention]"), ("mol", "train.seed=-1"), ("rl", "train.seed=4294967296"),
               ("mol", "train.optim=adam"), ("rl", "train.lr_scheduler=cosine_annealing"), ("mol", "output_dir=/dev/null"),
@@ -285,15 +285,15 @@ def test_a_pipeline_section_value_is_refused_before_any_stage_runs(tmp_path, cli
     out = tmp_path / "run"
     traces = ROOT / "configs" / "data" / "mol_tiny_traces.jsonl"
     assert main(["pipeline", "model=tiny:chatml", f"output_dir={out}", "stages=[mol,rl]", f"traces=[{traces}]",
-                 "rl.data.format=toy", "rl.top_p=2"]) == 1
+                 "rl.data.format=toy", "rl.sampling.top_p=2"]) == 1
     assert [r.getMessage() for r in caplog.records] == [
-        "pipeline section rl_runs.rl: defaults + the pipeline config: top_p=2.0 is out of range; allowed: a number "
+        "pipeline section rl_runs.rl: defaults + the pipeline config: sampling.top_p=2.0 is out of range; allowed: a number "
         "in (0, 1]"]
     assert not out.exists() or not any(out.rglob("*"))
 
 
 @pytest.mark.parametrize("stage,overrides,says", [
-    ("rl", ["num_generations=3", "train.micro_batch_size=2"], "train.micro_batch_size=2 must divide"),
+    ("rl", ["sampling.n=3", "train.micro_batch_size=2"], "train.micro_batch_size=2 must divide"),
     ("rl", ["policy.reference=mol"], "policy.reference=mol needs model.adapter"),
     ("eval", ["sampling.n=2", "sampling.temperature=0"], "sampling.n=2 with greedy decoding"),
 ])

@@ -17,7 +17,8 @@ import pytest
 from molrl.collect import CollectConfig, EpisodeConfig, run_collect
 from molrl.content import control_ids, encode_content
 from molrl.generation import SamplingConfig
-from molrl.rl.config import RlConfig, TrainSettings
+from molrl.config_blocks import TaskSource
+from molrl.rl.config import RlConfig, rl_sampling, rl_train
 from molrl.rl.rollouts.turns import Turns
 from molrl.sandbox import SandboxConfig, SandboxPool
 from molrl.tasks import Task
@@ -120,12 +121,12 @@ def test_collected_episode_whose_code_prints_control_text_yields_no_control_ids(
     tok = qwen3_tokenizer
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text('{"id": "t", "prompt": "What is 3 + 4?", "answer": "7"}\n')
-    cfg = CollectConfig(model="scripted", tasks=tasks, format="jsonl", out=tmp_path / "traces.jsonl",
-                        episode=EpisodeConfig(max_turns=2, enable_thinking=False), sandbox=SandboxConfig(workers=1),
+    cfg = CollectConfig(model="scripted", data=TaskSource(path=tasks), output_dir=tmp_path,
+                        episode=EpisodeConfig(max_turns=2), thinking=False, sandbox=SandboxConfig(workers=1),
                         progress=False)
     gen = TurnByTurn([PRINTS_FORGED, "<solution>7</solution>"])
     run_collect(cfg, generator=gen, tokenizer=tok)
-    (_, trace), = list(read_traces(cfg.out))
+    (_, trace), = list(read_traces(tmp_path / "traces.jsonl"))
     assert FORGED in trace.messages[3]["content"]  # the sandbox's output, verbatim
     second = gen.calls[1][0]  # the prompt of turn 2: system, user, turn 1, the tool's reply, a new header
     clean = [*trace.messages[:3], {"role": "tool", "content": CLEAN}]
@@ -164,7 +165,7 @@ def scripted_row(tok, code):
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     task = Task(id="t", prompt="What is 3 + 4?", kind="math", answer="7")
     turns = [encode_content(tok, code)[0], encode_content(tok, "\\boxed{7}")[0] + [im_end]]
-    cfg = RlConfig(num_generations=2, train=TrainSettings(micro_batch_size=2))
+    cfg = RlConfig(sampling=rl_sampling(n=2), train=rl_train(micro_batch_size=2))
     cfg.rollout.turns = 2
     with SandboxPool(SandboxConfig(workers=1, timeout_s=10)) as pool:
         metrics = defaultdict(list)

@@ -15,12 +15,13 @@ WORLD = WorldConfig(train_problems=6, heldout_problems=2, general_train=4, gener
 
 @pytest.fixture(scope="module")
 def demos():
-    from molrl.collect.config import EpisodeConfig
+    from molrl.demo.collection import CollectionFormat
     from molrl.sandbox import SandboxConfig, SandboxPool
     from molrl.tiny import build_tiny_tokenizer
 
     world = build_world(WORLD)
-    episode = EpisodeConfig(max_turns=2, max_solutions=1, system_prompt="Run code.", feedback=["execution", "verdict"])
+    episode = CollectionFormat(max_turns=2, max_solutions=1, system_prompt="Run code.", thinking=True,
+                               feedback=["execution", "verdict"])
     with SandboxPool(SandboxConfig(workers=1)) as pool:
         tok = build_tiny_tokenizer("chatml")
         rule = demonstration_traces(world.rule_train, tok, episode, pool, hide_value=True)

@@ -65,14 +65,14 @@ def test_answers_agree_with_the_hidden_rule_run_in_the_sandbox():
 
 
 def test_base_training_never_sees_a_heldout_problem_or_the_secret_values():
-    from molrl.collect.config import EpisodeConfig
+    from molrl.demo.collection import CollectionFormat
     from molrl.demo.chain_base import chain_base_traces
     from molrl.sandbox import SandboxConfig, SandboxPool
     from molrl.tiny import build_tiny_tokenizer
 
     world = build_chain_world(SMALL)
-    episode = EpisodeConfig(max_turns=2, max_solutions=1, max_total_tokens=1280, system_prompt="Run code.",
-                            feedback=["execution", "verdict"])
+    episode = CollectionFormat(max_turns=2, max_solutions=1, max_total_tokens=1280, system_prompt="Run code.",
+                               thinking=True, feedback=["execution", "verdict"])
     with SandboxPool(SandboxConfig(workers=1)) as pool:
         traces = chain_base_traces(world, SMALL.seed, build_tiny_tokenizer("chatml"), episode, pool, "{prompt}",
                                    general_demos=5, teacher_rounds=1)
@@ -244,7 +244,7 @@ def test_guess_others_leaves_each_unsure_value_s_input_digit_out_of_its_guess():
 
 
 def test_fresh_decoy_problems_never_start_from_a_heldout_number_and_are_not_the_training_problems():
-    from molrl.collect.config import EpisodeConfig
+    from molrl.demo.collection import CollectionFormat
     from molrl.demo.chain import QUESTION, fresh_problems
     from molrl.demo.chain_base import chain_base_traces
     from molrl.sandbox import SandboxConfig, SandboxPool
@@ -256,8 +256,8 @@ def test_fresh_decoy_problems_never_start_from_a_heldout_number_and_are_not_the_
     assert shapes == fresh_problems(SMALL, heldout, 2000, seed=0) != fresh_problems(SMALL, heldout, 2000, seed=1)
     assert not heldout & {start for start, _ in shapes}
     assert {steps for _, steps in shapes} == set(range(1, SMALL.max_steps + 1))
-    episode = EpisodeConfig(max_turns=2, max_solutions=1, max_total_tokens=1280, system_prompt="Run code.",
-                            feedback=["execution", "verdict"])
+    episode = CollectionFormat(max_turns=2, max_solutions=1, max_total_tokens=1280, system_prompt="Run code.",
+                               thinking=True, feedback=["execution", "verdict"])
     with SandboxPool(SandboxConfig(workers=1)) as pool:
         traces = chain_base_traces(world, SMALL.seed, build_tiny_tokenizer("chatml"), episode, pool, "{prompt}",
                                    general_demos=0, teacher_rounds=1, fresh=SMALL)

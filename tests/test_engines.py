@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from molrl.config_blocks import ModelSource
+from molrl.config_blocks import ModelSource, TaskSource
 from molrl.engines import AUTO_MIN_TOKENS_CPU, AUTO_MIN_TOKENS_GPU, choose_engine
 from molrl.errors import MolrlError
 from molrl.sampling import SamplingConfig
@@ -145,9 +145,9 @@ def test_eval_and_collect_with_an_adapter_run_on_the_engine(engine_model, shared
     samples = [json.loads(line) for line in (out / "math500" / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 3 and all(isinstance(s["completion"], str) for s in samples)
     traces = run_collect(CollectConfig(model=ModelSource(base, adapter=adapters["lora"]), engine="vllm",
-                                       tasks=shared_data / "mbpp/mbpp.jsonl", format="mbpp", limit=2,
-                                       out=tmp_path / "traces.jsonl", progress=False,
-                                       episode=EpisodeConfig(max_turns=2, sampling=SamplingConfig(max_new_tokens=8)),
+                                       data=TaskSource(shared_data / "mbpp/mbpp.jsonl", "mbpp", limit=2),
+                                       output_dir=tmp_path / "collect", progress=False,
+                                       episode=EpisodeConfig(max_turns=2), sampling=SamplingConfig(max_new_tokens=8),
                                        sandbox=SandboxConfig(workers=1, timeout_s=5)))
     assert len(Path(traces).read_text().splitlines()) == 2
     assert "eval: generation engine vllm (engine=vllm)" in caplog.text

@@ -63,7 +63,7 @@ def test_an_extended_rl_run_keeps_the_schedule_of_its_new_length(tmp_path, monke
 
     def run(out: Path, steps: int) -> None:
         rl_run.run_rl(load_config(RlConfig, str(REPO / "configs" / "rl_tiny.yaml"), [
-            f"output_dir={out}", f"train.max_steps={steps}", "max_completion_length=4", "train.lr_scheduler=cosine",
+            f"output_dir={out}", f"train.max_steps={steps}", "sampling.max_new_tokens=4", "train.lr_scheduler=cosine",
             "train.save_steps=2"]))
 
     direct, extended = [], []

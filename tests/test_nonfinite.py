@@ -14,7 +14,7 @@ from molrl.nonfinite import NonFiniteError, NonFiniteGuard, check_finite_weights
 
 REPO = Path(__file__).resolve().parents[1]
 MOL_TINY = ["--config", str(REPO / "configs" / "mol_tiny.yaml"), "train.max_steps=2", "train.report_to=[none]"]
-GRPO_TINY = ["--config", str(REPO / "configs" / "rl_tiny.yaml"), "train.max_steps=1", "max_completion_length=4",
+GRPO_TINY = ["--config", str(REPO / "configs" / "rl_tiny.yaml"), "train.max_steps=1", "sampling.max_new_tokens=4",
              "train.report_to=[none]"]
 
 
@@ -95,7 +95,7 @@ def test_rl_stops_at_a_non_finite_gradient_and_saves_no_adapter(tmp_path, cli_lo
     out = tmp_path / "run"
     assert main(["rl", *GRPO_TINY, f"output_dir={out}"]) == 1
     assert len(errors(caplog)) == 1 and errors(caplog)[0].startswith("step 1: the loss's gradient norm is nan")
-    assert "temperature=0.9, train.learning_rate=" in errors(caplog)[0]
+    assert "sampling.temperature=0.9, train.learning_rate=" in errors(caplog)[0]
     assert not (out / "adapter").exists()
 
 

@@ -22,7 +22,7 @@ SHRINK = {  # appended to each command: a tiny model on CPU, one step, a token o
             "train.grad_accumulation=1", "data.max_length=4096", "lora.rank=4", "lora.alpha=8",
             "train.report_to=[none]"],
     "rl": ["model.dtype=float32", "engine=transformers", "train.gradient_checkpointing=false", "train.max_steps=1",
-           "num_generations=2", "prompts_per_step=1", "train.micro_batch_size=2", "max_completion_length=8",
+           "sampling.n=2", "prompts_per_step=1", "train.micro_batch_size=2", "sampling.max_new_tokens=8",
            "data.limit=2", "sandbox.workers=1", "eval.tasks.limit=1", "eval.max_new_tokens=4",
            "eval.kl_prompts=1", "train.report_to=[none]"],
     "eval": ["--limit", "1", "--n", "1", "--max-new-tokens", "8"],

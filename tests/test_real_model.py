@@ -76,11 +76,12 @@ def test_real_model_through_every_stage(tmp_path, shared_data):
     tasks = tmp_path / "mbpp_easy.jsonl"
     lines = (shared_data / "mbpp/mbpp.jsonl").read_text().splitlines()
     tasks.write_text("\n".join(x for x in lines if str(json.loads(x)["task_id"]) in EASY_MBPP) + "\n")
-    traces = tmp_path / "collected.jsonl"
-    molrl("collect", "--model", model_dir, "--tasks", tasks, "--format", "mbpp", "--out", traces, "--max-turns", 2,
-          "episode.sampling.max_new_tokens=64", cwd=tmp_path)
+    collected = tmp_path / "collected"
+    molrl("collect", "--model", model_dir, "--tasks", tasks, "--format", "mbpp", "--out", collected, "--max-turns", 2,
+          "sampling.max_new_tokens=64", cwd=tmp_path)
+    traces = collected / "traces.jsonl"
     written = [json.loads(x) for x in traces.read_text().splitlines()] if traces.exists() else []
-    rejects = Path(f"{traces}.rejects.jsonl")
+    rejects = collected / "traces.rejects.jsonl"
     rejected = rejects.read_text().splitlines() if rejects.exists() else []
     assert len(written) + len(rejected) == 2  # each episode is a trace or a counted reject
 
@@ -116,8 +117,8 @@ def test_real_model_through_every_stage(tmp_path, shared_data):
 def rl_overrides(model_dir: Path, mol_dir: Path, tasks: Path, out: Path) -> list[str]:
     """The RL stage's overrides for two small GRPO steps of the real model on ``tasks``."""
     return [f"output_dir={out}", f"model.path={model_dir}", f"model.adapter={mol_dir / 'adapter'}",
-            f"data.path={tasks}", "data.format=mbpp", "algorithm=grpo", "num_generations=2", "micro_batch_size=2",
-            "max_completion_length=48", "train.max_steps=2", "train.save_steps=2", "lora.rank=4",
+            f"data.path={tasks}", "data.format=mbpp", "algorithm=grpo", "sampling.n=2", "micro_batch_size=2",
+            "sampling.max_new_tokens=48", "train.max_steps=2", "train.save_steps=2", "lora.rank=4",
             "train.report_to=[]"]
 
 

@@ -18,7 +18,7 @@ from molrl.cli import main
 from molrl.config import ConfigError, load_config, save_config
 
 REPO = Path(__file__).resolve().parents[1]
-GRPO_TINY = ["--config", str(REPO / "configs" / "rl_tiny.yaml"), "train.max_steps=2", "max_completion_length=4"]
+GRPO_TINY = ["--config", str(REPO / "configs" / "rl_tiny.yaml"), "train.max_steps=2", "sampling.max_new_tokens=4"]
 MOL_TINY = ["--config", str(REPO / "configs" / "mol_tiny.yaml"), "train.max_steps=2", "train.report_to=[none]",
             f"data.traces=[{REPO / 'configs' / 'data' / 'mol_tiny_traces.jsonl'}]"]
 
@@ -151,6 +151,7 @@ def test_lowering_max_steps_is_refused(finished_mol, tmp_path, cli_logs, caplog)
 
 def test_collect_and_eval_refuse_through_the_shared_rule(tmp_path):
     from molrl.collect.config import CollectConfig
+    from molrl.config_blocks import TaskSource
     from molrl.eval.config import EvalConfig
     from molrl.rerun import check_rerun
 
@@ -160,14 +161,15 @@ def test_collect_and_eval_refuse_through_the_shared_rule(tmp_path):
                        started=True) == []
     with pytest.raises(ConfigError, match=r"model.path was 'a', now 'b'; start a new run elsewhere \(--out DIR\)"):
         check_rerun("eval", EvalConfig(model="b", ks=[1]), tmp_path / "config.yaml", started=True)
-    saved = tmp_path / "t.jsonl.config.yaml"
-    save_config(CollectConfig(model="m", tasks=Path("t"), out=tmp_path / "t.jsonl"), saved)
-    other = CollectConfig(model="m", tasks=Path("t"), out=tmp_path / "u.jsonl", samples=4)  # out and samples: allowed
-    other.episode.sampling.temperature = 0.8
-    with pytest.raises(ConfigError, match=r"episode.sampling.temperature was 0.0, now 0.8; start a new run "
-                                          r"elsewhere \(--out FILE\)") as err:
+    saved = tmp_path / "t" / "config.yaml"
+    save_config(CollectConfig(model="m", data=TaskSource(Path("t")), output_dir=tmp_path / "t"), saved)
+    # output_dir and samples: allowed
+    other = CollectConfig(model="m", data=TaskSource(Path("t")), output_dir=tmp_path / "u", samples=4)
+    other.sampling.temperature = 0.8
+    with pytest.raises(ConfigError, match=r"sampling.temperature was 0.0, now 0.8; start a new run "
+                                          r"elsewhere \(--out DIR\)") as err:
         check_rerun("collect", other, saved, started=True)
-    assert "samples" not in str(err.value) and "out was" not in str(err.value)
+    assert "samples" not in str(err.value) and "output_dir was" not in str(err.value)
     assert check_rerun("collect", other, saved, started=False) == []  # nothing collected yet: nothing to protect
 
 
@@ -175,8 +177,8 @@ def test_collect_and_eval_refuse_through_the_shared_rule(tmp_path):
     (["rollout.turns=2", "terms.feedback_ce=inf"], "terms.feedback_ce=inf"),
     (["rollout.turns=2", "terms.feedback_ce=nan"], "terms.feedback_ce=nan"),
     (["terms.decision_kl=nan"], "terms.decision_kl=nan"),  # before: min(nan, x) < 0 is false, the term went off
-    (["max_completion_length=0"], "max_completion_length=0"),  # before: a transformers traceback after loading
-    (["rollout.turns=2", "rollout.episode.sampling.max_new_tokens=0"], "rollout.episode.sampling.max_new_tokens=0"),
+    (["sampling.max_new_tokens=0"], "sampling.max_new_tokens=0"),  # before: a transformers traceback after loading
+    (["rollout.turns=2", "rollout.turn_tokens=0"], "rollout.turn_tokens=0"),
 ])
 def test_non_finite_and_empty_values_are_refused_before_loading(overrides, key, tmp_path, cli_logs, caplog):
     out = tmp_path / "run"
@@ -188,12 +190,12 @@ def test_non_finite_and_empty_values_are_refused_before_loading(overrides, key, 
 
 
 def test_values_of_a_config_built_in_python_are_checked_by_the_stage(tmp_path):
-    from molrl.rl.config import RlConfig, TaskSource, TrainSettings
+    from molrl.rl.config import RlConfig, TaskSource, rl_train
     from molrl.rl.method_settings import TermSettings
     from molrl.rl.run import run_rl
 
     cfg = RlConfig(output_dir=tmp_path / "run", data=TaskSource(format="toy", limit=2),
-                   train=TrainSettings(max_steps=1), terms=TermSettings(decision_kl=math.nan))
+                   train=rl_train(max_steps=1), terms=TermSettings(decision_kl=math.nan))
     with pytest.raises(ConfigError, match=r"RlConfig: terms.decision_kl=nan is out of range"):
         run_rl(cfg)
     assert not (tmp_path / "run").exists()
@@ -220,7 +222,7 @@ print("RESULT", rc, ",".join(heavy) or "none")
     ("pipeline", "molrl.pipeline", "PipelineConfig", "configs/pipeline_tiny.yaml", "mol.train.nosuch=1"),
 ])
 def test_config_typo_reported_without_importing_torch(stage, module, cls, config, typo, tmp_path):
-    extra = {"collect": ["model=tiny:chatml", "tasks=t.jsonl", f"out={tmp_path / 't.jsonl'}"],
+    extra = {"collect": ["model=tiny:chatml", "data.path=t.jsonl", f"output_dir={tmp_path / 't'}"],
              "pipeline": ["model=tiny:chatml", "stages=[mol]", f"output_dir={tmp_path}"]}.get(stage, [])
     argv = [stage, "--config", config, *extra, typo]
     done = subprocess.run([sys.executable, "-c", PROBE, module, cls, config, json.dumps(extra), *argv], cwd=REPO,

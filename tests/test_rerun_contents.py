@@ -103,7 +103,6 @@ def test_finding9_a_sandbox_tolerance_is_not_harmless(tmp_path):
 
 WHY_HARMLESS = {
     "output_dir": "where a run writes, not what it computes",
-    "out": "where a run writes, not what it computes",
     "threads": "torch CPU threads: the same numbers, sooner or later",
     "train.report_to": "which trackers receive the logged figures",
     "train.logging_steps": "how often figures are logged",
@@ -113,6 +112,7 @@ WHY_HARMLESS = {
     "sandbox.workers": "how many sandbox processes run tests at once; a verdict does not depend on it",
     "sandbox.workers": "how many sandbox processes run tests at once; a verdict does not depend on it",
     "limit": "how many problems or tasks: what was made for the first ones stays valid",
+    "data.limit": "how many tasks: what was made for the first ones stays valid",
     "samples": "how many samples per task: what was collected stays valid",
     "benchmarks": "which benchmarks: each one's samples stay valid",
     "ks": "which pass@k are summarised from the same samples",
@@ -138,7 +138,9 @@ def _flat_keys(data, prefix=""):
 
 
 def _required(cls: type) -> dict:
-    return {"model": "m", "tasks": Path("t"), "out": Path("o")} if cls.__name__ == "CollectConfig" else {}
+    from molrl.config_blocks import TaskSource
+
+    return {"model": "m", "data": TaskSource(Path("t"))} if cls.__name__ == "CollectConfig" else {}
 
 
 @pytest.mark.parametrize("stage,cls", [("mol", "molrl.mol.config:MolConfig"), ("rl", "molrl.rl.config:RlConfig"),
@@ -182,7 +184,7 @@ def test_finding8_the_config_records_the_continued_adapters_shape(tmp_path):
     save_config(cfg, tmp_path / "config.yaml")
     lora = yaml.safe_load((tmp_path / "config.yaml").read_text())["lora"]
     # dropout 0 (the default) is RL's switch that turns dropout off while training: it stays
-    assert lora == {"rank": 16, "alpha": 32, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
+    assert lora == {"enabled": True, "rank": 16, "alpha": 32, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
     cfg.lora.dropout = 0.2
     with pytest.raises(ConfigError, match="lora.dropout=0.2: .* whose dropout is 0.05"):
         take_adapter_lora(cfg)

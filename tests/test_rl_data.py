@@ -10,7 +10,7 @@ from grpo_helpers import save_tiny_model, toy_config
 from molrl.rl.config import TaskSource
 from molrl.rl.data import build_prompt_rows
 from molrl.tasks.prompts import strip_added_bos
-from molrl.rl.data import load_task_source
+from molrl.tasks.source import load_task_source
 from molrl.tasks import Task
 
 SOURCES = {
@@ -69,7 +69,7 @@ def test_shipped_configs_load(name):
     from molrl.rl.config import RlConfig
 
     cfg = load_config(RlConfig, Path(__file__).resolve().parents[1] / "configs" / f"{name}.yaml")
-    assert cfg.num_generations == 8 and cfg.temperature == 0.9
+    assert cfg.sampling.n == 8 and cfg.sampling.temperature == 0.9
 
 
 def test_bad_configs_name_the_key():

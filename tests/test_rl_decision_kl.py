@@ -17,7 +17,7 @@ import torch
 
 from grpo_helpers import save_mol_adapter, save_tiny_model, toy_config
 from molrl.rl.batch import LossInputs
-from molrl.rl.config import LoraSettings
+from molrl.rl.config import rl_lora
 from molrl.rl.terms import DecisionKL
 from test_rl_terms_normalisers import WIDTH, gradients, make_trainer, relative_difference
 
@@ -70,7 +70,7 @@ def test_single_turn_grpo_runs_with_the_decision_kl_against_the_model_before_mol
     if start != "plain":
         cfg.model.adapter = str(save_mol_adapter(base, tmp_path / "mol") / "adapter")
         cfg.policy.adapter_mode = start
-        cfg.lora = LoraSettings() if start == "continue" else cfg.lora  # continue: the adapter's own shape
+        cfg.lora = rl_lora() if start == "continue" else cfg.lora  # continue: the adapter's own shape
     cfg.terms.decision_kl = 0.5
     cfg.__post_init__()
     out = run_rl(cfg)

@@ -19,7 +19,7 @@ from grpo_helpers import toy_config
 from molrl.config import load_config
 from molrl.engines import vllm_installed
 from molrl.errors import MolrlError
-from molrl.rl.config import RlConfig, TaskSource
+from molrl.rl.config import RlConfig, TaskSource, rl_sampling
 from molrl.rl.engine import rl_engine
 from molrl.rl.loss import engine_logp_gap
 from molrl.rl.rollouts.turns import turn_ended
@@ -39,7 +39,7 @@ def test_the_old_use_vllm_keys_load_as_engine():
 @pytest.mark.parametrize("installed", [False, True])
 @pytest.mark.parametrize("gpu", [False, True])
 def test_rl_auto_takes_the_engine_only_where_the_rollout_can_use_it(installed, gpu):
-    big = dict(max_completion_length=4096, num_generations=16)
+    big = dict(sampling=rl_sampling(max_new_tokens=4096, n=16))
     cfg = RlConfig(**big)
     cfg.model.path, cfg.train.max_steps = "models/m", 100
     choice = rl_engine(cfg, installed=installed, gpu=gpu)
@@ -131,7 +131,7 @@ def test_the_engine_samples_from_the_policy_being_trained_and_a_stale_one_shows(
     if not sync:
         real = PolicyEngine.sync
         monkeypatch.setattr(PolicyEngine, "sync", lambda self, trainer: None if self.lora else real(self, trainer))
-    cfg = toy_config(tmp_path / "run", engine_base[0], max_steps=3, engine="vllm", max_completion_length=16)
+    cfg = toy_config(tmp_path / "run", engine_base[0], max_steps=3, engine="vllm", max_new_tokens=16)
     cfg.train.learning_rate = 5e-2
     if sync:  # the evaluation hook generates on the engine too
         cfg.eval.every_steps, cfg.eval.tasks, cfg.eval.max_new_tokens = 3, TaskSource(format="toy", limit=4), 8
@@ -160,12 +160,12 @@ def test_multi_turn_rows_on_the_engine_are_the_rows_the_token_loop_makes_of_the_
 
     base, tasks = engine_base
     cfg = toy_config(tmp_path / "run", base, data=TaskSource(path=tasks, format="jsonl"), engine="vllm",
-                     max_completion_length=96, num_generations=4, micro_batch_size=4)
+                     max_new_tokens=96, n=4, micro_batch_size=4)
     cfg.data.spec.kind = "math"
     cfg.rollout.turns = 3
     cfg.rollout.episode.system_prompt = "Run code in <execute></execute>. Answer in \\boxed{}."
     cfg.rollout.episode.feedback = ["execution", "verdict"]
-    cfg.rollout.episode.sampling.max_new_tokens = 12
+    cfg.rollout.turn_tokens = 12
     trainer, _, pool = build_trainer(cfg)
     try:
         assert trainer.engine is not None
@@ -212,7 +212,7 @@ def test_multi_turn_rows_on_the_engine_are_the_rows_the_token_loop_makes_of_the_
 def test_partial_rollouts_run_on_the_engine_and_resume_what_they_left(engine_base, tmp_path):
     from molrl.rl import run_rl
 
-    cfg = toy_config(tmp_path / "run", engine_base[0], max_steps=3, engine="vllm", max_completion_length=24)
+    cfg = toy_config(tmp_path / "run", engine_base[0], max_steps=3, engine="vllm", max_new_tokens=24)
     cfg.rollout.partial, cfg.rollout.over_provision = True, 2.0
     steps = steps_of(run_rl(cfg))
     assert len(steps) == 3
@@ -230,7 +230,7 @@ def test_rl_from_a_mol_adapter_runs_on_the_engine_without_a_manual_merge(engine_
     from molrl.rl import run_rl
 
     mol = save_mol_adapter(engine_base[0], tmp_path / "mol")
-    cfg = toy_config(tmp_path / "run", engine_base[0], max_steps=2, engine="vllm", max_completion_length=16)
+    cfg = toy_config(tmp_path / "run", engine_base[0], max_steps=2, engine="vllm", max_new_tokens=16)
     cfg.model.adapter, cfg.policy.adapter_mode = mol, mode
     cfg.train.learning_rate = 5e-2
     if mode == "continue":

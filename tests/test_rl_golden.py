@@ -114,8 +114,8 @@ def golden_run(root: Path, name: str) -> list[dict[str, float]]:
         base = root / "base"
         if not base.is_dir():
             save_tiny_model(base)
-        cfg = toy_config(root / name, base, max_steps=4, num_generations=8, micro_batch_size=8, prompts_per_step=2,
-                         max_completion_length=32, **overrides)
+        cfg = toy_config(root / name, base, max_steps=4, n=8, micro_batch_size=8, prompts_per_step=2,
+                         max_new_tokens=32, **overrides)
         if edit is not None:
             edit(cfg)
         out = run_rl(cfg)

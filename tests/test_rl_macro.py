@@ -131,7 +131,7 @@ def test_a_ppo_run_over_macro_actions_trains_policy_and_critic(tmp_path):
     from molrl.rl.run import run_rl
 
     base = save_tiny_model(tmp_path / "base")
-    out = run_rl(toy_config(tmp_path / "run", base, algorithm="ppo", beta=0.01, max_steps=30, max_completion_length=6,
+    out = run_rl(toy_config(tmp_path / "run", base, algorithm="ppo", beta=0.01, max_steps=30, max_new_tokens=6,
                             macro=MacroSettings(rule="fixed:3")))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "reward" in line]
     rewards = [r["reward"] for r in rows]
@@ -151,7 +151,7 @@ def _ppo_run(tmp_path, name, max_steps=2, save_steps=1000, **ppo):
     base = tmp_path / "base"
     if not base.is_dir():
         save_tiny_model(base)
-    cfg = toy_config(tmp_path / name, base, algorithm="ppo", max_steps=max_steps, max_completion_length=6,
+    cfg = toy_config(tmp_path / name, base, algorithm="ppo", max_steps=max_steps, max_new_tokens=6,
                      ppo=PpoSettings(**ppo), save_steps=save_steps)
     return cfg, run_rl(cfg)
 
@@ -171,7 +171,7 @@ def test_a_group_mean_critic_with_lambda_one_gives_dr_grpos_advantages(tmp_path)
 
     _, ppo = _ppo_run(tmp_path, "ppo", max_steps=1, critic="group_mean", gamma=1.0, lam=1.0)
     dr = run_rl(toy_config(tmp_path / "dr", tmp_path / "base", algorithm="dr_grpo", max_steps=1,
-                           max_completion_length=6))
+                           max_new_tokens=6))
     assert _advantages(ppo) == pytest.approx(_advantages(dr), abs=1e-6)
     assert any(abs(a) > 0 for a in _advantages(dr))  # the batch has signal
 

@@ -27,7 +27,7 @@ def test_two_process_run_completes_and_aggregates_rewards_across_ranks(tmp_path)
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "molrl.cli", "rl",
            "--config", str(REPO / "configs/rl_tiny.yaml"), f"output_dir={out}", f"model.path={base}",
-           "train.max_steps=2", "max_completion_length=6", "sandbox.workers=1", "train.micro_batch_size=4"]
+           "train.max_steps=2", "sampling.max_new_tokens=6", "sandbox.workers=1", "train.micro_batch_size=4"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -88,7 +88,7 @@ def test_a_teacher_equal_to_the_student_leaves_the_policy_unchanged(tmp_path):
 
     base = save_tiny_model(tmp_path / "base")
     # at the start the policy is its base (fresh LoRA, B = 0), and so is this teacher: A_t = 0 on every token
-    cfg = toy_config(tmp_path / "run", base, algorithm="opd", max_steps=2, max_completion_length=6,
+    cfg = toy_config(tmp_path / "run", base, algorithm="opd", max_steps=2, max_new_tokens=6,
                      opd=OpdSettings(teacher="model", teacher_model=_zero_adapter(base, tmp_path / "teacher")))
     out = run_rl(cfg)
     weights = load_file(out / "adapter" / "adapter_model.safetensors")
@@ -104,7 +104,7 @@ def test_feedback_teacher_run_trains_and_logs_the_distillation_terms(tmp_path):
     from molrl.rl.run import run_rl
 
     base = save_tiny_model(tmp_path / "base")
-    out = run_rl(toy_config(tmp_path / "run", base, algorithm="opd", max_steps=2, max_completion_length=6,
+    out = run_rl(toy_config(tmp_path / "run", base, algorithm="opd", max_steps=2, max_new_tokens=6,
                             opd=OpdSettings(teacher="feedback", lam=1.25)))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "opd/advantage" in line]
     assert len(rows) == 2
@@ -182,7 +182,7 @@ def test_a_full_model_teacher_and_a_full_model_reference_run(tmp_path):
     base = save_tiny_model(tmp_path / "base")
     teacher = _full_model(tmp_path / "teacher", seed=3)
     reference = _full_model(tmp_path / "reference", seed=4)
-    out = run_rl(toy_config(tmp_path / "run", base, algorithm="opd", max_steps=2, max_completion_length=6,
+    out = run_rl(toy_config(tmp_path / "run", base, algorithm="opd", max_steps=2, max_new_tokens=6,
                             opd=OpdSettings(teacher="model", teacher_model=teacher, reference=str(reference))))
     rows = _opd_rows(out)
     assert len(rows) == 2
@@ -194,17 +194,17 @@ def test_the_students_initial_model_as_reference_is_the_starting_adapter(tmp_pat
     # a policy that starts from a MoL adapter: its initial model is base + that adapter, so at step 1
     # log pi_theta - log pi_ref is exactly 0 (where the adapter-disabled base would differ)
     from grpo_helpers import save_mol_adapter
-    from molrl.rl.config import LoraSettings
+    from molrl.rl.config import rl_lora
     from molrl.rl.run import run_rl
 
     base = save_tiny_model(tmp_path / "base")
     mol = save_mol_adapter(base, tmp_path / "mol")
     rows = {}
     for reference in ("student_initial", "student_base"):
-        cfg = toy_config(tmp_path / reference, base, algorithm="opd", max_steps=1, max_completion_length=6,
+        cfg = toy_config(tmp_path / reference, base, algorithm="opd", max_steps=1, max_new_tokens=6,
                          opd=OpdSettings(teacher="feedback", reference=reference))
         cfg.model = ModelSource(str(base), adapter=mol / "adapter")
-        cfg.lora = LoraSettings()  # left unset: continue trains the adapter in its own shape
+        cfg.lora = rl_lora()  # left unset: continue trains the adapter in its own shape
         rows[reference] = _opd_rows(run_rl(cfg))[0]
     assert rows["student_initial"]["opd/policy_minus_reference"] == pytest.approx(0.0, abs=1e-6)
     assert abs(rows["student_base"]["opd/policy_minus_reference"]) > 1e-3
@@ -216,7 +216,7 @@ def test_a_self_teacher_reads_the_feedback_with_the_current_policy(tmp_path):
     from molrl.rl.run import run_rl
 
     base = save_tiny_model(tmp_path / "base")
-    out = run_rl(toy_config(tmp_path / "run", base, algorithm="opd", max_steps=2, max_completion_length=6,
+    out = run_rl(toy_config(tmp_path / "run", base, algorithm="opd", max_steps=2, max_new_tokens=6,
                             opd=OpdSettings(teacher="feedback", teacher_weights="current")))
     rows = _opd_rows(out)
     assert len(rows) == 2 and all(r["opd/teacher_minus_reference"] != 0 for r in rows)
@@ -230,7 +230,7 @@ def test_a_self_teacher_on_the_students_own_prompt_gives_zero_advantage(tmp_path
     from molrl.rl.run import run_rl
 
     base = save_tiny_model(tmp_path / "base")
-    out = run_rl(toy_config(tmp_path / "run", base, algorithm="opd", max_steps=2, max_completion_length=6,
+    out = run_rl(toy_config(tmp_path / "run", base, algorithm="opd", max_steps=2, max_new_tokens=6,
                             opd=OpdSettings(teacher="model", teacher_weights="current")))
     assert all(abs(r["opd/advantage"]) < 1e-6 for r in _opd_rows(out))
     weights = load_file(out / "adapter" / "adapter_model.safetensors")

@@ -82,7 +82,7 @@ def test_the_buffer_round_trips_through_its_checkpoint_form():
 
 
 def partial_config(out: Path, base: Path, **overrides):
-    settings = dict(algorithm="grpo", max_steps=6, prompts_per_step=2, max_completion_length=96)
+    settings = dict(algorithm="grpo", max_steps=6, prompts_per_step=2, max_new_tokens=96)
     settings.update(overrides)
     cfg = toy_config(out, base, **settings)
     cfg.rollout.partial = True
@@ -228,7 +228,7 @@ def test_a_step_filled_by_groups_that_finished_earlier_generates_nothing_and_sta
     from molrl.rl import run_rl
 
     out = run_rl(partial_config(tmp_path / "run", save_tiny_model(tmp_path / "base"), max_steps=3,
-                                max_completion_length=8))
+                                max_new_tokens=8))
     checked = check_accounting(out)
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "reward" in line]
     assert [m["partial/generated_tokens"] for m in metrics] == [4 * 8 * 8, 0.0, 4 * 8 * 8]

@@ -83,10 +83,10 @@ def test_shared_state_sampling_error_in_closed_form():
 
 
 def test_props_settings_are_checked():
-    from molrl.rl.config import RlConfig, RolloutSettings
+    from molrl.rl.config import RlConfig, RolloutSettings, rl_sampling
 
-    with pytest.raises(ValueError, match="must divide num_generations"):
-        RlConfig(rollout=RolloutSettings(rounds=3), num_generations=8)
+    with pytest.raises(ValueError, match="must divide sampling.n"):
+        RlConfig(rollout=RolloutSettings(rounds=3), sampling=rl_sampling(n=8))
     with pytest.raises(ValueError, match="stale"):
         RlConfig(rollout=RolloutSettings(behaviour="props"), algorithm="opd", beta=0.0)
     assert RlConfig(rollout=RolloutSettings(behaviour="props"), algorithm="grpo").rollout.resolved_buffer() == 2
@@ -104,7 +104,7 @@ def run_props(root, behaviour: str, base):
     torch.set_num_threads(1)
     try:
         cfg = toy_config(root / behaviour, base, algorithm="grpo", max_steps=3, prompts_per_step=2,
-                         max_completion_length=16)
+                         max_new_tokens=16)
         cfg.rollout.behaviour, cfg.rollout.rounds, cfg.rollout.buffer_batches = behaviour, 2, 2
         cfg.props.update_epochs = 0
         out = run_rl(cfg)

@@ -46,10 +46,10 @@ def reference_logps(cfg):
                 if p.requires_grad:
                     p.add_(torch.randn_like(p) * 0.3)
         peft_model.train()
-        out = trainer._generate_and_score_completions([trainer.train_dataset[0]] * cfg.num_generations)
+        out = trainer._generate_and_score_completions([trainer.train_dataset[0]] * cfg.sampling.n)
     finally:
         pool.close()
-    args = (out["prompt_ids"], out["prompt_mask"], out["completion_ids"], out["completion_mask"], cfg.temperature)
+    args = (out["prompt_ids"], out["prompt_mask"], out["completion_ids"], out["completion_mask"], cfg.sampling.temperature)
     base = load_model(cfg.model.path)
     mol = load_model(cfg.model.path, adapter=cfg.model.adapter / "adapter") if cfg.model.adapter else None
     peft_model.eval()
@@ -69,7 +69,7 @@ def assert_different(a, b, mask):
 @pytest.mark.parametrize("reference", ["base", "mol"])
 def test_reference_is_the_configured_model(tmp_path, dirs, mode, reference):
     base, mol = dirs
-    cfg = toy_config(tmp_path, base, beta=0.1, max_completion_length=6)
+    cfg = toy_config(tmp_path, base, beta=0.1, max_new_tokens=6)
     cfg.model = ModelSource(str(base), adapter=mol)
     cfg.policy = PolicyConfig(adapter_mode=mode, reference=reference)
     ref, base_lp, mol_lp, policy_lp, mask = reference_logps(cfg)
@@ -81,7 +81,7 @@ def test_reference_is_the_configured_model(tmp_path, dirs, mode, reference):
 
 def test_plain_base_reference_is_the_base(tmp_path, dirs):
     base, _ = dirs
-    cfg = toy_config(tmp_path, base, beta=0.1, max_completion_length=6)
+    cfg = toy_config(tmp_path, base, beta=0.1, max_new_tokens=6)
     cfg.lora = dataclasses.replace(cfg.lora, rank=4)
     ref, base_lp, _, policy_lp, mask = reference_logps(cfg)
     assert_same(ref, base_lp, mask)

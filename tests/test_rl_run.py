@@ -10,7 +10,7 @@ import torch
 
 from grpo_helpers import save_mol_adapter, save_tiny_model, toy_config
 from molrl.config_blocks import ModelSource
-from molrl.rl.config import LoraSettings, PolicyConfig
+from molrl.rl.config import PolicyConfig, rl_lora
 from molrl.rl.run import build_trainer, run_rl
 
 
@@ -76,7 +76,7 @@ def test_continue_mol_adapter_trains_it_and_keeps_a_frozen_mol_reference(tmp_pat
     cfg = toy_config(tmp_path, base, max_steps=2, beta=0.1)
     cfg.model = ModelSource(str(base), adapter=mol)
     cfg.policy = PolicyConfig(adapter_mode="continue", reference="mol")
-    cfg.lora = LoraSettings()  # left unset: continue trains the adapter in its own shape
+    cfg.lora = rl_lora()  # left unset: continue trains the adapter in its own shape
     trainer, policy, pool = build_trainer(cfg)
     try:
         trainer.train()
@@ -99,7 +99,7 @@ def test_mol_adapter_runs_save_adapters_peft_loads(tmp_path, base, mol):
         cfg = toy_config(tmp_path / mode, base, max_steps=1)
         cfg.model = ModelSource(str(base), adapter=mol)
         cfg.policy = PolicyConfig(adapter_mode=mode)
-        cfg.lora = LoraSettings() if mode == "continue" else cfg.lora  # continue: the adapter's own shape
+        cfg.lora = rl_lora() if mode == "continue" else cfg.lora  # continue: the adapter's own shape
         out = run_rl(cfg)
         assert not (out / "adapter" / "ref").exists()
         if mode == "continue":  # the MoL adapter, trained further, on the original base
@@ -139,7 +139,7 @@ def test_cli_runs_the_shipped_tiny_config(tmp_path):
 
     config = Path(__file__).resolve().parents[1] / "configs" / "rl_tiny.yaml"
     assert main(["rl", "--config", str(config), f"output_dir={tmp_path}", "train.max_steps=1",
-                 "max_completion_length=4"]) == 0
+                 "sampling.max_new_tokens=4"]) == 0
     assert (tmp_path / "adapter" / "adapter_config.json").is_file()
 
 

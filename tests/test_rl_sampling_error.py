@@ -32,7 +32,7 @@ def make_trainer(root, base, sampling_error: bool = True, buffer_batches: int = 
     in 4 micro-batches; beta 0, so the loss is the only log-prob forward pass besides the metric's) and its pool."""
     from molrl.rl.run import build_trainer
 
-    cfg = toy_config(root, base, max_steps=2, prompts_per_step=2, max_completion_length=16, beta=0.0, temperature=0.5,
+    cfg = toy_config(root, base, max_steps=2, prompts_per_step=2, max_new_tokens=16, beta=0.0, temperature=0.5,
                      micro_batch_size=4)
     cfg.train.report_to = ["none"]
     cfg.rollout.sampling_error, cfg.rollout.sampling_error_split = sampling_error, SPLIT
@@ -134,7 +134,7 @@ def test_behaviour_log_probs_keep_the_error_at_the_steps_start(tmp_path, base):
     # the behaviour log-probs computed at the step's start and the rows carry no index
     from molrl.rl.run import build_trainer
 
-    cfg = toy_config(tmp_path / "behaviour", base, max_steps=2, prompts_per_step=2, max_completion_length=16,
+    cfg = toy_config(tmp_path / "behaviour", base, max_steps=2, prompts_per_step=2, max_new_tokens=16,
                      micro_batch_size=4)
     cfg.train.report_to = ["none"]
     trainer, _, pool = build_trainer(cfg)

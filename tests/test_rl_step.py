@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from grpo_helpers import loss_inputs
-from molrl.rl.config import PolicyConfig, RlConfig, TrainSettings
+from molrl.rl.config import PolicyConfig, RlConfig, rl_sampling, rl_train
 from molrl.rl.run import trl_args
 from molrl.rl.algorithms import ALGORITHMS
 from molrl.rl.loss import PolicyLossSettings, policy_loss, sampler_weights
@@ -46,8 +46,8 @@ def make_trainer(tmp_path, algorithm="dr_grpo", beta=0.0, epsilon=0.2, rewards=N
 
     model, tok = build_tiny_pair("chatml", initializer_range=0.1)
     cfg = RlConfig(output_dir=tmp_path, policy=PolicyConfig(), algorithm=algorithm, beta=beta, epsilon=epsilon,
-                   num_generations=2, max_completion_length=MAX_COMPLETION,
-                   train=TrainSettings(micro_batch_size=2, max_steps=1), temperature=1.0)
+                   sampling=rl_sampling(n=2, max_new_tokens=MAX_COMPLETION, temperature=1.0),
+                   train=rl_train(micro_batch_size=2, max_steps=1))
     args = trl_args(cfg, tmp_path / "ckpt", cuda=False)
     prompt = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     row = {"prompt": prompt, "prompt_ids": tok(prompt, add_special_tokens=False)["input_ids"],
@@ -306,12 +306,13 @@ def test_the_lora_dropout_a_user_sets_is_the_one_that_trains(tmp_path, dropout):
     """TRL turns every dropout off for RL; a LoRA dropout set in the config must not be dropped silently."""
     from datasets import Dataset
     from peft import LoraConfig
-    from molrl.rl.config import LoraSettings
+    from molrl.rl.config import rl_lora
     from molrl.tiny import build_tiny_pair
 
     model, tok = build_tiny_pair("chatml", initializer_range=0.1)
-    cfg = RlConfig(output_dir=tmp_path, policy=PolicyConfig(), num_generations=2, max_completion_length=MAX_COMPLETION,
-                   train=TrainSettings(micro_batch_size=2, max_steps=1), lora=LoraSettings(rank=4, dropout=dropout))
+    cfg = RlConfig(output_dir=tmp_path, policy=PolicyConfig(),
+                   sampling=rl_sampling(n=2, max_new_tokens=MAX_COMPLETION),
+                   train=rl_train(micro_batch_size=2, max_steps=1), lora=rl_lora(rank=4, dropout=dropout))
     prompt = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     row = {"prompt": prompt, "prompt_ids": tok(prompt, add_special_tokens=False)["input_ids"], "task_json": TASK.to_json()}
     peft_config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=dropout)

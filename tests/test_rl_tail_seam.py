@@ -77,7 +77,7 @@ def test_finding_13_a_multi_turn_row_repeats_no_end_of_turn(qwen3_tokenizer):
     # through the rollout policy: a turn with no action, ending " \n" and its own EOS, gets the format feedback
     from test_rl_turns import ScriptedTurns, scripted_trainer
 
-    from molrl.rl.config import RlConfig, TrainSettings
+    from molrl.rl.config import RlConfig, rl_sampling, rl_train
     from molrl.sandbox import SandboxConfig, SandboxPool
     from molrl.tasks import Task
 
@@ -85,7 +85,7 @@ def test_finding_13_a_multi_turn_row_repeats_no_end_of_turn(qwen3_tokenizer):
     eot = end_of_turn(tok)
     turn1 = tok("Let me think. \n", add_special_tokens=False)["input_ids"] + [eot]
     turn2 = tok("\\boxed{5}", add_special_tokens=False)["input_ids"] + [eot]
-    cfg = RlConfig(num_generations=2, train=TrainSettings(micro_batch_size=2))
+    cfg = RlConfig(sampling=rl_sampling(n=2), train=rl_train(micro_batch_size=2))
     cfg.rollout.turns = 2
     with SandboxPool(SandboxConfig(workers=1, timeout_s=10)) as pool:
         policy = ScriptedTurns(scripted_trainer(tok, pool), cfg, [turn1, turn2])

@@ -18,7 +18,7 @@ from grpo_helpers import kill_when, save_tiny_model, toy_config
 from molrl.chat import render
 from molrl.demo.run import task_record
 from molrl.demo.world import WorldConfig, build_world, rule_setup_code
-from molrl.rl.config import RlConfig, TaskSource, TrainSettings
+from molrl.rl.config import RlConfig, TaskSource, rl_sampling, rl_train
 from molrl.rl.rollouts.turns import Turns, TurnStop, final_answer
 from molrl.rl.score import score
 from molrl.rl.terms import decision_kl, feedback_cross_entropy
@@ -94,7 +94,7 @@ def test_trained_ids_are_the_sampled_ids_plus_the_rendered_feedback_ids_under_qw
     turn1 = [tok.convert_tokens_to_ids(t) for c in run for t in tok.tokenize(c)]  # one token per character
     assert len(turn1) != len(tok(run, add_special_tokens=False)["input_ids"])  # so a re-tokenisation would differ
     turn2 = tok(f"\\boxed{{{KEY[2]}}}", add_special_tokens=False)["input_ids"] + [im_end]  # it ends its turn itself
-    cfg = RlConfig(num_generations=2, train=TrainSettings(micro_batch_size=2))
+    cfg = RlConfig(sampling=rl_sampling(n=2), train=rl_train(micro_batch_size=2))
     cfg.rollout.turns = 2
     with SandboxPool(SandboxConfig(workers=1, timeout_s=10)) as pool:
         policy = ScriptedTurns(scripted_trainer(tok, pool), cfg, [turn1, turn2])
@@ -156,13 +156,13 @@ def world_files(tmp_path_factory):
 
 
 def turns_config(out: Path, tasks: Path, base: Path, **overrides) -> RlConfig:
-    cfg = toy_config(out, base, data=TaskSource(path=tasks, format="jsonl"), max_completion_length=128,
-                     num_generations=4, micro_batch_size=4, **overrides)
+    cfg = toy_config(out, base, data=TaskSource(path=tasks, format="jsonl"), max_new_tokens=128,
+                     n=4, micro_batch_size=4, **overrides)
     cfg.data.spec.kind = "math"
     cfg.rollout.turns = 2
     cfg.rollout.episode.system_prompt = "Run code in <execute></execute>. Answer in \\boxed{}."
     cfg.rollout.episode.feedback = ["execution", "verdict"]  # without an action: "[no feedback]"
-    cfg.rollout.episode.sampling.max_new_tokens = 8  # (the tiny tokenizer has a token per character)
+    cfg.rollout.turn_tokens = 8  # (the tiny tokenizer has a token per character)
     return cfg
 
 
@@ -260,7 +260,7 @@ def test_two_processes_run_multi_turn_episodes_with_both_terms(tmp_path, world_f
            "--config", str(repo / "configs/rl_tiny.yaml"), f"output_dir={out}", f"model.path={base}",
            "train.max_steps=2", "sandbox.workers=1", f"data.path={tasks}", "data.format=jsonl",
            "data.spec.kind=math", "rollout.turns=2", "rollout.episode.feedback=[execution, verdict]",
-           "rollout.episode.sampling.max_new_tokens=8", "max_completion_length=128", "terms.feedback_ce=0.05",
+           "rollout.turn_tokens=8", "sampling.max_new_tokens=128", "terms.feedback_ce=0.05",
            "terms.decision_kl=0.05"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

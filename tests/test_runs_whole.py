@@ -79,7 +79,7 @@ def test_finding4_a_torn_adapter_without_a_checkpoint_is_refused_in_one_line(fin
 
 def test_finding4_a_torn_rl_adapter_is_rebuilt_from_the_last_checkpoint(tmp_path, cli_logs, caplog):
     run = tmp_path / "rl"
-    args = ["rl", "--config", str(REPO / "configs" / "rl_tiny.yaml"), "train.max_steps=2", "max_completion_length=4",
+    args = ["rl", "--config", str(REPO / "configs" / "rl_tiny.yaml"), "train.max_steps=2", "sampling.max_new_tokens=4",
             f"output_dir={run}"]
     assert main(args) == 0
     (run / "adapter" / "adapter_model.safetensors").write_bytes(b"")  # what a kill -9 mid-save left before
@@ -91,7 +91,7 @@ def test_finding4_a_torn_rl_adapter_is_rebuilt_from_the_last_checkpoint(tmp_path
     assert whole_weights(run / "adapter") and _steps(run) == [1, 2]
 
 
-RL_TINY = ["--config", str(REPO / "configs" / "rl_tiny.yaml"), "train.max_steps=2", "max_completion_length=4"]
+RL_TINY = ["--config", str(REPO / "configs" / "rl_tiny.yaml"), "train.max_steps=2", "sampling.max_new_tokens=4"]
 POINTS = {"mol": (MOL_TINY, ["adapter", "config.yaml", "inputs.json", "data_stats.json", "trained_on.json"]),
           "rl": (RL_TINY, ["adapter", "config.yaml", "inputs.json", "data_summary.json", "trained_on.json"])}
 """Per training stage, its tiny run's arguments and every file or folder it writes for good."""

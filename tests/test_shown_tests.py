@@ -13,7 +13,7 @@ from molrl.collect import EpisodeConfig
 from molrl.collect.loop import open_episode
 from molrl.content import encode_content
 from molrl.graders.code import CodeRewardConfig
-from molrl.rl.config import RlConfig, TrainSettings
+from molrl.rl.config import RlConfig, rl_sampling, rl_train
 from molrl.rl.data import build_prompt_rows
 from molrl.rl.rollouts.turns import Turns
 from molrl.rl.score import score
@@ -172,7 +172,7 @@ class LookupTablePolicy(Turns):
 
 def test_finding1_multi_turn_a_lookup_table_of_prompt_and_feedback_earns_no_reward(shared_data):
     tok = build_tiny_tokenizer("chatml")
-    cfg = RlConfig(num_generations=2, train=TrainSettings(micro_batch_size=2))
+    cfg = RlConfig(sampling=rl_sampling(n=2), train=rl_train(micro_batch_size=2))
     cfg.rollout.turns, cfg.rollout.episode.max_solutions = 3, 2
     tasks = _mbpp_tables(shared_data)
     rows, _ = build_prompt_rows(tasks, tok, enable_thinking=False, max_prompt_length=8192,

@@ -12,7 +12,7 @@ from molrl.config_blocks import ModelSource
 from molrl.errors import MolrlError
 from molrl.eval import EvalConfig, run_eval
 from molrl.rl.config import TaskSource
-from molrl.rl.data import load_task_source
+from molrl.tasks.source import load_task_source
 from molrl.sandbox import SandboxConfig
 from molrl.tasks import Task, load_tasks
 from molrl.tasks.splits import (SPLITS, TRAINED_ON, benchmark_split, mbpp_split, read_trained_on, select_split,

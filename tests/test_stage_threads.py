@@ -65,7 +65,7 @@ def _stage_args(stage: str, tmp_path: Path) -> list[str]:
         "eval": ["eval", "--model", "tiny:chatml", "--benchmarks", "qa", "--data", f"qa={tasks}",
                  "--out", str(tmp_path / "eval"), "custom.qa.kind=math"],
         "collect": ["collect", "--model", "tiny:chatml", "--tasks", tasks, "--format", "jsonl",
-                    "--out", str(tmp_path / "traces.jsonl")],
+                    "--out", str(tmp_path / "collect")],
     }[stage]
 
 

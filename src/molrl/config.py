@@ -196,9 +196,10 @@ def _own_field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def describe(cls: type, prefix: str = "") -> list[str]:
-    """Lines ``key: default  # doc`` for every field, nested sections flattened with dots; a doc of several
-    lines goes on in ``    # ...`` lines below its key, then the values the key allows."""
+def describe(cls: type, prefix: str = "", base: Any = None) -> list[str]:
+    """Lines ``key: default  # doc`` for every field, nested sections flattened with dots, each at the default its
+    parent declares (``base``: eval's ``sampling.temperature`` is 0.7); a doc of several lines goes on in
+    ``    # ...`` lines below its key, then the values the key allows."""
     lines = []
     docs = field_docs(cls)
     hints = typing.get_type_hints(cls)
@@ -206,11 +207,11 @@ def describe(cls: type, prefix: str = "") -> list[str]:
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
         if dataclasses.is_dataclass(tp):
-            lines += describe(tp, prefix=f"{prefix}{f.name}.")
+            section = getattr(base, f.name) if base is not None else _factory_default(f)
+            lines += describe(tp, prefix=f"{prefix}{f.name}.", base=section)
             continue
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else "<required>"  # type: ignore[misc]
-        )
+        default = getattr(base, f.name) if base is not None else f.default if f.default is not dataclasses.MISSING \
+            else (f.default_factory() if f.default_factory is not dataclasses.MISSING else "<required>")  # type: ignore[misc]
         first, *more = [line for line in docs.get(f.name, "").splitlines() if line.strip()] or [""]
         lines.append(f"{prefix}{f.name}: {to_dict(default)!r}  # {first}")
         lines += [f"    # {line}" for line in more]
@@ -234,6 +235,8 @@ def _apply_override(data: dict[str, Any], item: str, cls: type | None = None, mo
         value = raw
     if cls is not None:
         parts, value = renamed_path(cls, parts, value, item, moved if moved is not None else [])
+        if not parts:  # a retired key: read and dropped
+            return
     node, section = data, cls
     for part in parts[:-1]:
         child = node.get(part)

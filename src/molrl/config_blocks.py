@@ -2,6 +2,13 @@
 
 - ``model`` (``ModelSource``): the checkpoint a stage loads, an adapter on it, the weights' dtype. ``model: PATH``
   is short for ``model: {path: PATH}``, so a one-line model still reads as it always did.
+- ``train`` (``TrainConfig``): optimisation and bookkeeping of the training stages (mol, rl), each with its own
+  defaults; a key a stage cannot honour is refused there when set.
+- ``lora`` (``LoraAdapterConfig``): the LoRA adapter a training stage creates.
+- ``data`` (``TaskSource``): the task file a stage runs on (collect, rl), read by ``molrl.tasks.source``.
+
+The others live beside what they configure: ``sampling`` (``molrl.sampling.SamplingConfig``), ``sandbox``
+(``molrl.sandbox.SandboxConfig``).
 
 ``tests/test_config_blocks.py`` checks, by enumeration over the stages, that each exposes these blocks under the
 same names and types.
@@ -9,11 +16,13 @@ same names and types.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Annotated, ClassVar, Literal
 
-from molrl.config_ranges import Dtype
+from molrl.config_ranges import (MAX_COUNT, Count, Dropout, Dtype, LearningRate, Optimizer, Probability, Range,
+                                 Scheduler, Seed, Size, TargetModules, Weight)
+from molrl.task_types import JsonlSpec
 
 
 @dataclass
@@ -34,3 +43,103 @@ class ModelSource:
 def as_model_source(value: ModelSource | str | Path) -> ModelSource:
     """A stage's ``model`` as its block: a config built in Python may give a plain path (``EvalConfig(model=P)``)."""
     return value if isinstance(value, ModelSource) else ModelSource(str(value))
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation and bookkeeping of a training stage (forwarded to ``transformers.TrainingArguments``: MoL's, and
+    RL's through TRL's ``GRPOConfig``)."""
+
+    optim: Optimizer = "adamw_torch"
+    """Optimiser name understood by transformers (adamw_torch, adamw_torch_fused, sgd, ...)."""
+    learning_rate: LearningRate = 1e-4
+    """Peak learning rate (1e-4 is the MoL-RL authors' value for LoRA)."""
+    lr_scheduler: Scheduler = "cosine"
+    """Learning-rate schedule name understood by transformers (constant, linear, cosine, ...)."""
+    warmup_ratio: Probability = 0.03
+    """Fraction of the steps spent warming the learning rate up (when warmup_steps is 0)."""
+    warmup_steps: Size = 0
+    """Optimiser steps spent warming the learning rate up; above 0 it replaces warmup_ratio (set one of them)."""
+    weight_decay: Weight = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: Annotated[float, Range(0, 1e6)] = 1.0
+    """Gradient clipping norm; 0 disables clipping."""
+    epochs: Annotated[float, Range(0, 1e6, low_open=True)] = 1.0
+    """Passes over the training data, with max_steps -1 (MoL only: RL runs max_steps steps)."""
+    max_steps: Annotated[int, Range(1, MAX_COUNT, also=(-1,))] = -1
+    """Optimiser steps to run; -1 runs ``epochs`` instead (MoL only)."""
+    micro_batch_size: Count = 1
+    """Sequences per forward/backward pass on each process (MoL: traces; RL: completions)."""
+    grad_accumulation: Count | None = 8
+    """Micro-batches per optimiser step on each process; none: derived by the stage (RL's is always
+    prompts_per_step * sampling.n / micro_batch_size)."""
+    seed: Seed = 0
+    """Seed of data order, adapter initialisation and dropout (and RL's sampling)."""
+    bf16: bool | None = False
+    """Train in bfloat16 mixed precision; none: when model.dtype is bfloat16 and a GPU is there."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory."""
+    logging_steps: Count = 1
+    """Log every this many optimiser steps (metrics.jsonl and report_to)."""
+    save_steps: Count = 50
+    """Write a resumable checkpoint every this many optimiser steps (a re-run resumes from the newest)."""
+    save_total_limit: Count = 2
+    """Checkpoints kept on disk (oldest deleted first)."""
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
+    """Logging backends (tensorboard, wandb, ...) beside metrics.jsonl; ``none`` for metrics.jsonl only."""
+    resume: Literal["auto", "never"] = "auto"
+    """``auto`` continues from the newest checkpoint in output_dir/checkpoints when there is one (the re-run rule,
+    ``molrl.rerun``); ``never`` starts over in the same directory."""
+
+    def __post_init__(self) -> None:
+        if self.warmup_steps > 0 and self.warmup_ratio > 0:
+            raise ValueError(f"train.warmup_steps={self.warmup_steps} and train.warmup_ratio={self.warmup_ratio}: set "
+                             "one of them (the other to 0)")
+
+    def warmup(self) -> float:
+        """``TrainingArguments.warmup_steps``: the steps when set, else the ratio (transformers reads a value below
+        1 as a fraction of the steps)."""
+        return self.warmup_steps if self.warmup_steps > 0 else self.warmup_ratio
+
+    def mixed_bf16(self, dtype: str, cuda: bool) -> bool:
+        """Whether to train in bfloat16 mixed precision: ``bf16``, or when unset, a bfloat16 model on a GPU."""
+        return self.bf16 if self.bf16 is not None else cuda and dtype in ("bfloat16", "bf16")
+
+
+@dataclass
+class LoraAdapterConfig:
+    """The LoRA adapter a training stage creates (the MoL-RL paper's rank 64, alpha 128)."""
+
+    enabled: bool = True
+    """Train a LoRA adapter; false means full fine-tuning (MoL only: its KL then needs a frozen copy of the model)."""
+    rank: Annotated[int, Range(1, 4096)] = 64
+    """Adapter rank r."""
+    alpha: Annotated[int, Range(1, 1_000_000)] = 128
+    """Scaling numerator: updates are scaled by alpha / rank."""
+    dropout: Dropout = 0.05
+    """Dropout on the adapter's input."""
+    target_modules: TargetModules = field(default_factory=lambda: ["all-linear"])
+    """Module names to adapt; ``all-linear`` means every linear layer except the output head.
+
+    MoL: ``lm_head`` may be listed with ``dropout`` 0 (the loss applies the head's adapter as a merged weight, one
+    extra [vocab, hidden] tensor and its gradient, which cannot drop inputs out). RL: never ``lm_head`` (TRL scores
+    tokens from lm_head.weight directly).
+    """
+
+
+@dataclass
+class TaskSource:
+    """A task file and how to read it."""
+
+    path: Path | None = None
+    """Task file (JSONL/JSON/parquet as the format expects); unused for format toy."""
+    format: Literal["humaneval", "mbpp", "math500", "aime", "jsonl", "toy"] = "jsonl"
+    """Format of the task file: humaneval (.jsonl/.jsonl.gz), mbpp, math500, aime or jsonl (molrl task JSONL, fields
+    under ``spec``); toy: RL's built-in toy task (no file)."""
+    limit: Count | None = None
+    """Use only the first N tasks."""
+    spec: JsonlSpec = field(default_factory=JsonlSpec)
+    """Field names and task kind of a jsonl task file (format jsonl only)."""
+    split: Literal["train", "validation", "test", "prompt", "all"] | None = None
+    """Benchmark split to take (train, validation, test, prompt or all); unset: train (rl's eval.tasks: test); a
+    file without splits is taken whole."""

@@ -5,6 +5,10 @@ converts); either name may be dotted, for a key that moved into or out of a sect
 reads every mapping and override through ``renamed`` and ``renamed_path``: old configs keep loading, with
 one line naming the new keys. ``current_names`` reads a saved config the same way, quietly, so a run saved
 under the old names is the same run under the new ones.
+
+A class may also list in ``RETIRED_KEYS`` keys it dropped because they never had an effect (old name -> why): an old
+config that sets one still loads, the key named in the same line, and a saved run that holds one is the same run. An
+old key given beside its new name with the same value (a saved config that held both) is read once.
 """
 
 from __future__ import annotations
@@ -33,22 +37,33 @@ def renamed(cls: type, data: dict[str, Any], prefix: str, where: str, note: bool
     """``data`` with each old key of ``cls.RENAMED_KEYS`` moved to its new name, its value converted; ``note``
     logs one line naming them."""
     data = _expanded(cls, data)
-    table = getattr(cls, "RENAMED_KEYS", {})
-    if not any(_has(data, old) for old in table):
+    table, retired = getattr(cls, "RENAMED_KEYS", {}), getattr(cls, "RETIRED_KEYS", {})
+    if not any(_has(data, old) for old in (*retired, *table)):
         return data
     data = _copy_sections(data)
     moved = []
+    for old, why in retired.items():
+        if _has(data, old):
+            _pop(data, old)
+            moved.append(f"{prefix}{old} dropped ({why})")
     for old, (new, convert) in table.items():
         if not _has(data, old):
             continue
-        if _has(data, new):
-            raise ConfigError(f"{where}: {prefix}{old} is the old name of {prefix}{new} and both are set; "
-                              f"keep {prefix}{new}")
         value = _pop(data, old)
         try:
             converted = convert(value)
-            _put(data, new, converted)
         except (TypeError, ValueError):
+            raise ConfigError(f"{where}: {prefix}{old}={value!r} cannot be read as {prefix}{new}; "
+                              f"set {prefix}{new}") from None
+        if _has(data, new):
+            if _get(data, new) == converted:
+                moved.append(f"{prefix}{old} (the same as {prefix}{new})")
+                continue
+            raise ConfigError(f"{where}: {prefix}{old} is the old name of {prefix}{new} and both are set; "
+                              f"keep {prefix}{new}")
+        try:
+            _put(data, new, converted)
+        except ValueError:
             raise ConfigError(f"{where}: {prefix}{old}={value!r} cannot be read as {prefix}{new}; "
                               f"set {prefix}{new}") from None
         moved.append(_moved(f"{prefix}{old}", f"{prefix}{new}", value, converted))
@@ -58,9 +73,14 @@ def renamed(cls: type, data: dict[str, Any], prefix: str, where: str, note: bool
 
 
 def renamed_path(cls: type, parts: list[str], value: Any, item: str, moved: list[str]) -> tuple[list[str], Any]:
-    """An override's key ``parts`` (and its value) under the current names of ``cls`` and of its sections."""
+    """An override's key ``parts`` (and its value) under the current names of ``cls`` and of its sections; no parts
+    for a retired key (``RETIRED_KEYS``), which is dropped."""
     done: list[str] = []
     while parts and dataclasses.is_dataclass(cls):
+        for old, why in getattr(cls, "RETIRED_KEYS", {}).items():
+            if parts[: len(old.split("."))] == old.split("."):
+                moved.append(f"{'.'.join(done + old.split('.'))} dropped ({why})")
+                return [], value
         for old, (new, convert) in getattr(cls, "RENAMED_KEYS", {}).items():
             old_parts = old.split(".")
             if parts[: len(old_parts)] != old_parts:
@@ -72,8 +92,9 @@ def renamed_path(cls: type, parts: list[str], value: Any, item: str, moved: list
                 except (TypeError, ValueError):
                     raise ConfigError(f"override {item!r}: {value!r} cannot be read as {'.'.join(done + [new])}; "
                                       f"set {'.'.join(done + [new])}") from None
-            parts = [*new.split("."), *parts[len(old_parts):]]
-            moved.append(_moved(".".join(done + old_parts), ".".join(done + new.split(".")), before, value))
+            renamed_parts = [*new.split("."), *parts[len(old_parts):]]
+            moved.append(_moved(".".join(done + parts), ".".join(done + renamed_parts), before, value))
+            parts = renamed_parts
             break
         head, parts = parts[0], parts[1:]
         done.append(head)
@@ -87,7 +108,8 @@ def _moved(old: str, new: str, value: Any, converted: Any) -> str:
 
 def note_renames(where: str, moved: list[str]) -> None:
     """One line naming the old keys read under their new names (once per distinct line)."""
-    line = f"{where}: old key names, read as the new ones: {', '.join(moved)}; rename them to silence this"
+    fix = "rename them (remove the dropped ones)" if any(" dropped (" in m for m in moved) else "rename them"
+    line = f"{where}: old key names, read as the new ones: {', '.join(moved)}; {fix} to silence this"
     if moved and line not in _NOTED:
         _NOTED.add(line)
         log.warning("%s", line)
@@ -146,6 +168,13 @@ def _has(data: dict[str, Any], dotted: str) -> bool:
         if not isinstance(data, dict):
             return False
     return key in data
+
+
+def _get(data: dict[str, Any], dotted: str) -> Any:
+    """The value of a dotted key (``_has`` it)."""
+    for name in dotted.split("."):
+        data = data[name]
+    return data
 
 
 def _pop(data: dict[str, Any], dotted: str) -> Any:

@@ -86,7 +86,8 @@ class PipelineConfig:
     general_traces: list[str] = field(default_factory=list)
     """Trace files tagged general (replay data: KL on all their tokens in MoL)."""
     collect: dict[str, Any] = field(default_factory=dict)
-    """CollectConfig settings (model and out are set by the pipeline)."""
+    """CollectConfig settings (model and output_dir are set by the pipeline; data.path too when the tasks are held in
+    memory)."""
     mol: dict[str, Any] = field(default_factory=dict)
     """MolConfig settings shared by every MoL run (model, data.traces and output_dir are set by the pipeline)."""
     mol_runs: list[MolRun] = field(default_factory=lambda: [MolRun()])
@@ -204,9 +205,9 @@ def collect_config(cfg: PipelineConfig, out: Path, in_memory: bool) -> Any:
     """The CollectConfig of the collect stage."""
     from molrl.collect.config import CollectConfig
 
-    fixed = {"model": {"path": cfg.model}, "out": str(out / "collect" / "traces.jsonl")}
+    fixed = {"model": {"path": cfg.model}, "output_dir": str(out / "collect")}
     if in_memory:
-        fixed["tasks"] = "<in memory>"
+        fixed["data"] = {"path": "<in memory>"}
     return stage_config(CollectConfig, cfg.collect, fixed, [], "collect")
 
 
@@ -255,11 +256,12 @@ def check_stages(cfg: PipelineConfig, out: Path, in_memory: bool) -> None:
 
 def collect_stage(cfg: PipelineConfig, out: Path, tasks: Sequence[Any] | None) -> Path:
     """Collected traces of the base model (``collect/traces.jsonl``)."""
+    from molrl.collect.files import collect_files
     from molrl.collect.run import run_collect
 
     collect_cfg = collect_config(cfg, out, tasks is not None)
     run_stage(out / "collect", collect_cfg, lambda: run_collect(collect_cfg, tasks=tasks), "collect")
-    return Path(collect_cfg.out)
+    return collect_files(Path(collect_cfg.output_dir)).traces
 
 
 def mol_stage(cfg: PipelineConfig, run: MolRun, traces: Sequence[str], out: Path) -> Path:

@@ -56,20 +56,20 @@ HARMLESS: dict[str, tuple[str, ...]] = {
     "rl": ("output_dir", "train.report_to", "train.logging_steps", "train.save_steps", "train.save_total_limit",
            "train.resume", "sandbox.workers", "engine", "vllm_mode", "vllm_server_url",
            "engine_gpu_memory_utilization", "threads"),
-    "collect": ("out", "limit", "samples", "engine", "device", "progress", "sandbox.workers", "episode.batch_size",
+    "collect": ("output_dir", "data.limit", "samples", "engine", "device", "progress", "sandbox.workers", "episode.batch_size",
                 "threads"),
     "eval": ("output_dir", "label", "benchmarks", "limit", "ks", "batch_size", "partial_predictions", "device",
              "engine", "static_cache", "sandbox.workers", "threads"),
 }
 """Per stage, the keys a re-run may change freely, each a single key (never a whole section, whose other keys could
-change a result). collect's ``limit`` and ``samples`` and eval's ``benchmarks`` and ``limit`` only add or leave out
+change a result). collect's ``data.limit`` and ``samples`` and eval's ``benchmarks`` and ``limit`` only add or leave out
 work; what was already made stays valid. Of the sandbox only the worker count is here: its limits and tolerances
 decide verdicts."""
 
 INPUTS: dict[str, tuple[str, ...]] = {
     "mol": ("model.path", "data.traces"),
     "rl": ("model.path", "model.adapter", "data.path", "eval.tasks.path"),
-    "collect": ("model.path", "model.adapter", "tasks"),
+    "collect": ("model.path", "model.adapter", "data.path"),
     "eval": ("model.path", "model.adapter", "data"),
 }
 """Per stage, the keys naming what a run reads (files, folders; a list's or mapping's every value): compared as
@@ -79,7 +79,7 @@ completions are compared with the file's, and an edited one is graded again (``P
 EXTENDABLE: dict[str, tuple[str, ...]] = {"mol": ("train.max_steps",), "rl": ("train.max_steps",)}
 """Per stage, the keys a re-run may raise to train a run further (never lower: that is another run)."""
 
-NEW_RUN = {"mol": "output_dir=DIR", "rl": "output_dir=DIR", "collect": "--out FILE", "eval": "--out DIR"}
+NEW_RUN = {"mol": "output_dir=DIR", "rl": "output_dir=DIR", "collect": "--out DIR", "eval": "--out DIR"}
 """How a user of each stage starts a new run instead."""
 
 

@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Literal
 
-from molrl.config_blocks import ModelSource, as_model_source
-from molrl.config_ranges import Count, Range, SamplingTemperature, Seconds, Seed, Size, Threads
+from molrl.config_blocks import ModelSource, TaskSource, as_model_source
+from molrl.collect.files import output_dir_of
+from molrl.config_ranges import Count, Range, RunDir, SamplingTemperature, Seconds, Size, Threads
 from molrl.sampling import SamplingConfig
 from molrl.sandbox import SandboxConfig
-from molrl.tasks import JsonlSpec
 
 DEFAULT_FEEDBACK = ["execution", "tests", "verdict", "format", "budget"]
 
@@ -39,7 +39,8 @@ class CritiqueConfig:
 
 @dataclass
 class EpisodeConfig:
-    """How an agent episode runs: turns, limits, action format, generation and feedback."""
+    """How an agent episode runs: turns, limits, action format and feedback (its turns sample with the stage's
+    ``sampling``)."""
 
     max_turns: Count = 5
     """Most model turns per episode."""
@@ -47,10 +48,6 @@ class EpisodeConfig:
     """Most solution submissions per episode (a wrong one earns feedback and another try)."""
     max_total_tokens: Count = 8192
     """Most tokens of rendered prompt plus generated turn; a turn that would pass it is cut there and ends the episode."""
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    """Sampling of each turn (``n`` must be 1: samples per task are separate episodes; </execute> and </solution> are always stop strings)."""
-    enable_thinking: bool = True
-    """Render with thinking on (Qwen3-style templates); off adds the template's empty think block."""
     system_prompt: str = ""
     """Instructions stating the action format ({max_turns}, {max_solutions} filled in); empty uses ``molrl.collect.actions.SYSTEM_PROMPT``."""
     code_task: str = "Write a Python function `{entry_point}` that solves the following problem.\n\n{prompt}"
@@ -71,47 +68,47 @@ class EpisodeConfig:
     """The critic used by the ``critique`` feedback provider."""
     batch_size: Count = 16
     """Episodes advancing in lockstep (one batched generate call per round)."""
-    seed: Seed = 0
-    """Base seed; round r of the loop samples with seed + r."""
 
     # feedback was clipped in characters before it was clipped in tokens: 2000 characters read as 500 tokens
     RENAMED_KEYS: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {
         "feedback_max_chars": ("feedback_max_tokens", lambda chars: -(-int(chars) // 4)),
     }
 
-    def __post_init__(self) -> None:
-        if self.sampling.n != 1:
-            raise ValueError("sampling.n must be 1: set samples per task with 'samples' instead")
-
 
 @dataclass
 class CollectConfig:
-    """``molrl collect``: run a model as an agent on tasks and append its traces to a file."""
+    """``molrl collect``: run a model as an agent on tasks and append its traces to output_dir/traces.jsonl."""
 
     model: ModelSource
     """The model that acts (``model: PATH`` for short), an adapter on it and its dtype."""
-    tasks: Path
-    """Task file (HumanEval .jsonl/.jsonl.gz, MBPP, MATH-500, AIME, or molrl task JSONL)."""
-    out: Path
-    """Trace file (JSONL) that finished episodes are appended to; re-running resumes it."""
-    format: Literal["humaneval", "mbpp", "math500", "aime", "jsonl"] = "jsonl"
-    """Format of the task file."""
-    jsonl: JsonlSpec = field(default_factory=JsonlSpec)
-    """Field names and task kind of a ``jsonl`` task file."""
-    split: Literal["train", "validation", "test", "prompt", "all"] | None = None
-    """Benchmark split to collect on (unset: train; a file without splits is taken whole)."""
-    limit: Count | None = None
-    """Use only the first N tasks."""
+    output_dir: RunDir = Path("runs/collect")
+    """Run directory: traces.jsonl (finished episodes are appended to it; re-running resumes it),
+    traces.rejects.jsonl, config.yaml."""
+    data: TaskSource = field(default_factory=TaskSource)
+    """The tasks collected on: ``data.path`` (required), its format (HumanEval .jsonl/.jsonl.gz, MBPP, MATH-500, AIME,
+    or molrl task JSONL with fields under ``data.spec``), split (unset: train) and limit, as rl's ``data``."""
     engine: Literal["auto", "vllm", "transformers"] = "auto"
     """Generation engine: auto (vLLM when installed and the work pays for its start, else transformers), vllm or
     transformers (``molrl.engines``); an adapter is served as vLLM LoRA or merged into a temporary copy."""
 
     RENAMED_KEYS: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {
-        "backend": ("engine", lambda v: v), **{key: (f"model.{key}", lambda v: v) for key in ("adapter", "dtype")}}
+        "backend": ("engine", lambda v: v), **{key: (f"model.{key}", lambda v: v) for key in ("adapter", "dtype")},
+        "episode.sampling": ("sampling", lambda v: v), "episode.seed": ("sampling.seed", lambda v: v),
+        "episode.enable_thinking": ("thinking", lambda v: v), "tasks": ("data.path", lambda v: v),
+        "format": ("data.format", lambda v: v), "jsonl": ("data.spec", lambda v: v),
+        "split": ("data.split", lambda v: v), "limit": ("data.limit", lambda v: v), "out": ("output_dir", output_dir_of)}
+    RETIRED_KEYS: ClassVar[dict[str, str]] = {"episode.sampling.seed": "the rounds were seeded by episode.seed, "
+                                                                       "now sampling.seed"}
     device: str | None = None
     """Device for the transformers backend; default cuda when visible, else cpu."""
     samples: Count = 1
-    """Episodes per task (use temperature > 0 so they differ)."""
+    """Episodes per task (use sampling.temperature > 0 so they differ)."""
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    """Sampling of each turn: greedy and 512 new tokens by default (``n`` must be 1: samples per task are separate
+    episodes; </execute> and </solution> are always stop strings; round r of turns samples with seed + r)."""
+    thinking: bool = False
+    """Render with the chat template's thinking on (Qwen3-style: the model may open a <think> block); off, the
+    default in every stage, puts the template's empty think block before each answer."""
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
     """How each episode runs."""
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
@@ -123,3 +120,8 @@ class CollectConfig:
 
     def __post_init__(self) -> None:
         self.model = as_model_source(self.model)
+        if self.data.path is None or self.data.format == "toy":
+            raise ValueError(f"data.path={self.data.path}, data.format={self.data.format}: collect runs on a task "
+                             "file; give data.path=FILE (--tasks) and its data.format (--format)")
+        if self.sampling.n != 1:
+            raise ValueError(f"sampling.n={self.sampling.n} must be 1: set samples per task with 'samples' instead")

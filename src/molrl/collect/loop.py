@@ -33,6 +33,7 @@ from molrl.collect.providers import build_providers
 from molrl.content import encode_content
 from molrl.generation import Generator
 from molrl.graders.code import CodeRewardConfig
+from molrl.sampling import SamplingConfig
 from molrl.tasks import Task
 from molrl.tasks.grade import grade
 from molrl.tasks.held_out import episode_tasks, shows_tests
@@ -167,18 +168,23 @@ def run_episodes(
     tasks: Sequence[Task],
     pool: Any,
     cfg: EpisodeConfig,
+    sampling: SamplingConfig | None = None,
     *,
+    thinking: bool,
     samples: int = 1,
     skip: Collection[tuple[str, int]] = (),
     providers: Sequence[FeedbackProvider] | None = None,
     on_finish: Callable[[Episode], None] | None = None,
 ) -> list[Episode]:
-    """Run ``samples`` episodes per task (minus the ``(task_id, sample)`` pairs in ``skip``) to the end.
+    """Run ``samples`` episodes per task (minus the ``(task_id, sample)`` pairs in ``skip``) to the end, each turn
+    sampled with ``sampling`` (none: greedy, 512 new tokens; its ``n`` is ignored), round r with its seed + r, and
+    rendered with the chat template's thinking on or off (``thinking``).
 
     ``pool`` is a ``molrl.sandbox.SandboxPool`` (anything with its ``run_many`` / ``run_tests_many``).
     ``on_finish`` is called with each episode as it ends (the place to persist it); the finished
     episodes are also returned, in the order they ended. Nothing is written here.
     """
+    sampling = sampling if sampling is not None else SamplingConfig()
     providers = list(providers) if providers is not None else build_providers(cfg.feedback, cfg, tokenizer)
     waiting = deque(open_episode(t, s, cfg) for t in tasks for s in range(samples) if (t.id, s) not in skip)
     active: list[Episode] = []
@@ -187,12 +193,13 @@ def run_episodes(
     while waiting or active:
         while waiting and len(active) < cfg.batch_size:
             active.append(waiting.popleft())
-        actions = model_turns(generator, tokenizer, active, cfg, seed=cfg.seed + round_index)
+        actions = model_turns(generator, tokenizer, active, cfg, dataclasses.replace(sampling, seed=sampling.seed + round_index),
+                              thinking)
         environment_turns(pool, providers, cfg, [(ep, a) for ep, a in zip(active, actions) if a is not None])
         grade_final(pool, [ep for ep in active if ep.done])
         for ep in active:
             if ep.done:
-                ep.tokens = _count_tokens(tokenizer, ep.messages, cfg.enable_thinking)
+                ep.tokens = _count_tokens(tokenizer, ep.messages, thinking)
                 finished.append(ep)
                 if on_finish is not None:
                     on_finish(ep)
@@ -202,16 +209,19 @@ def run_episodes(
 
 
 def model_turns(
-    generator: Generator, tokenizer: Any, episodes: Sequence[Episode], cfg: EpisodeConfig, seed: int
+    generator: Generator, tokenizer: Any, episodes: Sequence[Episode], cfg: EpisodeConfig, sampling: SamplingConfig,
+    thinking: bool,
 ) -> list[Action | None]:
-    """Generate one turn for every episode in one call; returns each turn's action (None: episode ended)."""
+    """Generate one turn for every episode in one call, sampled with ``sampling`` (one completion each, the action
+    tags added to its stop strings) and rendered with thinking on or off; returns each turn's action (None: episode
+    ended)."""
     prompts: list[Any] = [None] * len(episodes)
     for i, ep in enumerate(episodes):
         try:  # content is plain text: a forged <|im_end|> in a tool reply stays characters
-            prompts[i] = chat_prompt(tokenizer, ep.messages, enable_thinking=cfg.enable_thinking)
+            prompts[i] = chat_prompt(tokenizer, ep.messages, enable_thinking=thinking)
         except TraceError:
             ep.stop_reason = "template_error"
-    prefill = think_prefill(tokenizer, cfg.enable_thinking)
+    prefill = think_prefill(tokenizer, thinking)
     budgets = [0 if p is None else cfg.max_total_tokens - len(p.ids) for p in prompts]  # tokens each may still add
     actions: list[Action | None] = [None] * len(episodes)
     live = [i for i, b in enumerate(budgets) if b > 0]
@@ -221,10 +231,10 @@ def model_turns(
     if not live:
         return actions
     sampling = dataclasses.replace(
-        cfg.sampling,
-        max_new_tokens=min(cfg.sampling.max_new_tokens, max(budgets[i] for i in live)),
-        seed=seed,
-        stop=list(dict.fromkeys([*cfg.sampling.stop, *STOP_STRINGS])),
+        sampling,
+        n=1,
+        max_new_tokens=min(sampling.max_new_tokens, max(budgets[i] for i in live)),
+        stop=list(dict.fromkeys([*sampling.stop, *STOP_STRINGS])),
     )
     completions = generator.generate([prompts[i] for i in live], sampling)
     for i, (text,) in zip(live, completions):

@@ -1,11 +1,13 @@
 """``run_collect``: the loop plus persistence — resumable, lossless, with a progress bar.
 
-Every episode is appended to the output file (one atomic line, fsynced) the moment it ends, so a
+Every episode is appended to ``output_dir/traces.jsonl`` (one atomic line, fsynced) the moment it ends, so a
 Ctrl-C or kill -9 loses only the episodes in flight. On start the file is read and the
 ``(task_id, sample)`` pairs already there are skipped. An episode that produced no valid trace
 (its first turn was empty), or whose trace cannot be written as JSON, goes to
-``<out>.rejects.jsonl`` with the reason, so it is counted and not retried forever. Text never
-stops a run: a lone surrogate a program printed or returned is written as a JSON escape. The resolved config is written to ``<out>.config.yaml``; resuming with
+``traces.rejects.jsonl`` with the reason, so it is counted and not retried forever. Text never
+stops a run: a lone surrogate a program printed or returned is written as a JSON escape. The resolved config is
+written to ``config.yaml`` (``molrl.collect.files``: a run made before, as one trace file, resumes where it lies);
+resuming with
 settings that change what a trace means (model, tasks, sampling, feedback...) is refused, and a
 finished file says so and is left as it is (``molrl.rerun``: the rule every stage follows).
 """
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from molrl.collect.config import CollectConfig
+from molrl.collect.files import CollectFiles, collect_files
 from molrl.collect.loop import Episode, run_episodes
 from molrl.config import check_values, to_dict
 from molrl.cpu import use_threads
@@ -26,7 +29,6 @@ from molrl.errors import DataError, MolrlError
 from molrl.jsonl import json_line, read_lines, repair_torn_tail
 from molrl.rerun import NEW_RUN, check_rerun, save_run_config, say_finished
 from molrl.tasks import Task
-from molrl.tasks.splits import overlap_line
 from molrl.traces.schema import TraceError, append_trace, read_traces
 from molrl.writes import output_lock
 
@@ -35,54 +37,57 @@ log = logging.getLogger(__name__)
 
 def run_collect(cfg: CollectConfig, *, generator: Any = None, tokenizer: Any = None,
                 tasks: Sequence[Task] | None = None) -> Path:
-    """Collect traces for every (task, sample) not yet in ``cfg.out``; returns the trace file.
+    """Collect traces for every (task, sample) not yet in ``cfg.output_dir``; returns the trace file.
 
     ``generator`` and ``tokenizer`` replace the ones ``cfg.model.path`` would load (e.g. a model already
     in memory); ``tasks`` replaces the task file (tasks held in memory, whose sandbox setup a task
     file cannot carry).
     """
     check_values(cfg, "CollectConfig")
-    out = Path(cfg.out)
+    files = collect_files(Path(cfg.output_dir))
+    out = files.traces
+    if files.before:
+        log.info("%s: a trace file made before collect wrote into output_dir; resuming it where it lies", out)
     out.parent.mkdir(parents=True, exist_ok=True)
     # two runs never append to one trace file (molrl.writes.output_lock: the kernel frees it if killed)
     with output_lock(out.with_name(out.name + ".lock"), out, f"use another {NEW_RUN['collect']}"):
-        return _collect(cfg, out, generator, tokenizer, tasks)
+        return _collect(cfg, files, generator, tokenizer, tasks)
 
 
-def _collect(cfg: CollectConfig, out: Path, generator: Any, tokenizer: Any, tasks: Sequence[Task] | None) -> Path:
-    from molrl.tasks import load_tasks
+def _collect(cfg: CollectConfig, files: CollectFiles, generator: Any, tokenizer: Any,
+             tasks: Sequence[Task] | None) -> Path:
+    from molrl.tasks.source import load_task_source
 
-    done = finished_pairs(out)
-    check_rerun("collect", cfg, config_path(out), started=bool(done), run=out)  # molrl.rerun: one rule for every stage
+    out = files.traces
+    done = finished_pairs(files)
+    check_rerun("collect", cfg, files.config, started=bool(done), run=out)  # molrl.rerun: one rule for every stage
     if tasks is None:
-        tasks = load_tasks(cfg.tasks, cfg.format, limit=cfg.limit, spec=cfg.jsonl, split=cfg.split)
-        if line := overlap_line(tasks, "split"):
-            log.warning("%s", line)
+        tasks = load_task_source(cfg.data, "data")  # its training split unless data.split names another
     pairs = [(t.id, s) for t in tasks for s in range(cfg.samples)]
     total, todo = len(pairs), sum(pair not in done for pair in pairs)
     if todo == 0:
         say_finished(out, f"all {total} episodes collected", "collect")
         return out
     log.info("%s: %d of %d episodes already collected, %d to go", out, total - todo, total, todo)
-    save_run_config("collect", cfg, config_path(out))
-    if cfg.samples > 1 and cfg.episode.sampling.temperature == 0:
+    save_run_config("collect", cfg, files.config)
+    if cfg.samples > 1 and cfg.sampling.temperature == 0:
         log.warning("samples=%d with greedy decoding (temperature 0): the samples of a task will mostly repeat; "
-                    "set episode.sampling.temperature", cfg.samples)
+                    "set sampling.temperature", cfg.samples)
     use_threads(cfg.threads, "collect")
     own = generator is None or tokenizer is None  # made here: released here (a vLLM engine's memory)
     if own:
         generator, tokenizer = build_generator(cfg, episodes=todo)
     try:
-        _run(cfg, out, generator, tokenizer, tasks, pairs, done, total)
+        _run(cfg, files, generator, tokenizer, tasks, pairs, done, total)
     finally:
         if own and hasattr(generator, "close"):
             generator.close()
     return out
 
 
-def _run(cfg: CollectConfig, out: Path, generator: Any, tokenizer: Any, tasks: Sequence[Task], pairs: Any, done: Any,
-         total: int) -> None:
-    """Run the episodes left and append each finished one to ``out``."""
+def _run(cfg: CollectConfig, files: CollectFiles, generator: Any, tokenizer: Any, tasks: Sequence[Task], pairs: Any,
+         done: Any, total: int) -> None:
+    """Run the episodes left and append each finished one to the trace file."""
     from molrl.sandbox import SandboxPool
 
     settings = generation_settings(cfg)
@@ -93,33 +98,25 @@ def _run(cfg: CollectConfig, out: Path, generator: Any, tokenizer: Any, tasks: S
     with _Progress(cfg.progress, total, stats) as advance, SandboxPool(cfg.sandbox) as pool:
 
         def save(ep: Episode) -> None:
-            stats.rejected += not write_episode(out, ep, settings)
+            stats.rejected += not write_episode(files, ep, settings)
             stats.add(ep.success, ep.turns)
             advance()
 
-        run_episodes(generator, tokenizer, tasks, pool, cfg.episode, samples=cfg.samples, skip=done, on_finish=save)
-    log.info("%s: %d episodes, success rate %.3f, mean turns %.2f", out, stats.done, stats.rate, stats.mean_turns)
+        run_episodes(generator, tokenizer, tasks, pool, cfg.episode, cfg.sampling, thinking=cfg.thinking,
+                     samples=cfg.samples, skip=done, on_finish=save)
+    log.info("%s: %d episodes, success rate %.3f, mean turns %.2f", files.traces, stats.done, stats.rate,
+             stats.mean_turns)
     if stats.rejected:
         log.warning("%s: %d episodes of this run have no trace; their reasons are in %s",
-                    out, stats.rejected, rejects_path(out))
+                    files.traces, stats.rejected, files.rejects)
 
 
-def config_path(out: Path) -> Path:
-    """Where the resolved config of a trace file is kept."""
-    return out.with_name(out.name + ".config.yaml")
-
-
-def rejects_path(out: Path) -> Path:
-    """Where episodes that could not become a valid trace are recorded."""
-    return out.with_name(out.name + ".rejects.jsonl")
-
-
-def write_episode(out: Path, ep: Episode, settings: dict[str, Any]) -> bool:
-    """Append the episode's trace to ``out`` (True), or its reason to the rejects file (False) when it has no
+def write_episode(files: CollectFiles, ep: Episode, settings: dict[str, Any]) -> bool:
+    """Append the episode's trace to the trace file (True), or its reason to the rejects file (False) when it has no
     valid trace or cannot be written as JSON."""
     trace = ep.to_trace(settings)
     try:
-        append_trace(out, trace)
+        append_trace(files.traces, trace)
         return True
     except TraceError as err:
         reason = str(err)
@@ -130,12 +127,13 @@ def write_episode(out: Path, ep: Episode, settings: dict[str, Any]) -> bool:
         line = json_line(record)
     except (TypeError, ValueError, RecursionError):  # the same value: keep what resuming needs
         line = json_line(dict(record, meta={"turns": ep.turns, "success": ep.success}))
-    _append_line(rejects_path(out), line)
+    _append_line(files.rejects, line)
     return False
 
 
-def finished_pairs(out: Path) -> dict[tuple[str, int], tuple[bool, int]]:
-    """``(task_id, sample)`` pairs already in ``out`` or its rejects file, each with (success, turns)."""
+def finished_pairs(files: CollectFiles) -> dict[tuple[str, int], tuple[bool, int]]:
+    """``(task_id, sample)`` pairs already in the trace file or the rejects file, each with (success, turns)."""
+    out = files.traces
     done: dict[tuple[str, int], tuple[bool, int]] = {}
     if out.exists():
         repair_torn_tail(out)
@@ -147,7 +145,7 @@ def finished_pairs(out: Path) -> dict[tuple[str, int], tuple[bool, int]]:
             done[key] = (bool(trace.success), int(trace.meta.get("turns", 0)))  # type: ignore[index]
         if reader.rejects:
             raise MolrlError(f"{reader.rejects[0]} (fix or delete the line, then re-run to resume)")
-    rejects = rejects_path(out)
+    rejects = files.rejects
     if rejects.exists():
         repair_torn_tail(rejects)
         for line in read_lines(rejects):
@@ -173,13 +171,13 @@ def generation_settings(cfg: CollectConfig) -> dict[str, Any]:
         "adapter": to_dict(cfg.model.adapter),
         "engine": cfg.engine,
         "dtype": cfg.model.dtype,
-        "sampling": to_dict(cfg.episode.sampling),
-        "enable_thinking": cfg.episode.enable_thinking,
+        "sampling": to_dict(cfg.sampling),
+        "enable_thinking": cfg.thinking,
         "max_turns": cfg.episode.max_turns,
         "max_solutions": cfg.episode.max_solutions,
         "max_total_tokens": cfg.episode.max_total_tokens,
         "feedback": list(cfg.episode.feedback),
-        "seed": cfg.episode.seed,
+        "seed": cfg.sampling.seed,
     }
 
 
@@ -190,13 +188,13 @@ def build_generator(cfg: CollectConfig, episodes: int = 0) -> tuple[Any, Any]:
     from molrl.generation import TransformersGenerator, VLLMGenerator
     from molrl.models import default_device, load_model_and_tokenizer, load_tokenizer
 
-    engine = choose_engine(cfg.engine, cfg.model.path, episodes * cfg.episode.max_turns * cfg.episode.sampling.max_new_tokens)
+    engine = choose_engine(cfg.engine, cfg.model.path, episodes * cfg.episode.max_turns * cfg.sampling.max_new_tokens)
     engine.log("collect")
     if engine.name == "vllm":
         tokenizer = load_tokenizer(cfg.model.path)
-        return VLLMGenerator(cfg.model.path, tokenizer, adapter=cfg.model.adapter, dtype=cfg.model.dtype, seed=cfg.episode.seed), tokenizer
+        return VLLMGenerator(cfg.model.path, tokenizer, adapter=cfg.model.adapter, dtype=cfg.model.dtype, seed=cfg.sampling.seed), tokenizer
     model, tokenizer = load_model_and_tokenizer(
-        cfg.model.path, dtype=cfg.model.dtype, device=cfg.device or default_device(), adapter=cfg.model.adapter, seed=cfg.episode.seed
+        cfg.model.path, dtype=cfg.model.dtype, device=cfg.device or default_device(), adapter=cfg.model.adapter, seed=cfg.sampling.seed
     )
     return TransformersGenerator(model, tokenizer, batch_size=cfg.episode.batch_size), tokenizer
 

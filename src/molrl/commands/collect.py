@@ -1,11 +1,11 @@
 """``molrl collect``: run a model as an agent on tasks and append multi-turn feedback traces.
 
     molrl collect --model M --tasks FILE --format humaneval|mbpp|math500|aime|jsonl \\
-        --out traces.jsonl [--samples N] [--max-turns T] [--limit N] [--config FILE] [key=value ...]
+        --out DIR [--samples N] [--max-turns T] [--limit N] [--config FILE] [key=value ...]
 
-Re-running the same command resumes: finished (task, sample) pairs in --out are skipped; a finished file
-says so and is left alone; other settings on the same --out are refused, naming each key.
-Overrides reach every field, e.g. ``episode.sampling.temperature=0.8 episode.feedback=execution,verdict``.
+The traces go to DIR/traces.jsonl. Re-running the same command resumes: finished (task, sample) pairs there are
+skipped; a finished run says so and is left alone; other settings on the same --out are refused, naming each key.
+Overrides reach every field, e.g. ``sampling.temperature=0.8 episode.feedback=execution,verdict``.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = add_stage_parser(subparsers, "collect",
                          help="run a model as an agent on code/math tasks and write multi-turn feedback traces",
-                         doc=__doc__, config="CollectConfig", example="episode.sampling.temperature=0.8")
+                         doc=__doc__, config="CollectConfig", example="sampling.temperature=0.8")
     p.add_argument("--model", help="model directory or hub name (tiny:chatml for smoke runs)")
     p.add_argument("--adapter", help="PEFT adapter directory to put on the model")
     p.add_argument("--tasks", help="task file")
     p.add_argument("--format", choices=["humaneval", "mbpp", "math500", "aime", "jsonl"], help="task file format")
-    p.add_argument("--out", help="trace file to append to (JSONL); re-running resumes it")
+    p.add_argument("--out", help="run directory (output_dir): traces.jsonl, config.yaml; re-running resumes it")
     p.add_argument("--samples", type=int, help="episodes per task")
     p.add_argument("--max-turns", type=int, help="most model turns per episode")
     p.add_argument("--limit", type=int, help="use only the first N tasks")
@@ -31,8 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 FLAGS = {
-    "model": "model.path", "adapter": "model.adapter", "tasks": "tasks", "format": "format", "out": "out",
-    "samples": "samples", "max_turns": "episode.max_turns", "limit": "limit",
+    "model": "model.path", "adapter": "model.adapter", "tasks": "data.path", "format": "data.format", "out": "output_dir",
+    "samples": "samples", "max_turns": "episode.max_turns", "limit": "data.limit",
 }
 """Command-line flags and the config keys they set."""
 

@@ -92,7 +92,7 @@ def flag_overrides(args: argparse.Namespace) -> list[str]:
             raise MolrlError(f"--turns {args.turns} with --mode single: several turns are the interactive mode")
         out += ["mode=single"] if args.turns == 1 else ["mode=interactive", f"interactive.max_turns={args.turns}"]
     if args.thinking:
-        out.append("enable_thinking=true")
+        out.append("thinking=true")
     for item in args.data:
         m = NAMED.match(item)
         if not m:

@@ -163,13 +163,14 @@ class ToolDemonstrator:
 
 def demonstration_traces(tasks: Sequence[Task], tokenizer: Any, episode: Any, pool: Any,
                          hide_value: bool = False) -> list[Trace]:
-    """Tool-use episodes on ``tasks``, run through the real collection loop.
+    """Tool-use episodes on ``tasks``, run through the real collection loop in the format ``episode`` (a
+    ``molrl.demo.collection.CollectionFormat``).
 
     ``hide_value`` marks the task's value as one the base must not learn (see ``base_example``).
     """
-    from molrl.collect.loop import run_episodes
+    from molrl.demo.collection import run_format
 
-    episodes = run_episodes(ToolDemonstrator(), tokenizer, tasks, pool, episode)
+    episodes = run_format(ToolDemonstrator(), tokenizer, tasks, pool, episode)
     failed = [ep.task.id for ep in episodes if not ep.success]
     if failed:
         raise RuntimeError(f"the scripted demonstrator failed {len(failed)} episodes (first: {failed[0]}); "

@@ -87,9 +87,9 @@ def direct_solution(task: Task, key: str) -> str:
 
 def demonstration_traces(tasks: Sequence[Task], tokenizer: Any, episode: Any, pool: Any) -> list[Trace]:
     """Tool-use episodes of ``ChainDemonstrator`` on ``tasks``, through the real collection loop and sandbox."""
-    from molrl.collect.loop import run_episodes
+    from molrl.demo.collection import run_format
 
-    episodes = run_episodes(ChainDemonstrator(), tokenizer, tasks, pool, episode)
+    episodes = run_format(ChainDemonstrator(), tokenizer, tasks, pool, episode)
     failed = [ep.task.id for ep in episodes if not ep.success]
     if failed:
         raise RuntimeError(f"the chain demonstrator failed {len(failed)} episodes (first: {failed[0]}); "
@@ -243,7 +243,7 @@ def build_chain_base(world: World, preset: Any, base_dir: Path, episode: Any, ma
     from molrl.tiny import build_tiny_tokenizer
 
     marker = base_dir / "DONE"
-    made_of = {"world": asdict(preset.world), "base": asdict(preset.base), "episode": asdict(episode),
+    made_of = {"world": asdict(preset.world), "base": asdict(preset.base), "episode": episode.key(),
                "math_prompt": math_prompt}
     if marker.is_file() and json.loads(marker.read_text()) == made_of:
         log.info("%s: base model already trained, reused", base_dir)

@@ -109,9 +109,13 @@ def measure_world(world: World, base_dir: Path, world_dir: Path, cfg: Any, sampl
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     model = AutoModelForCausalLM.from_pretrained(base_dir).eval()
     tasks = world.rule_heldout
-    settings = {"math_prompt": cfg.eval.get("math_prompt", "{prompt}"),
-                "max_new_tokens": int(cfg.eval.get("sampling", {}).get("max_new_tokens", 352)),
-                "temperature": float(cfg.rl.get("temperature", 1.0))}
+    from molrl.eval.config import EvalConfig
+    from molrl.pipeline import stage_config
+    from molrl.rl.config import RlConfig
+
+    evaluation, rl = stage_config(EvalConfig, cfg.eval, {}, [], "eval"), stage_config(RlConfig, cfg.rl, {}, [], "rl")
+    settings = {"math_prompt": evaluation.math_prompt, "max_new_tokens": evaluation.sampling.max_new_tokens,
+                "temperature": rl.sampling.temperature}
     with torch.no_grad():
         props = _measure(model, tokenizer, tasks, world.key, settings, samples)
     write_text(saved, json.dumps(asdict(props), indent=1))

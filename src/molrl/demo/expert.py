@@ -70,14 +70,14 @@ def expert_traces(tasks: Sequence[Task], tokenizer: Any, episode: Any, out: Path
                   expert: Any = None) -> Path:
     """The ``expert``'s episodes (default ``StyledExpert``) on ``tasks`` in ``out`` (trace JSONL), unless ``out``
     is already there."""
-    from molrl.collect.loop import run_episodes
+    from molrl.demo.collection import run_format
     from molrl.sandbox import SandboxConfig, SandboxPool
     from molrl.traces.schema import append_trace
 
     if out.is_file():
         return out
     with SandboxPool(SandboxConfig(workers=workers)) as pool:
-        episodes = run_episodes(expert or StyledExpert(), tokenizer, tasks, pool, episode)
+        episodes = run_format(expert or StyledExpert(), tokenizer, tasks, pool, episode)
     failed = [ep.task.id for ep in episodes if not ep.success]
     if failed:
         raise RuntimeError(f"the expert failed {len(failed)} of {len(episodes)} episodes (first: {failed[0]}); "

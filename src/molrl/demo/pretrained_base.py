@@ -93,7 +93,7 @@ def build_pretrained_base(world_cfg: ChainWorldConfig, warm: WarmUpConfig, model
     marker = base_dir / "DONE"
     made_of = {"model": str(Path(model).resolve()), "world": asdict(replace(world_cfg, seed=warm.world_seed)),
                "warm_up": asdict(warm),
-               "episode": asdict(episode), "math_prompt": math_prompt}
+               "episode": episode.key(), "math_prompt": math_prompt}
     if marker.is_file() and json.loads(marker.read_text()) == made_of:
         log.info("%s: warmed-up base already made, reused", base_dir)
         return base_dir
@@ -109,7 +109,8 @@ def build_pretrained_base(world_cfg: ChainWorldConfig, warm: WarmUpConfig, model
         append_trace(tmp, trace)
     tmp.replace(traces_file)
     section = {
-        "data": {"traces": [str(traces_file)], "max_length": episode.max_total_tokens, "enable_thinking": True},
+        "data": {"traces": [str(traces_file)], "max_length": episode.max_total_tokens},
+        "thinking": True,
         "loss": {"mode": "ce"},
         "lora": {"rank": warm.lora_rank, "alpha": 2 * warm.lora_rank, "dropout": 0.0},
         "train": {"learning_rate": warm.learning_rate, "max_steps": warm.max_steps, "warmup_ratio": 0.1,

@@ -81,7 +81,7 @@ PRESETS = {
                           code_problems=30, code_heldout=20),
         base=BaseModelConfig(steps=80),
         pipeline_overrides=["mol.train.max_steps=12", "rl.train.max_steps=3", "rl.prompts_per_step=2",
-                            "rl.num_generations=4", "rl.train.micro_batch_size=8", *STUDY_PROMPTS],
+                            "rl.sampling.n=4", "rl.train.micro_batch_size=8", *STUDY_PROMPTS],
     ),
 }
 
@@ -98,9 +98,9 @@ CHAIN_PRESETS = {
         world=ChainWorldConfig(max_steps=6, train_problems=16, heldout_problems=10, general_train=40, general_eval=10),
         base=BaseModelConfig(num_layers=1, hidden_size=64, steps=100, teacher_rounds=1),
         pipeline_overrides=["mol.train.max_steps=3", "mol.train.micro_batch_size=8", "mol.train.grad_accumulation=1",
-                            "rl.train.max_steps=2", "rl.prompts_per_step=2", "rl.num_generations=4",
+                            "rl.train.max_steps=2", "rl.prompts_per_step=2", "rl.sampling.n=4",
                             "rl.train.micro_batch_size=8", "eval.sampling.max_new_tokens=32",
-                            "rl.max_completion_length=32"],
+                            "rl.sampling.max_new_tokens=32"],
     ),
 }
 """``molrl demo`` (the default world): the chain world with chains of 1-6 steps (``molrl.demo.chain``)."""
@@ -140,8 +140,8 @@ PRETRAINED_PRESETS = {
         warm_up=WarmUpConfig(rule_demos=8, general_demos=4, general_direct=8, max_steps=2, micro_batch_size=4),
         pipeline_overrides=["mol.train.max_steps=2", "rl.train.max_steps=1", "rl.prompts_per_step=2",
                             "rl.train.micro_batch_size=8",
-                            "rl.max_completion_length=48", "eval.sampling.max_new_tokens=48",
-                            "collect.episode.sampling.max_new_tokens=48"],
+                            "rl.sampling.max_new_tokens=48", "eval.sampling.max_new_tokens=48",
+                            "collect.sampling.max_new_tokens=48"],
     ),
 }
 """``molrl demo --model PATH``: the chain world (chains of 1-6 steps) with a pretrained chat model as its base,
@@ -333,7 +333,7 @@ def task_record(task: Task) -> dict[str, Any]:
     return {"id": task.id, "prompt": task.prompt, "answer": task.answer, **{k: v for k, v in sandbox_only.items() if v}}
 
 
-def build_base(world: World, preset: DemoPreset, base_dir: Path, episode: "EpisodeConfig",  # noqa: F821
+def build_base(world: World, preset: DemoPreset, base_dir: Path, episode: "CollectionFormat",  # noqa: F821
                math_prompt: str | None = None, code_prompt: str | None = None) -> Path:
     """The trained base model in ``base_dir`` (trained now unless one of the same world and settings is there).
 
@@ -345,7 +345,7 @@ def build_base(world: World, preset: DemoPreset, base_dir: Path, episode: "Episo
     from molrl.tiny import build_tiny_tokenizer
 
     marker = base_dir / "DONE"
-    made_of = {"world": asdict(preset.world), "base": asdict(preset.base), "episode": asdict(episode),
+    made_of = {"world": asdict(preset.world), "base": asdict(preset.base), "episode": episode.key(),
                "math_prompt": math_prompt, **({"code_prompt": code_prompt} if world.code_train else {})}
     if marker.is_file() and json.loads(marker.read_text()) == made_of:
         log.info("%s: base model already trained, reused", base_dir)
@@ -366,9 +366,10 @@ def build_base(world: World, preset: DemoPreset, base_dir: Path, episode: "Episo
     return base_dir
 
 
-def episode_config(cfg: "PipelineConfig") -> "EpisodeConfig":  # noqa: F821
-    """The collect section's episode settings: the demonstrations use exactly the format collection will."""
-    from molrl.collect.config import EpisodeConfig
-    from molrl.pipeline import stage_config
+def episode_config(cfg: "PipelineConfig") -> "CollectionFormat":  # noqa: F821
+    """The collect section's episode settings and sampling: the demonstrations use exactly the format collection
+    will."""
+    from molrl.demo.collection import CollectionFormat
+    from molrl.pipeline import collect_config
 
-    return stage_config(EpisodeConfig, cfg.collect.get("episode", {}), {}, [], "collect.episode")
+    return CollectionFormat.of(collect_config(cfg, Path(cfg.output_dir), in_memory=True))

@@ -8,31 +8,11 @@ from typing import Any, Callable, ClassVar, Literal
 
 from molrl.collect.config import EpisodeConfig
 from molrl.config_blocks import ModelSource, as_model_source
-from molrl.config_ranges import Count, RunDir, SamplingTemperature, Seed, Size, Threads, TopP
+from molrl.config_ranges import Count, RunDir, Threads
 from molrl.sampling import SamplingConfig
 from molrl.sandbox import SandboxConfig
 from molrl.tasks import JsonlSpec
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
-
-
-@dataclass
-class EvalSamplingConfig(SamplingConfig):
-    """Sampling with the authors' evaluation defaults: temperature 0.7, top-p 0.8, top-k 20."""
-
-    n: Count = 1
-    """Samples per problem (pass@1 is their mean; pass@k and maj@n need n >= k)."""
-    temperature: SamplingTemperature = 0.7
-    """Sampling temperature; 0 means greedy decoding (then n must be 1)."""
-    top_p: TopP = 0.8
-    """Nucleus sampling mass."""
-    top_k: Size = 20
-    """Top-k cut-off; 0 disables it."""
-    max_new_tokens: Count = 4096
-    """Most tokens generated per completion."""
-    seed: Seed = 0
-    """Base random seed; each chunk of problems samples with seed + its first problem's index."""
-    stop: list[str] = field(default_factory=list)
-    """Strings that end a completion early (kept in the output)."""
 
 
 @dataclass
@@ -49,7 +29,13 @@ class EvalConfig:
     transformers (``molrl.engines``); an adapter is served as vLLM LoRA or merged into a temporary copy."""
 
     RENAMED_KEYS: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {
-        "backend": ("engine", lambda v: v), **{key: (f"model.{key}", lambda v: v) for key in ("adapter", "dtype")}}
+        "backend": ("engine", lambda v: v), **{key: (f"model.{key}", lambda v: v) for key in ("adapter", "dtype")},
+        "interactive.sampling.stop": ("sampling.stop", lambda v: v), "enable_thinking": ("thinking", lambda v: v)}
+    RETIRED_KEYS: ClassVar[dict[str, str]] = {
+        **{f"interactive.sampling.{key}": f"interactive mode samples with sampling.{key}"
+           for key in ("n", "temperature", "top_p", "top_k", "max_new_tokens", "seed")},
+        "interactive.seed": "interactive mode is seeded by sampling.seed",
+        "interactive.enable_thinking": "interactive mode renders with the stage's thinking"}
     benchmarks: list[str] = field(default_factory=lambda: ["math500", "aime24", "aime25", "humaneval", "mbpp"])
     """Benchmarks to run: math500, aime24, aime25, humaneval, mbpp, or names defined under custom."""
     data: dict[str, str] = field(default_factory=dict)
@@ -66,10 +52,13 @@ class EvalConfig:
     """Score only the problems that have predictions (default: every problem must have some)."""
     mode: Literal["single", "interactive"] = "single"
     """single: one turn, no execution feedback (what the paper reports); interactive: the collection loop."""
-    enable_thinking: bool = False
-    """Let Qwen3-style templates open a thinking block (off: an empty one is inserted)."""
-    sampling: EvalSamplingConfig = field(default_factory=EvalSamplingConfig)
-    """Samples per problem (n), temperature, top-p, top-k, max new tokens, seed."""
+    thinking: bool = False
+    """Render with the chat template's thinking on (Qwen3-style: the model may open a <think> block); off, the
+    default in every stage, puts the template's empty think block before each answer."""
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=0.7, top_p=0.8, top_k=20,
+                                                                          max_new_tokens=4096))
+    """Samples per problem (n), temperature, top-p, top-k, max new tokens, seed, stop strings; the authors'
+    evaluation defaults: temperature 0.7, top-p 0.8, top-k 20, 4096 new tokens."""
     ks: list[Count] = field(default_factory=lambda: [1, 5, 10])
     """k values of pass@k (each reported when every problem has at least k samples)."""
     limit: Count | None = None
@@ -80,7 +69,8 @@ class EvalConfig:
     """transformers engine: a static KV cache, with which generation compiles its decoding step on a GPU (several
     times faster a step; each batch shape compiles once, about a minute); on a CPU it runs uncompiled and does not pay."""
     interactive: EpisodeConfig = field(default_factory=EpisodeConfig)
-    """interactive mode: turns, solution budget, feedback (sampling, thinking, batch size come from above)."""
+    """interactive mode: turns, solution budget, feedback (sampling, thinking and batch size come from above: a turn
+    samples with ``sampling``, its stop strings added to the action tags)."""
     code_prompt: str = CODE_INSTRUCTION
     """single-turn instruction for code tasks ({prompt}, {entry_point})."""
     math_prompt: str = MATH_INSTRUCTION

@@ -43,18 +43,15 @@ class InteractiveSource:
     def finished(self, name: str, task_id: str, records: Sequence[SampleRecord]) -> bool:
         return len(records) == self.cfg.sampling.n
 
-    def episode_config(self, offset: int) -> Any:
-        """The episode settings: turns and feedback from ``interactive``, sampling and thinking from the eval."""
-        episode = self.cfg.interactive
-        sampling = dataclasses.replace(self.cfg.sampling, n=1, stop=list(episode.sampling.stop))
-        return dataclasses.replace(
-            episode, sampling=sampling, enable_thinking=self.cfg.enable_thinking,
-            batch_size=self.cfg.batch_size * self.cfg.sampling.n, seed=self.cfg.sampling.seed + offset,
-        )
+    def episode_config(self) -> Any:
+        """The episode settings: turns and feedback from ``interactive``, the batch size from the eval."""
+        return dataclasses.replace(self.cfg.interactive, batch_size=self.cfg.batch_size * self.cfg.sampling.n)
 
     def records(self, name: str, tasks: Sequence[Task], offset: int, pool: Any) -> list[list[SampleRecord]]:
         generator, tokenizer = self._model.load()
-        episodes = run_episodes(generator, tokenizer, tasks, pool, self.episode_config(offset), samples=self.cfg.sampling.n)
+        sampling = dataclasses.replace(self.cfg.sampling, seed=self.cfg.sampling.seed + offset)
+        episodes = run_episodes(generator, tokenizer, tasks, pool, self.episode_config(), sampling,
+                                thinking=self.cfg.thinking, samples=self.cfg.sampling.n)
         by_key = {(ep.task.id, ep.sample): ep for ep in episodes}
         return [[episode_record(by_key[(t.id, s)]) for s in range(self.cfg.sampling.n)] for t in tasks]
 

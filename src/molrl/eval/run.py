@@ -81,7 +81,7 @@ def _evaluate(cfg: EvalConfig) -> Path:
     save_run_config("eval", cfg, out / "config.yaml")
     results: dict[str, Any] = {
         "label": source.label, "mode": source.mode, "model": cfg.model.path, "adapter": to_dict(cfg.model.adapter),
-        "enable_thinking": cfg.enable_thinking, "sampling": to_dict(cfg.sampling), "benchmarks": {},
+        "enable_thinking": cfg.thinking, "sampling": to_dict(cfg.sampling), "benchmarks": {},
     }
     # interactive episodes run the model's code whatever the task kind
     needs_sandbox = cfg.mode == "interactive" or any(t.kind == "code" for tasks in suites.values() for t in tasks)

@@ -87,7 +87,7 @@ class SamplingSource:
         # Seeding by the chunk's place in the benchmark keeps chunks from repeating one random stream.
         sampling = dataclasses.replace(self.cfg.sampling, seed=self.cfg.sampling.seed + offset)
         completions = generate_chunk(
-            generator, tokenizer, tasks, sampling, enable_thinking=self.cfg.enable_thinking,
+            generator, tokenizer, tasks, sampling, enable_thinking=self.cfg.thinking,
             code_template=self.cfg.code_prompt, math_template=self.cfg.math_prompt,
         )
         return grade_samples(tasks, completions, pool)

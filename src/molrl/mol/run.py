@@ -54,7 +54,7 @@ def _train(cfg: MolConfig, out: Path) -> None:
 
     save_run_config("mol", cfg, out / "config.yaml")
     tokenizer = load_tokenizer(cfg.model.path)
-    examples, stats = load_examples(cfg.data.traces, tokenizer, cfg.data.max_length, cfg.data.enable_thinking)
+    examples, stats = load_examples(cfg.data.traces, tokenizer, cfg.data.max_length, cfg.thinking)
     write_text(out / "data_stats.json", json.dumps(dataclasses.asdict(stats), indent=2))
     write_trained_on(out, stats.benchmark_tasks)  # the benchmark tasks its traces came from: eval will not score them
     log.info("%d traces (%d general), %d tokens; %d without decision tokens, %d without feedback tokens, "
@@ -138,7 +138,9 @@ def weights_dtype(cfg: MolConfig) -> str:
     """
     if cfg.lora.enabled or cfg.model.dtype in ("float32", "fp32"):
         return cfg.model.dtype
-    if not cfg.train.bf16:
+    import torch
+
+    if not cfg.train.mixed_bf16(cfg.model.dtype, torch.cuda.is_available()):
         log.warning("full fine-tuning with dtype=%s: the weights are trained in float32; set train.bf16=true to "
                     "compute in bf16", cfg.model.dtype)
     return "float32"
@@ -223,14 +225,14 @@ def _training_arguments(cfg: MolConfig, cls: Any, cuda: bool) -> Any:
         gradient_accumulation_steps=t.grad_accumulation,
         learning_rate=t.learning_rate,
         lr_scheduler_type=t.lr_scheduler,
-        warmup_steps=t.warmup_ratio,
+        warmup_steps=t.warmup(),
         weight_decay=t.weight_decay,
         max_grad_norm=t.max_grad_norm,
         num_train_epochs=t.epochs,
         max_steps=t.max_steps,
         seed=t.seed,
         data_seed=t.seed,
-        bf16=t.bf16,
+        bf16=t.mixed_bf16(cfg.model.dtype, cuda),
         activation_checkpointing=t.gradient_checkpointing,
         logging_steps=t.logging_steps,
         save_strategy="steps",

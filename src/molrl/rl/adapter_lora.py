@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from molrl.errors import ConfigError, MolrlError
-from molrl.rl.config import LoraSettings, RlConfig
+from molrl.rl.config import RlConfig, rl_lora
 
 _SAVED_AS = {"rank": "r", "alpha": "lora_alpha", "target_modules": "target_modules", "dropout": "lora_dropout"}
 
@@ -41,7 +41,7 @@ def take_adapter_lora(cfg: RlConfig) -> None:
     except ValueError as err:
         raise MolrlError(f"{adapter / 'adapter_config.json'}: not valid JSON ({err}); write the MoL adapter "
                          "again") from None
-    default = LoraSettings()
+    default = rl_lora()
     for key, name in _SAVED_AS.items():
         if saved.get(name) is None:
             continue

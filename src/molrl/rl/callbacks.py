@@ -40,7 +40,7 @@ class EvalHookCallback(TrainerCallback):
 
         def evaluate(model: Any) -> dict[str, float]:
             engine = getattr(policy.trainer, "engine", None)  # the policy engine when the run generates on one
-            return evaluate_policy(model, policy.tokenizer, tasks, sampling, pool, base, cfg.enable_thinking,
+            return evaluate_policy(model, policy.tokenizer, tasks, sampling, pool, base, cfg.thinking,
                                    cfg.eval.kl_prompts, code_template=cfg.code_prompt, math_template=cfg.math_prompt,
                                    generator=None if engine is None else engine.text_generator(policy.trainer))
 

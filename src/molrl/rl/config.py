@@ -11,13 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Literal
 
-from molrl.config_blocks import ModelSource, as_model_source
+from molrl.config_blocks import LoraAdapterConfig, ModelSource, TaskSource, TrainConfig, as_model_source
 from molrl.sandbox import SandboxConfig
-from molrl.config_ranges import (Count, Dropout, LearningRate, Positive, Range, RolloutTemperature, RunDir,
-                                 Scheduler, Seed, Size, TargetModules, Threads, TopP, Weight)
+from molrl.config_ranges import Count, Positive, Range, RunDir, Seed, Size, Threads, Weight
 from molrl.rl.method_settings import MacroSettings, OpdSettings, PpoSettings, PropsSettings, RolloutSettings, TermSettings
+from molrl.sampling import SamplingConfig
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
-from molrl.task_types import JsonlSpec
 
 ALGORITHMS = ("grpo", "dr_grpo", "dr_grpo_std", "opd", "ppo")
 
@@ -34,77 +33,28 @@ class PolicyConfig:
     """Seed of the tiny models' random weights (ignored for real checkpoints)."""
 
 
-@dataclass
-class LoraSettings:
-    """The LoRA adapter trained on a plain base or after merge_new (continue keeps the MoL adapter's own)."""
-
-    rank: Annotated[int, Range(1, 4096)] = 64
-    """LoRA rank r."""
-    alpha: Annotated[int, Range(1, 1_000_000)] = 128
-    """LoRA alpha (scale = alpha / rank)."""
-    dropout: Dropout = 0.0
-    """Dropout on the LoRA input. 0 (the default) turns every dropout of the model off while training, as TRL does
-    for RL; above 0 it stays on, and the loss's log-probs then differ from the sampler's by the dropout's noise."""
-    target_modules: TargetModules = field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    )
-    """Module names that get LoRA weights (never lm_head: TRL scores tokens from lm_head.weight directly)."""
-
-
-@dataclass
-class TaskSource:
-    """A task file and how to read it."""
-
-    path: Path | None = None
-    """Task file (JSONL/JSON/parquet as the format expects); unused for format toy."""
-    format: str = "jsonl"
-    """Loader format of molrl.tasks.load_tasks (humaneval, mbpp, math500, aime, jsonl, ...) or toy."""
-    limit: Count | None = None
-    """Use only the first N tasks."""
-    spec: JsonlSpec = field(default_factory=JsonlSpec)
-    """Field names of a jsonl task file (format jsonl only)."""
-    split: Literal["train", "validation", "test", "prompt", "all"] | None = None
-    """Benchmark split to take (train, validation, test, prompt or all); unset: train for data, test for eval.tasks."""
-
-
-@dataclass
-class TrainSettings:
-    """Optimisation and bookkeeping, under the names MoL's ``train`` section gives them (forwarded to TRL's
-    ``GRPOConfig``)."""
-
-    learning_rate: LearningRate = 1e-4
-    """Peak learning rate (1e-4 is the authors' value for LoRA)."""
-    lr_scheduler: Scheduler = "constant"
-    """Learning-rate schedule name understood by transformers (constant, linear, cosine, ...)."""
-    warmup_steps: Size = 0
-    """Optimiser steps spent warming the learning rate up."""
-    weight_decay: Weight = 0.0
-    """AdamW weight decay."""
-    max_grad_norm: Annotated[float, Range(0, 1e6)] = 1.0
-    """Gradient clipping norm; 0 disables clipping."""
-    max_steps: Count = 100
-    """Optimiser steps to run."""
-    micro_batch_size: Count = 8
-    """Completions per forward/backward pass on each process; gradient accumulation makes up the rest of the step."""
-    seed: Seed = 0
-    """Seed of sampling, shuffling and LoRA initialisation."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in backward to save memory."""
-    logging_steps: Count = 1
-    """Log every this many optimiser steps (metrics.jsonl and report_to)."""
-    save_steps: Count = 50
-    """Write a resumable checkpoint every this many optimiser steps (a re-run resumes from the newest)."""
-    save_total_limit: Count = 2
-    """Checkpoints kept on disk (oldest deleted first), as MoL's."""
-    resume: Literal["auto", "never"] = "auto"
-    """``auto`` continues from the newest checkpoint in output_dir/checkpoints when there is one (the re-run rule,
-    ``molrl.rerun``); ``never`` starts over in the same directory, as MoL's."""
-    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
-    """Logging backends (tensorboard, wandb, ...) beside metrics.jsonl; ``none`` for metrics.jsonl only."""
-
-
 def _as_is(value: Any) -> Any:
     return value
+
+
+def rl_sampling(**changes: Any) -> SamplingConfig:
+    """The RL stage's default ``sampling`` (the authors': group size 8, temperature 0.9; 1024 tokens a completion),
+    with ``changes``."""
+    return SamplingConfig(**{"n": 8, "temperature": 0.9, "max_new_tokens": 1024, **changes})
+
+
+def rl_train(**changes: Any) -> TrainConfig:
+    """The RL stage's default ``train`` (constant learning rate 1e-4, no warm-up, 100 steps of micro-batches of 8
+    completions, TRL's fused AdamW; accumulation and bf16 derived), with ``changes``."""
+    return TrainConfig(**{"optim": "adamw_torch_fused", "lr_scheduler": "constant", "warmup_ratio": 0.0,
+                          "max_steps": 100, "micro_batch_size": 8, "grad_accumulation": None, "bf16": None, **changes})
+
+
+def rl_lora(**changes: Any) -> LoraAdapterConfig:
+    """The RL stage's default ``lora`` (rank 64, alpha 128, no dropout, the attention and MLP projections), with
+    ``changes``."""
+    return LoraAdapterConfig(**{"dropout": 0.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                                  "up_proj", "down_proj"], **changes})
 
 
 @dataclass
@@ -142,8 +92,10 @@ class RlConfig:
     """Where the adapter, config.yaml, metrics.jsonl, completions.jsonl and checkpoints/ go."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     """Policy and reference weights."""
-    lora: LoraSettings = field(default_factory=LoraSettings)
-    """LoRA settings for a freshly created adapter."""
+    lora: LoraAdapterConfig = field(default_factory=rl_lora)
+    """The LoRA adapter trained on a plain base or after merge_new (continue keeps the MoL adapter's own shape). Its
+    dropout, 0 by default, turns every dropout of the model off while training, as TRL does for RL; above 0 it stays
+    on, and the loss's log-probs then differ from the sampler's by the dropout's noise."""
     data: TaskSource = field(default_factory=TaskSource)
     """Training tasks (code with tests, or math with answers): what the stage trains on, as MoL's data is."""
     reward: RewardSettings = field(default_factory=RewardSettings)
@@ -168,28 +120,27 @@ class RlConfig:
     """The behaviour update of rollout.behaviour=props."""
     terms: TermSettings = field(default_factory=TermSettings)
     """Loss terms beside the policy gradient: CE on feedback tokens, KL to the base on decision tokens."""
-    enable_thinking: bool = False
-    """Render prompts with thinking on (Qwen3 <think>) or off."""
+    thinking: bool = False
+    """Render with the chat template's thinking on (Qwen3-style: the model may open a <think> block); off, the
+    default in every stage, puts the template's empty think block before each answer."""
     code_prompt: str = CODE_INSTRUCTION
     """Single-turn instruction for code tasks ({prompt}, {entry_point}); keep it equal to eval's code_prompt."""
     math_prompt: str = MATH_INSTRUCTION
     """Single-turn instruction for math tasks ({prompt}); keep it equal to eval's math_prompt."""
     max_prompt_length: Count = 1024
     """Prompts longer than this many tokens are left out (and counted in the log)."""
-    max_completion_length: Count = 1024
-    """Most generated tokens per completion (also Dr.GRPO's constant normaliser)."""
+    sampling: SamplingConfig = field(default_factory=rl_sampling)
+    """The rollouts' sampling: group size G (``n``, completions per prompt, at least 2), temperature (above 0: the
+    loss's log-probs are taken at it), top-p, top-k, most tokens per completion (``max_new_tokens``, also Dr.GRPO's
+    constant normaliser) and stop strings (multi-turn turns only); seeded by train.seed."""
     mask_truncated_completions: bool = False
-    """Leave completions that hit max_completion_length out of the loss."""
-    num_generations: Count = 8
-    """Group size G: completions sampled per prompt."""
+    """Leave completions that hit sampling.max_new_tokens out of the loss."""
     prompts_per_step: Count = 1
     """Prompts per optimiser step (per process); the step trains on prompts_per_step * G completions."""
-    temperature: RolloutTemperature = 0.9
-    """Sampling temperature of the rollouts."""
-    top_p: TopP = 1.0
-    """Nucleus sampling mass of the rollouts."""
-    train: TrainSettings = field(default_factory=TrainSettings)
-    """Optimisation and bookkeeping: learning rate, schedule, steps, micro-batch, seed, logging and checkpoints."""
+    train: TrainConfig = field(default_factory=rl_train)
+    """Optimisation and bookkeeping, MoL's ``train`` block: learning rate, schedule, steps, micro-batch, seed, logging
+    and checkpoints (``epochs`` and ``grad_accumulation`` are MoL's: RL runs max_steps steps of prompts_per_step *
+    sampling.n completions)."""
     beta: Weight = 0.0
     """KL coefficient; > 0 loads the reference chosen by policy.reference."""
     epsilon: Positive = 0.2
@@ -223,17 +174,27 @@ class RlConfig:
         "policy.base": ("model.path", _as_is), "policy.mol_adapter": ("model.adapter", _as_is),
         "policy.dtype": ("model.dtype", _as_is),
         "reward.sandbox_workers": ("sandbox.workers", _as_is), "reward.timeout_s": ("sandbox.timeout_s", _as_is),
+        "num_generations": ("sampling.n", _as_is), "temperature": ("sampling.temperature", _as_is),
+        "top_p": ("sampling.top_p", _as_is), "max_completion_length": ("sampling.max_new_tokens", _as_is),
+        "rollout.episode.sampling.max_new_tokens": ("rollout.turn_tokens", _as_is),
+        "rollout.episode.sampling.stop": ("sampling.stop", _as_is), "enable_thinking": ("thinking", _as_is),
     }
+    RETIRED_KEYS: ClassVar[dict[str, str]] = {
+        **{f"rollout.episode.sampling.{key}": f"multi-turn rollouts sample with sampling.{key}"
+           for key in ("n", "temperature", "top_p", "top_k")},
+        "rollout.episode.sampling.seed": "rollouts are seeded by train.seed",
+        "rollout.episode.seed": "rollouts are seeded by train.seed",
+        "rollout.episode.enable_thinking": "multi-turn rollouts render with the stage's thinking"}
 
     def __post_init__(self) -> None:
         self.model = as_model_source(self.model)
         if self.policy.reference == "mol" and self.model.adapter is None:
             raise ValueError("policy.reference=mol needs model.adapter (the MoL stage's adapter directory)")
-        if self.num_generations < 2:
-            raise ValueError(f"num_generations={self.num_generations}: GRPO needs at least 2 completions per prompt")
-        per_step, micro = self.prompts_per_step * self.num_generations, self.train.micro_batch_size
+        self._check_sampling()
+        self._check_training()
+        per_step, micro = self.prompts_per_step * self.sampling.n, self.train.micro_batch_size
         if micro < 1 or per_step % micro:
-            raise ValueError(f"train.micro_batch_size={micro} must divide prompts_per_step * num_generations "
+            raise ValueError(f"train.micro_batch_size={micro} must divide prompts_per_step * sampling.n "
                              f"= {per_step}")
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm={self.algorithm!r}; expected one of {', '.join(ALGORITHMS)}")
@@ -251,8 +212,8 @@ class RlConfig:
         if ro.importance_cap <= 0:
             raise ValueError(f"rollout.importance_cap={ro.importance_cap}: must be > 0")
         rounds, buffer = ro.resolved_rounds(), ro.resolved_buffer()
-        if rounds < 1 or self.num_generations % rounds:
-            raise ValueError(f"rollout.rounds={rounds} must divide num_generations={self.num_generations}")
+        if rounds < 1 or self.sampling.n % rounds:
+            raise ValueError(f"rollout.rounds={rounds} must divide sampling.n={self.sampling.n}")
         if buffer < 1:
             raise ValueError(f"rollout.buffer_batches={buffer}: must be 1 or more")
         if buffer > 1 and self.algorithm not in ("grpo", "dr_grpo", "dr_grpo_std"):
@@ -285,6 +246,34 @@ class RlConfig:
                 and self.opd.teacher_model is None):
             raise ValueError("opd.teacher=model needs opd.teacher_model (an adapter or model directory), "
                              "or opd.teacher_weights=current")
+
+    def _check_sampling(self) -> None:
+        sp = self.sampling
+        if sp.n < 2:
+            raise ValueError(f"sampling.n={sp.n}: GRPO needs at least 2 completions per prompt (the group size G)")
+        if sp.temperature < 0.01:
+            raise ValueError(f"sampling.temperature={sp.temperature}: rollouts are never greedy (the loss's log-probs "
+                             "are taken at this temperature); set 0.01 or more")
+        if sp.seed != 0:
+            raise ValueError(f"sampling.seed={sp.seed}: the RL stage's sampling is seeded by train.seed; set that "
+                             "and leave sampling.seed at 0")
+        if sp.stop and self.rollout.turns == 1:
+            raise ValueError(f"sampling.stop={sp.stop}: stop strings end the turns of multi-turn rollouts "
+                             "(rollout.turns > 1); a single-turn completion ends at its end of sequence or "
+                             "sampling.max_new_tokens")
+
+    def _check_training(self) -> None:
+        t = self.train
+        if not self.lora.enabled:
+            raise ValueError("lora.enabled=false: the RL stage trains a LoRA adapter (full fine-tuning is MoL's)")
+        if t.max_steps == -1 or t.epochs != 1.0:
+            raise ValueError(f"train.max_steps={t.max_steps}, train.epochs={t.epochs}: the RL stage runs "
+                             "train.max_steps optimiser steps (1 or more); epochs are MoL's")
+        if t.grad_accumulation is not None:
+            derived = self.prompts_per_step * self.sampling.n // t.micro_batch_size
+            raise ValueError(f"train.grad_accumulation={t.grad_accumulation}: the RL stage accumulates "
+                             f"prompts_per_step * sampling.n / train.micro_batch_size micro-batches a step ({derived} "
+                             "here); leave it unset and change those")
 
     def _check_turns(self) -> None:
         ro, terms = self.rollout, self.terms

@@ -19,32 +19,12 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from molrl.errors import MolrlError
-from molrl.rl.config import TaskSource
-from molrl.tasks import load_tasks
 from molrl.tasks.held_out import episode_tasks, prompt_lists_tests, split_reason
-from molrl.tasks.splits import overlap_line, select_split
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION, render_prompt, user_message
-from molrl.tasks.toy import toy_tasks
 from molrl.traces.spans import encode_chat
 from molrl.task_types import Task
 
 log = logging.getLogger(__name__)
-
-
-def load_task_source(src: TaskSource, role: str) -> list[Task]:
-    """The tasks ``src`` names: a benchmark or JSONL file (its ``split``: by default the training split for ``data``,
-    the test split for ``eval.tasks``; a file without splits whole), or the toy (``role`` names the key in errors)."""
-    if src.format == "toy":
-        return toy_tasks(src.limit or 64)
-    if src.path is None:
-        raise MolrlError(f"{role}.path is not set: give a task file ({role}.path=FILE {role}.format=FORMAT)")
-    tasks = load_tasks(src.path, src.format, spec=src.spec)
-    tasks = select_split(tasks, src.split, str(src.path), f"{role}.split", "train" if role == "data" else "test")
-    tasks = tasks[:src.limit] if src.limit is not None else tasks
-    if role == "data" and (line := overlap_line(tasks, role)):
-        log.warning("%s", line)
-    return tasks
 
 
 @dataclass

@@ -28,7 +28,7 @@ from molrl.rl.config import RlConfig
 
 def rl_engine(cfg: RlConfig, *, installed: bool | None = None, gpu: bool | None = None) -> EngineChoice:
     """The engine the rl stage generates with: ``cfg.engine`` as ``molrl.engines.choose_engine`` decides it for the
-    run's tokens (steps x prompts x G x ``max_completion_length``), but transformers where a rollout needs it."""
+    run's tokens (steps x prompts x G x ``sampling.max_new_tokens``), but transformers where a rollout needs it."""
     if cfg.rollout.behaviour == "props":
         reason = "rollout.behaviour=props samples from a second adapter, which the engine does not hold"
         if cfg.engine == "vllm":
@@ -44,7 +44,7 @@ def rl_engine(cfg: RlConfig, *, installed: bool | None = None, gpu: bool | None 
         return EngineChoice("transformers", "auto: on a CPU an RL step is no faster on vLLM (its batches are one "
                                             "step's rows, and each step re-sends the adapter; benchmarks/RESULTS.md, "
                                             "\"RL on the engine\"); engine=vllm runs it there")
-    work = cfg.train.max_steps * cfg.prompts_per_step * cfg.num_generations * cfg.max_completion_length
+    work = cfg.train.max_steps * cfg.prompts_per_step * cfg.sampling.n * cfg.sampling.max_new_tokens
     return choose_engine(cfg.engine, cfg.model.path, work, installed=installed, gpu=gpu)
 
 
@@ -79,7 +79,7 @@ class PolicyEngine:
             merge_adapter_copy(m.path, str(resolve_adapter_dir(m.adapter)), model_path)
         self.llm = start_llm(model_path, dtype=m.dtype, seed=cfg.train.seed, lora_rank=lora_rank,
                              gpu_memory_utilization=cfg.engine_gpu_memory_utilization,
-                             max_model_len=cfg.max_prompt_length + cfg.max_completion_length,
+                             max_model_len=cfg.max_prompt_length + cfg.sampling.max_new_tokens,
                              logprobs_mode="processed_logprobs")
         self.lora: Any = None
         self.synced_step: int | None = None

@@ -1,7 +1,7 @@
 """The policy's log-probs, in one place: the sampling temperature and the one rule that applies it.
 
 Every log-prob the RL stage sets beside a sampled token is ``log_softmax(logits / T)[token]``, where T is the
-rollouts' sampling temperature (``RlConfig.temperature``; TRL holds it as ``trainer.temperature``, and this module
+rollouts' sampling temperature (``RlConfig.sampling.temperature``; TRL holds it as ``trainer.temperature``, and this module
 is the only place that reads it there). ``LogProbs`` computes them for:
 
 - the loss (``of``: with grad, through TRL's computation, which reads them off the fused head);

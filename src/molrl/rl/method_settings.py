@@ -118,10 +118,13 @@ class RolloutSettings:
     forward pass where the error reads behaviour log-probs (several optimiser steps per generation, vLLM, partial)."""
     turns: Count = 1
     """Most model turns per completion: above 1 each is an episode of the collection loop (``rollouts.turns``):
-    the policy runs code in the sandbox and reads the feedback before it answers, in max_completion_length tokens."""
+    the policy runs code in the sandbox and reads the feedback before it answers, in sampling.max_new_tokens tokens
+    in all."""
+    turn_tokens: Count = 512
+    """turns > 1: most tokens one turn generates."""
     episode: EpisodeConfig = field(default_factory=lambda: EpisodeConfig(max_turns=2, max_solutions=1))
-    """turns > 1: instructions, task wording, solutions, feedback and most tokens per turn (sampling.max_new_tokens)
-    as ``molrl collect`` takes them (turns, other sampling settings, token limit and thinking: the RL stage's)."""
+    """turns > 1: instructions, task wording, solutions and feedback as ``molrl collect`` takes them (turns,
+    sampling, token limit and thinking: the RL stage's)."""
 
     def policy(self) -> str:
         """The rollout policy's name in ``molrl.rl.rollouts.ROLLOUTS``: turns, partial, props or sync."""

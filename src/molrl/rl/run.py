@@ -89,7 +89,7 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
     import torch
 
     from molrl.rl.callbacks import EvalHookCallback
-    from molrl.rl.data import load_task_source
+    from molrl.tasks.source import load_task_source
     from molrl.rl.policy import build_policy
     from molrl.rl.reference import install_reference, trainable_parameter_count
     from molrl.rl.trainer import RlTrainer
@@ -151,14 +151,15 @@ def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: li
     from datasets import Dataset
 
     from molrl.graders.code import CodeRewardConfig
-    from molrl.rl.data import build_prompt_rows, load_task_source
+    from molrl.rl.data import build_prompt_rows
+    from molrl.tasks.source import load_task_source
     from molrl.rl.score import Scorer
     from molrl.sandbox import SandboxPool
     from molrl.tasks.splits import task_entries, write_trained_on
 
     tasks = load_task_source(cfg.data, "data")
     rows, summary = build_prompt_rows(
-        tasks, tokenizer, enable_thinking=cfg.enable_thinking, max_prompt_length=cfg.max_prompt_length,
+        tasks, tokenizer, enable_thinking=cfg.thinking, max_prompt_length=cfg.max_prompt_length,
         code_template=cfg.code_prompt, math_template=cfg.math_prompt,
         hold_back_tests=shows_tests(cfg.rollout.turns, cfg.rollout.episode),
     )
@@ -184,19 +185,21 @@ def trl_args(cfg: RlConfig, output_dir: Path, cuda: bool, server: bool = False) 
     generates on a `trl vllm-serve` process (molrl's own engine, colocated, is attached to the trainer instead)."""
     from trl import GRPOConfig as TrlGRPOConfig
 
-    completions_per_step, t = cfg.prompts_per_step * cfg.num_generations, cfg.train
+    completions_per_step, t, sp = cfg.prompts_per_step * cfg.sampling.n, cfg.train, cfg.sampling
     return TrlGRPOConfig(
         output_dir=str(output_dir),
         per_device_train_batch_size=t.micro_batch_size,
         gradient_accumulation_steps=completions_per_step // t.micro_batch_size,
-        num_generations=cfg.num_generations,
-        max_completion_length=cfg.max_completion_length,
+        num_generations=sp.n,
+        max_completion_length=sp.max_new_tokens,
         mask_truncated_completions=cfg.mask_truncated_completions,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
+        temperature=sp.temperature,
+        top_p=sp.top_p,
+        top_k=sp.top_k,
+        optim=t.optim,
         learning_rate=t.learning_rate,
         lr_scheduler_type=t.lr_scheduler,
-        warmup_steps=t.warmup_steps,
+        warmup_steps=t.warmup(),
         weight_decay=t.weight_decay,
         max_grad_norm=t.max_grad_norm,
         beta=cfg.beta,
@@ -206,7 +209,7 @@ def trl_args(cfg: RlConfig, output_dir: Path, cuda: bool, server: bool = False) 
         seed=t.seed,
         gradient_checkpointing=t.gradient_checkpointing,
         activation_checkpointing=t.gradient_checkpointing,
-        bf16=cuda and cfg.model.dtype in ("bfloat16", "bf16"),
+        bf16=t.mixed_bf16(cfg.model.dtype, cuda),
         fp16=False,
         use_cpu=not cuda,
         disable_dropout=cfg.lora.dropout == 0,  # a LoRA dropout the user set stays on (TRL turns every dropout off)
@@ -225,7 +228,7 @@ def trl_args(cfg: RlConfig, output_dir: Path, cuda: bool, server: bool = False) 
 
 def loss_scales(cfg: RlConfig) -> str:
     """The config values a non-finite loss or gradient is most likely to come from, for its error line."""
-    return (f"temperature={cfg.temperature:g}, train.learning_rate={cfg.train.learning_rate:g}, beta={cfg.beta:g}, "
+    return (f"sampling.temperature={cfg.sampling.temperature:g}, train.learning_rate={cfg.train.learning_rate:g}, beta={cfg.beta:g}, "
             f"algorithm={cfg.algorithm}")
 
 

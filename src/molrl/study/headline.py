@@ -164,7 +164,7 @@ def general_kls(cfg: Any, run_dir: Path, models: Sequence[str], answers: dict[st
     tasks = {t.id: t for t in load_suite(bench, evaluation)}
     ids = [i for i in answers if i in tasks]
     tokenizer = load_tokenizer(cfg.model)
-    prompts = render_prompts(tokenizer, [tasks[i] for i in ids], enable_thinking=evaluation.enable_thinking,
+    prompts = render_prompts(tokenizer, [tasks[i] for i in ids], enable_thinking=evaluation.thinking,
                              code_template=evaluation.code_prompt, math_template=evaluation.math_prompt)
     values = []
     for m in models:

@@ -190,7 +190,7 @@ def no_code_section() -> list[str]:
             "occur and a staged and a binary run would train on the same rewards. Measuring it here needs chain "
             "code-answer problems (\"Write solve() returning f^k(n).\", one call test, graded by the code grader), "
             "a base trained to answer them in a code fence (the digit world's base learns this from direct code "
-            "answers), room for the answer in `max_completion_length`, and a held-out code benchmark. The digit "
+            "answers), room for the answer in `sampling.max_new_tokens`, and a held-out code benchmark. The digit "
             "world's study has all of these: `molrl demo --study --world digit`.", ""]
 
 

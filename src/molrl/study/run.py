@@ -153,7 +153,7 @@ def digit_study_config(cfg: PipelineConfig, expert: Path, world_dir: Path, seed:
     rl_runs = [RlRun(name=f"{start}+grpo", start=start, overrides=["algorithm=grpo"]) for start in arms.epochs.values()]
     rl_runs.append(RlRun(name=arms.algorithms["dr_grpo"], start=arms.algorithm_start, overrides=["algorithm=dr_grpo"]))
     code_rl = [f"data.path={world_dir / 'code_rl_train.jsonl'}", "data.spec.kind=code",
-               f"max_completion_length={CODE_TOKENS}"]
+               f"sampling.max_new_tokens={CODE_TOKENS}"]
     for mode, name in arms.rewards.items():
         rl_runs.append(RlRun(name=name, start=arms.algorithm_start,
                              overrides=["algorithm=grpo", *code_rl, f"reward.code_mode={mode}"]))

@@ -137,7 +137,7 @@ class Opd(Algorithm):
             user = user_message(task, cfg.code_prompt, cfg.math_prompt)
             messages = teacher_messages(task, user, completion, grade, cfg.opd.teacher, probes.get(task.id))
             tokens = batch.completion_ids[row][batch.completion_mask[row].bool()].tolist()
-            prefixes.append(teacher_prefix_ids(tokenizer, messages, cfg.enable_thinking, tokens, task.id))
+            prefixes.append(teacher_prefix_ids(tokenizer, messages, cfg.thinking, tokens, task.id))
         return pad_rows(prefixes, tokenizer.pad_token_id, "left", trainer.accelerator.device)
 
     def probe_results(self, tasks: Sequence[Task]) -> dict[str, dict[str, Any]]:

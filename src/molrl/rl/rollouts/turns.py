@@ -4,8 +4,8 @@ A row starts from the collection loop's opening messages (``molrl.collect.loop.s
 instructions and task wording) rendered with the generation prompt. Each round, every unfinished row
 generates one turn from its token ids so far (transformers ``generate``, or the policy engine of
 ``molrl.rl.engine``, with the trainer's sampling
-settings; a turn ends at EOS, at ``</execute>`` / ``</solution>``, after ``rollout.episode.sampling.max_new_tokens``
-tokens, or where the row reaches ``max_completion_length``; a turn cut short without an action gets the
+settings; a turn ends at EOS, at ``</execute>`` / ``</solution>``, after ``rollout.turn_tokens``
+tokens, or where the row reaches ``sampling.max_new_tokens``; a turn cut short without an action gets the
 format feedback, as in collection, unless the row is out of tokens). The
 loop's ``take_turn`` reads and records the turn's text; its ``environment_turns`` runs the round's code
 in the sandbox in one batch and appends each feedback message, written by the same providers as
@@ -28,7 +28,7 @@ tests (the row's ``episode_json``) and the reward grades the held-back rest (its
 expected value the policy saw.
 
 Simplifications, stated: a step's rows advance in lockstep (one batched generate per round); a row whose
-next feedback would not leave room for another token before ``max_completion_length`` ends there
+next feedback would not leave room for another token before ``sampling.max_new_tokens`` ends there
 (``token_limit``) without it; the last feedback (the verdict) is appended when it fits, so the CE term
 learns it, though no decision follows it.
 """
@@ -118,11 +118,11 @@ class Turns(Synchronous):
 
     def __init__(self, trainer: Any, cfg: RlConfig, training: bool = True):
         super().__init__(trainer, cfg, training)
-        self.episode = dataclasses.replace(cfg.rollout.episode, max_turns=cfg.rollout.turns,
-                                           enable_thinking=cfg.enable_thinking)
+        self.episode = dataclasses.replace(cfg.rollout.episode, max_turns=cfg.rollout.turns)
+        self.thinking = cfg.thinking
         self.providers = build_providers(self.episode.feedback, self.episode, trainer.processing_class)
-        self.prefill = think_prefill(trainer.processing_class, cfg.enable_thinking)
-        self.stops = list(dict.fromkeys([*self.episode.sampling.stop, *STOP_STRINGS]))
+        self.prefill = think_prefill(trainer.processing_class, cfg.thinking)
+        self.stops = list(dict.fromkeys([*cfg.sampling.stop, *STOP_STRINGS]))
         if trainer.scorer.pool is None:
             raise MolrlError("rollout.turns > 1 runs the policy's code in the sandbox, but the trainer has no "
                              "sandbox pool; build it with molrl.rl.run.build_trainer")
@@ -151,12 +151,12 @@ class Turns(Synchronous):
         """A fresh episode of ``task`` and its prompt ids."""
         episode = start_episode(task, sample, self.episode)
         return Row(episode, encode_chat(self.trainer.processing_class, episode.messages, add_generation_prompt=True,
-                                        enable_thinking=self.episode.enable_thinking))
+                                        enable_thinking=self.thinking))
 
     def round(self, live: list[Row]) -> None:
         """One turn of every live row: generate, record, run the actions, append the rendered tails."""
         trainer, limit = self.trainer, self.trainer.max_completion_length
-        budgets = [min(limit - len(r.ids), self.episode.sampling.max_new_tokens) for r in live]
+        budgets = [min(limit - len(r.ids), self.cfg.rollout.turn_tokens) for r in live]
         turns, at_budget, logps = self.generate([r.prompt_ids + r.ids for r in live], budgets)
         stepped = []
         for row, ids, cut, turn_logps in zip(live, turns, at_budget, logps):
@@ -174,7 +174,7 @@ class Turns(Synchronous):
         episode, limit = row.episode, self.trainer.max_completion_length
         ended = row.ids[-1] if row.ids and row.ids[-1] in self.trainer.eos_token_ids else None
         tail = tokenize_tail(self.trainer.processing_class, episode.messages, len(episode.messages) - 2,
-                             self.episode.enable_thinking, add_generation_prompt=not episode.done, sampled_end=ended)
+                             self.thinking, add_generation_prompt=not episode.done, sampled_end=ended)
         ids, roles = tail.input_ids, tail.roles
         if len(row.ids) + len(ids) + (0 if episode.done else 1) > limit:
             if not episode.done:

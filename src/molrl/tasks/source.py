@@ -1,0 +1,30 @@
+"""``load_task_source``: the tasks a stage's ``data`` block (``molrl.config_blocks.TaskSource``) names, read the
+same way by collect and rl (and rl's evaluation hook)."""
+
+from __future__ import annotations
+
+import logging
+
+from molrl.config_blocks import TaskSource
+from molrl.errors import MolrlError
+from molrl.task_types import Task
+from molrl.tasks.loaders import load_tasks
+from molrl.tasks.splits import overlap_line, select_split
+from molrl.tasks.toy import toy_tasks
+
+log = logging.getLogger(__name__)
+
+
+def load_task_source(src: TaskSource, role: str) -> list[Task]:
+    """The tasks ``src`` names: a benchmark or JSONL file (its ``split``: by default the training split for ``data``,
+    the test split for ``eval.tasks``; a file without splits whole), or the toy (``role`` names the key in errors)."""
+    if src.format == "toy":
+        return toy_tasks(src.limit or 64)
+    if src.path is None:
+        raise MolrlError(f"{role}.path is not set: give a task file ({role}.path=FILE {role}.format=FORMAT)")
+    tasks = load_tasks(src.path, src.format, spec=src.spec)
+    tasks = select_split(tasks, src.split, str(src.path), f"{role}.split", "train" if role == "data" else "test")
+    tasks = tasks[:src.limit] if src.limit is not None else tasks
+    if role == "data" and (line := overlap_line(tasks, role)):
+        log.warning("%s", line)
+    return tasks
