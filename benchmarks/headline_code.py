@@ -74,9 +74,9 @@ def general_split(humaneval: Path, out: Path, count: int) -> Path:
 def run_seed(seed: int, out: Path, model: str, files: dict[str, Path], quick: bool) -> dict[str, float]:
     """One seed's pipeline (finished stages reused); returns the seconds each stage took in this invocation."""
     run_dir = seed_dirs(out, seed + 1)[seed]
-    fixed = [f"model={model}", f"output_dir={run_dir}", f"collect.tasks={files['train']}",
+    fixed = [f"model={model}", f"output_dir={run_dir}", f"collect.data.path={files['train']}",
              f"rl.data.path={files['train']}", f"eval.data.mbpp={files['held']}",
-             f"eval.data.humaneval={files['general']}", f"collect.episode.seed={seed}", f"mol.train.seed={seed}",
+             f"eval.data.humaneval={files['general']}", f"collect.sampling.seed={seed}", f"mol.train.seed={seed}",
              f"rl.train.seed={seed}", f"title=molrl headline, easy MBPP, {Path(model).name}, seed {seed}"]
     cfg = load_pipeline_config(CONFIG, [*fixed, *(QUICK if quick else [])])
     started = time.time()
