@@ -42,7 +42,7 @@ from molrl.cli import setup_logging
 from molrl.demo.seeds import cell
 from molrl.pipeline import load_pipeline_config, run_pipeline
 from molrl.study.headline import seed_dirs, write_headline
-from molrl.study.metrics import logged
+from molrl.study.metrics import last_quarter_mean, logged
 from molrl.study.verdict import claim_line
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,8 +87,7 @@ def run_seed(seed: int, out: Path, model: str, files: dict[str, Path], quick: bo
 
 def quarters(values: list[float]) -> tuple[float, float]:
     """(mean of the first quarter, mean of the last quarter) of a run's logged values (at least one each)."""
-    width = max(1, len(values) // 4)
-    return statistics.fmean(values[:width]), statistics.fmean(values[-width:])
+    return statistics.fmean(values[:max(1, len(values) // 4)]), last_quarter_mean(values)
 
 
 def reward_lines(out: Path, seeds: int) -> list[str]:
