@@ -15,7 +15,7 @@ import yaml
 from molrl.collect.config import CollectConfig
 from molrl.config import load_config, to_dict
 from molrl.errors import ConfigError
-from molrl.config_blocks import LoraAdapterConfig, ModelSource, TaskSource, TrainConfig
+from molrl.config_blocks import BENCHMARK_FORMATS, LoraAdapterConfig, ModelSource, TaskSource, TrainConfig
 from molrl.config_renames import unoptional
 from molrl.eval.config import EvalConfig
 from molrl.mol.config import MolConfig
@@ -23,13 +23,14 @@ from molrl.rerun import changed_keys
 from molrl.rl.config import RlConfig
 from molrl.sampling import SamplingConfig
 from molrl.sandbox import SandboxConfig
+from molrl.task_types import JsonlSpec
 
 STAGES = {"mol": MolConfig, "collect": CollectConfig, "rl": RlConfig, "eval": EvalConfig}
 """Every stage's config class, by its command's name."""
 SHARED = {"model": {"mol", "collect", "rl", "eval"}, "threads": {"mol", "collect", "rl", "eval"},
           "engine": {"collect", "rl", "eval"}, "sandbox": {"collect", "rl", "eval"},
           "sampling": {"collect", "rl", "eval"}, "thinking": {"mol", "collect", "rl", "eval"},
-          "train": {"mol", "rl"}, "lora": {"mol", "rl"}, "data": {"collect", "rl"},
+          "train": {"mol", "rl"}, "lora": {"mol", "rl"}, "data": {"collect", "rl", "eval"},
           "output_dir": {"mol", "collect", "rl", "eval"}}
 """The shared blocks and the stages that have each (the ones that generate have an engine and a sampling; the ones
 that run code a sandbox)."""
@@ -45,9 +46,11 @@ OLD_NAMES = {"mol": ["dtype=bfloat16", "data.enable_thinking=true"],
                     "reward.timeout_s=5", "num_generations=16", "temperature=0.8", "top_p=0.9",
                     "max_completion_length=64", "enable_thinking=true"]}
 """Per stage, old keys that moved into the shared blocks."""
-OWN_MEANING = {"data": {"mol", "eval"}}
+OWN_MEANING = {"data": {"mol"}}
 """Per block name, the stages where the name holds something else, stated in docs/config.md: mol's ``data`` the
-traces it trains on (not tasks), eval's each benchmark it scores by name."""
+traces it trains on (not tasks)."""
+PER_NAME = {"data": {"eval"}}
+"""Per block name, the stages that hold one such block per name (eval's ``data``: one task source a benchmark)."""
 ADDED_BLOCKS = {"rl": ["sandbox", "sampling", "thinking"], "collect": ["sampling", "thinking", "data", "output_dir"],
                 "mol": ["thinking"],
                 "eval": ["thinking"]}
@@ -65,6 +68,9 @@ def test_every_stage_that_has_a_shared_block_has_it_under_one_name_and_one_type(
     have -= OWN_MEANING.get(block, set())
     assert have == SHARED[block]
     types = {stage: field_type(STAGES[stage], block) for stage in have}
+    for stage in PER_NAME.get(block, set()):
+        assert typing.get_origin(types[stage]) is dict and typing.get_args(types[stage])[0] is str, types[stage]
+        types[stage] = typing.get_args(types[stage])[1]
     assert len(set(types.values())) == 1, types
     if block in BLOCK_TYPES:
         assert set(types.values()) == {BLOCK_TYPES[block]}
@@ -314,3 +320,50 @@ def test_collect_s_old_trace_file_reads_as_its_output_dir(out, output_dir):
 def test_collect_s_old_trace_file_that_is_not_jsonl_is_refused_in_one_line():
     with pytest.raises(ConfigError, match="'t.txt' cannot be read as output_dir; set output_dir"):
         load_config(CollectConfig, None, [*REQUIRED["collect"], "out=t.txt"])
+
+
+@pytest.mark.parametrize("name", sorted(BENCHMARK_FORMATS))
+def test_an_eval_benchmark_given_as_a_file_is_a_task_source_in_its_own_format(name):
+    cfg = load_config(EvalConfig, None, [f"data.{name}=f.jsonl", "data.mine=g.jsonl"])
+    assert cfg.data[name] == TaskSource(Path("f.jsonl"), format=BENCHMARK_FORMATS[name])
+    assert cfg.data["mine"] == TaskSource(Path("g.jsonl"), format="jsonl")  # a name of the user's own: molrl JSONL
+    spec = load_config(EvalConfig, None, [f"data.{name}=f.jsonl", f"data.{name}.spec.kind=code"]).data[name]
+    assert spec.format == "jsonl" and spec.spec.kind == "code"  # fields named: the file is molrl JSONL
+    given = load_config(EvalConfig, None, [f"data.{name}=f.jsonl", f"data.{name}.format=jsonl"]).data[name]
+    assert given.format == "jsonl"
+
+
+def test_a_file_given_over_a_written_out_task_source_keeps_its_other_keys(tmp_path):
+    path = tmp_path / "eval.yaml"
+    path.write_text("data:\n  mbpp: {path: a.jsonl, split: validation, limit: 5}\n")
+    cfg = load_config(EvalConfig, path, ["data.mbpp=b.jsonl"])
+    assert cfg.data["mbpp"] == TaskSource(Path("b.jsonl"), format="mbpp", split="validation", limit=5)
+    rl = load_config(RlConfig, None, ["data=t.jsonl", "data.format=mbpp"])
+    assert rl.data == TaskSource(Path("t.jsonl"), format="mbpp")  # collect's and rl's data take the same shorthand
+
+
+@pytest.mark.parametrize("how", ["overrides", "yaml"])
+def test_evals_old_custom_key_is_the_benchmarks_spec(how, tmp_path, caplog):
+    caplog.set_level(logging.WARNING)
+    if how == "overrides":
+        cfg = load_config(EvalConfig, None, ["data.qa=q.jsonl", "custom.qa.kind=code", "custom.qa.prompt_field=q"])
+    else:
+        path = tmp_path / "eval.yaml"
+        path.write_text("data: {qa: q.jsonl}\ncustom:\n  qa: {kind: code, prompt_field: q}\n")
+        cfg = load_config(EvalConfig, path)
+    assert cfg.data["qa"] == TaskSource(Path("q.jsonl"), format="jsonl", spec=JsonlSpec(kind="code", prompt_field="q"))
+    lines = [r.getMessage() for r in caplog.records if "old key names" in r.getMessage()]
+    assert len(lines) == 1 and "data.qa.spec" in lines[0]
+
+
+def test_an_eval_run_saved_before_its_data_was_a_task_source_is_the_same_run():
+    cfg = load_config(EvalConfig, None, ["model=m", "benchmarks=[mbpp,qa]", "data.mbpp=m.jsonl", "data.qa=q.jsonl",
+                                         "data.qa.spec.kind=code"])
+    saved = to_dict(cfg)  # as an eval run saved it before: each file a string, a JSONL's fields under custom
+    saved["data"] = {"mbpp": "m.jsonl", "qa": "q.jsonl"}
+    saved["custom"] = {"qa": to_dict(JsonlSpec(kind="code"))}
+    assert changed_keys("eval", saved, cfg) == []
+    saved["custom"]["qa"]["kind"] = "math"
+    assert [c.key for c in changed_keys("eval", saved, cfg)] == ["data.qa.spec.kind"]
+    del saved["custom"]  # read as mbpp and a molrl JSONL of maths: the format of neither changed
+    assert [c.key for c in changed_keys("eval", saved, cfg)] == ["data.qa.spec.kind"]

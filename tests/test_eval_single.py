@@ -9,6 +9,7 @@ import pytest
 
 from molrl.eval import EvalConfig, evaluate_single, run_eval
 from molrl.tasks.prompts import render_prompts
+from molrl.config_blocks import TaskSource
 from molrl.generation import SamplingConfig
 from molrl.models import load_model_and_tokenizer
 from molrl.sandbox import SandboxConfig, SandboxPool
@@ -60,9 +61,9 @@ def test_custom_jsonl_benchmark(tmp_path):
     data.write_text('{"qid": "a", "question": "1+1?", "final": "2"}\n{"qid": "b", "question": "2+2?", "final": "4"}\n')
     preds = tmp_path / "p.jsonl"
     preds.write_text('{"id": "a", "completion": "\\\\boxed{2}"}\n{"id": "b", "completion": "\\\\boxed{5}"}\n')
-    cfg = EvalConfig(benchmarks=["mine"], data={"mine": str(data)}, predictions={"mine": str(preds)},
-                     custom={"mine": JsonlSpec(kind="math", id_field="qid", prompt_field="question", answer_field="final")},
-                     output_dir=tmp_path / "run")
+    spec = JsonlSpec(kind="math", id_field="qid", prompt_field="question", answer_field="final")
+    cfg = EvalConfig(benchmarks=["mine"], data={"mine": TaskSource(path=data, spec=spec)},
+                     predictions={"mine": str(preds)}, output_dir=tmp_path / "run")
     out = run_eval(cfg)
     assert json.loads((out / "results.json").read_text())["benchmarks"]["mine"]["pass@1"] == 0.5
 

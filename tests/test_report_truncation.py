@@ -43,7 +43,7 @@ def test_eval_records_the_cut_per_sample_and_warns_in_results_md(tmp_path):
 
     model = save_tiny_model(tmp_path / "model", eos_logit=-30.0)  # it never ends an answer by itself
     cfg = load_config(EvalConfig, None, [f"model={model}", "benchmarks=[qa]", f"data.qa={_tasks(tmp_path / 'qa.jsonl')}",
-                                         "custom.qa.kind=math", "sampling.temperature=0", "sampling.max_new_tokens=6",
+                                         "data.qa.spec.kind=math", "sampling.temperature=0", "sampling.max_new_tokens=6",
                                          "ks=[1]", f"output_dir={tmp_path / 'run'}"])
     out = run_eval(cfg)
     samples = [json.loads(line) for line in (out / "qa" / "samples.jsonl").read_text().splitlines()]

@@ -128,10 +128,12 @@ EVAL_SNIPPET = """
 import sys
 from molrl.eval.config import EvalConfig
 from molrl.eval.run import run_eval
+from molrl.config_blocks import TaskSource
 from molrl.tasks import JsonlSpec
 data, preds, out = sys.argv[1:]
-run_eval(EvalConfig(benchmarks=["mine"], data={"mine": data}, predictions={"mine": preds}, output_dir=out,
-                    custom={"mine": JsonlSpec(kind="math", id_field="qid", prompt_field="question", answer_field="final")}))
+spec = JsonlSpec(kind="math", id_field="qid", prompt_field="question", answer_field="final")
+run_eval(EvalConfig(benchmarks=["mine"], data={"mine": TaskSource(path=data, spec=spec)}, predictions={"mine": preds},
+                    output_dir=out))
 """
 
 

@@ -63,7 +63,7 @@ def _stage_args(stage: str, tmp_path: Path) -> list[str]:
                 f"output_dir={tmp_path / 'mol'}"],
         "rl": ["rl", "--config", str(REPO / "configs" / "rl_tiny.yaml"), f"output_dir={tmp_path / 'rl'}"],
         "eval": ["eval", "--model", "tiny:chatml", "--benchmarks", "qa", "--data", f"qa={tasks}",
-                 "--out", str(tmp_path / "eval"), "custom.qa.kind=math"],
+                 "--out", str(tmp_path / "eval"), "data.qa.spec.kind=math"],
         "collect": ["collect", "--model", "tiny:chatml", "--tasks", tasks, "--format", "jsonl",
                     "--out", str(tmp_path / "collect")],
     }[stage]

@@ -54,6 +54,11 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequenc
     return _build(cls, data, prefix="", where=where)
 
 
+def build_config(cls: type[T], data: dict[str, Any], where: str) -> T:
+    """``cls`` from plain data (``where`` names it in errors), as a YAML file's mapping is built."""
+    return _build(cls, data, prefix="", where=where)
+
+
 def _read_yaml(path: Path, chain: tuple[Path, ...], cls: type) -> dict[str, Any]:
     """The mapping in ``path`` under ``cls``'s current key names; a top-level ``extends: other.yaml`` (relative to
     ``path``) is read first and ``path``'s keys are merged over it: sections key by key, every other value (lists
@@ -248,15 +253,23 @@ def _apply_override(data: dict[str, Any], item: str, cls: type | None = None, mo
         if not isinstance(child, dict):
             raise ConfigError(f"override {item!r}: {part!r} is a value, not a section")
         node = child
-    node[parts[-1]] = value
+    short = getattr(_section_type(section, parts[-1]), "SHORTHAND", None)
+    if short is not None and isinstance(node.get(parts[-1]), dict) and not isinstance(value, dict):
+        node[parts[-1]] = {**node[parts[-1]], short: value}  # data.mbpp=FILE over a written-out block sets its path
+    else:
+        node[parts[-1]] = value
 
 
-def _section_type(cls: type | None, key: str) -> type | None:
-    """The dataclass type of section ``key`` of ``cls`` (None when either is not a dataclass)."""
-    if cls is None or not dataclasses.is_dataclass(cls):
+def _section_type(cls: Any, key: str) -> Any:
+    """The type of section ``key`` of ``cls``: a dataclass's field that is a dataclass, or an entry of a mapping of
+    dataclasses (``data.NAME`` of eval); None for anything else."""
+    if typing.get_origin(cls) is dict:
+        tp = (typing.get_args(cls) or (None, None))[-1]
+    elif cls is not None and dataclasses.is_dataclass(cls):
+        tp = unoptional(typing.get_type_hints(cls).get(key))
+    else:
         return None
-    tp = unoptional(typing.get_type_hints(cls).get(key))
-    return tp if dataclasses.is_dataclass(tp) else None
+    return tp if dataclasses.is_dataclass(tp) or typing.get_origin(tp) is dict else None
 
 
 def _build(cls: type[T], data: Any, prefix: str, where: str, base: Any = None) -> T:

@@ -5,7 +5,8 @@
 - ``train`` (``TrainConfig``): optimisation and bookkeeping of the training stages (mol, rl), each with its own
   defaults; a key a stage cannot honour is refused there when set.
 - ``lora`` (``LoraAdapterConfig``): the LoRA adapter a training stage creates.
-- ``data`` (``TaskSource``): the task file a stage runs on (collect, rl), read by ``molrl.tasks.source``.
+- ``data`` (``TaskSource``): the task file a stage runs on (collect, rl; eval's ``data.NAME``, one a benchmark), read
+  by ``molrl.tasks.source``; ``data: FILE`` is short for ``data: {path: FILE}``.
 
 The others live beside what they configure: ``sampling`` (``molrl.sampling.SamplingConfig``), ``sandbox``
 (``molrl.sandbox.SandboxConfig``).
@@ -16,7 +17,7 @@ same names and types.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
@@ -43,6 +44,11 @@ class ModelSource:
 def as_model_source(value: ModelSource | str | Path) -> ModelSource:
     """A stage's ``model`` as its block: a config built in Python may give a plain path (``EvalConfig(model=P)``)."""
     return value if isinstance(value, ModelSource) else ModelSource(str(value))
+
+
+def as_task_source(value: TaskSource | str | Path) -> TaskSource:
+    """A task source as its block: a config built in Python may give a plain path (``EvalConfig(data={"x": P})``)."""
+    return value if isinstance(value, TaskSource) else TaskSource(path=Path(value))
 
 
 @dataclass
@@ -127,19 +133,40 @@ class LoraAdapterConfig:
     """
 
 
+BENCHMARK_FORMATS: dict[str, str] = {"math500": "math500", "aime24": "aime", "aime25": "aime", "humaneval": "humaneval",
+                                     "mbpp": "mbpp"}
+"""The benchmarks molrl knows by name, and the format of each one's file: an eval ``data`` entry under one of these
+names reads its file in that format unless it says otherwise."""
+
+
 @dataclass
 class TaskSource:
-    """A task file and how to read it."""
+    """A task file and how to read it: collect's and rl's ``data``, rl's ``eval.tasks``, and each of eval's
+    ``data.NAME``. ``data: FILE`` is short for ``data: {path: FILE}``."""
+
+    SHORTHAND: ClassVar[str] = "path"
+    """``data: FILE`` (a YAML string, or ``data=FILE`` / ``data.NAME=FILE`` on the command line) sets ``path``."""
 
     path: Path | None = None
-    """Task file (JSONL/JSON/parquet as the format expects); unused for format toy."""
-    format: Literal["humaneval", "mbpp", "math500", "aime", "jsonl", "toy"] = "jsonl"
+    """Task file (JSONL/JSON/parquet as the format expects; in eval also ``hub:DATASET[:SPLIT]``, fetched with
+    ``datasets``); unused for format toy."""
+    format: Literal["humaneval", "mbpp", "math500", "aime", "jsonl", "toy"] | None = None
     """Format of the task file: humaneval (.jsonl/.jsonl.gz), mbpp, math500, aime or jsonl (molrl task JSONL, fields
-    under ``spec``); toy: RL's built-in toy task (no file)."""
+    under ``spec``); toy: RL's built-in toy task (no file). Unset: an eval benchmark named math500, aime24, aime25,
+    humaneval or mbpp (with no ``spec``) takes its own format, anything else jsonl."""
     limit: Count | None = None
     """Use only the first N tasks."""
     spec: JsonlSpec = field(default_factory=JsonlSpec)
     """Field names and task kind of a jsonl task file (format jsonl only)."""
     split: Literal["train", "validation", "test", "prompt", "all"] | None = None
-    """Benchmark split to take (train, validation, test, prompt or all); unset: train (rl's eval.tasks: test); a
-    file without splits is taken whole."""
+    """Benchmark split to take (train, validation, test, prompt or all); unset: train (rl's eval.tasks: test; eval:
+    its ``split``); a file without splits is taken whole."""
+
+    def resolved(self, name: str | None = None) -> TaskSource:
+        """This source with its format decided (``format`` unset): the benchmark ``name``'s own format when molrl
+        knows it by that name and no ``spec`` is given, else jsonl. Each stage's config resolves its sources, so a
+        saved config names the format its run read."""
+        if self.format is not None:
+            return self
+        known = BENCHMARK_FORMATS.get(name or "")
+        return replace(self, format=known if known and self.spec == JsonlSpec() else "jsonl")

@@ -1,7 +1,8 @@
 """Renamed config keys: old names read under the new ones, in a YAML file, an override and a saved config.
 
 A config class may list keys it renamed in ``RENAMED_KEYS`` (old name -> (new name, how an old value
-converts); either name may be dotted, for a key that moved into or out of a section). ``molrl.config``
+converts); either name may be dotted, for a key that moved into or out of a section, and ``*`` stands for each
+entry of a mapping: ``custom.*`` -> ``data.*.spec``). ``molrl.config``
 reads every mapping and override through ``renamed`` and ``renamed_path``: old configs keep loading, with
 one line naming the new keys. ``current_names`` reads a saved config the same way, quietly, so a run saved
 under the old names is the same run under the new ones.
@@ -37,7 +38,7 @@ def renamed(cls: type, data: dict[str, Any], prefix: str, where: str, note: bool
     """``data`` with each old key of ``cls.RENAMED_KEYS`` moved to its new name, its value converted; ``note``
     logs one line naming them."""
     data = _expanded(cls, data)
-    table, retired = getattr(cls, "RENAMED_KEYS", {}), getattr(cls, "RETIRED_KEYS", {})
+    table, retired = _concrete(getattr(cls, "RENAMED_KEYS", {}), data), getattr(cls, "RETIRED_KEYS", {})
     if not any(_has(data, old) for old in (*retired, *table)):
         return data
     data = _copy_sections(data)
@@ -72,6 +73,26 @@ def renamed(cls: type, data: dict[str, Any], prefix: str, where: str, note: bool
     return data
 
 
+def _concrete(table: dict[str, tuple[str, Any]], data: dict[str, Any]) -> dict[str, tuple[str, Any]]:
+    """``table`` with each key that names a mapping's entries by ``*`` (``custom.*`` -> ``data.*.spec``) written out
+    for the entries ``data`` holds (``custom.qa`` -> ``data.qa.spec``)."""
+    out = {}
+    for old, (new, convert) in table.items():
+        if "*" not in old:
+            out[old] = (new, convert)
+            continue
+        section = old.partition(".*")[0]
+        entries = _get(data, section) if _has(data, section) else None
+        for name in entries if isinstance(entries, dict) else ():
+            out[old.replace("*", str(name))] = (new.replace("*", str(name)), convert)
+    return out
+
+
+def _matches(old_parts: list[str], parts: list[str]) -> bool:
+    """Whether an override's key ``parts`` start with the renamed key ``old_parts`` (``*`` matching any name)."""
+    return len(parts) >= len(old_parts) and all(o in ("*", p) for o, p in zip(old_parts, parts))
+
+
 def renamed_path(cls: type, parts: list[str], value: Any, item: str, moved: list[str]) -> tuple[list[str], Any]:
     """An override's key ``parts`` (and its value) under the current names of ``cls`` and of its sections; no parts
     for a retired key (``RETIRED_KEYS``), which is dropped."""
@@ -83,8 +104,10 @@ def renamed_path(cls: type, parts: list[str], value: Any, item: str, moved: list
                 return [], value
         for old, (new, convert) in getattr(cls, "RENAMED_KEYS", {}).items():
             old_parts = old.split(".")
-            if parts[: len(old_parts)] != old_parts:
+            if not _matches(old_parts, parts):
                 continue
+            if "*" in old_parts:
+                new = new.replace("*", parts[old_parts.index("*")])
             before = value
             if len(parts) == len(old_parts):
                 try:
@@ -152,9 +175,16 @@ def _expanded(cls: type, data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def shorthand(cls: type, value: Any) -> Any:
+def shorthand(cls: Any, value: Any) -> Any:
     """``value`` as section ``cls``: a plain string (or path) given for a block with a ``SHORTHAND`` key becomes
-    ``{SHORTHAND: value}`` (``model: PATH`` -> ``model: {path: PATH}``); anything else as it is."""
+    ``{SHORTHAND: value}`` (``model: PATH`` -> ``model: {path: PATH}``), and so does each value of a mapping of such
+    blocks (eval's ``data: {NAME: FILE}``); anything else as it is."""
+    if typing.get_origin(cls) is dict and isinstance(value, dict):
+        entry = (typing.get_args(cls) or (None, None))[-1]
+        if getattr(entry, "SHORTHAND", None) is not None:
+            expanded = {k: shorthand(entry, v) for k, v in value.items()}
+            return value if expanded == value else expanded
+        return value
     key = getattr(cls, "SHORTHAND", None)
     if key is not None and isinstance(value, (str, Path)):
         return {key: str(value)}

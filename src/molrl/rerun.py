@@ -43,8 +43,9 @@ from typing import Any
 
 import yaml
 
-from molrl.config import ConfigError, save_config, to_dict
+from molrl.config import ConfigError, build_config, save_config, to_dict
 from molrl.config_renames import current_names, unoptional
+from molrl.errors import MolrlError
 from molrl.fingerprint import fingerprint
 from molrl.writes import write_text
 
@@ -58,22 +59,23 @@ HARMLESS: dict[str, tuple[str, ...]] = {
            "engine_gpu_memory_utilization", "threads"),
     "collect": ("output_dir", "data.limit", "samples", "engine", "device", "progress", "sandbox.workers", "episode.batch_size",
                 "threads"),
-    "eval": ("output_dir", "label", "benchmarks", "limit", "ks", "batch_size", "partial_predictions", "device",
-             "engine", "static_cache", "sandbox.workers", "threads"),
+    "eval": ("output_dir", "label", "benchmarks", "limit", "data.*.limit", "ks", "batch_size", "partial_predictions",
+             "device", "engine", "static_cache", "sandbox.workers", "threads"),
 }
 """Per stage, the keys a re-run may change freely, each a single key (never a whole section, whose other keys could
 change a result). collect's ``data.limit`` and ``samples`` and eval's ``benchmarks`` and ``limit`` only add or leave out
-work; what was already made stays valid. Of the sandbox only the worker count is here: its limits and tolerances
+work; what was already made stays valid (``*`` stands for each benchmark of eval's ``data``). Of the sandbox only the worker count is here: its limits and tolerances
 decide verdicts."""
 
 INPUTS: dict[str, tuple[str, ...]] = {
     "mol": ("model.path", "data.traces"),
     "rl": ("model.path", "model.adapter", "data.path", "eval.tasks.path"),
     "collect": ("model.path", "model.adapter", "data.path"),
-    "eval": ("model.path", "model.adapter", "data"),
+    "eval": ("model.path", "model.adapter", "data.*.path"),
 }
-"""Per stage, the keys naming what a run reads (files, folders; a list's or mapping's every value): compared as
-resolved paths, and by their contents' fingerprints. eval's ``predictions`` are not here: each problem's graded
+"""Per stage, the keys naming what a run reads (files, folders; a list's every value; ``*``: each entry of a
+mapping): compared as resolved paths, and by their contents' fingerprints. A run saved before a task file became its
+block's ``path`` (eval's ``data.NAME``) is compared under the new label. eval's ``predictions`` are not here: each problem's graded
 completions are compared with the file's, and an edited one is graded again (``PredictionSource.finished``)."""
 
 EXTENDABLE: dict[str, tuple[str, ...]] = {"mol": ("train.max_steps",), "rl": ("train.max_steps",)}
@@ -123,13 +125,30 @@ def changed_keys(stage: str | None, saved: Any, cfg: Any) -> list[Change]:
     and ``cfg``, leaving out the ones ``HARMLESS`` lists for ``stage`` (None: none left out). A key the saved config
     does not have (one added since) is the same when ``cfg`` holds its default: the run was made with that
     behaviour."""
-    old = _flat(current_names(type(cfg), saved))
+    current = current_names(type(cfg), saved)
     new = _flat(to_dict(cfg))
-    for key, value in _flat(defaults(type(cfg))).items():
-        if key not in old and new.get(key, _UNSET) == value:
-            old[key] = value
+    built = read_as_current(type(cfg), current)
+    if built is not None:  # every default and resolved value (a task file's format) as the current code has them
+        old = _flat(to_dict(built))
+    else:
+        old = _flat(current)
+        for key, value in _flat(defaults(type(cfg))).items():
+            if key not in old and new.get(key, _UNSET) == value:
+                old[key] = value
     return [Change(k, old.get(k, _UNSET), new.get(k, _UNSET)) for k in sorted(set(old) | set(new))
             if not _same(stage, k, old.get(k, _UNSET), new.get(k, _UNSET)) and not _harmless(stage, k)]
+
+
+def read_as_current(cls: type, saved: Any) -> Any:
+    """A saved config (plain data under the current key names) built as the current ``cls`` builds it: keys added
+    since take their defaults and values a config resolves (``TaskSource.resolved``) are resolved; None when it no
+    longer builds (a value now out of range), and then the saved keys are compared as they are."""
+    if not isinstance(saved, dict) or not dataclasses.is_dataclass(cls):
+        return None
+    try:
+        return build_config(cls, saved, "saved config")
+    except (ConfigError, MolrlError, TypeError, ValueError):
+        return None
 
 
 def save_run_config(stage: str, cfg: Any, saved: Path) -> None:
@@ -173,8 +192,12 @@ def changed_inputs(stage: str | None, kept: Any, cfg: Any) -> list[ChangedInput]
     if not isinstance(kept, dict):
         return []
     now = input_fingerprints(stage, cfg)
-    return [ChangedInput(label, now[label]["path"]) for label in sorted(kept)
-            if label in now and now[label]["fingerprint"] != (kept[label] or {}).get("fingerprint")]
+    found = []
+    for label in sorted(kept):
+        current = label if label in now else f"{label}.path"  # saved before the file became its block's path
+        if current in now and now[current]["fingerprint"] != (kept[label] or {}).get("fingerprint"):
+            found.append(ChangedInput(current, now[current]["path"]))
+    return found
 
 
 def _check_inputs(stage: str, cfg: Any, saved: Path, run: Path) -> None:
@@ -205,7 +228,13 @@ def _input_values(stage: str | None, flat: dict[str, Any]) -> list[tuple[str, An
 
 
 def _is_input(stage: str | None, key: str) -> bool:
-    return any(key == k or key.startswith(k + ".") for k in INPUTS.get(stage or "", ()))
+    return any(_under(key, k) for k in INPUTS.get(stage or "", ()))
+
+
+def _under(key: str, pattern: str) -> bool:
+    """Whether a flattened ``key`` is ``pattern`` or inside it, a ``*`` in the pattern matching one name."""
+    parts, wanted = key.split("."), pattern.split(".")
+    return len(parts) >= len(wanted) and all(w in ("*", p) for w, p in zip(wanted, parts))
 
 
 def defaults(cls: type) -> dict[str, Any]:
@@ -366,7 +395,7 @@ def _raises(saved: Any, now: Any) -> bool:
 
 
 def _harmless(stage: str | None, key: str) -> bool:
-    return any(key == h or key.startswith(h + ".") for h in HARMLESS.get(stage or "", ()))
+    return any(_under(key, h) for h in HARMLESS.get(stage or "", ()))
 
 
 def _flat(data: Any, prefix: str = "") -> dict[str, Any]:

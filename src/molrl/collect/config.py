@@ -120,6 +120,7 @@ class CollectConfig:
 
     def __post_init__(self) -> None:
         self.model = as_model_source(self.model)
+        self.data = self.data.resolved()
         if self.data.path is None or self.data.format == "toy":
             raise ValueError(f"data.path={self.data.path}, data.format={self.data.format}: collect runs on a task "
                              "file; give data.path=FILE (--tasks) and its data.format (--format)")

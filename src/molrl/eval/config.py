@@ -7,11 +7,10 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Literal
 
 from molrl.collect.config import EpisodeConfig
-from molrl.config_blocks import ModelSource, as_model_source
+from molrl.config_blocks import ModelSource, TaskSource, as_model_source, as_task_source
 from molrl.config_ranges import Count, RunDir, Threads
 from molrl.sampling import SamplingConfig
 from molrl.sandbox import SandboxConfig
-from molrl.tasks import JsonlSpec
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
 
 
@@ -30,22 +29,24 @@ class EvalConfig:
 
     RENAMED_KEYS: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {
         "backend": ("engine", lambda v: v), **{key: (f"model.{key}", lambda v: v) for key in ("adapter", "dtype")},
-        "interactive.sampling.stop": ("sampling.stop", lambda v: v), "enable_thinking": ("thinking", lambda v: v)}
+        "interactive.sampling.stop": ("sampling.stop", lambda v: v), "enable_thinking": ("thinking", lambda v: v),
+        "custom.*": ("data.*.spec", lambda v: v)}
     RETIRED_KEYS: ClassVar[dict[str, str]] = {
         **{f"interactive.sampling.{key}": f"interactive mode samples with sampling.{key}"
            for key in ("n", "temperature", "top_p", "top_k", "max_new_tokens", "seed")},
         "interactive.seed": "interactive mode is seeded by sampling.seed",
         "interactive.enable_thinking": "interactive mode renders with the stage's thinking"}
     benchmarks: list[str] = field(default_factory=lambda: ["math500", "aime24", "aime25", "humaneval", "mbpp"])
-    """Benchmarks to run: math500, aime24, aime25, humaneval, mbpp, or names defined under custom."""
-    data: dict[str, str] = field(default_factory=dict)
-    """Where each benchmark's problems are: NAME -> local file, or hub:DATASET[:SPLIT] (needs internet)."""
+    """Benchmarks to run, each named under ``data``: math500, aime24, aime25, humaneval, mbpp, or a name of your own."""
+    data: dict[str, TaskSource] = field(default_factory=dict)
+    """Each benchmark's problems, a task source as collect's and rl's ``data``: ``data.NAME: FILE`` (or
+    hub:DATASET[:SPLIT], needs internet), or ``{path, format, spec, split, limit}``. A benchmark molrl knows by name
+    reads its file in its own format; any other name is a molrl task JSONL whose fields ``spec`` names."""
     split: Literal["test", "validation", "train", "prompt", "all"] = "test"
-    """Benchmark split scored (MBPP's test split is tasks 11-510; a file without splits is scored whole)."""
+    """Benchmark split scored where a benchmark's ``data`` names none (MBPP's test split is tasks 11-510; a file
+    without splits is scored whole)."""
     allow_trained_overlap: bool = False
     """Score problems the adapter's runs trained on (their trained_on.json); refused by default."""
-    custom: dict[str, JsonlSpec] = field(default_factory=dict)
-    """Custom JSONL benchmarks: NAME -> spec of its fields (prompt, answer or tests, grader)."""
     predictions: dict[str, str] = field(default_factory=dict)
     """Grade completions made elsewhere instead of sampling: NAME -> JSONL of {id, completion}."""
     partial_predictions: bool = False
@@ -62,7 +63,7 @@ class EvalConfig:
     ks: list[Count] = field(default_factory=lambda: [1, 5, 10])
     """k values of pass@k (each reported when every problem has at least k samples)."""
     limit: Count | None = None
-    """Evaluate only the first N problems of each benchmark."""
+    """Evaluate only the first N problems of each benchmark (a benchmark's ``data.NAME.limit``, when set, first)."""
     batch_size: Count = 16
     """Problems generated and graded together (also the resume granularity)."""
     static_cache: bool = False
@@ -86,6 +87,7 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         self.model = as_model_source(self.model)
+        self.data = {name: as_task_source(src).resolved(name) for name, src in self.data.items()}
         if self.sampling.n > 1 and self.sampling.temperature == 0:
             raise ValueError(f"sampling.n={self.sampling.n} with greedy decoding gives n equal samples; set sampling.temperature > 0")
         if not self.benchmarks:

@@ -1,26 +1,27 @@
-"""Benchmarks by name: which loader reads them and where their problems come from.
+"""Benchmarks by name: where each one's problems come from and how they are read.
 
-A benchmark's data is a local file in its usual format (see ``molrl.tasks.load_tasks``) or a
-Hugging Face dataset named ``hub:DATASET[:SPLIT]``, fetched with ``datasets.load_dataset`` and
-written to the run directory as JSONL before the same loader reads it. Each benchmark is scored on its
-``split`` (default ``test``; ``molrl.tasks.splits``): ``mbpp`` means MBPP's standard test split (tasks 11-510),
-taken out of Google's full file when that is the data given. A file without splits is scored whole.
+A benchmark is an entry of eval's ``data`` (``molrl.config_blocks.TaskSource``, the type collect and rl read their
+tasks with): a local file in its format (see ``molrl.tasks.load_tasks``; a benchmark molrl knows by name takes its own
+format) or a Hugging Face dataset named ``hub:DATASET[:SPLIT]``, fetched with ``datasets.load_dataset`` and written to
+the run directory as JSONL before the same loader reads it. Each benchmark is scored on its ``split`` (default eval's
+``split``, ``test``; ``molrl.tasks.splits``): ``mbpp`` means MBPP's standard test split (tasks 11-510), taken out of
+Google's full file when that is the data given. A file without splits is scored whole.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
 
+from molrl.config_blocks import BENCHMARK_FORMATS
 from molrl.errors import MolrlError
 from molrl.tasks import Task
-from molrl.tasks.splits import select_split
+from molrl.tasks.source import load_task_source
 
 log = logging.getLogger(__name__)
 
-# Benchmark name -> format understood by molrl.tasks.load_tasks.
-KNOWN = {"math500": "math500", "aime24": "aime", "aime25": "aime", "humaneval": "humaneval", "mbpp": "mbpp"}
 FORMAT_HINT = {
     "math500": "MATH-500 test.jsonl (problem, answer, subject, level, unique_id)",
     "aime": "AIME test.jsonl (id, problem, answer)",
@@ -30,30 +31,18 @@ FORMAT_HINT = {
 
 
 def load_suite(name: str, cfg: Any) -> list[Task]:
-    """The problems of benchmark ``name`` (first ``cfg.limit`` of them when set)."""
-    from molrl.tasks import load_tasks
-
-    if name in cfg.custom:
-        fmt, spec = "jsonl", cfg.custom[name]
-    elif name in KNOWN:
-        fmt, spec = KNOWN[name], None
-    else:
-        raise MolrlError(
-            f"unknown benchmark {name!r}; known: {', '.join(KNOWN)}, or describe a JSONL file under custom.{name}"
-        )
-    source = cfg.data.get(name)
-    if not source:
-        hint = FORMAT_HINT.get(fmt, "a JSONL file matching its custom spec")
+    """The problems of benchmark ``name``: ``cfg.data[name]`` read as every stage reads a task source, on its split
+    (else ``cfg.split``), the first ``cfg.limit`` of them when set."""
+    src = cfg.data.get(name)
+    if src is None or src.path is None or not str(src.path):
+        hint = FORMAT_HINT.get(BENCHMARK_FORMATS.get(name, ""), "a molrl task JSONL (fields under data.NAME.spec)")
         raise MolrlError(f"no data for benchmark {name!r}; pass --data {name}=PATH ({hint}) or {name}=hub:DATASET")
-    path = fetch_hub(source, Path(cfg.output_dir) / "data" / f"{name}.jsonl") if source.startswith("hub:") else Path(source)
-    if not path.is_file():
+    path = str(src.path)
+    if path.startswith("hub:"):
+        src = dataclasses.replace(src, path=fetch_hub(path, Path(cfg.output_dir) / "data" / f"{name}.jsonl"))
+    elif not Path(path).is_file():
         raise MolrlError(f"{path}: data file of benchmark {name!r} not found")
-    tasks = load_tasks(path, fmt, spec=spec)
-    if any(t.split is not None for t in tasks):  # a file without splits is scored whole
-        before = len(tasks)
-        tasks = select_split(tasks, cfg.split, str(path), "split")
-        if len(tasks) < before:
-            log.info("%s: scoring %s's %s split, %d of %d tasks", path, name, cfg.split, len(tasks), before)
+    tasks = load_task_source(src, f"data.{name}", split=cfg.split)
     tasks = tasks[: cfg.limit] if cfg.limit is not None else tasks
     if not tasks:
         raise MolrlError(f"{path}: benchmark {name!r} has no problems")

@@ -188,6 +188,7 @@ class RlConfig:
 
     def __post_init__(self) -> None:
         self.model = as_model_source(self.model)
+        self.data, self.eval.tasks = self.data.resolved(), self.eval.tasks.resolved()
         if self.policy.reference == "mol" and self.model.adapter is None:
             raise ValueError("policy.reference=mol needs model.adapter (the MoL stage's adapter directory)")
         self._check_sampling()

@@ -159,8 +159,8 @@ def digit_study_config(cfg: PipelineConfig, expert: Path, world_dir: Path, seed:
                              overrides=["algorithm=grpo", *code_rl, f"reward.code_mode={mode}"]))
     evaluation = dict(cfg.eval)
     evaluation["benchmarks"] = [*evaluation.get("benchmarks", []), CODE]
-    evaluation["custom"] = {**evaluation.get("custom", {}), CODE: {"kind": "code"}}
-    evaluation["data"] = {**evaluation.get("data", {}), CODE: str(world_dir / "code_heldout.jsonl")}
+    evaluation["data"] = {**evaluation.get("data", {}),
+                          CODE: {"path": str(world_dir / "code_heldout.jsonl"), "spec": {"kind": "code"}}}
     return replace(cfg, mol_runs=mol_runs, rl_runs=rl_runs, eval=evaluation, eval_models=[],
                    title=f"molrl study ({preset} preset, seed {seed})")
 

@@ -1,5 +1,5 @@
 """``load_task_source``: the tasks a stage's ``data`` block (``molrl.config_blocks.TaskSource``) names, read the
-same way by collect and rl (and rl's evaluation hook)."""
+same way by collect, rl (and rl's evaluation hook) and eval (each benchmark, ``molrl.eval.suites``)."""
 
 from __future__ import annotations
 
@@ -15,15 +15,21 @@ from molrl.tasks.toy import toy_tasks
 log = logging.getLogger(__name__)
 
 
-def load_task_source(src: TaskSource, role: str) -> list[Task]:
-    """The tasks ``src`` names: a benchmark or JSONL file (its ``split``: by default the training split for ``data``,
-    the test split for ``eval.tasks``; a file without splits whole), or the toy (``role`` names the key in errors)."""
+def load_task_source(src: TaskSource, role: str, split: str | None = None) -> list[Task]:
+    """The tasks ``src`` names: a benchmark or JSONL file (its ``split``, else ``split``, else the training split for
+    ``data`` and the test split for any other role; a file without splits whole), or the toy (``role`` names the key
+    in errors: ``data``, ``eval.tasks``, ``data.mbpp``)."""
+    src = src.resolved(role.removeprefix("data."))
     if src.format == "toy":
         return toy_tasks(src.limit or 64)
     if src.path is None:
         raise MolrlError(f"{role}.path is not set: give a task file ({role}.path=FILE {role}.format=FORMAT)")
-    tasks = load_tasks(src.path, src.format, spec=src.spec)
-    tasks = select_split(tasks, src.split, str(src.path), f"{role}.split", "train" if role == "data" else "test")
+    every = load_tasks(src.path, src.format, spec=src.spec)
+    default = split or ("train" if role == "data" else "test")
+    tasks = select_split(every, src.split, str(src.path), f"{role}.split", default)
+    if len(tasks) < len(every):
+        log.info("%s: %s takes the %s split, %d of %d tasks", src.path, role, src.split or default, len(tasks),
+                 len(every))
     tasks = tasks[:src.limit] if src.limit is not None else tasks
     if role == "data" and (line := overlap_line(tasks, role)):
         log.warning("%s", line)

@@ -62,6 +62,8 @@ def select_split(tasks: Sequence[Task], split: str | None, where: str, key: str,
         raise MolrlError(f"{where}: its tasks have no benchmark split, so {key}={split} selects nothing; "
                          f"unset {key} or set {key}=all")
     wanted = split or default
+    if wanted == "all":
+        return list(tasks)
     chosen = [t for t in tasks if t.split == wanted]
     if not chosen:
         found = sorted({t.split or "none" for t in tasks})
