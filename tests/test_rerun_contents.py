@@ -206,3 +206,63 @@ def test_a_finished_pipeline_stage_whose_input_changed_is_refused(tmp_path):
     tasks.write_text('{"id": "a", "prompt": "1+1?", "answer": "3"}\n')
     with pytest.raises(MolrlError, match=rf"data.x.path \({tasks}\) has other contents"):
         run_stage(tmp_path / "stage", cfg, lambda: None, "eval")
+
+
+def _renamed_inputs():
+    """(stage, class, old key, new key) of every renamed key that names an input (``INPUTS``), by enumeration."""
+    import importlib
+
+    from molrl.rerun import _is_input
+
+    classes = {"mol": "molrl.mol.config:MolConfig", "rl": "molrl.rl.config:RlConfig",
+               "collect": "molrl.collect.config:CollectConfig", "eval": "molrl.eval.config:EvalConfig"}
+    found = []
+    for stage, where in classes.items():
+        module, name = where.split(":")
+        cls = getattr(importlib.import_module(module), name)
+        for old, (new, _) in getattr(cls, "RENAMED_KEYS", {}).items():
+            if "*" not in old and _is_input(stage, new):
+                found.append((stage, cls, old, new))
+    return found
+
+
+@pytest.mark.parametrize("stage,cls,old,new", _renamed_inputs(), ids=lambda v: getattr(v, "__name__", str(v)))
+def test_an_input_saved_under_an_old_key_is_checked_under_its_new_one(stage, cls, old, new):
+    from molrl.rerun import _current_label
+
+    assert _current_label(cls, old) == new
+    assert _current_label(cls, new) == new
+
+
+def test_the_renamed_inputs_enumerated_include_each_stages_task_file_and_model():
+    names = {(stage, old) for stage, _, old, _ in _renamed_inputs()}
+    assert {("collect", "tasks"), ("rl", "policy.base"), ("rl", "policy.mol_adapter"),
+            ("collect", "adapter"), ("eval", "adapter")} <= names
+
+
+def test_a_collect_run_saved_with_its_tasks_label_is_refused_when_the_file_changed(tmp_path):
+    from molrl.collect.config import CollectConfig
+    from molrl.config_blocks import TaskSource
+    from molrl.rerun import changed_inputs, input_fingerprints
+
+    tasks = tmp_path / "t.jsonl"
+    tasks.write_text('{"id": "a", "prompt": "1+1?", "answer": "2"}\n')
+    cfg = CollectConfig(model="m", data=TaskSource(tasks))
+    kept = {"tasks": input_fingerprints("collect", cfg)["data.path"]}  # as a run saved it before the rename
+    assert changed_inputs("collect", kept, cfg) == []
+    tasks.write_text('{"id": "a", "prompt": "1+1?", "answer": "3"}\n')
+    assert [c.label for c in changed_inputs("collect", kept, cfg)] == ["data.path"]
+    eval_kept = {"data.x": {"path": str(tasks), "fingerprint": "old"}}
+    from molrl.eval.config import EvalConfig
+
+    assert [c.label for c in changed_inputs("eval", eval_kept, EvalConfig(data={"x": tasks}))] == ["data.x.path"]
+
+
+def test_an_input_saved_before_its_block_had_a_shorthand_is_checked_under_the_blocks_path():
+    from molrl.eval.config import EvalConfig
+    from molrl.mol.config import MolConfig
+    from molrl.rerun import _current_label
+
+    assert _current_label(MolConfig, "model") == "model.path"
+    assert _current_label(EvalConfig, "data.mbpp") == "data.mbpp.path"
+    assert _current_label(MolConfig, "data.traces[1]") == "data.traces[1]"

@@ -75,7 +75,8 @@ INPUTS: dict[str, tuple[str, ...]] = {
 }
 """Per stage, the keys naming what a run reads (files, folders; a list's every value; ``*``: each entry of a
 mapping): compared as resolved paths, and by their contents' fingerprints. A run saved before a task file became its
-block's ``path`` (eval's ``data.NAME``) is compared under the new label. eval's ``predictions`` are not here: each problem's graded
+block's ``path`` (eval's ``data.NAME``), or under a key renamed since (collect's ``tasks``), is compared under the
+current label. eval's ``predictions`` are not here: each problem's graded
 completions are compared with the file's, and an edited one is graded again (``PredictionSource.finished``)."""
 
 EXTENDABLE: dict[str, tuple[str, ...]] = {"mol": ("train.max_steps",), "rl": ("train.max_steps",)}
@@ -194,10 +195,28 @@ def changed_inputs(stage: str | None, kept: Any, cfg: Any) -> list[ChangedInput]
     now = input_fingerprints(stage, cfg)
     found = []
     for label in sorted(kept):
-        current = label if label in now else f"{label}.path"  # saved before the file became its block's path
+        current = label if label in now else _current_label(type(cfg), label)
         if current in now and now[current]["fingerprint"] != (kept[label] or {}).get("fingerprint"):
             found.append(ChangedInput(current, now[current]["path"]))
     return found
+
+
+def _current_label(cls: type, label: str) -> str:
+    """An input's label saved under an old key name, under its current one (collect's ``tasks`` -> ``data.path``,
+    rl's ``policy.base`` -> ``model.path``, eval's ``data.mbpp`` -> ``data.mbpp.path``): read through the same renames
+    and shorthands as a saved config; the label itself when they leave it as it is."""
+    key, _, index = label.partition("[")
+    nested: dict[str, Any] = {}
+    node = nested
+    *sections, name = key.split(".")
+    for section in sections:
+        node = node.setdefault(section, {})
+    node[name] = "input"
+    try:
+        moved = [k for k, v in _flat(current_names(cls, nested)).items() if v == "input"]
+    except ConfigError:
+        return label
+    return moved[0] + (f"[{index}" if index else "") if len(moved) == 1 else label
 
 
 def _check_inputs(stage: str, cfg: Any, saved: Path, run: Path) -> None:
