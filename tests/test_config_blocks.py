@@ -367,3 +367,7 @@ def test_an_eval_run_saved_before_its_data_was_a_task_source_is_the_same_run():
     assert [c.key for c in changed_keys("eval", saved, cfg)] == ["data.qa.spec.kind"]
     del saved["custom"]  # read as mbpp and a molrl JSONL of maths: the format of neither changed
     assert [c.key for c in changed_keys("eval", saved, cfg)] == ["data.qa.spec.kind"]
+    saved["custom"] = {}  # every eval run saved before held its default, an empty mapping
+    assert [c.key for c in changed_keys("eval", saved, cfg)] == ["data.qa.spec.kind"]
+    saved["data"]["qa"] = {"path": "q.jsonl", "spec": {"kind": "code"}}
+    assert changed_keys("eval", saved, cfg) == []

@@ -37,7 +37,7 @@ def unoptional(tp: Any) -> Any:
 def renamed(cls: type, data: dict[str, Any], prefix: str, where: str, note: bool = True) -> dict[str, Any]:
     """``data`` with each old key of ``cls.RENAMED_KEYS`` moved to its new name, its value converted; ``note``
     logs one line naming them."""
-    data = _expanded(cls, data)
+    data = _copy_sections(_expanded(cls, data))
     table, retired = _concrete(getattr(cls, "RENAMED_KEYS", {}), data), getattr(cls, "RETIRED_KEYS", {})
     if not any(_has(data, old) for old in (*retired, *table)):
         return data
@@ -83,6 +83,8 @@ def _concrete(table: dict[str, tuple[str, Any]], data: dict[str, Any]) -> dict[s
             continue
         section = old.partition(".*")[0]
         entries = _get(data, section) if _has(data, section) else None
+        if entries == {}:  # an empty old mapping (a saved config's default) moves nothing: read as absent
+            _pop(data, section)
         for name in entries if isinstance(entries, dict) else ():
             out[old.replace("*", str(name))] = (new.replace("*", str(name)), convert)
     return out
