@@ -195,8 +195,7 @@ class RlConfig:
         self._check_training()
         per_step, micro = self.prompts_per_step * self.sampling.n, self.train.micro_batch_size
         if micro < 1 or per_step % micro:
-            raise ValueError(f"train.micro_batch_size={micro} must divide prompts_per_step * sampling.n "
-                             f"= {per_step}")
+            raise ValueError(f"train.micro_batch_size={micro} must divide prompts_per_step * sampling.n = {per_step}")
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm={self.algorithm!r}; expected one of {', '.join(ALGORITHMS)}")
         if self.algorithm == "opd" and self.beta != 0.0:
