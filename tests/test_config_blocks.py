@@ -371,3 +371,12 @@ def test_an_eval_run_saved_before_its_data_was_a_task_source_is_the_same_run():
     assert [c.key for c in changed_keys("eval", saved, cfg)] == ["data.qa.spec.kind"]
     saved["data"]["qa"] = {"path": "q.jsonl", "spec": {"kind": "code"}}
     assert changed_keys("eval", saved, cfg) == []
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_a_model_path_given_over_a_written_out_model_block_keeps_its_other_keys(stage, tmp_path):
+    adapter = None if stage == "mol" else Path("ad")  # mol trains its own adapter on a plain base
+    path = tmp_path / "stage.yaml"
+    path.write_text(f"model: {{path: a, adapter: {adapter or 'null'}, dtype: bfloat16}}\n")
+    cfg = load_config(STAGES[stage], path, [*REQUIRED.get(stage, []), "model=b"])
+    assert cfg.model == ModelSource("b", adapter=adapter, dtype="bfloat16")
