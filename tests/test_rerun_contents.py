@@ -1,4 +1,4 @@
-"""The re-run rule compares contents and resolved paths (``molrl.rerun.INPUTS``), never lets a key that can change a
+"""The re-run rule compares contents and resolved paths (``molrl.run_inputs.INPUTS``), never lets a key that can change a
 grade pass as harmless, and a continued adapter's LoRA shape is the adapter's (``molrl.rl.adapter_lora``)."""
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ def _renamed_inputs():
     """(stage, class, old key, new key) of every renamed key that names an input (``INPUTS``), by enumeration."""
     import importlib
 
-    from molrl.rerun import _is_input
+    from molrl.run_inputs import is_input
 
     classes = {"mol": "molrl.mol.config:MolConfig", "rl": "molrl.rl.config:RlConfig",
                "collect": "molrl.collect.config:CollectConfig", "eval": "molrl.eval.config:EvalConfig"}
@@ -221,17 +221,17 @@ def _renamed_inputs():
         module, name = where.split(":")
         cls = getattr(importlib.import_module(module), name)
         for old, (new, _) in getattr(cls, "RENAMED_KEYS", {}).items():
-            if "*" not in old and _is_input(stage, new):
+            if "*" not in old and is_input(stage, new):
                 found.append((stage, cls, old, new))
     return found
 
 
 @pytest.mark.parametrize("stage,cls,old,new", _renamed_inputs(), ids=lambda v: getattr(v, "__name__", str(v)))
 def test_an_input_saved_under_an_old_key_is_checked_under_its_new_one(stage, cls, old, new):
-    from molrl.rerun import _current_label
+    from molrl.run_inputs import current_label
 
-    assert _current_label(cls, old) == new
-    assert _current_label(cls, new) == new
+    assert current_label(cls, old) == new
+    assert current_label(cls, new) == new
 
 
 def test_the_renamed_inputs_enumerated_include_each_stages_task_file_and_model():
@@ -243,7 +243,7 @@ def test_the_renamed_inputs_enumerated_include_each_stages_task_file_and_model()
 def test_a_collect_run_saved_with_its_tasks_label_is_refused_when_the_file_changed(tmp_path):
     from molrl.collect.config import CollectConfig
     from molrl.config_blocks import TaskSource
-    from molrl.rerun import changed_inputs, input_fingerprints
+    from molrl.run_inputs import changed_inputs, input_fingerprints
 
     tasks = tmp_path / "t.jsonl"
     tasks.write_text('{"id": "a", "prompt": "1+1?", "answer": "2"}\n')
@@ -261,8 +261,8 @@ def test_a_collect_run_saved_with_its_tasks_label_is_refused_when_the_file_chang
 def test_an_input_saved_before_its_block_had_a_shorthand_is_checked_under_the_blocks_path():
     from molrl.eval.config import EvalConfig
     from molrl.mol.config import MolConfig
-    from molrl.rerun import _current_label
+    from molrl.run_inputs import current_label
 
-    assert _current_label(MolConfig, "model") == "model.path"
-    assert _current_label(EvalConfig, "data.mbpp") == "data.mbpp.path"
-    assert _current_label(MolConfig, "data.traces[1]") == "data.traces[1]"
+    assert current_label(MolConfig, "model") == "model.path"
+    assert current_label(EvalConfig, "data.mbpp") == "data.mbpp.path"
+    assert current_label(MolConfig, "data.traces[1]") == "data.traces[1]"

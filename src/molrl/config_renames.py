@@ -41,7 +41,6 @@ def renamed(cls: type, data: dict[str, Any], prefix: str, where: str, note: bool
     table, retired = _concrete(getattr(cls, "RENAMED_KEYS", {}), data), getattr(cls, "RETIRED_KEYS", {})
     if not any(_has(data, old) for old in (*retired, *table)):
         return data
-    data = _copy_sections(data)
     moved = []
     for old, why in retired.items():
         if _has(data, old):

@@ -39,7 +39,8 @@ from molrl.config_ranges import RunDir, Threads
 from molrl.cpu import stage_threads
 from molrl.errors import MolrlError
 from molrl.layout import rl_runs
-from molrl.rerun import changed_inputs, changed_keys, input_fingerprints
+from molrl.rerun import changed_keys
+from molrl.run_inputs import changed_inputs, input_fingerprints
 from molrl.writes import folder_lock, write_text
 
 log = logging.getLogger(__name__)

@@ -21,10 +21,10 @@ so a run saved before a key was renamed is the same run.
 without changing what the run computes (where it writes, logging, worker counts, resume switches); a key that can
 change a grade (a sandbox limit, a float tolerance) is never among them.
 
-Same run means same contents, not same names: the keys ``INPUTS`` lists (the model, the data files, the adapter
-trained further or evaluated) are compared as resolved paths (``./models/x`` is ``models/x``), and their contents'
-fingerprints (``fingerprint``), saved in ``inputs.json`` beside the config, must match: an input replaced under
-the same name is refused, naming it. "Finished" means a whole, loadable result (``whole_weights``): a final
+Same run means same contents, not same names: the keys ``molrl.run_inputs.INPUTS`` lists (the model, the data files,
+the adapter trained further or evaluated) are compared as resolved paths (``./models/x`` is ``models/x``), and their
+contents' fingerprints (``fingerprint``), saved in ``inputs.json`` beside the config, must match: an input replaced
+under the same name is refused, naming it. "Finished" means a whole, loadable result (``whole_weights``): a final
 ``adapter/`` or ``model/`` torn by a kill is rebuilt from the last checkpoint, or refused in one line.
 
 This module imports no torch: the checks run before a stage loads anything.
@@ -46,7 +46,8 @@ import yaml
 from molrl.config import ConfigError, build_config, save_config, to_dict
 from molrl.config_renames import current_names, unoptional
 from molrl.errors import MolrlError
-from molrl.fingerprint import fingerprint
+from molrl.run_inputs import (changed_inputs, flat_config, input_fingerprints, inputs_path, is_input,
+                               key_under)
 from molrl.writes import write_text
 
 log = logging.getLogger(__name__)
@@ -66,18 +67,6 @@ HARMLESS: dict[str, tuple[str, ...]] = {
 change a result). collect's ``data.limit`` and ``samples`` and eval's ``benchmarks`` and ``limit`` only add or leave out
 work; what was already made stays valid (``*`` stands for each benchmark of eval's ``data``). Of the sandbox only the worker count is here: its limits and tolerances
 decide verdicts."""
-
-INPUTS: dict[str, tuple[str, ...]] = {
-    "mol": ("model.path", "data.traces"),
-    "rl": ("model.path", "model.adapter", "data.path", "eval.tasks.path"),
-    "collect": ("model.path", "model.adapter", "data.path"),
-    "eval": ("model.path", "model.adapter", "data.*.path"),
-}
-"""Per stage, the keys naming what a run reads (files, folders; a list's every value; ``*``: each entry of a
-mapping): compared as resolved paths, and by their contents' fingerprints. A run saved before a task file became its
-block's ``path`` (eval's ``data.NAME``), or under a key renamed since (collect's ``tasks``), is compared under the
-current label. eval's ``predictions`` are not here: each problem's graded
-completions are compared with the file's, and an edited one is graded again (``PredictionSource.finished``)."""
 
 EXTENDABLE: dict[str, tuple[str, ...]] = {"mol": ("train.max_steps",), "rl": ("train.max_steps",)}
 """Per stage, the keys a re-run may raise to train a run further (never lower: that is another run)."""
@@ -127,13 +116,13 @@ def changed_keys(stage: str | None, saved: Any, cfg: Any) -> list[Change]:
     does not have (one added since) is the same when ``cfg`` holds its default: the run was made with that
     behaviour."""
     current = current_names(type(cfg), saved)
-    new = _flat(to_dict(cfg))
+    new = flat_config(to_dict(cfg))
     built = read_as_current(type(cfg), current)
     if built is not None:  # every default and resolved value (a task file's format) as the current code has them
-        old = _flat(to_dict(built))
+        old = flat_config(to_dict(built))
     else:
-        old = _flat(current)
-        for key, value in _flat(defaults(type(cfg))).items():
+        old = flat_config(current)
+        for key, value in flat_config(defaults(type(cfg))).items():
             if key not in old and new.get(key, _UNSET) == value:
                 old[key] = value
     return [Change(k, old.get(k, _UNSET), new.get(k, _UNSET)) for k in sorted(set(old) | set(new))
@@ -159,66 +148,6 @@ def save_run_config(stage: str, cfg: Any, saved: Path) -> None:
     write_text(inputs_path(saved), json.dumps(input_fingerprints(stage, cfg), indent=1) + "\n")
 
 
-def inputs_path(saved: Path) -> Path:
-    """Where the fingerprints of a run's inputs are kept beside its saved config (``X.config.yaml`` ->
-    ``X.inputs.json``, ``config.yaml`` -> ``inputs.json``)."""
-    return saved.with_name(saved.name.removesuffix("config.yaml") + "inputs.json")
-
-
-def input_fingerprints(stage: str | None, cfg: Any) -> dict[str, dict[str, str]]:
-    """``{label: {"path": resolved path, "fingerprint": ...}}`` for each ``INPUTS`` value of ``cfg`` that is a file or
-    folder on this machine (a hub name or ``tiny:...`` model is not)."""
-    found = {}
-    for label, value in _input_values(stage, _flat(to_dict(cfg))):
-        path = Path(str(value)).expanduser()
-        if path.exists():
-            found[label] = {"path": str(path.resolve()), "fingerprint": fingerprint(path)}
-    return found
-
-
-@dataclass(frozen=True)
-class ChangedInput:
-    """An input (``INPUTS``) whose contents differ from what the saved run read under the same name."""
-
-    label: str
-    path: str
-
-    def __str__(self) -> str:
-        return f"{self.label} ({self.path}) has other contents"
-
-
-def changed_inputs(stage: str | None, kept: Any, cfg: Any) -> list[ChangedInput]:
-    """The inputs of ``cfg`` whose fingerprints differ from ``kept`` (``input_fingerprints`` of the saved run; none
-    kept, by a run made before they were: nothing to compare)."""
-    if not isinstance(kept, dict):
-        return []
-    now = input_fingerprints(stage, cfg)
-    found = []
-    for label in sorted(kept):
-        current = label if label in now else _current_label(type(cfg), label)
-        if current in now and now[current]["fingerprint"] != (kept[label] or {}).get("fingerprint"):
-            found.append(ChangedInput(current, now[current]["path"]))
-    return found
-
-
-def _current_label(cls: type, label: str) -> str:
-    """An input's label saved under an old key name, under its current one (collect's ``tasks`` -> ``data.path``,
-    rl's ``policy.base`` -> ``model.path``, eval's ``data.mbpp`` -> ``data.mbpp.path``): read through the same renames
-    and shorthands as a saved config; the label itself when they leave it as it is."""
-    key, _, index = label.partition("[")
-    nested: dict[str, Any] = {}
-    node = nested
-    *sections, name = key.split(".")
-    for section in sections:
-        node = node.setdefault(section, {})
-    node[name] = "input"
-    try:
-        moved = [k for k, v in _flat(current_names(cls, nested)).items() if v == "input"]
-    except ConfigError:
-        return label
-    return moved[0] + (f"[{index}" if index else "") if len(moved) == 1 else label
-
-
 def _check_inputs(stage: str, cfg: Any, saved: Path, run: Path) -> None:
     """Refuse a re-run whose inputs have other contents than the saved run's (checked after the keys, so an input
     given under another name is refused as that key's change)."""
@@ -231,29 +160,6 @@ def _check_inputs(stage: str, cfg: Any, saved: Path, run: Path) -> None:
         raise ConfigError(f"{saved}: {run} was made from other contents under the same name: "
                           f"{'; '.join(map(str, changed))} now; start a new run elsewhere ({NEW_RUN[stage]}), or put "
                           "the original back to resume this one")
-
-
-def _input_values(stage: str | None, flat: dict[str, Any]) -> list[tuple[str, Any]]:
-    """(label, value) of every input value in a flattened config: ``data.traces[0]``, ``data.math500``, ``model``."""
-    found = []
-    for key, value in flat.items():
-        if not _is_input(stage, key) or value in (None, "", _UNSET):
-            continue
-        if isinstance(value, list):
-            found += [(f"{key}[{i}]", v) for i, v in enumerate(value) if v not in (None, "")]
-        else:
-            found.append((key, value))
-    return found
-
-
-def _is_input(stage: str | None, key: str) -> bool:
-    return any(_under(key, k) for k in INPUTS.get(stage or "", ()))
-
-
-def _under(key: str, pattern: str) -> bool:
-    """Whether a flattened ``key`` is ``pattern`` or inside it, a ``*`` in the pattern matching one name."""
-    parts, wanted = key.split("."), pattern.split(".")
-    return len(parts) >= len(wanted) and all(w in ("*", p) for w, p in zip(wanted, parts))
 
 
 def defaults(cls: type) -> dict[str, Any]:
@@ -278,7 +184,7 @@ def _same(stage: str | None, key: str, old: Any, new: Any) -> bool:
     """Whether a key's saved and current values are the same: input paths compared resolved."""
     if old == new:
         return True
-    if not _is_input(stage, key) or _UNSET in (old, new):
+    if not is_input(stage, key) or _UNSET in (old, new):
         return False
     return _resolved(old) == _resolved(new)
 
@@ -414,14 +320,4 @@ def _raises(saved: Any, now: Any) -> bool:
 
 
 def _harmless(stage: str | None, key: str) -> bool:
-    return any(_under(key, h) for h in HARMLESS.get(stage or "", ()))
-
-
-def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists and other values are leaves."""
-    if not isinstance(data, dict) or (prefix and not data):
-        return {prefix.rstrip("."): data}
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        flat.update(_flat(value, f"{prefix}{key}."))
-    return flat
+    return any(key_under(key, h) for h in HARMLESS.get(stage or "", ()))

@@ -27,7 +27,8 @@ from molrl.eval.single import summarise
 from molrl.eval.interactive import InteractiveSource
 from molrl.eval.sources import PredictionSource, SamplingSource
 from molrl.eval.suites import load_suite
-from molrl.rerun import NEW_RUN, changed_keys, check_rerun, inputs_path, save_run_config, say_finished
+from molrl.rerun import NEW_RUN, changed_keys, check_rerun, save_run_config, say_finished
+from molrl.run_inputs import inputs_path
 from molrl.tasks import Task
 from molrl.tasks.splits import refuse_trained_overlap
 from molrl.writes import folder_lock
