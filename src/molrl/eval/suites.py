@@ -34,7 +34,7 @@ def load_suite(name: str, cfg: Any) -> list[Task]:
     """The problems of benchmark ``name``: ``cfg.data[name]`` read as every stage reads a task source, on its split
     (else ``cfg.split``), the first ``cfg.limit`` of them when set."""
     src = cfg.data.get(name)
-    if src is None or src.path is None or not str(src.path):
+    if src is None or src.path is None:
         hint = FORMAT_HINT.get(BENCHMARK_FORMATS.get(name, ""), "a molrl task JSONL (fields under data.NAME.spec)")
         raise MolrlError(f"no data for benchmark {name!r}; pass --data {name}=PATH ({hint}) or {name}=hub:DATASET")
     path = str(src.path)
