@@ -21,8 +21,9 @@ solutions. Seeds vary collection's sampling, MoL's and GRPO's seeds; the tasks s
     python benchmarks/headline_code.py ... --quick        # a check that every stage and the report run (minutes)
 
 Resumable: each seed is a pipeline run (seed 0 in OUT/pipeline, seed N in OUT/seed-N/pipeline) whose finished stages
-are reused. The report is OUT/headline.md with OUT/plots/headline.png; OUT/timings.json keeps each seed's stage
-seconds.
+are reused; ``--seed N`` runs that seed alone and writes no report, so two seeds can run side by side in two
+processes (``--seeds 3`` then reuses them and writes the report). The report is OUT/headline.md with
+OUT/plots/headline.png; OUT/timings.json keeps each seed's stage seconds.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from molrl.pipeline import load_pipeline_config, run_pipeline
 from molrl.study.headline import seed_dirs, write_headline
 from molrl.study.metrics import last_quarter_mean, logged
 from molrl.study.verdict import claim_line
+from molrl.writes import write_text
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs/pipeline_code_pretrained.yaml"
@@ -118,6 +120,8 @@ def main() -> None:
     p.add_argument("--humaneval", required=True, help="HumanEval.jsonl(.gz): the general tasks")
     p.add_argument("--out", default="runs/headline_code")
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--seed", type=int, action="append", default=None,
+                   help="run only this seed (repeatable; no report): seeds can run side by side in two processes")
     p.add_argument("--train-tasks", type=int, default=150)
     p.add_argument("--held-out", type=int, default=100)
     p.add_argument("--general", type=int, default=50, help="HumanEval tasks")
@@ -129,16 +133,19 @@ def main() -> None:
     train, held = easy_split(Path(args.mbpp), Path(args.mint), out / "data", train_n + held_n, held_n)
     files = {"train": train, "held": held, "general": general_split(Path(args.humaneval), out / "data", general_n)}
     timings_file = out / "timings.json"
-    timings = json.loads(timings_file.read_text()) if timings_file.is_file() else {}
-    for seed in range(args.seeds):
+    for seed in args.seed if args.seed is not None else range(args.seeds):
         ran = run_seed(seed, out, args.model, files, args.quick)
+        # read again just before writing: another process may have written its own seed's seconds meanwhile
+        timings = json.loads(timings_file.read_text()) if timings_file.is_file() else {}
         kept = timings.get(str(seed), {})  # a resumed seed keeps the seconds its finished stages took before
         timings[str(seed)] = {k: max(v, kept.get(k, 0.0)) for k, v in ran.items()}
-        timings_file.write_text(json.dumps(timings, indent=1))
+        write_text(timings_file, json.dumps(timings, indent=1))
+    if args.seed is not None:
+        return
     report = write_headline(out, args.seeds, args.model, task="easy MBPP", held_bench="mbpp",
                             general_bench="humaneval", intro=INTRO, extra=reward_lines(out, args.seeds))
     print(report.read_text())
-    print(f"stage seconds per seed: {json.dumps(timings)}", file=sys.stderr)
+    print(f"stage seconds per seed: {timings_file.read_text()}", file=sys.stderr)
 
 
 if __name__ == "__main__":
