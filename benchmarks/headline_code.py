@@ -32,7 +32,6 @@ import argparse
 import gzip
 import json
 import logging
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -43,7 +42,7 @@ from molrl.cli import setup_logging
 from molrl.demo.seeds import cell
 from molrl.pipeline import load_pipeline_config, run_pipeline
 from molrl.study.headline import seed_dirs, write_headline
-from molrl.study.metrics import last_quarter_mean, logged
+from molrl.study.metrics import logged, quarter_rise
 from molrl.study.verdict import claim_line
 from molrl.writes import write_text
 
@@ -52,6 +51,8 @@ CONFIG = REPO / "configs/pipeline_code_pretrained.yaml"
 QUICK = ["collect.episode.batch_size=10", "mol.train.max_steps=2", "mol.train.save_steps=1000",
          "rl.train.max_steps=2", "rl.train.save_steps=1000", "rl.sandbox.workers=1"]
 """--quick: the same stages, two optimiser steps each."""
+CONTROL_STEPS = 40
+"""The control's GRPO steps: 10 a quarter, 80 completions, so a rise of the reward shows over its standard error."""
 INTRO = ("`{model}` as it is (no warm-up: it writes Python) is the base. Each seed collects the base's own traces on "
          "the training tasks in the sandbox (up to 3 turns; executed code is tested on the task's shown test), trains "
          "MoL on them, runs the same GRPO from the MoL model and from the base (binary reward: the held-back tests "
@@ -87,26 +88,78 @@ def run_seed(seed: int, out: Path, model: str, files: dict[str, Path], quick: bo
     return json.loads((run_dir / "timings.json").read_text())
 
 
-def quarters(values: list[float]) -> tuple[float, float]:
-    """(mean of the first quarter, mean of the last quarter) of a run's logged values (at least one each)."""
-    return statistics.fmean(values[:max(1, len(values) // 4)]), last_quarter_mean(values)
+def room_split(out: Path, train: Path) -> Path:
+    """The training tasks on which the base's own code passed the task's shown test in seed 0's collection, as MBPP
+    records (OUT/data/room.jsonl): tasks where the base's samples can differ, so GRPO's groups have a gradient."""
+    path = out / "data" / "room.jsonl"
+    if not path.is_file():
+        traces = seed_dirs(out, 1)[0] / "collect" / "traces.jsonl"
+        passed = set()
+        for line in traces.read_text().splitlines():
+            meta = json.loads(line)["meta"]
+            if any((o["observation"].get("grade") or {}).get("correct") for o in meta["observations"].values()):
+                passed.add(str(meta["task_id"]))
+        records = [x for x in train.read_text().splitlines() if x.strip() and str(json.loads(x)["task_id"]) in passed]
+        if not records:
+            raise SystemExit(f"{traces}: the base's code passed no shown test, so the control has no tasks")
+        write_text(path, "".join(x + "\n" for x in records))
+    return path
+
+
+def run_control(out: Path, model: str, room: Path, quick: bool) -> dict[str, float]:
+    """The control that tells a GRPO that cannot learn from one that has no room: the same GRPO from the base (seed
+    0), ``CONTROL_STEPS`` steps, on the tasks of ``room_split`` only; returns its stage seconds."""
+    run_dir = out / "control" / "pipeline"
+    fixed = [f"model={model}", f"output_dir={run_dir}", "stages=[rl]", f"rl.data.path={room}",
+             f"rl.train.max_steps={CONTROL_STEPS}", "rl.train.seed=0",
+             f"title=molrl headline control, easy MBPP with room, {Path(model).name}"]
+    cfg = load_pipeline_config(CONFIG, [*fixed, *(QUICK if quick else [])])
+    cfg.rl_runs = [run for run in cfg.rl_runs if run.start == "base"]
+    run_pipeline(cfg, most_threads=2)
+    return json.loads((run_dir / "timings.json").read_text())
+
+
+def control_lines(out: Path, room: Path) -> list[str]:
+    """Whether the control's reward rose: its first quarter of steps against its last, over steps (one run)."""
+    run_dir, tasks = out / "control" / "pipeline", len(room.read_text().splitlines())
+    first, last, se = quarter_rise(logged(run_dir, "rl", "base+grpo", "reward"))
+    zero_first, zero_last, _ = quarter_rise(logged(run_dir, "rl", "base+grpo", "frac_reward_zero_std"))
+    steps = len(logged(run_dir, "rl", "base+grpo", "reward"))
+    rose = "rose" if last - first > 2 * se else "fell" if first - last > 2 * se else "did not move beyond 2 s.e."
+    return [f"**Control: the same GRPO where it has room.** From the base, seed 0, {steps} steps on the {tasks} "
+            "training tasks whose shown test the base's own code passed in seed 0's collection (`control/`): reward "
+            f"{first:.3f} -> {last:.3f} (first quarter of steps -> last; difference {last - first:+.3f} ± {se:.3f}, "
+            f"standard error over steps): it {rose}. Groups whose samples all scored the same: {zero_first:.2f} -> "
+            f"{zero_last:.2f}."]
+
+
+def record_seconds(timings_file: Path, key: str, ran: dict[str, float]) -> None:
+    """Add one run's stage seconds to OUT/timings.json under ``key``; a resumed run keeps the seconds its finished
+    stages took before. Read again just before writing: another process may have written its own seed meanwhile."""
+    timings = json.loads(timings_file.read_text()) if timings_file.is_file() else {}
+    kept = timings.get(key, {})
+    timings[key] = {k: max(v, kept.get(k, 0.0)) for k, v in ran.items()}
+    write_text(timings_file, json.dumps(timings, indent=1))
 
 
 def reward_lines(out: Path, seeds: int) -> list[str]:
     """Whether each GRPO run's reward (the share of completions passing the held-back tests) rose, and the share
     with no code, first quarter of the run against the last."""
     run_dirs = seed_dirs(out, seeds)
-    lines = ["GRPO's training reward, the share of completions passing the held-back tests (binary reward), and the "
-             "share with no code, mean of the run's first quarter of steps -> its last quarter:", "",
-             "| run | reward, first quarter | reward, last quarter | no code, first | no code, last |",
-             "|---|---|---|---|---|"]
+    lines = ["GRPO's training reward, the share of completions passing the held-back tests (binary reward), the "
+             "share with no code, and the share of groups whose samples all scored the same (no gradient), mean of "
+             "the run's first quarter of steps -> its last quarter:", "",
+             "| run | reward, first quarter | reward, last quarter | no code, first | no code, last | "
+             "equal groups, first | equal groups, last |", "|---|---|---|---|---|---|---|"]
     claims = []
     for run in ("base+grpo", "mol+grpo"):
-        reward = [quarters(logged(d, "rl", run, "reward")) for d in run_dirs]
-        no_code = [quarters(logged(d, "rl", run, "reward_stage/code/no_code") or [0.0]) for d in run_dirs]
+        reward = [quarter_rise(logged(d, "rl", run, "reward")) for d in run_dirs]
+        no_code = [quarter_rise(logged(d, "rl", run, "reward_stage/code/no_code") or [0.0]) for d in run_dirs]
+        equal = [quarter_rise(logged(d, "rl", run, "frac_reward_zero_std")) for d in run_dirs]
         early, late = [r[0] for r in reward], [r[1] for r in reward]
         lines.append(f"| `{run}` | {cell(early)} | {cell(late)} | {cell([c[0] for c in no_code])} | "
-                     f"{cell([c[1] for c in no_code])} |")
+                     f"{cell([c[1] for c in no_code])} | {cell([e[0] for e in equal])} | "
+                     f"{cell([e[1] for e in equal])} |")
         claims.append(claim_line(f"{run}: the reward rises by tests passed", late, early,
                                  "reward, last quarter − first quarter"))
     return [*lines, "", *claims]
@@ -125,6 +178,8 @@ def main() -> None:
     p.add_argument("--train-tasks", type=int, default=150)
     p.add_argument("--held-out", type=int, default=100)
     p.add_argument("--general", type=int, default=50, help="HumanEval tasks")
+    p.add_argument("--control", action="store_true",
+                   help="also run and report the control: the same GRPO from the base on the tasks it has room on")
     p.add_argument("--quick", action="store_true", help="20 training, 10 held-out and 5 general tasks, 2 steps")
     args = p.parse_args()
     setup_logging()
@@ -134,16 +189,14 @@ def main() -> None:
     files = {"train": train, "held": held, "general": general_split(Path(args.humaneval), out / "data", general_n)}
     timings_file = out / "timings.json"
     for seed in args.seed if args.seed is not None else range(args.seeds):
-        ran = run_seed(seed, out, args.model, files, args.quick)
-        # read again just before writing: another process may have written its own seed's seconds meanwhile
-        timings = json.loads(timings_file.read_text()) if timings_file.is_file() else {}
-        kept = timings.get(str(seed), {})  # a resumed seed keeps the seconds its finished stages took before
-        timings[str(seed)] = {k: max(v, kept.get(k, 0.0)) for k, v in ran.items()}
-        write_text(timings_file, json.dumps(timings, indent=1))
+        record_seconds(timings_file, str(seed), run_seed(seed, out, args.model, files, args.quick))
+    if args.control:
+        record_seconds(timings_file, "control", run_control(out, args.model, room_split(out, train), args.quick))
     if args.seed is not None:
         return
+    extra = reward_lines(out, args.seeds) + (["", *control_lines(out, room_split(out, train))] if args.control else [])
     report = write_headline(out, args.seeds, args.model, task="easy MBPP", held_bench="mbpp",
-                            general_bench="humaneval", intro=INTRO, extra=reward_lines(out, args.seeds))
+                            general_bench="humaneval", intro=INTRO, extra=extra)
     print(report.read_text())
     print(f"stage seconds per seed: {timings_file.read_text()}", file=sys.stderr)
 

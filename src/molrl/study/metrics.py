@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from molrl.demo.seeds import mean_se
 from molrl.errors import MolrlError
 from molrl.layout import rl_runs
 from molrl.plots import metric_series
@@ -41,6 +42,21 @@ def last_quarter_mean(values: Sequence[float]) -> float:
     """
     late = values[len(values) - max(1, len(values) // 4):]
     return sum(late) / len(late) if late else math.nan
+
+
+def quarter_rise(values: Sequence[float]) -> tuple[float, float, float]:
+    """(first-quarter mean, last-quarter mean, standard error of their difference) of one run's logged values.
+
+    The quarters are ``len // 4`` values each (at least one); the standard error treats each logged step as an
+    independent sample: sqrt(se_first^2 + se_last^2), each sample standard deviation / sqrt(quarter). It says whether
+    one run's curve rose, where there are no seeds to pair.
+
+    >>> quarter_rise([0.0, 1.0, 0.5, 0.5, 0.5, 0.5, 1.0, 1.0])  # quarters [0, 1] and [1, 1]: se sqrt(0.25 + 0)
+    (0.5, 1.0, 0.5)
+    """
+    size = max(1, len(values) // 4)
+    (first, se_first), (last, se_last) = mean_se(values[:size]), mean_se(values[len(values) - size:])
+    return first, last, math.sqrt(se_first ** 2 + se_last ** 2)
 
 
 def logged(run_dir: Path, group: str, run: str, key: str) -> list[float]:
