@@ -28,6 +28,8 @@ ADVERSARIAL = {
     "one_list_of_boxes": lambda n: "\\boxed{1}, " * (n // 11),
     "empty_answer_anchors": lambda n: "The answer is. " * (n // 15),
     "answer_anchor_then_spaces": lambda n: "The answer is" + " " * n,
+    "def_then_spaces_in_a_block": lambda n: "```python\n" + " " * (n // 2) + "def" + " " * (n // 2) + "\n```",
+    "many_async_defs": lambda n: "```python\n" + "async  def f_\n" * (n // 14) + "```",
 }
 
 
@@ -44,8 +46,9 @@ def test_adversarial_completion_is_extracted_in_linear_time(shape):
     # as honest text of the same size, measured here so that a loaded machine moves both
     attack = ADVERSARIAL[shape](MB)
     honest = (HONEST * (MB // len(HONEST) + 1))[:MB]
-    took = _seconds(extract_code, attack) + _seconds(extract_answer, attack)
-    baseline = _seconds(extract_code, honest) + _seconds(extract_answer, honest)
+    def extract(text):  # with and without the function under test: its definition is searched for in each block
+        return extract_code(text), extract_code(text, "f"), extract_answer(text)
+    took, baseline = _seconds(extract, attack), _seconds(extract, honest)
     assert took < max(1.0, 20 * baseline), (took, baseline)
 
 

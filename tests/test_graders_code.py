@@ -20,6 +20,36 @@ def test_last_code_block_wins():
     assert extract_code("```\nz = 0\n```") == "z = 0"
 
 
+DEF = "```python\ndef f(x):\n    return x + 1\n```"
+USE = "```python\nassert f(3) == 4\nprint(f(1))\n```"
+FIX = "```python\ndef f(x):\n    return x + 2\n```"
+
+
+@pytest.mark.parametrize("text, entry_point, chosen", [
+    (f"{DEF}\nTry it:\n{USE}", "f", DEF),  # a later block that only uses the function is not its answer
+    (f"{DEF}\nTry it:\n{USE}", None, USE),  # no function named: the last block, as before
+    (f"{DEF}\n{USE}\nFixed:\n{FIX}\n{USE}", "f", FIX),  # the last definition: drafts are corrected
+    (f"{USE}\n{DEF}", "f", DEF),
+    (f"{DEF}\n{USE}", "g", USE),  # no block defines g: the last block
+    ("```python\ndef f_2(x):\n    return 1\n```\n" + USE, "f", USE),  # f_2 is not f
+    ("```python\nimport math\n\nasync def f(x):\n    return x\n```\n" + USE, "f",
+     "```python\nimport math\n\nasync def f(x):\n    return x\n```"),
+    ("```python\nf = lambda x: x + 1\n```\n" + USE, "f", "```python\nf = lambda x: x + 1\n```"),
+    ("<solution>\ndef f(x):\n    return x\n</solution>\n" + USE, "f",
+     "<solution>\ndef f(x):\n    return x\n</solution>"),
+    ("<execute>\nprint(f(2))\n</execute>", "f", "<execute>\nprint(f(2))\n</execute>"),
+])
+def test_the_block_that_defines_the_function_under_test_is_graded(text, entry_point, chosen):
+    assert extract_code(text, entry_point) == extract_code(chosen)
+
+
+def test_a_correct_function_followed_by_a_usage_block_passes(pool):
+    task = Task(id="inc", prompt="", kind="code", entry_point="f",
+                tests=[TestCase("call", args=[n], expected=n + 1) for n in (1, 2, 5)])
+    grade, = grade_code([f"{DEF}\nYou can test it:\n```python\nassert f(3) == 4\nassert g(1) == 2\n```"], [task], pool)
+    assert (grade.stage, grade.correct, grade.extracted) == ("all_pass", True, "def f(x):\n    return x + 1")
+
+
 def test_no_code_block_is_none():
     assert extract_code("I would write a loop.") is None and extract_code("```python\n\n```") is None
 

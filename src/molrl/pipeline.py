@@ -290,10 +290,11 @@ def rl_stage(cfg: PipelineConfig, run: RlRun, out: Path) -> Path:
 
 def eval_stage(cfg: PipelineConfig, name: str, out: Path) -> Path:
     """Single-step evaluation of one model (``eval/<name>/``)."""
-    from molrl.eval.run import run_eval
+    from molrl.eval.run import grading_current, run_eval
 
     eval_cfg = eval_config(cfg, name, *model_weights(cfg, name, out), out)
-    run_stage(Path(eval_cfg.output_dir), eval_cfg, lambda: run_eval(eval_cfg), "eval")
+    run_stage(Path(eval_cfg.output_dir), eval_cfg, lambda: run_eval(eval_cfg), "eval",
+              current=lambda: grading_current(eval_cfg))
     return Path(eval_cfg.output_dir)
 
 
@@ -313,13 +314,16 @@ def model_weights(cfg: PipelineConfig, name: str, out: Path) -> tuple[str, str |
     raise ConfigError(f"eval_models: {name!r} is not base nor a MoL or RL run name")
 
 
-def run_stage(stage_dir: Path, stage_cfg: Any, work: Callable[[], Any], stage: str | None = None) -> bool:
+def run_stage(stage_dir: Path, stage_cfg: Any, work: Callable[[], Any], stage: str | None = None,
+              current: Callable[[], bool] | None = None) -> bool:
     """Run ``work`` unless ``stage_dir`` holds a DONE marker for the same config and inputs (contents, by their
     fingerprints); returns whether it ran.
 
     With ``stage`` (``collect``, ``mol``, ``rl``, ``eval``) the keys ``molrl.rerun.HARMLESS`` lists for it may differ
     from the finished run's (logging, workers, threads): the stage is still finished. Any other difference is an
-    error naming each key with both values."""
+    error naming each key with both values. ``current`` says whether a finished run's results still stand (an
+    evaluation's: judged by the current grading); when they do not, ``work`` runs again and brings them up to date
+    (an evaluation grades its stored samples again and generates nothing)."""
     marker = stage_dir / DONE
     resolved = to_dict(stage_cfg)
     if marker.is_file():
@@ -331,8 +335,10 @@ def run_stage(stage_dir: Path, stage_cfg: Any, work: Callable[[], Any], stage: s
                 f"{stage_dir} finished with other settings than the ones asked for now: "
                 f"{'; '.join(map(str, changes))}; delete {stage_dir} to redo it, or use a new output_dir"
             )
-        log.info("%s: finished earlier, skipped", stage_dir)
-        return False
+        if current is None or current():
+            log.info("%s: finished earlier, skipped", stage_dir)
+            return False
+        log.info("%s: finished earlier, under an older grading: brought up to date", stage_dir)
     stage_dir.mkdir(parents=True, exist_ok=True)
     log.info("%s: running", stage_dir)
     started = time.time()

@@ -8,6 +8,7 @@ benchmark's measure); whether its shown and its held-back tests passed is kept a
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 from molrl.eval.metrics import majority_vote, problem_metrics
@@ -59,7 +60,25 @@ def same_answer(a: str, b: str) -> bool:
     return bool(grade_math(f"\\boxed{{{b}}}", a).correct)
 
 
+def graded_now(task: Task, records: Sequence[SampleRecord]) -> bool:
+    """Whether ``records`` were judged by the current grading of their task's kind (else they are graded again)."""
+    from molrl.tasks.grade import GRADING
+
+    return all(r.grading == GRADING[task.kind] for r in records)
+
+
+def regrade(tasks: Sequence[Task], records: Sequence[Sequence[SampleRecord]], pool: Any = None,
+            code_reward: Any = None) -> list[list[SampleRecord]]:
+    """``records`` (the samples of ``tasks[i]``) judged again by the current grading, from the completions they hold:
+    nothing is generated again, and whether a completion was cut at the token limit is kept."""
+    graded = grade_samples(tasks, [[r.completion for r in rs] for rs in records], pool, code_reward)
+    return [[dataclasses.replace(new, truncated=old.truncated) for new, old in zip(news, olds)]
+            for news, olds in zip(graded, records)]
+
+
 def _record(task: Task, sample: int, completion: str, grade: Any) -> SampleRecord:
+    from molrl.tasks.grade import GRADING
+
     shown, held_back = split_outcome(task, grade)
     return SampleRecord(
         id=task.id,
@@ -73,4 +92,5 @@ def _record(task: Task, sample: int, completion: str, grade: Any) -> SampleRecor
         truncated=bool(getattr(completion, "truncated", False)),  # a molrl.generation.Completion knows
         shown_pass=shown,
         held_back_pass=held_back,
+        grading=GRADING[task.kind],
     )

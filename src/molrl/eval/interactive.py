@@ -17,6 +17,7 @@ from molrl.eval.config import EvalConfig
 from molrl.eval.samples import SampleRecord
 from molrl.eval.sources import SamplingSource
 from molrl.tasks import Task
+from molrl.tasks.grade import GRADING
 
 
 class InteractiveSource:
@@ -74,4 +75,5 @@ def episode_record(ep: Episode) -> SampleRecord:
         truncated=ep.stop_reason == "token_limit",  # the episode's token budget cut it
         shown_pass=bool(ep.verdict) if ep.held_back else None,
         held_back_pass=bool(ep.final_verdict) if ep.held_back else None,
+        grading=GRADING[ep.task.kind],
     )

@@ -21,6 +21,7 @@ from molrl.config import check_values, to_dict
 from molrl.cpu import use_threads
 from molrl.errors import MolrlError
 from molrl.eval.config import EvalConfig
+from molrl.eval.grading import graded_now, regrade
 from molrl.eval.report import results_markdown, write_results
 from molrl.eval.samples import SampleRecord, SampleStore
 from molrl.eval.single import summarise
@@ -107,7 +108,17 @@ def run_suite(
     store = SampleStore(Path(cfg.output_dir) / name / "samples.jsonl")
     found = store.load()
     done = {tid: rs for tid, rs in found.items() if source.finished(name, tid, rs)}
-    if len(done) != len(found):  # half-written by an interrupted run, or stale: redo those problems
+    stale = [t for t in tasks if t.id in done and not graded_now(t, done[t.id])]
+    if stale and source.mode == "interactive":  # an episode's verdict came from its turns: it is played again
+        log.info("%s: %d problems were graded by an older grading; their episodes run again", name, len(stale))
+        for task in stale:
+            del done[task.id]
+    elif stale:  # judged again from the completions held; nothing is generated again
+        log.info("%s: %d problems were graded by an older grading; graded again from their completions in %s",
+                 name, len(stale), store.path)
+        for task, records in zip(stale, regrade(stale, [done[t.id] for t in stale], pool)):
+            done[task.id] = records
+    if len(done) != len(found) or stale:  # half-written by an interrupted run, stale, or graded again
         store.rewrite(r for rs in done.values() for r in rs)
     pending = [t for t in tasks if t.id not in done]
     if len(pending) < len(tasks):
@@ -125,13 +136,25 @@ def run_suite(
 
 def finished(out: Path, cfg: EvalConfig, suites: dict[str, Sequence[Task]], source: Any) -> bool:
     """Whether ``out`` already holds this very run's results: the same config, key for key (a changed ``ks`` or
-    ``benchmarks`` summarises again), results written, and every problem's samples complete."""
+    ``benchmarks`` summarises again), results written, and every problem's samples complete and judged by the
+    current grading (``molrl.tasks.grade.GRADING``)."""
     saved, results = out / "config.yaml", out / "results.json"
     if not (saved.is_file() and results.is_file()) or changed_keys(None, yaml.safe_load(saved.read_text()) or {}, cfg):
         return False  # compared under the current key names: a run saved before a rename is the same run
     for name, tasks in suites.items():
         found = SampleStore(out / name / "samples.jsonl").load()
-        if not all(t.id in found and source.finished(name, t.id, found[t.id]) for t in tasks):
+        if not all(t.id in found and source.finished(name, t.id, found[t.id]) and graded_now(t, found[t.id])
+                   for t in tasks):
+            return False
+    return True
+
+
+def grading_current(cfg: EvalConfig) -> bool:
+    """Whether every sample stored in ``cfg.output_dir`` was judged by the current grading of its task's kind: a
+    finished run that is not is run again, which grades its samples again (``run_suite``)."""
+    for name in cfg.benchmarks:
+        found = SampleStore(Path(cfg.output_dir) / name / "samples.jsonl").load()
+        if found and not all(graded_now(t, found[t.id]) for t in load_suite(name, cfg) if t.id in found):
             return False
     return True
 

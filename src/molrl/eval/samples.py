@@ -42,6 +42,9 @@ class SampleRecord:
     """code: every test the task may show passed (None: not code, or the task holds no test back)."""
     held_back_pass: bool | None = None
     """code: every held-back test passed, tests the model never saw (None: not code, or none held back)."""
+    grading: int = 1
+    """The version of its task kind's grading that judged it (``molrl.tasks.grade.GRADING``); records written
+    before versions were kept were judged by version 1."""
 
 
 class SampleStore:

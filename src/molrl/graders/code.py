@@ -54,22 +54,34 @@ class CodeRewardConfig:
     """Running or judging this row raised in the grader (logged; never a pass)."""
 
 
-def extract_code(text: str) -> str | None:
-    """The last code block of ``text``: a ```python (or bare ```) fence, or an <execute>/<solution> block.
+def extract_code(text: str, entry_point: str | None = None) -> str | None:
+    r"""The code the completion answers with: a ```python (or bare ```) fence, or an <execute>/<solution> block.
 
-    The last block wins because models draft and then correct themselves; a fence inside a tag
-    block starts later than the tag, so the fence (the code itself) is taken. Each scan looks at
-    a character once (``str.find`` and a pattern that cannot backtrack), so any text costs linear
-    time: completions are written by the policy, and a lazy ``(.*?)```` from every unclosed
-    opener, or two whitespace runs around an optional word, cost quadratic time.
+    With ``entry_point`` (the function under test), the last block that defines it; when no block does, or
+    without one, the last block. The last wins because models draft and then correct themselves; the function's
+    definition wins over a later block that only uses it (``assert f(3) == 4``, an example call), which would
+    otherwise be graded in its place and fail on a name it never defines. A fence inside a tag block starts later
+    than the tag, so the fence (the code itself) is taken. Each scan looks at a character once (``str.find`` and
+    patterns that cannot backtrack), so any text costs linear time: completions are written by the policy, and a
+    lazy ``(.*?)```` from every unclosed opener, or two whitespace runs around an optional word, cost quadratic
+    time.
+
+    >>> extract_code("```python\ndef f(x):\n    return x + 1\n```\nTry it:\n```python\nassert f(3) == 4\n```", "f")
+    'def f(x):\n    return x + 1'
     """
-    blocks = list(_fences(text)) + list(_tag_blocks(text))
-    for _, block in sorted(blocks, reverse=True):
+    codes = []
+    for _, block in sorted(list(_fences(text)) + list(_tag_blocks(text)), reverse=True):
         inner = next(_fences(block), None)
         code = (inner[1] if inner else block).strip("\n")
         if code.strip():
-            return code
-    return None
+            codes.append(code)
+    if entry_point:
+        defines = re.compile(rf"^[ \t]*+(?:async[ \t]++)?def[ \t]++{re.escape(entry_point)}\b|"
+                             rf"^{re.escape(entry_point)}[ \t]*+=", re.M)
+        defining = next((code for code in codes if defines.search(code)), None)
+        if defining is not None:
+            return defining
+    return codes[0] if codes else None
 
 
 def _fences(text: str):
@@ -188,7 +200,7 @@ def grade_code(completions: list[str], tasks: list[Task], pool: SandboxPool,
     grades: list[Grade | None] = [None] * len(completions)
     to_run: list[tuple[int, str, Task]] = []
     for i, (text, task) in enumerate(zip(completions, tasks, strict=True)):
-        code = extract_code(text)
+        code = extract_code(text, task.entry_point)
         if code is None:
             grades[i] = Grade(_stage_score("no_code", 0.0, cfg), False, "no_code", None, {"reason": "no code block found"})
             continue

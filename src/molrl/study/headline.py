@@ -135,7 +135,7 @@ def forgetting(run_dir: Path, models: Sequence[str] = MODELS, bench: str = "gene
         same = sum(answers.get(i) == a for i, a in base_answers.items()) / max(len(base_answers), 1)
         if m == "base":
             out[m] = {"general_kl": 0.0, "agreement": same}
-        elif cache.get(m, {}).get("marker") == marker:
+        elif same_run(cache.get(m, {}).get("marker", ""), marker):
             out[m] = {"general_kl": cache[m]["general_kl"], "agreement": same}
         else:
             todo.append((m, marker, same))
@@ -146,6 +146,18 @@ def forgetting(run_dir: Path, models: Sequence[str] = MODELS, bench: str = "gene
             cache[m] = {"marker": marker, "general_kl": value}
         write_text(cache_file, json.dumps(cache, indent=1))
     return out
+
+
+def same_run(marker: str, other: str) -> bool:
+    """Whether two DONE markers' texts name the same finished run: the same config and inputs (the seconds it took
+    differ when a finished evaluation is graded again, and its model is the same).
+
+    >>> same_run('{"seconds": 3, "config": {"a": 1}}', '{"config": {"a": 1}, "seconds": 9}'), same_run("", "")
+    (True, True)
+    """
+    def identity(text: str) -> Any:
+        return {k: v for k, v in json.loads(text).items() if k != "seconds"} if text.strip() else None
+    return identity(marker) == identity(other)
 
 
 def general_kls(cfg: Any, run_dir: Path, models: Sequence[str], answers: dict[str, str],
