@@ -130,3 +130,16 @@ def test_a_finished_eval_under_an_older_grading_is_graded_again_by_eval_and_by_t
     samples.rewrite([_as_version_1(old["a"][0]), *old["b"]])
     run_eval(cfg)  # `molrl eval` run again on its own finished run grades it again too
     assert score() == 0.5 and grading_current(cfg)
+
+
+def test_the_forgetting_measures_of_an_evaluation_graded_again_are_reused():
+    from molrl.study.headline import same_run
+
+    inputs = {"model.adapter": {"path": "a", "fingerprint": "w1"}, "data.general": {"path": "g", "fingerprint": "g1"}}
+    before = json.dumps({"seconds": 438.1, "config": {"data": {"general": "g"}, "custom": {}}, "inputs": inputs})
+    renamed = {"model.adapter": inputs["model.adapter"], "data.general.path": inputs["data.general"]}
+    graded_again = json.dumps({"seconds": 1.2, "config": {"data": {"general": {"path": "g"}}}, "inputs": renamed})
+    assert same_run(before, graded_again)  # the same weights and tasks: the cached KL stands
+    other_weights = {**renamed, "model.adapter": {"path": "a", "fingerprint": "w2"}}
+    assert not same_run(before, json.dumps({"seconds": 1.2, "config": {}, "inputs": other_weights}))
+    assert not same_run("", graded_again) and same_run("", "")

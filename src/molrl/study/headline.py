@@ -149,14 +149,24 @@ def forgetting(run_dir: Path, models: Sequence[str] = MODELS, bench: str = "gene
 
 
 def same_run(marker: str, other: str) -> bool:
-    """Whether two DONE markers' texts name the same finished run: the same config and inputs (the seconds it took
-    differ when a finished evaluation is graded again, and its model is the same).
+    """Whether two DONE markers' texts name the same finished evaluation for the forgetting measures: the same
+    contents of its inputs (the model's weights, the task files), by their fingerprints. What a marker says besides
+    (the seconds it took, the config's key names) changes when a finished evaluation is graded again under a newer
+    grading or saved under renamed keys; its model and its answers do not.
 
-    >>> same_run('{"seconds": 3, "config": {"a": 1}}', '{"config": {"a": 1}, "seconds": 9}'), same_run("", "")
+    >>> a = '{"seconds": 3, "config": {"custom": {}}, "inputs": {"data.x": {"fingerprint": "f1"}}}'
+    >>> same_run(a, '{"seconds": 9, "config": {}, "inputs": {"data.x.path": {"fingerprint": "f1"}}}'), same_run("", "")
     (True, True)
+    >>> same_run(a, '{"seconds": 3, "config": {"custom": {}}, "inputs": {"data.x": {"fingerprint": "f2"}}}')
+    False
     """
     def identity(text: str) -> Any:
-        return {k: v for k, v in json.loads(text).items() if k != "seconds"} if text.strip() else None
+        if not text.strip():
+            return None
+        done = json.loads(text)
+        if "inputs" in done:
+            return sorted(str(v.get("fingerprint")) for v in done["inputs"].values())
+        return {k: v for k, v in done.items() if k != "seconds"}
     return identity(marker) == identity(other)
 
 
