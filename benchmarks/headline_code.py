@@ -122,9 +122,10 @@ def run_control(out: Path, model: str, room: Path, quick: bool) -> dict[str, flo
 def control_lines(out: Path, room: Path) -> list[str]:
     """Whether the control's reward rose: its first quarter of steps against its last, over steps (one run)."""
     run_dir, tasks = out / "control" / "pipeline", len(room.read_text().splitlines())
-    first, last, se = quarter_rise(logged(run_dir, "rl", "base+grpo", "reward"))
+    reward = logged(run_dir, "rl", "base+grpo", "reward")
+    first, last, se = quarter_rise(reward)
     zero_first, zero_last, _ = quarter_rise(logged(run_dir, "rl", "base+grpo", "frac_reward_zero_std"))
-    steps = len(logged(run_dir, "rl", "base+grpo", "reward"))
+    steps = len(reward)
     rose = "rose" if last - first > 2 * se else "fell" if first - last > 2 * se else "did not move beyond 2 s.e."
     return [f"**Control: the same GRPO where it has room.** From the base, seed 0, {steps} steps on the {tasks} "
             "training tasks whose shown test the base's own code passed in seed 0's collection (`control/`): reward "
@@ -190,11 +191,12 @@ def main() -> None:
     timings_file = out / "timings.json"
     for seed in args.seed if args.seed is not None else range(args.seeds):
         record_seconds(timings_file, str(seed), run_seed(seed, out, args.model, files, args.quick))
-    if args.control:
-        record_seconds(timings_file, "control", run_control(out, args.model, room_split(out, train), args.quick))
+    room = room_split(out, train) if args.control else None
+    if room is not None:
+        record_seconds(timings_file, "control", run_control(out, args.model, room, args.quick))
     if args.seed is not None:
         return
-    extra = reward_lines(out, args.seeds) + (["", *control_lines(out, room_split(out, train))] if args.control else [])
+    extra = reward_lines(out, args.seeds) + (["", *control_lines(out, room)] if room is not None else [])
     report = write_headline(out, args.seeds, args.model, task="easy MBPP", held_bench="mbpp",
                             general_bench="humaneval", intro=INTRO, extra=extra)
     print(report.read_text())
