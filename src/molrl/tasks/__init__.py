@@ -7,6 +7,7 @@
 - ``molrl.tasks.prompts``: how a task is posed in one turn (evaluation, RL, the demo);
 - ``molrl.tasks.grade``: ``grade(tasks, completions, pool)``, the one dispatch to the graders;
 - ``molrl.tasks.splits``: each task's benchmark split, the split a run takes, train/eval overlap;
+- ``molrl.tasks.index``: tasks known by content: ``task_content_key`` and ``BenchmarkIndex``;
 - ``molrl.tasks.held_out``: which tests a task shows and which decide its verdict;
 - ``molrl.tasks.toy``: the toy task that checks an RL loop end to end.
 

@@ -1,0 +1,251 @@
+"""Tasks known by their content: one key per problem, whatever id or wrapper it arrives under.
+
+A problem reaches molrl through many doors: a benchmark loader (``molrl.tasks.loaders``), MINT's
+results (its own ids, the problem after an in-context example), ToRA, OpenAI-format files, ``molrl collect``.
+Ids differ between them; the problem's text does not. So a task is keyed by its normalised text:
+
+- ``problem_parts(text)``: the problem inside a prompt, as (statement, entry point, test signature):
+  1. wrappers removed: MINT's instructions and in-context example (everything up to the last
+     ``---`` / ``Task:`` separator), molrl's own single-turn instructions (``molrl.tasks.prompts``), the phrases
+     ``Complete the following code:`` and ``Your code should pass these tests:`` that MINT, DeepSeek's MBPP
+     and molrl put around a code problem, and code fences (```` ```python ````, ```` ``` ````);
+  2. code whose top level defines functions (HumanEval): the statement is the whole text, the entry point the
+     last function defined, the test signature its header (``name(args)``);
+  3. otherwise assert lines (MBPP) are taken out of the statement: the entry point is the first function the
+     first assert calls that is not a builtin, the test signature that assert as ``ast`` prints it. Only the
+     first assert counts, so a prompt that shows one test and one that shows all three get one key;
+  4. math and prose: the statement alone.
+- ``normalise(text)``: Unicode NFKC, lower case, every run of whitespace one space, and the characters
+  `` .,:;*#>"'` `` stripped from both ends.
+- ``content_key(text)``: the first 16 hex digits of the SHA-256 of a normalised text.
+- ``task_content_key(task)``: the key of ``task.prompt``'s parts (statement, entry point and test signature
+  joined), so a trace of the same prompt, which carries no ``Task``, gets the same key.
+
+``BenchmarkIndex`` holds every task of the benchmark files a user names (MBPP, all splits; HumanEval;
+MATH-500; AIME24/25; no download) by key, and matches a text or task to one: by key, else (a wrapper
+molrl does not know) by a benchmark statement of 40 characters or more found whole in the normalised text,
+with the entry point named in it for code.
+
+Traces carry what was found in their meta, under two fields:
+
+- ``meta["task_key"]``: the content key of the trace's task (its first user message, or the matched benchmark
+  task's key), on every trace an importer or ``molrl collect`` writes, matched or not;
+- ``meta["benchmark_task"]``: ``{"benchmark", "split", "id", "key"}`` of the benchmark task it matches, only when
+  an index was given and the trace matched one.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import hashlib
+import re
+import unicodedata
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from molrl.errors import MolrlError
+from molrl.task_types import Task
+
+TASK_KEY = "task_key"
+"""Trace meta field: the content key of the trace's task (every imported or collected trace)."""
+BENCHMARK_TASK = "benchmark_task"
+"""Trace meta field: ``{"benchmark", "split", "id", "key"}`` of the benchmark task the trace matches."""
+FORMATS = {"mbpp": "mbpp", "humaneval": "humaneval", "math500": "math500", "aime": "aime", "aime24": "aime",
+           "aime25": "aime"}
+"""Benchmark names a user may give, and the loader format of each."""
+MIN_CONTAINED = 40
+"""Shortest normalised benchmark statement matched inside a longer text (shorter ones occur by chance)."""
+
+_MINT_TASK = re.compile(r"\n-{3,}[ \t]*\n\s*Task:[ \t]*\n")
+_FENCE = re.compile(r"```[\w+-]*")
+_PHRASES = re.compile(r"complete the following code:?|your code should pass these tests:?|"
+                      r"you are an expert python programmer, and here is your task:?")
+_ENDS = " .,:;*#>\"'`"
+_BUILTINS = frozenset(dir(builtins))
+
+
+def normalise(text: str) -> str:
+    """``text`` in NFKC, lower case, whitespace runs as one space, `` .,:;*#>"'` `` stripped from both ends."""
+    return " ".join(unicodedata.normalize("NFKC", text).lower().split()).strip(_ENDS)
+
+
+def content_key(text: str) -> str:
+    """A stable 16-hex-digit key of ``text``'s normalised form."""
+    return hashlib.sha256(normalise(text).encode("utf-8")).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class ProblemParts:
+    """The problem inside a prompt (see the module docstring)."""
+
+    statement: str
+    """The normalised problem text, without wrappers and (assert style) without its test lines."""
+    entry_point: str | None
+    """code: the function under test, as the text shows it."""
+    test: str | None
+    """code: the test signature: the first shown assert, or the entry point's header."""
+
+    @property
+    def key(self) -> str:
+        """The content key of the three parts."""
+        return content_key("\n".join([self.statement, self.entry_point or "", self.test or ""]))
+
+
+def _unwrapped(text: str) -> str:
+    """``text`` without MINT's preamble, molrl's single-turn instructions and fences, in its original case."""
+    from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
+
+    found = list(_MINT_TASK.finditer(text))
+    if found:
+        text = text[found[-1].end():]
+    for template in (CODE_INSTRUCTION, MATH_INSTRUCTION):
+        head, _, tail = template.partition("{prompt}")
+        head = re.escape(head.replace("{{", "{").replace("}}", "}")).replace(r"\{entry_point\}", r"\w+")
+        tail = re.escape(tail.replace("{{", "{").replace("}}", "}"))
+        text = re.sub(rf"^\s*{head}", "", text) if head else text
+        text = re.sub(rf"{tail}\s*$", "", text) if tail else text
+    return _FENCE.sub("", text)
+
+
+def problem_parts(text: str) -> ProblemParts:
+    """The statement, entry point and test signature of the problem in ``text`` (a prompt or user message)."""
+    body = _unwrapped(text)
+    code = _parse(body)
+    defs = [n for n in (code.body if code else []) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    if defs:
+        header = f"{defs[-1].name}({ast.unparse(defs[-1].args)})"
+        return ProblemParts(_clean(body), defs[-1].name, header)
+    lines = body.splitlines()
+    asserts = [i for i, line in enumerate(lines) if line.lstrip().startswith("assert ")]
+    if not asserts:
+        return ProblemParts(_clean(body), None, None)
+    shown = _parse(lines[asserts[0]].strip())
+    test = ast.unparse(shown) if shown else " ".join(lines[asserts[0]].split())
+    prose = "\n".join(line for i, line in enumerate(lines) if i not in set(asserts))
+    return ProblemParts(_clean(prose), _called(shown), test)
+
+
+def _clean(text: str) -> str:
+    return normalise(_PHRASES.sub(" ", normalise(text)))
+
+
+def _parse(text: str) -> ast.Module | None:
+    import warnings
+
+    try:
+        with warnings.catch_warnings():  # old benchmark code has invalid escapes such as '\w'
+            warnings.simplefilter("ignore")
+            return ast.parse(text)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return None
+
+
+def _called(tree: ast.Module | None) -> str | None:
+    """The first function an assert calls that is not a builtin (``set(f(x)) == ...`` names ``f``)."""
+    calls = [n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)] if tree else []
+    return next((name for name in calls if name not in _BUILTINS), calls[0] if calls else None)
+
+
+def task_content_key(task: Task) -> str:
+    """The content key of ``task``: its prompt's statement, entry point and test signature (``problem_parts``)."""
+    return problem_parts(task.prompt).key
+
+
+@dataclass(frozen=True)
+class BenchmarkMatch:
+    """A benchmark task a text or task was recognised as."""
+
+    benchmark: str
+    """The benchmark's name as the user gave it (mbpp, humaneval, math500, aime24, ...)."""
+    split: str | None
+    """Its split (``molrl.tasks.splits``): test, train, validation or prompt."""
+    id: str
+    """Its id in the benchmark's file."""
+    key: str
+    """Its content key."""
+
+    def to_meta(self) -> dict[str, Any]:
+        """The ``meta["benchmark_task"]`` record of a trace."""
+        return asdict(self)
+
+
+class BenchmarkIndex:
+    """Every task of some benchmark files, by content key (see the module docstring)."""
+
+    def __init__(self, tasks: Mapping[str, Iterable[Task]]):
+        """Index the tasks of each named benchmark (name -> its tasks, every split)."""
+        self.by_key: dict[str, list[BenchmarkMatch]] = {}
+        self._contained: list[tuple[str, str | None, BenchmarkMatch]] = []  # (statement, entry point, match)
+        self.names = list(tasks)
+        for name, items in tasks.items():
+            for task in items:
+                parts = problem_parts(task.prompt)
+                match = BenchmarkMatch(name, task.split, str(task.id), parts.key)
+                self.by_key.setdefault(parts.key, []).append(match)
+                if len(parts.statement) >= MIN_CONTAINED:
+                    self._contained.append((parts.statement, parts.entry_point, match))
+        self._contained.sort(key=lambda item: -len(item[0]))  # the longest statement found wins
+
+    @classmethod
+    def from_files(cls, files: Mapping[str, str | Path]) -> BenchmarkIndex:
+        """The index of benchmark files given by name (``FORMATS``), each read whole by ``load_tasks``."""
+        from molrl.tasks.loaders import load_tasks
+
+        tasks = {}
+        for name, path in files.items():
+            if name not in FORMATS:
+                raise MolrlError(f"benchmark {name!r} ({path}): unknown name; expected one of {', '.join(FORMATS)}")
+            tasks[name] = load_tasks(path, FORMATS[name], split="all")
+        return cls(tasks)
+
+    def __len__(self) -> int:
+        return sum(len(found) for found in self.by_key.values())
+
+    def match(self, item: str | Task) -> BenchmarkMatch | None:
+        """The benchmark task ``item`` (a prompt text or a task) is, or None."""
+        text = item.prompt if isinstance(item, Task) else item
+        parts = problem_parts(text)
+        found = self.by_key.get(parts.key)
+        if found:
+            return found[0]
+        whole = _clean(_unwrapped(text))
+        for statement, entry, match in self._contained:
+            if statement in whole and (entry is None or entry.lower() in whole):
+                return match
+        return None
+
+
+def parse_benchmarks(spec: str, option: str = "--benchmarks") -> dict[str, Path]:
+    """``NAME=PATH,NAME=PATH`` (names from ``FORMATS``) as a mapping; ``option`` names the flag in errors."""
+    files: dict[str, Path] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, sep, path = item.partition("=")
+        if not sep or not path or name.strip() not in FORMATS:
+            raise MolrlError(f"{option} {item!r}: expected NAME=PATH with NAME one of {', '.join(FORMATS)}, "
+                             "e.g. mbpp=data/mbpp/mbpp.jsonl,humaneval=data/humaneval/HumanEval.jsonl.gz")
+        files[name.strip()] = Path(path.strip())
+    if not files:
+        raise MolrlError(f"{option} {spec!r}: names no benchmark file; give NAME=PATH,...")
+    return files
+
+
+def first_user_text(messages: Iterable[Mapping[str, Any]]) -> str:
+    """The content of the first user message (the task, in every trace format molrl reads); '' when none."""
+    return next((str(m.get("content") or "") for m in messages if m.get("role") == "user"), "")
+
+
+def tag_meta(meta: dict[str, Any], text: str, index: BenchmarkIndex | None) -> BenchmarkMatch | None:
+    """Set ``meta["task_key"]`` for a trace whose task is ``text``, and ``meta["benchmark_task"]`` when ``index``
+    matches it; returns the match."""
+    match = index.match(text) if index is not None else None
+    meta[TASK_KEY] = match.key if match else problem_parts(text).key
+    if match:
+        meta[BENCHMARK_TASK] = match.to_meta()
+    return match
+
+
+def trace_task_key(messages: Iterable[Mapping[str, Any]], meta: Mapping[str, Any]) -> str:
+    """A trace's task key: ``meta["task_key"]`` when set, else the key of its first user message."""
+    return str(meta.get(TASK_KEY) or problem_parts(first_user_text(messages)).key)

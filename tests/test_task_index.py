@@ -1,0 +1,119 @@
+"""Tasks are known by their content: one key per problem under any id or wrapper, and an index of the benchmarks
+that recognises MINT's, molrl's and unknown wrappers."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from molrl.errors import MolrlError
+from molrl.task_types import Task
+from molrl.tasks.index import (BENCHMARK_TASK, TASK_KEY, BenchmarkIndex, content_key, parse_benchmarks,
+                               problem_parts, tag_meta, task_content_key, trace_task_key)
+from molrl.tasks.loaders import mbpp_prompt
+from molrl.tasks.prompts import user_message
+
+BENCHMARKS = {"mbpp": "mbpp/mbpp.jsonl", "humaneval": "humaneval/HumanEval.jsonl.gz", "math500": "math500/test.jsonl",
+              "aime24": "aime24/test.jsonl", "aime25": "aime25/test.jsonl"}
+MBPP_TEXT = "Write a function to find sequences of lowercase letters joined with an underscore."
+MBPP_TESTS = ["assert text_lowercase_underscore(\"aab_cbbbc\")==('Found a match!')",
+              "assert text_lowercase_underscore(\"aab_Abbbc\")==('Not matched!')",
+              "assert text_lowercase_underscore(\"Aaab_abbbc\")==('Not matched!')"]
+MATH = "What is the smallest positive integer $n$ such that $17n \\equiv 1234 \\pmod{7}?$"
+
+
+def _mbpp(task_id: str = "16", split: str | None = "test") -> Task:
+    return Task(id=task_id, prompt=mbpp_prompt(MBPP_TEXT, MBPP_TESTS), kind="code",
+                entry_point="text_lowercase_underscore", split=split, meta={"source": "mbpp"})
+
+
+def _index() -> BenchmarkIndex:
+    return BenchmarkIndex({"mbpp": [_mbpp()], "math500": [Task(id="test/x/1.json", prompt=MATH, kind="math",
+                                                                 answer="2", split="test")]})
+
+
+def test_key_ignores_case_width_and_whitespace():
+    assert content_key("Find  the SUM\tof x.") == content_key("find the sum of x") == content_key("ｆｉｎｄ the sum of x")
+    assert content_key("find the sum of x") != content_key("find the sum of y")
+    assert len(content_key("x")) == 16 and int(content_key("x"), 16) >= 0
+
+
+def test_mbpp_key_reads_the_entry_point_and_first_shown_assert():
+    parts = problem_parts(_mbpp().prompt)
+    assert parts.entry_point == "text_lowercase_underscore"
+    assert parts.test == "assert text_lowercase_underscore('aab_cbbbc') == 'Found a match!'"
+    assert parts.statement == "write a function to find sequences of lowercase letters joined with an underscore"
+
+
+def test_showing_more_tests_or_another_wrapper_keeps_the_key():
+    key = task_content_key(_mbpp())
+    all_three = f"{MBPP_TEXT}\nYour code should pass these tests:\n\n" + "\n".join(MBPP_TESTS)
+    mint = "Instructions...\n\n---\n\nTask:\nexample\nAssistant: x\n\n---\n\nTask:\n" + MBPP_TEXT + "\n" + MBPP_TESTS[0]
+    assert problem_parts(all_three).key == key
+    assert problem_parts(mint).key == key
+    assert problem_parts(user_message(_mbpp())).key == key  # molrl's own single-turn instruction
+
+
+def test_another_entry_point_or_test_is_another_task():
+    renamed = MBPP_TEXT + "\n" + MBPP_TESTS[0].replace("text_lowercase_underscore", "text_match")
+    other_test = MBPP_TEXT + "\n" + MBPP_TESTS[1]
+    assert len({task_content_key(_mbpp()), problem_parts(renamed).key, problem_parts(other_test).key}) == 3
+
+
+def test_the_same_task_under_another_id_matches_the_benchmarks():
+    copy = _mbpp(task_id="my-own-7", split=None)
+    match = _index().match(copy)
+    assert (match.benchmark, match.split, match.id, match.key) == ("mbpp", "test", "16", task_content_key(copy))
+
+
+def test_an_unknown_wrapper_matches_by_the_whole_statement():
+    wrapped = f"You are a helpful tutor. Solve the problem below.\n\nProblem: {MATH}\n\nThink first."
+    assert _index().match(wrapped).id == "test/x/1.json"
+    assert _index().match("What is the smallest positive integer $n$?") is None  # a part is not the problem
+
+
+def test_tag_meta_records_key_and_match_and_only_the_key_without_a_match():
+    meta: dict = {}
+    tag_meta(meta, user_message(_mbpp()), _index())
+    assert meta[BENCHMARK_TASK] == {"benchmark": "mbpp", "split": "test", "id": "16", "key": task_content_key(_mbpp())}
+    assert meta[TASK_KEY] == meta[BENCHMARK_TASK]["key"]
+    other: dict = {}
+    assert tag_meta(other, "Sort a list.", _index()) is None
+    assert other == {TASK_KEY: content_key("sort a list")}
+    assert trace_task_key([{"role": "user", "content": "Sort a list."}], {}) == other[TASK_KEY]
+
+
+def test_benchmark_option_is_parsed_or_refused_in_one_line():
+    assert parse_benchmarks("mbpp=a.jsonl, humaneval=b.jsonl.gz") == {"mbpp": Path("a.jsonl"),
+                                                                      "humaneval": Path("b.jsonl.gz")}
+    for bad in ("mbpp", "gsm8k=x.jsonl", "mbpp=", ","):
+        with pytest.raises(MolrlError, match="--benchmarks"):
+            parse_benchmarks(bad)
+
+
+def _real_index(shared_data) -> BenchmarkIndex:
+    return BenchmarkIndex.from_files({name: shared_data / path for name, path in BENCHMARKS.items()})
+
+
+def test_real_mint_tasks_are_mbpp_test_humaneval_and_math500(shared_data):
+    index = _real_index(shared_data)
+    found: Counter = Counter()
+    for path in sorted((shared_data / "traces/mint").glob("gpt-4-0613_F_None__*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            match = index.match(json.loads(line)["state"]["history"][0]["content"])
+            found[(path.stem.rsplit("__", 1)[1], match and match.benchmark, match and match.split)] += 1
+    assert found == {("mbpp", "mbpp", "test"): 91, ("humaneval", "humaneval", "test"): 45,
+                     ("math", "math500", "test"): 7, ("math", None, None): 93}
+
+
+def test_every_real_benchmark_task_matches_itself_under_molrl_s_instruction(shared_data):
+    index = _real_index(shared_data)
+    from molrl.tasks.loaders import load_tasks
+
+    for name, fmt in (("mbpp", "mbpp"), ("humaneval", "humaneval"), ("math500", "math500")):
+        for task in load_tasks(shared_data / BENCHMARKS[name], fmt, split="all"):
+            match = index.match(user_message(task))
+            assert match is not None and match.key == task_content_key(task), (name, task.id)
