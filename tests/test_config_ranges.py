@@ -66,10 +66,14 @@ def outside(number: type, rng: Range) -> list[str]:
         low, high = (rng.low if rng.low_open else rng.low - 1), (rng.high if rng.high_open else rng.high + 1)
         while low in rng.also:
             low -= 1
-        return [str(int(low)), str(int(high)), "1.5", "1e21", "1.0e+21", ".nan"]
+        return [str(int(low)), str(int(high)), "1.5", "1e21", "1.0e+21", ".nan", *HUGE]
     low = rng.low if rng.low_open else math.nextafter(rng.low, -math.inf)
     high = rng.high if rng.high_open else math.nextafter(rng.high, math.inf)
-    return [repr(low), repr(high), ".nan", ".inf", "-.inf"]
+    return [repr(low), repr(high), ".nan", ".inf", "-.inf", *HUGE]
+
+
+HUGE = ["9" * 400, "-" + "9" * 400]
+"""Integers of 400 digits: past what a float holds, so the range is checked before any float conversion."""
 
 
 def range_cases() -> list[tuple[str, str, str, str]]:
@@ -93,6 +97,18 @@ def vocabulary_cases() -> list[tuple[str, str, str, str]]:
                     wrong = ["[no_such_name]", "[]"] if is_list else ["no_such_name"]
                     cases += [(stage, f"{key}={w}", key, marker.describe()) for w in wrong]
     return cases
+
+
+def text_keys() -> list[tuple[str, str, bool]]:
+    """(stage, key, whether it is a list) of every key holding a path or a free string (eval's ``data.NAME.path``,
+    under a mapping the walk does not enter, named by hand)."""
+    out = [("eval", "data.mbpp.path", False), ("eval", "predictions.mbpp", False)]
+    for stage, (cls, _, _) in STAGES.items():
+        for key, (base, markers) in ranges(cls).items():
+            item = typing.get_args(base)[0] if typing.get_origin(base) is list else base
+            if item in (str, Path) and not any(isinstance(m, OneOf) for m in markers):
+                out.append((stage, key, typing.get_origin(base) is list))
+    return out
 
 
 def run_dir_keys() -> list[tuple[str, str]]:
@@ -135,7 +151,7 @@ def test_every_value_outside_its_declared_range_is_one_line_naming_key_and_range
         lines = refused(stage, override)
         assert len(lines) == 1, (override, lines)
         assert f" {key}" in lines[0] and f"allowed: {allowed}" in lines[0], (override, lines[0])
-        assert "Traceback" not in lines[0] and "\n" not in lines[0]
+        assert "Traceback" not in lines[0] and "\n" not in lines[0] and "9" * 200 not in lines[0], (override, lines[0])
 
 
 def test_every_run_directory_key_refuses_a_path_through_a_file(refused, tmp_path):
@@ -145,6 +161,15 @@ def test_every_run_directory_key_refuses_a_path_through_a_file(refused, tmp_path
             lines = refused(stage, f"{key}={path}")
             assert len(lines) == 1 and f"{key}={path} is out of range; allowed: a directory" in lines[0]
     assert {stage for stage, _ in run_dir_keys()} == {"mol", "rl", "eval", "collect", "pipeline"}
+
+
+def test_every_path_and_string_key_refuses_a_nul_byte(refused):
+    keys = text_keys()
+    assert {"model.path", "model.adapter", "output_dir", "data.traces", "data.path"} <= {k for _, k, _ in keys}
+    for stage, key, is_list in keys:
+        lines = refused(stage, f"{key}=[a\0b]" if is_list else f"{key}=a\0b")
+        assert len(lines) == 1 and "holds a NUL byte" in lines[0], (key, lines)
+        assert f" {key}[0]=" in lines[0] if is_list else f" {key}=" in lines[0], (key, lines)
 
 
 def test_values_inside_their_ranges_are_accepted(tmp_path):

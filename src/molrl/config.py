@@ -7,7 +7,8 @@ writes the resolved config next to a stage's outputs.
 
 Every value is checked against its field's declared range (``molrl.config_ranges``) as the config is built, before
 a stage loads anything; ``check_values`` applies the same rule to a config built in Python. YAML files are read
-under a size cap, as UTF-8, refusing a key given twice in one mapping.
+under a size cap, as UTF-8, by YAML 1.2's core schema (``molrl.config_yaml``: no base-60 numbers, no yes/no booleans),
+refusing a key given twice in one mapping and nesting past a bounded depth.
 
 A class may list keys it renamed in ``RENAMED_KEYS`` (old name -> new name, and how an old value
 converts): old configs keep loading, with one line naming the new keys (``molrl.config_renames``).
@@ -28,8 +29,9 @@ from typing import Any, Literal, Sequence, TypeVar
 
 import yaml
 
-from molrl.config_ranges import OneOf, _allowed, _check_range, _markers, check_values
+from molrl.config_ranges import OneOf, _allowed, _check_range, _markers, _shown, check_values
 from molrl.config_ranges import Count, Weight  # noqa: F401  (where stages found them first)
+from molrl.config_yaml import NotYaml, parse_yaml
 from molrl.config_renames import current, note_renames, renamed, renamed_path, shorthand, unoptional
 from molrl.errors import ConfigError
 from molrl.writes import write_text
@@ -82,6 +84,8 @@ def _read_yaml(path: Path, chain: tuple[Path, ...], cls: type) -> dict[str, Any]
 
 MAX_CONFIG_BYTES = 1 << 20
 """Largest config file read (a config is a few KiB; this refuses /dev/zero and the like)."""
+MAX_FLOAT_INT = 10**300
+"""Largest integer a number key converts to a float (``float()`` overflows near 1.8e308); past it, out of range."""
 
 
 def _read_text(path: Path, chain: tuple[Path, ...]) -> str:
@@ -109,43 +113,6 @@ def _read_text(path: Path, chain: tuple[Path, ...]) -> str:
         line = raw[:err.start].count(b"\n") + 1
         byte = raw[err.start]
         raise ConfigError(f"{path}:{line}: not UTF-8 text (byte {byte:#04x}); save the file as UTF-8") from None
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a mapping that names one key twice (plain YAML keeps the last silently)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            line = key_node.start_mark.line + 1
-            if isinstance(key, (str, int, float, bool)) and key in seen:
-                raise ConfigError(f"{key_node.start_mark.name}:{line}: key {key!r} appears twice in one mapping "
-                                  f"(first on line {seen[key]}); keep one")
-            if isinstance(key, (str, int, float, bool)):
-                seen[key] = line
-        return super().construct_mapping(node, deep)
-
-
-class _NotYaml(ConfigError):
-    """Text that YAML cannot parse (an override's value is then taken as the plain string)."""
-
-
-def parse_yaml(text: str, name: str) -> Any:
-    """YAML ``text`` (from ``name``, for messages) as plain data: duplicate keys, bad syntax and integers too long
-    to convert are one-line ``ConfigError``s."""
-    loader = _UniqueKeyLoader(text)
-    loader.name = name
-    try:
-        return loader.get_single_data()
-    except ConfigError:
-        raise
-    except yaml.YAMLError as err:
-        raise _NotYaml(f"{name}: not valid YAML: {' '.join(str(err).split())}") from None
-    except ValueError as err:  # an integer of more digits than Python converts
-        raise ConfigError(f"{name}: {err.args[0].split(';')[0]}; write a smaller number") from None
-    finally:
-        loader.dispose()
 
 
 def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -236,7 +203,7 @@ def _apply_override(data: dict[str, Any], item: str, cls: type | None = None, mo
         raise ConfigError(f"override {item!r}: empty key segment")
     try:
         value = parse_yaml(raw, f"override {key.strip()}=...") if raw.strip() else ""
-    except _NotYaml:
+    except NotYaml:
         value = raw
     if cls is not None:
         parts, value = renamed_path(cls, parts, value, item, moved if moved is not None else [])
@@ -325,6 +292,8 @@ def _coerce(tp: Any, value: Any, key: str, where: str, base: Any = None) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
+        if len([a for a in args if a is not type(None)]) == 1:  # an optional: its one type's own error
+            return _coerce(unoptional(tp), value, key, where, base)
         errors = []
         for arg in args:
             if arg is type(None):
@@ -333,7 +302,7 @@ def _coerce(tp: Any, value: Any, key: str, where: str, base: Any = None) -> Any:
                 return _coerce(arg, value, key, where, base)
             except ConfigError as err:
                 errors.append(str(err))
-        raise ConfigError(f"{where}: {key}={value!r} matches none of {_type_name(tp)}")
+        raise ConfigError(f"{where}: {key}={_shown(value)} matches none of {_type_name(tp)}")
     if origin is Literal:
         if value not in args:
             raise ConfigError(f"{where}: {key}={value!r}; expected one of {', '.join(map(repr, args))}")
@@ -362,6 +331,8 @@ def _coerce(tp: Any, value: Any, key: str, where: str, base: Any = None) -> Any:
             return value
         raise ConfigError(f"{where}: {key} must be an integer, got {value!r}")
     if tp is float:
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_FLOAT_INT:
+            raise ConfigError(f"{where}: {key}={_shown(value)} is out of range")  # float() would overflow
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         if isinstance(value, str):

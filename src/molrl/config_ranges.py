@@ -4,7 +4,8 @@ A config field's type carries its range as an ``Annotated`` marker: ``Range`` fo
 ``Probability``, ``LearningRate``, ... or a range of its own), ``OneOf`` for a name from a fixed list (optimiser,
 schedule, dtype, LoRA target modules), ``Creatable`` for a run directory. ``check_values`` (and ``molrl.config``'s
 loader, key by key) refuses a value outside its marker in one line naming key, value and what is allowed; every
-float is finite. ``ranges`` lists every key of a config with its markers, for the tests that enumerate them.
+float is finite, every integer compared as it is (never through a float), and no string or path holds a NUL byte.
+``ranges`` lists every key of a config with its markers, for the tests that enumerate them.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class Range:
         """Whether ``value`` is one this range admits (NaN and infinities never are)."""
         if value in self.also:
             return True
-        if not math.isfinite(value):
+        if not isinstance(value, int) and not math.isfinite(value):  # an int compares exactly, never as a float
             return False
         above = value > self.low if self.low_open else value >= self.low
         below = value < self.high if self.high_open else value <= self.high
@@ -162,6 +163,9 @@ def _check_range(tp: Any, value: Any, key: str, where: str, deep: bool = False) 
         if deep:
             check_values(value, where, f"{key}.")
         return
+    if isinstance(value, (str, Path)) and "\0" in str(value):  # the OS refuses it in any path, with a traceback
+        raise ConfigError(f"{where}: {key}={_shown(str(value))} holds a NUL byte (\\x00), which no path or name may "
+                          "hold; remove it")
     base, markers = _markers(tp)
     for marker in markers:
         allowed = _violation(marker, value, base)
