@@ -70,3 +70,65 @@ def test_describe_prints_whole_help():
     # the doc's second line (before: dropped) names the other two algorithms, under the key it belongs to
     assert lines[at + 1].startswith("    # opd: on-policy distillation") and "ppo: a learned critic" in lines[at + 1]
     assert lines[at + 2].startswith("opd.")
+
+
+def _renamed_keys() -> list[tuple[str, str, str, str]]:
+    """(stage, old key, new key, a value its conversion takes) of every ``RENAMED_KEYS`` entry of every config class a stage reaches (sections,
+    and the entries of a mapping of sections, entered), dotted from the stage's top; ``*`` written out as ``qa``."""
+    import dataclasses
+    import typing
+
+    from molrl.collect.config import CollectConfig
+    from molrl.config_renames import unoptional
+    from molrl.eval.config import EvalConfig
+    from molrl.mol.config import MolConfig
+    from molrl.pipeline import PipelineConfig
+    from molrl.rl.config import RlConfig
+
+    found = []
+
+    def walk(stage: str, cls: type, prefix: str) -> None:
+        for old, (new, convert) in getattr(cls, "RENAMED_KEYS", {}).items():
+            value = next(text for text, v in (("400", 400), ("x-old", "x-old"), ("x-old.jsonl", "x-old.jsonl"))
+                         if _converts(convert, v))
+            found.append((stage, prefix + old.replace("*", "qa"), prefix + new.replace("*", "qa"), value))
+        for name, tp in typing.get_type_hints(cls).items():
+            tp = unoptional(tp)
+            if typing.get_origin(tp) is dict:  # eval's data.NAME: an entry named qa
+                tp, name = typing.get_args(tp)[-1], f"{name}.qa"
+            if dataclasses.is_dataclass(tp):
+                walk(stage, tp, f"{prefix}{name}.")
+
+    for stage, cls in {"mol": MolConfig, "rl": RlConfig, "eval": EvalConfig, "collect": CollectConfig,
+                       "pipeline": PipelineConfig}.items():
+        walk(stage, cls, "")
+    return found
+
+
+def _converts(convert, value) -> bool:
+    try:
+        convert(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def test_every_renamed_key_given_under_both_names_on_the_command_line_is_refused(cli_logs, caplog):
+    from molrl.cli import main
+
+    pairs = _renamed_keys()
+    assert {("rl", "policy.base", "model.path"), ("rl", "use_vllm", "engine"), ("pipeline", "grpo", "rl"),
+            ("eval", "custom.qa", "data.qa.spec"), ("collect", "tasks", "data.path")} <= {p[:3] for p in pairs}
+    for stage, old, new, value in pairs:
+        for first, second in ((f"{old}={value}", f"{new}=w-other"), (f"{new}=w-other", f"{old}={value}")):
+            caplog.clear()
+            assert main([stage, first, second]) == 1, (first, second)
+            assert [r.getMessage() for r in caplog.records] == [
+                f"command-line overrides: {old} is the old name of {new} and both are set; keep {new}"], (first, second)
+
+
+def test_an_old_and_a_new_name_with_one_value_on_the_command_line_are_read_once():
+    from molrl.rl.config import RlConfig
+
+    assert load_config(RlConfig, None, ["use_vllm=true", "engine=vllm"]).engine == "vllm"
+    assert load_config(RlConfig, None, ["model.path=tiny:chatml", "policy.base=tiny:chatml"]).model.path == "tiny:chatml"

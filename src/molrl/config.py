@@ -49,8 +49,11 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequenc
         source = str(path)
         data = _read_yaml(Path(path), (), cls)
     moved: list[str] = []
+    spelled: dict[tuple[str, ...], tuple[str, Any, bool]] = {}  # key set -> (as written, its value, an old name)
     for item in overrides:
-        _apply_override(data, item, cls, moved)
+        written = _apply_override(data, item, cls, moved)
+        if written is not None:
+            _one_name_per_key(spelled, *written, overrides_from)
     note_renames(overrides_from, moved)
     where = source if not overrides else f"{source} + {overrides_from}"
     return _build(cls, data, prefix="", where=where)
@@ -193,8 +196,25 @@ def describe(cls: type, prefix: str = "", base: Any = None) -> list[str]:
     return lines
 
 
-def _apply_override(data: dict[str, Any], item: str, cls: type | None = None, moved: list[str] | None = None) -> None:
-    """Set one ``key.sub=value`` in ``data``, the key under ``cls``'s current names (old ones added to ``moved``)."""
+def _one_name_per_key(spelled: dict[tuple[str, ...], tuple[str, Any, bool]], key: tuple[str, ...], written: str,
+                      value: Any, old_name: bool, where: str) -> None:
+    """Refuse an old and a new name of one key given different values among one set of overrides, as a YAML file
+    refuses them (``molrl.config_renames.renamed``); ``spelled`` records each key's spelling."""
+    if key in spelled:
+        other, other_value, other_old = spelled[key]
+        if other != written and (old_name or other_old) and other_value != value:
+            old, new = (written, other) if old_name else (other, written)
+            raise ConfigError(f"{where}: {old} is the old name of {new} and both are set; keep {new}")
+    spelled[key] = (written, value, old_name)
+
+
+def _apply_override(data: dict[str, Any], item: str, cls: type | None = None,
+                    moved: list[str] | None = None) -> tuple[tuple[str, ...], str, Any, bool] | None:
+    """Set one ``key.sub=value`` in ``data``, the key under ``cls``'s current names (old ones added to ``moved``);
+    returns the key it set (a block's shorthand written out), the key as written, the value and whether it was an
+    old name (None for a retired key, which is dropped)."""
+    moved = moved if moved is not None else []
+    noted = len(moved)
     if "=" not in item:
         raise ConfigError(f"override {item!r}: expected key.sub=value")
     key, raw = item.split("=", 1)
@@ -206,9 +226,9 @@ def _apply_override(data: dict[str, Any], item: str, cls: type | None = None, mo
     except NotYaml:
         value = raw
     if cls is not None:
-        parts, value = renamed_path(cls, parts, value, item, moved if moved is not None else [])
+        parts, value = renamed_path(cls, parts, value, item, moved)
         if not parts:  # a retired key: read and dropped
-            return
+            return None
     node, section = data, cls
     for part in parts[:-1]:
         child = node.get(part)
@@ -225,6 +245,8 @@ def _apply_override(data: dict[str, Any], item: str, cls: type | None = None, mo
         node[parts[-1]] = {**node[parts[-1]], short: value}  # data.mbpp=FILE over a written-out block sets its path
     else:
         node[parts[-1]] = value
+    full = (*parts, short) if short is not None and not isinstance(value, dict) else tuple(parts)
+    return full, key.strip(), value, len(moved) > noted
 
 
 def _section_type(cls: Any, key: str) -> Any:
