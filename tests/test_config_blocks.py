@@ -39,7 +39,7 @@ BLOCK_TYPES = {"model": ModelSource, "sandbox": SandboxConfig, "sampling": Sampl
 """The type of each shared block that is a section."""
 OLD_NAMES = {"mol": ["dtype=bfloat16", "data.enable_thinking=true"],
              "collect": ["adapter=a", "dtype=bfloat16", "episode.sampling.temperature=0.5", "episode.seed=3",
-                         "episode.enable_thinking=true", "tasks=t2.jsonl", "format=mbpp", "limit=3", "split=test",
+                         "episode.enable_thinking=true", "tasks=t.jsonl", "format=mbpp", "limit=3", "split=test",
                          "jsonl.kind=code", "out=runs/o.jsonl"],
              "eval": ["adapter=a", "dtype=bfloat16", "enable_thinking=true"],
              "rl": ["policy.base=m", "policy.mol_adapter=a", "policy.dtype=bfloat16", "reward.sandbox_workers=3",
@@ -118,7 +118,7 @@ def test_old_keys_load_with_one_line_and_a_run_saved_under_them_is_the_same_run(
         saved["model"] = saved["model"]["path"]
     saved = {k: v for k, v in saved.items() if v != {}}
     assert changed_keys(stage, saved, old) == []
-    changed = load_config(cls, None, [*required, *OLD_NAMES[stage], "model.dtype=float16"])
+    changed = load_config(cls, None, [*required, *(o.replace("=bfloat16", "=float16") for o in OLD_NAMES[stage])])
     assert [c.key for c in changed_keys(stage, saved, changed)] == ["model.dtype"]
 
 
