@@ -28,6 +28,26 @@ COMMANDS = [
 ]
 
 
+def count(text: str) -> int:
+    """An integer flag of 1 or more (an argparse ``type``): 0 or less is refused as the flag is read."""
+    return _at_least(text, 1)
+
+
+def natural(text: str) -> int:
+    """An integer flag of 0 or more (an argparse ``type``): a negative one is refused as the flag is read."""
+    return _at_least(text, 0)
+
+
+def _at_least(text: str, low: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"{value}: give {low} or more")
+    return value
+
+
 def add_stage_parser(
     subparsers: argparse._SubParsersAction, name: str, *, help: str, doc: str | None, config: str, example: str,
     aliases: list[str] | None = None, overrides_help: str | None = None,

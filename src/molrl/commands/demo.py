@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from molrl.cli import add_stage_parser
+    from molrl.cli import add_stage_parser, count
 
     p = add_stage_parser(subparsers, "demo", help="the whole method end to end on a self-built tiny world (CPU, minutes)",
                          doc=__doc__, config="PipelineConfig (default: the world's configs/pipeline_*.yaml)",
@@ -41,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="long world: train the base five times as long (25 to 32 minutes on 2 cores instead of 5), "
                         "so that it answers at about 0.9 when it reads the feedback (on-policy distillation's "
                         "feedback teacher; 0.2-0.7 with the 5-minute base)")
-    p.add_argument("--seeds", type=int, default=None, metavar="N",
+    p.add_argument("--seeds", type=count, default=None, metavar="N",
                    help="repeat with world and training seeds 0..N-1 and report the headline over seeds "
                         "(N times as long; default 1, or 3 with --study)")
     p.add_argument("--study", action="store_true",

@@ -17,6 +17,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from molrl.cli import count, natural
 from molrl.errors import DataError, MolrlError
 
 log = logging.getLogger("molrl.traces")
@@ -60,7 +61,7 @@ def register(subparsers: Any) -> None:
 
     p = sub.add_parser("show", help="print a trace with every token coloured by role")
     p.add_argument("file", type=Path, metavar="FILE", help="trace file")
-    p.add_argument("--index", type=int, default=0, metavar="N", help="which valid trace in the file (0-based)")
+    p.add_argument("--index", type=natural, default=0, metavar="N", help="which valid trace in the file (0-based)")
     p.add_argument("--html", type=Path, default=None, metavar="OUT", help="write the coloured trace as an HTML page")
     _add_tokenize_args(p)
     p.set_defaults(func=run_show)
@@ -69,7 +70,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("input", type=Path, metavar="IN", help="trace file or directory of them")
     p.add_argument("output", type=Path, metavar="OUT", help="output trace file")
     p.add_argument("--success-only", action="store_true", help="keep only traces with meta.success true")
-    p.add_argument("--min-feedback-turns", type=int, default=0, metavar="N", help="keep traces with >= N tool messages")
+    p.add_argument("--min-feedback-turns", type=natural, default=0, metavar="N", help="keep traces with >= N tool messages")
     p.add_argument("--kind", choices=["domain", "general"], default=None, help="keep only this meta.kind")
     _add_reject_args(p)
     p.set_defaults(func=run_filter)
@@ -84,7 +85,7 @@ def _add_reject_args(p: argparse.ArgumentParser) -> None:
 def _add_tokenize_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", "--model", dest="tokenizer", required=True, metavar="PATH",
                    help="tokenizer (or model) directory whose chat template renders the traces")
-    p.add_argument("--max-length", type=int, default=None, metavar="N", help="token limit (default none)")
+    p.add_argument("--max-length", type=count, default=None, metavar="N", help="token limit (default none)")
     p.add_argument("--truncation", choices=["drop", "truncate"], default="drop", help="what happens over --max-length")
     p.add_argument("--no-thinking", action="store_true", help="render with enable_thinking=false")
     p.add_argument("--empty-think-is-decision", action="store_true", help="count empty think blocks as decision tokens")
