@@ -27,6 +27,9 @@ ANSWER = ("```python\ndef inc(x):\n    return x + 1\n```\nYou can check it with:
 """Right, with a usage block after it: version 1 graded the usage block (inc undefined there), version 2 the
 function."""
 WRONG = "```python\ndef inc(x):\n    return x\n```"
+ANSWER_3 = "Example:\n```text\ninc(3) -> 4\n```\nSolution:\n```python\ndef inc(x):\n    return x + 1\n```"
+"""Right, after a sample-output block: version 2 graded the text between the two fences ('Solution:'), version 3
+the function."""
 
 
 def _task(task_id: str) -> Task:
@@ -40,8 +43,14 @@ def _as_version_1(record: SampleRecord) -> SampleRecord:
                                stage="runtime_error", grading=1)
 
 
-def test_code_grading_is_version_2_and_the_other_kinds_version_1():
-    assert GRADING == {"code": 2, "math": 1, "toy": 1}
+def _as_version_2(record: SampleRecord) -> SampleRecord:
+    """The record as version 2 stored it: the text between the output block and the code graded, a compile error."""
+    return dataclasses.replace(record, extracted="Solution:", correct=False, score=0.1, stage="compile_error",
+                               grading=2)
+
+
+def test_code_grading_is_version_3_and_the_other_kinds_version_1():
+    assert GRADING == {"code": 3, "math": 1, "toy": 1}
     line = {"id": "a", "sample": 0, "completion": "", "extracted": None, "correct": False, "score": 0.0,
             "stage": "no_code"}
     assert SampleRecord(**line).grading == 1  # a record written before versions were kept
@@ -55,6 +64,9 @@ class _Source:
 
     def finished(self, name, task_id, records):
         return len(records) == 1
+
+    def made_by(self, offset):
+        return None
 
     def records(self, name, tasks, offset, pool):
         self.asked += [t.id for t in tasks]
@@ -72,29 +84,33 @@ class _Progress:
 
 @pytest.mark.parametrize("mode", ["single", "predictions", "interactive"])
 def test_every_source_brings_samples_of_an_older_grading_up_to_date(tmp_path, mode):
-    tasks = [_task("a"), _task("b"), _task("c")]
+    tasks = [_task("a"), _task("b"), _task("c"), _task("d")]
     store = SampleStore(tmp_path / "code" / "samples.jsonl")
     source = _Source(mode)
     with SandboxPool(SandboxConfig(workers=1)) as pool:
-        current = run_suite("code", tasks[2:], _Source("single"), pool, SimpleNamespace(output_dir=tmp_path,
+        current = run_suite("code", tasks[2:3], _Source("single"), pool, SimpleNamespace(output_dir=tmp_path,
                                                                                          batch_size=4), _Progress())
         store.rewrite([_as_version_1(SampleRecord(id="a", sample=0, completion=ANSWER, extracted=None,
                                                   correct=False, score=0.0, stage="", truncated=True)),
                        _as_version_1(SampleRecord(id="b", sample=0, completion=WRONG, extracted=None,
                                                   correct=False, score=0.0, stage="")),
-                       *current[0]])
+                       *current[0],
+                       _as_version_2(SampleRecord(id="d", sample=0, completion=ANSWER_3, extracted=None,
+                                                  correct=False, score=0.0, stage=""))])
         records = run_suite("code", tasks, source, pool, SimpleNamespace(output_dir=tmp_path, batch_size=4),
                             _Progress())
     by_id = {rs[0].id: rs[0] for rs in records}
     assert all(r.grading == GRADING["code"] for r in by_id.values())
     assert by_id["c"] == current[0][0]  # judged by the current grading already: kept as it was
     if mode == "interactive":  # an episode's verdict came from its turns: played again, the current one kept
-        assert source.asked == ["a", "b"] and by_id["a"].completion == "played again"
+        assert source.asked == ["a", "b", "d"] and by_id["a"].completion == "played again"
     else:  # graded again from the completion held; nothing generated, the cut at the token limit kept
         assert source.asked == []
         assert (by_id["a"].stage, by_id["a"].correct, by_id["a"].truncated) == ("all_pass", True, True)
         assert by_id["a"].extracted == "def inc(x):\n    return x + 1" and by_id["a"].completion == ANSWER
         assert (by_id["b"].stage, by_id["b"].correct) == ("partial", False)
+        assert (by_id["d"].stage, by_id["d"].correct, by_id["d"].extracted) == ("all_pass", True,
+                                                                                "def inc(x):\n    return x + 1")
     assert {i: rs[0] for i, rs in store.load().items()} == by_id  # the file says the same
 
 

@@ -3,8 +3,6 @@ large to compute, answers that state several values, slow answers on any thread.
 
 from __future__ import annotations
 
-import random
-import re
 import threading
 import time
 
@@ -30,6 +28,13 @@ ADVERSARIAL = {
     "answer_anchor_then_spaces": lambda n: "The answer is" + " " * n,
     "def_then_spaces_in_a_block": lambda n: "```python\n" + " " * (n // 2) + "def" + " " * (n // 2) + "\n```",
     "many_async_defs": lambda n: "```python\n" + "async  def f_\n" * (n // 14) + "```",
+    # many fences cost the parser a token each (about 4 s for 1 MB of them): a quarter of the size keeps the test short
+    "many_short_fences_naming_f": lambda n: "```\nf(\n" * (n // 28),  # each block fails to parse and is joined
+    "fence_lines_in_a_string": lambda n: "```python\nf = '''\n" + "```\n" * (n // 16) + "'''\n```",
+    "deep_brackets_in_a_block": lambda n: "```python\nf = " + "(" * n + "\n```",
+    "nested_quotes": lambda n: ">" * n,
+    "nested_list_markers": lambda n: "- " * (n // 2),
+    "quoted_fence_lines": lambda n: "> " * 50 + "```python\n" + ("> " * 50 + "f(\n") * (n // 105),
 }
 
 
@@ -50,31 +55,6 @@ def test_adversarial_completion_is_extracted_in_linear_time(shape):
         return extract_code(text), extract_code(text, "f"), extract_answer(text)
     took, baseline = _seconds(extract, attack), _seconds(extract, honest)
     assert took < max(1.0, 20 * baseline), (took, baseline)
-
-
-# the patterns extraction used before it was made linear: the reference for its verdicts
-_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\r?\n(.*?)```", re.S | re.I)
-_TAG = re.compile(r"<(execute|solution)>(.*?)</\1>", re.S)
-
-
-def _reference_extract_code(text: str) -> str | None:
-    blocks = [(m.start(), m.group(1)) for m in _FENCE.finditer(text)]
-    blocks += [(m.start(2), m.group(2)) for m in _TAG.finditer(text)]
-    for _, block in sorted(blocks, reverse=True):
-        inner = _FENCE.search(block)
-        code = (inner.group(1) if inner else block).strip("\n")
-        if code.strip():
-            return code
-    return None
-
-
-def test_linear_extraction_agrees_with_the_reference_patterns_on_random_text():
-    pieces = ["```", "```python", "```py", "```Python3", "``` PY \t", " ", "\t", "\n", "\r\n", "x = 1", "`",
-              "<execute>", "</execute>", "<solution>", "</solution>", "python", "<", "/"]
-    rng = random.Random(0)
-    for _ in range(20_000):
-        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 14)))
-        assert extract_code(text) == _reference_extract_code(text), repr(text)
 
 
 ASTRONOMICAL = ["2^{2^{2^{2^{2^{2}}}}}", "9^{9^{9^{9}}}", "100000000!", "\\binom{10^{12}}{10^{6}}",

@@ -9,12 +9,12 @@ The result is an ``Observation`` per action.
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any, Sequence
 
 from molrl.collect.actions import Action
 from molrl.collect.feedback import Observation
 from molrl.graders.code import CodeRewardConfig, program_for
+from molrl.graders.extract import defines as top_level_defines_code
 from molrl.tasks.grade import grade
 from molrl.task_types import Task
 
@@ -49,5 +49,5 @@ def exec_record(result: Any) -> dict[str, Any]:
 
 
 def defines(code: str, name: str | None) -> bool:
-    """Whether ``code`` defines a function called ``name``."""
-    return bool(name) and re.search(rf"^\s*(?:async\s+)?def\s+{re.escape(name)}\s*\(", code, re.M) is not None
+    """Whether ``code`` defines ``name`` at its top level (the rule that picks the graded block of a completion)."""
+    return bool(name) and top_level_defines_code(code, name)  # type: ignore[arg-type]

@@ -1,11 +1,13 @@
-"""Code grading: take the program out of a completion, run the task's tests in the sandbox, score.
+"""Code grading: take the program out of a completion (``molrl.graders.extract``), run the task's tests in the sandbox,
+score.
 
 Staged reward (values in ``CodeRewardConfig``): no code block < code does not compile < code runs
 but errors (nothing passes: it crashed, timed out, or every test raised) < a fraction of the tests
 pass < all tests pass. ``mode='binary'`` gives 1 for all tests passing and 0 otherwise.
 
-Model-written code is never compiled here: a program that nests a few thousand brackets makes the
-compiler raise RecursionError or MemoryError, so compile errors are read from the sandbox's run.
+Model-written code is never compiled here (extraction parses it, catching what parsing raises): a program that
+nests a few thousand brackets makes the compiler raise RecursionError or MemoryError, so compile errors are read
+from the sandbox's run.
 Rows are graded independently: a row whose run or judgement raises is graded ``grader_error``
 (logged, never a pass) and every other row of the batch keeps its own grade.
 """
@@ -18,16 +20,12 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from molrl.graders.extract import extract_code
 from molrl.graders.grade import Grade
 from molrl.sandbox import ExecResult, SandboxPool
 from molrl.task_types import Task
 
 log = logging.getLogger(__name__)
-
-_FENCE_HEAD = re.compile(r"```[ \t]*+(?:python3?|py)?[ \t]*+\r?\n", re.I)
-"""A fence's opening line. The runs of spaces are possessive (never given back), so a fence followed by
-a long run of spaces and no newline costs one scan of the run, not one per way to split it in two."""
-_TAGS = ("execute", "solution")
 
 
 @dataclass
@@ -52,68 +50,6 @@ class CodeRewardConfig:
     """The sandbox itself failed (logged; never a pass)."""
     grader_error: float = 0.0
     """Running or judging this row raised in the grader (logged; never a pass)."""
-
-
-def extract_code(text: str, entry_point: str | None = None) -> str | None:
-    r"""The code the completion answers with: a ```python (or bare ```) fence, or an <execute>/<solution> block.
-
-    With ``entry_point`` (the function under test), the last block that defines it; when no block does, or
-    without one, the last block. The last wins because models draft and then correct themselves; the function's
-    definition wins over a later block that only uses it (``assert f(3) == 4``, an example call), which would
-    otherwise be graded in its place and fail on a name it never defines. A fence inside a tag block starts later
-    than the tag, so the fence (the code itself) is taken. Each scan looks at a character once (``str.find`` and
-    patterns that cannot backtrack), so any text costs linear time: completions are written by the policy, and a
-    lazy ``(.*?)```` from every unclosed opener, or two whitespace runs around an optional word, cost quadratic
-    time.
-
-    >>> extract_code("```python\ndef f(x):\n    return x + 1\n```\nTry it:\n```python\nassert f(3) == 4\n```", "f")
-    'def f(x):\n    return x + 1'
-    """
-    codes = []
-    for _, block in sorted(list(_fences(text)) + list(_tag_blocks(text)), reverse=True):
-        inner = next(_fences(block), None)
-        code = (inner[1] if inner else block).strip("\n")
-        if code.strip():
-            codes.append(code)
-    if entry_point:
-        defines = re.compile(rf"^[ \t]*+(?:async[ \t]++)?def[ \t]++{re.escape(entry_point)}\b|"
-                             rf"^{re.escape(entry_point)}[ \t]*+=", re.M)
-        defining = next((code for code in codes if defines.search(code)), None)
-        if defining is not None:
-            return defining
-    return codes[0] if codes else None
-
-
-def _fences(text: str):
-    """(start, code) of each fenced block of ``text``, left to right, none overlapping."""
-    pos = 0
-    while head := _FENCE_HEAD.search(text, pos):
-        end = text.find("```", head.end())
-        if end < 0:  # no fence closes this one, so none closes a later one either
-            return
-        yield head.start(), text[head.end():end]
-        pos = end + 3
-
-
-def _tag_blocks(text: str):
-    """(start of content, content) of each closed <execute>/<solution> block, left to right."""
-    next_open = {tag: text.find(f"<{tag}>") for tag in _TAGS}
-    pos = 0
-    while True:
-        for tag in _TAGS:  # refresh the cached next opener of each kind that now lies behind pos
-            if 0 <= next_open[tag] < pos:
-                next_open[tag] = text.find(f"<{tag}>", pos)
-        open_now = [(at, tag) for tag, at in next_open.items() if at >= 0]
-        if not open_now:
-            return
-        start, tag = min(open_now)
-        body = start + len(tag) + 2
-        end = text.find(f"</{tag}>", body)
-        if end < 0:  # this opener never closes, so no later one of its kind does
-            next_open[tag] = -1
-            continue
-        yield body, text[body:end]
-        pos = end + len(tag) + 3
 
 
 def program_for(code: str, task: Task) -> str:
