@@ -43,6 +43,7 @@ from molrl.demo.seeds import cell
 from molrl.pipeline import load_pipeline_config, run_pipeline
 from molrl.study.headline import seed_dirs, write_headline
 from molrl.study.metrics import logged, quarter_rise
+from molrl.study.claims import CLAIMS
 from molrl.study.verdict import claim_line
 from molrl.writes import write_text
 
@@ -161,8 +162,7 @@ def reward_lines(out: Path, seeds: int) -> list[str]:
         lines.append(f"| `{run}` | {cell(early)} | {cell(late)} | {cell([c[0] for c in no_code])} | "
                      f"{cell([c[1] for c in no_code])} | {cell([e[0] for e in equal])} | "
                      f"{cell([e[1] for e in equal])} |")
-        claims.append(claim_line(f"{run}: the reward rises by tests passed", late, early,
-                                 "reward, last quarter − first quarter"))
+        claims.append(claim_line(CLAIMS["reward_rises"].fill(run=run), late, early))
     return [*lines, "", *claims]
 
 

@@ -19,9 +19,10 @@ Measured per arm and seed, on the same held-out traces and general prompts:
   agreement    generation level: the share of general prompts where the trained model's greedy answer equals the
                base's, token for token (and the mean share of the answer's tokens before they first differ)
 
-Verdicts (over seeds, paired by seed; the rule of ``molrl.study.verdict``): a difference "holds" when its mean is over
-2 standard errors from 0 and has the same sign on every seed; "refuted" when that holds the other way; else
-"undecided", with the figure that would decide it. MoL "absorbs about as much as
+Verdicts (over seeds, paired by seed; the rule of ``molrl.study.verdict``, every measure here in nats with the
+study's smallest KL effect, 0.005): a difference "holds" on 3 seeds or more when its mean is at least that effect, over
+Student's t standard errors and of the same sign on every seed; "refuted" when that holds the other way; "no effect
+found" under the smallest effect; else "undecided", with the chance more seeds would decide it. MoL "absorbs about as much as
 CE" holds when MoL's absorption is at least 80% of CE's on every seed and on the mean less 2 s.e.
 
     python benchmarks/real_model.py --gguf PATH/SmolLM2-135M-Instruct.Q4_1.gguf \\
@@ -70,11 +71,13 @@ MAX_LENGTH = 1024
 # ---- statistics and verdicts (pure) ------------------------------------------------------------------------------
 
 def verdict(diffs: Sequence[float]) -> str:
-    """The study's verdict rule (``molrl.study.verdict``), with what would decide an undecided claim."""
-    from molrl.study.verdict import decider, verdict as rule
+    """The study's verdict rule (``molrl.study.verdict``) at the smallest KL effect, with what more seeds would say of
+    an undecided claim."""
+    from molrl.study.claims import KL_NATS
+    from molrl.study.verdict import outlook, paired_se, verdict as rule
 
-    found = rule(diffs)
-    return found if found != "undecided" else f"undecided ({decider(diffs)})"
+    found = rule(diffs, KL_NATS)
+    return found if found != "undecided" else f"undecided ({outlook(diffs, KL_NATS, paired_se(diffs))})"
 
 
 def about_as_much(side: Sequence[float], ref: Sequence[float], share: float = 0.8) -> str:

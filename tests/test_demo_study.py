@@ -10,42 +10,19 @@ import pytest
 
 from molrl.cli import main
 from molrl.demo.seeds import cell
-from molrl.study.verdict import closing_weight, decider, seeds_needed, verdict
+from molrl.study.verdict import closing_weight, outlook, verdict
 
 NUMBER = r"\d\.\d+ ± \d\.\d+"
-VERDICT = r"\*\*: (holds|refuted|undecided) \("
-
-
-def test_a_claim_holds_only_past_two_standard_errors_with_every_seed_on_its_side():
-    # d = [0.1, 0.1, 0.7]: mean 0.3, sd = sqrt((0.04 + 0.04 + 0.16) / 2) = 0.3464, se = 0.2; 0.3 < 2 se
-    assert verdict([0.1, 0.1, 0.7]) == "undecided"
-    # d = [0.2, 0.3, 0.4]: mean 0.3, sd 0.1, se 0.0577; 0.3 > 0.115 and every d > 0
-    assert verdict([0.2, 0.3, 0.4]) == "holds"
-    assert verdict([-0.2, -0.3, -0.4]) == "refuted"  # the same the other way
-    assert verdict([0.2, 0.2, 0.2]) == "holds"  # se 0
-    # d = [0.5, 0.5, 0.5, -0.01]: mean 0.3725 over 2 se = 0.255, but one seed has the other sign
-    assert verdict([0.5, 0.5, 0.5, -0.01]) == "undecided"
-    assert verdict([0.0, 0.0, 0.0]) == "undecided"  # no seed on either side
-    assert verdict([0.9]) == "undecided"  # one seed has no standard error
-
-
-def test_the_seeds_an_undecided_claim_needs_follow_from_its_mean_and_spread():
-    # d = [0.1, 0.1, 0.7]: sd^2 = 0.12, mean^2 = 0.09; |mean| > 2 sd / sqrt(n) needs n > 4 * 0.12 / 0.09 = 5.33
-    assert seeds_needed([0.1, 0.1, 0.7]) == 6
-    # d = [0.2, 0.4]: mean 0.3, sd^2 = 0.02; n > 4 * 0.02 / 0.09 = 0.89, but never fewer than 2
-    assert seeds_needed([0.2, 0.4]) == 2
-    assert seeds_needed([0.1, -0.1]) is None  # mean 0: no number of seeds
-    assert decider([0.1, 0.1, 0.7]) == "mean +0.300 under 2 s.e. = 0.400; at this spread about 6 seeds would put it " \
-                                       "past 2 s.e."
-    assert decider([0.5, 0.5, 0.5, -0.01]) == "mean +0.372 over 2 s.e. = 0.255, but 1 of 4 seeds has the other sign"
-    assert "second seed" in decider([0.3])
+VERDICT = r"\*\*: (holds|refuted|undecided|no effect found) \("
 
 
 def test_the_closing_weight_is_the_least_that_ends_the_drop_without_losing_held_out():
-    rows = [(0.0, "holds", "undecided"), (0.05, "holds", "undecided"), (0.3, "undecided", "holds"),
-            (1.0, "undecided", "undecided")]
-    assert closing_weight(rows).startswith("weight 1:")  # 0.05 still drops; 0.3 loses held-out
-    assert closing_weight(rows[:3]).startswith("no weight tried") and "0.3: held-out lost" in closing_weight(rows[:3])
+    rows = [(0.0, "holds", "undecided"), (0.05, "holds", "undecided"), (0.1, "undecided", "undecided"),
+            (0.3, "no effect found", "holds"), (1.0, "no effect found", "undecided")]
+    # 0.05 still drops; 0.1's drop is undecided, not gone; 0.3 loses held-out
+    assert closing_weight(rows).startswith("weight 1:")
+    assert closing_weight(rows[:4]).startswith("no weight tried") and "0.3: held-out lost" in closing_weight(rows[:4])
+    assert "0.1: drop undecided" in closing_weight(rows[:4])
     assert closing_weight([(0.0, "undecided", "undecided"), *rows[1:]]).startswith("no weight needed")
     with pytest.raises(ValueError, match="weight 0"):
         closing_weight(rows[1:])
@@ -100,6 +77,9 @@ def test_quick_chain_study_fills_every_table_and_reuses_finished_runs(tmp_path):
         assert len(numeric) >= len(cells) - 3 and "nan" not in row, row
     # claim 1: 3 per trace source; 2: 3; 3: 2; 5: 2 per non-zero dose and the dose's control; 6: 1 + 3 per weight
     assert len(re.findall(VERDICT, report)) == 6 + 3 + 2 + 7 + 10
+    assert re.search(r"The pre-registered primary claim is \*\*MoL before GRPO helps \([\d.]+ epochs \(\d+ steps, "
+                     r"the demo's\) vs none\)\*\* \((holds|refuted|undecided|no effect found)\)\. The other 27 claims "
+                     r"are secondary", report)
     assert re.search(r"The weight that closes the drop .*: \*\*(weight [\d.]+|no weight (needed|tried))", report)
     assert re.search(r"The whole study: \*\*\d+\.\d minutes\*\* of stage time over 2 seeds", report)
     for png in ("decision_kl.png", "completion_length.png", "kl_dose.png", "rl_decision_kl.png", "general_vs_heldout.png"):
@@ -277,11 +257,11 @@ def test_the_no_replay_report_counts_answers_naming_the_secret_rule_and_answers_
     assert naming_f(tmp_path, "mol") == pytest.approx(1 / 3) and wrong_length(tmp_path, "mol") == pytest.approx(1 / 3)
 
 
-def test_a_mean_left_at_float_noise_decides_nothing_and_a_huge_seed_count_is_not_printed():
+def test_a_mean_left_at_float_noise_decides_nothing():
     # the no-replay study's "weight 0.05 keeps more general accuracy" (general 0.15, 0.17, 0.12 against 0.23, 0.17,
-    # 0.04): the differences sum to float noise, which gave "about 299076299051606099246410924818433 seeds"
+    # 0.04): the differences sum to float noise, which once gave "about 299076299051606099246410924818433 seeds"
     diffs = [0.15 - 0.23, 0.17 - 0.17, 0.12 - 0.04]
     assert sum(diffs) != 0
-    assert decider(diffs) == "the mean difference is 0: no number of seeds would decide it"
-    assert seeds_needed(diffs) is None
-    assert "over 1000 seeds would" in decider([-0.1, 0.0, 0.1004])
+    assert verdict(diffs, 0.0) == "undecided"
+    assert outlook(diffs, 0.0, 0.05) == ("the mean difference is 0 and the claim has no smallest effect: no number "
+                                         "of seeds would decide it")

@@ -14,7 +14,7 @@ from conftest import REPO
 sys.path.insert(0, str(REPO / "benchmarks"))
 import headline_code  # noqa: E402
 
-VERDICT = re.compile(r"\*\*: (holds|refuted|undecided)")
+VERDICT = re.compile(r"\*\*: (holds|refuted|undecided|no effect found) \(")
 
 
 @pytest.mark.slow

@@ -26,7 +26,8 @@ from molrl.demo.seeds import cell
 from molrl.jsonl import read_records
 from molrl.study.metrics import scorer
 from molrl.study.report import plot_general_vs_heldout
-from molrl.study.verdict import RULE, claim_line
+from molrl.study.claims import CLAIMS
+from molrl.study.verdict import RULE, claim_line, primary_note
 from molrl.writes import write_text
 
 log = logging.getLogger(__name__)
@@ -80,22 +81,29 @@ def write_headline(out: str | Path, seeds: int, model: str, *, task: str = "chai
              "| model | held-out | general | general KL | agreement with the base |", "|---|---|---|---|---|"]
     for m in models:
         lines.append(f"| `{m}` | {cell(held[m])} | {cell(general[m])} | {cell(kl[m], 4)} | {cell(agree[m])} |")
-    lines += ["", "Verdicts compare paired per-seed differences d: " + RULE, "",
-              claim_line("MoL + GRPO reaches more than GRPO alone (the headline)", held["mol+grpo"],
-                         held["base+grpo"], "held-out, mol+grpo − base+grpo"),
-              claim_line("MoL absorbs the feedback", held["mol"], held["base"], "held-out, mol − base"),
-              claim_line("GRPO alone learns the held-out problems", held["base+grpo"], held["base"],
-                         "held-out, base+grpo − base"),
-              claim_line("GRPO from MoL adds to MoL", held["mol+grpo"], held["mol"], "held-out, mol+grpo − mol"),
-              claim_line("MoL forgets general accuracy", general["base"], general["mol"], "general, base − mol"),
-              claim_line("MoL + GRPO forgets more than GRPO alone", general["base+grpo"], general["mol+grpo"],
-                         "general, base+grpo − mol+grpo"),
-              claim_line("MoL + GRPO moves further from the base than GRPO alone", kl["mol+grpo"], kl["base+grpo"],
-                         "general KL, mol+grpo − base+grpo")]
+    lines += ["", "Verdicts compare paired per-seed differences d: " + RULE, ""]
+    claims_at = len(lines)
+
+    def accuracy_claim(key: str, bench: str, side: str, other: str, primary: bool = False, **fields: str) -> str:
+        """A claim on ``bench``'s accuracy, its standard error counting the problems where every seed scored the
+        same ones."""
+        scores = held if bench == held_bench else general
+        problems = ([problem_scores(d, side, bench) for d in run_dirs],
+                    [problem_scores(d, other, bench) for d in run_dirs])
+        return claim_line(CLAIMS[key].fill(**fields), scores[side], scores[other], problems, primary)
+
+    lines += [accuracy_claim("headline", held_bench, "mol+grpo", "base+grpo", primary=True),
+              accuracy_claim("absorbs", held_bench, "mol", "base"),
+              accuracy_claim("grpo_learns", held_bench, "base+grpo", "base"),
+              accuracy_claim("grpo_adds", held_bench, "mol+grpo", "mol"),
+              accuracy_claim("mol_forgets", general_bench, "base", "mol"),
+              accuracy_claim("mol_grpo_forgets", general_bench, "base+grpo", "mol+grpo"),
+              claim_line(CLAIMS["mol_grpo_moves"], kl["mol+grpo"], kl["base+grpo"])]
     if REFERENCE_CONTROL in models:
-        lines.append(claim_line("GRPO from MoL keeps more of MoL with its KL to the MoL model", held[REFERENCE_CONTROL],
-                                held["mol+grpo"], f"held-out, {REFERENCE_CONTROL} − mol+grpo"))
+        lines.append(accuracy_claim("reference_keeps", held_bench, REFERENCE_CONTROL, "mol+grpo",
+                                    control=REFERENCE_CONTROL))
     lines += ["", *extra, *([""] if extra else [])]
+    lines[claims_at:claims_at] = [primary_note(lines), ""]
     plots = out / "plots"
     plots.mkdir(parents=True, exist_ok=True)
     figure = plot_general_vs_heldout(lambda m, b: held[m] if b == "heldout" else general[m], plots / "headline.png",
@@ -110,6 +118,14 @@ def write_headline(out: str | Path, seeds: int, model: str, *, task: str = "chai
 def problem_count(run_dir: Path, model: str, bench: str) -> int:
     """Problems of ``bench`` in ``model``'s evaluation."""
     return sum(1 for _ in read_records(run_dir / "eval" / model / bench / "samples.jsonl"))
+
+
+def problem_scores(run_dir: Path, model: str, bench: str) -> dict[str, float]:
+    """``model``'s pass@1 per problem of ``bench`` (the share of its samples graded correct), by problem id."""
+    samples: dict[str, list[bool]] = {}
+    for r in read_records(run_dir / "eval" / model / bench / "samples.jsonl"):
+        samples.setdefault(str(r["id"]), []).append(bool(r["correct"]))
+    return {i: sum(c) / len(c) for i, c in samples.items()}
 
 
 def greedy_answers(run_dir: Path, model: str, bench: str) -> dict[str, str]:

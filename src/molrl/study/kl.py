@@ -13,6 +13,7 @@ from typing import Sequence
 from molrl.demo.seeds import cell, mean_se
 from molrl.study.arms import StudyArms
 from molrl.study.metrics import RL_KL, Score, last_quarter_mean, logged, mol_late_mean
+from molrl.study.claims import CLAIMS
 from molrl.study.verdict import claim_line, closing_weight, verdict
 from molrl.plots import pyplot, save_figure
 
@@ -49,13 +50,12 @@ def dose_section(score: Score, run_dirs: Sequence[Path], plots: Path, arms: Stud
     for weight, run in doses.items():
         if weight == 0:
             continue
-        lines.append(claim_line(f"MoL's KL at weight {weight:g} keeps more general accuracy than no KL",
-                                score(run, "general"), score(zero, "general"), f"general, {weight:g} − 0"))
-        lines.append(claim_line(f"MoL's KL at weight {weight:g} costs held-out accuracy",
-                                score(zero, "heldout"), score(run, "heldout"), f"held-out, 0 − {weight:g}"))
+        lines.append(claim_line(CLAIMS["dose_keeps"].fill(weight=weight), score(run, "general"),
+                                score(zero, "general")))
+        lines.append(claim_line(CLAIMS["dose_costs"].fill(weight=weight), score(zero, "heldout"),
+                                score(run, "heldout")))
     top = max(doses)
-    lines += [claim_line(f"The weight works: at {top:g} the decisions stay closer to the base than at 0",
-                         kl[0.0], kl[top], f"decision KL, 0 − {top:g}"), ""]
+    lines += [claim_line(CLAIMS["dose_works"].fill(weight=top), kl[0.0], kl[top]), ""]
     points = [(f"{w:g}", score(run, "heldout"), score(run, "general")) for w, run in doses.items()]
     figure = plot_curve({"MoL by decision-KL weight": points}, plots / "kl_dose.png", kl)
     return lines + [f"![held-out against general by MoL's KL weight](plots/{figure.name})", ""]
@@ -85,8 +85,8 @@ def rl_kl_section(score: Score, run_dirs: Sequence[Path], plots: Path, arms: Stu
     verdicts, rows = rl_kl_verdicts(score, arms)
     points = [(f"{w:g}", score(run, "heldout"), score(run, "general")) for w, run in runs.items()]
     figure = plot_curve({f"GRPO from {start} by decision-KL weight": points}, plots / "rl_decision_kl.png")
-    return lines + ["", *verdicts, "", "The weight that closes the drop (its drop no longer holds, and its held-out "
-                    f"loss does not hold): **{closing_weight(rows)}**.", "",
+    return lines + ["", *verdicts, "", "The weight that closes the drop (its drop is under the smallest effect worth "
+                    f"reporting, and its held-out loss does not hold): **{closing_weight(rows)}**.", "",
                     f"![held-out against general by GRPO's decision-KL weight](plots/{figure.name})", ""]
 
 
@@ -98,14 +98,13 @@ def rl_kl_verdicts(score: Score, arms: StudyArms) -> tuple[list[str], list[tuple
     for weight, run in arms.rl_kl.items():
         drop = [b - a for b, a in zip(before, score(run, "general"))]
         loss = [a - b for a, b in zip(score(plain, "heldout"), score(run, "heldout"))]
-        rows.append((weight, verdict(drop), verdict(loss)))
-        lines.append(claim_line(f"GRPO at weight {weight:g} drops general accuracy from MoL's", before,
-                                score(run, "general"), f"general, {start} − run"))
+        drop_claim, loss_claim = CLAIMS["rl_drop"].fill(weight=weight, start=start), CLAIMS["rl_weight_costs"]
+        rows.append((weight, verdict(drop, drop_claim.min_effect), verdict(loss, loss_claim.min_effect)))
+        lines.append(claim_line(drop_claim, before, score(run, "general")))
         if weight > 0:
-            lines.append(claim_line(f"Weight {weight:g} keeps more general accuracy than GRPO without the term",
-                                    score(run, "general"), score(plain, "general"), f"general, {weight:g} − 0"))
-            lines.append(claim_line(f"Weight {weight:g} costs held-out accuracy", score(plain, "heldout"),
-                                    score(run, "heldout"), f"held-out, 0 − {weight:g}"))
+            lines.append(claim_line(CLAIMS["rl_weight_keeps"].fill(weight=weight), score(run, "general"),
+                                    score(plain, "general")))
+            lines.append(claim_line(loss_claim.fill(weight=weight), score(plain, "heldout"), score(run, "heldout")))
     return lines, rows
 
 

@@ -19,7 +19,8 @@ from molrl.study.arms import LOSSES, NO_REPLAY, StudyArms
 from molrl.study.kl import dose_section, rl_kl_section
 from molrl.study.metrics import Score, mol_late_mean, scorer
 from molrl.study.report import plot_general_vs_heldout, time_section
-from molrl.study.verdict import RULE, claim_line
+from molrl.study.claims import CLAIMS, is_primary
+from molrl.study.verdict import RULE, claim_line, primary_note
 from molrl.writes import write_text
 
 
@@ -36,6 +37,7 @@ def write_no_replay_report(run_dirs: Sequence[Path], out: Path, arms: StudyArms,
              "(*held-out*) and the general tasks (*general*, what the model kept); a cell is mean ± standard error "
              "over seeds (per-seed values in brackets).", "",
              "Verdicts compare paired per-seed differences d (the claim's side minus the other): " + RULE, ""]
+    claims_at = len(lines)
     lines += loss_section(score, run_dirs, arms)
     lines += rl_forgetting_section(score, arms)
     lines += ["Without replay, MoL at KL weight 0 is CE on the feedback tokens alone, the loss of "
@@ -49,6 +51,7 @@ def write_no_replay_report(run_dirs: Sequence[Path], out: Path, arms: StudyArms,
               "Means over seeds with standard-error bars; up and right is better, left of the base is forgetting.",
               "", f"![held-out against general per arm](plots/{figure.name})", ""]
     lines += time_section(run_dirs, wall_s)
+    lines[claims_at:claims_at] = [primary_note(lines), ""]
     report = out / "study_no_replay.md"
     write_text(report, "\n".join(lines))
     return report
@@ -79,16 +82,14 @@ def loss_section(score: Score, run_dirs: Sequence[Path], arms: StudyArms) -> lis
                      f"{cell([wrong_length(d, run) for d in run_dirs])} | {cell(kl[mode], 4)} |")
     lines.append("")
     for mode, run in runs.items():
-        lines.append(claim_line(f"{mode} without replay forgets", base, score(run, "general"),
-                                f"general, base − {run}"))
-    lines += [claim_line("CE forgets more than MoL", score(runs["mol"], "general"), score(runs["ce"], "general"),
-                         "general accuracy, mol − ce"),
-              claim_line("CE on feedback only forgets more than MoL", score(runs["mol"], "general"),
-                         score(runs["ce_feedback"], "general"), "general accuracy, mol − ce_feedback"),
-              claim_line("MoL learns more than CE on feedback only", score(runs["mol"], "heldout"),
-                         score(runs["ce_feedback"], "heldout"), "held-out accuracy, mol − ce_feedback"),
-              claim_line("CE moves the decisions further from the base than MoL", kl["ce"], kl["mol"],
-                         "decision KL, ce − mol"), ""]
+        lines.append(claim_line(CLAIMS["forgets_alone"].fill(mode=mode, run=run), base, score(run, "general")))
+    lines += [claim_line(CLAIMS["ce_forgets_alone"], score(runs["mol"], "general"), score(runs["ce"], "general"),
+                         primary=is_primary("study_no_replay.md", "ce_forgets_alone")),
+              claim_line(CLAIMS["ce_feedback_forgets_alone"], score(runs["mol"], "general"),
+                         score(runs["ce_feedback"], "general")),
+              claim_line(CLAIMS["mol_over_ce_feedback_alone"], score(runs["mol"], "heldout"),
+                         score(runs["ce_feedback"], "heldout")),
+              claim_line(CLAIMS["ce_moves_decisions_alone"], kl["ce"], kl["mol"]), ""]
     return lines
 
 
@@ -126,7 +127,7 @@ def rl_forgetting_section(score: Score, arms: StudyArms) -> list[str]:
             f"{arms.rl_adapter_mode}`, no decision KL; `rl.beta` as the pipeline's).", "",
             "| model | held-out | general |", "|---|---|---|",
             *(f"| `{m}` | {cell(score(m, 'heldout'))} | {cell(score(m, 'general'))} |" for m in ("base", start, plain)),
-            "", claim_line("RL from MoL forgets", score(start, "general"), score(plain, "general"),
-                           f"general, {start} − {plain}"),
-            claim_line("RL from MoL learns the rule problems", score(plain, "heldout"), score(start, "heldout"),
-                       f"held-out, {plain} − {start}"), ""]
+            "", claim_line(CLAIMS["rl_forgets_alone"].fill(start=start, run=plain), score(start, "general"),
+                           score(plain, "general")),
+            claim_line(CLAIMS["rl_learns_alone"].fill(start=start, run=plain), score(plain, "heldout"),
+                       score(start, "heldout")), ""]

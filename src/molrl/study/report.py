@@ -18,7 +18,8 @@ from molrl.demo.seeds import cell, mean_se, seed_summary
 from molrl.study.arms import CODE, DIGIT, LOSSES, SOURCES, StudyArms
 from molrl.study.kl import dose_section, rl_kl_section
 from molrl.study.metrics import KL, Score, late_mean, last_value, mol_late_mean, scorer, summed_series
-from molrl.study.verdict import RULE, claim_line
+from molrl.study.claims import CLAIMS, is_primary
+from molrl.study.verdict import RULE, claim_line, primary_note
 from molrl.pipeline import PipelineConfig
 from molrl.plots import metric_series, pyplot, save_figure
 from molrl.report import read_metrics, stage_times
@@ -45,6 +46,7 @@ def write_study_report(run_dirs: Sequence[Path], out: Path, arms: StudyArms = DI
              "general replay traces are interleaved at one per three domain traces and do not count "
              "towards it.", "",
              "Verdicts compare paired per-seed differences d (the claim's side minus the other): " + RULE, ""]
+    claims_at = len(lines)
     lines += forgetting_section(score, run_dirs, plots)
     lines += epochs_section(score, run_dirs, arms)
     lines += algorithm_section(score, run_dirs, plots, arms)
@@ -57,6 +59,7 @@ def write_study_report(run_dirs: Sequence[Path], out: Path, arms: StudyArms = DI
     lines += ["## General vs held-out accuracy per model", "", f"![general vs held-out](plots/{figure.name})", ""]
     lines += time_section(run_dirs, wall_s)
     lines += [seed_summary(run_dirs)]
+    lines[claims_at:claims_at] = [primary_note(lines), ""]
     report = out / "study.md"
     write_text(report, "\n".join(lines))
     return report
@@ -112,13 +115,11 @@ def forgetting_section(score: Score, run_dirs: Sequence[Path], plots: Path) -> l
             run = mode + suffix
             lines.append(f"| {source} | {mode} | {cell(score(run, 'heldout'))} | {cell(score(run, 'general'))} | "
                          f"{cell(kl[mode], 4)} |")
-        verdicts.append(claim_line(f"CE forgets more than MoL ({source} traces)", score("mol" + suffix, "general"),
-                                   score("ce" + suffix, "general"), "general accuracy, mol − ce"))
-        verdicts.append(claim_line(f"MoL learns more than CE on feedback only ({source} traces)",
-                                   score("mol" + suffix, "heldout"), score("ce_feedback" + suffix, "heldout"),
-                                   "held-out accuracy, mol − ce_feedback"))
-        verdicts.append(claim_line(f"CE moves the decisions further from the base than MoL ({source} traces)",
-                                   kl["ce"], kl["mol"], "decision KL, ce − mol"))
+        verdicts.append(claim_line(CLAIMS["ce_forgets"].fill(source=source), score("mol" + suffix, "general"),
+                                   score("ce" + suffix, "general")))
+        verdicts.append(claim_line(CLAIMS["mol_over_ce_feedback"].fill(source=source),
+                                   score("mol" + suffix, "heldout"), score("ce_feedback" + suffix, "heldout")))
+        verdicts.append(claim_line(CLAIMS["ce_moves_decisions"].fill(source=source), kl["ce"], kl["mol"]))
     lines += ["", *verdicts, ""]
     figure = plot_kl(run_dirs, plots / "decision_kl.png")
     if figure is not None:
@@ -140,8 +141,9 @@ def epochs_section(score: Score, run_dirs: Sequence[Path], arms: StudyArms) -> l
     lines.append("")
     for label, start in list(arms.epochs.items())[1:]:
         length = mol_length(run_dirs, start, label).replace(" (", " epochs (", 1)
-        lines.append(claim_line(f"MoL before GRPO helps ({length} vs none)", score(start + "+grpo", "heldout"), base,
-                                f"held-out after GRPO, {label} − 0"))
+        lines.append(claim_line(CLAIMS["mol_before_grpo"].fill(length=length, label=label),
+                                score(start + "+grpo", "heldout"), base,
+                                primary=is_primary("study.md", "mol_before_grpo", label=label)))
     return lines + [""]
 
 
@@ -166,10 +168,9 @@ def algorithm_section(score: Score, run_dirs: Sequence[Path], plots: Path, arms:
     for alg, run in runs.items():
         lines.append(f"| {alg} | {cell(score(run, 'heldout'))} | {cell(score(run, 'general'))} | "
                      f"{cell(lengths[alg], 1)} |")
-    lines += ["", claim_line("Dr.GRPO writes shorter completions", lengths["grpo"], lengths["dr_grpo"],
-                             "tokens, grpo − dr_grpo"),
-              claim_line("Dr.GRPO loses held-out accuracy against GRPO", score(runs["grpo"], "heldout"),
-                         score(runs["dr_grpo"], "heldout"), "held-out, grpo − dr_grpo"), ""]
+    lines += ["", claim_line(CLAIMS["dr_grpo_shorter"], lengths["grpo"], lengths["dr_grpo"]),
+              claim_line(CLAIMS["dr_grpo_loses"], score(runs["grpo"], "heldout"), score(runs["dr_grpo"], "heldout")),
+              ""]
     figure = plot_lengths(run_dirs, runs, plots / "completion_length.png")
     if figure is not None:
         lines += [f"![completion length per step](plots/{figure.name})", ""]
@@ -211,10 +212,9 @@ def reward_section(score: Score, run_dirs: Sequence[Path], plots: Path, arms: St
                      f"{cell(broken)} |")
     lines.append("")
     for mode, run in arms.rewards.items():
-        lines.append(claim_line(f"GRPO with the {mode} reward learns the code-answer problems", score(run, CODE),
-                                before, f"code after − before, {mode}"))
-    lines += [claim_line("The staged reward learns more than the binary one", score(arms.rewards["staged"], CODE),
-                         score(arms.rewards["binary"], CODE), "code after GRPO, staged − binary"), ""]
+        lines.append(claim_line(CLAIMS["reward_learns"].fill(mode=mode), score(run, CODE), before))
+    lines += [claim_line(CLAIMS["staged_over_binary"], score(arms.rewards["staged"], CODE),
+                         score(arms.rewards["binary"], CODE)), ""]
     figure = plot_reward_stages(run_dirs, plots / "code_reward_stages.png", arms.rewards)
     if figure is not None:
         lines += [f"![code reward stages per step](plots/{figure.name})", ""]
