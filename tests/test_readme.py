@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from molrl.cli import main
+from molrl.traces.schema import read_traces
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -55,9 +56,10 @@ def test_readme_real_run_block_runs_as_written(shared_data, tmp_path, monkeypatc
                          "aime24.jsonl": "aime24/test.jsonl", "aime25.jsonl": "aime25/test.jsonl",
                          "HumanEval.jsonl.gz": "humaneval/HumanEval.jsonl.gz"}.items():
         first_lines(shared_data / source, tmp_path / "data" / name, 3)
-    # MBPP: RL trains on its train split (tasks 601-974) and eval scores its test split (11-510)
+    # MBPP: RL trains on its train split (tasks 601-974) and eval scores its test split (11-510), task 16 among them:
+    # MINT's first MBPP trace is on it (its task 0), so the filter leaves that trace out
     mbpp = (shared_data / "mbpp/mbpp.jsonl").read_text().splitlines(keepends=True)
-    (tmp_path / "data/mbpp.jsonl").write_text("".join(mbpp[10:13] + mbpp[600:603]))
+    (tmp_path / "data/mbpp.jsonl").write_text("".join(mbpp[10:13] + mbpp[15:16] + mbpp[600:603]))
     (tmp_path / "configs").symlink_to(REPO / "configs")
     monkeypatch.chdir(tmp_path)
 
@@ -71,6 +73,8 @@ def test_readme_real_run_block_runs_as_written(shared_data, tmp_path, monkeypatc
         assert main([*argv, *SHRINK.get(argv[0], [])]) == 0, argv
 
     assert (tmp_path / "mask.html").is_file() and (tmp_path / "traces.jsonl").stat().st_size > 0
+    trained = [t.meta["task_id"] for _, t in read_traces(tmp_path / "traces.jsonl")]
+    assert 0 not in trained and trained  # MINT's task 0 is MBPP 16, a test task eval scores
     assert (tmp_path / "runs/rl_qwen3_8b/adapter/adapter_config.json").is_file()
     assert (tmp_path / "runs/eval/results.json").is_file()
 

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from molrl.traces import Trace, read_traces, tokenize_trace, write_traces
+from molrl.tasks.index import problem_parts
 from molrl.traces.importers import OpenAIOptions, import_file, mint_file_info, openai_record_to_trace
 from molrl.traces.schema import TraceError
 from molrl.traces.stats import file_stats
@@ -79,6 +80,7 @@ def test_mint_meta(mint_dir):
         "reference": raw["task"]["reference"], "success": raw["state"]["success"],
         "terminate_reason": raw["state"]["terminate_reason"],
         "model": "gpt-4-0613", "feedback_model": None, "dataset": "humaneval",
+        "task_key": problem_parts(raw["task"]["prompt"]).key,  # the task's content key (molrl.tasks.index)
     }
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from molrl.cli import main
+from molrl.tasks.index import content_key
 from molrl.traces import read_traces, tokenize_trace, write_traces
 from molrl.traces.importers import import_file
 from molrl.traces.schema import TraceError
@@ -76,12 +77,14 @@ def test_meta_of_a_corpus_row_and_an_inference_row():
     raw_corpus = json.loads(CORPUS.read_text().splitlines()[0])
     corpus = import_file(CORPUS, "tora").traces[0][1]
     assert corpus.meta == {"source": "tora", "kind": "domain", "task_id": "math-train-1149-0", "reference": "2",
-                           "dataset": "tora-corpus-math", "level": "Level 5", "gt_cot": raw_corpus["gt_cot"]}
+                           "dataset": "tora-corpus-math", "level": "Level 5", "gt_cot": raw_corpus["gt_cot"],
+                           "task_key": content_key(raw_corpus["messages"][0]["content"])}
     raw_output = json.loads(OUTPUTS.read_text().splitlines()[0])
     output = import_file(OUTPUTS, "tora").traces[0][1]
     assert output.messages[0] == {"role": "user", "content": raw_output["question"]}
     assert output.meta == {"source": "tora", "kind": "domain", "task_id": 0, "sample": 0, "reference": "18",
-                           "pred": "18", "report": None, "gt_cot": raw_output["gt_cot"]}
+                           "pred": "18", "report": None, "gt_cot": raw_output["gt_cot"],
+                           "task_key": content_key(raw_output["question"])}
 
 
 def test_each_completion_of_an_inference_row_is_a_trace_with_its_score():

@@ -21,6 +21,7 @@ from typing import Any, Iterator
 import torch
 
 from molrl.errors import MolrlError
+from molrl.input_checks import looks_like_path
 
 log = logging.getLogger(__name__)
 
@@ -98,11 +99,6 @@ def load_model_and_tokenizer(name_or_path: str, **kwargs: Any) -> tuple[Any, Any
 def default_device() -> str:
     """``cuda`` when a GPU is visible, else ``cpu``."""
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def looks_like_path(name: str) -> bool:
-    """Whether a model name can only be a folder: ``/x``, ``./x``, ``~/x``, ``a/b/c``, ``x/`` (not ``org/name``)."""
-    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or name.endswith("/") or "\\" in name
 
 
 def check_model_folder(name_or_path: str) -> None:

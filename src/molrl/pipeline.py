@@ -86,6 +86,9 @@ class PipelineConfig:
     """Existing trace files for MoL (added to collected traces; used alone when collect is skipped)."""
     general_traces: list[str] = field(default_factory=list)
     """Trace files tagged general (replay data: KL on all their tokens in MoL)."""
+    exclude_eval_tasks: bool = True
+    """Leave out of every MoL run the traces whose task is a test task eval scores (eval.data's benchmark files, by
+    content: MoL's ``data.exclude_benchmarks``)."""
     collect: dict[str, Any] = field(default_factory=dict)
     """CollectConfig settings (model and output_dir are set by the pipeline; data.path too when the tasks are held in
     memory)."""
@@ -218,7 +221,26 @@ def mol_config(cfg: PipelineConfig, run: MolRun, traces: Sequence[str], out: Pat
 
     fixed = {"model": {"path": cfg.model}, "output_dir": str(out / "mol" / run.name),
              "data": {"traces": [*traces, *cfg.general_traces]}}
+    own = (cfg.mol.get("data") or {}).get("exclude_benchmarks") or {}
+    excluded = {name: path for name, path in eval_benchmark_files(cfg).items() if name not in own}
+    if excluded:
+        fixed["data"]["exclude_benchmarks"] = excluded
     return stage_config(MolConfig, cfg.mol, fixed, run.overrides, f"mol_runs.{run.name}")
+
+
+def eval_benchmark_files(cfg: PipelineConfig) -> dict[str, str]:
+    """The local files of the benchmarks eval scores (molrl's own names), which MoL's traces leave out; none unless
+    ``exclude_eval_tasks``."""
+    from molrl.tasks.index import FORMATS
+
+    if not cfg.exclude_eval_tasks:
+        return {}
+    files = {}
+    for name, source in (cfg.eval.get("data") or {}).items():
+        path = source.get("path") if isinstance(source, dict) else source
+        if name in FORMATS and path and not str(path).startswith("hub:"):
+            files[name] = str(path)  # MoL names a missing one before it loads the model
+    return files
 
 
 def rl_config(cfg: PipelineConfig, run: RlRun, out: Path) -> Any:

@@ -37,6 +37,7 @@ from molrl.sampling import SamplingConfig
 from molrl.tasks import Task
 from molrl.tasks.grade import grade
 from molrl.tasks.held_out import episode_tasks, shows_tests
+from molrl.tasks.index import task_tags
 from molrl.traces.schema import Trace, TraceError
 from molrl.traces.spans import chat_prompt, encode_chat
 
@@ -114,6 +115,7 @@ class Episode:
             "cut_chars": {str(i): n for i, n in self.cut_chars.items()},
             "dropped_turn": self.dropped_turn,
             "generation": settings,
+            **task_tags(self.task),
         }
         return Trace(messages=[dict(m) for m in self.messages], meta=meta)
 

@@ -40,12 +40,14 @@ FLAGS = {
 def handle(args: argparse.Namespace) -> int:
     from molrl.collect.config import CollectConfig
     from molrl.config import describe, load_config
+    from molrl.input_checks import check_inputs
 
     if args.describe:
         print("\n".join(describe(CollectConfig)))
         return 0
     overrides = [f"{key}={getattr(args, attr)}" for attr, key in FLAGS.items() if getattr(args, attr) is not None]
     cfg = load_config(CollectConfig, args.config, overrides + list(args.overrides))
+    check_inputs("collect", cfg)
     from molrl.collect.run import run_collect  # torch loads only now: a config error is reported before it
 
     run_collect(cfg)

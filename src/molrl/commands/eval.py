@@ -55,6 +55,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.overrides[:1] == ["compare"]:
         return compare(args.overrides[1:], args.out, args.metric)
     from molrl.config import describe, load_config
+    from molrl.input_checks import check_inputs
     from molrl.eval.config import EvalConfig
 
     if args.describe:
@@ -69,6 +70,7 @@ def handle(args: argparse.Namespace) -> int:
                              "use --predictions NAME=PATH for each of several")
         overrides.append(f"predictions.{cfg.benchmarks[0]}={bare[0]}")
     cfg = load_config(EvalConfig, args.config, overrides + list(args.overrides))
+    check_inputs("eval", cfg)
     from molrl.eval.run import run_eval  # torch loads only now: a config error is reported before it
 
     out = run_eval(cfg)

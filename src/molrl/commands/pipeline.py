@@ -27,6 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     from molrl.config import describe
+    from molrl.input_checks import check_inputs
     from molrl.pipeline import PipelineConfig, load_pipeline_config, run_pipeline
 
     if args.describe:
@@ -38,6 +39,7 @@ def handle(args: argparse.Namespace) -> int:
         print(write_report(args.report))
         return 0
     cfg = load_pipeline_config(args.config, args.overrides)
+    check_inputs("pipeline", cfg)
     out = run_pipeline(cfg)
     print(out / "report.md")
     return 0

@@ -1,9 +1,14 @@
 """``molrl traces``: convert, inspect and filter multi-turn traces.
 
   molrl traces convert --from mint|openai|tora IN OUT [--rejects FILE] [--strict] [--strip-example]
-  molrl traces stats FILE... --tokenizer PATH
+                       [--benchmarks NAME=PATH,...]
+  molrl traces stats FILE... --tokenizer PATH [--benchmarks NAME=PATH,...]
   molrl traces show FILE --tokenizer PATH [--index N] [--html OUT]
   molrl traces filter IN OUT [--success-only] [--min-feedback-turns N] [--kind domain|general]
+                       [--exclude-benchmarks NAME=PATH,...]
+
+``--benchmarks`` and ``--exclude-benchmarks`` name benchmark files (mbpp, humaneval, math500, aime24, aime25)
+that traces are matched against by their task's content (``molrl.tasks.index``), whatever ids they carry.
 
 IN may be a file or a directory of ``*.jsonl`` files. Bad records are counted, listed and written
 to a rejects file (default ``OUT.rejects.jsonl``), never dropped silently; ``--strict`` stops
@@ -51,12 +56,14 @@ def register(subparsers: Any) -> None:
                    help="openai: discard this message key, e.g. name (repeatable)")
     p.add_argument("--strip-example", action="store_true",
                    help="mint: remove MINT's in-context example (a solved task) from each prompt")
+    _add_benchmark_arg(p, "--benchmarks", "tag each trace with the benchmark task it is (meta.benchmark_task)")
     p.set_defaults(func=run_convert)
 
     p = sub.add_parser("stats", help="per-file counts of traces, turns and tokens by role")
     p.add_argument("files", type=Path, nargs="+", metavar="FILE", help="trace files")
     _add_tokenize_args(p)
     p.add_argument("--json", type=Path, default=None, metavar="OUT", help="also write the counts as JSON")
+    _add_benchmark_arg(p, "--benchmarks", "also count the traces (and tasks) of each benchmark and split")
     p.set_defaults(func=run_stats)
 
     p = sub.add_parser("show", help="print a trace with every token coloured by role")
@@ -72,8 +79,22 @@ def register(subparsers: Any) -> None:
     p.add_argument("--success-only", action="store_true", help="keep only traces with meta.success true")
     p.add_argument("--min-feedback-turns", type=natural, default=0, metavar="N", help="keep traces with >= N tool messages")
     p.add_argument("--kind", choices=["domain", "general"], default=None, help="keep only this meta.kind")
+    _add_benchmark_arg(p, "--exclude-benchmarks", "drop the traces whose task is one of these benchmarks' test tasks "
+                                                 "(the ones eval scores)")
     _add_reject_args(p)
     p.set_defaults(func=run_filter)
+
+
+def _add_benchmark_arg(p: argparse.ArgumentParser, flag: str, what: str) -> None:
+    p.add_argument(flag, default=None, metavar="NAME=PATH,...",
+                   help=f"benchmark files, e.g. mbpp=data/mbpp.jsonl,humaneval=data/HumanEval.jsonl.gz: {what}")
+
+
+def benchmark_index(spec: str | None, flag: str) -> Any:
+    """The ``BenchmarkIndex`` of a ``NAME=PATH,...`` option, None when it is not given."""
+    from molrl.tasks.index import BenchmarkIndex, parse_benchmarks
+
+    return BenchmarkIndex.from_files(parse_benchmarks(spec, flag)) if spec is not None else None
 
 
 def _add_reject_args(p: argparse.ArgumentParser) -> None:
@@ -159,13 +180,16 @@ def run_convert(args: argparse.Namespace) -> int:
                          "drop the flag")
     options = OpenAIOptions(role_map=_parse_role_map(args.map_role), drop_keys=tuple(args.drop_key))
     files = input_files(args.input)
+    index = benchmark_index(args.benchmarks, "--benchmarks")
     table = Table(title=f"traces convert --from {args.fmt}")
     table.add_column("file", overflow="fold")
     table.add_column("converted")
     table.add_column("rejected")
+    if index is not None:
+        table.add_column("benchmark tasks (traces)")
     rejects = []
     for path in files:
-        result = import_file(path, args.fmt, options, strip_example=args.strip_example)
+        result = import_file(path, args.fmt, options, strip_example=args.strip_example, index=index)
         if args.strict and result.rejects:
             raise rejects_error(result.rejects)  # every bad record of the file, one line each
         if result.rejects and not result.traces:  # nothing to write: most likely a file in another format
@@ -175,11 +199,26 @@ def run_convert(args: argparse.Namespace) -> int:
                              f"line {line}: {reason}")
         target = args.output / path.name if args.input.is_dir() else args.output
         write_traces(target, (t for _, t in result.traces))
-        table.add_row(path.name, str(len(result.traces)), str(len(result.rejects)))
+        matched = [] if index is None else [_matched_label(t.meta) for _, t in result.traces]
+        table.add_row(path.name, str(len(result.traces)), str(len(result.rejects)),
+                      *([_label_counts(matched)] if index is not None else []))
         rejects += result.rejects
     Console().print(table)
     _report_rejects(rejects, args.output, args.rejects)
     return 0
+
+
+def _matched_label(meta: dict[str, Any]) -> str | None:
+    found = meta.get("benchmark_task")
+    return f"{found['benchmark']}/{found['split']}" if found else None
+
+
+def _label_counts(labels: list[str | None]) -> str:
+    """``mbpp/test 91, humaneval/test 45`` of the matched labels; ``none`` when there are none."""
+    from collections import Counter
+
+    counts = Counter(label for label in labels if label)
+    return ", ".join(f"{label} {n}" for label, n in sorted(counts.items())) or "none"
 
 
 def _parse_role_map(items: list[str]) -> dict[str, str]:
@@ -204,6 +243,12 @@ def run_stats(args: argparse.Namespace) -> int:
     cfg = _tokenize_config(args)
     stats = [file_stats(p, tokenizer, cfg) for f in args.files for p in input_files(f)]
     Console(width=200).print(stats_table(stats, args.tokenizer))
+    index = benchmark_index(args.benchmarks, "--benchmarks")
+    if index is not None:
+        from molrl.traces.stats import benchmark_overlap
+
+        overlaps = [benchmark_overlap(p, index) for f in args.files for p in input_files(f)]
+        Console(width=200).print(overlap_table(overlaps, index.names))
     _report_rejects(total(stats).reject_reasons, None, None)
     if args.json:
         args.json.write_text(json.dumps([s.to_dict() for s in stats + [total(stats)]], indent=1))
@@ -223,6 +268,22 @@ def stats_table(stats: list, tokenizer_name: str):
         table.add_row(Path(s.path).name, *(str(v) for v in (
             s.traces, s.rejects, s.turns, s.feedback_turns, s.no_feedback, s.successes, s.tokens,
             s.decision_tokens, s.feedback_tokens, s.prompt_tokens, s.template_tokens, s.max_tokens)))
+    return table
+
+
+def overlap_table(overlaps: list, benchmarks: list[str]):
+    """The rich table of traces (distinct tasks) per file and benchmark split, with a total row."""
+    from rich.table import Table
+
+    from molrl.traces.stats import overlap_total
+
+    labels = sorted({label for o in overlaps for label in o.traces})
+    table = Table("file", "traces", *labels, "no benchmark task",
+                  title=f"traces (distinct tasks) per benchmark split of {', '.join(benchmarks)}")
+    for o in overlaps + [overlap_total(overlaps)]:
+        table.add_row(Path(o.path).name, str(o.total),
+                      *(f"{o.traces.get(label, 0)} ({len(o.tasks.get(label, ()))})" for label in labels),
+                      str(o.total - sum(o.traces.values())))
     return table
 
 
@@ -267,11 +328,19 @@ def run_filter(args: argparse.Namespace) -> int:
 
     from molrl.traces.schema import read_traces, write_traces
 
-    kept, removed, rejects = [], Counter(), []
+    from molrl.tasks.index import EVAL_SPLIT, overlap_line
+
+    index = benchmark_index(args.exclude_benchmarks, "--exclude-benchmarks")
+    kept, removed, rejects, eval_tasks, seen = [], Counter(), [], Counter(), 0
     for path in input_files(args.input):
         reader = read_traces(path, strict=args.strict)
         for _line, trace in reader:
+            seen += 1
             reason = _filter_reason(trace, args)
+            match = index.match_trace(trace.messages, trace.meta) if index is not None and not reason else None
+            if match is not None and match.split == EVAL_SPLIT:
+                reason = "eval test tasks"
+                eval_tasks[f"{match.benchmark}/{match.split}"] += 1
             if reason:
                 removed[reason] += 1
             else:
@@ -280,6 +349,9 @@ def run_filter(args: argparse.Namespace) -> int:
     write_traces(args.output, kept)
     summary = ", ".join(f"{n} {why}" for why, n in removed.items()) or "none"
     log.info("kept %d traces in %s; filtered out: %s", len(kept), args.output, summary)
+    if index is not None:
+        log.info("%s", overlap_line(eval_tasks, seen - sum(n for why, n in removed.items() if why != "eval test tasks"),
+                                    "--exclude-benchmarks"))
     _report_rejects(rejects, args.output, args.rejects)
     return 0
 

@@ -48,6 +48,9 @@ class DataConfig:
     """Longest tokenised trace kept; longer traces are truncated (the count is logged)."""
     domain_general_ratio: list[Annotated[int, Range(0, 1_000_000)]] = field(default_factory=lambda: [1, 1])
     """Domain:general examples per batch stream when general-tagged traces exist."""
+    exclude_benchmarks: dict[str, str] = field(default_factory=dict)
+    """Benchmark files (name: path, e.g. mbpp: data/mbpp.jsonl) whose test tasks, the ones eval scores, are left out
+    of the traces, recognised by content (``molrl.tasks.index``)."""
 
 
 @dataclass

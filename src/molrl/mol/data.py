@@ -11,11 +11,13 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
 from molrl.errors import MolrlError
+from molrl.tasks.index import BENCHMARK_TASK, EVAL_SPLIT, overlap_line, trace_task_key
 
 log = logging.getLogger(__name__)
 _SHOWN_CUTS = 5  # cuts at max_length logged one by one; the rest are counted
@@ -50,9 +52,14 @@ class DataStats:
     """Decision tokens of domain traces that carry a loss (the KL term's tokens)."""
     files: list[str] = field(default_factory=list)
     """Trace files read."""
-    benchmark_tasks: list[tuple[str, str, str]] = field(default_factory=list)
-    """(benchmark, split, task id) of the benchmark tasks the domain traces were collected on (``molrl collect``
-    records them), for the run's trained_on.json."""
+    benchmark_tasks: list[tuple[str, str, str, str]] = field(default_factory=list)
+    """(benchmark, split, task id, content key) of the benchmark tasks the domain traces were made on: their
+    ``meta["benchmark_task"]`` (``molrl.tasks.index``; an importer given the benchmark files, ``molrl collect``), or
+    the benchmark tasks ``data.exclude_benchmarks`` recognised and kept, for the run's provenance."""
+    task_keys: list[str] = field(default_factory=list)
+    """The content key of every domain trace's task (``molrl.tasks.index.trace_task_key``), sorted, each once."""
+    excluded: dict[str, int] = field(default_factory=dict)
+    """Per ``benchmark/split``: domain traces left out as eval test tasks (``data.exclude_benchmarks``)."""
     cut_fix: str = ""
     """How to keep more of the traces under data.max_length (what fits these traces' source)."""
 
@@ -67,8 +74,12 @@ def example_from_tokenized(tok: Any, max_length: int) -> dict[str, Any]:
     }
 
 
-def load_examples(paths: Sequence[str], tokenizer: Any, max_length: int, enable_thinking: bool = True):
+def load_examples(paths: Sequence[str], tokenizer: Any, max_length: int, enable_thinking: bool = True,
+                  exclude_benchmarks: Mapping[str, str] | None = None):
     """Read and tokenise every trace in ``paths``; returns (examples, DataStats).
+
+    With ``exclude_benchmarks`` (name -> benchmark file, ``data.exclude_benchmarks``), domain traces whose task is
+    one of those benchmarks' test tasks (the split eval scores), recognised by content, are left out, in one line.
 
     Every malformed record and every trace the tokenizer cannot label is listed, one line each with
     its file and line, in the one error raised once all files are read. Traces without feedback or
@@ -92,6 +103,11 @@ def load_examples(paths: Sequence[str], tokenizer: Any, max_length: int, enable_
     examples, stats = [], DataStats(files=[str(p) for p in paths], max_length=max_length)
     readers = [read_traces(path) for path in paths]
     files = [(reader.path, list(reader)) for reader in readers]  # every file read before any is tokenised
+    index = _exclusion_index(exclude_benchmarks)
+    if index is not None:
+        files = [(path, _without_eval_tasks(traces, index, stats)) for path, traces in files]
+        total = sum(len(t) for _, t in files) + sum(stats.excluded.values())
+        log.info("%s", overlap_line(stats.excluded, total, "data.exclude_benchmarks"))
     rejects: list[Reject] = [r for reader in readers for r in reader.rejects]
     for path, traces in files:
         start, cut_before = len(examples), (stats.cut_to_nothing, stats.cut_feedback)
@@ -114,6 +130,7 @@ def load_examples(paths: Sequence[str], tokenizer: Any, max_length: int, enable_
     if rejects:
         order = {str(path): i for i, path in enumerate(paths)}
         raise rejects_error(sorted(rejects, key=lambda r: (order.get(r.path, 0), r.line)))
+    stats.task_keys = sorted(set(stats.task_keys))
     stats.cut_fix = _cut_fix(t for _, ts in files for _, t in ts)
     if stats.truncated > _SHOWN_CUTS:
         log.warning("... %d more traces cut at max_length %d (data_stats.json counts them)",
@@ -161,6 +178,36 @@ def _cut_fix(traces: Iterator[Any]) -> str:
     return "Raise data.max_length, or shorten the prompts"
 
 
+def _exclusion_index(files: Mapping[str, str] | None) -> Any:
+    """The index of ``data.exclude_benchmarks``' files, None when it names none."""
+    from molrl.tasks.index import BenchmarkIndex
+
+    if not files:
+        return None
+    for name, path in files.items():
+        if not Path(path).is_file():
+            raise MolrlError(f"data.exclude_benchmarks.{name}={path}: no such file; give the {name} file eval scores "
+                             f"(a pipeline takes it from eval.data.{name}), or drop {name} from "
+                             "data.exclude_benchmarks (a pipeline: exclude_eval_tasks=false)")
+    return BenchmarkIndex.from_files(files)
+
+
+def _without_eval_tasks(traces: list[tuple[int, Any]], index: Any, stats: DataStats) -> list[tuple[int, Any]]:
+    """The traces of one file less the domain traces whose task eval scores; counts them in ``stats.excluded``.
+    A kept trace that ``index`` recognises is tagged with its benchmark task (provenance records it)."""
+    kept = []
+    for line_no, trace in traces:
+        match = None if trace.kind == "general" else index.match_trace(trace.messages, trace.meta)
+        if match is not None and match.split == EVAL_SPLIT:
+            label = f"{match.benchmark}/{match.split}"
+            stats.excluded[label] = stats.excluded.get(label, 0) + 1
+            continue
+        if match is not None:
+            trace.meta.setdefault(BENCHMARK_TASK, match.to_meta())
+        kept.append((line_no, trace))
+    return kept
+
+
 def check_feedback(stats: DataStats, mode: str) -> None:
     """Refuse to train when no domain trace holds a feedback token and the loss mode learns from feedback.
 
@@ -189,8 +236,12 @@ def _count(stats: DataStats, ex: dict[str, Any], trace: Any, truncated: bool) ->
     if ex["is_general"]:
         stats.general += 1
         return
-    entry = (trace.meta.get("benchmark"), trace.meta.get("task_split"), trace.meta.get("task_id"))
-    if None not in entry and entry not in stats.benchmark_tasks:
+    key = trace_task_key(trace.messages, trace.meta)
+    stats.task_keys.append(key)
+    found = trace.meta.get(BENCHMARK_TASK) or {}
+    entry = (found.get("benchmark", trace.meta.get("benchmark")), found.get("split", trace.meta.get("task_split")),
+             found.get("id", trace.meta.get("task_id")), found.get("key", key))
+    if None not in entry[:3] and entry not in stats.benchmark_tasks:
         stats.benchmark_tasks.append(entry)
     # Position 0 is never predicted, so a mask set only there carries nothing.
     has_feedback, has_decision = any(ex["feedback_mask"][1:]), any(ex["decision_mask"][1:])

@@ -54,9 +54,10 @@ def _train(cfg: MolConfig, out: Path) -> None:
 
     save_run_config("mol", cfg, out / "config.yaml")
     tokenizer = load_tokenizer(cfg.model.path)
-    examples, stats = load_examples(cfg.data.traces, tokenizer, cfg.data.max_length, cfg.thinking)
+    examples, stats = load_examples(cfg.data.traces, tokenizer, cfg.data.max_length, cfg.thinking,
+                                    cfg.data.exclude_benchmarks)
     write_text(out / "data_stats.json", json.dumps(dataclasses.asdict(stats), indent=2))
-    write_trained_on(out, stats.benchmark_tasks)  # the benchmark tasks its traces came from: eval will not score them
+    write_trained_on(out, [entry[:3] for entry in stats.benchmark_tasks])  # the benchmark tasks its traces came from: eval will not score them
     log.info("%d traces (%d general), %d tokens; %d without decision tokens, %d without feedback tokens, "
              "%d truncated to %d tokens", stats.traces, stats.general, stats.tokens, stats.without_decision,
              stats.without_feedback, stats.truncated, cfg.data.max_length)

@@ -10,7 +10,8 @@ tests are shown and that holds none back) and prompts longer than the limit are 
 task id, and counted in the returned summary.
 
 A benchmark file gives its training split unless ``split`` names another (``molrl.tasks.splits``); a run whose
-tasks lie in a test split says so in one line.
+tasks lie in a test split says so in one line. The summary holds the content key of every kept task and the
+benchmark tasks among them (``molrl.tasks.index``), for the run's provenance.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from molrl.tasks.held_out import episode_tasks, prompt_lists_tests, split_reason
+from molrl.tasks.index import BENCHMARK_TASK, TASK_KEY, task_tags
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION, render_prompt, user_message
 from molrl.traces.spans import encode_chat
 from molrl.task_types import Task
@@ -41,6 +43,10 @@ class PromptSummary:
     """Ids of tasks whose rendered prompt exceeded max_prompt_length tokens."""
     longest_prompt_tokens: int = 0
     """Token length of the longest kept prompt."""
+    task_keys: list[str] = field(default_factory=list)
+    """The content key of every kept task (``molrl.tasks.index``), sorted, each once: what the run trains on."""
+    benchmark_tasks: list[tuple[str, str | None, str, str]] = field(default_factory=list)
+    """(benchmark, split, task id, content key) of the kept tasks a benchmark loader read, for the run's provenance."""
 
 
 def unscorable_reason(task: Task) -> str | None:
@@ -50,6 +56,15 @@ def unscorable_reason(task: Task) -> str | None:
     if task.kind == "math" and not (task.answer or "").strip():
         return "math task has no answer; add the gold final answer to the record"
     return None
+
+
+def _record(summary: PromptSummary, task: Task) -> None:
+    """Count ``task``'s content key, and the benchmark task it is, in ``summary``."""
+    tags = task_tags(task)
+    summary.task_keys.append(tags[TASK_KEY])
+    found = tags.get(BENCHMARK_TASK)
+    if found:
+        summary.benchmark_tasks.append((found["benchmark"], found["split"], found["id"], found["key"]))
 
 
 def build_prompt_rows(
@@ -79,7 +94,9 @@ def build_prompt_rows(
         episode, graded, _ = episode_tasks(task, hold_back_tests)
         rows.append({"prompt": prompt, "prompt_ids": prompt_ids, "task_json": graded.to_json(),
                      "episode_json": episode.to_json()})
+        _record(summary, task)
     summary.kept = len(rows)
+    summary.task_keys = sorted(set(summary.task_keys))
     if summary.too_long:
         log.warning(
             "%d of %d prompts are longer than max_prompt_length=%d tokens and were left out (first: %s); "

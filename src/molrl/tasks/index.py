@@ -55,6 +55,9 @@ BENCHMARK_TASK = "benchmark_task"
 FORMATS = {"mbpp": "mbpp", "humaneval": "humaneval", "math500": "math500", "aime": "aime", "aime24": "aime",
            "aime25": "aime"}
 """Benchmark names a user may give, and the loader format of each."""
+EVAL_SPLIT = "test"
+"""The split eval scores: traces of its tasks are what ``--exclude-benchmarks`` and ``data.exclude_benchmarks``
+leave out."""
 MIN_CONTAINED = 40
 """Shortest normalised benchmark statement matched inside a longer text (shorter ones occur by chance)."""
 
@@ -203,6 +206,11 @@ class BenchmarkIndex:
     def __len__(self) -> int:
         return sum(len(found) for found in self.by_key.values())
 
+    def match_trace(self, messages: Iterable[Mapping[str, Any]], meta: Mapping[str, Any]) -> BenchmarkMatch | None:
+        """The benchmark task a trace was made on: by its ``meta["task_key"]``, else by its first user message."""
+        found = self.by_key.get(str(meta.get(TASK_KEY)))
+        return found[0] if found else self.match(first_user_text(messages))
+
     def match(self, item: str | Task) -> BenchmarkMatch | None:
         """The benchmark task ``item`` (a prompt text or a task) is, or None."""
         text = item.prompt if isinstance(item, Task) else item
@@ -231,6 +239,14 @@ def parse_benchmarks(spec: str, option: str = "--benchmarks") -> dict[str, Path]
     return files
 
 
+def overlap_line(counts: Mapping[str, int], total: int, key: str) -> str:
+    """One line: how many of ``total`` traces ``key`` left out as eval test tasks, per ``benchmark/split``."""
+    left_out = sum(counts.values())
+    parts = ", ".join(f"{label} {n}" for label, n in sorted(counts.items()))
+    return (f"{key}: left out {left_out} of {total} traces whose task is one eval scores ({parts or 'none'}); "
+            f"{total - left_out} remain")
+
+
 def first_user_text(messages: Iterable[Mapping[str, Any]]) -> str:
     """The content of the first user message (the task, in every trace format molrl reads); '' when none."""
     return next((str(m.get("content") or "") for m in messages if m.get("role") == "user"), "")
@@ -244,6 +260,16 @@ def tag_meta(meta: dict[str, Any], text: str, index: BenchmarkIndex | None) -> B
     if match:
         meta[BENCHMARK_TASK] = match.to_meta()
     return match
+
+
+def task_tags(task: Task) -> dict[str, Any]:
+    """The meta fields of a trace collected on ``task``: its key, and itself as the benchmark task when a
+    benchmark loader read it (``meta["source"]``)."""
+    key = task_content_key(task)
+    source = task.meta.get("source")
+    if source not in FORMATS:
+        return {TASK_KEY: key}
+    return {TASK_KEY: key, BENCHMARK_TASK: BenchmarkMatch(source, task.split, str(task.id), key).to_meta()}
 
 
 def trace_task_key(messages: Iterable[Mapping[str, Any]], meta: Mapping[str, Any]) -> str:

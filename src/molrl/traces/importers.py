@@ -23,6 +23,9 @@ pass through; other role names are errors unless mapped explicitly (``role_map={
 ToRA (``microsoft/ToRA`` corpus rows and inference outputs): tool-integrated completions whose
 ```` ```output ```` blocks become ``tool`` messages between assistant turns; see
 ``molrl.traces.tora``. One inference row holds several completions and gives one trace each.
+
+Every format: the task (the first user message) is known by its content, ``meta["task_key"]``, and by the
+benchmark task it is when a ``BenchmarkIndex`` is given, ``meta["benchmark_task"]`` (``molrl.tasks.index``).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Any, Iterator
 from molrl.chat import ROLES
 from molrl.errors import DataError
 from molrl.jsonl import read_lines
+from molrl.tasks.index import BenchmarkIndex, first_user_text, tag_meta
 from molrl.traces.schema import Reject, Trace, TraceError, raw_format, raw_format_note
 from molrl.traces.tora import tora_record_to_traces
 
@@ -171,10 +175,12 @@ def openai_record_to_trace(record: Any, options: OpenAIOptions | None = None) ->
 
 
 def import_file(path: str | Path, fmt: str, options: OpenAIOptions | None = None,
-                strip_example: bool = False) -> ImportResult:
+                strip_example: bool = False, index: BenchmarkIndex | None = None) -> ImportResult:
     """Convert every record of one JSONL file; bad records are kept in ``rejects`` with the reason.
 
-    ``strip_example`` (MINT only) removes MINT's in-context example from each prompt."""
+    ``strip_example`` (MINT only) removes MINT's in-context example from each prompt. Every trace gets its task's
+    content key (``meta["task_key"]``) and, when ``index`` matches its task, ``meta["benchmark_task"]``
+    (``molrl.tasks.index``)."""
     if strip_example and fmt != "mint":
         raise ValueError(f"strip_example is a MINT option; format {fmt!r} has no in-context example to strip")
     if fmt not in FORMATS:
@@ -190,6 +196,8 @@ def import_file(path: str | Path, fmt: str, options: OpenAIOptions | None = None
         except TraceError as err:
             result.rejects.append(Reject(str(path), line_no, str(err), raw))
             continue
+        for trace in traces:
+            tag_meta(trace.meta, first_user_text(trace.messages), index)
         result.traces += [(line_no, trace) for trace in traces]
     return result
 

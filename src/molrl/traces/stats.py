@@ -106,3 +106,41 @@ def total(stats: list[FileStats]) -> FileStats:
         out.max_tokens = max(out.max_tokens, s.max_tokens)
         out.reject_reasons += s.reject_reasons
     return out
+
+
+@dataclass
+class BenchmarkOverlap:
+    """How many traces of one file are tasks of each benchmark split (``molrl.tasks.index``)."""
+
+    path: str
+    """The trace file."""
+    total: int = 0
+    """Valid trace records."""
+    traces: dict[str, int] = field(default_factory=dict)
+    """Per ``benchmark/split``: traces whose task is one of its tasks."""
+    tasks: dict[str, set[str]] = field(default_factory=dict)
+    """Per ``benchmark/split``: the distinct task ids those traces are on."""
+
+
+def benchmark_overlap(path: str | Path, index: Any) -> BenchmarkOverlap:
+    """The traces of ``path`` per benchmark split of ``index`` (a ``BenchmarkIndex``), matched by content."""
+    out = BenchmarkOverlap(str(path))
+    for _line, trace in read_traces(path):
+        out.total += 1
+        match = index.match_trace(trace.messages, trace.meta)
+        if match is not None:
+            label = f"{match.benchmark}/{match.split}"
+            out.traces[label] = out.traces.get(label, 0) + 1
+            out.tasks.setdefault(label, set()).add(match.id)
+    return out
+
+
+def overlap_total(overlaps: list[BenchmarkOverlap]) -> BenchmarkOverlap:
+    """The sums of several files' overlaps (distinct tasks over all of them)."""
+    out = BenchmarkOverlap("total")
+    for o in overlaps:
+        out.total += o.total
+        for label, n in o.traces.items():
+            out.traces[label] = out.traces.get(label, 0) + n
+            out.tasks.setdefault(label, set()).update(o.tasks[label])
+    return out

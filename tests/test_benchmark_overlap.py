@@ -1,0 +1,182 @@
+"""Every door a trace comes through tags its task by content, and eval's test tasks can be left out of training:
+importers and collect tag, ``traces stats`` counts the overlap, ``traces filter`` and MoL's data leave them out,
+RL records what it trains on, and the shipped pipeline configs exclude them by default."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from molrl.cli import main
+from molrl.errors import MolrlError
+from molrl.task_types import Task
+from molrl.tasks.index import BENCHMARK_TASK, TASK_KEY, problem_parts, task_content_key
+from molrl.tasks.loaders import load_tasks
+from molrl.traces.importers import import_file
+from molrl.traces.schema import read_traces
+
+REPO = Path(__file__).resolve().parents[1]
+MBPP_16 = {"task_id": 16, "text": "Write a function to find sequences of lowercase letters joined with an underscore.",
+           "code": "import re\ndef text_lowercase_underscore(text):\n    return 'Found a match!' if re.search('^[a-z]+_[a-z]+$', text) else 'Not matched!'",
+           "test_list": ["assert text_lowercase_underscore(\"aab_cbbbc\")==('Found a match!')",
+                         "assert text_lowercase_underscore(\"aab_Abbbc\")==('Not matched!')",
+                         "assert text_lowercase_underscore(\"Aaab_abbbc\")==('Not matched!')"]}
+MBPP_700 = {"task_id": 700, "text": "Write a function to count the number of elements in a list which are within a "
+            "specific range.", "code": "def count_range_in_list(li, min, max):\n    return sum(min <= x <= max for x in li)",
+            "test_list": ["assert count_range_in_list([10,20,30,40,40,40,70,80,99],40,100)==6",
+                          "assert count_range_in_list(['a','b','c','d','e','f'],'a','e')==5",
+                          "assert count_range_in_list([7,8,9,15,17,19,45],15,20)==3"]}
+
+
+@pytest.fixture
+def mbpp_file(tmp_path) -> Path:
+    """An MBPP file of two tasks: 16 (test split) and 700 (train split)."""
+    path = tmp_path / "mbpp.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in (MBPP_16, MBPP_700)))
+    return path
+
+
+def _openai_file(tmp_path: Path, mbpp_file: Path) -> Path:
+    """OpenAI-format traces: MBPP 16 and 700 posed under ids and wrappers of their own, and a task of nobody's."""
+    tasks = load_tasks(mbpp_file, "mbpp")
+    rows = [{"id": f"mine-{i}", "messages": [{"role": "system", "content": "You write Python."},
+                                               {"role": "user", "content": f"Please help.\n\n{t.prompt}\n\nThanks!"},
+                                               {"role": "assistant", "content": "def f(): pass"}]}
+            for i, t in enumerate(tasks)]
+    rows.append({"messages": [{"role": "user", "content": "Reverse a string."}, {"role": "assistant", "content": "s[::-1]"}]})
+    path = tmp_path / "openai.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_openai_importer_tags_each_trace_by_content_under_its_own_ids(tmp_path, mbpp_file):
+    from molrl.tasks.index import BenchmarkIndex
+
+    index = BenchmarkIndex.from_files({"mbpp": mbpp_file})
+    traces = [t for _, t in import_file(_openai_file(tmp_path, mbpp_file), "openai", index=index).traces]
+    assert [t.meta.get(BENCHMARK_TASK, {}).get("id") for t in traces] == ["16", "700", None]
+    assert [t.meta.get(BENCHMARK_TASK, {}).get("split") for t in traces] == ["test", "train", None]
+    tasks = load_tasks(mbpp_file, "mbpp")
+    assert [t.meta[TASK_KEY] for t in traces] == [task_content_key(tasks[0]), task_content_key(tasks[1]),
+                                                  problem_parts("Reverse a string.").key]
+
+
+def test_convert_cli_tags_real_mint_traces_with_their_mbpp_test_tasks(shared_data, tmp_path):
+    out = tmp_path / "mint.jsonl"
+    source = shared_data / "traces/mint/gpt-4-0613_F_None__mbpp.jsonl"
+    assert main(["traces", "convert", "--from", "mint", str(source), str(out),
+                 "--benchmarks", f"mbpp={shared_data / 'mbpp/mbpp.jsonl'}"]) == 0
+    found = [t.meta[BENCHMARK_TASK] for _, t in read_traces(out)]
+    assert len(found) == 91 and {(f["benchmark"], f["split"]) for f in found} == {("mbpp", "test")}
+    assert len({f["id"] for f in found}) == 91  # MINT's ids 0-90 are MBPP's 16-491
+
+
+def test_collected_traces_carry_their_task_and_its_key(mbpp_file):
+    from molrl.collect import EpisodeConfig, start_episode
+
+    task = load_tasks(mbpp_file, "mbpp", split="all")[0]
+    meta = start_episode(task, 0, EpisodeConfig()).to_trace({}).meta
+    assert meta[BENCHMARK_TASK] == {"benchmark": "mbpp", "split": "test", "id": "16", "key": task_content_key(task)}
+    own = Task(id="x", prompt="Reverse a string.", kind="math", answer="a")
+    assert start_episode(own, 0, EpisodeConfig()).to_trace({}).meta[TASK_KEY] == task_content_key(own)
+
+
+def test_stats_prints_the_overlap_per_benchmark_split(shared_data, tmp_path, mbpp_file, capsys):
+    out = tmp_path / "traces.jsonl"
+    assert main(["traces", "convert", "--from", "openai", str(_openai_file(tmp_path, mbpp_file)),
+                 str(out)]) == 0  # converted without an index: stats matches them itself
+    capsys.readouterr()
+    assert main(["traces", "stats", str(out), "--tokenizer", str(shared_data / "qwen3_tokenizer"),
+                 "--benchmarks", f"mbpp={mbpp_file}"]) == 0
+    table = capsys.readouterr().out
+    row = next(line for line in table.splitlines() if "traces.jsonl" in line and "1 (1)" in line)
+    assert [cell.strip() for cell in row.strip("│┃ ").split("│")] == ["traces.jsonl", "3", "1 (1)", "1 (1)", "1"]
+    assert "mbpp/test" in table and "mbpp/train" in table
+
+
+def test_filter_excludes_eval_test_tasks_and_says_how_many(tmp_path, mbpp_file, caplog, cli_logs):
+    converted = tmp_path / "traces.jsonl"
+    assert main(["traces", "convert", "--from", "openai", str(_openai_file(tmp_path, mbpp_file)), str(converted)]) == 0
+    out = tmp_path / "kept.jsonl"
+    with caplog.at_level(logging.INFO, logger="molrl.traces"):
+        assert main(["traces", "filter", str(converted), str(out), "--exclude-benchmarks", f"mbpp={mbpp_file}"]) == 0
+    assert [t.meta.get("id") for _, t in read_traces(out)] == ["mine-1", None]  # MBPP 700 (train) stays
+    assert "--exclude-benchmarks: left out 1 of 3 traces whose task is one eval scores (mbpp/test 1); 2 remain" \
+        in caplog.text
+
+
+def test_a_bad_benchmark_option_is_refused_in_one_line(tmp_path, mbpp_file, capsys):
+    converted = tmp_path / "traces.jsonl"
+    assert main(["traces", "convert", "--from", "openai", str(_openai_file(tmp_path, mbpp_file)), str(converted)]) == 0
+    assert main(["traces", "filter", str(converted), str(tmp_path / "o.jsonl"), "--exclude-benchmarks", "gsm8k=x"]) != 0
+    assert "--exclude-benchmarks 'gsm8k=x': expected NAME=PATH" in capsys.readouterr().err
+
+
+def _tiny_traces(tmp_path: Path, mbpp_file: Path) -> Path:
+    """Domain traces with feedback on MBPP 16 (test) and 700 (train), as a tokenizer-ready file."""
+    rows = []
+    for task in load_tasks(mbpp_file, "mbpp"):
+        rows.append({"messages": [{"role": "user", "content": task.prompt},
+                                  {"role": "assistant", "content": "<execute>print(1)</execute>"},
+                                  {"role": "tool", "content": "1"},
+                                  {"role": "assistant", "content": "<solution>def f(): pass</solution>"}],
+                     "meta": {"kind": "domain"}})
+    path = tmp_path / "mol.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_mol_data_leaves_out_eval_test_tasks_and_records_every_key(tmp_path, mbpp_file, caplog):
+    from molrl.mol.data import load_examples
+    from molrl.tiny import build_tiny_tokenizer
+
+    traces = _tiny_traces(tmp_path, mbpp_file)
+    tasks = load_tasks(mbpp_file, "mbpp")
+    with caplog.at_level(logging.INFO):
+        examples, stats = load_examples([str(traces)], build_tiny_tokenizer("chatml"), 4096,
+                                        exclude_benchmarks={"mbpp": str(mbpp_file)})
+    assert len(examples) == 1 and stats.excluded == {"mbpp/test": 1}
+    assert stats.task_keys == [task_content_key(tasks[1])]
+    assert stats.benchmark_tasks == [("mbpp", "train", "700", task_content_key(tasks[1]))]
+    assert "data.exclude_benchmarks: left out 1 of 2 traces whose task is one eval scores (mbpp/test 1); 1 remain" \
+        in caplog.text
+    _, everything = load_examples([str(traces)], build_tiny_tokenizer("chatml"), 4096)
+    assert everything.task_keys == sorted(task_content_key(t) for t in tasks)  # without the option: all kept
+
+
+def test_mol_data_names_a_missing_benchmark_file(tmp_path, mbpp_file):
+    from molrl.mol.data import load_examples
+    from molrl.tiny import build_tiny_tokenizer
+
+    with pytest.raises(MolrlError, match=r"data.exclude_benchmarks.mbpp=MBPP_TEST.jsonl: no such file"):
+        load_examples([str(_tiny_traces(tmp_path, mbpp_file))], build_tiny_tokenizer("chatml"), 4096,
+                      exclude_benchmarks={"mbpp": "MBPP_TEST.jsonl"})
+
+
+def test_rl_prompts_record_the_keys_and_benchmark_tasks_they_train_on(mbpp_file):
+    from molrl.rl.data import build_prompt_rows
+    from molrl.tiny import build_tiny_tokenizer
+
+    tasks = load_tasks(mbpp_file, "mbpp", split="all")
+    _, summary = build_prompt_rows(tasks, build_tiny_tokenizer("chatml"), enable_thinking=False,
+                                   max_prompt_length=4096)
+    assert summary.task_keys == sorted(task_content_key(t) for t in tasks)
+    assert summary.benchmark_tasks == [("mbpp", "test", "16", task_content_key(tasks[0])),
+                                       ("mbpp", "train", "700", task_content_key(tasks[1]))]
+
+
+@pytest.mark.parametrize("name", ["pipeline_qwen3_4b.yaml", "pipeline_qwen3_8b.yaml"])
+def test_shipped_qwen_pipelines_leave_eval_test_tasks_out_of_mol(name, tmp_path, mbpp_file):
+    from molrl.pipeline import load_pipeline_config, mol_config
+
+    cfg = load_pipeline_config(REPO / "configs" / name, ["model=m", f"eval.data.mbpp={mbpp_file}"])
+    assert cfg.exclude_eval_tasks
+    mol = mol_config(cfg, cfg.mol_runs[0], ["traces.jsonl"], tmp_path)
+    assert mol.data.exclude_benchmarks == {"math500": "MATH500.jsonl", "aime24": "AIME24.jsonl",
+                                           "aime25": "AIME25.jsonl", "humaneval": "HumanEval.jsonl.gz",
+                                           "mbpp": str(mbpp_file)}
+    off = load_pipeline_config(REPO / "configs" / name, ["model=m", "exclude_eval_tasks=false"])
+    assert mol_config(off, off.mol_runs[0], ["traces.jsonl"], tmp_path).data.exclude_benchmarks == {}
