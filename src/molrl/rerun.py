@@ -249,6 +249,8 @@ def training_rerun(stage: str, cfg: Any, out: Path, final: Path, max_steps: int)
                               f"start a new run with {NEW_RUN[stage]}")
         if done:
             say_finished(out, f"{final} written, its checkpoints removed", stage)
+        elif (out / "config.yaml").exists():  # an earlier run started here and was stopped before its first checkpoint
+            say(f"{out}: no checkpoint to resume from (none saved under {checkpoints}); starting over from step 0")
         return TrainingRerun(finished=done)
     step, last = checkpoint_progress(checkpoint, max_steps)
     if step >= last and done:
