@@ -89,7 +89,9 @@ def test_sandbox_feedback_rederives_and_tokenises_with_qwen3(tmp_path, shared_da
                episode=EpisodeConfig(), thinking=False)
     out = run_collect(cfg, generator=ScriptedGenerator(scripts), tokenizer=qwen3_tokenizer)
     traces = _traces(out)
-    assert [t.meta["success"] for t in traces] == [True, True, True]
+    # HumanEval/2 has one test, so it holds none back, and the feedback showed it: solved, but no success
+    assert [(t.meta["success"], t.meta["unsplit"], t.meta["verdict"]) for t in traces] == [
+        (True, False, True), (True, False, True), (False, True, True)]
     # thinking off: the template's empty think block opens every recorded turn, as the model saw it
     assert all(m["content"].startswith("<think>\n\n</think>\n\n<") for t in traces for m in t.messages if m["role"] == "assistant")
     assert all(t.meta["observations"]["3"]["observation"]["exec"]["stdout"] == "None\n" for t in traces)

@@ -36,7 +36,7 @@ from molrl.graders.code import CodeRewardConfig
 from molrl.sampling import SamplingConfig
 from molrl.tasks import Task
 from molrl.tasks.grade import grade
-from molrl.tasks.held_out import episode_tasks, shows_tests
+from molrl.tasks.held_out import episode_tasks, shows_tests, unsplit
 from molrl.tasks.index import task_tags
 from molrl.traces.schema import Trace, TraceError
 from molrl.traces.spans import chat_prompt, encode_chat
@@ -72,6 +72,10 @@ class Episode:
     """Whether ``success`` is graded on held-back tests (False: no test is shown, or the task holds none back)."""
     final_verdict: bool | None = None
     """Verdict of the last solution on ``graded``'s tests, graded when the episode ends (None: not graded)."""
+    unsplit: bool = False
+    """Whether the policy saw every test that decides the verdict (tests are shown and the task holds none back,
+    ``molrl.tasks.held_out.unsplit``): a lookup of the values they showed passes, so ``success`` is never claimed and
+    ``verdict`` is scored apart."""
     stop_reason: str | None = None
     """Why it ended: solved, out_of_solutions, max_turns, token_limit, empty_turn, malformed_think, template_error
     (the chat template cannot render the conversation so that its messages can be located) or sandbox_error."""
@@ -89,7 +93,10 @@ class Episode:
 
     @property
     def success(self) -> bool:
-        """Whether the last submitted solution was judged correct: on the held-back tests where ``held_back``."""
+        """Whether the last submitted solution was judged correct: on the held-back tests where ``held_back``; never
+        where ``unsplit``."""
+        if self.unsplit:
+            return False
         return bool(self.final_verdict) if self.graded is not None else bool(self.verdict)
 
     def to_trace(self, settings: dict[str, Any]) -> Trace:
@@ -102,6 +109,7 @@ class Episode:
             "benchmark": self.task.meta.get("source"),
             "task_split": self.task.split,
             "held_back": self.held_back,
+            "unsplit": self.unsplit,
             "sample": self.sample,
             "success": self.success,
             "verdict": self.verdict,
@@ -125,6 +133,7 @@ def open_episode(task: Task, sample: int, cfg: EpisodeConfig) -> Episode:
     shown, graded, held_back = episode_tasks(task, shows_tests(cfg.max_turns, cfg))
     episode = start_episode(shown, sample, cfg)
     episode.graded, episode.held_back = (graded, True) if held_back else (None, False)
+    episode.unsplit = unsplit(task, shows_tests(cfg.max_turns, cfg))
     return episode
 
 

@@ -2,8 +2,10 @@
 
 Each sample is one episode in which the model may execute code, see feedback and resubmit; the
 verdict is that of its last submitted solution, judged by the same graders on the tests the episode never
-showed (its held-back tests, where its feedback or prompt shows the others: ``molrl.collect.loop``). Scores
-here depend on feedback, unlike single-turn ones, and are reported for comparison with them.
+showed (its held-back tests, where its feedback or prompt shows the others: ``molrl.collect.loop``). A problem that
+holds no test back, where tests are shown, has no such verdict: its samples are never correct, their verdict on the
+tests the policy saw is ``shown_pass``, and the summary scores it apart from the headline pass@1 (``unsplit``).
+Scores here depend on feedback, unlike single-turn ones, and are reported for comparison with them.
 """
 
 from __future__ import annotations
@@ -69,11 +71,11 @@ def episode_record(ep: Episode) -> SampleRecord:
         correct=ep.success,
         score=float(ep.success),
         stage=ep.stop_reason or "unfinished",
-        details={"turns": ep.turns, "solutions": ep.solutions, "feedback": [
+        details={"turns": ep.turns, "solutions": ep.solutions, "unsplit": ep.unsplit, "feedback": [
             m["content"] for m in ep.messages if m["role"] == "tool"
         ]},
         truncated=ep.stop_reason == "token_limit",  # the episode's token budget cut it
-        shown_pass=bool(ep.verdict) if ep.held_back else None,
+        shown_pass=bool(ep.verdict) if ep.held_back or ep.unsplit else None,
         held_back_pass=bool(ep.final_verdict) if ep.held_back else None,
         grading=GRADING[ep.task.kind],
     )

@@ -62,18 +62,30 @@ def results_markdown(results: dict[str, Any]) -> str:
 
 
 def held_back_notes(benchmarks: dict[str, dict[str, Any]]) -> list[str]:
-    """A note for each code benchmark with problems that hold no test back (graded on all their tests).
+    """A note for each code benchmark with problems that hold no test back (graded on all their tests, or scored apart
+    where the policy saw them all), and with problems whose held-back tests a constant return passes.
 
     >>> held_back_notes({"mbpp": {"no_held_back": 1}, "humaneval": {"no_held_back": 0}})
     ['- mbpp: 1 problem holds no test back (shown_pass@1 and held_back_pass@1 leave it out; pass@1 grades all its tests).']
+    >>> held_back_notes({"humaneval": {"no_held_back": 2, "unsplit": 2, "unsplit_pass@1": 0.5, "constant_answer": 1}})[0]
+    '- humaneval: 2 problems hold no test back and the policy saw every test that decides them: left out of pass@1, scored apart (unsplit_pass@1 0.500).'
     """
     out = []
     for name, m in benchmarks.items():
-        n = m.get("no_held_back")
-        if n:
+        apart = m.get("unsplit") or 0
+        n = (m.get("no_held_back") or 0) - apart
+        if n > 0:
             it, its = ("it", "its") if n == 1 else ("them", "their")
             out.append(f"- {name}: {n} problem{' holds' if n == 1 else 's hold'} no test back (shown_pass@1 and "
                        f"held_back_pass@1 leave {it} out; pass@1 grades all {its} tests).")
+        if apart:
+            out.append(f"- {name}: {apart} problem{' holds' if apart == 1 else 's hold'} no test back and the policy "
+                       f"saw every test that decides {'it' if apart == 1 else 'them'}: left out of pass@1, scored "
+                       f"apart (unsplit_pass@1 {m.get('unsplit_pass@1', 0.0):.3f}).")
+        weak = m.get("constant_answer")
+        if weak:
+            out.append(f"- {name}: {weak} problem{' passes' if weak == 1 else 's pass'} the held-back tests with a "
+                       "constant return, the value a shown test expects (in pass@1; RL leaves such tasks out).")
     return out
 
 

@@ -16,6 +16,7 @@ from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION, render_promp
 from molrl.eval.samples import SampleRecord
 from molrl.generation import Generator, SamplingConfig, TransformersGenerator
 from molrl.tasks import Task
+from molrl.tasks.held_out import constant_answer
 
 
 def evaluate_single(
@@ -71,15 +72,19 @@ def summarise(tasks: Sequence[Task], records: Sequence[Sequence[SampleRecord]], 
     Adds a breakdown by ``subject`` and by ``level`` when every task's meta carries one (MATH-500),
     counts of grading stages (how many answers were missing, wrong, timed out, ...), ``truncated``: the share
     of samples the token limit cut, and for code: ``shown_pass@1`` and ``held_back_pass@1`` (the shown and the
-    held-back tests apart, over the problems that hold tests back) and ``no_held_back`` (problems that hold none).
+    held-back tests apart, over the problems that hold tests back), ``no_held_back`` (problems that hold none) and
+    ``constant_answer`` (problems whose held-back tests a constant return passes). Problems whose every deciding test
+    the policy saw (interactive, holding none back) are left out of the headline and scored apart: ``unsplit`` and
+    ``unsplit_pass@1``.
     """
     if len(tasks) != len(records):
         raise ValueError(f"summarise: {len(tasks)} tasks but {len(records)} record lists")
-    per_problem = [task_metrics(t, rs, ks) for t, rs in zip(tasks, records)]
+    headline = [(t, rs) for t, rs in zip(tasks, records) if not _unsplit(rs)]
+    per_problem = [task_metrics(t, rs, ks) for t, rs in headline]
     out = aggregate(per_problem, ks)
     for key in ("subject", "level"):
-        if tasks and all(key in t.meta for t in tasks):
-            out[f"by_{key}"] = breakdown(per_problem, [t.meta[key] for t in tasks])
+        if headline and all(key in t.meta for t, _ in headline):
+            out[f"by_{key}"] = breakdown(per_problem, [t.meta[key] for t, _ in headline])
     out["stages"] = dict(Counter(r.stage for rs in records for r in rs).most_common())
     out.update(split_metrics(tasks, records))
     samples = [r for rs in records for r in rs]
@@ -92,9 +97,21 @@ def split_metrics(tasks: Sequence[Task], records: Sequence[Sequence[SampleRecord
     code = [rs for t, rs in zip(tasks, records) if t.kind == "code" and rs]
     if not code:
         return {}
-    out: dict[str, Any] = {"no_held_back": sum(all(r.held_back_pass is None for r in rs) for rs in code)}
+    out: dict[str, Any] = {"no_held_back": sum(all(r.held_back_pass is None for r in rs) for rs in code),
+                           "constant_answer": sum(constant_answer(t) for t, rs in zip(tasks, records)
+                                                  if t.kind == "code" and rs)}
+    apart = [[bool(r.shown_pass) for r in rs] for rs in code if _unsplit(rs)]
+    if apart:
+        out["unsplit"] = len(apart)
+        out["unsplit_pass@1"] = sum(sum(v) / len(v) for v in apart) / len(apart)
     for name in ("shown_pass", "held_back_pass"):
-        per_problem = [[bool(getattr(r, name)) for r in rs] for rs in code if getattr(rs[0], name) is not None]
+        per_problem = [[bool(getattr(r, name)) for r in rs] for rs in code
+                       if getattr(rs[0], name) is not None and not _unsplit(rs)]
         if per_problem:
             out[f"{name}@1"] = sum(sum(v) / len(v) for v in per_problem) / len(per_problem)
     return out
+
+
+def _unsplit(records: Sequence[SampleRecord]) -> bool:
+    """Whether a problem's samples were judged on tests the policy saw, none held back (interactive episodes)."""
+    return bool(records) and all((r.details or {}).get("unsplit") for r in records)

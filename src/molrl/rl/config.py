@@ -65,6 +65,9 @@ class RewardSettings:
     """Code reward: staged partial credit (no code < compile error < runtime error < tests passed), or 0/1."""
     failure_reward: Annotated[float, Range(-1000, 1000)] = 0.0
     """Reward given to a completion whose scoring failed (reward function or sandbox error)."""
+    constant_answer_tasks: bool = False
+    """Keep code tasks whose held-back tests one constant return passes, the value a shown test expects (copying it
+    earns full reward); off, they are left out wherever tests are shown, with one line naming the count."""
 
 
 @dataclass

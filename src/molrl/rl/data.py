@@ -20,7 +20,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from molrl.tasks.held_out import episode_tasks, prompt_lists_tests, split_reason
+from molrl.tasks.held_out import constant_answer, episode_tasks, prompt_lists_tests, split_reason
 from molrl.tasks.index import BENCHMARK_TASK, TASK_KEY, task_tags
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION, render_prompt, user_message
 from molrl.traces.spans import encode_chat
@@ -41,6 +41,9 @@ class PromptSummary:
     """Ids of tasks with nothing to grade against (no tests / no answer)."""
     too_long: list[str] = field(default_factory=list)
     """Ids of tasks whose rendered prompt exceeded max_prompt_length tokens."""
+    constant_answer: list[str] = field(default_factory=list)
+    """Ids of tasks left out because one constant return, the value a shown test expects, passes their held-back tests
+    (``molrl.tasks.held_out.constant_answer``)."""
     longest_prompt_tokens: int = 0
     """Token length of the longest kept prompt."""
     task_keys: list[str] = field(default_factory=list)
@@ -70,10 +73,12 @@ def _record(summary: PromptSummary, task: Task) -> None:
 def build_prompt_rows(
     tasks: Sequence[Task], tokenizer: Any, *, enable_thinking: bool, max_prompt_length: int,
     code_template: str = CODE_INSTRUCTION, math_template: str = MATH_INSTRUCTION, hold_back_tests: bool = False,
+    keep_constant_answer: bool = False,
 ) -> tuple[list[dict[str, Any]], PromptSummary]:
     """Dataset rows ``{"prompt", "prompt_ids", "task_json", "episode_json"}`` for the scorable tasks whose prompt fits
     (``hold_back_tests``: episodes show test outcomes, so a code task needs tests to hold back, ``split_reason``;
-    so does one whose prompt lists its shown tests)."""
+    so does one whose prompt lists its shown tests; there, a task whose held-back tests a constant return passes is
+    left out too, unless ``keep_constant_answer``)."""
     summary = PromptSummary(tasks=len(tasks))
     rows = []
     for task in tasks:
@@ -82,6 +87,9 @@ def build_prompt_rows(
         if reason:
             log.warning("task %s left out of GRPO prompts: %s", task.id, reason)
             summary.unscorable.append(task.id)
+            continue
+        if shown and not keep_constant_answer and constant_answer(task):
+            summary.constant_answer.append(task.id)
             continue
         prompt = render_prompt(tokenizer, task, enable_thinking, code_template, math_template)
         messages = [{"role": "user", "content": user_message(task, code_template, math_template)}]
@@ -103,6 +111,10 @@ def build_prompt_rows(
             "raise max_prompt_length to keep them",
             len(summary.too_long), len(tasks), max_prompt_length, summary.too_long[0],
         )
+    if summary.constant_answer:
+        log.warning("%d of %d tasks left out of GRPO prompts: a constant return, the value their shown test expects, "
+                    "passes their held-back tests (%s); reward.constant_answer_tasks=true keeps them",
+                    len(summary.constant_answer), len(tasks), ", ".join(summary.constant_answer[:8]))
     log.info("GRPO prompts: %d of %d tasks kept (%d unscorable, %d too long)",
              summary.kept, summary.tasks, len(summary.unscorable), len(summary.too_long))
     return rows, summary

@@ -162,6 +162,7 @@ def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: li
         tasks, tokenizer, enable_thinking=cfg.thinking, max_prompt_length=cfg.max_prompt_length,
         code_template=cfg.code_prompt, math_template=cfg.math_prompt,
         hold_back_tests=shows_tests(cfg.rollout.turns, cfg.rollout.episode),
+        keep_constant_answer=cfg.reward.constant_answer_tasks,
     )
     if PartialState().is_main_process:
         write_text(out / "data_summary.json", json.dumps(dataclasses.asdict(summary), indent=2))

@@ -11,7 +11,12 @@ prompt's asserts scored 1.0 on 20 of 20 tasks without solving any. So a code tas
   shown. MBPP task 37 repeats its shown test twice, so it holds none back; tasks 337, 508, 713 and 862 repeat
   it once and hold one back. HumanEval 111 and 144 repeat one each.
 - a task that holds no test back (fewer than 2 distinct tests: MBPP 37, 23 of HumanEval's 164) is graded on all
-  its tests and flagged (``held_back`` false); RL leaves it out wherever tests are shown, naming the reason.
+  its tests and flagged (``held_back`` false); RL leaves it out wherever tests are shown, naming the reason, and
+  where the policy saw every test that decides it (``unsplit``), interactive eval and collect score its verdict
+  apart: never a success, outside the headline pass@1.
+- a task whose held-back tests one constant return passes, the value a shown test expects (``constant_answer``:
+  MBPP 203, 339, 667, 674, 816, 899; HumanEval 127, 134), pays for copying that value: RL leaves it out by default
+  and eval counts it.
 
 Where the policy sees shown tests (a prompt that lists them, or an episode whose feedback reports test outcomes),
 the episode runs on the shown tests and its verdict grades the held-back ones (``episode_tasks``). Math answers
@@ -75,6 +80,28 @@ def split_reason(task: Task) -> str | None:
     return (f"code task has {distinct} distinct test{'s' if distinct != 1 else ''}; with tests shown (in its prompt, "
             "or in feedback when max_solutions > 1 or tests_on_execute) a verdict needs one more, held back; add a "
             "distinct test to the task to train on it")
+
+
+def constant_answer(task: Task) -> bool:
+    """Whether one constant return passes every held-back test of ``task``, and a shown test expects that value: every
+    held-back test is a call test expecting the value a shown one expects (MBPP 667, 674, 816, 899), so copying the
+    shown test's expected value earns the held-back verdict."""
+    held = held_back_indices(task)
+    if not held or any(task.tests[i].kind != "call" for i in held):
+        return False
+    values = {_expected(task.tests[i]) for i in held}
+    shown = {_expected(t) for t in task.tests[:shown_count(len(task.tests))] if t.kind == "call"}
+    return len(values) == 1 and values <= shown
+
+
+def _expected(test: TestCase) -> str:
+    return json.dumps(encode(test.expected), sort_keys=True, default=repr)
+
+
+def unsplit(task: Task, feedback_shows_tests: bool) -> bool:
+    """Whether the policy saw every test that decides ``task``'s verdict: it is shown tests (its prompt lists them, or
+    ``feedback_shows_tests``) and holds none back. Such a verdict is scored apart, never as a pass."""
+    return task.kind == "code" and (feedback_shows_tests or prompt_lists_tests(task)) and split_reason(task) is not None
 
 
 def split_tests(task: Task) -> tuple[Task, Task]:
