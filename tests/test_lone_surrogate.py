@@ -5,8 +5,12 @@ the tokenizer with a TypeError and no file:line, and ``traces filter`` / ``trace
 copied the line into their output. ``molrl.jsonl.Line.json`` now rejects such a record, wherever the
 surrogate sits (a key or a value, at any depth), and each command treats it as it treats any bad line.
 
-The class is enumerated three ways: every string position of a record (unit), every command that reads
-user JSON lines (CLI), and the source itself (every ``json.loads`` outside ``molrl.jsonl`` is listed with
+A conversation given through the library is held to the same rule: ``Trace.validate`` refuses it, and every
+encoder (``tokenize_trace``, ``encode_chat``, ``chat_prompt``, ``tokenize_tail``) names it on every tokenizer, where
+before they passed it to the tokenizer and died with a TypeError.
+
+The class is enumerated four ways: every string position of a record (unit), every message given to every encoder
+on every tokenizer (library), every command that reads user JSON lines (CLI), and the source itself (every ``json.loads`` outside ``molrl.jsonl`` is listed with
 why it reads no user records, so a new reader cannot bypass the check).
 """
 
@@ -237,6 +241,69 @@ def test_finding_12_eval_predictions(shared_data, tmp_path, capsys, caplog):
                  "--out", str(tmp_path / "run")])
     one_line_error(capsys, caplog, path, 5)
     assert code == 1
+
+
+# ------------------------------------------------------------------------------------------ the library
+
+SURROGATES = ("\ud800", "\udbff", "\udc00", "\udfff")
+"""The ends of the high and low surrogate ranges."""
+
+
+def _messages(at: int, char: str) -> list[dict[str, str]]:
+    """A trace's messages (system, user, assistant, tool, assistant) with ``char`` inside message ``at``."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"},
+                {"role": "assistant", "content": "print(2+2)"}, {"role": "tool", "content": "Output: 4"},
+                {"role": "assistant", "content": "The answer is 4."}]
+    messages[at] = {**messages[at], "content": messages[at]["content"][:2] + char + messages[at]["content"][2:]}
+    return messages
+
+
+def _encoders():
+    """Every way a conversation given through the library becomes token ids, by name."""
+    from molrl.traces.schema import Trace
+    from molrl.traces.spans import chat_prompt, encode_chat, tokenize_tail
+    from molrl.traces.tokenize import tokenize_trace
+
+    return {"tokenize_trace": lambda tok, m: tokenize_trace(Trace(messages=m), tok),
+            "encode_chat": lambda tok, m: encode_chat(tok, m[:4]),
+            "chat_prompt": lambda tok, m: chat_prompt(tok, m[:4]),
+            "tokenize_tail": lambda tok, m: tokenize_tail(tok, m, 2, add_generation_prompt=True)}
+
+
+def _tokenizers(shared_data_dir: Path) -> dict[str, Any]:
+    tokenizers = {name: build_tiny_tokenizer(name) for name in ("chatml", "llama3")}
+    qwen3 = shared_data_dir / "qwen3_tokenizer"
+    if qwen3.is_dir():
+        from transformers import AutoTokenizer
+
+        tokenizers["qwen3"] = AutoTokenizer.from_pretrained(str(qwen3))
+    return tokenizers
+
+
+def test_finding_12_trace_validate_refuses_a_lone_surrogate_in_every_message_as_the_readers_do():
+    from molrl.traces.schema import Trace, TraceError
+
+    for char in SURROGATES:
+        for at in range(5):
+            with pytest.raises(TraceError) as err:
+                Trace(messages=_messages(at, char)).validate()
+            assert str(err.value).startswith(f"lone surrogate U+{ord(char):04X} in messages[{at}].content at character 3; ")
+
+
+def test_finding_12_every_encoder_names_a_lone_surrogate_on_every_tokenizer():
+    from molrl.traces.schema import TraceError
+    from tests.conftest import SHARED_DATA
+
+    tokenizers = _tokenizers(SHARED_DATA)
+    for tok_name, tok in tokenizers.items():
+        for name, encode in _encoders().items():
+            encode(tok, _messages(0, ""))  # the same messages without the surrogate encode
+            for at in (1, 3):  # the user's task, the tool's feedback: read by every encoder
+                for char in SURROGATES:
+                    with pytest.raises(TraceError, match=rf"^lone surrogate U\+{ord(char):04X} in messages\[{at}\]"
+                                                         r"\.content at character 3; a lone surrogate is not text"):
+                        encode(tok, _messages(at, char))
+    assert {"chatml", "llama3"} <= set(tokenizers)
 
 
 # ------------------------------------------------------------------------------------------ the source

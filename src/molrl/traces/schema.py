@@ -27,7 +27,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from molrl.chat import ROLES
 from molrl.errors import DataError, MolrlError
-from molrl.jsonl import Line, json_line, read_lines, write_jsonl
+from molrl.jsonl import Line, json_line, lone_surrogate, read_lines, write_jsonl
 
 KINDS = ("domain", "general")
 RAW_FORMATS = {"mint": ("MINT", ("task", "state")), "tora": ("ToRA", ("question", "code"))}
@@ -101,6 +101,7 @@ class Trace:
             raise TraceError("empty conversation: 'messages' has no messages")
         for i, msg in enumerate(messages):
             _check_message(i, msg)
+        check_text(messages)
         _check_order(messages)
         _check_meta(self.meta)
 
@@ -122,6 +123,14 @@ def _check_message(i: int, msg: Any) -> None:
         raise TraceError(f"message {i} ({role}) has content of type {type(content).__name__}; expected a string")
     if not content.strip():
         raise TraceError(f"message {i} ({role}) has empty content")
+
+
+def check_text(messages: Any) -> None:
+    """Refuse messages that hold a lone surrogate (no tokenizer or UTF-8 file takes one), naming where, in the words
+    of the file readers (``molrl.jsonl``): a trace built in Python is checked as a trace read from a file."""
+    found = lone_surrogate(list(messages), "messages")
+    if found is not None:
+        raise TraceError(f"{found}; a lone surrogate is not text: remove it or write the character it was meant to be")
 
 
 def _check_order(messages: list[dict[str, str]]) -> None:

@@ -46,7 +46,7 @@ from typing import Any, Literal
 
 from molrl.chat import ChatPrompt, render
 from molrl.content import encode_rendering
-from molrl.traces.schema import TraceError
+from molrl.traces.schema import TraceError, check_text
 
 ROLE_OF = {"system": "prompt", "user": "prompt", "assistant": "decision", "tool": "feedback"}
 TOKEN_ROLES = ("prompt", "decision", "feedback", "template")
@@ -115,6 +115,7 @@ def locate_spans(
     tokenizer: Any, messages: list[dict[str, str]], enable_thinking: bool = True, empty_think_is_decision: bool = False
 ) -> Rendering:
     """The rendering, the character span each message occupies in it, its content ranges and the empty-think count."""
+    check_text(messages)  # every encoder renders through here: a lone surrogate is named, not a tokenizer TypeError
     text = _render(tokenizer, messages, enable_thinking)
     tag = uuid.uuid4().hex[:8].upper()
     while tag in text:
