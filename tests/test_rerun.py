@@ -16,6 +16,7 @@ import pytest
 
 from molrl.cli import main
 from molrl.config import ConfigError, load_config, save_config
+from test_finished_runs import snapshot
 
 REPO = Path(__file__).resolve().parents[1]
 GRPO_TINY = ["--config", str(REPO / "configs" / "rl_tiny.yaml"), "train.max_steps=2", "sampling.max_new_tokens=4"]
@@ -236,3 +237,59 @@ def test_the_private_trainer_method_a_finished_checkpoint_is_loaded_with_exists(
     from transformers import Trainer
 
     assert list(inspect.signature(Trainer._load_from_checkpoint).parameters)[:2] == ["self", "resume_from_checkpoint"]
+
+
+TRAINING_VARIANTS = {
+    "output_dir": [],  # the copy itself: saved under the original's folder, re-run in the copy's
+    "train.report_to": ["train.report_to=[tensorboard]"],
+    "train.logging_steps": ["train.logging_steps=5"],
+    "train.save_steps": ["train.save_steps=7"],
+    "train.save_total_limit": ["train.save_total_limit=3"],
+    "threads": ["threads=1"],
+    "sandbox.workers": ["sandbox.workers=2"],
+    "vllm_server_url": ["vllm_server_url=http://elsewhere:8000"],
+}
+"""A value other than the finished run's for every key a re-run of mol or rl may change (``train.resume``'s only other
+value, ``never``, is the request to start over in the same folder)."""
+RL_REFUSED = {"engine": ("vllm", "'auto', now 'vllm'"), "vllm_mode": ("server", "'colocate', now 'server'"),
+              "engine_gpu_memory_utilization": ("0.5", "0.3, now 0.5")}
+"""The keys harmless to rl only under greedy decoding, which rl never samples with (``molrl.rerun.GREEDY_ONLY``)."""
+
+
+def test_every_key_a_rerun_of_mol_or_rl_may_change_has_a_variant():
+    from molrl.rerun import GREEDY_ONLY, HARMLESS
+
+    assert {*HARMLESS["mol"], *HARMLESS["rl"]} - {"train.resume"} == set(TRAINING_VARIANTS)
+    assert set(GREEDY_ONLY["rl"]) == set(RL_REFUSED) and "mol" not in GREEDY_ONLY
+
+
+@pytest.mark.parametrize("stage", ["mol", "rl"])
+@pytest.mark.parametrize("key", sorted(TRAINING_VARIANTS))
+def test_a_finished_training_run_rerun_changes_no_file(finished_mol, finished_rl, tmp_path, cli_logs, caplog, stage, key):
+    from molrl.rerun import HARMLESS
+
+    if key not in HARMLESS[stage]:
+        pytest.skip(f"{stage} has no {key}")
+    run = copy_of(finished_mol if stage == "mol" else finished_rl, tmp_path)
+    before = snapshot(run)
+    caplog.set_level(logging.INFO)
+    assert main([stage, *(MOL_TINY if stage == "mol" else GRPO_TINY), f"output_dir={run}", *TRAINING_VARIANTS[key]]) == 0
+    assert any(m.startswith(f"{run}: finished (step 2 of 2") for m in caplog.messages)
+    assert snapshot(run) == before
+
+
+@pytest.mark.parametrize("key", sorted(RL_REFUSED))
+def test_a_key_that_changes_how_rollouts_are_drawn_is_refused_by_name(finished_rl, tmp_path, cli_logs, caplog, key):
+    run = copy_of(finished_rl, tmp_path)
+    before = snapshot(run)
+    value, both = RL_REFUSED[key]
+    assert main(["rl", *GRPO_TINY, f"output_dir={run}", f"{key}={value}"]) == 1
+    (error,) = messages(caplog, logging.ERROR)
+    assert f"{key} was {both}; start a new run elsewhere" in error
+    assert snapshot(run) == before  # before: the engine, its mode or its cache were accepted as harmless
+
+
+def test_each_completion_row_records_the_engine_model_and_sampling(finished_rl):
+    rows = [json.loads(line) for line in (finished_rl / "completions.jsonl").read_text().splitlines()]
+    assert rows and all(r["made_by"]["engine"] == "transformers" and r["made_by"]["sampling"]["temperature"] > 0
+                        and r["made_by"]["model"] == {} for r in rows)  # the tiny base: nothing to fingerprint

@@ -61,6 +61,9 @@ class TransformersGenerator:
     compiles once, about a minute, so it pays on long runs of same-shaped batches; the outputs are the dynamic
     cache's."""
 
+    engine = "transformers"
+    """The engine's name, as ``engine`` names it and as records of what made a sample keep it."""
+
     def __init__(self, model: Any, tokenizer: Any, batch_size: int = 16, static_cache: bool = False):
         self.model = model
         self.tokenizer = tokenizer
@@ -206,6 +209,9 @@ class VLLMGenerator:
     The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, as TRL's colocate mode): no spawned
     workers, no ``__main__`` guard needed. On a CPU its KV cache takes ``VLLM_CPU_KVCACHE_SPACE`` GiB (default 1).
     """
+
+    engine = "vllm"
+    """The engine's name, as ``engine`` names it and as records of what made a sample keep it."""
 
     def __init__(self, model_path: str, tokenizer: Any, adapter: str | None = None, dtype: str = "auto", seed: int = 0,
                  tensor_parallel_size: int = 1, gpu_memory_utilization: float | None = None,

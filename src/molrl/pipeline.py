@@ -142,10 +142,16 @@ def run_pipeline(cfg: PipelineConfig, *, collect_tasks: Sequence[Any] | None = N
     out = Path(cfg.output_dir)
     check_stages(cfg, out, collect_tasks is not None)
     with folder_lock(out, "use another output_dir"):  # one pipeline at a time in a run directory
-        save_config(cfg, out / "config.yaml")
-        write_text(out / "environment.json", json.dumps(environment(), indent=1))
+        started, finished = time.time(), (out / "report.md").is_file()
+        if not finished:  # what the run was asked, kept from its start
+            _record_run(cfg, out)
         with stage_threads(cfg.threads, most_threads):  # each stage applies it, unless its own section sets threads
             timings = _run_stages(cfg, out, collect_tasks)
+        if finished and not any(p.stat().st_mtime >= started for p in out.rglob(DONE)):
+            log.info("%s: finished (every stage done, %s); nothing to do", out, out / "report.md")
+            return out  # a finished run is never rewritten: no stage ran, so its report stands
+        if finished:
+            _record_run(cfg, out)
         _record_timings(out, timings)
         from molrl.report import write_report
 
@@ -398,6 +404,12 @@ def _timed_stage(timings: dict[str, float], name: str, fn: Callable[[], Any]) ->
     result = fn()
     timings[name] = round(time.time() - started, 1)
     return result
+
+
+def _record_run(cfg: PipelineConfig, out: Path) -> None:
+    """The pipeline's resolved config and the machine it runs on, beside its stages."""
+    save_config(cfg, out / "config.yaml")
+    write_text(out / "environment.json", json.dumps(environment(), indent=1))
 
 
 def _record_timings(out: Path, timings: dict[str, float]) -> None:

@@ -18,8 +18,9 @@ itself, resumes from there. A saved config is read under the current key names (
 so a run saved before a key was renamed is the same run.
 
 ``HARMLESS`` lists, in this one place, the keys that may differ between a run and its re-run
-without changing what the run computes (where it writes, logging, worker counts, resume switches); a key that can
-change a grade (a sandbox limit, a float tolerance) is never among them.
+without changing what the run computes (where it writes, logging, worker counts, resume switches), and ``GREEDY_ONLY``
+those that may differ only under greedy decoding (the engine, the device); a key that can change a grade (a sandbox
+limit, a float tolerance) is never among them. A finished run re-run with only such differences changes no file.
 
 Same run means same contents, not same names: the keys ``molrl.run_inputs.INPUTS`` lists (the model, the data files,
 the adapter trained further or evaluated) are compared as resolved paths (``./models/x`` is ``models/x``), and their
@@ -56,17 +57,67 @@ HARMLESS: dict[str, tuple[str, ...]] = {
     "mol": ("output_dir", "train.report_to", "train.logging_steps", "train.save_steps", "train.save_total_limit",
             "train.resume", "threads"),
     "rl": ("output_dir", "train.report_to", "train.logging_steps", "train.save_steps", "train.save_total_limit",
-           "train.resume", "sandbox.workers", "engine", "vllm_mode", "vllm_server_url",
-           "engine_gpu_memory_utilization", "threads"),
-    "collect": ("output_dir", "data.limit", "samples", "engine", "device", "progress", "sandbox.workers", "episode.batch_size",
-                "threads"),
-    "eval": ("output_dir", "label", "benchmarks", "limit", "data.*.limit", "ks", "batch_size", "partial_predictions",
-             "device", "engine", "static_cache", "sandbox.workers", "threads"),
+           "train.resume", "sandbox.workers", "vllm_server_url", "threads"),
+    "collect": ("output_dir", "data.limit", "samples", "progress", "sandbox.workers", "threads"),
+    "eval": ("output_dir", "label", "benchmarks", "limit", "data.*.limit", "ks", "partial_predictions",
+             "static_cache", "sandbox.workers", "threads"),
 }
 """Per stage, the keys a re-run may change freely, each a single key (never a whole section, whose other keys could
-change a result). collect's ``data.limit`` and ``samples`` and eval's ``benchmarks`` and ``limit`` only add or leave out
-work; what was already made stays valid (``*`` stands for each benchmark of eval's ``data``). Of the sandbox only the worker count is here: its limits and tolerances
-decide verdicts."""
+change a result); ``*`` stands for each benchmark of eval's ``data``. A key is here only where it cannot change how a
+sample, a grade or a weight is made, so the saved config still says what made everything in the run: the same
+sampler and random stream, the same arithmetic (up to floating-point rounding, as between two runs of one config):
+
+==========================  =====================================================================================
+key                         why it cannot change what is produced
+==========================  =====================================================================================
+output_dir                  where a run writes, not what it computes
+threads                     torch's CPU threads: the same numbers, sooner or later
+train.report_to             which trackers receive the logged figures
+train.logging_steps         how often figures are logged
+train.save_steps            how often checkpoints are written (a resume continues the same curve)
+train.save_total_limit      how many checkpoints are kept
+train.resume                whether the saved run is looked at, not what is trained
+sandbox.workers             how many sandbox processes run tests at once; a verdict does not depend on it (the
+                            sandbox's limits and tolerances decide verdicts and are never here)
+vllm_server_url             where rl's vLLM server is; what it samples with is the server's launch (``vllm_mode``
+                            and the engine's settings are compared)
+progress                    whether a progress bar is drawn
+static_cache                how the KV cache is held while generating: the same tokens (tests/test_generation.py)
+limit, data.*.limit,        how much is done, not how: what was made stays valid and the rest is made by the same
+data.limit, samples,        model, engine and sampling. A finished run asked for less does nothing (its results
+benchmarks                  stand); asked for more, it makes only the rest
+ks                          which pass@k are summarised from the same samples; a finished run asked for others
+                            summarises again, generating nothing
+label                       the run's name in comparisons; a finished run keeps its saved one
+partial_predictions         whether problems without predictions are an error; graded ones stay as graded
+==========================  =====================================================================================
+
+``GREEDY_ONLY`` lists the keys that are harmless only under greedy decoding."""
+
+GREEDY_ONLY: dict[str, tuple[str, ...]] = {
+    "rl": ("engine", "vllm_mode", "engine_gpu_memory_utilization"),
+    "collect": ("engine", "device", "episode.batch_size"),
+    "eval": ("engine", "device", "batch_size"),
+}
+"""Per stage, the keys harmless to a re-run only when ``sampling.temperature`` is 0 (greedy): each changes the random
+stream a sample is drawn from, so at a temperature above 0 it changes every sample, and is refused like any other key
+(rl samples at 0.01 or more: never greedy, always refused).
+
+==============================  =================================================================================
+key                             the random stream it changes at temperature > 0
+==============================  =================================================================================
+engine                          another sampler (vLLM's or torch's generator): other draws from the same seed
+device                          torch draws from a per-device generator: CPU and CUDA streams differ
+batch_size (eval),              which prompts share one generator call: eval seeds each chunk by its place, an
+episode.batch_size (collect)    episode batch shares one stream
+vllm_mode                       the trainer's in-process engine or a server with its own seed
+engine_gpu_memory_utilization   the KV cache's size decides how many sequences vLLM schedules together, and on a
+                                CPU vLLM seeds the engine, not the request
+==============================  =================================================================================
+
+At temperature 0 they change only the arithmetic: vLLM and transformers give equal greedy outputs in the tests
+(tests/test_generation.py), though neither promises bit-for-bit the same logits, so a tie in the last place can
+still go the other way; a greedy run is taken to be the same run, as two runs of one config on a GPU are."""
 
 EXTENDABLE: dict[str, tuple[str, ...]] = {"mol": ("train.max_steps",), "rl": ("train.max_steps",)}
 """Per stage, the keys a re-run may raise to train a run further (never lower: that is another run)."""
@@ -126,7 +177,7 @@ def changed_keys(stage: str | None, saved: Any, cfg: Any) -> list[Change]:
             if key not in old and new.get(key, _UNSET) == value:
                 old[key] = value
     return [Change(k, old.get(k, _UNSET), new.get(k, _UNSET)) for k in sorted(set(old) | set(new))
-            if not _same(stage, k, old.get(k, _UNSET), new.get(k, _UNSET)) and not _harmless(stage, k)]
+            if not _same(stage, k, old.get(k, _UNSET), new.get(k, _UNSET)) and not _harmless(stage, k, cfg)]
 
 
 def read_as_current(cls: type, saved: Any) -> Any:
@@ -321,5 +372,9 @@ def _raises(saved: Any, now: Any) -> bool:
     return all(isinstance(v, int) and not isinstance(v, bool) for v in (saved, now)) and 0 < saved < now
 
 
-def _harmless(stage: str | None, key: str) -> bool:
-    return any(key_under(key, h) for h in HARMLESS.get(stage or "", ()))
+def _harmless(stage: str | None, key: str, cfg: Any) -> bool:
+    """Whether ``key`` may differ in a re-run of ``stage`` with ``cfg``: ``HARMLESS`` lists it, or ``GREEDY_ONLY``
+    does and ``cfg`` samples greedily (a stage without sampling has no such key)."""
+    greedy = getattr(getattr(cfg, "sampling", None), "temperature", None) == 0
+    keys = (*HARMLESS.get(stage or "", ()), *(GREEDY_ONLY.get(stage or "", ()) if greedy else ()))
+    return any(key_under(key, h) for h in keys)

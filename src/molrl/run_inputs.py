@@ -116,3 +116,10 @@ def flat_config(data: Any, prefix: str = "") -> dict[str, Any]:
     for key, value in data.items():
         flat.update(flat_config(value, f"{prefix}{key}."))
     return flat
+
+
+def model_fingerprints(stage: str, cfg: Any) -> dict[str, str]:
+    """``{input key: fingerprint}`` of ``cfg``'s model inputs (``model.path``, ``model.adapter``) that have one: what
+    each sample, trace or completion a stage makes records of the model that made it."""
+    return {label: known["fingerprint"] for label, known in input_fingerprints(stage, cfg).items()
+            if key_under(label, "model")}

@@ -28,6 +28,7 @@ from molrl.cpu import use_threads
 from molrl.errors import DataError, MolrlError
 from molrl.jsonl import json_line, read_lines, repair_torn_tail
 from molrl.rerun import NEW_RUN, check_rerun, save_run_config, say_finished
+from molrl.run_inputs import model_fingerprints
 from molrl.tasks import Task
 from molrl.traces.schema import TraceError, append_trace, read_traces
 from molrl.writes import output_lock
@@ -90,7 +91,7 @@ def _run(cfg: CollectConfig, files: CollectFiles, generator: Any, tokenizer: Any
     """Run the episodes left and append each finished one to the trace file."""
     from molrl.sandbox import SandboxPool
 
-    settings = generation_settings(cfg)
+    settings = generation_settings(cfg, generator)
     stats = _Stats()
     for pair in pairs:
         if pair in done:
@@ -164,12 +165,14 @@ def _append_line(path: Path, line: str) -> None:
         os.fsync(handle.fileno())
 
 
-def generation_settings(cfg: CollectConfig) -> dict[str, Any]:
-    """What produced the traces: model, adapter, sampling and rendering settings."""
+def generation_settings(cfg: CollectConfig, generator: Any) -> dict[str, Any]:
+    """What produced the traces: model, adapter (each with its fingerprint), the engine ``generator`` runs on, sampling
+    and rendering settings."""
     return {
         "model": cfg.model.path,
         "adapter": to_dict(cfg.model.adapter),
-        "engine": cfg.engine,
+        "model_fingerprint": model_fingerprints("collect", cfg),
+        "engine": getattr(generator, "engine", cfg.engine),  # the engine chosen, not auto; a caller's own: as asked
         "dtype": cfg.model.dtype,
         "sampling": to_dict(cfg.sampling),
         "enable_thinking": cfg.thinking,

@@ -70,9 +70,9 @@ def graded_now(task: Task, records: Sequence[SampleRecord]) -> bool:
 def regrade(tasks: Sequence[Task], records: Sequence[Sequence[SampleRecord]], pool: Any = None,
             code_reward: Any = None) -> list[list[SampleRecord]]:
     """``records`` (the samples of ``tasks[i]``) judged again by the current grading, from the completions they hold:
-    nothing is generated again, and whether a completion was cut at the token limit is kept."""
+    nothing is generated again, and whether a completion was cut at the token limit, and what made it, are kept."""
     graded = grade_samples(tasks, [[r.completion for r in rs] for rs in records], pool, code_reward)
-    return [[dataclasses.replace(new, truncated=old.truncated) for new, old in zip(news, olds)]
+    return [[dataclasses.replace(new, truncated=old.truncated, made_by=old.made_by) for new, old in zip(news, olds)]
             for news, olds in zip(graded, records)]
 
 

@@ -46,13 +46,21 @@ class InteractiveSource:
     def finished(self, name: str, task_id: str, records: Sequence[SampleRecord]) -> bool:
         return len(records) == self.cfg.sampling.n
 
+    def model_fingerprints(self) -> dict[str, str]:
+        """The fingerprints of the model and adapter that play the episodes."""
+        return self._model.model_fingerprints()
+
+    def made_by(self, offset: int) -> dict[str, Any]:
+        """The engine, model fingerprints and sampling of the episodes of the chunk at ``offset``."""
+        return self._model.made_by(offset)
+
     def episode_config(self) -> Any:
         """The episode settings: turns and feedback from ``interactive``, the batch size from the eval."""
         return dataclasses.replace(self.cfg.interactive, batch_size=self.cfg.batch_size * self.cfg.sampling.n)
 
     def records(self, name: str, tasks: Sequence[Task], offset: int, pool: Any) -> list[list[SampleRecord]]:
         generator, tokenizer = self._model.load()
-        sampling = dataclasses.replace(self.cfg.sampling, seed=self.cfg.sampling.seed + offset)
+        sampling = self._model.chunk_sampling(offset)
         episodes = run_episodes(generator, tokenizer, tasks, pool, self.episode_config(), sampling,
                                 thinking=self.cfg.thinking, samples=self.cfg.sampling.n)
         by_key = {(ep.task.id, ep.sample): ep for ep in episodes}

@@ -10,6 +10,7 @@ Results land in ``results.json`` / ``results.md`` next to the resolved ``config.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -18,12 +19,13 @@ from typing import Any, Iterator, Sequence
 import yaml
 
 from molrl.config import check_values, to_dict
+from molrl.config_renames import current_names
 from molrl.cpu import use_threads
 from molrl.errors import MolrlError
 from molrl.eval.config import EvalConfig
 from molrl.eval.grading import graded_now, regrade
 from molrl.eval.report import results_markdown, write_results
-from molrl.eval.samples import SampleRecord, SampleStore
+from molrl.eval.samples import SampleRecord, SampleStore, other_model, recorded_engines
 from molrl.eval.single import summarise
 from molrl.eval.interactive import InteractiveSource
 from molrl.eval.sources import PredictionSource, SamplingSource
@@ -74,6 +76,7 @@ def _evaluate(cfg: EvalConfig) -> Path:
         refuse_trained_overlap(cfg.model.adapter, [t for tasks in suites.values() for t in tasks], "allow_trained_overlap")
     source = make_source(cfg)
     suites = {name: source.select(name, tasks) for name, tasks in suites.items()}
+    check_same_model(out, suites, source)  # a raised limit extends a run with the model that made it only
     if started and finished(out, cfg, suites, source):
         say_finished(out, f"every problem graded, {out / 'results.md'}", "eval")
         return out
@@ -87,13 +90,16 @@ def _evaluate(cfg: EvalConfig) -> Path:
     }
     # interactive episodes run the model's code whatever the task kind
     needs_sandbox = cfg.mode == "interactive" or any(t.kind == "code" for tasks in suites.values() for t in tasks)
+    made: list[SampleRecord] = []  # every sample summarised: the engines that made them go in the results
     try:
         with _sandbox_pool(cfg, needs_sandbox) as pool, _progress() as progress:
             for name, tasks in suites.items():
                 records = run_suite(name, tasks, source, pool, cfg, progress)
                 results["benchmarks"][name] = summarise(tasks, records, cfg.ks)
+                made += [r for rs in records for r in rs]
     finally:  # a vLLM engine's memory back before the next stage of the process starts its own
         source.close()
+    results.update(engine=recorded_engines(made), model_fingerprint=source.model_fingerprints())
     write_results(out, results)
     scores = ", ".join(f"{name} pass@1 {m.get('pass@1', float('nan')):.3f}" for name, m in results["benchmarks"].items())
     log.info("eval %s: %s (%s)", source.label, scores, out / "results.md")
@@ -128,6 +134,8 @@ def run_suite(
     for start in range(0, len(pending), cfg.batch_size):
         chunk = pending[start : start + cfg.batch_size]
         for task, records in zip(chunk, source.records(name, chunk, position[chunk[0].id], pool)):
+            for record in records:  # what made it (engine, model, sampling) travels with each sample
+                record.made_by = source.made_by(position[chunk[0].id])
             store.append(records)
             done[task.id] = records
         progress.advance(bar, len(chunk))
@@ -135,18 +143,40 @@ def run_suite(
 
 
 def finished(out: Path, cfg: EvalConfig, suites: dict[str, Sequence[Task]], source: Any) -> bool:
-    """Whether ``out`` already holds this very run's results: the same config, key for key (a changed ``ks`` or
-    ``benchmarks`` summarises again), results written, and every problem's samples complete and judged by the
-    current grading (``molrl.tasks.grade.GRADING``)."""
+    """Whether ``out`` already holds this very run's results, so that nothing is written: the same config but for the
+    keys ``molrl.rerun`` lets a re-run change (left as saved: a finished run asked for fewer problems or benchmarks, or
+    another label, stays as it is), results written for every benchmark and pass@k asked for (others summarise
+    again), and every problem's samples complete and judged by the current grading (``molrl.tasks.grade.GRADING``)."""
     saved, results = out / "config.yaml", out / "results.json"
-    if not (saved.is_file() and results.is_file()) or changed_keys(None, yaml.safe_load(saved.read_text()) or {}, cfg):
-        return False  # compared under the current key names: a run saved before a rename is the same run
+    if not (saved.is_file() and results.is_file()):
+        return False
+    kept = yaml.safe_load(saved.read_text()) or {}  # compared under the current key names (changed_keys, current_names)
+    if changed_keys("eval", kept, cfg) or not set(cfg.ks) <= set(current_names(EvalConfig, kept).get("ks") or ()):
+        return False
+    summarised = json.loads(results.read_text()).get("benchmarks") or {}
+    if not all(name in summarised for name in suites):
+        return False
     for name, tasks in suites.items():
         found = SampleStore(out / name / "samples.jsonl").load()
         if not all(t.id in found and source.finished(name, t.id, found[t.id]) and graded_now(t, found[t.id])
                    for t in tasks):
             return False
     return True
+
+
+def check_same_model(out: Path, suites: dict[str, Sequence[Task]], source: Any) -> None:
+    """Refuse to add to samples in ``out`` that another model made (the fingerprints each sample keeps of the model and
+    adapter differ from the ones loaded now), before anything loads: one run, one model."""
+    now = source.model_fingerprints()
+    for name in suites:
+        store = SampleStore(out / name / "samples.jsonl")
+        other = other_model(store.load(), now) if now else None
+        if other is not None:
+            kept = other.made_by["model"]
+            key = next(k for k in sorted(kept.keys() & now.keys()) if kept[k] != now[k])
+            raise MolrlError(f"{store.path}: problem {other.id} was sampled from another {key} (fingerprint {kept[key]}, "
+                             f"now {now[key]}); put that model back to extend this run, or start a new run with "
+                             f"{NEW_RUN['eval']}")
 
 
 def grading_current(cfg: EvalConfig) -> bool:

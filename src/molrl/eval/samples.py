@@ -45,6 +45,34 @@ class SampleRecord:
     grading: int = 1
     """The version of its task kind's grading that judged it (``molrl.tasks.grade.GRADING``); records written
     before versions were kept were judged by version 1."""
+    made_by: dict[str, Any] | None = None
+    """What produced it (``made_by``): the engine, each model input's fingerprint and the sampling settings; None in
+    records written before it was kept."""
+
+
+def made_by(engine: str | None, model: dict[str, str], sampling: dict[str, Any] | None) -> dict[str, Any]:
+    """A sample's ``made_by``: ``engine`` (``vllm``, ``transformers``; None: read from a predictions file), ``model``
+    (``{input key: fingerprint}`` of the model and adapter, where each is a folder or a cached hub name) and the
+    ``sampling`` settings it was drawn with (its chunk's seed included; None for predictions)."""
+    return {"engine": engine, "model": model, "sampling": sampling}
+
+
+def other_model(found: dict[str, list[SampleRecord]], model: dict[str, str]) -> SampleRecord | None:
+    """The first record in ``found`` made from another model than ``model`` (fingerprints by input key), comparing
+    the inputs both name; records that kept no ``made_by`` pass."""
+    for records in found.values():
+        for record in records:
+            kept = (record.made_by or {}).get("model") or {}
+            if any(kept[key] != model[key] for key in kept.keys() & model.keys()):
+                return record
+    return None
+
+
+def recorded_engines(records: Iterable[SampleRecord]) -> str | None:
+    """The engines ``records`` name as their makers, joined (``unrecorded`` for records written before they were kept);
+    None when none was made by an engine (predictions)."""
+    names = {(r.made_by or {"engine": "unrecorded"}).get("engine") for r in records}
+    return ", ".join(sorted(n for n in names if n)) or None
 
 
 class SampleStore:

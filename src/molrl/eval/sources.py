@@ -1,8 +1,9 @@
 """Where an eval run's graded samples come from: a model sampled single-turn, or a predictions file.
 
 Each source answers ``records(benchmark, tasks, offset, pool) -> list[list[SampleRecord]]`` (the
-graded samples of each task) and ``finished(benchmark, task_id, records)``: whether the records an
-earlier run left for a problem are complete, which is what resuming checks. The interactive
+graded samples of each task), ``finished(benchmark, task_id, records)``: whether the records an
+earlier run left for a problem are complete, which is what resuming checks, and ``made_by(offset)`` and
+``model_fingerprints()``: what the samples it makes record of their making (``molrl.eval.samples.made_by``). The interactive
 source (``molrl.eval.interactive``) has the same shape.
 """
 
@@ -13,12 +14,15 @@ import logging
 from pathlib import Path
 from typing import Any, Sequence
 
+from molrl.config import to_dict
 from molrl.errors import MolrlError
 from molrl.eval.config import EvalConfig
 from molrl.eval.grading import grade_samples
 from molrl.eval.predictions import read_predictions
-from molrl.eval.samples import SampleRecord
+from molrl.eval.samples import SampleRecord, made_by
 from molrl.eval.single import generate_chunk
+from molrl.sampling import SamplingConfig
+from molrl.run_inputs import model_fingerprints
 from molrl.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -36,6 +40,14 @@ class PredictionSource:
 
     def close(self) -> None:
         """Nothing to release: no model is loaded."""
+
+    def model_fingerprints(self) -> dict[str, str]:
+        """None known: the completions were made elsewhere."""
+        return {}
+
+    def made_by(self, offset: int) -> dict[str, Any]:
+        """No engine, model or sampling is known of completions made elsewhere."""
+        return made_by(None, {}, None)
 
     def select(self, name: str, tasks: Sequence[Task]) -> list[Task]:
         """The problems to score: all of them, or those with predictions when partial_predictions is set."""
@@ -71,6 +83,7 @@ class SamplingSource:
         self._tokenizer: Any = None
         self.planned_tokens = 0
         """Tokens this run is to generate at most (problems x samples x most new tokens), for ``engine=auto``."""
+        self._fingerprints: dict[str, str] | None = None
 
     def plan(self, problems: int, turns: int = 1) -> None:
         """Record how many problems are left to sample, each for up to ``turns`` turns."""
@@ -82,10 +95,25 @@ class SamplingSource:
     def finished(self, name: str, task_id: str, records: Sequence[SampleRecord]) -> bool:
         return len(records) == self.cfg.sampling.n
 
+    def chunk_sampling(self, offset: int) -> SamplingConfig:
+        """The sampling of the chunk that starts at problem ``offset``: seeded by its place in the benchmark, which
+        keeps chunks from repeating one random stream."""
+        return dataclasses.replace(self.cfg.sampling, seed=self.cfg.sampling.seed + offset)
+
+    def model_fingerprints(self) -> dict[str, str]:
+        """The fingerprints of the model and adapter sampled (``molrl.run_inputs.model_fingerprints``), read once."""
+        if self._fingerprints is None:
+            self._fingerprints = model_fingerprints("eval", self.cfg)
+        return self._fingerprints
+
+    def made_by(self, offset: int) -> dict[str, Any]:
+        """The engine loaded, the model's fingerprints and the sampling of the chunk at ``offset``."""
+        return made_by(getattr(self._generator, "engine", None), self.model_fingerprints(),
+                       to_dict(self.chunk_sampling(offset)))
+
     def records(self, name: str, tasks: Sequence[Task], offset: int, pool: Any) -> list[list[SampleRecord]]:
         generator, tokenizer = self.load()
-        # Seeding by the chunk's place in the benchmark keeps chunks from repeating one random stream.
-        sampling = dataclasses.replace(self.cfg.sampling, seed=self.cfg.sampling.seed + offset)
+        sampling = self.chunk_sampling(offset)
         completions = generate_chunk(
             generator, tokenizer, tasks, sampling, enable_thinking=self.cfg.thinking,
             code_template=self.cfg.code_prompt, math_template=self.cfg.math_prompt,

@@ -98,6 +98,7 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
     from molrl.trainer_progress import use_trainer_progress
 
     from molrl.rl.engine import attach_engine, rl_engine
+    from molrl.rl.score import completions_made_by
 
     engine = rl_engine(cfg)  # before anything loads: engine=vllm without vLLM stops here
     engine.log("rl")
@@ -127,6 +128,7 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
             peft_config=policy.peft_config,
             callbacks=callbacks,
             completions_path=out / "completions.jsonl",
+            made_by=completions_made_by(cfg, engine.name),
         )
         use_trainer_progress(trainer, f"{cfg.algorithm} {out.name}", {"reward": "reward", "kl": "kl", "completions/mean_length": "len"})
         described = install_reference(trainer, cfg.policy.reference, policy.adapter_mode, policy.load_base)

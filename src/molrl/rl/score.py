@@ -12,8 +12,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from molrl.config import to_dict
 from molrl.graders.code import CodeRewardConfig
 from molrl.rl.batch import RolloutBatch
+from molrl.run_inputs import model_fingerprints
 from molrl.tasks.grade import FAILED, grade
 from molrl.task_types import Task
 
@@ -97,9 +99,10 @@ class Scorer:
 
 def log_scores(metrics: dict[str, list[float]], seen_stages: set[str], name: str, batch: RolloutBatch, scores: Scores,
                rewards: torch.Tensor, per_completion: torch.Tensor, group: int, gather: Callable[[list], list],
-               completions_path: Path | None, step: int) -> None:
+               completions_path: Path | None, step: int, made_by: dict[str, Any] | None = None) -> None:
     """Reward metrics (every process) and, where ``completions_path`` is given (the main process in training),
-    one line per completion of all processes; ``per_completion`` [N] is each completion's advantage."""
+    one line per completion of all processes, each with ``made_by`` (``completions_made_by``); ``per_completion``
+    [N] is each completion's advantage."""
     mean, std = rewards.mean().item(), rewards.std().item() if rewards.numel() > 1 else 0.0
     metrics["reward"].append(mean)
     metrics["reward_std"].append(std)
@@ -121,9 +124,16 @@ def log_scores(metrics: dict[str, list[float]], seen_stages: set[str], name: str
         for i, (prompt, completion) in enumerate(zip(prompts, completions)):
             record = {"step": step, "prompt": prompt, "completion": completion,
                       "rewards": {name: rewards[i].item()}, "advantage": per_completion[i].item(),
-                      "task_id": task_ids[i], "reward_stage": stages[i], "reward_error": errors[i]}
+                      "task_id": task_ids[i], "reward_stage": stages[i], "reward_error": errors[i],
+                      "made_by": made_by}
             if lengths is not None:
                 record["tokens"] = lengths[i]
             if ids is not None:
                 record.update(id=ids[i], off_policy_tokens=off[i])
             fh.write(json.dumps(record, default=str) + "\n")
+
+
+def completions_made_by(cfg: Any, engine: str) -> dict[str, Any]:
+    """What each ``completions.jsonl`` row records of its making: the ``engine`` that sampled it, the fingerprints of
+    the model and adapter training started from (the row's ``step`` says how far it went) and the sampling."""
+    return {"engine": engine, "model": model_fingerprints("rl", cfg), "sampling": to_dict(cfg.sampling)}

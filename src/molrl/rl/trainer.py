@@ -78,9 +78,10 @@ class RlTrainer(GRPOTrainer):
     """TRL's loop and generation with molrl's rollout policy, scoring, algorithm and loss."""
 
     def __init__(self, *args: Any, scorer: Scorer, config: RlConfig, completions_path: Path | None = None,
-                 **kwargs: Any):
+                 made_by: dict[str, Any] | None = None, **kwargs: Any):
         super().__init__(*args, reward_funcs=[scorer], **kwargs)
         self.scorer, self.completions_path, self.seen_stages = scorer, completions_path, set()
+        self.made_by = made_by  # what each completions.jsonl row records of its making (score.completions_made_by)
         self.logprobs = LogProbs(self)  # every sampling log-prob, at the one temperature
         self.engine: Any = None  # molrl.rl.engine.PolicyEngine once attached (engine=vllm, colocated)
         self.prompt_ids = prompt_ids_by_text(self.train_dataset)
@@ -113,7 +114,7 @@ class RlTrainer(GRPOTrainer):
         main = mode == "train" and self.accelerator.is_main_process
         log_scores(self.metrics(), self.seen_stages, self.scorer.__name__, batch, scores, rewards,
                    advantages.per_completion, self.group_size(), gather_object,
-                   self.completions_path if main else None, self.state.global_step + 1)
+                   self.completions_path if main else None, self.state.global_step + 1, self.made_by)
         return rollout.finish(LossInputs(  # 4. what the loss reads, with the generation batch's counts
             batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, advantages.tokens,
             behaviour_logps=batch.behaviour_logps, reference_logps=batch.reference_logps, weights=batch.loss_weights(),
