@@ -15,8 +15,8 @@ from molrl.rl.config import TaskSource
 from molrl.tasks.source import load_task_source
 from molrl.sandbox import SandboxConfig
 from molrl.tasks import Task, load_tasks
-from molrl.tasks.splits import (SPLITS, TRAINED_ON, benchmark_split, mbpp_split, read_trained_on, select_split,
-                                task_entries, trained_overlap, write_trained_on)
+from molrl.provenance import PROVENANCE, made, read_provenance, trained_on, trained_overlap, write_provenance
+from molrl.tasks.splits import SPLITS, benchmark_split, mbpp_split, select_split
 
 FILES = {"mbpp": "mbpp/mbpp.jsonl", "humaneval": "humaneval/HumanEval.jsonl.gz", "math500": "math500/test.jsonl",
          "aime": "aime24/test.jsonl"}
@@ -78,12 +78,20 @@ def test_unknown_split_is_one_line():
         select_split([Task(id="1", prompt="p", kind="math", answer="1", split="train")], "dev", "f", "data.split")
 
 
+def _trained(folder, tasks, stage="mol", parents=()):
+    """Write the record of weights in ``folder`` trained on ``tasks``, as a run of ``stage`` writes it."""
+    write_provenance(folder, made(stage, "cfg", "tiny:chatml", parents, *trained_on(tasks)))
+
+
 def test_trained_on_is_merged_along_a_chain_of_runs(tmp_path, shared_data):
     mbpp = load_tasks(shared_data / FILES["mbpp"], "mbpp")
-    write_trained_on(tmp_path / "mol", task_entries(t for t in mbpp if t.id in ("11", "601")))
-    write_trained_on(tmp_path / "rl", task_entries(t for t in mbpp if t.id == "602"), earlier=tmp_path / "mol")
-    assert read_trained_on(tmp_path / "rl" / "adapter") == {"mbpp": {"test": ["11"], "train": ["601", "602"]}}
-    assert trained_overlap(tmp_path / "rl" / "adapter", mbpp) == {"mbpp/test": 1, "mbpp/train": 2}
+    _trained(tmp_path / "mol" / "adapter", [t for t in mbpp if t.id in ("11", "601")])
+    _trained(tmp_path / "rl" / "adapter", [t for t in mbpp if t.id == "602"], "rl",
+             [read_provenance(tmp_path / "mol")])
+    record = read_provenance(tmp_path / "rl")
+    assert [(t.split, t.id) for t in record.tasks] == [("test", "11"), ("train", "601"), ("train", "602")]
+    assert [step["stage"] for step in record.lineage] == ["mol", "rl"]
+    assert trained_overlap(record, {"mbpp": mbpp}) == {"mbpp": 3}
 
 
 def _eval_cfg(shared_data, tmp_path, adapter, **kw):
@@ -96,13 +104,12 @@ def _eval_cfg(shared_data, tmp_path, adapter, **kw):
 
 def test_finding2_eval_refuses_to_score_what_the_adapter_trained_on(tmp_path, shared_data):
     run = tmp_path / "rl"
-    write_trained_on(run, task_entries(load_tasks(shared_data / FILES["mbpp"], "mbpp", split="all")))
-    (run / "adapter").mkdir()
+    _trained(run / "adapter", load_tasks(shared_data / FILES["mbpp"], "mbpp", split="all"))
     with pytest.raises(MolrlError) as err:
         run_eval(_eval_cfg(shared_data, tmp_path, run / "adapter"))
-    assert str(err.value) == (f"{run / 'adapter'}: the runs behind this adapter trained on 2 of the problems to score "
-                              f"(2 of mbpp/test; see its {TRAINED_ON}); score another split, or set "
-                              "allow_trained_overlap=true to score them anyway")
+    assert str(err.value) == (f"{run / 'adapter' / PROVENANCE}: the model was trained on 2 of the problems to score "
+                              "(mbpp: 2 of 2); score other problems, or set allow_trained_overlap=true to score them "
+                              "anyway")
     assert not (tmp_path / "eval").exists()  # refused before any work
     out = run_eval(_eval_cfg(shared_data, tmp_path, run / "adapter", allow_trained_overlap=True))
     assert json.loads((out / "results.json").read_text())["benchmarks"]["mbpp"]["problems"] == 2
@@ -110,8 +117,7 @@ def test_finding2_eval_refuses_to_score_what_the_adapter_trained_on(tmp_path, sh
 
 def test_eval_scores_an_adapter_trained_on_the_train_split(tmp_path, shared_data):
     run = tmp_path / "rl"
-    write_trained_on(run, task_entries(load_tasks(shared_data / FILES["mbpp"], "mbpp", split="train")))
-    (run / "adapter").mkdir()
+    _trained(run / "adapter", load_tasks(shared_data / FILES["mbpp"], "mbpp", split="train"))
     out = run_eval(_eval_cfg(shared_data, tmp_path, run / "adapter"))
     assert json.loads((out / "results.json").read_text())["benchmarks"]["mbpp"]["problems"] == 2
 
@@ -130,5 +136,8 @@ def test_mol_records_the_benchmark_tasks_its_traces_were_collected_on(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     _, stats = load_examples([str(path)], build_tiny_tokenizer("chatml"), 256)
     assert [e[:3] for e in stats.benchmark_tasks] == [("mbpp", "test", "11"), ("mbpp", "train", "601")]  # general: not tasks
-    write_trained_on(tmp_path / "mol", [e[:3] for e in stats.benchmark_tasks])
-    assert read_trained_on(tmp_path / "mol") == {"mbpp": {"test": ["11"], "train": ["601"]}}
+    from molrl.mol.config import MolConfig
+    from molrl.mol.run import provenance
+
+    write_provenance(tmp_path / "mol", provenance(MolConfig(), stats))
+    assert [(t.split, t.id) for t in read_provenance(tmp_path / "mol").tasks] == [("test", "11"), ("train", "601")]

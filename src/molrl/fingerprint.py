@@ -1,9 +1,12 @@
 """A cheap hash of the contents of a file or folder: what the re-run rule (``molrl.rerun``) compares a run's inputs by,
-so that an input replaced under the same name is noticed."""
+so that an input replaced under the same name is noticed. A model named on the hub (``org/name``) is the snapshot of
+the local hub cache its ``refs/main`` points to (``hub_snapshot``), fingerprinted like a folder."""
 
 from __future__ import annotations
 
 import hashlib
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 _WHOLE_FILE = 16 << 20
@@ -40,3 +43,46 @@ def _file_digest(file: Path) -> bytes:
                 handle.seek(start)
                 digest.update(handle.read(_PIECE))
     return digest.digest()
+
+
+_HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+@dataclass(frozen=True)
+class HubSnapshot:
+    """The files of a hub model in the local cache: the commit ``refs/main`` points to, and its snapshot folder."""
+
+    name: str
+    commit: str
+    folder: Path
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.commit}"
+
+
+def hub_snapshot(name: str, revision: str = "main") -> HubSnapshot | None:
+    """The cached snapshot the hub name ``name`` (``org/name``) loads, read offline from the hub cache (``HF_HUB_CACHE``):
+    the commit ``refs/REVISION`` names and its folder; None for a local path, an uncached name or a broken ref."""
+    if not _HUB_NAME.fullmatch(name) or Path(name).expanduser().exists():
+        return None
+    from huggingface_hub import constants
+
+    repo = Path(constants.HF_HUB_CACHE) / f"models--{name.replace('/', '--')}"
+    try:
+        commit = (repo / "refs" / revision).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    folder = repo / "snapshots" / commit
+    return HubSnapshot(name, commit, folder) if commit and folder.is_dir() else None
+
+
+def model_fingerprint(name: str) -> dict[str, str] | None:
+    """``{"path", "fingerprint"}`` of a model given by folder, file or cached hub name (``path``: the resolved folder,
+    or ``org/name@commit``); None for what is neither (``tiny:...``, a name not in the cache)."""
+    path = Path(name).expanduser()
+    if path.exists():
+        return {"path": str(path.resolve()), "fingerprint": fingerprint(path)}
+    snapshot = hub_snapshot(name)
+    if snapshot is None:
+        return None
+    return {"path": str(snapshot), "fingerprint": fingerprint(snapshot.folder)}

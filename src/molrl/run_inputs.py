@@ -11,7 +11,7 @@ from typing import Any
 
 from molrl.config import ConfigError, to_dict
 from molrl.config_renames import current_names
-from molrl.fingerprint import fingerprint
+from molrl.fingerprint import model_fingerprint
 
 INPUTS: dict[str, tuple[str, ...]] = {
     "mol": ("model.path", "data.traces"),
@@ -33,12 +33,13 @@ def inputs_path(saved: Path) -> Path:
 
 def input_fingerprints(stage: str | None, cfg: Any) -> dict[str, dict[str, str]]:
     """``{label: {"path": resolved path, "fingerprint": ...}}`` for each ``INPUTS`` value of ``cfg`` that is a file or
-    folder on this machine (a hub name or ``tiny:...`` model is not)."""
+    folder on this machine, or a hub name in the local hub cache (its snapshot's files; ``path``: ``org/name@commit``);
+    a ``tiny:...`` model or an uncached name has none."""
     found = {}
     for label, value in input_values(stage, flat_config(to_dict(cfg))):
-        path = Path(str(value)).expanduser()
-        if path.exists():
-            found[label] = {"path": str(path.resolve()), "fingerprint": fingerprint(path)}
+        known = model_fingerprint(str(value))
+        if known is not None:
+            found[label] = known
     return found
 
 

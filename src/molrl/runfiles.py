@@ -40,6 +40,22 @@ class MetricsFileCallback(TrainerCallback):
             fh.write(json.dumps(record) + "\n")
 
 
+class ProvenanceCallback(TrainerCallback):
+    """Writes the run's provenance record (``molrl.provenance``) into every checkpoint as it is saved, so a checkpoint
+    evaluated or copied on its own carries what it was trained on."""
+
+    def __init__(self, record: Any):
+        self.record = record
+
+    def on_save(self, args, state, control, **kwargs):
+        from molrl.provenance import write_provenance
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+        folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        if state.is_world_process_zero and folder.is_dir():
+            write_provenance(folder, self.record)
+
+
 class ResumedSchedule(TrainerCallback):
     """Sets a resumed run's learning rate to what its schedule gives at the resumed step.
 

@@ -46,7 +46,8 @@ class EvalConfig:
     """Benchmark split scored where a benchmark's ``data`` names none (MBPP's test split is tasks 11-510; a file
     without splits is scored whole)."""
     allow_trained_overlap: bool = False
-    """Score problems the adapter's runs trained on (their trained_on.json); refused by default."""
+    """Score problems the model or adapter was trained on (by content, per its molrl_provenance.json); refused by
+    default."""
     predictions: dict[str, str] = field(default_factory=dict)
     """Grade completions made elsewhere instead of sampling: NAME -> JSONL of {id, completion}."""
     partial_predictions: bool = False

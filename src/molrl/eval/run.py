@@ -30,10 +30,10 @@ from molrl.eval.single import summarise
 from molrl.eval.interactive import InteractiveSource
 from molrl.eval.sources import PredictionSource, SamplingSource
 from molrl.eval.suites import load_suite
+from molrl.provenance import check_scored
 from molrl.rerun import NEW_RUN, changed_keys, check_rerun, save_run_config, say_finished
 from molrl.run_inputs import inputs_path
 from molrl.tasks import Task
-from molrl.tasks.splits import refuse_trained_overlap
 from molrl.writes import folder_lock
 
 log = logging.getLogger(__name__)
@@ -72,8 +72,8 @@ def _evaluate(cfg: EvalConfig) -> Path:
     started = any(p.stat().st_size for p in out.glob("*/samples.jsonl"))
     check_rerun("eval", cfg, out / "config.yaml", started=started)  # molrl.rerun: one rule for every stage
     suites = {name: load_suite(name, cfg) for name in cfg.benchmarks}  # all data checked before any work
-    if cfg.model.adapter and not cfg.allow_trained_overlap:  # never score what the adapter trained on
-        refuse_trained_overlap(cfg.model.adapter, [t for tasks in suites.values() for t in tasks], "allow_trained_overlap")
+    if cfg.model.adapter or (cfg.model.path and not cfg.predictions):  # never score what the model trained on
+        check_scored(cfg.model.path, cfg.model.adapter, suites, cfg.allow_trained_overlap, "allow_trained_overlap")
     source = make_source(cfg)
     suites = {name: source.select(name, tasks) for name, tasks in suites.items()}
     check_same_model(out, suites, source)  # a raised limit extends a run with the model that made it only

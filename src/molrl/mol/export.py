@@ -1,4 +1,5 @@
-"""Plain transformers directories: a trained LoRA adapter merged into its base, or a GGUF file dequantised."""
+"""Plain transformers directories: a trained LoRA adapter merged into its base, or a GGUF file dequantised; each
+carries its provenance record inside (``molrl.provenance``: the adapter's and base's lineage, one step added)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from molrl.errors import MolrlError
+from molrl.fingerprint import fingerprint
+from molrl.provenance import config_fingerprint, made, read_provenance, write_provenance
 
 
 def merge_adapter(adapter: str | Path, out: str | Path, base: str | None = None, dtype: str = "float32") -> Path:
@@ -21,11 +24,14 @@ def merge_adapter(adapter: str | Path, out: str | Path, base: str | None = None,
     if not base:
         raise MolrlError(f"{config_file}: no base_model_name_or_path recorded; pass --base MODEL")
     merged = merged_model(base, adapter, dtype)
+    record = made("export", config_fingerprint({"adapter": fingerprint(adapter), "base": base, "dtype": dtype}), base,
+                  [read_provenance(base), read_provenance(adapter)])  # what base and adapter were trained on
     out.mkdir(parents=True, exist_ok=True)
     merged.save_pretrained(str(out))
     tokenizer = load_tokenizer(str(adapter) if (adapter / "tokenizer_config.json").is_file() else base)
     tokenizer.padding_side = "right"
     tokenizer.save_pretrained(str(out))
+    write_provenance(out, record)
     return out
 
 
@@ -82,7 +88,9 @@ def convert_gguf(gguf: str | Path, out: str | Path, dtype: str = "float32") -> P
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    record = made("gguf", config_fingerprint({"gguf": fingerprint(gguf), "dtype": dtype}), str(gguf))
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
+    write_provenance(out, record)  # its base: the GGUF file, trained on nothing molrl knows
     return out

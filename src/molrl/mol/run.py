@@ -1,7 +1,8 @@
 """``run_mol``: traces -> tokenised examples -> model (+ LoRA) -> MolTrainer -> adapter on disk.
 
-Outputs in ``cfg.output_dir``: ``config.yaml`` (resolved), ``data_stats.json``, ``trained_on.json`` (the
-benchmark tasks its traces were collected on: ``molrl.tasks.splits``), ``metrics.jsonl``
+Outputs in ``cfg.output_dir``: ``config.yaml`` (resolved), ``data_stats.json``, ``molrl_provenance.json`` (the
+base, the lineage and the tasks its traces were collected on: ``molrl.provenance``; each checkpoint and the final
+weights carry a copy inside), ``metrics.jsonl``
 (one JSON object per logged step), ``checkpoints/checkpoint-N`` (a re-run resumes from the newest) with
 the tensorboard logs under ``checkpoints/runs/``, as the RL stage keeps them, and the final ``adapter/``
 (PEFT, loadable with plain peft) or ``model/`` (full fine-tuning).
@@ -20,6 +21,7 @@ from typing import Any
 from molrl.config import ConfigError, check_values
 from molrl.cpu import use_threads
 from molrl.mol.config import MolConfig
+from molrl.provenance import Provenance, TrainedTask, config_fingerprint, made, read_provenance, write_provenance
 from molrl.rerun import CHECKPOINTS, NEW_RUN, save_run_config, training_rerun
 from molrl.trackers import report_backends
 from molrl.writes import folder_lock, write_folder, write_text
@@ -49,21 +51,22 @@ def _train(cfg: MolConfig, out: Path) -> None:
     from molrl.models import load_tokenizer
     from molrl.mol.data import check_feedback, load_examples
     from molrl.nonfinite import check_finite_weights
-    from molrl.runfiles import drop_records_after, load_checkpoint
-    from molrl.tasks.splits import write_trained_on
+    from molrl.runfiles import ProvenanceCallback, drop_records_after, load_checkpoint
 
     save_run_config("mol", cfg, out / "config.yaml")
     tokenizer = load_tokenizer(cfg.model.path)
     examples, stats = load_examples(cfg.data.traces, tokenizer, cfg.data.max_length, cfg.thinking,
                                     cfg.data.exclude_benchmarks)
     write_text(out / "data_stats.json", json.dumps(dataclasses.asdict(stats), indent=2))
-    write_trained_on(out, [entry[:3] for entry in stats.benchmark_tasks])  # the benchmark tasks its traces came from: eval will not score them
+    record = provenance(cfg, stats)
+    write_provenance(out, record)  # the tasks its traces came from: eval will not score them with these weights
     log.info("%d traces (%d general), %d tokens; %d without decision tokens, %d without feedback tokens, "
              "%d truncated to %d tokens", stats.traces, stats.general, stats.tokens, stats.without_decision,
              stats.without_feedback, stats.truncated, cfg.data.max_length)
     check_feedback(stats, cfg.loss.mode)
 
     trainer = build_trainer(cfg, examples, tokenizer)
+    trainer.add_callback(ProvenanceCallback(record))  # each checkpoint carries it
     if trainer.is_world_process_zero():  # the one process that writes metrics.jsonl
         # Lines past the resumed step (all of them on a fresh start) are logged again by this run.
         drop_records_after(out / "metrics.jsonl", rerun.step)
@@ -78,7 +81,17 @@ def _train(cfg: MolConfig, out: Path) -> None:
     check_finite_weights(trainer.model, str(final), loss_scales(cfg))
     with write_folder(final, writer=trainer.is_world_process_zero()) as folder:  # whole, or not there at all
         trainer.save_model(str(folder))
+        if trainer.is_world_process_zero():
+            write_provenance(folder, record)
     log.info("saved %s", final)
+
+
+def provenance(cfg: MolConfig, stats: Any) -> Provenance:
+    """The record of the weights this run makes: its base (or the merged model's own record), and the tasks of its
+    domain traces (``DataStats.benchmark_tasks`` and ``task_keys``)."""
+    tasks = [TrainedTask(*entry) for entry in stats.benchmark_tasks]
+    return made("mol", config_fingerprint(cfg), cfg.model.path, [read_provenance(cfg.model.path)], tasks,
+                stats.task_keys)
 
 
 def build_trainer(cfg: MolConfig, examples: list[dict[str, Any]], tokenizer: Any) -> Any:

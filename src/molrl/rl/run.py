@@ -1,7 +1,8 @@
 """``run_rl``: tasks -> prompts -> policy (+ reference) -> ``RlTrainer`` (molrl.rl.trainer) -> adapter on disk.
 
 Outputs in ``cfg.output_dir``: ``config.yaml`` (resolved), ``data_summary.json`` (tasks kept and
-left out), ``trained_on.json`` (the benchmark tasks trained on, the MoL run's included: ``molrl.tasks.splits``),
+left out), ``molrl_provenance.json`` (base, lineage and the tasks trained on, the MoL run's included:
+``molrl.provenance``; each checkpoint and the final weights carry a copy inside),
 ``metrics.jsonl`` (one line per logged step: reward, per-stage reward fractions, KL,
 timings, eval-hook results; also to ``train.report_to``'s backends: tensorboard event files under
 ``checkpoints/runs/`` by default), ``completions.jsonl`` (one line per sampled completion with its
@@ -21,6 +22,7 @@ from typing import Any
 from molrl.config import check_values
 from molrl.cpu import use_threads
 from molrl.errors import MolrlError
+from molrl.provenance import config_fingerprint, made, read_provenance, trained_on, write_provenance
 from molrl.rerun import CHECKPOINTS, NEW_RUN, save_run_config, training_rerun
 from molrl.rl.adapter_lora import take_adapter_lora
 from molrl.rl.config import RlConfig
@@ -94,7 +96,7 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
     from molrl.rl.reference import install_reference, trainable_parameter_count
     from molrl.rl.trainer import RlTrainer
     from molrl.nonfinite import NonFiniteGuard
-    from molrl.runfiles import MetricsFileCallback, ResumedSchedule
+    from molrl.runfiles import MetricsFileCallback, ProvenanceCallback, ResumedSchedule
     from molrl.trainer_progress import use_trainer_progress
 
     from molrl.rl.engine import attach_engine, rl_engine
@@ -107,7 +109,7 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
     out.mkdir(parents=True, exist_ok=True)
     policy = build_policy(cfg)
     eval_tasks = load_task_source(cfg.eval.tasks, "eval.tasks") if cfg.eval.every_steps > 0 else []
-    dataset, scorer, pool = _prompts_and_scorer(cfg, policy.tokenizer, out, eval_tasks)
+    dataset, scorer, pool, record = _prompts_and_scorer(cfg, policy.tokenizer, out, eval_tasks)
     if cfg.lora.dropout > 0:
         log.warning("lora.dropout=%s: dropout stays on while training, so the loss's log-probs differ from the "
                     "sampler's by its noise (and so does rollout.sampling_error); 0 turns every dropout off",
@@ -115,7 +117,7 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
     trainer = None
     try:
         callbacks: list[Any] = [MetricsFileCallback(out / "metrics.jsonl"), NonFiniteGuard(loss_scales(cfg)),
-                                ResumedSchedule()]
+                                ResumedSchedule(), ProvenanceCallback(record)]
         if eval_tasks:
             callbacks.append(EvalHookCallback.from_config(cfg, policy, eval_tasks, pool))
         trainer = RlTrainer(
@@ -146,9 +148,10 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
     return trainer, policy, pool
 
 
-def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: list) -> tuple[Any, Any, Any]:
-    """The prompt dataset (summary in data_summary.json), the scorer, and the sandbox pool (shared with
-    the evaluation hook, so it exists when either the training or the held-out tasks need it)."""
+def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: list) -> tuple[Any, Any, Any, Any]:
+    """The prompt dataset (summary in data_summary.json), the scorer, the sandbox pool (shared with
+    the evaluation hook, so it exists when either the training or the held-out tasks need it) and the provenance
+    record of the weights the run makes (in the run folder; each checkpoint and the adapter get a copy)."""
     from accelerate import PartialState
     from datasets import Dataset
 
@@ -157,9 +160,10 @@ def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: li
     from molrl.tasks.source import load_task_source
     from molrl.rl.score import Scorer
     from molrl.sandbox import SandboxPool
-    from molrl.tasks.splits import task_entries, write_trained_on
 
     tasks = load_task_source(cfg.data, "data")
+    record = made("rl", config_fingerprint(cfg), cfg.model.path,
+                  [read_provenance(cfg.model.path), read_provenance(cfg.model.adapter)], *trained_on(tasks))
     rows, summary = build_prompt_rows(
         tasks, tokenizer, enable_thinking=cfg.thinking, max_prompt_length=cfg.max_prompt_length,
         code_template=cfg.code_prompt, math_template=cfg.math_prompt,
@@ -168,7 +172,7 @@ def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: li
     )
     if PartialState().is_main_process:
         write_text(out / "data_summary.json", json.dumps(dataclasses.asdict(summary), indent=2))
-        write_trained_on(out, task_entries(tasks), cfg.model.adapter)  # what eval refuses to score with this adapter
+        write_provenance(out, record)  # what eval refuses to score with these weights
     if not rows:
         raise MolrlError(
             f"{cfg.data.path or cfg.data.format}: no task left to train on ({summary.tasks} read, "
@@ -180,7 +184,7 @@ def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: li
     if {t.kind for t in [*tasks, *eval_tasks]} & {"code", "toy"} or probes or cfg.rollout.turns > 1:
         pool = SandboxPool(cfg.sandbox)
     scorer = Scorer(pool, CodeRewardConfig(mode=cfg.reward.code_mode), cfg.reward.failure_reward)
-    return Dataset.from_list(rows), scorer, pool
+    return Dataset.from_list(rows), scorer, pool, record
 
 
 def trl_args(cfg: RlConfig, output_dir: Path, cuda: bool, server: bool = False) -> Any:
@@ -252,10 +256,12 @@ def _save_final(trainer: Any, policy: Any, out: Path, scales: str) -> None:
         trainer.save_model(str(adapter))  # gathers sharded (ZeRO / FSDP) weights; rank 0 writes
         if main:
             policy.tokenizer.save_pretrained(str(adapter))
+            write_provenance(adapter, read_provenance(out))  # the run's record, written at its start
         if main and policy.adapter_mode == "merge_new":
             with write_folder(out / "model") as merged_dir:
                 model.merge_and_unload().save_pretrained(str(merged_dir))
                 policy.tokenizer.save_pretrained(str(merged_dir))
+                write_provenance(merged_dir, read_provenance(out))
     if main:
         log.info("saved %s", out / "adapter")
     trainer.accelerator.wait_for_everyone()

@@ -7,15 +7,13 @@ and evaluation overlap.
 - ``select_split``: the tasks of the split a run asks for; a training run (RL, collect) takes ``train`` by
   default, so a benchmark file given whole never trains on its test tasks unless asked.
 - ``test_overlap``: the tasks of a run that lie in a test split, for the line a training run prints at start.
-- ``TRAINED_ON`` (``trained_on.json``, written beside a run's adapter) records which benchmark tasks a run
-  trained on; ``trained_overlap`` is the one check eval makes against it before scoring an adapter.
+
+What a model trained on travels inside its own folder: ``molrl.provenance``.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
 from molrl.errors import MolrlError
 from molrl.task_types import Task
@@ -24,8 +22,6 @@ SPLITS = ("train", "validation", "test", "prompt")
 """The splits a benchmark task can be in."""
 TRAINING_DEFAULT = "train"
 """The split a training run takes when none is named."""
-TRAINED_ON = "trained_on.json"
-"""The file, in a run's output folder, naming the benchmark tasks it trained on."""
 TEST_ONLY = ("humaneval", "math500", "aime")
 """Benchmarks whose every task is a test task."""
 
@@ -95,74 +91,3 @@ def overlap_line(tasks: Sequence[Task], key: str) -> str | None:
     parts = ", ".join(f"{n} of {name}'s test tasks" for name, n in sorted(counts.items()))
     return (f"{key}: {sum(counts.values())} of the {len(tasks)} tasks are in an eval test split ({parts}); "
             f"molrl eval will refuse to score them with an adapter trained on them")
-
-
-def task_entries(tasks: Iterable[Task]) -> list[tuple[str | None, str | None, str]]:
-    """(benchmark, split, id) of each task: what ``trained_on.json`` records of it."""
-    return [(benchmark_of(t), t.split, t.id) for t in tasks]
-
-
-def trained_record(entries: Iterable[tuple[str | None, str | None, str]]) -> dict[str, Any]:
-    """What ``trained_on.json`` holds: per benchmark, per split, the sorted ids of the (benchmark, split, id) entries
-    trained on (entries without a benchmark or split are a user's own tasks: nothing to record)."""
-    record: dict[str, dict[str, set[str]]] = {}
-    for name, split, task_id in entries:
-        if name is not None and split is not None:
-            record.setdefault(name, {}).setdefault(split, set()).add(str(task_id))
-    return {"benchmarks": {name: {split: sorted(ids) for split, ids in sorted(splits.items())}
-                           for name, splits in sorted(record.items())}}
-
-
-def write_trained_on(folder: Path, entries: Iterable[tuple[str | None, str | None, str]],
-                     earlier: Path | None = None) -> Path:
-    """Write ``folder/trained_on.json`` for ``entries`` (``task_entries``), merged with the record found for
-    ``earlier`` (the adapter a run continued from), so a chain of runs keeps every task any of them trained on."""
-    entries = list(entries)
-    if earlier is not None:
-        entries += [(name, split, i) for name, splits in (read_trained_on(earlier) or {}).items()
-                    for split, ids in splits.items() for i in ids]
-    record = trained_record(entries)
-    from molrl.writes import write_text
-
-    path = folder / TRAINED_ON
-    write_text(path, json.dumps(record, indent=2, sort_keys=True) + "\n")  # whole, or not there at all
-    return path
-
-
-def read_trained_on(adapter: str | Path) -> dict[str, dict[str, list[str]]] | None:
-    """The benchmarks (name -> split -> ids) the runs behind ``adapter`` trained on: ``trained_on.json`` in the
-    adapter's folder or its parent (the run's folder); None when neither has one."""
-    adapter = Path(adapter)
-    for folder in (adapter, adapter.parent):
-        path = folder / TRAINED_ON
-        if path.is_file():
-            try:
-                return dict(json.loads(path.read_text(encoding="utf-8"))["benchmarks"])
-            except (ValueError, KeyError, TypeError):
-                raise MolrlError(f"{path}: not a trained_on record; delete it or re-run the training run "
-                                 "that wrote it") from None
-    return None
-
-
-def trained_overlap(adapter: str | Path, tasks: Iterable[Task]) -> dict[str, int]:
-    """Per benchmark split (``mbpp/test``): how many of ``tasks`` the runs behind ``adapter`` trained on."""
-    trained = read_trained_on(adapter) or {}
-    seen = {(name, split, i) for name, splits in trained.items() for split, ids in splits.items() for i in ids}
-    counts: dict[str, int] = {}
-    for task in tasks:
-        name = benchmark_of(task)
-        if (name, task.split, task.id) in seen:
-            label = f"{name}/{task.split}"
-            counts[label] = counts.get(label, 0) + 1
-    return counts
-
-
-def refuse_trained_overlap(adapter: str | Path, tasks: Iterable[Task], key: str) -> None:
-    """Raise one line when the runs behind ``adapter`` trained on any of ``tasks``; ``key`` is the switch that
-    allows it."""
-    counts = trained_overlap(adapter, tasks)
-    if counts:
-        parts = ", ".join(f"{n} of {label}" for label, n in sorted(counts.items()))
-        raise MolrlError(f"{adapter}: the runs behind this adapter trained on {sum(counts.values())} of the problems "
-                         f"to score ({parts}; see its {TRAINED_ON}); score another split, or set {key}=true to "
-                         "score them anyway")
