@@ -165,12 +165,11 @@ def scripted_row(tok, code):
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     task = Task(id="t", prompt="What is 3 + 4?", kind="math", answer="7")
     turns = [encode_content(tok, code)[0], encode_content(tok, "\\boxed{7}")[0] + [im_end]]
-    cfg = RlConfig(sampling=rl_sampling(n=2), train=rl_train(micro_batch_size=2))
+    cfg = RlConfig(sampling=rl_sampling(n=2, max_new_tokens=2000), train=rl_train(micro_batch_size=2))
     cfg.rollout.turns = 2
     with SandboxPool(SandboxConfig(workers=1, timeout_s=10)) as pool:
         metrics = defaultdict(list)
-        trainer = SimpleNamespace(processing_class=tok, eos_token_ids=[im_end], max_completion_length=2000,
-                                  num_generations=2, scorer=SimpleNamespace(pool=pool), metrics=lambda: metrics,
+        trainer = SimpleNamespace(processing_class=tok, eos_token_ids=[im_end], scorer=SimpleNamespace(pool=pool), metrics=lambda: metrics,
                                   state=SimpleNamespace(num_input_tokens_seen=0), engine=None)
         policy = ScriptedTurns(trainer, cfg, turns)
         row = policy.start_row(task, 0)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from molrl.rl.algorithms import ALGORITHMS
 from molrl.rl.rollouts import ROLLOUTS
 
@@ -32,9 +34,11 @@ def test_no_rl_module_class_or_function_is_too_long():
     assert not too_long, too_long
 
 
-def test_the_trainer_never_names_an_algorithm_or_a_rollout_policy():
+@pytest.mark.parametrize("module", ["trainer.py", "run.py"])
+def test_the_trainer_and_the_stage_never_name_an_algorithm_or_a_rollout_policy(module):
+    """A branch on a name (``cfg.algorithm == "opd"``) belongs in the algorithm's or the policy's own class."""
     names = set(ALGORITHMS) | set(ROLLOUTS)
-    code = _tree(RL / "trainer.py")
+    code = _tree(RL / module)
     docstrings = {id(n.body[0].value) for n in ast.walk(code)
                   if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and n.body
                   and isinstance(n.body[0], ast.Expr)}
@@ -48,3 +52,24 @@ def test_every_registered_class_lives_in_its_own_module():
     modules = [cls.__module__ for cls in ROLLOUTS.values()]
     assert len(set(modules)) == len(modules)
     assert {cls.__module__.rsplit(".", 1)[-1] for cls in ALGORITHMS.values()} == {"grpo", "opd", "ppo"}
+
+
+TRL_COPIES = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_completion_length",
+              "num_generations", "num_generations_eval", "mask_truncated_completions", "beta", "epsilon_low",
+              "epsilon_high", "num_iterations")
+"""The run's settings TRL's trainer keeps a copy of (from ``molrl.rl.run.trl_args``): TRL's own code reads them."""
+
+
+def test_molrl_reads_the_runs_settings_from_its_config_never_back_from_trl():
+    """Every file of the RL package: ``trainer.top_p`` (or the trainer's ``self.top_p``) is a copy that can drift
+    from ``RlConfig.sampling.top_p``; molrl's code reads the config."""
+    import re
+
+    copies = "|".join(TRL_COPIES)
+    found = {}
+    for path in sorted(RL.rglob("*.py")):
+        pattern = rf"\b(trainer|self)\.({copies})\b" if path.name == "trainer.py" else rf"\btrainer\.({copies})\b"
+        hits = sorted({m.group(0) for m in re.finditer(pattern, path.read_text())})
+        if hits:
+            found[str(path.relative_to(RL))] = hits
+    assert found == {}

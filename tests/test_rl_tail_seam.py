@@ -85,7 +85,7 @@ def test_finding_13_a_multi_turn_row_repeats_no_end_of_turn(qwen3_tokenizer):
     eot = end_of_turn(tok)
     turn1 = tok("Let me think. \n", add_special_tokens=False)["input_ids"] + [eot]
     turn2 = tok("\\boxed{5}", add_special_tokens=False)["input_ids"] + [eot]
-    cfg = RlConfig(sampling=rl_sampling(n=2), train=rl_train(micro_batch_size=2))
+    cfg = RlConfig(sampling=rl_sampling(n=2, max_new_tokens=400), train=rl_train(micro_batch_size=2))
     cfg.rollout.turns = 2
     with SandboxPool(SandboxConfig(workers=1, timeout_s=10)) as pool:
         policy = ScriptedTurns(scripted_trainer(tok, pool), cfg, [turn1, turn2])

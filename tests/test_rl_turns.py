@@ -78,11 +78,11 @@ class ScriptedTurns(Turns):
         return [list(self.script.pop(0)) for _ in sequences], [False] * len(sequences), [None] * len(sequences)
 
 
-def scripted_trainer(tokenizer, pool, limit=400):
+def scripted_trainer(tokenizer, pool):
+    """What the multi-turn policy reads of a trainer; the run's settings come from the policy's own config."""
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     metrics = defaultdict(list)
-    return SimpleNamespace(processing_class=tokenizer, eos_token_ids=[im_end], max_completion_length=limit,
-                           num_generations=2, scorer=SimpleNamespace(pool=pool), metrics=lambda: metrics,
+    return SimpleNamespace(processing_class=tokenizer, eos_token_ids=[im_end], scorer=SimpleNamespace(pool=pool), metrics=lambda: metrics,
                            state=SimpleNamespace(num_input_tokens_seen=0), engine=None)
 
 
@@ -94,7 +94,7 @@ def test_trained_ids_are_the_sampled_ids_plus_the_rendered_feedback_ids_under_qw
     turn1 = [tok.convert_tokens_to_ids(t) for c in run for t in tok.tokenize(c)]  # one token per character
     assert len(turn1) != len(tok(run, add_special_tokens=False)["input_ids"])  # so a re-tokenisation would differ
     turn2 = tok(f"\\boxed{{{KEY[2]}}}", add_special_tokens=False)["input_ids"] + [im_end]  # it ends its turn itself
-    cfg = RlConfig(sampling=rl_sampling(n=2), train=rl_train(micro_batch_size=2))
+    cfg = RlConfig(sampling=rl_sampling(n=2, max_new_tokens=400), train=rl_train(micro_batch_size=2))
     cfg.rollout.turns = 2
     with SandboxPool(SandboxConfig(workers=1, timeout_s=10)) as pool:
         policy = ScriptedTurns(scripted_trainer(tok, pool), cfg, [turn1, turn2])

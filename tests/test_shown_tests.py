@@ -172,15 +172,15 @@ class LookupTablePolicy(Turns):
 
 def test_finding1_multi_turn_a_lookup_table_of_prompt_and_feedback_earns_no_reward(shared_data):
     tok = build_tiny_tokenizer("chatml")
-    cfg = RlConfig(sampling=rl_sampling(n=2), train=rl_train(micro_batch_size=2))
+    cfg = RlConfig(sampling=rl_sampling(n=2, max_new_tokens=6000), train=rl_train(micro_batch_size=2))
     cfg.rollout.turns, cfg.rollout.episode.max_solutions = 3, 2
     tasks = _mbpp_tables(shared_data)
     rows, _ = build_prompt_rows(tasks, tok, enable_thinking=False, max_prompt_length=8192,
                                 hold_back_tests=shows_tests(cfg.rollout.turns, cfg.rollout.episode))
     with SandboxPool(SandboxConfig(workers=2, timeout_s=10)) as pool:
         metrics = defaultdict(list)
-        trainer = SimpleNamespace(processing_class=tok, eos_token_ids=[tok.eos_token_id], max_completion_length=6000,
-                                  num_generations=2, scorer=SimpleNamespace(pool=pool), metrics=lambda: metrics,
+        trainer = SimpleNamespace(processing_class=tok, eos_token_ids=[tok.eos_token_id],
+                                  scorer=SimpleNamespace(pool=pool), metrics=lambda: metrics,
                                   state=SimpleNamespace(num_input_tokens_seen=0), engine=None)
         graded, answers = LookupTablePolicy(trainer, cfg).rollout(rows)
         rewards = score(graded, answers, pool, CodeRewardConfig(mode="binary")).rewards

@@ -24,6 +24,7 @@ from molrl.mol.config import MolConfig
 from molrl.provenance import Provenance, TrainedTask, config_fingerprint, made, read_provenance, write_provenance
 from molrl.rerun import CHECKPOINTS, NEW_RUN, save_run_config, training_rerun
 from molrl.trackers import report_backends
+from molrl.training_args import training_arguments
 from molrl.writes import folder_lock, write_folder, write_text
 
 log = logging.getLogger(__name__)
@@ -232,29 +233,9 @@ def _add_lora(model: Any, cfg: MolConfig) -> Any:
 
 
 def _training_arguments(cfg: MolConfig, cls: Any, cuda: bool) -> Any:
+    """``cls`` (``TrainingArguments``) for MoL: the ``train`` block's shared fields (``molrl.training_args``), plus
+    its set accumulation and epochs, and every column kept for the collator."""
     t = cfg.train
-    return cls(
-        output_dir=str(Path(cfg.output_dir) / CHECKPOINTS),
-        per_device_train_batch_size=t.micro_batch_size,
-        gradient_accumulation_steps=t.grad_accumulation,
-        learning_rate=t.learning_rate,
-        lr_scheduler_type=t.lr_scheduler,
-        warmup_steps=t.warmup(),
-        weight_decay=t.weight_decay,
-        max_grad_norm=t.max_grad_norm,
-        num_train_epochs=t.epochs,
-        max_steps=t.max_steps,
-        seed=t.seed,
-        data_seed=t.seed,
-        bf16=t.mixed_bf16(cfg.model.dtype, cuda),
-        activation_checkpointing=t.gradient_checkpointing,
-        logging_steps=t.logging_steps,
-        save_strategy="steps",
-        save_steps=t.save_steps,
-        save_total_limit=t.save_total_limit,
-        report_to=report_backends(t.report_to, "train.report_to"),
-        remove_unused_columns=False,
-        use_cpu=not cuda,
-        dataloader_num_workers=0,
-        optim=t.optim,
-    )
+    return training_arguments(cls, t, cfg.model.dtype, Path(cfg.output_dir) / CHECKPOINTS, cuda,
+                              gradient_accumulation_steps=t.grad_accumulation, num_train_epochs=t.epochs,
+                              remove_unused_columns=False)

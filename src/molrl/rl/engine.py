@@ -104,16 +104,14 @@ class PolicyEngine:
             shutil.rmtree(previous.lora_path, ignore_errors=True)
 
     def params(self, trainer: Any, max_tokens: int, stop: Sequence[str] = ()) -> Any:
-        """vLLM sampling parameters for the trainer's sampling settings, ``max_tokens`` new tokens, and ``stop``
-        strings (kept in the output); the trainer's end-of-sequence ids end a row."""
+        """vLLM sampling parameters for the run's ``sampling`` (``trainer.cfg``), ``max_tokens`` new tokens, and
+        ``stop`` strings (kept in the output); the trainer's end-of-sequence ids end a row."""
         from vllm import SamplingParams
 
-        top_k = getattr(trainer, "top_k", None)
+        sampling = trainer.cfg.sampling
         return SamplingParams(
-            n=1, temperature=trainer.logprobs.temperature, top_p=trainer.top_p,
-            top_k=top_k if top_k and top_k > 0 else -1,
-            min_p=getattr(trainer, "min_p", None) or 0.0,
-            repetition_penalty=getattr(trainer, "repetition_penalty", None) or 1.0,
+            n=1, temperature=trainer.logprobs.temperature, top_p=sampling.top_p,
+            top_k=sampling.top_k if sampling.top_k > 0 else -1,
             max_tokens=max_tokens, stop=list(stop) or None, include_stop_str_in_output=True,
             stop_token_ids=list(trainer.eos_token_ids), logprobs=0, detokenize=bool(stop))
 
@@ -129,7 +127,7 @@ class PolicyEngine:
         """TRL's ``rollout_func``: each prompt's ids (the trainer's own encoding), one completion each, and the
         engine's log-probs of it."""
         prompt_ids = trainer._tokenize_prompts(prompts)[0]
-        out = self.generate(trainer, prompt_ids, self.params(trainer, trainer.max_completion_length))
+        out = self.generate(trainer, prompt_ids, self.params(trainer, trainer.cfg.sampling.max_new_tokens))
         return {"prompt_ids": prompt_ids, "completion_ids": [s.ids for s in out], "logprobs": [s.logps for s in out]}
 
     def text_generator(self, trainer: Any) -> "PolicyGenerator":

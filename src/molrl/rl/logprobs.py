@@ -1,8 +1,8 @@
 """The policy's log-probs, in one place: the sampling temperature and the one rule that applies it.
 
 Every log-prob the RL stage sets beside a sampled token is ``log_softmax(logits / T)[token]``, where T is the
-rollouts' sampling temperature (``RlConfig.sampling.temperature``; TRL holds it as ``trainer.temperature``, and this module
-is the only place that reads it there). ``LogProbs`` computes them for:
+rollouts' sampling temperature (``RlConfig.sampling.temperature``, read from the trainer's config here and nowhere
+else). ``LogProbs`` computes them for:
 
 - the loss (``of``: with grad, through TRL's computation, which reads them off the fused head);
 - the behaviour policy, the reference, an algorithm's teacher, partial rollouts' recorded tokens and the engine-gap
@@ -34,7 +34,7 @@ class LogProbs:
     @property
     def temperature(self) -> float:
         """T: the rollouts' sampling temperature."""
-        return self.trainer.temperature
+        return self.trainer.cfg.sampling.temperature
 
     def of(self, model: Any, ids: torch.Tensor, attention: torch.Tensor, width: int, batch_size: int | None = None,
            entropies: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:

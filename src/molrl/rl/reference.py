@@ -30,7 +30,7 @@ def install_reference(trainer: Any, reference: str, adapter_mode: str | None, ba
     ``adapter_mode`` is None for a plain base, else ``continue`` or ``merge_new``; ``base_loader()``
     returns a fresh copy of the original base model (only called for merge_new + base).
     """
-    if trainer.beta == 0.0:
+    if trainer.cfg.beta == 0.0:
         return "none (beta = 0)"
     peft_model = trainer.accelerator.unwrap_model(trainer.model)
     if adapter_mode is None:

@@ -28,6 +28,7 @@ from molrl.rl.adapter_lora import take_adapter_lora
 from molrl.rl.config import RlConfig
 from molrl.tasks.held_out import shows_tests
 from molrl.trackers import report_backends
+from molrl.training_args import training_arguments
 from molrl.writes import folder_lock, write_folder, write_text
 
 log = logging.getLogger(__name__)
@@ -156,6 +157,7 @@ def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: li
     from datasets import Dataset
 
     from molrl.graders.code import CodeRewardConfig
+    from molrl.rl.algorithms import ALGORITHMS
     from molrl.rl.data import build_prompt_rows
     from molrl.tasks.source import load_task_source
     from molrl.rl.score import Scorer
@@ -180,8 +182,8 @@ def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: li
             f"{cfg.max_prompt_length}); see data_summary.json"
         )
     pool = None
-    probes = cfg.algorithm == "opd" and cfg.opd.teacher == "feedback" and any(t.probe for t in tasks)
-    if {t.kind for t in [*tasks, *eval_tasks]} & {"code", "toy"} or probes or cfg.rollout.turns > 1:
+    runs_code = ALGORITHMS[cfg.algorithm].runs_code(cfg, tasks)
+    if {t.kind for t in [*tasks, *eval_tasks]} & {"code", "toy"} or runs_code or cfg.rollout.turns > 1:
         pool = SandboxPool(cfg.sandbox)
     scorer = Scorer(pool, CodeRewardConfig(mode=cfg.reward.code_mode), cfg.reward.failure_reward)
     return Dataset.from_list(rows), scorer, pool, record
@@ -193,9 +195,8 @@ def trl_args(cfg: RlConfig, output_dir: Path, cuda: bool, server: bool = False) 
     from trl import GRPOConfig as TrlGRPOConfig
 
     completions_per_step, t, sp = cfg.prompts_per_step * cfg.sampling.n, cfg.train, cfg.sampling
-    return TrlGRPOConfig(
-        output_dir=str(output_dir),
-        per_device_train_batch_size=t.micro_batch_size,
+    return training_arguments(
+        TrlGRPOConfig, t, cfg.model.dtype, output_dir, cuda,
         gradient_accumulation_steps=completions_per_step // t.micro_batch_size,
         num_generations=sp.n,
         max_completion_length=sp.max_new_tokens,
@@ -203,33 +204,14 @@ def trl_args(cfg: RlConfig, output_dir: Path, cuda: bool, server: bool = False) 
         temperature=sp.temperature,
         top_p=sp.top_p,
         top_k=sp.top_k,
-        optim=t.optim,
-        learning_rate=t.learning_rate,
-        lr_scheduler_type=t.lr_scheduler,
-        warmup_steps=t.warmup(),
-        weight_decay=t.weight_decay,
-        max_grad_norm=t.max_grad_norm,
         beta=cfg.beta,
         epsilon=cfg.epsilon,
         num_iterations=cfg.num_iterations,
-        max_steps=t.max_steps,
-        seed=t.seed,
-        gradient_checkpointing=t.gradient_checkpointing,
-        activation_checkpointing=t.gradient_checkpointing,
-        bf16=t.mixed_bf16(cfg.model.dtype, cuda),
-        fp16=False,
-        use_cpu=not cuda,
         disable_dropout=cfg.lora.dropout == 0,  # a LoRA dropout the user set stays on (TRL turns every dropout off)
-        logging_steps=t.logging_steps,
-        report_to=report_backends(t.report_to, "train.report_to"),  # the figures of metrics.jsonl, under train/
-        save_strategy="steps",
-        save_steps=t.save_steps,
-        save_total_limit=t.save_total_limit,
         use_vllm=server,
         vllm_mode="server",
         vllm_server_base_url=cfg.vllm_server_url if server else None,
         vllm_gpu_memory_utilization=cfg.engine_gpu_memory_utilization,
-        dataloader_num_workers=0,
     )
 
 

@@ -57,14 +57,13 @@ TRL_SURFACE = {
         "_save_checkpoint": ("model", "trial"),  # overridden: a rollout policy's state goes in first
         "_get_output_dir": ("trial",),  # called: where that checkpoint is
     },
-    "attributes": ("_metrics", "eos_token_ids", "ref_model", "beta", "num_iterations",
-                   "current_gradient_accumulation_steps", "use_vllm", "vllm_importance_sampling_correction",
-                   "mask_truncated_completions", "max_completion_length", "epsilon_low", "epsilon_high",
-                   "num_generations", "num_generations_eval", "pad_to_multiple_of", "generation_config",
-                   "generation_kwargs", "model_wrapped", "temperature", "top_p", "top_k", "min_p",
-                   "repetition_penalty", "rollout_func"),
+    "attributes": ("_metrics", "eos_token_ids", "ref_model", "current_gradient_accumulation_steps", "use_vllm",
+                   "vllm_importance_sampling_correction", "pad_to_multiple_of", "generation_config",
+                   "generation_kwargs", "model_wrapped", "rollout_func"),
 }
-"""The private TRL names molrl relies on, checked against the pinned TRL by a test."""
+"""The private TRL names molrl relies on, checked against the pinned TRL by a test. The run's sampling and loss
+settings are not among them: molrl's code reads those from ``RlConfig`` (``RlTrainer.cfg``), and TRL gets its own
+copies from ``molrl.rl.run.trl_args``."""
 
 
 def prompt_ids_by_text(dataset: Any) -> dict[str, list[int]]:
@@ -81,6 +80,7 @@ class RlTrainer(GRPOTrainer):
                  made_by: dict[str, Any] | None = None, **kwargs: Any):
         super().__init__(*args, reward_funcs=[scorer], **kwargs)
         self.scorer, self.completions_path, self.seen_stages = scorer, completions_path, set()
+        self.cfg = config  # what molrl's code reads of the run's settings (TRL's copies are for TRL's own code)
         self.made_by = made_by  # what each completions.jsonl row records of its making (score.completions_made_by)
         self.logprobs = LogProbs(self)  # every sampling log-prob, at the one temperature
         self.engine: Any = None  # molrl.rl.engine.PolicyEngine once attached (engine=vllm, colocated)
@@ -90,9 +90,9 @@ class RlTrainer(GRPOTrainer):
                          "eval": Synchronous(self, config, training=False)}
         self.algorithm = ALGORITHMS[config.algorithm](self, config)
         self.terms = build_terms(config.terms)
-        self.loss_settings = PolicyLossSettings(self.algorithm.aggregation, self.max_completion_length,
-                                                self.epsilon_low, self.epsilon_high,
-                                                self.beta if self.algorithm.kl_in_loss else 0.0)
+        self.loss_settings = PolicyLossSettings(self.algorithm.aggregation, config.sampling.max_new_tokens,
+                                                config.epsilon, config.epsilon,
+                                                config.beta if self.algorithm.kl_in_loss else 0.0)
 
     # the step's first half: rollout -> score -> advantages
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
@@ -192,8 +192,8 @@ class RlTrainer(GRPOTrainer):
         return self._metrics[self._mode()]
 
     def group_size(self) -> int:
-        """G of this mode: completions per prompt."""
-        return self.num_generations if self._mode() == "train" else self.num_generations_eval
+        """G: completions per prompt (``sampling.n``; evaluation inside TRL's loop samples as many)."""
+        return self.cfg.sampling.n
 
     def policy_logps(self, batch: RolloutBatch) -> torch.Tensor:
         """[B, T] log-probs of the batch under the policy that sampled it (recorded, or the current one)."""

@@ -13,7 +13,7 @@ import copy
 import random
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar, Iterator, Sequence
 
 import torch
 from trl.trainer.utils import use_adapter
@@ -24,6 +24,7 @@ from molrl.rl.batch import AdvantageInputs, Advantages, LossInputs, RolloutBatch
 from molrl.rl.config import RlConfig
 from molrl.rl.loss import Aggregation
 from molrl.rl.macro import pool_advantages, segment
+from molrl.task_types import Task
 
 CURRENT = "<the current policy>"
 """A frozen-model spec meaning the policy being trained itself (no adapter switch; no grad in log-probs)."""
@@ -58,6 +59,11 @@ class Algorithm:
         self._macro_rng = random.Random(cfg.train.seed)
 
     # what subclasses define
+    @classmethod
+    def runs_code(cls, cfg: RlConfig, tasks: Sequence[Task]) -> bool:
+        """Whether the algorithm itself runs code in the sandbox for ``tasks`` (beside the rewards' grading)."""
+        return False
+
     def token_advantages(self, inputs: AdvantageInputs,
                          ma_ids: torch.Tensor | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """([B, T] advantages of the local rows, per-row tensors the loss terms need)."""

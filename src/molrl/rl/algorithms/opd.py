@@ -101,6 +101,11 @@ class Opd(Algorithm):
         self.frozen = {"teacher": teacher, "reference": reference}
         self._probes: dict[str, dict[str, Any]] = {}  # task id -> its probe's sandbox result (probes are fixed code)
 
+    @classmethod
+    def runs_code(cls, cfg: Any, tasks: Sequence[Task]) -> bool:
+        """The feedback teacher reads the sandbox output of each task's probe."""
+        return cfg.opd.teacher == "feedback" and any(t.probe for t in tasks)
+
     def token_advantages(self, inputs: AdvantageInputs, ma_ids):
         outcome = local_rows(dr_grpo_advantages(inputs.rewards, inputs.masks, inputs.group), inputs)
         return self.distillation_advantages(inputs) + self.cfg.opd.outcome_weight * outcome, {}

@@ -50,7 +50,7 @@ class Partial(Synchronous):
     def rollout(self, inputs: list[dict[str, Any]]) -> RolloutBatch:
         """Resume the buffered groups, start new ones, stop once enough have finished, train on those."""
         trainer, state, settings = self.trainer, self.state, self.cfg.rollout
-        group, step = trainer.num_generations, trainer.state.global_step + 1
+        group, step = self.cfg.sampling.n, trainer.state.global_step + 1
         needed = len(inputs) // group
         state.pending.extend(dict(x) for x in inputs[::group])  # one row per group (a group shares its prompt)
         fresh = groups_to_start(len(state.buffer), needed, settings.over_provision)
@@ -90,7 +90,7 @@ class Partial(Synchronous):
     def record_behaviour(self, flight: list[PartialGroup], new_tokens: dict, trained: list[int]) -> dict:
         """One forward pass under the step's policy: the behaviour log-probs of the new tokens (appended to their
         completions), and the trained rows' own; returns (group, row) -> log-probs."""
-        group = self.trainer.num_generations
+        group = self.cfg.sampling.n
         touched = sorted({*new_tokens, *((g, c) for g in trained for c in range(group))})
         touched = [(g, c) for g, c in touched if flight[g].completions[c].tokens]
         current = self.row_logps([flight[g].prompt_ids for g, _ in touched],
@@ -104,7 +104,7 @@ class Partial(Synchronous):
     def trained_batch(self, flight: list[PartialGroup], trained: list[int], logps: dict, step: int) -> RolloutBatch:
         """The ``RolloutBatch`` of the trained groups, with resumed tokens importance-weighted or masked."""
         trainer, settings = self.trainer, self.cfg.rollout
-        chosen = [(g, c) for g in trained for c in range(trainer.num_generations)]
+        chosen = [(g, c) for g in trained for c in range(self.cfg.sampling.n)]
         comps = [flight[g].completions[c] for g, c in chosen]
         completion_lists = [comp.tokens for comp in comps]
         texts = trainer.processing_class.batch_decode(completion_lists, skip_special_tokens=True)
@@ -150,7 +150,7 @@ class Partial(Synchronous):
         tokens so far with its remaining budget, until ``needed`` groups have finished."""
         trainer = self.trainer
         sequences = [flight[g].prompt_ids + flight[g].completions[c].tokens for g, c in todo]
-        budgets = [trainer.max_completion_length - len(flight[g].completions[c].tokens) for g, c in todo]
+        budgets = [self.cfg.sampling.max_new_tokens - len(flight[g].completions[c].tokens) for g, c in todo]
         groups = [g for g, _ in todo]
         sizes = [len(grp.completions) for grp in flight]
         before = [sum(c.finished for c in grp.completions) for grp in flight]

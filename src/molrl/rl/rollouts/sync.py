@@ -84,7 +84,7 @@ class Synchronous:
 
         Rows ``g*G .. g*G+G-1`` share prompt g; each group's completions are sampled in ``rounds`` rounds of G/R.
         """
-        group, out = self.trainer.num_generations, [None] * len(prompts)
+        group, out = self.cfg.sampling.n, [None] * len(prompts)
         per_round = group // self.rounds
         sampled: list[tuple[list[int], list[int]]] = []  # (prompt ids, completion ids) of the step's earlier rounds
         for r in range(self.rounds):
@@ -145,7 +145,7 @@ class Synchronous:
             attention, finished = completion_mask, torch.tensor(roles.finished, device=device)
             completion_mask = pad_values(roles.sampled, 0, "right", device, torch.long, multiple)  # [B, T]
             feedback = pad_values(roles.feedback, 0, "right", device, torch.long, multiple)  # [B, T]
-        if trainer.mask_truncated_completions:
+        if self.cfg.mask_truncated_completions:
             completion_mask = completion_mask * finished.unsqueeze(1).int()
 
         def logps_of(model: Any) -> torch.Tensor:
@@ -154,7 +154,7 @@ class Synchronous:
 
         on_engine = sampler_lists is not None and (trainer.use_vllm or trainer.engine is not None)
         reference = weights = None
-        generate_every = trainer.args.steps_per_generation * trainer.num_iterations
+        generate_every = trainer.args.steps_per_generation * self.cfg.num_iterations
         if behaviour is None and (trainer.args.gradient_accumulation_steps % generate_every != 0 or on_engine):
             behaviour = logps_of(trainer.model)
         if on_engine:  # the engine's log-probs of what it sampled against the trainer's, under the same policy
@@ -163,7 +163,7 @@ class Synchronous:
             trainer.metrics()["rollout/engine_logp_gap"].append(engine_logp_gap(behaviour, sampler, completion_mask))
             if trainer.vllm_importance_sampling_correction:
                 weights = sampler_weights(behaviour, sampler, completion_mask)
-        if trainer.beta != 0.0:
+        if self.cfg.beta != 0.0:
             if trainer.ref_model is not None:
                 reference = logps_of(trainer.ref_model)
             else:  # the policy's adapter disabled, or its frozen "ref" adapter (see molrl.rl.reference)

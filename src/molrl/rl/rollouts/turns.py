@@ -130,7 +130,7 @@ class Turns(Synchronous):
     def rollout(self, inputs: list[dict[str, Any]]) -> RolloutBatch:
         """Run one episode per row of ``inputs`` (``episode_json``: the task the episode runs on, ``task_json``: the
         one its reward grades; rows of a group share a task) and batch them."""
-        start, group = time.perf_counter(), self.trainer.num_generations
+        start, group = time.perf_counter(), self.cfg.sampling.n
         shown = [Task.from_json(x.get("episode_json") or x["task_json"]) for x in inputs]
         rows = [self.start_row(task, i % group) for i, task in enumerate(shown)]  # the feedback shows these tests
         while live := [r for r in rows if not r.episode.done]:
@@ -155,7 +155,7 @@ class Turns(Synchronous):
 
     def round(self, live: list[Row]) -> None:
         """One turn of every live row: generate, record, run the actions, append the rendered tails."""
-        trainer, limit = self.trainer, self.trainer.max_completion_length
+        trainer, limit = self.trainer, self.cfg.sampling.max_new_tokens
         budgets = [min(limit - len(r.ids), self.cfg.rollout.turn_tokens) for r in live]
         turns, at_budget, logps = self.generate([r.prompt_ids + r.ids for r in live], budgets)
         stepped = []
@@ -171,7 +171,7 @@ class Turns(Synchronous):
 
     def append_tail(self, row: Row) -> None:
         """Append what the template renders after the row's last turn: its end, the feedback, the next header."""
-        episode, limit = row.episode, self.trainer.max_completion_length
+        episode, limit = row.episode, self.cfg.sampling.max_new_tokens
         ended = row.ids[-1] if row.ids and row.ids[-1] in self.trainer.eos_token_ids else None
         tail = tokenize_tail(self.trainer.processing_class, episode.messages, len(episode.messages) - 2,
                              self.thinking, add_generation_prompt=not episode.done, sampled_end=ended)
