@@ -57,11 +57,14 @@ def made(tmp_path_factory, shared_data) -> dict[str, Path]:
     mol = root / "mol"
     assert main(["mol", *MOL, f"data.traces=[{root / 'traces.jsonl'}]", f"output_dir={mol}"]) == 0
     assert main(["export", "--merge", "--adapter", str(mol / "adapter"), "--out", str(root / "merged")]) == 0
+    full = root / "mol_full"  # MoL again, fully fine-tuned, from the merged export
+    assert main(["mol", *MOL, "train.max_steps=1", f"model={root / 'merged'}", "lora.enabled=false",
+                 f"data.traces=[{REPO / 'configs' / 'data' / 'mol_tiny_traces.jsonl'}]", f"output_dir={full}"]) == 0
     rl = root / "rl"
     assert main(["rl", "--config", str(REPO / "configs" / "rl_tiny.yaml"), "train.max_steps=1", "sampling.n=2",
                  "train.micro_batch_size=2", "sampling.max_new_tokens=4", f"model.adapter={mol / 'adapter'}",
                  "policy.adapter_mode=merge_new", "train.report_to=[none]", f"output_dir={rl}"]) == 0
-    return {"root": root, "mol": mol, "rl": rl, "merged": root / "merged", "gguf": _gguf_conversion(root)}
+    return {"root": root, "mol": mol, "rl": rl, "merged": root / "merged", "full": full, "gguf": _gguf_conversion(root)}
 
 
 def _gguf_conversion(root: Path) -> Path:
@@ -84,7 +87,7 @@ def _gguf_conversion(root: Path) -> Path:
 MAKERS = {
     "adapter": lambda m: [m["mol"] / "adapter", m["rl"] / "adapter"],
     "checkpoint": lambda m: [m["mol"] / "checkpoints" / "checkpoint-1", m["rl"] / "checkpoints" / "checkpoint-1"],
-    "model": lambda m: [m["rl"] / "model"],
+    "model": lambda m: [m["rl"] / "model", m["full"] / "model"],
     "merged": lambda m: [m["merged"]],
     "gguf": lambda m: [m["gguf"]],
 }
@@ -159,6 +162,12 @@ def test_rl_from_mol_inherits_the_mol_record_and_appends(made):
     assert [step["stage"] for step in rl.lineage] == ["mol", "rl"] and rl.lineage[0] == mol.lineage[0]
     assert set(mol.keys) < set(rl.keys)  # the toy tasks it trained on are added
     assert read_provenance(made["rl"] / "model").to_json() == rl.to_json()
+
+
+def test_mol_from_a_merged_export_inherits_its_record(made):
+    full, merged = read_provenance(made["full"] / "model"), read_provenance(made["merged"])
+    assert [step["stage"] for step in full.lineage] == ["mol", "export", "mol"]
+    assert set(merged.keys) < set(full.keys) and full.base == merged.base == {"model": "tiny:chatml"}
 
 
 def test_allow_trained_overlap_scores_with_a_line(made, shared_data, tmp_path, caplog):
