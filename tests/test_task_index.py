@@ -117,3 +117,18 @@ def test_every_real_benchmark_task_matches_itself_under_molrl_s_instruction(shar
         for task in load_tasks(shared_data / BENCHMARKS[name], fmt, split="all"):
             match = index.match(user_message(task))
             assert match is not None and match.key == task_content_key(task), (name, task.id)
+
+
+def test_every_real_mint_trace_keys_like_its_benchmark_task_without_an_index(shared_data):
+    """The key alone, computed where no index was given (an import without ``--benchmarks``), is the benchmark
+    task's: what eval compares a model's recorded keys against. HumanEval's prompt in MINT opens with "Complete the
+    following code:", which once kept the code from parsing and left all 45 unmatched."""
+    keys = _real_index(shared_data).by_key
+    found: Counter = Counter()
+    for path in sorted((shared_data / "traces/mint").glob("*__*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            history = json.loads(line)["state"]["history"]
+            found[(path.stem.rsplit("__", 1)[1], trace_task_key(history, {}) in keys)] += 1
+    files = len(list((shared_data / "traces/mint").glob("*__mbpp.jsonl")))
+    assert found == {("mbpp", True): 91 * files, ("humaneval", True): 45 * files, ("math", True): 7 * files,
+                     ("math", False): 93 * files}

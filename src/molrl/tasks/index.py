@@ -65,6 +65,8 @@ _MINT_TASK = re.compile(r"\n-{3,}[ \t]*\n\s*Task:[ \t]*\n")
 _FENCE = re.compile(r"```[\w+-]*")
 _PHRASES = re.compile(r"complete the following code:?|your code should pass these tests:?|"
                       r"you are an expert python programmer, and here is your task:?")
+_PHRASE_LINES = re.compile(r"^[ \t]*(?:complete the following code|your code should pass these tests):?[ \t]*$",
+                           re.IGNORECASE | re.MULTILINE)
 _ENDS = " .,:;*#>\"'`"
 _BUILTINS = frozenset(dir(builtins))
 
@@ -109,7 +111,7 @@ def _unwrapped(text: str) -> str:
         tail = re.escape(tail.replace("{{", "{").replace("}}", "}"))
         text = re.sub(rf"^\s*{head}", "", text) if head else text
         text = re.sub(rf"{tail}\s*$", "", text) if tail else text
-    return _FENCE.sub("", text)
+    return _PHRASE_LINES.sub("", _FENCE.sub("", text))  # a phrase line left in would keep the code from parsing
 
 
 def problem_parts(text: str) -> ProblemParts:
