@@ -1,0 +1,117 @@
+"""Adapter-only sync to the servers, and the check that they hold the expected base.
+
+After each optimiser step the trainer's main process saves the adapter under ``engine_sync_dir`` (a path every server
+reads: a shared filesystem on a cluster) in a folder of a new name, and loads it on every live server under that name
+(``/v1/load_lora_adapter``); the previous adapter is unloaded, and its folder removed, once no request samples from it
+(``ServerPool.when_unused``). Every other process waits until the servers list the new name (``wait_loaded``).
+Names carry a tag drawn once per run, so a resumed run never meets an adapter an earlier one left loaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from molrl.engine_server.pool import ServerPool
+from molrl.errors import MolrlError
+
+log = logging.getLogger(__name__)
+
+LOAD_WAIT_S = 600.0
+"""Seconds a process other than the main one waits for the servers to list a new adapter."""
+
+
+def adapter_name(tag: str, count: int) -> str:
+    """The name the ``count``-th adapter of a run tagged ``tag`` is loaded under."""
+    return f"molrl-{tag}-{count}"
+
+
+def same_model(served: str, expected: str) -> bool:
+    """Whether a server's model (its path or hub name as it was started) is ``expected``: equal as given, or the same
+    folder once both are resolved."""
+    if served == expected:
+        return True
+    a, b = Path(served).expanduser(), Path(expected).expanduser()
+    return a.exists() and b.exists() and a.resolve() == b.resolve()
+
+
+def base_card(url: str, cards: list[dict[str, Any]]) -> dict[str, Any]:
+    """The base model's card among a server's ``/v1/models`` cards (the one with no parent)."""
+    for card in cards:
+        if not card.get("parent"):
+            return card
+    raise MolrlError(f"engine server {url}: /v1/models lists no base model; is it a vLLM server (molrl serve)?")
+
+
+def check_base(url: str, cards: list[dict[str, Any]], expected: str) -> str:
+    """The served base's name, after checking that it is ``expected``; otherwise an error naming both."""
+    card = base_card(url, cards)
+    served = str(card.get("root") or card.get("id"))
+    if not (same_model(served, expected) or same_model(str(card.get("id")), expected)):
+        raise MolrlError(f"engine server {url} serves {served}, but this run's policy is on {expected}: start the "
+                         f"server with molrl serve --model {expected} (or point engine_servers at one that does)")
+    return str(card.get("id"))
+
+
+class AdapterSync:
+    """The adapters a run loads on the servers of ``pool``: saved under ``folder``, named by ``tag``."""
+
+    def __init__(self, pool: ServerPool, folder: Path, tag: str):
+        self.pool, self.folder, self.tag = pool, Path(folder), tag
+        self.count = 0
+        self.current: str | None = None
+        """The name requests sample from now."""
+        self.owner = False
+        """This process loaded ``current`` (and unloads it)."""
+
+    def next_name(self) -> str:
+        """Advance to the next adapter's name (every process counts alike)."""
+        self.count += 1
+        return adapter_name(self.tag, self.count)
+
+    def publish(self, name: str, save: Callable[[Path], None]) -> None:
+        """Save the adapter (``save`` writes it into the folder it is given) and load it on every live server under
+        ``name``; the previous one is unloaded once unused."""
+        path = (self.folder / name).resolve()
+        save(path)
+        self.pool.call_everywhere(f"loading adapter {name}", lambda c: c.load_adapter(name, str(path)))
+        self.switch(name, owner=True)
+
+    def follow(self, name: str) -> None:
+        """On a process other than the main one: wait until every live server lists ``name``, then sample from it."""
+        deadline = time.monotonic() + LOAD_WAIT_S
+        while True:
+            listed = True
+            for client in self.pool.live():
+                if name not in {card.get("id") for card in client.models()}:
+                    listed = False
+                    break
+            if listed:
+                break
+            if time.monotonic() > deadline:
+                raise MolrlError(f"engine servers did not list adapter {name} within {LOAD_WAIT_S:.0f} s of the main "
+                                 "process saving it; see the main process's log")
+            time.sleep(0.2)
+        self.switch(name, owner=False)
+
+    def switch(self, name: str, owner: bool) -> None:
+        previous, self.current, self.owner = self.current, name, owner
+        if previous is not None and owner:
+            self.pool.when_unused(previous, lambda: self.drop(previous))
+
+    def drop(self, name: str) -> None:
+        """Unload ``name`` from every live server and remove its folder."""
+        try:
+            self.pool.call_everywhere(f"unloading adapter {name}", lambda c: c.unload_adapter(name))
+        except MolrlError as err:  # an adapter left loaded costs memory, not correctness
+            log.warning("adapter %s: %s", name, err)
+        shutil.rmtree(self.folder / name, ignore_errors=True)
+
+    def close(self) -> None:
+        """Unload the current adapter (the servers are left as they were found)."""
+        current, self.current = self.current, None
+        if current is not None and self.owner:
+            self.drop(current)

@@ -1,0 +1,157 @@
+"""A stand-in for vLLM's OpenAI-compatible server, speaking the subset molrl's client uses (stdlib, in a thread).
+
+``answer(model, ids, body)`` gives the (token id, log-prob) pairs a completion samples, one by one; the default is a
+scripted table: each token is the previous one plus a step (1 on the base, 2 on an adapter, plus the seed mod 5), with
+log-prob -0.1 per position, so tests can tell which model and seed made a completion. ``die_after_tokens`` makes the
+server drop every connection and stop once it has streamed that many tokens in all; ``token_delay_s`` slows it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Iterator
+
+Answer = Callable[[str, list[int], dict[str, Any]], Iterator[tuple[int, float]]]
+
+
+def scripted(model: str, ids: list[int], body: dict[str, Any]) -> Iterator[tuple[int, float]]:
+    """The default answer: a table a test can compute by hand."""
+    step = (1 if model.startswith("base") else 2) + (body.get("seed") or 0) % 5
+    last = ids[-1] if ids else 0
+    position = 0
+    while True:
+        last = (last + step) % 1000
+        position += 1
+        yield last, -0.1 * position
+
+
+class FakeEngineServer:
+    """One fake server on 127.0.0.1 and a free port; ``url`` is its address."""
+
+    def __init__(self, base: str = "base-model", answer: Answer = scripted, token_delay_s: float = 0.0,
+                 die_after_tokens: int | None = None):
+        self.base, self.answer, self.token_delay_s = base, answer, token_delay_s
+        self.die_after_tokens = die_after_tokens
+        self.adapters: dict[str, str] = {}
+        self.requests: list[dict[str, Any]] = []
+        self.adapter_log: list[tuple[str, str]] = []
+        self.streamed = 0
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.cancelled = 0
+        self.lock = threading.Lock()
+        self.dead = False
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self.handler())
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.dead = True
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def handler(self) -> type:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def send_json(self, status: int, payload: Any) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                if self.path == "/health":
+                    self.send_json(200, {})
+                elif self.path == "/v1/models":
+                    cards = [{"id": server.base, "root": server.base, "parent": None}]
+                    cards += [{"id": n, "root": p, "parent": server.base} for n, p in server.adapters.items()]
+                    self.send_json(200, {"object": "list", "data": cards})
+                else:
+                    self.send_json(404, {"error": {"message": f"no route {self.path}"}})
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path == "/v1/load_lora_adapter":
+                    name = body["lora_name"]
+                    if name in server.adapters:
+                        return self.send_json(400, {"error": {"message": f"The lora adapter '{name}' has already "
+                                                                         "been loaded."}})
+                    server.adapters[name] = body["lora_path"]
+                    server.adapter_log.append(("load", name))
+                    return self.send_json(200, f"Success: LoRA adapter '{name}' added successfully.")
+                if self.path == "/v1/unload_lora_adapter":
+                    name = body["lora_name"]
+                    if server.adapters.pop(name, None) is None:
+                        return self.send_json(404, {"error": {"message": f"The lora adapter '{name}' cannot be found."}})
+                    server.adapter_log.append(("unload", name))
+                    return self.send_json(200, f"Success: LoRA adapter '{name}' removed successfully.")
+                if self.path == "/v1/completions":
+                    return self.complete(body)
+                self.send_json(404, {"error": {"message": f"no route {self.path}"}})
+
+            def complete(self, body: dict[str, Any]) -> None:
+                model = body["model"]
+                if model != server.base and model not in server.adapters:
+                    return self.send_json(404, {"error": {"message": f"The model `{model}` does not exist."}})
+                with server.lock:
+                    server.requests.append(body)
+                    server.in_flight += 1
+                    server.most_in_flight = max(server.most_in_flight, server.in_flight)
+                try:
+                    self.stream(model, body)
+                except (BrokenPipeError, ConnectionResetError):
+                    with server.lock:
+                        server.cancelled += 1
+                finally:
+                    with server.lock:
+                        server.in_flight -= 1
+
+            def stream(self, model: str, body: dict[str, Any]) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                stops = set(body.get("stop_token_ids") or [])
+                tokens = server.answer(model, list(body["prompt"]), body)
+                for count in range(1, body["max_tokens"] + 1):
+                    token, logp = next(tokens)
+                    time.sleep(server.token_delay_s)
+                    with server.lock:
+                        server.streamed += 1
+                        dying = server.die_after_tokens is not None and server.streamed > server.die_after_tokens
+                    if dying or server.dead:
+                        self.close_connection = True
+                        self.connection.close()
+                        if not server.dead:
+                            threading.Thread(target=server.stop, daemon=True).start()
+                        return
+                    finish = "stop" if token in stops else "length" if count == body["max_tokens"] else None
+                    self.chunk({"choices": [{"index": 0, "text": "", "token_ids": [token], "finish_reason": finish,
+                                             "logprobs": {"tokens": [f"token_id:{token}"],
+                                                          "token_logprobs": [logp]}}]})
+                    if finish is not None:
+                        break
+                self.write_chunk(b"data: [DONE]\n\n")
+                self.write_chunk(b"")
+
+            def chunk(self, payload: dict[str, Any]) -> None:
+                self.write_chunk(f"data: {json.dumps(payload)}\n\n".encode())
+
+            def write_chunk(self, data: bytes) -> None:
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+
+        return Handler
