@@ -21,7 +21,7 @@ from molrl.engines import vllm_installed
 from molrl.errors import MolrlError
 from molrl.rl.config import RlConfig, TaskSource, rl_sampling
 from molrl.rl.engine import rl_engine
-from molrl.rl.loss import engine_logp_gap
+from molrl.rl.mismatch import engine_logp_gap
 from molrl.rl.rollouts.turns import turn_ended
 
 needs_vllm = pytest.mark.skipif(not vllm_installed(),
@@ -121,10 +121,11 @@ def steps_of(out: Path) -> list[dict]:
 
 @needs_vllm
 @pytest.mark.parametrize("sync", [True, False])
-def test_the_engine_samples_from_the_policy_being_trained_and_a_stale_one_shows(engine_base, tmp_path, monkeypatch,
-                                                                              sync):
+def test_the_engine_samples_from_the_policy_being_trained_and_the_gate_stops_a_stale_one(engine_base, tmp_path,
+                                                                                        monkeypatch, sync):
     """Three GRPO steps on the engine at a learning rate that moves the policy: the engine's log-probs of what it
-    sampled match the trainer's at every step. With the sync turned off after the first send, they do not."""
+    sampled match the trainer's at every step, under the default rollout.max_mismatch_kl. With the sync turned off
+    after the first send (a stale engine), the gate stops the run after step 2, whose metrics line is written."""
     from molrl.rl import run_rl
     from molrl.rl.engine import PolicyEngine
 
@@ -135,19 +136,46 @@ def test_the_engine_samples_from_the_policy_being_trained_and_a_stale_one_shows(
     cfg.train.learning_rate = 5e-2
     if sync:  # the evaluation hook generates on the engine too
         cfg.eval.every_steps, cfg.eval.tasks, cfg.eval.max_new_tokens = 3, TaskSource(format="toy", limit=4), 8
-    steps = steps_of(run_rl(cfg))
-    gaps = [s["rollout/engine_logp_gap"] for s in steps]
-    assert len(gaps) == 3
-    assert gaps[0] < 1e-3  # the first send: both hold the fresh adapter
-    if sync:
-        assert max(gaps) < 1e-3, gaps
+        cfg.completion_logps = True
+        steps = steps_of(run_rl(cfg))
+        rows = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+        assert len(rows) == 3 * 8
+        for row in rows:  # each row's tokens with the engine's and the trainer's log-prob of each
+            assert len(row["token_ids"]) == len(row["engine_logps"]) == len(row["trainer_logps"]) == row["tokens"]
+            assert max(abs(e - t) for e, t in zip(row["engine_logps"], row["trainer_logps"])) < 1e-3
     else:
-        assert min(gaps[1:]) > 2e-2, gaps  # the policy moved two steps; the engine still samples the first one
-    assert (tmp_path / "run" / "adapter").is_dir()
+        with pytest.raises(MolrlError, match=r"step 2: rollout/mismatch_kl=\S+ passed rollout.max_mismatch_kl=0.05.*"
+                                             "stale adapter"):
+            run_rl(cfg)
+        steps = steps_of(tmp_path / "run")
+    kls, gaps, ess = ([s[f"rollout/{k}"] for s in steps] for k in ("mismatch_kl", "engine_logp_gap", "is_ess"))
+    assert len(kls) == (3 if sync else 2)
+    assert gaps[0] < 1e-3 and kls[0] < 1e-6  # the first send: both hold the fresh adapter
     if sync:
+        assert max(gaps) < 1e-3 and max(kls) < 1e-6 and min(ess) > 0.999, (gaps, kls, ess)
+        assert (tmp_path / "run" / "adapter").is_dir()
         hooks = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
                  if '"eval/accuracy"' in line]
         assert [h["step"] for h in hooks] == [3] and "eval/error" not in hooks[0]
+    else:  # the policy moved a step; the engine still samples the first one
+        assert gaps[1] > 2e-2 and kls[1] > 0.05 and ess[1] < 0.9, (gaps, kls, ess)
+        assert not (tmp_path / "run" / "adapter").exists()  # a stopped run is not a finished one
+
+
+@needs_vllm
+def test_the_canary_stops_a_run_whose_engine_keeps_sampling_the_base(engine_base, tmp_path, monkeypatch):
+    """The adapter is saved at each sync but the engine keeps the first one it was given (a LoRA at B = 0: the
+    base): at the first sync after an optimiser step the canary names it."""
+    from molrl.rl import run_rl
+    from molrl.rl.engine import PolicyEngine
+
+    real = PolicyEngine.send
+    monkeypatch.setattr(PolicyEngine, "send", lambda self, folder: None if self.lora else real(self, folder))
+    cfg = toy_config(tmp_path / "run", engine_base[0], max_steps=3, engine="vllm", max_new_tokens=16)
+    cfg.train.learning_rate = 5e-2
+    cfg.rollout.max_mismatch_kl = 0.0  # the canary alone
+    with pytest.raises(MolrlError, match="step 1: engine on the base"):
+        run_rl(cfg)
 
 
 @needs_vllm

@@ -195,6 +195,7 @@ def test_a_run_logs_both_terms_and_the_kl_starts_at_zero(tmp_path, world_files):
 
     cfg = turns_config(tmp_path / "run", *world_files, max_steps=2)
     cfg.terms.feedback_ce, cfg.terms.decision_kl = 0.05, 0.05
+    cfg.completion_logps = True
     out = run_rl(cfg)
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "reward" in line]
     assert len(steps) == 2 and all(s["turns/feedback_tokens"] > 0 for s in steps)
@@ -203,6 +204,13 @@ def test_a_run_logs_both_terms_and_the_kl_starts_at_zero(tmp_path, world_files):
     assert steps[1]["loss/decision_kl"] > 1e-7  # one step later the policy has moved from it
     lines = (out / "completions.jsonl").read_text().splitlines()
     assert len(lines) == 2 * 4
+    rows = [json.loads(line) for line in lines]
+    for row in rows:  # the whole episode the policy wrote and was shown, not only its final answer
+        assert row["episode"] and row["completion"] in row["episode"]  # an episode that submitted nothing too
+        assert len(row["token_ids"]) == len(row["trainer_logps"]) == len(row["engine_logps"]) == row["tokens"]
+        assert all(x is None for x in row["engine_logps"])  # transformers: no engine log-probs
+        assert all(math.isfinite(x) and x <= 0 for x in row["trainer_logps"])
+    assert any("<|im_start|>" in row["episode"] for row in rows)  # a later turn, after the environment's feedback
 
 
 def test_multi_turn_settings_it_cannot_honour_are_refused(tmp_path):

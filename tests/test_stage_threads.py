@@ -102,3 +102,36 @@ def test_without_threads_a_stage_follows_the_idle_cores(monkeypatch, caplog):
         cpu.govern_threads(None)
         torch.set_num_threads(before)
     assert "eval: torch threads: 1 (the idle cores, at most 4" in caplog.text
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_in_process_engine_starts_under_the_stage_s_thread_count_unpinned(threads, monkeypatch):
+    """start_llm on a CPU: the engine is built under the count ``use_threads`` set (OMP_NUM_THREADS, read by vLLM's
+    worker processes) with vLLM's core pinning off; the process's own OMP_NUM_THREADS is put back afterwards."""
+    vllm = pytest.importorskip("vllm")
+    from molrl.generation import start_llm
+
+    seen = {}
+
+    class Recorded:
+        def __init__(self, **kwargs):
+            import os
+
+            seen.update(OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS"),
+                        VLLM_CPU_OMP_THREADS_BIND=os.environ.get("VLLM_CPU_OMP_THREADS_BIND"))
+
+    monkeypatch.setattr(vllm, "LLM", Recorded)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    before = torch.get_num_threads()
+    try:
+        cpu.use_threads(threads, "rl")
+        start_llm("models/m")
+    finally:
+        cpu.govern_threads(None)
+        torch.set_num_threads(before)
+    assert seen == {"OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    import os
+
+    assert os.environ["OMP_NUM_THREADS"] == "7"

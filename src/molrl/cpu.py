@@ -8,7 +8,8 @@ and while a stage trains, ``ThreadGovernor`` re-asks every few seconds how busy 
 processes keep the machine (``govern_threads`` installs one; ``tick`` is called once per step).
 
 Every CPU stage (``mol``, ``rl``, ``eval``, ``collect``, ``pipeline``, the demo) sets its threads the same way,
-through ``use_threads``: a stage's ``threads=N`` fixes the count, otherwise it follows the idle cores like this.
+through ``use_threads``: a stage's ``threads=N`` fixes the count, otherwise it follows the idle cores like this. An
+in-process vLLM engine starts under the same count (``engine_environment``).
 """
 
 from __future__ import annotations
@@ -199,3 +200,22 @@ def stage_threads(threads: int | None, most: int | None = None) -> Iterator[None
         _SCOPE.pop()
         govern_threads(None)
         torch.set_num_threads(before)
+
+
+def engine_environment(threads: int, environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables an in-process vLLM engine on a CPU starts under, for the stage's ``threads`` (``use_threads``).
+
+    In this process the engine computes on torch's threads, which the stage's policy sets; its own CPU thread
+    setup only runs in worker processes (``VLLM_ENABLE_V1_MULTIPROCESSING=1``), and there it would take every
+    physical core but one and pin a thread to each (``VLLM_CPU_OMP_THREADS_BIND=auto``), whatever other processes
+    keep busy: a pinned thread cannot leave a busy core, and every parallel region of a decoding step waits for it.
+    So: the stage's count (``OMP_NUM_THREADS``, which worker processes read) and no pinning, unless the environment
+    already names a binding.
+
+    >>> engine_environment(2, {})
+    {'OMP_NUM_THREADS': '2', 'VLLM_CPU_OMP_THREADS_BIND': 'nobind'}
+    >>> engine_environment(1, {"VLLM_CPU_OMP_THREADS_BIND": "0-3"})["VLLM_CPU_OMP_THREADS_BIND"]
+    '0-3'
+    """
+    return {"OMP_NUM_THREADS": str(max(1, threads)),
+            "VLLM_CPU_OMP_THREADS_BIND": environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")}

@@ -159,13 +159,18 @@ def start_llm(model_path: str, *, dtype: str = "auto", seed: int = 0, lora_rank:
               tensor_parallel_size: int = 1, gpu_memory_utilization: float | None = None,
               max_model_len: int | None = None, **llm_kwargs: Any) -> Any:
     """A vLLM ``LLM`` for ``model_path`` in this process, serving LoRA adapters up to ``lora_rank`` (one at a time)
-    when given; the process's thread setting and environment are kept (``process_settings_kept``)."""
+    when given; on a CPU it starts under the stage's thread count (``molrl.cpu.engine_environment``), and the
+    process's thread setting and environment are kept (``process_settings_kept``)."""
     import os
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     on_gpu = torch.cuda.is_available()
+    threads: dict[str, str] = {}
     if not on_gpu:
+        from molrl.cpu import engine_environment
+
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        threads = engine_environment(torch.get_num_threads(), os.environ)  # the stage's thread policy
     try:
         from vllm import LLM
     except ImportError as err:
@@ -183,6 +188,7 @@ def start_llm(model_path: str, *, dtype: str = "auto", seed: int = 0, lora_rank:
     if lora_rank is not None:
         kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=next(r for r in VLLM_LORA_RANKS if r >= lora_rank))
     with process_settings_kept():
+        os.environ.update(threads)  # OMP_NUM_THREADS is put back once the engine has started
         return LLM(model=model_path, dtype=dtype, seed=seed, tensor_parallel_size=tensor_parallel_size,
                    gpu_memory_utilization=gpu_memory_utilization or (0.85 if on_gpu else 0.3),
                    max_model_len=max_model_len, **kwargs)

@@ -68,6 +68,11 @@ class RolloutBatch:
     while ``completion_mask`` selects the sampled ones for the loss; None: ``completion_mask`` is both."""
     feedback_mask: torch.Tensor | None = None
     """[B, T] multi-turn: 1 on feedback tokens (the environment's text); None without feedback."""
+    engine_logps: torch.Tensor | None = None
+    """[B, T] the engine's log-prob of each token it sampled, at the sampling temperature (NaN: not sampled by it);
+    None: no engine log-probs (transformers, partial rollouts)."""
+    records: list[dict] | None = None
+    """B dicts of fields each row's ``completions.jsonl`` line adds (multi-turn: the whole episode); None: none."""
 
     def attention(self) -> torch.Tensor:
         """[B, T] the completion tokens attention sees."""

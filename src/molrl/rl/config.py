@@ -161,6 +161,10 @@ class RlConfig:
     engine_gpu_memory_utilization: Annotated[float, Range(0, 1, low_open=True)] = 0.3
     """Share of each GPU the colocated engine may take (the KV cache's share of memory on a CPU is
     VLLM_CPU_KVCACHE_SPACE GiB, default 1)."""
+    completion_logps: bool = False
+    """completions.jsonl: each row also records its token ids (``token_ids``) with the trainer's log-prob of each
+    (``trainer_logps``) and the engine's (``engine_logps``; null where the engine did not sample it), both at the
+    sampling temperature; off by default for size."""
     threads: Threads | None = None
     """Torch CPU threads; none: as many as cores are idle, re-measured while it runs (molrl.cpu)."""
 

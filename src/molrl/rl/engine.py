@@ -9,8 +9,10 @@ model's weights a full sync would copy.
 
 Token ids in, token ids out: a request is the row's prompt ids (and, in multi-turn rollouts, its tokens so far),
 and the row keeps the ids the engine sampled, with the engine's log-prob of each (after temperature: vLLM's
-``processed_logprobs``, as the trainer's are). ``rollout/engine_logp_gap`` (``molrl.rl.loss.engine_logp_gap``)
-compares those with the trainer's: a stale or half-synced engine shows there.
+``processed_logprobs``, as the trainer's are). ``molrl.rl.mismatch`` compares those with the trainer's
+(``rollout/mismatch_kl``, ``rollout/engine_logp_gap``, ``rollout/is_ess``, the gate ``rollout.max_mismatch_kl``): a
+stale or half-synced engine shows there, and the canary at the first sync after an optimiser step stops a run whose
+engine samples from the base.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ def rl_engine(cfg: RlConfig, *, installed: bool | None = None, gpu: bool | None 
                                             "\"RL on the engine\"); engine=vllm runs it there")
     work = cfg.train.max_steps * cfg.prompts_per_step * cfg.sampling.n * cfg.sampling.max_new_tokens
     return choose_engine(cfg.engine, cfg.model.path, work, installed=installed, gpu=gpu)
+
+
+CANARY_TOKENS = 8
+"""Tokens the canary samples after its fixed prompt."""
 
 
 @dataclass
@@ -85,23 +91,64 @@ class PolicyEngine:
         self.synced_step: int | None = None
         self.syncs = 0
         """How many times the adapter was sent (one per optimiser step that was followed by generation)."""
+        self.canary_decided = False
+        """The canary has judged the engine (it checks at each sync after an optimiser step until it can)."""
 
     def sync(self, trainer: Any) -> None:
-        """Send the trainer's adapter to the engine if an optimiser step changed it since the last send."""
+        """Send the trainer's adapter to the engine if an optimiser step changed it since the last send; after an
+        optimiser step, until it can judge, the canary checks the engine samples with it (``canary``)."""
         step = trainer.state.global_step
         if self.lora is not None and step == self.synced_step:
             return
-        from vllm.lora.request import LoRARequest
-
         model = trainer.accelerator.unwrap_model(trainer.model)
         self.syncs += 1
         folder = self.work / f"adapter-{self.syncs}"
         model.save_pretrained(str(folder), selected_adapters=[model.active_adapter])  # each process: its own engine
-        previous, self.lora = self.lora, LoRARequest(f"policy-{self.syncs}", self.syncs, str(folder))
+        self.send(folder)
         self.synced_step = step
+        if step > 0 and not self.canary_decided:
+            self.canary(trainer, step)
+
+    def send(self, folder: Path) -> None:
+        """Hand the adapter saved in ``folder`` to the engine under a new LoRA name and id."""
+        from vllm.lora.request import LoRARequest
+
+        previous, self.lora = self.lora, LoRARequest(f"policy-{self.syncs}", self.syncs, str(folder))
         if previous is not None:  # one adapter at a time: the old one is dropped from the engine and the disk
             self.llm.llm_engine.remove_lora(previous.lora_int_id)
             shutil.rmtree(previous.lora_path, ignore_errors=True)
+
+    def canary(self, trainer: Any, step: int) -> None:
+        """Stop the run ("engine on the base") if the engine's log-probs of a few tokens it samples after one fixed
+        prompt (the first training prompt) are nearer the base's than the trained adapter's; undecided while the
+        adapter is too near its base to tell (``molrl.rl.mismatch.canary_verdict``), it asks again at the next sync."""
+        import torch
+        from trl.trainer.utils import use_adapter
+        from vllm import SamplingParams
+
+        from molrl.rl.batch import pad_rows
+        from molrl.rl.mismatch import canary_message, canary_verdict
+
+        if not trainer.prompt_ids:  # no dataset prompt to ask with
+            self.canary_decided = True
+            return
+        prompt = list(next(iter(trainer.prompt_ids.values())))
+        params = SamplingParams(n=1, temperature=trainer.logprobs.temperature, max_tokens=CANARY_TOKENS, logprobs=0,
+                                seed=0, detokenize=False)  # no top-p / top-k: the trainer's log-probs have none
+        out = sampled_of(self.llm.generate([{"prompt_token_ids": prompt}], params, lora_request=self.lora,
+                                           use_tqdm=False)[0].outputs[0])
+        if not out.ids:
+            return
+        device = trainer.accelerator.device
+        rows = (*pad_rows([prompt], trainer.processing_class.pad_token_id, "left", device),
+                *pad_rows([out.ids], trainer.processing_class.pad_token_id, "right", device))
+        adapter = trainer.logprobs.completion(trainer.model, *rows)[0]  # [n] under the trained adapter, at T
+        with use_adapter(trainer.accelerator.unwrap_model(trainer.model), adapter_name=None):  # the adapter off
+            base = trainer.logprobs.completion(trainer.model, *rows)[0]  # [n] under the engine's base, at T
+        verdict = canary_verdict(torch.tensor(out.logps), adapter.float().cpu(), base.float().cpu())
+        self.canary_decided = verdict.decided
+        if verdict.on_base:
+            raise MolrlError(canary_message(step, verdict))
 
     def params(self, trainer: Any, max_tokens: int, stop: Sequence[str] = ()) -> Any:
         """vLLM sampling parameters for the run's ``sampling`` (``trainer.cfg``), ``max_tokens`` new tokens, and

@@ -160,12 +160,3 @@ def sampler_weights(trainer_logps: torch.Tensor, sampler_logps: torch.Tensor, ma
     ratio = torch.exp(diff.sum(dim=-1, keepdim=True))  # [B, 1]
     return ratio.masked_fill(ratio > cap, 0.0)
 
-
-def engine_logp_gap(trainer_logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor) -> float:
-    """Mean |log pi_trainer - log pi_engine| over the sampled tokens of ``mask`` [B, T] whose engine log-prob is
-    known (not NaN): 0 up to numerics when the engine samples from the policy being trained; a stale engine (weights
-    not sent after an optimiser step) shows as the step's change of the policy."""
-    known = mask.bool() & ~torch.isnan(sampler_logps)  # [B, T]
-    if not known.any():
-        return 0.0
-    return (trainer_logps.float() - sampler_logps)[known].abs().mean().item()

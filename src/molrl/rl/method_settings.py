@@ -108,6 +108,11 @@ class RolloutSettings:
     a decoding step then costs the base model's, not the base's plus two small matmuls per adapted layer; the base
     weights are copied back exactly afterwards (one copy of the adapted weights is held while generating). Not
     with behaviour=props (it samples from a second adapter) or engine=vllm (the engine holds its own weights)."""
+    max_mismatch_kl: Annotated[float, Range(0, 1000)] = 0.05
+    """Stop the run after a step whose ``rollout/mismatch_kl`` (KL(engine || trainer) per sampled token, k3, over
+    the step: ``molrl.rl.mismatch``) passes this; 0: no gate. Measured on the in-process engine: 1e-13 healthy in
+    fp32, 1e-4 in bf16, 1.3 with a stale adapter; peers report 0.01-0.03 for bf16 on GPUs (benchmarks/RESULTS.md,
+    "The mismatch gate")."""
     sampling_error: bool = True
     """Log ``sampling_error``: KL(empirical || policy) at the states two or more of a prompt's completions share,
     over the data of each update, from the loss's own log-probs (or, where those come after an update, from the

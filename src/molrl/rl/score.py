@@ -118,6 +118,7 @@ def log_scores(metrics: dict[str, list[float]], seen_stages: set[str], name: str
     ids = gather(batch.ids) if batch.ids is not None else None
     lengths = gather(batch.lengths) if batch.lengths is not None else None
     off = gather(batch.off_policy.sum(-1).tolist()) if batch.off_policy is not None else None
+    extra = gather(batch.records) if batch.records is not None else None  # multi-turn episodes, token log-probs
     if completions_path is None:
         return
     with open(completions_path, "a") as fh:
@@ -130,6 +131,8 @@ def log_scores(metrics: dict[str, list[float]], seen_stages: set[str], name: str
                 record["tokens"] = lengths[i]
             if ids is not None:
                 record.update(id=ids[i], off_policy_tokens=off[i])
+            if extra is not None:
+                record.update(extra[i])
             fh.write(json.dumps(record, default=str) + "\n")
 
 

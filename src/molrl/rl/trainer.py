@@ -42,6 +42,7 @@ from molrl.rl.batch import AdvantageInputs, LossInputs, LossOutputs, RolloutBatc
 from molrl.rl.config import RlConfig
 from molrl.rl.logprobs import LogProbs
 from molrl.rl.loss import PolicyLossSettings, policy_loss, policy_normaliser
+from molrl.rl.mismatch import MismatchGate, token_logp_records
 from molrl.rl.rollouts import ROLLOUTS, Synchronous
 from molrl.rl.score import Scorer, log_scores
 from molrl.rl.terms import CompletionLogits, build_terms
@@ -84,6 +85,8 @@ class RlTrainer(GRPOTrainer):
         self.made_by = made_by  # what each completions.jsonl row records of its making (score.completions_made_by)
         self.logprobs = LogProbs(self)  # every sampling log-prob, at the one temperature
         self.engine: Any = None  # molrl.rl.engine.PolicyEngine once attached (engine=vllm, colocated)
+        self.mismatch_gate = MismatchGate(config.rollout.max_mismatch_kl)  # after the metrics file's callback
+        self.add_callback(self.mismatch_gate)
         self.prompt_ids = prompt_ids_by_text(self.train_dataset)
         # the rollout policy first: PROPS adds its adapter before an algorithm loads frozen ones
         self.rollouts = {"train": ROLLOUTS[config.rollout.policy()](self, config),
@@ -112,6 +115,9 @@ class RlTrainer(GRPOTrainer):
         advantages = self.algorithm.advantages(AdvantageInputs(  # 3. advantages
             batch, scores, rewards, masks.float(), self.group_size(), slice(rank * local, (rank + 1) * local)))
         main = mode == "train" and self.accelerator.is_main_process
+        if mode == "train" and self.cfg.completion_logps:  # completions.jsonl: each row's tokens and both log-probs
+            batch.records = token_logp_records(batch.completion_ids, batch.lengths, self.policy_logps(batch),
+                                               batch.engine_logps, batch.records)
         log_scores(self.metrics(), self.seen_stages, self.scorer.__name__, batch, scores, rewards,
                    advantages.per_completion, self.group_size(), gather_object,
                    self.completions_path if main else None, self.state.global_step + 1, self.made_by)

@@ -11,6 +11,7 @@ checkpoint (``rollout_state.json``) and what is left at the end (``rollout_buffe
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from pathlib import Path
@@ -46,6 +47,7 @@ class Partial(Synchronous):
     def __init__(self, trainer: Any, cfg: RlConfig, training: bool = True):
         super().__init__(trainer, cfg, training)
         self.state = RolloutState()
+        self.engine_logps: dict[tuple[int, int], list[float]] = {}  # the engine's log-probs of the step's new tokens
 
     def rollout(self, inputs: list[dict[str, Any]]) -> RolloutBatch:
         """Resume the buffered groups, start new ones, stop once enough have finished, train on those."""
@@ -80,6 +82,8 @@ class Partial(Synchronous):
             comp.finished = finished
         trained = choose_trained(finish_order, needed)
         logps = self.record_behaviour(flight, new_tokens, trained)
+        if trainer.engine is not None:
+            self.log_engine_mismatch(new_tokens, logps)
         trained_set = set(trained)
         state.buffer = [grp for g, grp in enumerate(flight) if g not in trained_set]
         logps_s = time.perf_counter() - start
@@ -144,6 +148,21 @@ class Partial(Synchronous):
         metrics["partial/trained_tokens"].append(tokens.sum().item())
         trainer.state.num_input_tokens_seen += generated
 
+    def log_engine_mismatch(self, new_tokens: dict, logps: dict) -> None:
+        """The step's engine-trainer mismatch (``Synchronous.log_mismatch``) over the tokens the engine sampled in
+        it: the engine's log-probs of them against the step's policy's (``record_behaviour``); resumed tokens, sampled
+        under an earlier policy, are the off-policy treatment's, not the engine's mismatch."""
+        keys = [key for key, (tokens, _) in new_tokens.items() if tokens]
+        new = [len(new_tokens[key][0]) for key in keys]
+        engine = self.engine_logps
+        device = self.trainer.accelerator.device
+        trainer_logps = pad_values([logps[k][len(logps[k]) - n:] for k, n in zip(keys, new)] or [[]], 0.0, "right",
+                                   device, torch.float32)  # [B, T]
+        engine_logps = pad_values([engine.get(k, [])[:n] for k, n in zip(keys, new)] or [[]], math.nan, "right",
+                                  device, torch.float32, width=trainer_logps.size(1))  # [B, T], NaN: unknown
+        mask = pad_values([[1] * n for n in new] or [[]], 0, "right", device, torch.long)  # [B, T]
+        self.log_mismatch(trainer_logps, engine_logps, mask)
+
     def generate(self, flight: list[PartialGroup], todo: list[tuple[int, int]], done_before: list[int],
                  needed: int) -> Generated:
         """Generate the unfinished completions of ``flight`` (``todo``: (group, row) pairs), each from its prompt and
@@ -156,23 +175,26 @@ class Partial(Synchronous):
         before = [sum(c.finished for c in grp.completions) for grp in flight]
         if trainer.engine is not None:
             tracker = GroupTracker(groups, sizes, before, needed, done_before)
-            tokens = self.generate_vllm(sequences, budgets, tracker)
+            engine_logps: list[list[float]] = []
+            tokens = self.generate_vllm(sequences, budgets, tracker, engine_logps)
+            self.engine_logps = dict(zip(todo, engine_logps))
             return tracker.finish_order, {key: (tokens[i], tracker.done[i]) for i, key in enumerate(todo)}
         new, stopper = self.continue_rows(sequences, max(budgets), lambda width: StopWhenGroupsDone(
             groups, budgets, trainer.eos_token_ids, width, sizes, before, needed, done_before))
         return stopper.finish_order, {key: (new[i][:stopper.lengths[i]], stopper.done[i]) for i, key in enumerate(todo)}
 
-    def generate_vllm(self, sequences: list[list[int]], budgets: list[int], tracker: GroupTracker) -> list[list[int]]:
+    def generate_vllm(self, sequences: list[list[int]], budgets: list[int], tracker: GroupTracker,
+                      logps: list[list[float]] | None = None) -> list[list[int]]:
         """``generate`` on the policy's engine (``molrl.rl.engine``, its adapter sent after each optimiser step): one
         request per row (its prompt and tokens so far, its remaining budget), aborted once enough groups have
-        finished (``molrl.rl.rollouts.partial_state.engine_generate``)."""
+        finished (``molrl.rl.rollouts.partial_state.engine_generate``); ``logps`` receives the engine's log-probs."""
         trainer = self.trainer
         engine = trainer.engine
         engine.sync(trainer)
         params = [engine.params(trainer, budget) for budget in budgets]
         return engine_generate(engine.llm.llm_engine, sequences, params, tracker,
                                f"molrl-{trainer.state.global_step}-{trainer.accelerator.process_index}",
-                               lora_request=engine.lora)
+                               lora_request=engine.lora, logps=logps)
 
     def row_logps(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
         """Each row's completion-token log-probs under the current policy (one batched no-grad pass)."""

@@ -207,16 +207,20 @@ class StopWhenGroupsDone(StoppingCriteria):
 
 
 def engine_generate(engine: Any, sequences: Sequence[list[int]], params: Sequence[Any], tracker: GroupTracker,
-                    prefix: str, lora_request: Any = None) -> list[list[int]]:
+                    prefix: str, lora_request: Any = None,
+                    logps: list[list[float]] | None = None) -> list[list[int]]:
     """Partial rollouts on a vLLM ``LLMEngine``: add one request per row, step the engine, and abort the
     unfinished requests once ``tracker`` has enough finished groups. Returns each row's new tokens
     (those of an aborted request: what it had generated so far); ``tracker.done`` says which finished.
 
     ``params[i]`` are row i's sampling parameters (its remaining token budget as ``max_tokens``), ``lora_request``
-    the adapter every request samples with;
+    the adapter every request samples with; ``logps``, when given, receives each row's engine log-probs of its new
+    tokens (the requests asked for ``logprobs=0``);
     outputs are read cumulatively (vLLM's default), so the latest output of a request holds all its tokens.
     """
     tokens: list[list[int]] = [[] for _ in sequences]
+    if logps is not None:
+        logps[:] = [[] for _ in sequences]
     names = [f"{prefix}-{i}" for i in range(len(sequences))]
     for name, sequence, param in zip(names, sequences, params):
         engine.add_request(name, {"prompt_token_ids": list(sequence)}, param, lora_request=lora_request)
@@ -228,6 +232,8 @@ def engine_generate(engine: Any, sequences: Sequence[list[int]], params: Sequenc
             if i is None:
                 continue
             tokens[i] = list(output.outputs[0].token_ids)
+            if logps is not None:
+                logps[i] = [entry[token].logprob for token, entry in zip(tokens[i], output.outputs[0].logprobs or [])]
             if output.finished:
                 ending.append(i)
         tracker.finish(ending)

@@ -27,7 +27,8 @@ from trl.trainer.utils import use_adapter
 from molrl.lora_merge import merged_lora
 from molrl.rl.batch import LossInputs, RolloutBatch, TokenRoles, merge_batches, pad_rows, pad_values
 from molrl.rl.config import RlConfig
-from molrl.rl.loss import engine_logp_gap, sampler_weights
+from molrl.rl.loss import sampler_weights
+from molrl.rl.mismatch import MismatchSums, means, step_sums
 from molrl.rl.rollouts.props_math import sampling_error_by_entropy, shared_state_sampling_error
 from molrl.task_types import Task
 
@@ -153,14 +154,14 @@ class Synchronous:
                                             completion_mask if attention is None else attention)
 
         on_engine = sampler_lists is not None and (trainer.use_vllm or trainer.engine is not None)
-        reference = weights = None
+        reference = weights = sampler = None
         generate_every = trainer.args.steps_per_generation * self.cfg.num_iterations
         if behaviour is None and (trainer.args.gradient_accumulation_steps % generate_every != 0 or on_engine):
             behaviour = logps_of(trainer.model)
         if on_engine:  # the engine's log-probs of what it sampled against the trainer's, under the same policy
             sampler = pad_values([[math.nan if x is None else x for x in r] for r in sampler_lists], 0.0, "right",
                                  device, torch.float32, multiple)
-            trainer.metrics()["rollout/engine_logp_gap"].append(engine_logp_gap(behaviour, sampler, completion_mask))
+            self.log_mismatch(behaviour, sampler, completion_mask)
             if trainer.vllm_importance_sampling_correction:
                 weights = sampler_weights(behaviour, sampler, completion_mask)
         if self.cfg.beta != 0.0:
@@ -174,7 +175,22 @@ class Synchronous:
         return RolloutBatch(prompt_ids, prompt_mask, completion_ids, completion_mask, behaviour, weights, reference,
                             [tasks[x["task_json"]] for x in inputs], [x["prompt"] for x in inputs], completions, finished,
                             lengths=[len(r) for r in completion_lists], attention_mask=attention,
-                            feedback_mask=feedback)
+                            feedback_mask=feedback, engine_logps=sampler)
+
+    def log_mismatch(self, trainer_logps: torch.Tensor, engine_logps: torch.Tensor, mask: torch.Tensor) -> None:
+        """Log the step's engine-trainer mismatch (``molrl.rl.mismatch``: ``rollout/mismatch_kl``,
+        ``rollout/engine_logp_gap``, ``rollout/is_ess``) over the sampled tokens of ``mask`` on every process, from
+        the engine's log-probs ``engine_logps`` and the trainer's ``trainer_logps`` [B, T] at the sampling
+        temperature; a training step's mismatch_kl goes to the trainer's ``MismatchGate``."""
+        trainer = self.trainer
+        sums = step_sums(trainer_logps, engine_logps, mask).as_tensor(trainer.accelerator.device)
+        step = means(MismatchSums.of_tensor(trainer.accelerator.reduce(sums, reduction="sum")))
+        metrics = trainer.metrics()
+        metrics["rollout/mismatch_kl"].append(step.kl)
+        metrics["rollout/engine_logp_gap"].append(step.gap)
+        metrics["rollout/is_ess"].append(step.ess)
+        if trainer.model.training:
+            trainer.mismatch_gate.observe(trainer.state.global_step + 1, step.kl)
 
     # what the loss trains on
     def finish(self, inputs: LossInputs) -> LossInputs:

@@ -144,6 +144,7 @@ class Turns(Synchronous):
         engine_logps = [r.engine_logps for r in rows] if self.trainer.engine is not None else None
         batch = self.to_batch([{"prompt": p, "task_json": x["task_json"]} for p, x in zip(prompts, inputs)],  # reward's
                               [r.prompt_ids for r in rows], [r.ids for r in rows], answers, engine_logps, roles=roles)
+        batch.records = [{"episode": tokenizer.decode(r.ids)} for r in rows]  # every turn and feedback, not the answer only
         self.log(rows, generation_s)
         return batch
 
