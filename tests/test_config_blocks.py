@@ -71,9 +71,15 @@ def test_every_stage_that_has_a_shared_block_has_it_under_one_name_and_one_type(
     for stage in PER_NAME.get(block, set()):
         assert typing.get_origin(types[stage]) is dict and typing.get_args(types[stage])[0] is str, types[stage]
         types[stage] = typing.get_args(types[stage])[1]
-    assert len(set(types.values())) == 1, types
-    if block in BLOCK_TYPES:
-        assert set(types.values()) == {BLOCK_TYPES[block]}
+    if block not in BLOCK_TYPES:
+        assert len(set(types.values())) == 1, types
+        return
+    # a stage's variant of a block narrows ranges to what the stage can take (rl's sampling: n >= 2, never greedy),
+    # its keys and their meaning the block's own
+    base = BLOCK_TYPES[block]
+    assert all(issubclass(tp, base) for tp in types.values()), types
+    keys = {stage: [f.name for f in dataclasses.fields(tp)] for stage, tp in types.items()}
+    assert all(k == [f.name for f in dataclasses.fields(base)] for k in keys.values()), keys
 
 
 @pytest.mark.parametrize("stage", sorted(STAGES))
@@ -226,9 +232,9 @@ def test_a_key_given_under_its_old_and_new_name_with_one_value_is_read_once_and_
 
 
 @pytest.mark.parametrize("overrides,says", [
-    (["sampling.n=1"], "sampling.n=1: GRPO needs at least 2"),
-    (["sampling.temperature=0"], "sampling.temperature=0.0: rollouts are never greedy"),
-    (["sampling.seed=3"], "sampling.seed=3: the RL stage's sampling is seeded by train.seed"),
+    (["sampling.n=1"], "sampling.n=1 is out of range; allowed: an integer in [2, 1000000000]"),
+    (["sampling.temperature=0"], "sampling.temperature=0.0 is out of range; allowed: a number in [0.01, 100]"),
+    (["sampling.seed=3"], "sampling.seed=3 is out of range; allowed: an integer in [0, 0]"),
     (["sampling.stop=[END]"], "sampling.stop=['END']: stop strings end the turns of multi-turn rollouts"),
 ])
 def test_the_sampling_keys_rl_cannot_honour_are_refused(overrides, says):
@@ -236,9 +242,32 @@ def test_the_sampling_keys_rl_cannot_honour_are_refused(overrides, says):
         load_config(RlConfig, None, overrides)
 
 
+@pytest.mark.parametrize("stage,key,allowed", [
+    ("rl", "sampling.n", "an integer in [2, 1000000000]"), ("rl", "sampling.temperature", "a number in [0.01, 100]"),
+    ("rl", "sampling.seed", "an integer in [0, 0]"), ("collect", "sampling.n", "an integer in [1, 1]"),
+])
+def test_describe_shows_the_range_a_stage_takes(stage, key, allowed):
+    from molrl.config import describe
+
+    lines = describe(STAGES[stage])
+    at = next(i for i, line in enumerate(lines) if line.startswith(f"{key}: "))
+    assert f"    # allowed: {allowed}" in lines[at + 1:at + 4]
+
+
 def test_collect_samples_one_completion_a_turn():
-    with pytest.raises(ConfigError, match="sampling.n=2 must be 1"):
+    with pytest.raises(ConfigError, match=re.escape("sampling.n=2 is out of range; allowed: an integer in [1, 1]")):
         load_config(CollectConfig, None, [*REQUIRED["collect"], "sampling.n=2"])
+
+
+@pytest.mark.parametrize("stage,key", [("rl", "rollout.episode.max_turns"), ("rl", "rollout.episode.max_total_tokens"),
+                                       ("rl", "rollout.episode.batch_size"), ("eval", "interactive.batch_size")])
+def test_an_episode_key_the_stage_does_not_read_is_not_shown_and_an_old_config_holding_it_loads(stage, key, caplog):
+    from molrl.config import describe
+
+    assert not any(line.startswith(f"{key}: ") for line in describe(STAGES[stage]))
+    with caplog.at_level(logging.WARNING):
+        load_config(STAGES[stage], None, [*REQUIRED.get(stage, []), f"{key}=3"])
+    assert f"{key} dropped (" in caplog.text
 
 
 def test_rl_top_k_reaches_trl():
@@ -380,3 +409,13 @@ def test_a_model_path_given_over_a_written_out_model_block_keeps_its_other_keys(
     path.write_text(f"model: {{path: a, adapter: {adapter or 'null'}, dtype: bfloat16}}\n")
     cfg = load_config(STAGES[stage], path, [*REQUIRED.get(stage, []), "model=b"])
     assert cfg.model == ModelSource("b", adapter=adapter, dtype="bfloat16")
+
+
+def test_a_multi_turn_run_whose_first_turn_can_take_every_token_is_named(caplog):
+    with caplog.at_level(logging.WARNING):
+        load_config(RlConfig, None, ["rollout.turns=2", "rollout.turn_tokens=128", "sampling.max_new_tokens=128"])
+    assert "rollout.turn_tokens never cuts a turn" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        load_config(RlConfig, None, ["rollout.turns=2", "rollout.turn_tokens=64", "sampling.max_new_tokens=128"])
+    assert "never cuts a turn" not in caplog.text

@@ -7,8 +7,10 @@ can be read and checked without importing torch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Annotated
 
-from molrl.config_ranges import Count, SamplingTemperature, Seed, Size, TopP
+from molrl.config_ranges import (MAX_COUNT, Count, Range, RolloutTemperature, SamplingTemperature, Seed, Size,
+                                 TopP)
 
 
 @dataclass
@@ -34,3 +36,29 @@ class SamplingConfig:
     stop: list[str] = field(default_factory=list)
     """Strings that end a completion early (kept in the output); collect's and multi-turn turns always also stop
     at </execute> and </solution>."""
+
+
+@dataclass
+class RolloutSampling(SamplingConfig):
+    """The rl stage's ``sampling``: a group of G >= 2 completions per prompt, never greedy, seeded by train.seed."""
+
+    n: Annotated[int, Range(2, MAX_COUNT)] = 8
+    """Group size G: completions per prompt, at least 2 (a group's rewards are compared with each other)."""
+    temperature: RolloutTemperature = 0.9
+    """Sampling temperature, 0.01 or more: rollouts are never greedy (the loss's log-probs are taken at it)."""
+    max_new_tokens: Count = 1024
+    """Most tokens per completion, every turn and feedback of a multi-turn one included (also Dr.GRPO's constant
+    normaliser)."""
+    seed: Annotated[int, Range(0, 0)] = 0
+    """Unused by rl, whose sampling is seeded by train.seed: 0 only."""
+    stop: list[str] = field(default_factory=list)
+    """Strings that end a turn of a multi-turn rollout early (rollout.turns > 1 only; </execute> and </solution>
+    always do); a single-turn completion ends at its end of sequence or max_new_tokens."""
+
+
+@dataclass
+class EpisodeSampling(SamplingConfig):
+    """collect's ``sampling``: one completion a turn (its ``samples`` per task are separate episodes)."""
+
+    n: Annotated[int, Range(1, 1)] = 1
+    """One completion a turn: episodes per task are ``samples``."""

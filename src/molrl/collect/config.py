@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Literal
@@ -9,7 +10,7 @@ from typing import Annotated, Any, Callable, ClassVar, Literal
 from molrl.config_blocks import ModelSource, TaskSource, as_model_source
 from molrl.collect.files import output_dir_of
 from molrl.config_ranges import Count, Range, RunDir, SamplingTemperature, Seconds, Size, Threads
-from molrl.sampling import SamplingConfig
+from molrl.sampling import EpisodeSampling
 from molrl.sandbox import SandboxConfig
 
 DEFAULT_FEEDBACK = ["execution", "tests", "verdict", "format", "budget"]
@@ -38,16 +39,12 @@ class CritiqueConfig:
 
 
 @dataclass
-class EpisodeConfig:
-    """How an agent episode runs: turns, limits, action format and feedback (its turns sample with the stage's
-    ``sampling``)."""
+class EpisodeRules:
+    """How an agent episode's turns read and what feedback follows them: action format, task wording, feedback
+    (rl's ``rollout.episode``: its turns and token limits are the stage's own keys)."""
 
-    max_turns: Count = 5
-    """Most model turns per episode."""
     max_solutions: Count = 2
     """Most solution submissions per episode (a wrong one earns feedback and another try)."""
-    max_total_tokens: Count = 8192
-    """Most tokens of rendered prompt plus generated turn; a turn that would pass it is cut there and ends the episode."""
     system_prompt: str = ""
     """Instructions stating the action format ({max_turns}, {max_solutions} filled in); empty uses ``molrl.collect.actions.SYSTEM_PROMPT``."""
     code_task: str = "Write a Python function `{entry_point}` that solves the following problem.\n\n{prompt}"
@@ -66,8 +63,6 @@ class EpisodeConfig:
     """Also run the task's tests on executed code that defines the entry point, and report them."""
     critique: CritiqueConfig = field(default_factory=CritiqueConfig)
     """The critic used by the ``critique`` feedback provider."""
-    batch_size: Count = 16
-    """Episodes advancing in lockstep (one batched generate call per round)."""
 
     # feedback was clipped in characters before it was clipped in tokens: 2000 characters read as 500 tokens
     RENAMED_KEYS: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {
@@ -76,6 +71,31 @@ class EpisodeConfig:
 
 
 @dataclass
+@dataclass
+class EpisodeLimits(EpisodeRules):
+    """An episode's rules with its own turn and token limits (eval's ``interactive``: its batch is the stage's)."""
+
+    max_turns: Count = 5
+    """Most model turns per episode."""
+    max_total_tokens: Count = 8192
+    """Most tokens of rendered prompt plus generated turn; a turn that would pass it is cut there and ends the episode."""
+
+
+@dataclass
+class EpisodeConfig(EpisodeLimits):
+    """How an agent episode runs: turns, limits, action format, feedback and batch (its turns sample with the
+    stage's ``sampling``)."""
+
+    batch_size: Count = 16
+    """Episodes advancing in lockstep (one batched generate call per round)."""
+
+
+def episode_config(rules: EpisodeRules, **settings: Any) -> EpisodeConfig:
+    """The loop's ``EpisodeConfig`` of a stage's ``rules`` (an ``EpisodeRules`` or ``EpisodeLimits``), with the
+    stage's own ``settings`` (turns, token limit, batch)."""
+    return EpisodeConfig(**{**{f.name: getattr(rules, f.name) for f in dataclasses.fields(rules)}, **settings})
+
+
 class CollectConfig:
     """``molrl collect``: run a model as an agent on tasks and append its traces to output_dir/traces.jsonl."""
 
@@ -103,7 +123,7 @@ class CollectConfig:
     """Device for the transformers backend; default cuda when visible, else cpu."""
     samples: Count = 1
     """Episodes per task (use sampling.temperature > 0 so they differ)."""
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    sampling: EpisodeSampling = field(default_factory=EpisodeSampling)
     """Sampling of each turn: greedy and 512 new tokens by default (``n`` must be 1: samples per task are separate
     episodes; </execute> and </solution> are always stop strings; round r of turns samples with seed + r)."""
     thinking: bool = False
@@ -124,5 +144,3 @@ class CollectConfig:
         if self.data.path is None or self.data.format == "toy":
             raise ValueError(f"data.path={self.data.path}, data.format={self.data.format}: collect runs on a task "
                              "file; give data.path=FILE (--tasks) and its data.format (--format)")
-        if self.sampling.n != 1:
-            raise ValueError(f"sampling.n={self.sampling.n} must be 1: set samples per task with 'samples' instead")

@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from molrl.collect.config import EpisodeConfig
+from molrl.collect.config import EpisodeConfig, EpisodeLimits
 from molrl.sampling import SamplingConfig
 
 
@@ -27,9 +27,10 @@ class CollectionFormat(EpisodeConfig):
         """The format of a resolved ``CollectConfig``."""
         return cls(**_episode_fields(collect.episode), sampling=collect.sampling, thinking=collect.thinking)
 
-    def episode(self, **changes: Any) -> EpisodeConfig:
+    def episode(self, **changes: Any) -> EpisodeLimits:
         """The plain episode settings (eval's ``interactive`` section), with ``changes``."""
-        return EpisodeConfig(**{**_episode_fields(self), **changes})
+        limits = {f.name for f in dataclasses.fields(EpisodeLimits)}
+        return EpisodeLimits(**{**{k: v for k, v in _episode_fields(self).items() if k in limits}, **changes})
 
     def key(self) -> dict[str, Any]:
         """The format as plain data, under the names a demo base's ``DONE`` marker has kept it by since the

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Literal
 
-from molrl.collect.config import EpisodeConfig
+from molrl.collect.config import EpisodeLimits
+from molrl.engines import check_engine_servers
 from molrl.config_blocks import ModelSource, TaskSource, as_model_source, as_task_source
 from molrl.config_ranges import Count, RunDir, Threads
 from molrl.sampling import SamplingConfig
@@ -35,7 +36,8 @@ class EvalConfig:
         **{f"interactive.sampling.{key}": f"interactive mode samples with sampling.{key}"
            for key in ("n", "temperature", "top_p", "top_k", "max_new_tokens", "seed")},
         "interactive.seed": "interactive mode is seeded by sampling.seed",
-        "interactive.enable_thinking": "interactive mode renders with the stage's thinking"}
+        "interactive.enable_thinking": "interactive mode renders with the stage's thinking",
+        "interactive.batch_size": "interactive episodes advance batch_size * sampling.n at a time"}
     benchmarks: list[str] = field(default_factory=lambda: ["math500", "aime24", "aime25", "humaneval", "mbpp"])
     """Benchmarks to run, each named under ``data``: math500, aime24, aime25, humaneval, mbpp, or a name of your own."""
     data: dict[str, TaskSource] = field(default_factory=dict)
@@ -70,7 +72,7 @@ class EvalConfig:
     static_cache: bool = False
     """transformers engine: a static KV cache, with which generation compiles its decoding step on a GPU (several
     times faster a step; each batch shape compiles once, about a minute); on a CPU it runs uncompiled and does not pay."""
-    interactive: EpisodeConfig = field(default_factory=EpisodeConfig)
+    interactive: EpisodeLimits = field(default_factory=EpisodeLimits)
     """interactive mode: turns, solution budget, feedback (sampling, thinking and batch size come from above: a turn
     samples with ``sampling``, its stop strings added to the action tags)."""
     code_prompt: str = CODE_INSTRUCTION

@@ -10,10 +10,10 @@ Scores here depend on feedback, unlike single-turn ones, and are reported for co
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Sequence
 
 from molrl.collect.actions import parse_action
+from molrl.collect.config import episode_config
 from molrl.collect.loop import Episode, run_episodes
 from molrl.eval.config import EvalConfig
 from molrl.eval.samples import SampleRecord
@@ -56,7 +56,7 @@ class InteractiveSource:
 
     def episode_config(self) -> Any:
         """The episode settings: turns and feedback from ``interactive``, the batch size from the eval."""
-        return dataclasses.replace(self.cfg.interactive, batch_size=self.cfg.batch_size * self.cfg.sampling.n)
+        return episode_config(self.cfg.interactive, batch_size=self.cfg.batch_size * self.cfg.sampling.n)
 
     def records(self, name: str, tasks: Sequence[Task], offset: int, pool: Any) -> list[list[SampleRecord]]:
         generator, tokenizer = self._model.load()

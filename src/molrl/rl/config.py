@@ -7,6 +7,7 @@ TRL's ``GRPOConfig`` for the loop and generation (``molrl.rl.run.trl_args``), or
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Literal
@@ -15,10 +16,12 @@ from molrl.config_blocks import LoraAdapterConfig, ModelSource, TaskSource, Trai
 from molrl.sandbox import SandboxConfig
 from molrl.config_ranges import Count, Positive, Range, RunDir, Seed, Size, Threads, Weight
 from molrl.rl.method_settings import MacroSettings, OpdSettings, PpoSettings, PropsSettings, RolloutSettings, TermSettings
-from molrl.sampling import SamplingConfig
+from molrl.sampling import RolloutSampling
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
 
 ALGORITHMS = ("grpo", "dr_grpo", "dr_grpo_std", "opd", "ppo")
+log = logging.getLogger(__name__)
+
 
 
 @dataclass
@@ -37,10 +40,21 @@ def _as_is(value: Any) -> Any:
     return value
 
 
-def rl_sampling(**changes: Any) -> SamplingConfig:
+_NAMED: set[str] = set()
+"""The combination lines logged so far (a pipeline builds each stage's config more than once)."""
+
+
+def _name_once(line: str) -> None:
+    """Log ``line`` (a combination of keys that leaves one doing nothing) once per process."""
+    if line not in _NAMED:
+        _NAMED.add(line)
+        log.warning("%s", line)
+
+
+def rl_sampling(**changes: Any) -> RolloutSampling:
     """The RL stage's default ``sampling`` (the authors': group size 8, temperature 0.9; 1024 tokens a completion),
     with ``changes``."""
-    return SamplingConfig(**{"n": 8, "temperature": 0.9, "max_new_tokens": 1024, **changes})
+    return RolloutSampling(**changes)
 
 
 def rl_train(**changes: Any) -> TrainConfig:
@@ -132,7 +146,7 @@ class RlConfig:
     """Single-turn instruction for math tasks ({prompt}); keep it equal to eval's math_prompt."""
     max_prompt_length: Count = 1024
     """Prompts longer than this many tokens are left out (and counted in the log)."""
-    sampling: SamplingConfig = field(default_factory=rl_sampling)
+    sampling: RolloutSampling = field(default_factory=rl_sampling)
     """The rollouts' sampling: group size G (``n``, completions per prompt, at least 2), temperature (above 0: the
     loss's log-probs are taken at it), top-p, top-k, most tokens per completion (``max_new_tokens``, also Dr.GRPO's
     constant normaliser) and stop strings (multi-turn turns only); seeded by train.seed."""
@@ -191,7 +205,11 @@ class RlConfig:
            for key in ("n", "temperature", "top_p", "top_k")},
         "rollout.episode.sampling.seed": "rollouts are seeded by train.seed",
         "rollout.episode.seed": "rollouts are seeded by train.seed",
-        "rollout.episode.enable_thinking": "multi-turn rollouts render with the stage's thinking"}
+        "rollout.episode.enable_thinking": "multi-turn rollouts render with the stage's thinking",
+        "rollout.episode.max_turns": "most turns is rollout.turns",
+        "rollout.episode.max_total_tokens": "a multi-turn completion's tokens, feedback included, are "
+                                            "sampling.max_new_tokens",
+        "rollout.episode.batch_size": "a step's episodes advance together"}
 
     def __post_init__(self) -> None:
         self.model = as_model_source(self.model)
@@ -255,15 +273,7 @@ class RlConfig:
                              "or opd.teacher_weights=current")
 
     def _check_sampling(self) -> None:
-        sp = self.sampling
-        if sp.n < 2:
-            raise ValueError(f"sampling.n={sp.n}: GRPO needs at least 2 completions per prompt (the group size G)")
-        if sp.temperature < 0.01:
-            raise ValueError(f"sampling.temperature={sp.temperature}: rollouts are never greedy (the loss's log-probs "
-                             "are taken at this temperature); set 0.01 or more")
-        if sp.seed != 0:
-            raise ValueError(f"sampling.seed={sp.seed}: the RL stage's sampling is seeded by train.seed; set that "
-                             "and leave sampling.seed at 0")
+        sp = self.sampling  # n, temperature and seed: their ranges (RolloutSampling)
         if sp.stop and self.rollout.turns == 1:
             raise ValueError(f"sampling.stop={sp.stop}: stop strings end the turns of multi-turn rollouts "
                              "(rollout.turns > 1); a single-turn completion ends at its end of sequence or "
@@ -297,3 +307,8 @@ class RlConfig:
         if terms.feedback_ce > 0 and ro.turns == 1:
             raise ValueError(f"terms.feedback_ce={terms.feedback_ce} with rollout.turns=1: single-turn completions "
                              "hold no feedback tokens; set rollout.turns=2 or more")
+        if ro.turns > 1 and ro.turn_tokens >= self.sampling.max_new_tokens:  # named once, not refused: shipped runs
+            _name_once(f"rollout.turns={ro.turns} with rollout.turn_tokens={ro.turn_tokens} and "
+                       f"sampling.max_new_tokens={self.sampling.max_new_tokens}: rollout.turn_tokens never cuts a turn, "
+                       "and a first turn that takes every token leaves no room for feedback and a second turn; set "
+                       "rollout.turn_tokens below sampling.max_new_tokens, with room for the feedback")

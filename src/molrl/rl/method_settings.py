@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
 
-from molrl.collect.config import EpisodeConfig
+from molrl.collect.config import EpisodeRules
 from molrl.config_ranges import Count, LearningRate, Positive, Probability, Range, Size, Weight
 
 
@@ -127,7 +127,7 @@ class RolloutSettings:
     in all."""
     turn_tokens: Count = 512
     """turns > 1: most tokens one turn generates."""
-    episode: EpisodeConfig = field(default_factory=lambda: EpisodeConfig(max_turns=2, max_solutions=1))
+    episode: EpisodeRules = field(default_factory=lambda: EpisodeRules(max_solutions=1))
     """turns > 1: instructions, task wording, solutions and feedback as ``molrl collect`` takes them (turns,
     sampling, token limit and thinking: the RL stage's)."""
 

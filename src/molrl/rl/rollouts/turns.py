@@ -35,7 +35,6 @@ learns it, though no decision follows it.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +43,7 @@ import torch
 from transformers import StoppingCriteria
 
 from molrl.collect.actions import STOP_STRINGS
+from molrl.collect.config import episode_config
 from molrl.collect.loop import Episode, environment_turns, final_answer, start_episode, take_turn, think_prefill
 from molrl.collect.providers import build_providers
 from molrl.errors import MolrlError
@@ -118,7 +118,7 @@ class Turns(Synchronous):
 
     def __init__(self, trainer: Any, cfg: RlConfig, training: bool = True):
         super().__init__(trainer, cfg, training)
-        self.episode = dataclasses.replace(cfg.rollout.episode, max_turns=cfg.rollout.turns)
+        self.episode = episode_config(cfg.rollout.episode, max_turns=cfg.rollout.turns)
         self.thinking = cfg.thinking
         self.providers = build_providers(self.episode.feedback, self.episode, trainer.processing_class)
         self.prefill = think_prefill(trainer.processing_class, cfg.thinking)
