@@ -204,9 +204,9 @@ def test_a_second_writer_of_the_same_file_is_refused(tmp_path, shared_data):
     import fcntl
 
     cfg = _cfg(tmp_path, shared_data / "mbpp/mbpp.jsonl", "mbpp", limit=1)
-    with open(tmp_path / "traces.jsonl.lock", "w") as held:
-        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running collection holds it
-        with pytest.raises(MolrlError, match=r"traces.jsonl is being written by another run \(pid unknown\)"):
+    with open(tmp_path / ".lock", "w") as held:  # the output folder's lock, as a run of any stage holds it
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(MolrlError, match=rf"{tmp_path} is being written by another run \(pid unknown\)"):
             run_collect(cfg)
 
 

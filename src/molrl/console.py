@@ -12,7 +12,9 @@ A Trainer's bar is ``molrl.trainer_progress``'s (it needs transformers; this mod
 When the output is not a terminal (a log file, a pipe, a batch job), a bar would show only its last
 frame, and rich would cut lines at 80 columns. There, log lines are plain and timestamped, and every
 bar becomes a timestamped progress line at its start, every ``MOLRL_PROGRESS_EVERY`` seconds
-(default 30) while it runs, and at its end, at full width (``PlainProgress``).
+(default 30) while it runs, and at its end, at full width (``PlainProgress``). A unit of work that takes
+longer (a training step of minutes) is never silent for longer either: a heartbeat thread writes the bar's
+line again, its elapsed time moved on, whenever none was written for that long.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import logging
 import math
 import os
 import sys
+import threading
 import time
 import warnings
 from typing import Any, Callable, Iterator, Mapping, TextIO
@@ -155,35 +158,72 @@ class PlainProgress:
 
     Each task writes a line when added, then at most one every ``every_s`` seconds as it moves, and one when it
     completes or the display closes; lines are never cut. ``clock`` gives seconds since the epoch.
+
+    Used as a context manager, a heartbeat thread also writes an unfinished task's line whenever none was written
+    for ``every_s`` seconds (of real time), so a unit of work longer than that (a training step) is not silent;
+    it stops when the display closes, before the last lines, and never writes after.
     """
 
     def __init__(self, stream: TextIO, every_s: float | None = None, clock: Callable[[], float] = time.time):
         self.stream, self.clock = stream, clock
         self.every_s = progress_every_s() if every_s is None else every_s
         self.tasks: dict[int, dict[str, Any]] = {}
+        self._lock = threading.Lock()  # the heartbeat thread writes too: one line at a time, from one state
+        self._stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
 
     def __enter__(self) -> "PlainProgress":
+        self._heartbeat = threading.Thread(target=self._beat, name="molrl-progress-heartbeat", daemon=True)
+        self._heartbeat.start()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for task_id, task in self.tasks.items():
-            if task["shown"] != task["completed"]:
-                self._write(task_id)
+        self._stop.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join()
+        with self._lock:
+            for task_id, task in self.tasks.items():
+                if task["shown"] != task["completed"]:
+                    self._write(task_id)
+
+    def _beat(self) -> None:
+        """Write the line of each unfinished task that has been silent for ``every_s`` seconds, until stopped."""
+        while not self._stop.wait(self._until_due()):
+            with self._lock:
+                if self._stop.is_set():
+                    return
+                for task_id, task in self.tasks.items():
+                    if not _done(task) and time.monotonic() - task["beat"] >= self.every_s:
+                        self._write(task_id)
+
+    def _until_due(self) -> float:
+        """Seconds until the next unfinished task has been silent for ``every_s``."""
+        with self._lock:
+            due = [task["beat"] + self.every_s for task in self.tasks.values() if not _done(task)]
+        return max(0.01, min(due, default=time.monotonic() + self.every_s) - time.monotonic())
 
     def add_task(self, description: str, total: float | None = None, completed: float = 0, **fields: Any) -> int:
         """A new task (its first line is written now); returns its id."""
-        task_id = len(self.tasks)
-        now = self.clock()
-        self.tasks[task_id] = {"description": description, "total": total, "completed": completed,
-                               "start": completed, "started": now, "fields": fields, "shown": None, "at": now}
-        self._write(task_id)
+        with self._lock:
+            task_id = len(self.tasks)
+            now = self.clock()
+            self.tasks[task_id] = {"description": description, "total": total, "completed": completed,
+                                   "start": completed, "started": now, "fields": fields, "shown": None, "at": now}
+            self._write(task_id)
         return task_id
 
     def update(self, task_id: int, *, completed: float | None = None, advance: float | None = None,
                total: float | None = None, **fields: Any) -> None:
         """Move a task and replace its fields; writes a line when ``every_s`` has passed or the task completed."""
         cpu.tick()
-        task = self.tasks[task_id]
+        with self._lock:
+            self._move(self.tasks[task_id], completed, advance, total, fields)
+            task = self.tasks[task_id]
+            if (_done(task) and task["shown"] != task["completed"]) or self.clock() - task["at"] >= self.every_s:
+                self._write(task_id)
+
+    def _move(self, task: dict[str, Any], completed: float | None, advance: float | None, total: float | None,
+              fields: dict[str, Any]) -> None:
         if total is not None:
             task["total"] = total
         if completed is not None:
@@ -191,9 +231,6 @@ class PlainProgress:
         if advance:
             task["completed"] += advance
         task["fields"].update({k: v for k, v in fields.items() if k not in ("description", "visible", "refresh")})
-        done = task["total"] is not None and task["completed"] >= task["total"]
-        if (done and task["shown"] != task["completed"]) or self.clock() - task["at"] >= self.every_s:
-            self._write(task_id)
 
     def advance(self, task_id: int, advance: float = 1) -> None:
         """Move a task by ``advance``."""
@@ -204,7 +241,12 @@ class PlainProgress:
         self.stream.write(progress_line(task["description"], task["completed"], task["total"], task["start"],
                                         now - task["started"], task["fields"].get("figures", ""), now) + "\n")
         self.stream.flush()
-        task["shown"], task["at"] = task["completed"], now
+        task["shown"], task["at"], task["beat"] = task["completed"], now, time.monotonic()
+
+
+def _done(task: dict[str, Any]) -> bool:
+    """Whether a ``PlainProgress`` task has reached its total."""
+    return task["total"] is not None and task["completed"] >= task["total"]
 
 
 def progress_line(description: str, completed: float, total: float | None, start: float, elapsed_s: float,

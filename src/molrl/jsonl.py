@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
 from molrl.errors import DataError, MolrlError
+from molrl.writes import open_output
 
 log = logging.getLogger(__name__)
 
@@ -210,16 +211,11 @@ def json_line(record: Any, default: Callable[[Any], Any] | None = None) -> str:
 
 
 def write_jsonl(path: str | Path, records: Iterable[dict[str, Any]]) -> int:
-    """Write JSON records one per line atomically (temp file + rename); returns the number written."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    """Write JSON records one per line, whole or not at all (a FIFO or device: streamed in place, by
+    ``molrl.writes``' rule for output paths); returns the number written."""
     n = 0
-    with tmp.open("w", encoding="utf-8") as out:
+    with open_output(path) as out:
         for record in records:
-            out.write(json_line(record) + "\n")
+            out.write((json_line(record) + "\n").encode("utf-8"))
             n += 1
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
     return n

@@ -75,6 +75,7 @@ def load_model(
     else:
         from transformers import AutoModelForCausalLM
 
+        check_whole_model(name_or_path)
         model = _from_pretrained(AutoModelForCausalLM, name_or_path, dtype=torch_dtype)
     if adapter is not None:
         from peft import PeftModel
@@ -169,6 +170,16 @@ def check_tokenizer_folder(name_or_path: str) -> None:
             f"{name_or_path}: no tokenizer files in this folder (tokenizer.json, tokenizer_config.json or vocab "
             "files); copy them from the model it was trained from (tokenizer.save_pretrained(FOLDER) writes them)"
         )
+
+
+def check_whole_model(name_or_path: str) -> None:
+    """Refuse a local model folder whose weights are cut short (a copy or a write stopped part-way), before loading."""
+    from molrl.rerun import whole_weights
+
+    folder = Path(name_or_path).expanduser()
+    if folder.is_dir() and (folder / "config.json").is_file() and not whole_weights(folder):
+        raise MolrlError(f"{name_or_path}: its weights are missing or cut short (a copy, download or export was "
+                         "stopped while writing them); write the folder again (molrl export writes it whole)")
 
 
 def _check_vocabulary(tok: Any, name_or_path: str) -> None:
@@ -275,3 +286,6 @@ def _from_pretrained(cls: Any, name_or_path: str, **kwargs: Any) -> Any:
     except OSError as err:
         hint = "" if Path(name_or_path).exists() else " (not a local directory; hub names need network access)"
         raise MolrlError(f"could not load {name_or_path!r}{hint}: {err}") from None
+    except ValueError as err:  # e.g. a tokenizer folder without tokenizer.json (a copy stopped part-way)
+        raise MolrlError(f"could not load {name_or_path!r}: {' '.join(str(err).split()).rstrip('.')}; its files are incomplete "
+                         "or broken: write the folder again, or copy them from the model it was made from") from None

@@ -14,6 +14,7 @@ from transformers import TrainerCallback
 
 from molrl.jsonl import read_records, repair_torn_tail, write_jsonl
 from molrl.rerun import last_whole_checkpoint  # noqa: F401  (where it lived; kept importable from here)
+from molrl.writes import append_text
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +37,7 @@ class MetricsFileCallback(TrainerCallback):
         if not state.is_world_process_zero or not logs:
             return
         record = {"step": state.global_step, "epoch": state.epoch, **{k: _jsonable(v) for k, v in logs.items()}}
-        with self.path.open("a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        append_text(self.path, json.dumps(record) + "\n")
 
 
 class ProvenanceCallback(TrainerCallback):

@@ -6,10 +6,23 @@ content goes to a temporary name in the same folder (``.NAME.tmp-PID`` for a fil
 folder), is flushed to disk (fsync), and is renamed into place (``os.replace``), so a reader, or a re-run after a
 kill, sees either the old thing or the new one, never half of one. A temporary left by a killed writer is removed
 by the next write of the same name. Append-only logs (``metrics.jsonl``, ``completions.jsonl``, samples, traces)
-are appended to instead: a kill tears at most their last line, which their readers repair (``molrl.jsonl``).
+are appended to instead (``append_text``): a kill tears at most their last line, which their readers repair
+(``molrl.jsonl``).
 
-``output_lock`` holds an output for one run: a second run on the same output (of any stage) is refused in one line
-naming the output and the holder's pid. The kernel frees the lock when its holder dies, kill -9 included.
+One rule for what an output path may already be (``resolve_output``), for every writer here and every appender:
+  * nothing, or a regular file: written whole as above (a file output), or appended to;
+  * a folder: a folder output is replaced whole; a file output there is refused in one line;
+  * a FIFO or a character device (``/dev/null``, a terminal): a stream, written in place and never renamed over,
+    so ``--rejects /dev/null`` drops what it is given and a FIFO's reader gets the lines (opening a FIFO waits for
+    its reader, as a shell's ``> fifo`` does); a folder output there is refused;
+  * a socket, a block device (a disk) or any other special file: refused in one line naming the path and the fix;
+  * a symbolic link is followed to what it finally names, and the rule applies there: the file it points to is
+    replaced (the link stays a link), a link to nothing creates its target, a loop is refused.
+
+``folder_lock`` / ``file_lock`` hold an output for one run, whatever the stage: a folder output's lock is
+``<folder>/.lock``, a file output's is its folder's (so a file written into another run's folder waits for that
+run), a stream has none. A second run on a held output is refused in one line naming the output and the holder's
+pid. The kernel frees the lock when its holder dies, kill -9 included; a run that ends removes its lock file.
 
 For tests, the environment variable ``MOLRL_KILL_AT=NAME`` makes the process kill itself (SIGKILL) when a write of
 ``NAME`` (a file's or folder's name, e.g. ``adapter``) has its content on disk under the temporary name and is about
@@ -23,13 +36,53 @@ import fcntl
 import os
 import shutil
 import signal
+import stat
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 from molrl.errors import MolrlError
 
 KILL_AT = "MOLRL_KILL_AT"
 """The environment variable naming the write a test kills the process at (see the module docstring)."""
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where a write of an output path lands, by the module's rule (``resolve_output``)."""
+
+    path: Path
+    """The path written: the one given, or what its symbolic links finally name."""
+    kind: str
+    """``new`` (nothing there yet), ``file``, ``folder`` or ``stream`` (a FIFO or character device)."""
+
+
+def resolve_output(path: str | Path, *, folder: bool = False) -> Output:
+    """Where a write of the output ``path`` (a folder output when ``folder``) lands, by the module's rule; raises
+    ``MolrlError`` (one line naming the path and the fix) for what may not be written: a socket, a block device, a
+    symbolic-link loop, a folder for a file output, or a file or stream for a folder output."""
+    path = Path(path)
+    target = Path(os.path.realpath(path)) if path.is_symlink() else path
+    named = f"{path} (a link to {target})" if target != path else str(path)
+    try:
+        mode = os.lstat(target).st_mode
+    except FileNotFoundError:
+        return Output(target, "new")
+    kind = _KINDS.get(stat.S_IFMT(mode))
+    if kind is None:
+        raise MolrlError(f"{named}: {_REFUSED.get(stat.S_IFMT(mode), 'is a special file')}, which molrl never writes "
+                         "over; give the path of a file or a folder")
+    if folder and kind != "folder":
+        what = "a file" if kind == "file" else "a FIFO or device"
+        raise MolrlError(f"{named}: is {what}, and this output is a folder; give a folder path (or remove it)")
+    if not folder and kind == "folder":
+        raise MolrlError(f"{named}: is a folder, and this output is a file; give a file path (or remove the folder)")
+    return Output(target, kind)
+
+
+_KINDS = {stat.S_IFREG: "file", stat.S_IFDIR: "folder", stat.S_IFIFO: "stream", stat.S_IFCHR: "stream"}
+_REFUSED = {stat.S_IFSOCK: "is a socket", stat.S_IFBLK: "is a block device (a disk)",
+            stat.S_IFLNK: "is a symbolic link that never reaches a file (a loop)"}
 
 
 def write_text(path: str | Path, text: str) -> None:
@@ -38,18 +91,47 @@ def write_text(path: str | Path, text: str) -> None:
 
 
 def write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temporary name in the same folder, fsync, rename)."""
-    path = Path(path)
+    """Write ``data`` to ``path`` atomically (temporary name in the same folder, fsync, rename); a stream in place."""
+    with open_output(path) as handle:
+        handle.write(data)
+
+
+@contextlib.contextmanager
+def open_output(path: str | Path) -> Iterator[BinaryIO]:
+    """A binary handle whose writes become ``path`` by the module's rule: a file whole when the block ends cleanly
+    (temporary name, fsync, rename; nothing changes when it raises), a stream in place as they are made."""
+    out = resolve_output(path)
+    if out.kind == "stream":
+        with open(os.open(out.path, os.O_WRONLY), "wb") as handle:  # no O_TRUNC, no rename: a device stays one
+            yield handle
+        return
+    path = out.path
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")  # per process: ranks writing one file do not collide
-    with tmp.open("wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
+    try:
+        with tmp.open("wb") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     _kill_point(path.name)
     os.replace(tmp, path)
     _sync_folder(path.parent)
+
+
+def append_text(path: str | Path, text: str, *, sync: bool = False) -> None:
+    """Append ``text`` (UTF-8) to the log ``path`` by the module's rule (a file, created if new, or a stream), in one
+    write; ``sync`` flushes it to disk before returning."""
+    out = resolve_output(path)
+    out.path.parent.mkdir(parents=True, exist_ok=True)
+    with out.path.open("ab") as handle:
+        handle.write(text.encode("utf-8"))
+        handle.flush()
+        if sync and out.kind != "stream":
+            os.fsync(handle.fileno())
 
 
 @contextlib.contextmanager
@@ -59,7 +141,7 @@ def write_folder(path: str | Path, *, writer: bool = True) -> Iterator[Path]:
     ``writer`` false (the other ranks of a multi-process launch) yields the same temporary folder and renames
     nothing: rank 0 commits it. Its name holds the process group's id, which every rank of a launch shares.
     """
-    path = Path(path)
+    path = resolve_output(path, folder=True).path
     tmp = path.with_name(f"{path.name}.tmp-{_writer_id()}")
     if writer:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -81,34 +163,59 @@ def write_folder(path: str | Path, *, writer: bool = True) -> Iterator[Path]:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def folder_lock(out: str | Path, fix: str) -> contextlib.AbstractContextManager[None]:
+    """Hold the folder output ``out`` for this run while the block runs (its lock: ``<out>/.lock``); refuse
+    (``MolrlError``, one line naming ``out`` and the holder's pid, then ``fix``) when another run holds it."""
+    return _hold(resolve_output(out, folder=True).path / ".lock", out, fix)
+
+
+def file_lock(path: str | Path, fix: str) -> contextlib.AbstractContextManager[None]:
+    """Hold the file output ``path`` for this run while the block runs: its folder's lock, as ``folder_lock``
+    takes it; a stream (a FIFO, a device) needs none. Refuses as ``folder_lock`` does."""
+    out = resolve_output(path)
+    if out.kind == "stream":
+        return contextlib.nullcontext()
+    return _hold(out.path.parent / ".lock", path, fix)
+
+
 @contextlib.contextmanager
-def output_lock(lock: str | Path, output: str | Path, fix: str) -> Iterator[None]:
-    """Hold the lock file ``lock`` for writing ``output`` while the block runs; refuse (``MolrlError``, one line naming
-    ``output`` and the holder's pid, then ``fix``) when another run holds it. Only rank 0 of a multi-process launch
-    locks (every rank takes the same decisions; rank 0 writes)."""
+def _hold(lock: Path, output: str | Path, fix: str) -> Iterator[None]:
+    """Hold the lock file ``lock`` for writing ``output``; only rank 0 of a multi-process launch locks (every rank
+    takes the same decisions; rank 0 writes). The file is removed on release, so an ended run leaves none behind."""
     if os.environ.get("RANK", "0") != "0":
         yield
         return
-    lock = Path(lock)
     lock.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
             raise MolrlError(f"{output} is being written by another run (pid {holder}); wait for it to end, or "
                              f"{fix}") from None
+        if _is(fd, lock):
+            break
+        os.close(fd)  # its last holder removed it between our open and our lock: lock the file there now
+    try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
+        if _is(fd, lock):
+            lock.unlink()
         os.close(fd)  # closing the descriptor releases the lock
 
 
-def folder_lock(out: str | Path, fix: str) -> contextlib.AbstractContextManager[None]:
-    """``output_lock`` for a stage whose output is a folder: the lock file is ``<out>/.lock``."""
-    return output_lock(Path(out) / ".lock", out, fix)
+def _is(fd: int, path: Path) -> bool:
+    """Whether the open file ``fd`` is the file at ``path`` now."""
+    try:
+        there = os.stat(path)
+    except FileNotFoundError:
+        return False
+    here = os.fstat(fd)
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _writer_id() -> int:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -31,7 +30,7 @@ from molrl.rerun import NEW_RUN, check_rerun, save_run_config, say_finished
 from molrl.run_inputs import model_fingerprints
 from molrl.tasks import Task
 from molrl.traces.schema import TraceError, append_trace, read_traces
-from molrl.writes import output_lock
+from molrl.writes import append_text, folder_lock
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +49,8 @@ def run_collect(cfg: CollectConfig, *, generator: Any = None, tokenizer: Any = N
     if files.before:
         log.info("%s: a trace file made before collect wrote into output_dir; resuming it where it lies", out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    # two runs never append to one trace file (molrl.writes.output_lock: the kernel frees it if killed)
-    with output_lock(out.with_name(out.name + ".lock"), out, f"use another {NEW_RUN['collect']}"):
+    # one run at a time in an output folder, whatever its stage (molrl.writes.folder_lock: freed if killed)
+    with folder_lock(out.parent, f"use another {NEW_RUN['collect']}"):
         return _collect(cfg, files, generator, tokenizer, tasks)
 
 
@@ -159,10 +158,7 @@ def finished_pairs(files: CollectFiles) -> dict[tuple[str, int], tuple[bool, int
 
 
 def _append_line(path: Path, line: str) -> None:
-    with path.open("a", encoding="utf-8") as handle:
-        handle.write(line + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+    append_text(path, line + "\n", sync=True)
 
 
 def generation_settings(cfg: CollectConfig, generator: Any) -> dict[str, Any]:

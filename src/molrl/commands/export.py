@@ -7,7 +7,8 @@ The base model is read from the adapter's ``adapter_config.json`` unless ``--bas
 (``tiny:chatml`` / ``tiny:llama3`` for in-process tiny models). ``--gguf`` dequantises a GGUF file
 (llama.cpp's format; transformers reads it with the ``gguf`` package) into plain weights. Either
 result, with the tokenizer, loads with plain ``transformers.AutoModelForCausalLM.from_pretrained``
-and every molrl stage takes it as ``model=DIR``.
+and every molrl stage takes it as ``model=DIR``. ``--out`` is written whole or not at all (a killed export
+leaves the folder that was there before, or none), and one run at a time writes it.
 """
 
 from __future__ import annotations
@@ -36,6 +37,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
+    """Run ``molrl export`` with ``--out`` held for this run."""
+    from molrl.writes import folder_lock
+
+    with folder_lock(args.out, "give another --out"):  # one run at a time in an output folder, of any stage
+        return _export(args)
+
+
+def _export(args: argparse.Namespace) -> int:
     from molrl.errors import MolrlError
     from molrl.mol.export import convert_gguf, merge_adapter  # torch and transformers: after the arguments parse
 

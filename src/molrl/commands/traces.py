@@ -24,6 +24,7 @@ from typing import Any
 
 from molrl.cli import count, natural
 from molrl.errors import DataError, MolrlError
+from molrl.writes import file_lock, folder_lock, write_text
 
 log = logging.getLogger("molrl.traces")
 _SHOWN_REJECTS = 10
@@ -167,6 +168,16 @@ def _report_rejects(rejects: list, out: Path | None, explicit: Path | None) -> N
 
 def run_convert(args: argparse.Namespace) -> int:
     """Convert MINT/OpenAI/ToRA files into molrl trace files, reporting every rejected record."""
+    with _output_held(args.output, folder=args.input.is_dir()):
+        return _convert(args)
+
+
+def _output_held(output: Path, folder: bool) -> Any:
+    """The lock of a command's output (``molrl.writes``: one run at a time in an output folder, of any stage)."""
+    return (folder_lock if folder else file_lock)(output, "give another OUT")
+
+
+def _convert(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
@@ -251,7 +262,7 @@ def run_stats(args: argparse.Namespace) -> int:
         Console(width=200).print(overlap_table(overlaps, index.names))
     _report_rejects(total(stats).reject_reasons, None, None)
     if args.json:
-        args.json.write_text(json.dumps([s.to_dict() for s in stats + [total(stats)]], indent=1))
+        write_text(args.json, json.dumps([s.to_dict() for s in stats + [total(stats)]], indent=1))
     return 0
 
 
@@ -316,14 +327,18 @@ def run_show(args: argparse.Namespace) -> int:
     for note in tokenized.notes:
         log.warning("%s:%d: %s", args.file, line_no, note)
     if args.html:
-        args.html.parent.mkdir(parents=True, exist_ok=True)
-        args.html.write_text(to_html(tokenized, tokenizer, f"{args.file.name}:{line_no}"), encoding="utf-8")
+        write_text(args.html, to_html(tokenized, tokenizer, f"{args.file.name}:{line_no}"))
         log.info("wrote %s", args.html)
     return 0
 
 
 def run_filter(args: argparse.Namespace) -> int:
     """Keep the traces that pass every condition; report how many each condition removed."""
+    with _output_held(args.output, folder=False):
+        return _filter(args)
+
+
+def _filter(args: argparse.Namespace) -> int:
     from collections import Counter
 
     from molrl.traces.schema import read_traces, write_traces

@@ -39,7 +39,7 @@ from molrl.cpu import govern_threads, use_threads
 from molrl.errors import MolrlError
 from molrl.pipeline import run_pipeline
 from molrl.tasks import Task
-from molrl.writes import write_text
+from molrl.writes import append_text, write_text
 
 log = logging.getLogger(__name__)
 
@@ -198,8 +198,7 @@ def run_demo(out: str | Path, preset: str = "default", overrides: list[str] | No
     if seeds > 1:
         summary = seed_summary([r.parent for r in reports])
         write_text(out / "seeds.md", summary)
-        with reports[0].open("a") as fh:
-            fh.write("\n" + summary)
+        append_text(reports[0], "\n" + summary)
         log.info("headline over %d seeds: %s", seeds, out / "seeds.md")
     return reports[0]
 
@@ -217,8 +216,7 @@ def run_one(out: Path, preset: str, overrides: list[str] | None, seed: int, conf
     run_pipeline(cfg, collect_tasks=world.rule_train, most_threads=threads)
     report = Path(cfg.output_dir) / "report.md"
     if properties is not None:
-        with report.open("a") as fh:
-            fh.write("\n" + properties)
+        append_text(report, "\n" + properties)
     log.info("demo finished in %.0f s: %s", time.time() - started, report)
     return report
 

@@ -13,7 +13,7 @@ from typing import Any, Iterable
 
 from molrl.errors import DataError
 from molrl.jsonl import json_line, read_lines, repair_torn_tail
-from molrl.writes import write_text
+from molrl.writes import append_text, write_text
 
 
 @dataclass
@@ -103,11 +103,7 @@ class SampleStore:
 
     def append(self, records: Iterable[SampleRecord]) -> None:
         """Add finished samples (one problem's worth at a time) and flush them to disk."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        text = "".join(_line(r) for r in records)
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
+        append_text(self.path, "".join(_line(r) for r in records))
 
     def rewrite(self, records: Iterable[SampleRecord]) -> None:
         """Replace the file with ``records`` (drops problems an interrupted run left half-written)."""

@@ -10,6 +10,7 @@ from typing import Any
 from molrl.errors import MolrlError
 from molrl.fingerprint import fingerprint
 from molrl.provenance import config_fingerprint, made, read_provenance, write_provenance
+from molrl.writes import write_folder
 
 
 def merge_adapter(adapter: str | Path, out: str | Path, base: str | None = None, dtype: str = "float32") -> Path:
@@ -24,14 +25,14 @@ def merge_adapter(adapter: str | Path, out: str | Path, base: str | None = None,
     if not base:
         raise MolrlError(f"{config_file}: no base_model_name_or_path recorded; pass --base MODEL")
     merged = merged_model(base, adapter, dtype)
-    record = made("export", config_fingerprint({"adapter": fingerprint(adapter), "base": base, "dtype": dtype}), base,
-                  [read_provenance(base), read_provenance(adapter)])  # what base and adapter were trained on
-    out.mkdir(parents=True, exist_ok=True)
-    merged.save_pretrained(str(out))
     tokenizer = load_tokenizer(str(adapter) if (adapter / "tokenizer_config.json").is_file() else base)
     tokenizer.padding_side = "right"
-    tokenizer.save_pretrained(str(out))
-    write_provenance(out, record)
+    record = made("export", config_fingerprint({"adapter": fingerprint(adapter), "base": base, "dtype": dtype}), base,
+                  [read_provenance(base), read_provenance(adapter)])  # what base and adapter were trained on
+    with write_folder(out) as folder:  # whole, or not there at all: never weights without their tokenizer
+        merged.save_pretrained(str(folder))
+        tokenizer.save_pretrained(str(folder))
+        write_provenance(folder, record)
     return out
 
 
@@ -89,8 +90,8 @@ def convert_gguf(gguf: str | Path, out: str | Path, dtype: str = "float32") -> P
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     record = made("gguf", config_fingerprint({"gguf": fingerprint(gguf), "dtype": dtype}), str(gguf))
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
-    write_provenance(out, record)  # its base: the GGUF file, trained on nothing molrl knows
+    with write_folder(out) as folder:  # whole, or not there at all
+        model.save_pretrained(str(folder))
+        tokenizer.save_pretrained(str(folder))
+        write_provenance(folder, record)  # its base: the GGUF file, trained on nothing molrl knows
     return out

@@ -20,6 +20,7 @@ from molrl.eval.single import evaluate_single
 from molrl.generation import SamplingConfig
 from molrl.rl.kl import policy_base_kl
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION, render_prompts
+from molrl.writes import append_text
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +59,7 @@ class EvalHookCallback(TrainerCallback):
             metrics = {"eval/error": f"{type(err).__name__}: {err}"}
         metrics["eval/time_s"] = time.perf_counter() - start
         log.info("step %d eval: %s", state.global_step, ", ".join(f"{k}={v}" for k, v in metrics.items()))
-        with self.metrics_path.open("a") as fh:
-            fh.write(json.dumps({"step": state.global_step, **metrics}) + "\n")
+        append_text(self.metrics_path, json.dumps({"step": state.global_step, **metrics}) + "\n")
 
 
 class BaseAccess:

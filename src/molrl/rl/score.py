@@ -18,6 +18,7 @@ from molrl.rl.batch import RolloutBatch
 from molrl.run_inputs import model_fingerprints
 from molrl.tasks.grade import FAILED, grade
 from molrl.task_types import Task
+from molrl.writes import append_text
 
 log = logging.getLogger(__name__)
 
@@ -121,19 +122,19 @@ def log_scores(metrics: dict[str, list[float]], seen_stages: set[str], name: str
     extra = gather(batch.records) if batch.records is not None else None  # multi-turn episodes, token log-probs
     if completions_path is None:
         return
-    with open(completions_path, "a") as fh:
-        for i, (prompt, completion) in enumerate(zip(prompts, completions)):
-            record = {"step": step, "prompt": prompt, "completion": completion,
-                      "rewards": {name: rewards[i].item()}, "advantage": per_completion[i].item(),
-                      "task_id": task_ids[i], "reward_stage": stages[i], "reward_error": errors[i],
-                      "made_by": made_by}
-            if lengths is not None:
-                record["tokens"] = lengths[i]
-            if ids is not None:
-                record.update(id=ids[i], off_policy_tokens=off[i])
-            if extra is not None:
-                record.update(extra[i])
-            fh.write(json.dumps(record, default=str) + "\n")
+    lines = []
+    for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+        record = {"step": step, "prompt": prompt, "completion": completion,
+                  "rewards": {name: rewards[i].item()}, "advantage": per_completion[i].item(),
+                  "task_id": task_ids[i], "reward_stage": stages[i], "reward_error": errors[i], "made_by": made_by}
+        if lengths is not None:
+            record["tokens"] = lengths[i]
+        if ids is not None:
+            record.update(id=ids[i], off_policy_tokens=off[i])
+        if extra is not None:
+            record.update(extra[i])
+        lines.append(json.dumps(record, default=str) + "\n")
+    append_text(completions_path, "".join(lines))
 
 
 def completions_made_by(cfg: Any, engine: str) -> dict[str, Any]:

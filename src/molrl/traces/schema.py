@@ -28,6 +28,7 @@ from typing import Any, Iterable, Iterator, Sequence
 from molrl.chat import ROLES
 from molrl.errors import DataError, MolrlError
 from molrl.jsonl import Line, json_line, lone_surrogate, read_lines, write_jsonl
+from molrl.writes import resolve_output
 
 KINDS = ("domain", "general")
 RAW_FORMATS = {"mint": ("MINT", ("task", "state")), "tora": ("ToRA", ("question", "code"))}
@@ -254,7 +255,8 @@ def append_trace(path: str | Path, trace: Trace) -> None:
     """
     trace.validate()
     data = (trace.to_json() + "\n").encode("utf-8")
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    out = resolve_output(path)  # molrl.writes' rule for output paths: a file, or a stream written in place
+    fd = os.open(out.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
@@ -262,7 +264,8 @@ def append_trace(path: str | Path, trace: Trace) -> None:
         written = os.write(fd, data)
         while written < len(data):  # only on exotic filesystems; the reader flags any torn tail
             written += os.write(fd, data[written:])
-        os.fsync(fd)
+        if out.kind != "stream":
+            os.fsync(fd)
     finally:
         os.close(fd)
 

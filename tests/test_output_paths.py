@@ -1,0 +1,198 @@
+"""One rule for what an output path may already be (``molrl.writes.resolve_output``), over every file kind and every
+writer: a regular file is replaced whole (or appended to), a FIFO or character device is written in place and stays
+what it is, a socket or block device is refused in one line, and a symbolic link is followed to what it names.
+
+Device nodes are made with ``os.mknod`` inside the test's temporary folder, never under /dev. The character device
+has /dev/null's numbers (1, 3); the block device's numbers name no disk (loop device 999), so a writer that wrongly
+opened it would fail rather than write to a disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import stat
+from pathlib import Path
+
+import pytest
+
+from molrl import writes
+from molrl.errors import MolrlError
+from molrl.jsonl import write_jsonl
+from molrl.traces.schema import Trace, append_trace
+
+TRACE = Trace(messages=[{"role": "user", "content": "task"}, {"role": "assistant", "content": "answer"}])
+
+
+def _make(kind: str, path: Path) -> None:
+    """Put a file of ``kind`` at ``path`` (``new``: nothing)."""
+    if kind == "file":
+        path.write_text("old\n")
+    elif kind == "folder":
+        path.mkdir()
+        (path / "old.txt").write_text("old\n")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "char":
+        _mknod(path, stat.S_IFCHR, 1, 3)
+    elif kind == "block":
+        _mknod(path, stat.S_IFBLK, 7, 999)
+    elif kind == "socket":
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(path))
+        server.close()  # the socket file stays
+
+
+def _mknod(path: Path, kind: int, major: int, minor: int) -> None:
+    try:
+        os.mknod(path, kind | 0o666, os.makedev(major, minor))
+    except PermissionError:
+        pytest.skip("making a device node needs CAP_MKNOD")
+
+
+KINDS = ["new", "file", "folder", "fifo", "char", "block", "socket"]
+"""Every kind of thing an output path can already be (a symbolic link to each is enumerated too)."""
+
+
+WRITERS = {
+    "write_text": (lambda p: writes.write_text(p, "new\n"), "file"),
+    "write_bytes": (lambda p: writes.write_bytes(p, b"new\n"), "file"),
+    "write_jsonl": (lambda p: write_jsonl(p, [{"new": 1}]), "file"),
+    "append_text": (lambda p: writes.append_text(p, "new\n", sync=True), "append"),
+    "append_trace": (lambda p: append_trace(p, TRACE), "append"),
+    "write_folder": (None, "folder"),
+}
+"""Every writer of an output path: a whole file, an appended log, or a whole folder."""
+
+
+def _write_folder(path: Path) -> None:
+    with writes.write_folder(path) as tmp:
+        (tmp / "new.txt").write_text("new\n")
+
+
+def _expected(kind: str, role: str) -> str:
+    """What the rule makes of a write: ``written`` (a file or folder holds the new content), ``stream`` (written in
+    place, still the same special file) or ``refused``."""
+    if kind in ("block", "socket"):
+        return "refused"
+    if role == "folder":
+        return "written" if kind in ("new", "folder") else "refused"
+    if kind == "folder":
+        return "refused"
+    return "stream" if kind in ("fifo", "char") else "written"
+
+
+def _run(writer: str, path: Path) -> tuple[str, str]:
+    """Write ``path`` with ``writer``; (what happened, what a FIFO's reader got)."""
+    write, _role = WRITERS[writer]
+    reader = os.open(path, os.O_RDONLY | os.O_NONBLOCK) if path.exists() and stat.S_ISFIFO(path.stat().st_mode) else None
+    try:
+        try:
+            (write or _write_folder)(path)
+        except MolrlError as err:
+            return "refused", str(err)
+        got = ""
+        if reader is not None:
+            got = os.read(reader, 65536).decode()
+        return "done", got
+    finally:
+        if reader is not None:
+            os.close(reader)
+
+
+@pytest.mark.parametrize("link", [False, True], ids=["direct", "symlink"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("writer", WRITERS)
+def test_every_writer_meets_every_file_kind_by_the_one_rule(tmp_path, writer, kind, link):
+    target = tmp_path / "real" / "out"
+    target.parent.mkdir()
+    _make(kind, target)
+    named = target
+    if link:
+        named = tmp_path / "link"
+        named.symlink_to(target)
+    mode_before = os.lstat(target).st_mode if kind != "new" else None
+    role = WRITERS[writer][1]
+    outcome, detail = _run(writer, named)
+    expected = _expected(kind, role)
+    if expected == "refused":
+        assert outcome == "refused"
+        assert detail.startswith(f"{named}") and "\n" not in detail  # one line naming the path given
+        assert "give" in detail  # and the fix
+    else:
+        assert outcome == "done", detail
+    if link:
+        assert named.is_symlink() and os.readlink(named) == str(target)  # the link stays a link
+    if kind != "new":
+        assert stat.S_IFMT(os.lstat(target).st_mode) == stat.S_IFMT(mode_before)  # never replaced by another kind
+    if expected == "stream" and kind == "fifo":
+        assert detail.endswith("\n") and detail.strip()  # the reader got the lines
+    if expected == "written":
+        _check_written(target, writer, role, kind)
+    if expected == "refused" and kind == "file":
+        assert target.read_text() == "old\n"
+    assert sorted(p.name for p in target.parent.iterdir()) == (["out"] if kind != "new" or expected != "refused"
+                                                               else [])  # no temporary left
+
+
+def _check_written(target: Path, writer: str, role: str, kind: str) -> None:
+    if role == "folder":
+        assert sorted(p.name for p in target.iterdir()) == ["new.txt"]
+        return
+    text = target.read_text()
+    new = {"write_jsonl": '{"new": 1}\n', "append_trace": TRACE.to_json() + "\n"}.get(writer, "new\n")
+    assert text == (("old\n" if kind == "file" and role == "append" else "") + new)
+
+
+def test_the_rule_covers_every_file_type_the_system_has():
+    types = {getattr(stat, name) for name in dir(stat) if name.startswith("S_IF") and name != "S_IFMT"
+             and getattr(stat, name)}
+    assert set(writes._KINDS) | set(writes._REFUSED) == types
+
+
+def test_a_symlink_loop_is_refused_in_one_line(tmp_path):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(MolrlError, match=rf"^{re.escape(str(loop))}.*: is a symbolic link that never reaches a file"):
+        writes.write_text(loop, "x")
+
+
+def test_a_dangling_symlink_creates_its_target_and_stays_a_link(tmp_path):
+    link, target = tmp_path / "link", tmp_path / "made" / "out.txt"
+    link.symlink_to(target)
+    writes.write_text(link, "new\n")
+    assert link.is_symlink() and target.read_text() == "new\n"
+
+
+def _convert(tmp_path: Path, rejects: Path) -> None:
+    from molrl.cli import main
+
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"messages": [{"role": "user", "content": "t"}, {"role": "assistant", "content": "a"}]})
+                   + "\n{not json\n")
+    assert main(["traces", "convert", "--from", "openai", str(src), str(tmp_path / "out.jsonl"),
+                 "--rejects", str(rejects)]) == 0
+
+
+def test_traces_convert_rejects_to_a_character_device_keeps_it_a_device(tmp_path, monkeypatch):
+    monkeypatch.setattr("molrl.cli.setup_logging", lambda verbose=False: None)
+    null = tmp_path / "null"
+    _mknod(null, stat.S_IFCHR, 1, 3)  # /dev/null's numbers, made here: the rejects go nowhere
+    _convert(tmp_path, null)  # before: the rejects file was renamed over it, a regular file
+    assert stat.S_ISCHR(os.lstat(null).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "null", "out.jsonl"]  # no temporary, no lock
+
+
+def test_traces_convert_rejects_to_a_fifo_streams_them(tmp_path, monkeypatch):
+    monkeypatch.setattr("molrl.cli.setup_logging", lambda verbose=False: None)
+    fifo = tmp_path / "rejects"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        _convert(tmp_path, fifo)
+        (line,) = os.read(reader, 65536).decode().splitlines()
+    finally:
+        os.close(reader)
+    assert json.loads(line)["line"] == 2 and stat.S_ISFIFO(os.lstat(fifo).st_mode)
