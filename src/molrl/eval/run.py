@@ -58,7 +58,7 @@ def make_source(cfg: EvalConfig) -> Any:
 
 def run_eval(cfg: EvalConfig) -> Path:
     """Evaluate ``cfg.benchmarks`` and return the run directory holding the results (one run at a time writes a
-    run directory: ``molrl.writes.output_lock``)."""
+    run directory: ``molrl.writes.folder_lock``)."""
     out = Path(cfg.output_dir)
     created = not out.exists()
     with folder_lock(out, f"use another {NEW_RUN['eval']}"), _removed_if_failed_empty(out, created):

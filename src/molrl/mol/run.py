@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 def run_mol(cfg: MolConfig) -> Path:
     """Train per ``cfg`` (a re-run follows ``molrl.rerun``'s rule: finished, refused, extended or resumed); returns
-    the output dir. One run at a time writes an output dir (``molrl.writes.output_lock``)."""
+    the output dir. One run at a time writes an output dir (``molrl.writes.folder_lock``)."""
     check_values(cfg, "MolConfig")
     check_config(cfg)
     out = Path(cfg.output_dir)

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 def run_rl(cfg: RlConfig) -> Path:
     """Train per ``cfg`` (a re-run follows ``molrl.rerun``'s rule: finished, refused, extended or resumed); returns
-    the output dir. One run at a time writes an output dir (``molrl.writes.output_lock``)."""
+    the output dir. One run at a time writes an output dir (``molrl.writes.folder_lock``)."""
     check_values(cfg, "RlConfig")
     out = Path(cfg.output_dir)
     report_backends(cfg.train.report_to, "train.report_to")  # a backend that is not installed stops the run now
