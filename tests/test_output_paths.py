@@ -196,3 +196,66 @@ def test_traces_convert_rejects_to_a_fifo_streams_them(tmp_path, monkeypatch):
     finally:
         os.close(reader)
     assert json.loads(line)["line"] == 2 and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+ALLOWED = {
+    ("demo/base.py", ".save_pretrained"): "the demo's base model, whole when the marker written after it says so",
+    ("demo/expert.py", "os.replace"): "the demo's expert traces, made under a temporary name in its own work folder",
+    ("demo/run.py", "os.replace"): "the demo's replay traces, made under a temporary name in its own work folder",
+    ("generation.py", ".save_pretrained"): "the engine's merged copy, in a temporary folder the engine made",
+    ("rl/engine.py", ".save_pretrained"): "the adapter handed to the in-process engine, in its own work folder",
+    ("rl/server_engine.py", ".save_pretrained"): "the adapter published to the engine servers, in their work folder",
+    ("graders/math_worker.py", ".open('wb')"): "the worker's own stdout",
+    ("jsonl.py", ".open('ab')"): "repair_torn_tail: a log's torn last line kept beside it",
+    ("jsonl.py", ".open('r+b')"): "repair_torn_tail: the log cut back to its last whole line, in place",
+    ("sandbox/cgroup.py", ".write_text"): "the kernel's cgroup control files",
+    ("sandbox/runtime/worker.py", "open('w')"): "a sandboxed program's stdin, in its scratch folder",
+}
+"""Writes in the package that do not go through ``molrl.writes``, each with why it need not."""
+
+
+def _writes_outside_the_rule() -> set[tuple[str, str]]:
+    """(module, call) for every call in the package that writes or renames a path other than through ``molrl.writes``
+    (a ``save_pretrained`` into a ``write_folder`` block counts as through it)."""
+    import ast
+
+    src = Path(__file__).resolve().parents[1] / "src" / "molrl"
+    found = set()
+    for file in sorted(src.rglob("*.py")):
+        if file.name == "writes.py":
+            continue
+        tree = ast.parse(file.read_text())
+        inside = {id(n) for w in ast.walk(tree) if isinstance(w, ast.With) and any(
+            isinstance(i.context_expr, ast.Call) and getattr(i.context_expr.func, "id", getattr(
+                i.context_expr.func, "attr", None)) == "write_folder" for i in w.items) for n in ast.walk(w)}
+        for node in ast.walk(tree):
+            what = _write_call(node) if isinstance(node, ast.Call) else None
+            if what and not (what == ".save_pretrained" and id(node) in inside):
+                found.add((str(file.relative_to(src)), what))
+    return found
+
+
+def _write_call(call) -> str | None:
+    import ast
+
+    fn, mode = call.func, None
+    base = getattr(getattr(fn, "value", None), "id", None)
+    for arg in [*call.args, *(k.value for k in call.keywords if k.arg == "mode")]:
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and set(arg.value) <= set("rwabxt+") \
+                and set(arg.value) & set("wax+"):
+            mode = arg.value
+    if isinstance(fn, ast.Name):
+        return f"open({mode!r})" if fn.id == "open" and mode else None
+    if not isinstance(fn, ast.Attribute):
+        return None
+    if fn.attr == "replace" and base == "os" or fn.attr == "move" and base == "shutil":
+        return f"{base}.{fn.attr}"
+    if fn.attr in ("rename", "write_text", "write_bytes", "save_pretrained") and base != "writes":
+        return f".{fn.attr}"
+    return f".open({mode!r})" if fn.attr in ("open", "fdopen") and base != "os" and mode else None
+
+
+def test_every_write_in_the_package_goes_through_the_one_rule():
+    unexplained = _writes_outside_the_rule() - set(ALLOWED)
+    assert not unexplained, ("write these through molrl.writes (write_text / write_bytes / write_folder / "
+                             f"append_text), or add them to ALLOWED with why: {sorted(unexplained)}")
