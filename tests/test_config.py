@@ -44,6 +44,13 @@ def test_unknown_key_names_key_and_file(tmp_path):
         load_config(Stage, path)
 
 
+def test_an_unknown_key_that_lives_inside_a_section_names_it():
+    with pytest.raises(ConfigError, match=r"unknown key 'rank'; did you mean 'lora\.rank'\?; known keys in <top>"):
+        load_config(Stage, None, ["rank=8"])
+    with pytest.raises(ConfigError, match=r"unknown key 'rnak'; known keys"):
+        load_config(Stage, None, ["rnak=8"])
+
+
 def test_wrong_type_names_key(tmp_path):
     with pytest.raises(ConfigError, match="lora.rank must be an integer"):
         load_config(Stage, None, ["lora.rank=big"])

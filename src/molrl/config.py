@@ -273,8 +273,10 @@ def _build(cls: type[T], data: Any, prefix: str, where: str, base: Any = None) -
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(data) - set(fields))
     if unknown:
+        inside = [f"'{prefix}{key}'" for key in keys_named(cls, unknown[0])]
+        hint = f"; did you mean {' or '.join(inside)}?" if inside else ""
         raise ConfigError(
-            f"{where}: unknown key '{prefix}{unknown[0]}'; known keys in {name}: {', '.join(sorted(fields))}"
+            f"{where}: unknown key '{prefix}{unknown[0]}'{hint}; known keys in {name}: {', '.join(sorted(fields))}"
         )
     kwargs = {}
     for key, value in data.items():
@@ -295,6 +297,19 @@ def _build(cls: type[T], data: Any, prefix: str, where: str, base: Any = None) -
         raise ConfigError(f"{where}: {name}: {err}") from None
     except ValueError as err:  # __post_init__ validation
         raise ConfigError(f"{where}: {name}: {err}") from None
+
+
+def keys_named(cls: Any, name: str, prefix: str = "") -> list[str]:
+    """The dotted keys inside the sections of ``cls`` (nested too) whose last part is ``name``: where a key given at
+    the wrong level lives (``max_new_tokens`` -> ``sampling.max_new_tokens``)."""
+    found = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        section = unoptional(hints[f.name])
+        if dataclasses.is_dataclass(section):
+            found += [f"{prefix}{f.name}.{name}"] if name in {g.name for g in dataclasses.fields(section)} else []
+            found += keys_named(section, name, f"{prefix}{f.name}.")
+    return found
 
 
 def _factory_default(f: dataclasses.Field) -> Any:
