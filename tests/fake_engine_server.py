@@ -1,7 +1,7 @@
 """A stand-in for vLLM's OpenAI-compatible server, speaking the subset molrl's client uses (stdlib, in a thread).
 
-``answer(model, ids, body)`` gives the (token id, log-prob) pairs a completion samples, one by one; the default is a
-scripted table: each token is the previous one plus a step (1 on the base, 2 on an adapter, plus the seed mod 5), with
+``answer(model, ids, body)`` gives the (token id, log-prob) pairs a completion samples, one by one (``model``: the
+base's name, or the path an adapter was loaded from); the default is a scripted table: each token is the previous one plus a step (1 on the base, 2 on an adapter, plus the seed mod 5), with
 log-prob -0.1 per position, so tests can tell which model and seed made a completion. ``die_after_tokens`` makes the
 server drop every connection and stop once it has streamed that many tokens in all; ``token_delay_s`` slows it.
 """
@@ -125,7 +125,7 @@ class FakeEngineServer:
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
                 stops = set(body.get("stop_token_ids") or [])
-                tokens = server.answer(model, list(body["prompt"]), body)
+                tokens = server.answer(server.adapters.get(model, model), list(body["prompt"]), body)
                 for count in range(1, body["max_tokens"] + 1):
                     token, logp = next(tokens)
                     time.sleep(server.token_delay_s)
@@ -155,3 +155,44 @@ class FakeEngineServer:
                 self.wfile.flush()
 
         return Handler
+
+
+class ModelAnswer:
+    """Answers from a small model saved at ``base`` and the adapters loaded on the server (PEFT folders), sampled at
+    the request's temperature with its seed; the log-prob of each token is the sampling distribution's (vLLM's
+    ``processed_logprobs`` without top-p or top-k). ``stale``: every request samples from the base (a server whose
+    adapter loads do nothing)."""
+
+    lock = threading.Lock()
+    """One for every instance: transformers' loading is not thread-safe (a model loaded while another loads can come
+    out with its tied head untied)."""
+
+    def __init__(self, base: str, stale: bool = False):
+        import torch
+
+        from molrl.models import load_model
+
+        self.torch, self.base, self.stale, self.load = torch, str(base), stale, load_model
+        with ModelAnswer.lock:
+            self.models: dict[str, Any] = {self.base: load_model(self.base).eval()}
+
+    def net(self, model: str) -> Any:
+        if self.stale or model not in self.models and model == self.base:
+            return self.models[self.base]
+        if model not in self.models:
+            self.models[model] = self.load(self.base, adapter=model).eval()
+        return self.models[model]
+
+    def __call__(self, model: str, ids: list[int], body: dict[str, Any]) -> Iterator[tuple[int, float]]:
+        torch = self.torch
+        with self.lock:
+            net = self.net(model)
+        generator = torch.Generator().manual_seed(int(body.get("seed") or 0))
+        sequence = list(ids)
+        while True:
+            with self.lock, torch.no_grad():
+                logits = net(torch.tensor([sequence])).logits[0, -1].float()
+            logps = torch.log_softmax(logits / body["temperature"], -1)
+            token = int(torch.multinomial(logps.exp(), 1, generator=generator).item())
+            sequence.append(token)
+            yield token, float(logps[token])

@@ -66,8 +66,8 @@ def test_the_engine_asked_for_where_a_rollout_cannot_use_it_is_refused_in_one_li
         cfg = RlConfig(engine="vllm")
         cfg.rollout.merged_generation = True
         cfg.__post_init__()
-    with pytest.raises(ValueError, match="vllm_mode=colocate"):
-        cfg = RlConfig(engine="vllm", vllm_mode="server")
+    with pytest.raises(ValueError, match="engine_mode=colocate"):
+        cfg = RlConfig(engine="vllm", engine_mode="server")
         cfg.rollout.turns = 2
         cfg.__post_init__()
     cfg = RlConfig(engine="vllm")

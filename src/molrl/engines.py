@@ -1,9 +1,11 @@
-"""Which generation engine a stage uses: ``engine: auto | vllm | transformers``, decided in one place.
+"""Which generation engine a stage uses: ``engine: auto | vllm | vllm_server | transformers``, decided in one place.
 
 ``auto`` takes vLLM when it is installed, can load the model (a model directory, not an in-process ``tiny:``
 model) and the work is large enough for the engine's start to pay for itself; transformers otherwise. The
 choice and its reason are one log line at the stage's start. ``vllm`` asked for explicitly and not installed
-is an error naming the fix. This module imports neither torch nor vLLM: the choice is made before anything loads.
+is an error naming the fix. ``vllm_server`` is never chosen by ``auto``: it generates on the vLLM servers listed in
+``engine_servers`` (``molrl serve``; ``molrl.engine_server``), which the user starts. This module imports neither torch
+nor vLLM: the choice is made before anything loads.
 """
 
 from __future__ import annotations
@@ -12,13 +14,13 @@ import importlib.util
 import logging
 import platform
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Sequence
 
-from molrl.errors import MolrlError
+from molrl.errors import ConfigError, MolrlError
 
 log = logging.getLogger(__name__)
 
-Engine = Literal["auto", "vllm", "transformers"]
+Engine = Literal["auto", "vllm", "vllm_server", "transformers"]
 
 AUTO_MIN_TOKENS_CPU = 16_384
 """On a CPU, ``auto`` keeps transformers below this many tokens to generate (prompts x samples x most new tokens).
@@ -34,7 +36,7 @@ from a few thousand tokens on."""
 class EngineChoice:
     """The engine a stage generates with, and why."""
 
-    name: Literal["vllm", "transformers"]
+    name: Literal["vllm", "vllm_server", "transformers"]
     reason: str
 
     def log(self, stage: str) -> None:
@@ -47,11 +49,15 @@ def vllm_installed() -> bool:
 
 
 def choose_engine(requested: str, model: str | None, work_tokens: int, *, installed: bool | None = None,
-                  gpu: bool | None = None) -> EngineChoice:
-    """The engine for ``requested`` (auto, vllm, transformers), ``model`` and ``work_tokens`` tokens to generate."""
+                  gpu: bool | None = None, servers: Sequence[str] = ()) -> EngineChoice:
+    """The engine for ``requested`` (auto, vllm, vllm_server, transformers), ``model``, ``work_tokens`` tokens to
+    generate and the ``servers`` of engine_servers."""
     installed = vllm_installed() if installed is None else installed
     if requested == "transformers":
         return EngineChoice("transformers", "engine=transformers")
+    if requested == "vllm_server":
+        check_engine_servers(requested, servers)
+        return EngineChoice("vllm_server", f"engine=vllm_server: {len(servers)} server(s), {', '.join(servers)}")
     loadable = model is not None and not model.startswith("tiny:")
     if requested == "vllm":
         if not installed:
@@ -62,7 +68,7 @@ def choose_engine(requested: str, model: str | None, work_tokens: int, *, instal
                              "in-process tiny model; set engine=transformers (or auto)")
         return EngineChoice("vllm", "engine=vllm")
     if requested != "auto":
-        raise MolrlError(f"engine={requested!r}; expected auto, vllm or transformers")
+        raise MolrlError(f"engine={requested!r}; expected auto, vllm, vllm_server or transformers")
     if not installed:
         return EngineChoice("transformers", f"auto: vLLM is not installed ({install_hint()})")
     if not loadable:
@@ -73,6 +79,22 @@ def choose_engine(requested: str, model: str | None, work_tokens: int, *, instal
         return EngineChoice("transformers", f"auto: {work_tokens:,} tokens to generate, under the {floor:,} at which "
                                             f"vLLM's start pays for itself on a {'GPU' if gpu else 'CPU'}")
     return EngineChoice("vllm", f"auto: vLLM is installed and {work_tokens:,} tokens are to be generated")
+
+
+def check_engine_servers(engine: str, servers: Sequence[str]) -> None:
+    """``engine_servers`` is given (a list of http://HOST:PORT) exactly when ``engine`` is vllm_server."""
+    if engine == "vllm_server" and not servers:
+        raise ConfigError("engine=vllm_server needs engine_servers: [http://HOST:PORT, ...], the vLLM servers to "
+                         "generate on (start each with molrl serve --model MODEL --port PORT)")
+    if engine != "vllm_server" and servers:
+        raise ConfigError(f"engine_servers={list(servers)} is read only with engine=vllm_server (engine={engine}): "
+                         "set engine=vllm_server, or leave engine_servers out")
+    if len(set(servers)) != len(servers):
+        raise ConfigError(f"engine_servers={list(servers)} names a server twice; list each once")
+    from molrl.engine_server.client import server_address
+
+    for url in servers:
+        server_address(url)
 
 
 def install_hint() -> str:

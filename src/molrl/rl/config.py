@@ -15,6 +15,7 @@ from typing import Annotated, Any, Callable, ClassVar, Literal
 from molrl.config_blocks import LoraAdapterConfig, ModelSource, TaskSource, TrainConfig, as_model_source
 from molrl.sandbox import SandboxConfig
 from molrl.config_ranges import Count, Positive, Range, RunDir, Seed, Size, Threads, Weight
+from molrl.config_renames import Retired
 from molrl.rl.method_settings import MacroSettings, OpdSettings, PpoSettings, PropsSettings, RolloutSettings, TermSettings
 from molrl.sampling import RolloutSampling
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
@@ -61,7 +62,7 @@ def rl_train(**changes: Any) -> TrainConfig:
     """The RL stage's default ``train`` (constant learning rate 1e-4, no warm-up, 100 steps of micro-batches of 8
     completions, TRL's fused AdamW; accumulation and bf16 derived), with ``changes``."""
     return TrainConfig(**{"optim": "adamw_torch_fused", "lr_scheduler": "constant", "warmup_ratio": 0.0,
-                          "max_steps": 100, "micro_batch_size": 8, "grad_accumulation": None, "bf16": None, **changes})
+                          "max_steps": 100, "micro_batch_size": 8, "bf16": None, **changes})
 
 
 def rl_lora(**changes: Any) -> LoraAdapterConfig:
@@ -155,9 +156,9 @@ class RlConfig:
     prompts_per_step: Count = 1
     """Prompts per optimiser step (per process); the step trains on prompts_per_step * G completions."""
     train: TrainConfig = field(default_factory=rl_train)
-    """Optimisation and bookkeeping, MoL's ``train`` block: learning rate, schedule, steps, micro-batch, seed, logging
-    and checkpoints (``epochs`` and ``grad_accumulation`` are MoL's: RL runs max_steps steps of prompts_per_step *
-    sampling.n completions)."""
+    """Optimisation and bookkeeping, the keys MoL's ``train`` block shares: learning rate, schedule, steps,
+    micro-batch, seed, logging and checkpoints (RL runs max_steps steps of prompts_per_step * sampling.n completions,
+    accumulated in micro-batches)."""
     beta: Weight = 0.0
     """KL coefficient; > 0 loads the reference chosen by policy.reference."""
     epsilon: Positive = 0.2
@@ -167,11 +168,11 @@ class RlConfig:
     engine: Literal["auto", "vllm", "transformers"] = "auto"
     """Rollout generation: auto (vLLM when installed, the base is a model directory and the run's tokens pay for the
     engine's start; transformers for PROPS and merged generation), vllm or transformers (``molrl.rl.engine``)."""
-    vllm_mode: Literal["colocate", "server"] = "colocate"
+    engine_mode: Literal["colocate", "server"] = "colocate"
     """With engine=vllm. colocate: molrl's engine in the trainer's process, the adapter re-sent after every optimiser
     step; server: a separate `trl vllm-serve` process (TRL's client and weight sync; single-turn only)."""
-    vllm_server_url: str = "http://localhost:8000"
-    """Base URL of the vLLM server (server mode)."""
+    engine_server_url: str = "http://localhost:8000"
+    """Base URL of the `trl vllm-serve` server (engine_mode=server)."""
     engine_gpu_memory_utilization: Annotated[float, Range(0, 1, low_open=True)] = 0.3
     """Share of each GPU the colocated engine may take (the KV cache's share of memory on a CPU is
     VLLM_CPU_KVCACHE_SPACE GiB, default 1)."""
@@ -192,6 +193,7 @@ class RlConfig:
         "log_every": ("train.logging_steps", _as_is),
         "use_vllm": ("engine", lambda v: "vllm" if v in (True, "true", "True", 1) else "transformers"),
         "vllm_gpu_memory_utilization": ("engine_gpu_memory_utilization", _as_is),
+        "vllm_mode": ("engine_mode", _as_is), "vllm_server_url": ("engine_server_url", _as_is),
         "policy.base": ("model.path", _as_is), "policy.mol_adapter": ("model.adapter", _as_is),
         "policy.dtype": ("model.dtype", _as_is),
         "reward.sandbox_workers": ("sandbox.workers", _as_is), "reward.timeout_s": ("sandbox.timeout_s", _as_is),
@@ -209,7 +211,12 @@ class RlConfig:
         "rollout.episode.max_turns": "most turns is rollout.turns",
         "rollout.episode.max_total_tokens": "a multi-turn completion's tokens, feedback included, are "
                                             "sampling.max_new_tokens",
-        "rollout.episode.batch_size": "a step's episodes advance together"}
+        "rollout.episode.batch_size": "a step's episodes advance together",
+        # MoL's keys, which an rl run saved before the train and lora blocks split holds at the one value rl took
+        "lora.enabled": Retired("the RL stage trains a LoRA adapter; full fine-tuning is MoL's", (True,)),
+        "train.epochs": Retired("the RL stage runs train.max_steps optimiser steps; epochs are MoL's", (1.0,)),
+        "train.grad_accumulation": Retired("the RL stage accumulates prompts_per_step * sampling.n / "
+                                           "train.micro_batch_size micro-batches a step", (None,))}
 
     def __post_init__(self) -> None:
         self.model = as_model_source(self.model)
@@ -222,6 +229,7 @@ class RlConfig:
         if micro < 1 or per_step % micro:
             raise ValueError(f"train.micro_batch_size={micro} must divide prompts_per_step * sampling.n = {per_step}")
         if self.algorithm not in ALGORITHMS:
+        check_engine_servers(self.engine, self.engine_servers)
             raise ValueError(f"algorithm={self.algorithm!r}; expected one of {', '.join(ALGORITHMS)}")
         if self.algorithm == "opd" and self.beta != 0.0:
             raise ValueError(f"algorithm=opd with beta={self.beta}: the KL to opd.reference is already in opd's "
@@ -247,10 +255,10 @@ class RlConfig:
         if ro.partial and (buffer > 1 or rounds > 1 or ro.behaviour != "policy"):
             raise ValueError("rollout.partial cannot be combined with rollout.behaviour=props, rounds > 1 or "
                              "buffer_batches > 1: each completion is trained on once, when its group finishes")
-        if self.engine == "vllm" and self.vllm_mode == "server" and (ro.partial or ro.turns > 1):
-            raise ValueError("rollout.partial and rollout.turns > 1 on vLLM need vllm_mode=colocate (the trainer "
+        if self.engine == "vllm" and self.engine_mode == "server" and (ro.partial or ro.turns > 1):
+            raise ValueError("rollout.partial and rollout.turns > 1 on vLLM need engine_mode=colocate (the trainer "
                              "continues and aborts the engine's requests itself)")
-        if ro.behaviour == "props" and self.engine == "vllm":
+        if ro.behaviour == "props" and self.engine in ("vllm", "vllm_server"):
             raise ValueError("rollout.behaviour=props samples from a second adapter, which vLLM does not hold; "
                              "set engine=transformers (or auto)")
         self._check_turns()
@@ -294,7 +302,7 @@ class RlConfig:
 
     def _check_turns(self) -> None:
         ro, terms = self.rollout, self.terms
-        if ro.merged_generation and (ro.behaviour == "props" or self.engine == "vllm"):
+        if ro.merged_generation and (ro.behaviour == "props" or self.engine in ("vllm", "vllm_server")):
             raise ValueError("rollout.merged_generation merges the policy's adapter for transformers generation; not "
                              "with rollout.behaviour=props (it samples from a second adapter) or engine=vllm (the "
                              "engine holds its own weights): set rollout.merged_generation=false")

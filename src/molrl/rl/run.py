@@ -105,7 +105,7 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
 
     engine = rl_engine(cfg)  # before anything loads: engine=vllm without vLLM stops here
     engine.log("rl")
-    server = engine.name == "vllm" and cfg.vllm_mode == "server"
+    server = engine.name == "vllm" and cfg.engine_mode == "server"
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     policy = build_policy(cfg)
@@ -210,7 +210,7 @@ def trl_args(cfg: RlConfig, output_dir: Path, cuda: bool, server: bool = False) 
         disable_dropout=cfg.lora.dropout == 0,  # a LoRA dropout the user set stays on (TRL turns every dropout off)
         use_vllm=server,
         vllm_mode="server",
-        vllm_server_base_url=cfg.vllm_server_url if server else None,
+        vllm_server_base_url=cfg.engine_server_url if server else None,
         vllm_gpu_memory_utilization=cfg.engine_gpu_memory_utilization,
     )
 

@@ -1,0 +1,168 @@
+"""Rollouts on a tier of vLLM servers (``engine: vllm_server``, ``engine_servers: [URL, ...]``).
+
+The servers are vLLM's own (``molrl serve``), started by the user on the policy's base; molrl checks each holds that
+base (``/v1/models``) and refuses otherwise, naming both. For ``policy.adapter_mode=merge_new`` the base is the MoL
+adapter merged into the model, once, under ``engine_sync_dir``: the run says in one line that the servers must be
+started on that folder. Adapter-only sync (``molrl.engine_server.sync``): before the first generation after every
+optimiser step the main process saves the trainer's adapter under ``engine_sync_dir`` with a new name and loads it on
+every server; the others wait until the servers list it; the previous one is unloaded once no request uses it.
+
+The same seam as the in-process engine (``molrl.rl.engine.PolicyEngine``): token ids in, the sampled ids with the
+engine's log-prob of each at the sampling temperature out (the servers run with ``processed_logprobs``), so every
+rollout kind (single-turn, multi-turn, partial) and the mismatch gate read them alike. One request per row, each with
+its own seed; a partial rollout's rows are cancelled once enough groups finished and keep the tokens they had.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Sequence
+
+from molrl.engine_server.client import Reply, RequestParams
+from molrl.engine_server.generator import ServerGenerator, params_with_seed, row_seed
+from molrl.engine_server.pool import ServerPool
+from molrl.engine_server.sync import AdapterSync, check_base
+from molrl.errors import MolrlError
+from molrl.rl.config import RlConfig
+from molrl.rl.engine import PolicyEngine, Sampled
+
+log = logging.getLogger(__name__)
+
+
+def sync_dir(cfg: RlConfig) -> Path:
+    """Where the adapters (and a merge_new base) are saved for the servers: ``engine_sync_dir``, or
+    ``output_dir/engine_sync``."""
+    return Path(cfg.engine_sync_dir) if cfg.engine_sync_dir else Path(cfg.output_dir) / "engine_sync"
+
+
+def served_base(cfg: RlConfig, folder: Path, main: bool) -> str:
+    """The model the servers must hold: the base, or for merge_new the MoL adapter merged into it under ``folder``
+    (merged once, by the main process; said in one line)."""
+    m, p = cfg.model, cfg.policy
+    if m.adapter is None or p.adapter_mode != "merge_new":
+        return m.path
+    base = (folder / "merged_base").resolve()
+    if main and not (base / "config.json").is_file():
+        from molrl.generation import merge_adapter_copy
+        from molrl.rl.adapter_lora import resolve_adapter_dir
+        from molrl.writes import write_folder
+
+        with write_folder(base) as tmp:
+            merge_adapter_copy(m.path, str(resolve_adapter_dir(m.adapter)), str(tmp))
+    log.info("policy.adapter_mode=merge_new: the engine servers must serve the merged base %s (molrl serve --model "
+             "%s)", base, base)
+    return str(base)
+
+
+class ServerPolicyEngine(PolicyEngine):
+    """The policy on the servers of ``engine_servers``, its adapter loaded on them after every optimiser step."""
+
+    def __init__(self, cfg: RlConfig, lora_rank: int, lora_modules: Sequence[str], accelerator: Any):
+        from molrl.generation import VLLM_LORA_MODULES, vllm_serves_lora
+
+        if not vllm_serves_lora(lora_rank, lora_modules):
+            raise MolrlError(f"engine=vllm_server serves the trained adapter as vLLM LoRA, which takes ranks up to 512 "
+                             f"on {', '.join(sorted(VLLM_LORA_MODULES))}; this one has rank {lora_rank} on "
+                             f"{', '.join(sorted(lora_modules))}: set lora.target_modules to those modules, or "
+                             "engine=transformers")
+        self.cfg, self.accelerator = cfg, accelerator
+        self.main = accelerator.is_main_process
+        self.work = sync_dir(cfg)
+        self.pool = ServerPool(cfg.engine_servers)
+        try:
+            expected = served_base(cfg, self.work, self.main)
+            for client in self.pool.live():
+                check_base(client.url, client.models(), expected)
+            tag = secrets.token_hex(4) if self.main else ""
+            if accelerator.num_processes > 1:  # every process names the adapters alike
+                from accelerate.utils import broadcast_object_list
+
+                tag = broadcast_object_list([tag])[0]
+        except BaseException:
+            self.pool.close()
+            raise
+        self.adapters = AdapterSync(self.pool, self.work, tag)
+        self.lora: Any = None
+        self.synced_step: int | None = None
+        self.syncs = 0
+        """How many adapters were loaded (one per optimiser step that was followed by generation)."""
+        self.canary_decided = True  # the mismatch gate reads the servers' log-probs; the canary is in-process only
+        self.requests = 0
+        """Requests sent at the current step (a part of each request's seed)."""
+        self.llm = None
+
+    def sync(self, trainer: Any) -> None:
+        """Load the trainer's adapter on the servers if an optimiser step changed it since the last load: the main
+        process saves and loads it, the others wait for the servers to list it."""
+        step = trainer.state.global_step
+        if self.lora is not None and step == self.synced_step:
+            return
+        name = self.adapters.next_name()
+        if self.main:
+            model = trainer.accelerator.unwrap_model(trainer.model)
+            self.adapters.publish(name, lambda folder: model.save_pretrained(
+                str(folder), selected_adapters=[model.active_adapter]))
+        else:
+            self.adapters.follow(name)
+        self.lora, self.synced_step, self.requests = name, step, 0
+        self.syncs += 1
+
+    def params(self, trainer: Any, max_tokens: int, stop: Sequence[str] = ()) -> RequestParams:
+        """A request's sampling for the run's ``sampling``, ``max_tokens`` new tokens and ``stop`` strings (kept in the
+        output); the trainer's end-of-sequence ids end a row."""
+        sampling = trainer.cfg.sampling
+        return RequestParams(max_tokens=max_tokens, temperature=trainer.logprobs.temperature, top_p=sampling.top_p,
+                             top_k=sampling.top_k, stop=tuple(stop), stop_token_ids=tuple(trainer.eos_token_ids))
+
+    def submit(self, trainer: Any, sequences: Sequence[list[int]], params: Any,
+               cancel: threading.Event | None = None) -> list["Future[Reply]"]:
+        """Send one request per sequence (``params``: one, or one per sequence) with the current adapter, each with
+        its own seed; the futures hold the replies."""
+        self.sync(trainer)
+        each = params if isinstance(params, (list, tuple)) else [params] * len(sequences)
+        step, rank = trainer.state.global_step, trainer.accelerator.process_index
+        futures = []
+        for sequence, p in zip(sequences, each):
+            seed = row_seed(self.cfg.train.seed, step, rank, self.requests)
+            self.requests += 1
+            futures.append(self.pool.submit(self.lora, sequence, params_with_seed(p, seed), cancel))
+        return futures
+
+    def generate(self, trainer: Any, sequences: Sequence[list[int]], params: Any) -> list[Sampled]:
+        """One completion of each token sequence under ``params`` (one, or one per sequence), with the policy's
+        current adapter."""
+        return [Sampled(r.ids, r.logps) for r in self.pool.gather(self.submit(trainer, sequences, params))]
+
+    def generate_partial(self, trainer: Any, sequences: Sequence[list[int]], params: Sequence[Any], tracker: Any,
+                         logps: list[list[float]] | None = None) -> list[list[int]]:
+        """Partial rollouts: one request per row, cancelled once ``tracker`` has enough finished groups; each row's
+        new tokens (a cancelled one's: those it had), ``logps`` receiving their engine log-probs."""
+        cancel = threading.Event()
+        if tracker.enough:
+            cancel.set()
+
+        def finished(rows: list[int]) -> bool:
+            tracker.finish(rows)
+            return tracker.enough
+
+        replies = self.pool.gather_until(self.submit(trainer, sequences, params, cancel), cancel, finished)
+        if logps is not None:
+            logps[:] = [r.logps for r in replies]
+        return [r.ids for r in replies]
+
+    def text_generator(self, trainer: Any) -> ServerGenerator:
+        """A ``molrl.generation.Generator`` on the servers with the policy's current adapter (the RL stage's
+        evaluation hook generates through it)."""
+        return ServerGenerator(self.pool, trainer.processing_class, lambda: self.lora,
+                               before=lambda: self.sync(trainer))
+
+    def close(self) -> None:
+        """Unload this run's adapter from the servers and stop the requests' threads; the servers keep running."""
+        try:
+            self.adapters.close()
+        finally:
+            self.pool.close()

@@ -1,0 +1,75 @@
+"""One name for one thing: each key renamed so that every stage spells it alike still loads under its old name, with
+one line naming the new one; a run saved under the old name is the same run; the old and the new name given
+together with different values are refused (every renamed key: ``tests/test_config.py``)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import yaml
+
+from molrl.collect.config import CollectConfig
+from molrl.config import load_config, to_dict
+from molrl.errors import ConfigError
+from molrl.eval.config import EvalConfig
+from molrl.mol.config import MolConfig
+from molrl.rerun import changed_keys
+from molrl.rl.config import RlConfig
+
+STAGES = {"mol": MolConfig, "collect": CollectConfig, "rl": RlConfig, "eval": EvalConfig}
+REQUIRED = {"collect": ["model=m", "data.path=t.jsonl"]}
+"""The keys a stage cannot load without."""
+
+RENAMES = [
+    ("rl", "vllm_mode=server", "engine_mode"),
+    ("rl", "vllm_server_url=http://elsewhere:9000", "engine_server_url"),
+]
+"""(stage, old key=a value other than the default, the key's one name now)."""
+
+
+def _set(data: dict, dotted: str, value) -> None:
+    *sections, name = dotted.split(".")
+    for s in sections:
+        data = data.setdefault(s, {})
+    data[name] = value
+
+
+def _pop(data: dict, dotted: str):
+    *sections, name = dotted.split(".")
+    for s in sections:
+        data = data[s]
+    return data.pop(name)
+
+
+@pytest.mark.parametrize("stage,old,new", RENAMES)
+def test_an_old_name_loads_as_the_new_one_with_one_line(stage, old, new, caplog):
+    caplog.set_level(logging.WARNING)
+    key, value = old.split("=", 1)
+    cfg = load_config(STAGES[stage], None, [*REQUIRED.get(stage, []), old], overrides_from=f"{stage} {key}")
+    assert cfg == load_config(STAGES[stage], None, [*REQUIRED.get(stage, []), f"{new}={value}"])
+    lines = [r.getMessage() for r in caplog.records if "old key names" in r.getMessage()]
+    assert len(lines) == 1 and f"{key}" in lines[0] and new in lines[0], lines
+
+
+@pytest.mark.parametrize("stage,old,new", RENAMES)
+def test_a_run_saved_under_an_old_name_is_the_same_run(stage, old, new):
+    key, value = old.split("=", 1)
+    cfg = load_config(STAGES[stage], None, [*REQUIRED.get(stage, []), old])
+    saved = to_dict(cfg)
+    _set(saved, key, _pop(saved, new))  # saved before the rename: the old name holds the value
+    assert changed_keys(None, saved, cfg) == []
+    default = load_config(STAGES[stage], None, REQUIRED.get(stage, []))
+    assert [c.key for c in changed_keys(None, saved, default)] == [new]
+
+
+@pytest.mark.parametrize("stage,old,new", RENAMES)
+def test_an_old_and_a_new_name_with_different_values_are_refused_in_a_file(stage, old, new, tmp_path):
+    key, value = old.split("=", 1)
+    data: dict = {}
+    _set(data, key, yaml.safe_load(value))
+    _set(data, new, "x-other")
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=f"{key} is the old name of {new} and both are set; keep {new}"):
+        load_config(STAGES[stage], path, REQUIRED.get(stage, []))
