@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Literal
 
+from molrl.engines import check_engine_servers
 from molrl.config_blocks import ModelSource, TaskSource, as_model_source
 from molrl.collect.files import output_dir_of
 from molrl.config_ranges import Count, Range, RunDir, SamplingTemperature, Seconds, Size, Threads
@@ -107,9 +108,13 @@ class CollectConfig:
     data: TaskSource = field(default_factory=TaskSource)
     """The tasks collected on: ``data.path`` (required), its format (HumanEval .jsonl/.jsonl.gz, MBPP, MATH-500, AIME,
     or molrl task JSONL with fields under ``data.spec``), split (unset: train) and limit, as rl's ``data``."""
-    engine: Literal["auto", "vllm", "transformers"] = "auto"
-    """Generation engine: auto (vLLM when installed and the work pays for its start, else transformers), vllm or
-    transformers (``molrl.engines``); an adapter is served as vLLM LoRA or merged into a temporary copy."""
+    engine: Literal["auto", "vllm", "vllm_server", "transformers"] = "auto"
+    """Generation engine: auto (vLLM when installed and the work pays for its start, else transformers), vllm,
+    vllm_server (the servers of engine_servers) or transformers (``molrl.engines``); an adapter is served as vLLM LoRA
+    (in-process vLLM: or merged into a temporary copy)."""
+    engine_servers: list[str] = field(default_factory=list)
+    """With engine=vllm_server: the vLLM servers to generate on (http://HOST:PORT each, as molrl serve prints), all
+    started on model.path; model.adapter must be a folder they read."""
 
     RENAMED_KEYS: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {
         "backend": ("engine", lambda v: v), **{key: (f"model.{key}", lambda v: v) for key in ("adapter", "dtype")},
@@ -141,6 +146,7 @@ class CollectConfig:
     def __post_init__(self) -> None:
         self.model = as_model_source(self.model)
         self.data = self.data.resolved()
+        check_engine_servers(self.engine, self.engine_servers)
         if self.data.path is None or self.data.format == "toy":
             raise ValueError(f"data.path={self.data.path}, data.format={self.data.format}: collect runs on a task "
                              "file; give data.path=FILE (--tasks) and its data.format (--format)")

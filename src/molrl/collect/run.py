@@ -187,8 +187,14 @@ def build_generator(cfg: CollectConfig, episodes: int = 0) -> tuple[Any, Any]:
     from molrl.generation import TransformersGenerator, VLLMGenerator
     from molrl.models import default_device, load_model_and_tokenizer, load_tokenizer
 
-    engine = choose_engine(cfg.engine, cfg.model.path, episodes * cfg.episode.max_turns * cfg.sampling.max_new_tokens)
+    engine = choose_engine(cfg.engine, cfg.model.path, episodes * cfg.episode.max_turns * cfg.sampling.max_new_tokens,
+                           servers=cfg.engine_servers)
     engine.log("collect")
+    if engine.name == "vllm_server":
+        from molrl.engine_server.generator import open_generator
+
+        tokenizer = load_tokenizer(cfg.model.path)
+        return open_generator(cfg.engine_servers, tokenizer, cfg.model.path, cfg.model.adapter), tokenizer
     if engine.name == "vllm":
         tokenizer = load_tokenizer(cfg.model.path)
         return VLLMGenerator(cfg.model.path, tokenizer, adapter=cfg.model.adapter, dtype=cfg.model.dtype, seed=cfg.sampling.seed), tokenizer

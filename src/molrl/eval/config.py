@@ -8,6 +8,7 @@ from typing import Any, Callable, ClassVar, Literal
 
 from molrl.collect.config import EpisodeLimits
 from molrl.engines import check_engine_servers
+from molrl.engines import check_engine_servers
 from molrl.config_blocks import ModelSource, TaskSource, as_model_source, as_task_source
 from molrl.config_ranges import Count, RunDir, Threads
 from molrl.sampling import SamplingConfig
@@ -24,9 +25,13 @@ class EvalConfig:
     predictions."""
     device: str | None = None
     """Where the model runs (cpu, cuda); default: cuda when visible, else cpu."""
-    engine: Literal["auto", "vllm", "transformers"] = "auto"
-    """Generation engine: auto (vLLM when installed and the work pays for its start, else transformers), vllm or
-    transformers (``molrl.engines``); an adapter is served as vLLM LoRA or merged into a temporary copy."""
+    engine: Literal["auto", "vllm", "vllm_server", "transformers"] = "auto"
+    """Generation engine: auto (vLLM when installed and the work pays for its start, else transformers), vllm,
+    vllm_server (the servers of engine_servers) or transformers (``molrl.engines``); an adapter is served as vLLM LoRA
+    (in-process vLLM: or merged into a temporary copy)."""
+    engine_servers: list[str] = field(default_factory=list)
+    """With engine=vllm_server: the vLLM servers to generate on (http://HOST:PORT each, as molrl serve prints), all
+    started on model.path; model.adapter must be a folder they read."""
 
     RENAMED_KEYS: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {
         "backend": ("engine", lambda v: v), **{key: (f"model.{key}", lambda v: v) for key in ("adapter", "dtype")},
@@ -91,6 +96,7 @@ class EvalConfig:
     def __post_init__(self) -> None:
         self.model = as_model_source(self.model)
         self.data = {name: as_task_source(src).resolved(name) for name, src in self.data.items()}
+        check_engine_servers(self.engine, self.engine_servers)
         if self.sampling.n > 1 and self.sampling.temperature == 0:
             raise ValueError(f"sampling.n={self.sampling.n} with greedy decoding gives n equal samples; set sampling.temperature > 0")
         if not self.benchmarks:

@@ -141,8 +141,12 @@ def load_generator(cfg: EvalConfig, planned_tokens: int = 0) -> tuple[Any, Any]:
     from molrl.models import default_device, load_model, load_tokenizer
 
     tokenizer = load_tokenizer(cfg.model.path)
-    engine = choose_engine(cfg.engine, cfg.model.path, planned_tokens)
+    engine = choose_engine(cfg.engine, cfg.model.path, planned_tokens, servers=cfg.engine_servers)
     engine.log("eval")
+    if engine.name == "vllm_server":
+        from molrl.engine_server.generator import open_generator
+
+        return open_generator(cfg.engine_servers, tokenizer, cfg.model.path, cfg.model.adapter), tokenizer
     if engine.name == "vllm":
         return VLLMGenerator(cfg.model.path, tokenizer, adapter=cfg.model.adapter, dtype=cfg.model.dtype, seed=cfg.sampling.seed), tokenizer
     model = load_model(cfg.model.path, dtype=cfg.model.dtype, device=cfg.device or default_device(), adapter=cfg.model.adapter,

@@ -33,12 +33,12 @@ def rl_engine(cfg: RlConfig, *, installed: bool | None = None, gpu: bool | None 
     run's tokens (steps x prompts x G x ``sampling.max_new_tokens``), but transformers where a rollout needs it."""
     if cfg.rollout.behaviour == "props":
         reason = "rollout.behaviour=props samples from a second adapter, which the engine does not hold"
-        if cfg.engine == "vllm":
-            raise MolrlError(f"engine=vllm: {reason}; set engine=transformers (or auto)")
+        if cfg.engine in ("vllm", "vllm_server"):
+            raise MolrlError(f"engine={cfg.engine}: {reason}; set engine=transformers (or auto)")
         return EngineChoice("transformers", f"{cfg.engine}: {reason}")
     if cfg.rollout.merged_generation and cfg.engine != "transformers":
-        if cfg.engine == "vllm":
-            raise MolrlError("engine=vllm with rollout.merged_generation=true: merging is for transformers "
+        if cfg.engine in ("vllm", "vllm_server"):
+            raise MolrlError(f"engine={cfg.engine} with rollout.merged_generation=true: merging is for transformers "
                              "generation, the engine holds its own weights; set one of them")
         return EngineChoice("transformers", "auto: rollout.merged_generation=true asks for transformers generation")
     gpu = cuda_visible() if gpu is None else gpu
@@ -47,7 +47,7 @@ def rl_engine(cfg: RlConfig, *, installed: bool | None = None, gpu: bool | None 
                                             "step's rows, and each step re-sends the adapter; benchmarks/RESULTS.md, "
                                             "\"RL on the engine\"); engine=vllm runs it there")
     work = cfg.train.max_steps * cfg.prompts_per_step * cfg.sampling.n * cfg.sampling.max_new_tokens
-    return choose_engine(cfg.engine, cfg.model.path, work, installed=installed, gpu=gpu)
+    return choose_engine(cfg.engine, cfg.model.path, work, installed=installed, gpu=gpu, servers=cfg.engine_servers)
 
 
 CANARY_TOKENS = 8
@@ -170,6 +170,18 @@ class PolicyEngine:
                                     lora_request=self.lora, use_tqdm=False)
         return [sampled_of(o.outputs[0]) for o in outputs]
 
+    def generate_partial(self, trainer: Any, sequences: Sequence[list[int]], params: Sequence[Any], tracker: Any,
+                         logps: list[list[float]] | None = None) -> list[list[int]]:
+        """Partial rollouts: one request per row (``params[i]`` its sampling), aborted once ``tracker`` has enough
+        finished groups (``molrl.rl.rollouts.partial_state.engine_generate``); each row's new tokens, ``logps``
+        receiving their engine log-probs."""
+        from molrl.rl.rollouts.partial_state import engine_generate
+
+        self.sync(trainer)
+        return engine_generate(self.llm.llm_engine, sequences, params, tracker,
+                               f"molrl-{trainer.state.global_step}-{trainer.accelerator.process_index}",
+                               lora_request=self.lora, logps=logps)
+
     def rollout(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
         """TRL's ``rollout_func``: each prompt's ids (the trainer's own encoding), one completion each, and the
         engine's log-probs of it."""
@@ -216,11 +228,18 @@ def sampled_of(completion: Any) -> Sampled:
     return Sampled(ids, logps)
 
 
-def attach_engine(trainer: Any, cfg: RlConfig) -> PolicyEngine:
-    """Start the engine for ``trainer``'s policy and make it the trainer's generation (TRL's ``rollout_func``)."""
+def attach_engine(trainer: Any, cfg: RlConfig, name: str = "vllm") -> PolicyEngine:
+    """Start the engine ``name`` (vllm: in this process; vllm_server: a client to ``engine_servers``) for ``trainer``'s
+    policy and make it the trainer's generation (TRL's ``rollout_func``)."""
     model = trainer.accelerator.unwrap_model(trainer.model)
     peft = model.peft_config[model.active_adapter]
     targets = peft.target_modules
-    engine = PolicyEngine(cfg, int(peft.r), [targets] if isinstance(targets, str) else list(targets))
+    modules = [targets] if isinstance(targets, str) else list(targets)
+    if name == "vllm_server":
+        from molrl.rl.server_engine import ServerPolicyEngine
+
+        engine: PolicyEngine = ServerPolicyEngine(cfg, int(peft.r), modules, trainer.accelerator)
+    else:
+        engine = PolicyEngine(cfg, int(peft.r), modules)
     trainer.engine, trainer.rollout_func = engine, engine.rollout
     return engine

@@ -29,7 +29,6 @@ from molrl.rl.rollouts.partial_state import (
     RolloutState,
     StopWhenGroupsDone,
     choose_trained,
-    engine_generate,
     groups_to_start,
     importance_weights,
     off_policy_mask,
@@ -187,14 +186,12 @@ class Partial(Synchronous):
                       logps: list[list[float]] | None = None) -> list[list[int]]:
         """``generate`` on the policy's engine (``molrl.rl.engine``, its adapter sent after each optimiser step): one
         request per row (its prompt and tokens so far, its remaining budget), aborted once enough groups have
-        finished (``molrl.rl.rollouts.partial_state.engine_generate``); ``logps`` receives the engine's log-probs."""
+        finished (the engine's ``generate_partial``); ``logps`` receives the engine's log-probs."""
         trainer = self.trainer
         engine = trainer.engine
         engine.sync(trainer)
         params = [engine.params(trainer, budget) for budget in budgets]
-        return engine_generate(engine.llm.llm_engine, sequences, params, tracker,
-                               f"molrl-{trainer.state.global_step}-{trainer.accelerator.process_index}",
-                               lora_request=engine.lora, logps=logps)
+        return engine.generate_partial(trainer, sequences, params, tracker, logps)
 
     def row_logps(self, prompts: list[list[int]], completions: list[list[int]]) -> list[list[float]]:
         """Each row's completion-token log-probs under the current policy (one batched no-grad pass)."""
