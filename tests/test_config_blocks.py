@@ -16,7 +16,7 @@ from molrl.collect.config import CollectConfig
 from molrl.config import load_config, to_dict
 from molrl.errors import ConfigError
 from molrl.config_blocks import BENCHMARK_FORMATS, LoraAdapterConfig, ModelSource, TaskSource, TrainConfig
-from molrl.config_renames import unoptional
+from molrl.config_renames import Retired, unoptional
 from molrl.eval.config import EvalConfig
 from molrl.mol.config import MolConfig
 from molrl.rerun import changed_keys
@@ -74,12 +74,14 @@ def test_every_stage_that_has_a_shared_block_has_it_under_one_name_and_one_type(
     if block not in BLOCK_TYPES:
         assert len(set(types.values())) == 1, types
         return
-    # a stage's variant of a block narrows ranges to what the stage can take (rl's sampling: n >= 2, never greedy),
-    # its keys and their meaning the block's own
+    # a stage's variant of a block narrows ranges to what the stage can take (rl's sampling: n >= 2, never greedy)
+    # and adds the keys only that stage reads (mol's train: epochs, grad_accumulation; mol's lora: enabled), the
+    # block's keys and their meaning its own
     base = BLOCK_TYPES[block]
     assert all(issubclass(tp, base) for tp in types.values()), types
     keys = {stage: [f.name for f in dataclasses.fields(tp)] for stage, tp in types.items()}
-    assert all(k == [f.name for f in dataclasses.fields(base)] for k in keys.values()), keys
+    own = [f.name for f in dataclasses.fields(base)]
+    assert all(k[:len(own)] == own for k in keys.values()), keys
 
 
 @pytest.mark.parametrize("stage", sorted(STAGES))
@@ -176,15 +178,24 @@ RETIRED = [(stage, key) for stage, cls in STAGES.items() for key in getattr(cls,
 
 def test_the_retired_keys_are_enumerated():
     assert {"collect:episode.sampling.seed", "eval:interactive.seed", "rl:rollout.episode.seed",
-            "eval:interactive.enable_thinking", "rl:rollout.episode.enable_thinking"} <= {
+            "eval:interactive.enable_thinking", "rl:rollout.episode.enable_thinking", "rl:lora.enabled",
+            "rl:train.epochs", "rl:train.grad_accumulation"} <= {
         f"{stage}:{key}" for stage, key in RETIRED}
+
+
+def _retired_value(stage: str, key: str) -> typing.Any:
+    """A value an old config may hold for a retired key: the one the stage took (``Retired.only``), else any."""
+    entry = STAGES[stage].RETIRED_KEYS[key]
+    return entry.only[0] if isinstance(entry, Retired) else 1
 
 
 @pytest.mark.parametrize("stage,key", RETIRED)
 def test_a_retired_key_loads_named_in_one_line_and_a_run_saved_with_it_is_the_same_run(stage, key, caplog):
     cls, required = STAGES[stage], REQUIRED.get(stage, [])
     caplog.set_level(logging.WARNING)
-    cfg = load_config(cls, None, [*required, f"{key}=1"], overrides_from=f"{stage} retired")
+    value = _retired_value(stage, key)
+    cfg = load_config(cls, None, [*required, f"{key}={yaml.safe_dump(value).splitlines()[0]}"],
+                      overrides_from=f"{stage} retired")
     assert cfg == load_config(cls, None, required)
     lines = [r.getMessage() for r in caplog.records if "old key names" in r.getMessage()]
     assert len(lines) == 1 and f"{key} dropped (" in lines[0]
@@ -193,7 +204,7 @@ def test_a_retired_key_loads_named_in_one_line_and_a_run_saved_with_it_is_the_sa
     node = saved
     for part in sections:
         node = node.setdefault(part, {})
-    node[name] = 1
+    node[name] = value
     assert changed_keys(stage, saved, cfg) == []
 
 
@@ -290,8 +301,7 @@ def test_thinking_is_one_top_level_key_off_by_default_in_every_stage(stage):
 
 
 BEFORE_ONE_TRAIN = {"mol": {"train": ["warmup_steps"], "lora": []},
-                    "rl": {"train": ["optim", "warmup_ratio", "epochs", "grad_accumulation", "bf16"],
-                           "lora": ["enabled"]}}
+                    "rl": {"train": ["optim", "warmup_ratio", "bf16"], "lora": []}}
 """Per training stage, the keys its train and lora sections did not have before they became one type each."""
 
 
@@ -305,19 +315,39 @@ def test_a_run_saved_before_train_and_lora_were_one_type_is_the_same_run(stage):
     assert changed_keys(stage, saved, cfg) == []
 
 
+@pytest.mark.parametrize("key", ["train.epochs", "train.grad_accumulation", "lora.enabled"])
+def test_rl_does_not_show_mol_s_train_and_lora_keys(key):
+    from molrl.config import describe
+
+    assert any(line.startswith(f"{key}: ") for line in describe(MolConfig))
+    assert not any(line.startswith(f"{key}: ") for line in describe(RlConfig))
+
+
 @pytest.mark.parametrize("override,says", [
     ("train.grad_accumulation=4", "train.grad_accumulation=4: the RL stage accumulates"),
-    ("train.epochs=2", "epochs are MoL's"),
-    ("train.max_steps=-1", "epochs are MoL's"),
-    ("lora.enabled=false", "lora.enabled=false: the RL stage trains a LoRA adapter"),
+    ("train.epochs=2", "epochs are MoL's; remove it"),
+    ("train.max_steps=-1", "train.max_steps=-1 is out of range; allowed: an integer in [1, 1000000000]"),
+    ("lora.enabled=false", "lora.enabled=False: the RL stage trains a LoRA adapter"),
 ])
-def test_the_train_and_lora_keys_rl_cannot_honour_are_refused(override, says):
+def test_the_train_and_lora_values_rl_cannot_honour_are_refused(override, says):
     with pytest.raises(ConfigError, match=re.escape(says)):
         load_config(RlConfig, None, [override])
 
 
+@pytest.mark.parametrize("held", ["train: {epochs: 1.0, grad_accumulation: null}\nlora: {enabled: true}\n",
+                                  "train: {epochs: 2}\n", "lora: {enabled: false}\n"])
+def test_a_file_holding_mol_s_keys_loads_in_rl_at_the_value_rl_took_and_is_refused_at_any_other(held, tmp_path):
+    path = tmp_path / "rl.yaml"
+    path.write_text(held)
+    if "2" in held or "false" in held:
+        with pytest.raises(ConfigError, match=re.escape(f"{path}: ")):
+            load_config(RlConfig, path)
+    else:
+        assert load_config(RlConfig, path) == load_config(RlConfig, None)
+
+
 def test_mol_needs_a_count_of_accumulated_micro_batches_and_one_warm_up():
-    with pytest.raises(ConfigError, match="train.grad_accumulation: MoL accumulates"):
+    with pytest.raises(ConfigError, match="train.grad_accumulation must be an integer, got None"):
         load_config(MolConfig, None, ["train.grad_accumulation=null"])
     with pytest.raises(ConfigError, match="set one of them"):
         load_config(MolConfig, None, ["train.warmup_steps=5"])

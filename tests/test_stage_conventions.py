@@ -68,7 +68,7 @@ def test_a_run_saved_under_the_old_key_names_is_the_same_run(tmp_path):
     training = saved.pop("train")
     saved["train"] = saved.pop("data")
     training["log_every"] = training.pop("logging_steps")
-    for key in ("save_total_limit", "resume", "optim", "warmup_ratio", "epochs", "grad_accumulation", "bf16"):
+    for key in ("save_total_limit", "resume", "optim", "warmup_ratio", "bf16"):
         training.pop(key)  # added after that layout
     (tmp_path / "config.yaml").write_text(yaml.safe_dump({**saved, **training}))
     assert check_rerun("rl", cfg, tmp_path / "config.yaml", started=True) == []
@@ -109,7 +109,7 @@ def test_a_pipeline_stage_finished_under_the_old_names_stays_finished(tmp_path):
     old.update(old.pop("train"))
     old["train"] = old.pop("data")
     old["log_every"] = old.pop("logging_steps")
-    for key in ("save_total_limit", "resume", "optim", "warmup_ratio", "epochs", "grad_accumulation", "bf16"):
+    for key in ("save_total_limit", "resume", "optim", "warmup_ratio", "bf16"):
         old.pop(key)  # added after that layout, as the engine key was
     old["use_vllm"] = old.pop("engine") == "vllm"
     old["vllm_gpu_memory_utilization"] = old.pop("engine_gpu_memory_utilization")
@@ -122,7 +122,7 @@ def test_grpo_command_is_an_alias_of_rl_with_a_note(cli_logs, caplog, capsys):
 
     caplog.set_level(logging.WARNING)
     assert main(["grpo", "--describe"]) == 0
-    assert "train.max_steps: 100  # Optimiser steps to run; -1 runs ``epochs`` instead (MoL only)." in (
+    assert "train.max_steps: 100  # Optimiser steps to run." in (
         capsys.readouterr().out.splitlines())
     assert "molrl grpo is now molrl rl, the same command under its one name" in caplog.messages
 

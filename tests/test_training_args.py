@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from transformers import TrainingArguments
 
-from molrl.config_blocks import TrainConfig
+from molrl.config_blocks import MolTrainConfig, TrainConfig
 from molrl.mol.config import MolConfig
 from molrl.mol.run import _training_arguments
 from molrl.rl.config import RlConfig, rl_sampling
@@ -25,8 +25,8 @@ STAGE_OWN = {"gradient_accumulation_steps", "num_train_epochs", "remove_unused_c
 
 
 def _both(tmp_path: Path):
-    mol = MolConfig(output_dir=tmp_path / "mol", train=TrainConfig(**TRAIN, grad_accumulation=4))
-    rl = RlConfig(output_dir=tmp_path / "rl", train=TrainConfig(**TRAIN, grad_accumulation=None),
+    mol = MolConfig(output_dir=tmp_path / "mol", train=MolTrainConfig(**TRAIN, grad_accumulation=4))
+    rl = RlConfig(output_dir=tmp_path / "rl", train=TrainConfig(**TRAIN),
                   sampling=rl_sampling(n=2), prompts_per_step=4)
     return (_training_arguments(mol, TrainingArguments, cuda=False),
             trl_args(rl, tmp_path / "rl" / "checkpoints", cuda=False))

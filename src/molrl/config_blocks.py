@@ -3,8 +3,10 @@
 - ``model`` (``ModelSource``): the checkpoint a stage loads, an adapter on it, the weights' dtype. ``model: PATH``
   is short for ``model: {path: PATH}``, so a one-line model still reads as it always did.
 - ``train`` (``TrainConfig``): optimisation and bookkeeping of the training stages (mol, rl), each with its own
-  defaults; a key a stage cannot honour is refused there when set.
-- ``lora`` (``LoraAdapterConfig``): the LoRA adapter a training stage creates.
+  defaults; MoL's (``MolTrainConfig``) adds the epochs and the accumulation RL derives, and its ``max_steps`` may
+  be -1 (run by epochs).
+- ``lora`` (``LoraAdapterConfig``): the LoRA adapter a training stage creates; MoL's (``MolLoraConfig``) may be
+  switched off for full fine-tuning, which RL never does.
 - ``data`` (``TaskSource``): the task file a stage runs on (collect, rl; eval's ``data.NAME``, one a benchmark), read
   by ``molrl.tasks.source``; ``data: FILE`` is short for ``data: {path: FILE}``.
 
@@ -70,15 +72,11 @@ class TrainConfig:
     """AdamW weight decay."""
     max_grad_norm: Annotated[float, Range(0, 1e6)] = 1.0
     """Gradient clipping norm; 0 disables clipping."""
-    epochs: Annotated[float, Range(0, 1e6, low_open=True)] = 1.0
-    """Passes over the training data, with max_steps -1 (MoL only: RL runs max_steps steps)."""
-    max_steps: Annotated[int, Range(1, MAX_COUNT, also=(-1,))] = -1
-    """Optimiser steps to run; -1 runs ``epochs`` instead (MoL only)."""
+    max_steps: Count = 100
+    """Optimiser steps to run."""
     micro_batch_size: Count = 1
-    """Sequences per forward/backward pass on each process (MoL: traces; RL: completions)."""
-    grad_accumulation: Count | None = 8
-    """Micro-batches per optimiser step on each process; none: derived by the stage (RL's is always
-    prompts_per_step * sampling.n / micro_batch_size)."""
+    """Sequences per forward/backward pass on each process (MoL: traces; RL: completions; RL accumulates
+    prompts_per_step * sampling.n / micro_batch_size of them a step)."""
     seed: Seed = 0
     """Seed of data order, adapter initialisation and dropout (and RL's sampling)."""
     bf16: bool | None = False
@@ -113,11 +111,21 @@ class TrainConfig:
 
 
 @dataclass
+class MolTrainConfig(TrainConfig):
+    """MoL's ``train`` block: the shared keys, with a run by epochs (``max_steps`` -1) and a set accumulation."""
+
+    max_steps: Annotated[int, Range(1, MAX_COUNT, also=(-1,))] = -1
+    """Optimiser steps to run; -1 runs ``epochs`` instead."""
+    epochs: Annotated[float, Range(0, 1e6, low_open=True)] = 1.0
+    """Passes over the training data, with max_steps -1."""
+    grad_accumulation: Count = 8
+    """Micro-batches per optimiser step on each process."""
+
+
+@dataclass
 class LoraAdapterConfig:
     """The LoRA adapter a training stage creates (the MoL-RL paper's rank 64, alpha 128)."""
 
-    enabled: bool = True
-    """Train a LoRA adapter; false means full fine-tuning (MoL only: its KL then needs a frozen copy of the model)."""
     rank: Annotated[int, Range(1, 4096)] = 64
     """Adapter rank r."""
     alpha: Annotated[int, Range(1, 1_000_000)] = 128
@@ -131,6 +139,14 @@ class LoraAdapterConfig:
     extra [vocab, hidden] tensor and its gradient, which cannot drop inputs out). RL: never ``lm_head`` (TRL scores
     tokens from lm_head.weight directly).
     """
+
+
+@dataclass
+class MolLoraConfig(LoraAdapterConfig):
+    """MoL's ``lora`` block: the shared adapter keys, and full fine-tuning in its place (``enabled`` false)."""
+
+    enabled: bool = True
+    """Train a LoRA adapter; false means full fine-tuning (its KL then needs a frozen copy of the model)."""
 
 
 BENCHMARK_FORMATS: dict[str, str] = {"math500": "math500", "aime24": "aime", "aime25": "aime", "humaneval": "humaneval",

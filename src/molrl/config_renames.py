@@ -8,8 +8,9 @@ one line naming the new keys. ``current_names`` reads a saved config the same wa
 under the old names is the same run under the new ones.
 
 A class may also list in ``RETIRED_KEYS`` keys it dropped because they never had an effect (old name -> why): an old
-config that sets one still loads, the key named in the same line, and a saved run that holds one is the same run. An
-old key given beside its new name with the same value (a saved config that held both) is read once.
+config that sets one still loads, the key named in the same line, and a saved run that holds one is the same run. A
+key the stage only ever took one way (``Retired``: rl's ``lora.enabled`` true) loads so, and any other value is refused
+as it always was. An old key given beside its new name with the same value (a saved config that held both) is read once.
 """
 
 from __future__ import annotations
@@ -24,6 +25,25 @@ from typing import Any
 from molrl.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Retired:
+    """A ``RETIRED_KEYS`` entry for a key whose only values the stage took are ``only`` (others were refused)."""
+
+    why: str
+    """Why the key is gone, and what to set instead."""
+    only: tuple[Any, ...]
+    """The values a saved or old config may hold, dropped as they load; any other is refused."""
+
+
+def retired_why(entry: str | Retired, key: str, value: Any, where: str) -> str:
+    """Why retired ``key`` (set to ``value`` in ``where``) is dropped; a value it never took is refused."""
+    if isinstance(entry, str):
+        return entry
+    if value not in entry.only:
+        raise ConfigError(f"{where}: {key}={value!r}: {entry.why}; remove it")
+    return entry.why
 
 
 def unoptional(tp: Any) -> Any:
@@ -42,9 +62,9 @@ def renamed(cls: type, data: dict[str, Any], prefix: str, where: str, note: bool
     if not any(_has(data, old) for old in (*retired, *table)):
         return data
     moved = []
-    for old, why in retired.items():
+    for old, entry in retired.items():
         if _has(data, old):
-            _pop(data, old)
+            why = retired_why(entry, f"{prefix}{old}", _pop(data, old), where)
             moved.append(f"{prefix}{old} dropped ({why})")
     for old, (new, convert) in table.items():
         if not _has(data, old):
@@ -99,9 +119,10 @@ def renamed_path(cls: type, parts: list[str], value: Any, item: str, moved: list
     for a retired key (``RETIRED_KEYS``), which is dropped."""
     done: list[str] = []
     while parts and dataclasses.is_dataclass(cls):
-        for old, why in getattr(cls, "RETIRED_KEYS", {}).items():
+        for old, entry in getattr(cls, "RETIRED_KEYS", {}).items():
             if parts[: len(old.split("."))] == old.split("."):
-                moved.append(f"{'.'.join(done + old.split('.'))} dropped ({why})")
+                key = ".".join(done + old.split("."))
+                moved.append(f"{key} dropped ({retired_why(entry, key, value, f'override {item!r}')})")
                 return [], value
         for old, (new, convert) in getattr(cls, "RENAMED_KEYS", {}).items():
             old_parts = old.split(".")

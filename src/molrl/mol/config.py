@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Literal
 
-from molrl.config_blocks import LoraAdapterConfig, ModelSource, TrainConfig, as_model_source
+from molrl.config_blocks import ModelSource, MolLoraConfig, MolTrainConfig, as_model_source
 from molrl.config_ranges import Count, Range, RunDir, Size, Temperature, Threads, Weight
 
 Mode = Literal["mol", "ce", "ce_feedback"]
@@ -70,9 +70,9 @@ class MolConfig:
     answer."""
     loss: LossSettings = field(default_factory=LossSettings)
     """Loss mode, weights, KL direction and temperature."""
-    lora: LoraAdapterConfig = field(default_factory=LoraAdapterConfig)
+    lora: MolLoraConfig = field(default_factory=MolLoraConfig)
     """The adapter trained (rank 64 on every linear layer, dropout 0.05), or full fine-tuning (lora.enabled=false)."""
-    train: TrainConfig = field(default_factory=TrainConfig)
+    train: MolTrainConfig = field(default_factory=MolTrainConfig)
     """Optimisation and bookkeeping: cosine schedule over 3% warm-up, one epoch (max_steps -1), micro-batches of 1
     accumulated 8 to a step."""
     threads: Threads | None = None
@@ -86,6 +86,3 @@ class MolConfig:
         if self.model.adapter is not None:
             raise ValueError(f"model.adapter={self.model.adapter}: MoL trains a new adapter on the base; merge that "
                              "one into the base first (molrl export --adapter DIR --out MERGED) and train from MERGED")
-        if self.train.grad_accumulation is None:
-            raise ValueError("train.grad_accumulation: MoL accumulates a set number of micro-batches per optimiser "
-                             "step; give a count (1: none)")

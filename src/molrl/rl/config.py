@@ -202,7 +202,7 @@ class RlConfig:
         "rollout.episode.sampling.max_new_tokens": ("rollout.turn_tokens", _as_is),
         "rollout.episode.sampling.stop": ("sampling.stop", _as_is), "enable_thinking": ("thinking", _as_is),
     }
-    RETIRED_KEYS: ClassVar[dict[str, str]] = {
+    RETIRED_KEYS: ClassVar[dict[str, str | Retired]] = {
         **{f"rollout.episode.sampling.{key}": f"multi-turn rollouts sample with sampling.{key}"
            for key in ("n", "temperature", "top_p", "top_k")},
         "rollout.episode.sampling.seed": "rollouts are seeded by train.seed",
@@ -224,12 +224,10 @@ class RlConfig:
         if self.policy.reference == "mol" and self.model.adapter is None:
             raise ValueError("policy.reference=mol needs model.adapter (the MoL stage's adapter directory)")
         self._check_sampling()
-        self._check_training()
         per_step, micro = self.prompts_per_step * self.sampling.n, self.train.micro_batch_size
         if micro < 1 or per_step % micro:
             raise ValueError(f"train.micro_batch_size={micro} must divide prompts_per_step * sampling.n = {per_step}")
         if self.algorithm not in ALGORITHMS:
-        check_engine_servers(self.engine, self.engine_servers)
             raise ValueError(f"algorithm={self.algorithm!r}; expected one of {', '.join(ALGORITHMS)}")
         if self.algorithm == "opd" and self.beta != 0.0:
             raise ValueError(f"algorithm=opd with beta={self.beta}: the KL to opd.reference is already in opd's "
@@ -286,19 +284,6 @@ class RlConfig:
             raise ValueError(f"sampling.stop={sp.stop}: stop strings end the turns of multi-turn rollouts "
                              "(rollout.turns > 1); a single-turn completion ends at its end of sequence or "
                              "sampling.max_new_tokens")
-
-    def _check_training(self) -> None:
-        t = self.train
-        if not self.lora.enabled:
-            raise ValueError("lora.enabled=false: the RL stage trains a LoRA adapter (full fine-tuning is MoL's)")
-        if t.max_steps == -1 or t.epochs != 1.0:
-            raise ValueError(f"train.max_steps={t.max_steps}, train.epochs={t.epochs}: the RL stage runs "
-                             "train.max_steps optimiser steps (1 or more); epochs are MoL's")
-        if t.grad_accumulation is not None:
-            derived = self.prompts_per_step * self.sampling.n // t.micro_batch_size
-            raise ValueError(f"train.grad_accumulation={t.grad_accumulation}: the RL stage accumulates "
-                             f"prompts_per_step * sampling.n / train.micro_batch_size micro-batches a step ({derived} "
-                             "here); leave it unset and change those")
 
     def _check_turns(self) -> None:
         ro, terms = self.rollout, self.terms
