@@ -35,6 +35,7 @@ learns it, though no decision follows it.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +53,8 @@ from molrl.rl.config import RlConfig
 from molrl.rl.rollouts.sync import Synchronous
 from molrl.task_types import Task
 from molrl.traces.spans import encode_chat, tokenize_tail
+
+log = logging.getLogger(__name__)
 
 
 class TurnStop(StoppingCriteria):
@@ -103,6 +106,9 @@ class Row:
     """Per completion id: 1 if it is feedback text."""
     engine_logps: list[float | None] = field(default_factory=list)
     """Per completion id: the engine's log-prob of a token it sampled (None: not sampled, or transformers)."""
+    unfitted: int = 0
+    """Tokens of the tail after the last turn (feedback, next header) left out for want of room before
+    sampling.max_new_tokens; the episode ended there (``token_limit``)."""
 
     def extend(self, ids: list[int], sampled: int, feedback: list[int] | None = None,
                engine_logps: list[float] | None = None) -> None:
@@ -123,6 +129,7 @@ class Turns(Synchronous):
         self.providers = build_providers(self.episode.feedback, self.episode, trainer.processing_class)
         self.prefill = think_prefill(trainer.processing_class, cfg.thinking)
         self.stops = list(dict.fromkeys([*cfg.sampling.stop, *STOP_STRINGS]))
+        self.named_one_turn = False  # the line for steps with no room for a second turn is logged once a run
         if trainer.scorer.pool is None:
             raise MolrlError("rollout.turns > 1 runs the policy's code in the sandbox, but the trainer has no "
                              "sandbox pool; build it with molrl.rl.run.build_trainer")
@@ -146,7 +153,23 @@ class Turns(Synchronous):
                               [r.prompt_ids for r in rows], [r.ids for r in rows], answers, engine_logps, roles=roles)
         batch.records = [{"episode": tokenizer.decode(r.ids)} for r in rows]  # every turn and feedback, not the answer only
         self.log(rows, generation_s)
+        self.name_one_turn(rows)
         return batch
+
+    def name_one_turn(self, rows: list[Row]) -> None:
+        """Log once when every episode of a step ran out of tokens after its first turn: the step trained
+        single-turn episodes, whatever rollout.turns says, and the line names the keys that make room."""
+        if self.named_one_turn or not all(r.episode.turns == 1 and r.episode.stop_reason == "token_limit"
+                                          for r in rows):
+            return
+        self.named_one_turn = True
+        ro, limit = self.cfg.rollout, self.cfg.sampling.max_new_tokens
+        tail = max(r.unfitted for r in rows)
+        after = f", and the feedback and next turn's header after it need up to {tail} tokens" if tail else ""
+        log.warning("rollout.turns=%d, but every episode of this step ran out of its sampling.max_new_tokens=%d "
+                    "after one turn (a turn takes up to rollout.turn_tokens=%d tokens%s): the run trains one-turn "
+                    "episodes; raise sampling.max_new_tokens or lower rollout.turn_tokens", ro.turns, limit,
+                    ro.turn_tokens, after)
 
     def start_row(self, task: Task, sample: int) -> Row:
         """A fresh episode of ``task`` and its prompt ids."""
@@ -180,6 +203,7 @@ class Turns(Synchronous):
         if len(row.ids) + len(ids) + (0 if episode.done else 1) > limit:
             if not episode.done:
                 episode.stop_reason = "token_limit"
+                row.unfitted = len(ids)
             return
         row.extend(ids, sampled=0, feedback=[int(role == "feedback") for role in roles])
 
