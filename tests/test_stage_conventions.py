@@ -104,7 +104,8 @@ def test_old_pipeline_section_names_still_load_with_a_note(tmp_path, caplog):
 def test_a_pipeline_stage_finished_under_the_old_names_stays_finished(tmp_path):
     from molrl.pipeline import run_stage
 
-    cfg = load_config(RlConfig, CONFIGS / "rl_tiny.yaml")
+    # engine named as the old use_vllm=false reads (auto may pick another sampler: a changed key for rl)
+    cfg = load_config(RlConfig, CONFIGS / "rl_tiny.yaml", ["engine=transformers"])
     old = to_dict(cfg)
     old.update(old.pop("train"))
     old["train"] = old.pop("data")

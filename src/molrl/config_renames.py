@@ -143,7 +143,7 @@ def renamed_path(cls: type, parts: list[str], value: Any, item: str, moved: list
             break
         head, parts = parts[0], parts[1:]
         done.append(head)
-        cls = unoptional(typing.get_type_hints(cls).get(head))
+        cls = field_class(cls, head)
     return done + parts, value
 
 
@@ -178,8 +178,29 @@ def current(cls: type, data: Any, prefix: str, where: str, note: bool) -> Any:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if f.name in data:
-            data[f.name] = current(unoptional(hints[f.name]), data[f.name], f"{prefix}{f.name}.", where, note)
+            data[f.name] = current(section_class(f) or unoptional(hints[f.name]), data[f.name], f"{prefix}{f.name}.",
+                                   where, note)
     return data
+
+
+def field_class(cls: type, name: str) -> Any:
+    """The type whose current names field ``name`` of dataclass ``cls`` is read under: its ``section_class`` or its
+    declared type."""
+    found = next((f for f in dataclasses.fields(cls) if f.name == name), None)  # type: ignore[arg-type]
+    return (section_class(found) if found is not None else None) or unoptional(typing.get_type_hints(cls).get(name))
+
+
+def section_class(f: dataclasses.Field) -> type | None:
+    """The config class a mapping field holds the settings of (its ``metadata["config"]``, ``"module:Class"``, read
+    on use): a pipeline's ``rl`` section is read under ``RlConfig``'s current names file by file, so a user file's
+    old name overrides its base's new one as any key does."""
+    spec = f.metadata.get("config")
+    if not spec:
+        return None
+    import importlib
+
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def _expanded(cls: type, data: dict[str, Any]) -> dict[str, Any]:

@@ -89,18 +89,18 @@ class PipelineConfig:
     exclude_eval_tasks: bool = True
     """Leave out of every MoL run the traces whose task is a test task eval scores (eval.data's benchmark files, by
     content: MoL's ``data.exclude_benchmarks``)."""
-    collect: dict[str, Any] = field(default_factory=dict)
+    collect: dict[str, Any] = field(default_factory=dict, metadata={"config": "molrl.collect.config:CollectConfig"})
     """CollectConfig settings (model and output_dir are set by the pipeline; data.path too when the tasks are held in
     memory)."""
-    mol: dict[str, Any] = field(default_factory=dict)
+    mol: dict[str, Any] = field(default_factory=dict, metadata={"config": "molrl.mol.config:MolConfig"})
     """MolConfig settings shared by every MoL run (model, data.traces and output_dir are set by the pipeline)."""
     mol_runs: list[MolRun] = field(default_factory=lambda: [MolRun()])
     """The MoL runs."""
-    rl: dict[str, Any] = field(default_factory=dict)
+    rl: dict[str, Any] = field(default_factory=dict, metadata={"config": "molrl.rl.config:RlConfig"})
     """RlConfig settings shared by every RL run (model.path, model.adapter, output_dir are set)."""
     rl_runs: list[RlRun] = field(default_factory=lambda: [RlRun()])
     """The RL runs (any algorithm: grpo, dr_grpo, dr_grpo_std, opd, ppo)."""
-    eval: dict[str, Any] = field(default_factory=dict)
+    eval: dict[str, Any] = field(default_factory=dict, metadata={"config": "molrl.eval.config:EvalConfig"})
     """EvalConfig settings for every evaluated model (model, adapter, output_dir, label are set)."""
     eval_models: list[str] = field(default_factory=list)
     """Models to evaluate by name (base, a MoL run, an RL run); empty = the base and every run."""
