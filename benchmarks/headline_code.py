@@ -137,10 +137,11 @@ def control_lines(out: Path, room: Path) -> list[str]:
 
 def record_seconds(timings_file: Path, key: str, ran: dict[str, float]) -> None:
     """Add one run's stage seconds to OUT/timings.json under ``key``; a resumed run keeps the seconds its finished
-    stages took before. Read again just before writing: another process may have written its own seed meanwhile."""
+    stages took before, and the stages it did not report this time. Read again just before writing: another process
+    may have written its own seed meanwhile."""
     timings = json.loads(timings_file.read_text()) if timings_file.is_file() else {}
     kept = timings.get(key, {})
-    timings[key] = {k: max(v, kept.get(k, 0.0)) for k, v in ran.items()}
+    timings[key] = {**kept, **{k: max(v, kept.get(k, 0.0)) for k, v in ran.items()}}
     write_text(timings_file, json.dumps(timings, indent=1))
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
@@ -40,21 +41,19 @@ def probe(model, tokenizer, key: str, start: int) -> tuple[float, int]:
     return sum(probs) / len(probs), hits
 
 
-def main() -> None:
+def probe_run(run: Path, models: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
+    """Probe each of ``models`` (default every pipeline model) of the demo seed in ``run``; returned by model name
+    and written to RUN/pipeline/rule_probe.json beside the models probed there before."""
     from molrl.models import load_model, load_tokenizer
     from molrl.pipeline import load_pipeline_config, model_names, model_weights
+    from molrl.writes import write_text
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run", type=Path, help="a demo seed's directory (world/ and pipeline/ inside)")
-    parser.add_argument("--models", nargs="*", help="pipeline model names (default: every one)")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    pipeline = args.run / "pipeline"
+    pipeline = run / "pipeline"
     cfg = load_pipeline_config(pipeline / "config.yaml")
-    key = json.loads((args.run / "world" / "world.json").read_text())["key"]
+    key = json.loads((run / "world" / "world.json").read_text())["key"]
     tokenizer = load_tokenizer(cfg.model)
     found = {}
-    for name in args.models or model_names(cfg):
+    for name in models or model_names(cfg):
         path, adapter = model_weights(cfg, name, pipeline)
         model = load_model(path, adapter=adapter)
         one, one_hits = probe(model, tokenizer, key, 0)
@@ -62,12 +61,26 @@ def main() -> None:
         found[name] = {"one_digit_p": one, "one_digit_right": one_hits, "three_digit_p": three,
                        "three_digit_right": three_hits}
         del model
-    (pipeline / "rule_probe.json").write_text(json.dumps(found, indent=1))
-    print("| model | P(true value), one-digit input | right of 10 | P(true value), three-digit input | right of 10 |")
-    print("|---|---:|---:|---:|---:|")
-    for name, f in found.items():
-        print(f"| {name} | {f['one_digit_p']:.3f} | {f['one_digit_right']} | {f['three_digit_p']:.3f} | "
-              f"{f['three_digit_right']} |")
+    kept = json.loads((pipeline / "rule_probe.json").read_text()) if (pipeline / "rule_probe.json").is_file() else {}
+    write_text(pipeline / "rule_probe.json", json.dumps({**kept, **found}, indent=1))
+    return found
+
+
+def table(found: dict[str, dict[str, float]]) -> list[str]:
+    """The probe's markdown table, a row per model."""
+    return ["| model | P(true value), one-digit input | right of 10 | P(true value), three-digit input | right of 10 |",
+            "|---|---:|---:|---:|---:|",
+            *(f"| {name} | {f['one_digit_p']:.3f} | {f['one_digit_right']} | {f['three_digit_p']:.3f} | "
+              f"{f['three_digit_right']} |" for name, f in found.items())]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", type=Path, help="a demo seed's directory (world/ and pipeline/ inside)")
+    parser.add_argument("--models", nargs="*", help="pipeline model names (default: every one)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    print("\n".join(table(probe_run(args.run, args.models))))
 
 
 if __name__ == "__main__":

@@ -134,6 +134,45 @@ def greedy_answers(run_dir: Path, model: str, bench: str) -> dict[str, str]:
             if r.get("sample", 0) == 0}
 
 
+def step_marks(completion: str, key: str, start: int, steps: int) -> list[bool]:
+    """Per step of the chain f^steps(start), first step first: whether the answer's step of that rank applies f
+    rightly to the input it should (the question's start, then the value the answer stated at its step before).
+
+    A step is judged on the answer's own previous value, so one wrong step costs that step, not every later one.
+
+    >>> step_marks("Output:\\n3: f(472) = 3\\n2: f(3) = 9\\n1: f(9) = 8\\n\\\\boxed{8}", "1032547698", 472, 3)
+    [True, False, True]
+    >>> step_marks("Output:\\n2: f(471) = 0\\n", "1032547698", 472, 2)  # the wrong input, then no second step
+    [False, False]
+    """
+    from molrl.demo.chain_base import RULE_STEP
+
+    stated = RULE_STEP.findall(completion)[:steps]
+    marks, expected = [], str(start)
+    for rank in range(steps):
+        if rank >= len(stated):
+            marks.append(False)
+            continue
+        given, value = stated[rank]
+        marks.append(given == expected and int(value) == int(key[int(given) % 10]))
+        expected = value
+    return marks
+
+
+def step_accuracy(run_dir: Path, model: str, key: str, bench: str = "heldout") -> dict[int, tuple[int, int]]:
+    """(steps right, steps) of ``model``'s greedy answers to the rule chains of ``bench`` by the step's rank (1:
+    the chain's first step, on the question's three-digit start; 2 on: one-digit inputs), ``key`` the world's f."""
+    out: dict[int, tuple[int, int]] = {}
+    for problem, completion in greedy_answers(run_dir, model, bench).items():
+        name, start, steps = problem.split("/")
+        if name != "f":
+            continue
+        for rank, right in enumerate(step_marks(completion, key, int(start), int(steps)), 1):
+            done, total = out.get(rank, (0, 0))
+            out[rank] = (done + right, total + 1)
+    return out
+
+
 def forgetting(run_dir: Path, models: Sequence[str] = MODELS, bench: str = "general") -> dict[str, dict[str, float]]:
     """Per model: KL to the base on the base's greedy answers to ``bench``, and greedy agreement with the base; kept
     in ``run_dir/forgetting.json`` keyed by each model's run marker, so a finished measurement is reused."""
