@@ -12,8 +12,8 @@ RL runs of that config at ``--steps`` steps each:
 - ``base+grpo``: single-turn GRPO from the base;
 - ``mol+grpo``: single-turn GRPO from the MoL model (MoL-RL: the feedback absorbed before RL);
 - ``base+mt_grpo``: multi-turn GRPO from the base (``rollout.turns=2``: run code, read the output, answer);
-- ``base+mt_grpo_echo``: the same with CE on the feedback tokens (``terms.feedback_ce``, ECHO);
-- ``base+mt_grpo_echo_kl``: and MoL's KL to the base on decision tokens (``terms.decision_kl``).
+- ``base+mt_grpo_echo``: the same with CE on the feedback tokens (``loss.ce_weight``, ECHO);
+- ``base+mt_grpo_echo_kl``: and MoL's KL to the base on decision tokens (``loss.kl_weight``).
 
 Every model (the base and MoL model too, as controls) is evaluated single-turn (no execution: the
 held-out rule problems and the general tasks, forgetting) and multi-turn (the collection loop with the

@@ -45,7 +45,7 @@ def test_the_chain_study_keeps_the_demos_runs_as_they_are_and_its_world_and_base
     names = {r.name: r for r in [*study.mol_runs, *study.rl_runs]}
     assert len(study.mol_runs) == 11 and len(study.rl_runs) == 8
     assert names["mol_kl0"].overrides == ["loss.mode=mol", "loss.kl_weight=0"]
-    assert names["mol+grpo_dkl0.3"].overrides == ["algorithm=grpo", "terms.decision_kl=0.3"]
+    assert names["mol+grpo_dkl0.3"].overrides == ["algorithm=grpo", "loss.kl_weight=0.3"]
     assert "data.traces=[expert.jsonl," in " ".join(names["ce-expert"].overrides)
 
 
@@ -183,7 +183,7 @@ def test_the_no_replay_arms_train_on_the_rule_problems_alone_and_take_the_mol_mo
         rl = rl_config(cfg, run, Path("/r/pipeline"))
         assert str(rl.data.path) == f"/r/world/{RULE_ONLY}" and run.start == "mol" + NO_REPLAY
         assert (rl.policy.adapter_mode, rl.policy.reference) == ("merge_new", "mol")
-        assert rl.terms.decision_kl == weight
+        assert rl.loss.kl_weight == weight
 
 
 def test_no_replay_and_model_refuse_the_combinations_they_do_not_run(cli_logs, caplog):

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from molrl.divergence import token_kl
 from molrl.mol.losses import LossSettings, _chunk_terms, mol_loss, step_counts, token_masks
 
 
@@ -94,16 +95,13 @@ def test_example_without_decision_tokens_contributes_zero_kl():
 
 
 def reference_loss(hidden, base_hidden, weight, masks, settings):
-    """Straightforward formula: full logits for every position, masked means per term."""
+    """Straightforward formula: full logits for every position, masked means per term, the KL by the closed form RL
+    calls too (``molrl.divergence``)."""
     T = settings.temperature
     logits = (hidden @ weight.t())[:, :-1].float()  # [B, L-1, V]
     base_logits = (base_hidden @ weight.detach().t())[:, :-1].float()  # the base is frozen
     ce = -torch.log_softmax(logits, -1).gather(-1, masks.targets[..., None]).squeeze(-1)  # [B, L-1]
-    logp, logq = torch.log_softmax(logits / T, -1), torch.log_softmax(base_logits / T, -1)
-    if settings.kl_direction == "reverse":
-        kl = (logp.exp() * (logp - logq)).sum(-1)
-    else:
-        kl = (logq.exp() * (logq - logp)).sum(-1)
+    kl = token_kl(logits, base_logits, settings.kl_direction, T)  # [B, L-1]
     if settings.mode == "mol":
         ce_mask, kl_mask = masks.feedback, masks.decision | masks.general
     elif settings.mode == "ce":

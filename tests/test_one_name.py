@@ -22,10 +22,12 @@ REQUIRED = {"collect": ["model=m", "data.path=t.jsonl"]}
 """The keys a stage cannot load without."""
 
 RENAMES = [
-    ("rl", "vllm_mode=server", "engine_mode"),
-    ("rl", "vllm_server_url=http://elsewhere:9000", "engine_server_url"),
+    ("rl", "vllm_mode=server", "engine_mode", []),
+    ("rl", "vllm_server_url=http://elsewhere:9000", "engine_server_url", []),
+    ("rl", "terms.feedback_ce=0.05", "loss.ce_weight", ["rollout.turns=2", "rollout.turn_tokens=64"]),
+    ("rl", "terms.decision_kl=0.3", "loss.kl_weight", []),
 ]
-"""(stage, old key=a value other than the default, the key's one name now)."""
+"""(stage, old key=a value other than the default, the key's one name now, what else the value needs)."""
 
 
 def _set(data: dict, dotted: str, value) -> None:
@@ -42,29 +44,29 @@ def _pop(data: dict, dotted: str):
     return data.pop(name)
 
 
-@pytest.mark.parametrize("stage,old,new", RENAMES)
-def test_an_old_name_loads_as_the_new_one_with_one_line(stage, old, new, caplog):
+@pytest.mark.parametrize("stage,old,new,extra", RENAMES)
+def test_an_old_name_loads_as_the_new_one_with_one_line(stage, old, new, extra, caplog):
     caplog.set_level(logging.WARNING)
     key, value = old.split("=", 1)
-    cfg = load_config(STAGES[stage], None, [*REQUIRED.get(stage, []), old], overrides_from=f"{stage} {key}")
-    assert cfg == load_config(STAGES[stage], None, [*REQUIRED.get(stage, []), f"{new}={value}"])
+    cfg = load_config(STAGES[stage], None, [*REQUIRED.get(stage, []), *extra, old], overrides_from=f"{stage} {key}")
+    assert cfg == load_config(STAGES[stage], None, [*REQUIRED.get(stage, []), *extra, f"{new}={value}"])
     lines = [r.getMessage() for r in caplog.records if "old key names" in r.getMessage()]
     assert len(lines) == 1 and f"{key}" in lines[0] and new in lines[0], lines
 
 
-@pytest.mark.parametrize("stage,old,new", RENAMES)
-def test_a_run_saved_under_an_old_name_is_the_same_run(stage, old, new):
+@pytest.mark.parametrize("stage,old,new,extra", RENAMES)
+def test_a_run_saved_under_an_old_name_is_the_same_run(stage, old, new, extra):
     key, value = old.split("=", 1)
-    cfg = load_config(STAGES[stage], None, [*REQUIRED.get(stage, []), old])
+    cfg = load_config(STAGES[stage], None, [*REQUIRED.get(stage, []), *extra, old])
     saved = to_dict(cfg)
     _set(saved, key, _pop(saved, new))  # saved before the rename: the old name holds the value
     assert changed_keys(None, saved, cfg) == []
-    default = load_config(STAGES[stage], None, REQUIRED.get(stage, []))
+    default = load_config(STAGES[stage], None, [*REQUIRED.get(stage, []), *extra])
     assert [c.key for c in changed_keys(None, saved, default)] == [new]
 
 
-@pytest.mark.parametrize("stage,old,new", RENAMES)
-def test_an_old_and_a_new_name_with_different_values_are_refused_in_a_file(stage, old, new, tmp_path):
+@pytest.mark.parametrize("stage,old,new,extra", RENAMES)
+def test_an_old_and_a_new_name_with_different_values_are_refused_in_a_file(stage, old, new, extra, tmp_path):
     key, value = old.split("=", 1)
     data: dict = {}
     _set(data, key, yaml.safe_load(value))

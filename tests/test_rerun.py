@@ -175,9 +175,9 @@ def test_collect_and_eval_refuse_through_the_shared_rule(tmp_path):
 
 
 @pytest.mark.parametrize("overrides,key", [
-    (["rollout.turns=2", "terms.feedback_ce=inf"], "terms.feedback_ce=inf"),
-    (["rollout.turns=2", "terms.feedback_ce=nan"], "terms.feedback_ce=nan"),
-    (["terms.decision_kl=nan"], "terms.decision_kl=nan"),  # before: min(nan, x) < 0 is false, the term went off
+    (["rollout.turns=2", "loss.ce_weight=inf"], "loss.ce_weight=inf"),
+    (["rollout.turns=2", "loss.ce_weight=nan"], "loss.ce_weight=nan"),
+    (["loss.kl_weight=nan"], "loss.kl_weight=nan"),  # before: min(nan, x) < 0 is false, the term went off
     (["sampling.max_new_tokens=0"], "sampling.max_new_tokens=0"),  # before: a transformers traceback after loading
     (["rollout.turns=2", "rollout.turn_tokens=0"], "rollout.turn_tokens=0"),
 ])
@@ -196,8 +196,8 @@ def test_values_of_a_config_built_in_python_are_checked_by_the_stage(tmp_path):
     from molrl.rl.run import run_rl
 
     cfg = RlConfig(output_dir=tmp_path / "run", data=TaskSource(format="toy", limit=2),
-                   train=rl_train(max_steps=1), terms=TermSettings(decision_kl=math.nan))
-    with pytest.raises(ConfigError, match=r"RlConfig: terms.decision_kl=nan is out of range"):
+                   train=rl_train(max_steps=1), loss=TermSettings(kl_weight=math.nan))
+    with pytest.raises(ConfigError, match=r"RlConfig: loss.kl_weight=nan is out of range"):
         run_rl(cfg)
     assert not (tmp_path / "run").exists()
 

@@ -1,4 +1,4 @@
-"""``terms.decision_kl`` in single-turn GRPO: MoL's KL(policy || base) on every sampled token, beside the policy
+"""``loss.kl_weight`` in single-turn GRPO: MoL's KL(policy || base) on every sampled token, beside the policy
 gradient (the study's claim 6 trains GRPO from MoL with it).
 
 A single-turn batch has no feedback and no attention mask of its own: every completion token is a decision token.
@@ -71,7 +71,7 @@ def test_single_turn_grpo_runs_with_the_decision_kl_against_the_model_before_mol
         cfg.model.adapter = str(save_mol_adapter(base, tmp_path / "mol") / "adapter")
         cfg.policy.adapter_mode = start
         cfg.lora = rl_lora() if start == "continue" else cfg.lora  # continue: the adapter's own shape
-    cfg.terms.decision_kl = 0.5
+    cfg.loss.kl_weight = 0.5
     cfg.__post_init__()
     out = run_rl(cfg)
     steps = [m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "reward" in m]

@@ -194,7 +194,7 @@ def test_a_run_logs_both_terms_and_the_kl_starts_at_zero(tmp_path, world_files):
     from molrl.rl import run_rl
 
     cfg = turns_config(tmp_path / "run", *world_files, max_steps=2)
-    cfg.terms.feedback_ce, cfg.terms.decision_kl = 0.05, 0.05
+    cfg.loss.ce_weight, cfg.loss.kl_weight = 0.05, 0.05
     cfg.completion_logps = True
     out = run_rl(cfg)
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "reward" in line]
@@ -220,7 +220,7 @@ def test_multi_turn_settings_it_cannot_honour_are_refused(tmp_path):
         cfg.__post_init__()
     with pytest.raises(ValueError, match="no feedback tokens"):
         cfg = RlConfig()
-        cfg.terms.feedback_ce = 0.05
+        cfg.loss.ce_weight = 0.05
         cfg.__post_init__()
     with pytest.raises(ValueError, match="opd"):
         cfg = RlConfig(algorithm="opd", beta=0.0)
@@ -235,7 +235,7 @@ from pathlib import Path
 from test_rl_turns import turns_config
 from molrl.rl import run_rl
 cfg = turns_config(Path({out!r}), Path({tasks!r}), Path({base!r}), max_steps=6, save_steps=1)
-cfg.terms.feedback_ce = 0.05
+cfg.loss.ce_weight = 0.05
 run_rl(cfg)
 """
 
@@ -249,7 +249,7 @@ def test_kill_9_mid_run_then_resume_loses_and_repeats_no_step(tmp_path, world_fi
     kill_when(script, out / "checkpoints" / "checkpoint-2" / "trainer_state.json")
     assert not (out / "adapter").exists()  # killed before the end
     cfg = turns_config(out, tasks, base, max_steps=6, save_steps=1)
-    cfg.terms.feedback_ce = 0.05
+    cfg.loss.ce_weight = 0.05
     run_rl(cfg)
     steps = [json.loads(line)["step"] for line in (out / "completions.jsonl").read_text().splitlines()]
     assert sorted(set(steps)) == list(range(1, 7)) and all(steps.count(s) == 4 for s in range(1, 7))
@@ -268,8 +268,8 @@ def test_two_processes_run_multi_turn_episodes_with_both_terms(tmp_path, world_f
            "--config", str(repo / "configs/rl_tiny.yaml"), f"output_dir={out}", f"model.path={base}",
            "train.max_steps=2", "sandbox.workers=1", f"data.path={tasks}", "data.format=jsonl",
            "data.spec.kind=math", "rollout.turns=2", "rollout.episode.feedback=[execution, verdict]",
-           "rollout.turn_tokens=8", "sampling.max_new_tokens=128", "terms.feedback_ce=0.05",
-           "terms.decision_kl=0.05"]
+           "rollout.turn_tokens=8", "sampling.max_new_tokens=128", "loss.ce_weight=0.05",
+           "loss.kl_weight=0.05"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = [m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "reward" in m]

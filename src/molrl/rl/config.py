@@ -136,8 +136,9 @@ class RlConfig:
     """Partial rollouts, the behaviour policy and the training buffer."""
     props: PropsSettings = field(default_factory=PropsSettings)
     """The behaviour update of rollout.behaviour=props."""
-    terms: TermSettings = field(default_factory=TermSettings)
-    """Loss terms beside the policy gradient: CE on feedback tokens, KL to the base on decision tokens."""
+    loss: TermSettings = field(default_factory=TermSettings)
+    """MoL's terms beside the policy gradient, under mol's names: CE on feedback tokens (``loss.ce_weight``), KL to
+    the base on decision tokens (``loss.kl_weight``)."""
     thinking: bool = False
     """Render with the chat template's thinking on (Qwen3-style: the model may open a <think> block); off, the
     default in every stage, puts the template's empty think block before each answer."""
@@ -194,6 +195,7 @@ class RlConfig:
         "use_vllm": ("engine", lambda v: "vllm" if v in (True, "true", "True", 1) else "transformers"),
         "vllm_gpu_memory_utilization": ("engine_gpu_memory_utilization", _as_is),
         "vllm_mode": ("engine_mode", _as_is), "vllm_server_url": ("engine_server_url", _as_is),
+        "terms.feedback_ce": ("loss.ce_weight", _as_is), "terms.decision_kl": ("loss.kl_weight", _as_is),
         "policy.base": ("model.path", _as_is), "policy.mol_adapter": ("model.adapter", _as_is),
         "policy.dtype": ("model.dtype", _as_is),
         "reward.sandbox_workers": ("sandbox.workers", _as_is), "reward.timeout_s": ("sandbox.timeout_s", _as_is),
@@ -286,7 +288,7 @@ class RlConfig:
                              "sampling.max_new_tokens")
 
     def _check_turns(self) -> None:
-        ro, terms = self.rollout, self.terms
+        ro, terms = self.rollout, self.loss
         if ro.merged_generation and (ro.behaviour == "props" or self.engine in ("vllm", "vllm_server")):
             raise ValueError("rollout.merged_generation merges the policy's adapter for transformers generation; not "
                              "with rollout.behaviour=props (it samples from a second adapter) or engine=vllm (the "
@@ -297,8 +299,8 @@ class RlConfig:
                              "rollout.partial, rollout.behaviour=props or rollout.rounds > 1")
         if ro.turns > 1 and self.algorithm == "opd":
             raise ValueError("rollout.turns > 1 with algorithm=opd: its teacher reads single-turn completions; use grpo")
-        if terms.feedback_ce > 0 and ro.turns == 1:
-            raise ValueError(f"terms.feedback_ce={terms.feedback_ce} with rollout.turns=1: single-turn completions "
+        if terms.ce_weight > 0 and ro.turns == 1:
+            raise ValueError(f"loss.ce_weight={terms.ce_weight} with rollout.turns=1: single-turn completions "
                              "hold no feedback tokens; set rollout.turns=2 or more")
         if ro.turns > 1 and ro.turn_tokens >= self.sampling.max_new_tokens:  # named once, not refused: shipped runs
             _name_once(f"rollout.turns={ro.turns} with rollout.turn_tokens={ro.turn_tokens} and "

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import torch
 
 from molrl.content import encode_content
+from molrl.divergence import token_kl
 from molrl.generation import prompt_ids
 
 
@@ -22,9 +23,7 @@ def mean_token_kl(policy_logits: torch.Tensor, base_logits: torch.Tensor, comple
     ``policy_logits``/``base_logits``: [B, T, V]; ``completion_mask``: [B, T], 1 on the positions
     whose next-token distribution is scored.
     """
-    logp = torch.log_softmax(policy_logits.float(), dim=-1)  # [B, T, V]
-    logq = torch.log_softmax(base_logits.float(), dim=-1)  # [B, T, V]
-    kl = (logp.exp() * (logp - logq)).sum(-1)  # [B, T]
+    kl = token_kl(policy_logits, base_logits)  # [B, T]
     mask = completion_mask.to(kl.dtype)
     return float((kl * mask).sum() / mask.sum().clamp(min=1.0))
 

@@ -147,12 +147,15 @@ class RolloutSettings:
 
 @dataclass
 class TermSettings:
-    """Loss terms beside the policy gradient (``molrl.rl.terms``), each normalised over its own tokens."""
+    """MoL's loss terms beside the policy gradient (``molrl.rl.terms``), under MoL's ``loss`` names, each normalised
+    over its own tokens."""
 
-    feedback_ce: Weight = 0.0
-    """Weight of the CE on feedback tokens of multi-turn completions (ECHO; its authors use 0.01-0.05); 0: none."""
-    decision_kl: Weight = 0.0
-    """Weight of the full-vocabulary KL(policy || base) on decision tokens (MoL's term; base: adapter disabled)."""
+    ce_weight: Weight = 0.0
+    """Weight of the CE on feedback tokens of multi-turn completions (MoL's feedback term; ECHO's authors use
+    0.01-0.05); 0: none."""
+    kl_weight: Weight = 0.0
+    """Weight of the full-vocabulary KL(policy || base) on decision tokens (MoL's decision term; base: adapter
+    disabled); 0: none."""
 
 
 @dataclass

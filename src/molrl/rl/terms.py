@@ -1,12 +1,14 @@
 """Loss terms beside the policy gradient, each a sum over its own tokens divided by the step's count of them.
 
-- ``FeedbackCE`` (``terms.feedback_ce``): cross-entropy on the feedback tokens of multi-turn completions, so
+- ``FeedbackCE`` (``loss.ce_weight``): cross-entropy on the feedback tokens of multi-turn completions, so
   the policy learns what the environment answers while RL trains its decisions (ECHO, arXiv 2605.24517). It is
   the model's own CE, at temperature 1: ``log_softmax(logits)`` of the policy's logits. TRL's log-probs, which
   the policy-gradient term reads, are ``log_softmax(logits / T)`` at the sampling temperature T: the sampling policy's, right for a
   ratio to it, not the model's CE that MoL and ECHO train.
-- ``DecisionKL`` (``terms.decision_kl``): the full-vocabulary KL(policy || base) on decision tokens, MoL's
+- ``DecisionKL`` (``loss.kl_weight``): the full-vocabulary KL(policy || base) on decision tokens, MoL's
   term (``molrl.mol.losses``), the base being the policy with its adapter disabled, both at temperature 1.
+
+Both terms are MoL's, under MoL's key names, computed by the one closed form of each (``molrl.divergence``).
 
 Both read the policy's completion logits from one more forward pass of the policy (with grad), run once per
 micro-batch when either term is on (``CompletionLogits``); ``DecisionKL`` adds one of the base (without).
@@ -26,6 +28,7 @@ from typing import Any, Protocol
 import torch
 from trl.trainer.utils import use_adapter
 
+from molrl.divergence import token_kl, token_logps
 from molrl.rl.batch import LossInputs, StepCounts, join
 from molrl.rl.config import TermSettings
 from molrl.rl.loss import share
@@ -71,15 +74,6 @@ class Term(Protocol):
         ...
 
 
-def token_logps(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """[B, T] ``log_softmax(logits)`` of each token of ``ids`` where ``mask`` is 1, 0 elsewhere (the model's own
-    log-probs, temperature 1; the softmax is formed only there); ``logits`` [B, T, V], ``ids`` and ``mask`` [B, T]."""
-    selected = mask.bool()
-    picked = torch.log_softmax(logits[selected].float(), dim=-1)  # [n, V]
-    logps = picked.gather(-1, ids[selected].unsqueeze(-1)).squeeze(-1)  # [n]
-    return torch.zeros(ids.shape, dtype=logps.dtype, device=logps.device).masked_scatter(selected, logps)
-
-
 def feedback_cross_entropy(logps: torch.Tensor, feedback_mask: torch.Tensor,
                            normaliser: torch.Tensor | float | None = None) -> torch.Tensor:
     """[] sum over feedback tokens of -log p(token) / ``normaliser``, the step's feedback tokens (None: this
@@ -92,9 +86,7 @@ def decision_kl(policy_logits: torch.Tensor, base_logits: torch.Tensor, decision
                 normaliser: torch.Tensor | float | None = None) -> torch.Tensor:
     """[] sum over decision tokens of KL(softmax(policy) || softmax(base)) / ``normaliser``, the step's decision
     tokens (None: this batch's own, a mean); logits [B, T, V], mask [B, T]."""
-    policy = torch.log_softmax(policy_logits.float(), dim=-1)  # [B, T, V]
-    base = torch.log_softmax(base_logits.float(), dim=-1)  # [B, T, V]
-    kl = (policy.exp() * (policy - base)).sum(-1)  # [B, T]
+    kl = token_kl(policy_logits, base_logits)  # [B, T]
     mask = decision_mask.to(kl.dtype)
     return share((kl * mask).sum(), mask.sum() if normaliser is None else normaliser)
 
@@ -135,8 +127,8 @@ def completion_logits(model: Any, ids: torch.Tensor, attention: torch.Tensor, wi
 def build_terms(settings: TermSettings) -> list[Term]:
     """The terms with a weight above 0, in a fixed order."""
     terms: list[Term] = []
-    if settings.feedback_ce > 0:
-        terms.append(FeedbackCE(settings.feedback_ce))
-    if settings.decision_kl > 0:
-        terms.append(DecisionKL(settings.decision_kl))
+    if settings.ce_weight > 0:
+        terms.append(FeedbackCE(settings.ce_weight))
+    if settings.kl_weight > 0:
+        terms.append(DecisionKL(settings.kl_weight))
     return terms

@@ -92,7 +92,7 @@ class RlTrainer(GRPOTrainer):
         self.rollouts = {"train": ROLLOUTS[config.rollout.policy()](self, config),
                          "eval": Synchronous(self, config, training=False)}
         self.algorithm = ALGORITHMS[config.algorithm](self, config)
-        self.terms = build_terms(config.terms)
+        self.terms = build_terms(config.loss)
         self.loss_settings = PolicyLossSettings(self.algorithm.aggregation, config.sampling.max_new_tokens,
                                                 config.epsilon, config.epsilon,
                                                 config.beta if self.algorithm.kl_in_loss else 0.0)

@@ -32,7 +32,7 @@ class StudyArms:
     kl_doses: dict[float, str] = field(default_factory=dict)
     """Claim 5: MoL's ``loss.kl_weight`` -> its MoL run (empty: not run)."""
     rl_kl: dict[float, str] = field(default_factory=dict)
-    """Claim 6: RL's ``terms.decision_kl`` -> its GRPO run from ``algorithm_start`` (empty: not run)."""
+    """Claim 6: RL's ``loss.kl_weight`` -> its GRPO run from ``algorithm_start`` (empty: not run)."""
     rl_adapter_mode: str = "continue"
     """Claim 6's ``policy.adapter_mode``: continue (the KL's base is the model before MoL) or merge_new (the MoL
     model merged; the KL's base is the MoL model, so the term holds only what GRPO changes)."""

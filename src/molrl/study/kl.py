@@ -62,11 +62,11 @@ def dose_section(score: Score, run_dirs: Sequence[Path], plots: Path, arms: Stud
 
 
 def rl_kl_section(score: Score, run_dirs: Sequence[Path], plots: Path, arms: StudyArms) -> list[str]:
-    """Claim 6: GRPO from MoL with and without ``terms.decision_kl``, and the weight that closes the general drop."""
+    """Claim 6: GRPO from MoL with and without ``loss.kl_weight``, and the weight that closes the general drop."""
     start, runs = arms.algorithm_start, arms.rl_kl
     kl = {w: [last_quarter_mean(logged(d, "rl", run, RL_KL)) for d in run_dirs] for w, run in runs.items() if w > 0}
     lines = ["## 6. GRPO from MoL with MoL's decision KL (single-turn)", "",
-             f"GRPO from `{start}` (`{runs[0.0]}` without the term) with `terms.decision_kl` at "
+             f"GRPO from `{start}` (`{runs[0.0]}` without the term) with `loss.kl_weight` at "
              + ", ".join(f"{w:g}" for w in runs) + ": the full-vocabulary KL(policy || base) on every sampled token, "
              + BASES[arms.rl_adapter_mode] + " In single-turn RL every sampled token is a decision token, "
              "so the term holds the rule's values as well as the general answers near its base's. "

@@ -15,7 +15,7 @@ from molrl.report import accuracy, eval_results, read_metrics
 KL = "kl_decision"
 """MoL's logged decision-token KL(model || base) per step."""
 RL_KL = "loss/decision_kl"
-"""RL's logged decision-KL term (``terms.decision_kl``: KL(policy || base) per sampled token) per step."""
+"""RL's logged decision-KL term (``loss.kl_weight``: KL(policy || base) per sampled token) per step."""
 
 Score = Callable[[str, str], list[float]]
 """score(model, benchmark) -> pass@1 per seed."""

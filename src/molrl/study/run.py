@@ -18,7 +18,7 @@ The chain world (the default; ``molrl.study.arms.CHAIN``), on the demo's own wor
 4. Staged vs binary code reward: not run, the chain world has no code-answer family (the report says what it
    would need); the digit world's study has it.
 5. The KL dose: MoL with ``loss.kl_weight`` 0, 0.1, 1 and 10 (``mol_kl0``, ``mol_kl0.1``, ``mol``, ``mol_kl10``).
-6. GRPO from ``mol`` with ``terms.decision_kl`` 0, 0.05, 0.1 and 0.3 (``mol+grpo``, ``mol+grpo_dkl0.05``, ...).
+6. GRPO from ``mol`` with ``loss.kl_weight`` 0, 0.05, 0.1 and 0.3 (``mol+grpo``, ``mol+grpo_dkl0.05``, ...).
 
 11 MoL runs, 8 GRPO runs and 20 evaluations a seed. Measured on the 2-core VM: see docs/study.md.
 
@@ -139,7 +139,7 @@ def chain_study_config(cfg: PipelineConfig, expert: Path, seed: int, preset: str
     for weight, name in arms.rl_kl.items():
         if weight > 0:
             rl_runs.append(RlRun(name=name, start=arms.algorithm_start,
-                                 overrides=["algorithm=grpo", f"terms.decision_kl={weight:g}"]))
+                                 overrides=["algorithm=grpo", f"loss.kl_weight={weight:g}"]))
     return replace(cfg, mol_runs=mol_runs, rl_runs=rl_runs, eval_models=[],
                    title=f"molrl study ({preset} preset, chain world, seed {seed})")
 
@@ -183,7 +183,7 @@ def no_replay_config(cfg: PipelineConfig, world_dir: Path, seed: int, preset: st
     if arms.rl_adapter_mode == "merge_new":  # rl.beta's KL then also to the MoL model, as the decision KL's
         rule_only.append("policy.reference=mol")
     rl_runs = [RlRun(name=name, start=arms.algorithm_start,
-                     overrides=["algorithm=grpo", *rule_only, *([f"terms.decision_kl={w:g}"] if w > 0 else [])])
+                     overrides=["algorithm=grpo", *rule_only, *([f"loss.kl_weight={w:g}"] if w > 0 else [])])
                for w, name in arms.rl_kl.items()]
     return replace(cfg, mol_runs=mol_runs, rl_runs=rl_runs, eval_models=[], general_traces=[],
                    title=f"molrl study without the general replay ({preset} preset, chain world, seed {seed})")
