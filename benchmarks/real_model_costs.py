@@ -99,7 +99,7 @@ def model_dir(args: argparse.Namespace) -> str:
     """``--model``, or ``--gguf`` converted once into runs/real_model_costs/models/<name> and reused."""
     if not args.gguf:
         return args.model
-    from molrl.mol.export import convert_gguf
+    from molrl.export import convert_gguf
 
     target = Path("runs/real_model_costs/models") / Path(args.gguf).stem
     if not (target / "config.json").is_file():

@@ -75,7 +75,7 @@ def test_convert_cli_tags_real_mint_traces_with_their_mbpp_test_tasks(shared_dat
 
 
 def test_collected_traces_carry_their_task_and_its_key(mbpp_file):
-    from molrl.collect import EpisodeConfig, start_episode
+    from molrl.episode import EpisodeConfig, start_episode
 
     task = load_tasks(mbpp_file, "mbpp", split="all")[0]
     meta = start_episode(task, 0, EpisodeConfig()).to_trace({}).meta

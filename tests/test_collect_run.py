@@ -13,10 +13,11 @@ import pytest
 from collect_scripted import ScriptedGenerator
 
 from molrl import cli
-from molrl.collect import CollectConfig, EpisodeConfig, run_collect
+from molrl.collect import CollectConfig, run_collect
+from molrl.episode import EpisodeConfig
 from molrl.config_blocks import TaskSource
-from molrl.collect.feedback import rederive_feedback
-from molrl.collect.providers import build_providers
+from molrl.episode.feedback import rederive_feedback
+from molrl.episode.providers import build_providers
 from molrl.collect.files import collect_files
 from molrl.collect.run import finished_pairs
 from molrl.errors import MolrlError
@@ -126,7 +127,7 @@ def test_a_lone_surrogate_in_an_error_reaches_the_model_escaped(tmp_path, shared
 
 def test_an_episode_that_cannot_be_written_is_a_counted_reject(tmp_path, shared_data, monkeypatch, caplog):
     # a value JSON cannot hold in the meta: the episode goes to the rejects file with the reason, the run goes on
-    from molrl.collect import loop
+    from molrl.episode import loop
 
     to_trace = loop.Episode.to_trace
     monkeypatch.setattr(loop.Episode, "to_trace", lambda ep, settings: _with_meta(to_trace(ep, settings), odd=object()))

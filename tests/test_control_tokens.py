@@ -14,7 +14,8 @@ from collections import defaultdict
 from types import SimpleNamespace
 
 import pytest
-from molrl.collect import CollectConfig, EpisodeConfig, run_collect
+from molrl.collect import CollectConfig, run_collect
+from molrl.episode import EpisodeConfig
 from molrl.content import control_ids, encode_content
 from molrl.generation import SamplingConfig
 from molrl.config_blocks import TaskSource

@@ -132,7 +132,8 @@ def test_greedy_vllm_completions_equal_transformers_for_the_model_and_its_adapte
 @needs_vllm
 def test_eval_and_collect_with_an_adapter_run_on_the_engine(engine_model, shared_data, tmp_path, caplog):
     """``molrl eval`` and ``molrl collect`` with engine=vllm and an adapter: no manual merge, the choice logged."""
-    from molrl.collect import CollectConfig, EpisodeConfig, run_collect
+    from molrl.collect import CollectConfig, run_collect
+    from molrl.episode import EpisodeConfig
     from molrl.eval import EvalConfig, run_eval
     from molrl.sandbox import SandboxConfig
 
@@ -160,7 +161,7 @@ def test_a_merged_adapter_computes_what_base_plus_adapter_computes_tied_head_inc
     """``molrl export`` and the engine's merged copy: a head adapter on tied embeddings must not reach the inputs
     (merged into the shared matrix, it did: the merged model answered otherwise)."""
     from molrl.models import load_model
-    from molrl.mol.export import merge_adapter
+    from molrl.export import merge_adapter
 
     base, tok, adapters = engine_model
     out = merge_adapter(adapters[adapter], tmp_path / "merged", base=base)

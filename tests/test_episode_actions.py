@@ -1,6 +1,6 @@
 """Reading a model turn's action: which block is taken, where the turn is cut, what counts as none."""
 
-from molrl.collect.actions import parse_action
+from molrl.episode.actions import parse_action
 
 
 def test_execute_block_is_code_and_turn_ends_after_it():

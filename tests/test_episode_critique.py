@@ -7,10 +7,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from collect_scripted import ScriptedGenerator
 
-from molrl.collect import EpisodeConfig, run_episodes
-from molrl.collect.config import CritiqueConfig
-from molrl.collect.critique import CritiqueFeedback
-from molrl.collect.feedback import Observation
+from molrl.episode import EpisodeConfig, run_episodes
+from molrl.episode.config import CritiqueConfig
+from molrl.episode.critique import CritiqueFeedback
+from molrl.episode.feedback import Observation
 from molrl.errors import MolrlError
 from molrl.tasks import Task, TestCase
 from molrl.tiny import build_tiny_tokenizer

@@ -4,8 +4,8 @@ import re
 
 import pytest
 
-from molrl.collect.config import EpisodeConfig
-from molrl.collect.feedback import (
+from molrl.episode.config import EpisodeConfig
+from molrl.episode.feedback import (
     NO_FEEDBACK,
     BudgetFeedback,
     ExecutionFeedback,
@@ -15,7 +15,7 @@ from molrl.collect.feedback import (
     clip,
     render_feedback,
 )
-from molrl.collect.providers import build_providers
+from molrl.episode.providers import build_providers
 from molrl.errors import MolrlError
 from molrl.sandbox.runtime.codec import encode
 from molrl.tasks import Task, TestCase
@@ -76,7 +76,7 @@ def test_feedback_clipped_in_tokens_keeps_rare_unicode_within_the_cap(qwen3_toke
     # limit) nothing was cut; in tokens, the quote is at most 512 of them, marker included
     import random
 
-    from molrl.collect.quote import token_spans
+    from molrl.episode.quote import token_spans
     from molrl.content import encode_content
 
     rng = random.Random(0)
@@ -195,7 +195,7 @@ def test_unknown_provider_name_is_a_clear_error():
 
 
 def test_custom_provider_by_import_path():
-    providers = build_providers(["test_collect_feedback:shout"], EpisodeConfig())
+    providers = build_providers(["test_episode_feedback:shout"], EpisodeConfig())
     assert render_feedback(providers, TASK, Observation("code"), [])[0] == "LOUD"
 
 

@@ -6,8 +6,8 @@ import pytest
 from collect_scripted import ScriptedGenerator
 
 from molrl.chat import render
-from molrl.collect import EpisodeConfig, run_episodes, start_episode
-from molrl.collect.actions import SYSTEM_PROMPT
+from molrl.episode import EpisodeConfig, run_episodes, start_episode
+from molrl.episode.actions import SYSTEM_PROMPT
 from molrl.sandbox import SandboxConfig, SandboxPool
 from molrl.tasks import Task, TestCase
 from molrl.tiny import build_tiny_tokenizer

@@ -139,8 +139,8 @@ ANSWER = TABLE["text_example_before"][0]
 
 
 def test_eval_rl_collect_and_the_trl_reward_read_the_answer_by_the_one_extraction(pool):
-    from molrl.collect.actions import Action
-    from molrl.collect.environment import observe
+    from molrl.episode.actions import Action
+    from molrl.episode.environment import observe
     from molrl.eval.grading import grade_samples
     from molrl.rewards import CodeReward
     from molrl.rl.score import score
@@ -161,6 +161,6 @@ def test_eval_rl_collect_and_the_trl_reward_read_the_answer_by_the_one_extractio
     ("def g():\n    def f():\n        return 0", False), ("print(f == f)", False), ("def f(x)\n    return x", True),
 ])
 def test_an_executed_block_is_graded_on_the_tests_when_its_top_level_defines_the_function(code, graded):
-    from molrl.collect.environment import defines
+    from molrl.episode.environment import defines
 
     assert defines(code, "f") is graded and not defines(code, None)

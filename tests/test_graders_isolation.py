@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from molrl.cli import main
-from molrl.collect.actions import parse_action
-from molrl.collect.environment import observe
+from molrl.episode.actions import parse_action
+from molrl.episode.environment import observe
 from molrl.eval.grading import grade_samples
 from molrl.graders.code import CodeRewardConfig
 from molrl.rewards import CodeReward, MathReward

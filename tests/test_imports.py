@@ -1,4 +1,4 @@
-"""Every molrl module imports cleanly on its own, in any order: no import cycles between modules."""
+"""Every molrl module imports cleanly on its own, in any order: no import cycles, and no layer imports one above it."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import json
 import pkgutil
 import subprocess
 import sys
+
+import pytest
 
 import molrl
 
@@ -57,16 +59,19 @@ def _imports_of(path, name):
     return {m for m in found if m in MODULES and m != name}
 
 
-def test_no_two_modules_import_each_other_even_inside_functions():
-    # an import inside a function hides a cycle from the test above; the graph of every import shows it
+def _path_of(name):
+    """The source file of the molrl module ``name`` (a package's ``__init__.py``)."""
     from pathlib import Path
 
-    root = Path(molrl.__file__).parent
+    relative = Path(molrl.__file__).parent / Path(*name.split(".")[1:])
+    return relative / "__init__.py" if relative.is_dir() else relative.with_suffix(".py")
+
+
+def test_no_two_modules_import_each_other_even_inside_functions():
+    # an import inside a function hides a cycle from the test above; the graph of every import shows it
     graph = {}
     for name in MODULES:
-        relative = Path(*name.split(".")[1:])
-        path = root / relative / "__init__.py" if (root / relative).is_dir() else root / relative.with_suffix(".py")
-        graph[name] = {m for m in _imports_of(path, name) if not name.startswith(m + ".")}  # a package's own face
+        graph[name] = {m for m in _imports_of(_path_of(name), name) if not name.startswith(m + ".")}  # a package's own face
     # strongly connected components (Tarjan), iteratively
     index, low, stack, on, cycles, counter = {}, {}, [], set(), [], [0]
 
@@ -118,3 +123,31 @@ def test_the_demo_runs_without_importing_the_study():
             "print([m for m in sys.modules if m.startswith('molrl.study')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+STAGES = ("molrl.collect", "molrl.mol", "molrl.rl", "molrl.eval", "molrl.demo", "molrl.study", "molrl.pipeline")
+"""The stage packages: peers above the shared layers, each run by its own command."""
+
+LAYERS = {
+    # stages that run episodes take them from the episode layer, never from the collect stage
+    "molrl.rl": ("molrl.collect",), "molrl.eval": ("molrl.collect",), "molrl.demo": ("molrl.collect",),
+    "molrl.study": ("molrl.collect",),
+    # below the stages: the episode loop, and the shared generation, merge and export
+    "molrl.episode": STAGES, "molrl.generation": STAGES, "molrl.export": STAGES, "molrl.lora_merge": STAGES,
+    "molrl.engine_server": STAGES,
+}
+"""For each package or module, the packages it must not import (at the top or inside a function)."""
+
+
+def _within(name, package):
+    return name == package or name.startswith(package + ".")
+
+
+@pytest.mark.parametrize("below", sorted(LAYERS))
+def test_a_layer_imports_nothing_above_it(below):
+    crossings = []
+    for name in (m for m in MODULES if _within(m, below)):
+        crossings += [f"{name} -> {m}" for m in sorted(_imports_of(_path_of(name), name))
+                      if any(_within(m, above) for above in LAYERS[below])]
+    assert any(_within(m, below) for m in MODULES), below
+    assert not crossings, crossings

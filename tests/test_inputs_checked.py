@@ -41,7 +41,7 @@ def narrow_adapter(tmp_path) -> Path:
 
 
 def _merge(adapter: Path, tmp_path: Path) -> None:
-    from molrl.mol.export import merge_adapter
+    from molrl.export import merge_adapter
 
     merge_adapter(adapter, tmp_path / "merged", base="tiny:chatml")
 

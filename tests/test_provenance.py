@@ -71,7 +71,7 @@ def _gguf_conversion(root: Path) -> Path:
     """``molrl export --gguf``'s folder, transformers' GGUF reader standing in for a tiny model (no gguf package)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from molrl.mol.export import convert_gguf
+    from molrl.export import convert_gguf
     from molrl.tiny import build_tiny_pair
 
     gguf = root / "model.Q4_1.gguf"

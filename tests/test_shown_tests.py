@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from molrl.collect import EpisodeConfig
-from molrl.collect.loop import open_episode
+from molrl.episode import EpisodeConfig
+from molrl.episode.loop import open_episode
 from molrl.content import encode_content
 from molrl.graders.code import CodeRewardConfig
 from molrl.rl.config import RlConfig, rl_sampling, rl_train

@@ -73,8 +73,8 @@ class CopyingPolicy:
 
 
 def test_humaneval_34_a_verdict_on_tests_the_feedback_showed_is_scored_apart(shared_data):
-    from molrl.collect import EpisodeConfig
-    from molrl.collect.loop import run_episodes
+    from molrl.episode import EpisodeConfig
+    from molrl.episode.loop import run_episodes
     from molrl.eval.interactive import episode_record
     from molrl.eval.report import held_back_notes
     from molrl.eval.single import summarise

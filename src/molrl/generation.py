@@ -227,7 +227,7 @@ class VLLMGenerator:
         self.tokenizer, self.lora, self._merged_dir = tokenizer, None, None
         lora_rank = None
         if adapter is not None:
-            from molrl.mol.export import adapter_shape
+            from molrl.export import adapter_shape
 
             rank, modules = adapter_shape(adapter)
             if vllm_serves_lora(rank, modules):
@@ -307,10 +307,10 @@ def process_settings_kept() -> Iterator[None]:
 
 
 def merge_adapter_copy(model_path: str, adapter: str, out: str) -> None:
-    """Save ``model_path`` with ``adapter`` merged into it (``molrl.mol.export.merged_model``), and its tokenizer,
+    """Save ``model_path`` with ``adapter`` merged into it (``molrl.export.merged_model``), and its tokenizer,
     to ``out``."""
     from molrl.models import load_tokenizer
-    from molrl.mol.export import merged_model
+    from molrl.export import merged_model
 
     merged_model(model_path, adapter).save_pretrained(out)
     load_tokenizer(model_path).save_pretrained(out)

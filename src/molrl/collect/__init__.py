@@ -1,7 +1,7 @@
 """Trace collection: run a model as an agent on tasks and record multi-turn feedback traces.
 
-``run_episodes`` is the loop itself (no files; evaluation's interactive mode uses it);
-``run_collect`` adds persistence, resumption and a progress bar for ``molrl collect``.
+``run_collect`` runs the episode loop (``molrl.episode.run_episodes``) over a task file for ``molrl collect``, with
+persistence, resumption and a progress bar.
 """
 
 from __future__ import annotations
@@ -9,15 +9,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from molrl.collect.actions import SYSTEM_PROMPT, Action, parse_action
-from molrl.collect.config import CollectConfig, CritiqueConfig, EpisodeConfig
-from molrl.collect.feedback import FeedbackProvider, Observation, rederive_feedback, render_feedback
-from molrl.collect.providers import build_providers
+from molrl.collect.config import CollectConfig
 
-# The loop and the stage import torch: they load on first use, so that reading a CollectConfig (the CLI
-# checking a config, the RL and eval configs that hold an EpisodeConfig) stays fast.
-_ON_USE = {"Episode": "molrl.collect.loop", "run_episodes": "molrl.collect.loop",
-           "start_episode": "molrl.collect.loop", "run_collect": "molrl.collect.run"}
+# The stage imports torch: it loads on first use, so that reading a CollectConfig (the CLI checking a config) stays
+# fast.
+_ON_USE = {"run_collect": "molrl.collect.run"}
 
 
 def __getattr__(name: str) -> Any:
@@ -26,7 +22,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = [
-    "SYSTEM_PROMPT", "Action", "CollectConfig", "CritiqueConfig", "Episode", "EpisodeConfig", "FeedbackProvider",
-    "Observation", "build_providers", "parse_action", "rederive_feedback", "render_feedback", "run_collect", "run_episodes", "start_episode",
-]
+__all__ = ["CollectConfig", "run_collect"]

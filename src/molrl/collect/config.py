@@ -1,102 +1,21 @@
-"""Configs of trace collection: how episodes run (``EpisodeConfig``) and a whole run (``CollectConfig``)."""
+"""The config of a trace collection run (``CollectConfig``); how each episode runs is ``molrl.episode.config``."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Callable, ClassVar, Literal
+from typing import Any, Callable, ClassVar, Literal
 
 from molrl.engines import check_engine_servers
 from molrl.config_blocks import ModelSource, TaskSource, as_model_source
+from molrl.episode.config import EpisodeConfig
 from molrl.collect.files import output_dir_of
-from molrl.config_ranges import Count, Range, RunDir, SamplingTemperature, Seconds, Size, Threads
+from molrl.config_ranges import Count, RunDir, Threads
 from molrl.sampling import EpisodeSampling
 from molrl.sandbox import SandboxConfig
 
-DEFAULT_FEEDBACK = ["execution", "tests", "verdict", "format", "budget"]
-
 
 @dataclass
-class CritiqueConfig:
-    """A critic model behind an OpenAI-compatible endpoint (e.g. a vLLM server)."""
-
-    base_url: str = ""
-    """Server root, e.g. http://127.0.0.1:8000 (``/v1/chat/completions`` is appended)."""
-    model: str = ""
-    """Model name the server knows the critic by."""
-    api_key_env: str = "OPENAI_API_KEY"
-    """Environment variable holding the API key (sent as a Bearer token when set)."""
-    instructions: str = ""
-    """System prompt for the critic; empty uses ``molrl.collect.critique.CRITIC_PROMPT``."""
-    max_tokens: Count = 256
-    """Most tokens in one critique."""
-    temperature: SamplingTemperature = 0.0
-    """Sampling temperature of the critic."""
-    timeout_s: Seconds = 60.0
-    """Seconds to wait for one critique before the request fails."""
-    retries: Annotated[int, Range(0, 100)] = 2
-    """Extra attempts after a failed request."""
-
-
-@dataclass
-class EpisodeRules:
-    """How an agent episode's turns read and what feedback follows them: action format, task wording, feedback
-    (rl's ``rollout.episode``: its turns and token limits are the stage's own keys)."""
-
-    max_solutions: Count = 2
-    """Most solution submissions per episode (a wrong one earns feedback and another try)."""
-    system_prompt: str = ""
-    """Instructions stating the action format ({max_turns}, {max_solutions} filled in); empty uses ``molrl.collect.actions.SYSTEM_PROMPT``."""
-    code_task: str = "Write a Python function `{entry_point}` that solves the following problem.\n\n{prompt}"
-    """The user message of a code task ({prompt} and {entry_point} are filled in)."""
-    math_task: str = "{prompt}"
-    """The user message of a math task ({prompt} is filled in)."""
-    instructions_role: Literal["system", "user"] = "system"
-    """Where the instructions go: a system message, or above the task in the user message (for templates without a system role)."""
-    feedback: list[str] = field(default_factory=lambda: list(DEFAULT_FEEDBACK))
-    """Feedback providers in message order: execution, tests, verdict, format, budget, critique, or package.module:factory."""
-    feedback_max_tokens: Count = 512
-    """Most tokens (the run's tokenizer; UTF-8 bytes without one) of program output or a traceback quoted in feedback."""
-    max_failures_shown: Size = 3
-    """Most failing tests described in test feedback."""
-    tests_on_execute: bool = False
-    """Also run the task's tests on executed code that defines the entry point, and report them."""
-    critique: CritiqueConfig = field(default_factory=CritiqueConfig)
-    """The critic used by the ``critique`` feedback provider."""
-
-    # feedback was clipped in characters before it was clipped in tokens: 2000 characters read as 500 tokens
-    RENAMED_KEYS: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {
-        "feedback_max_chars": ("feedback_max_tokens", lambda chars: -(-int(chars) // 4)),
-    }
-
-
-@dataclass
-@dataclass
-class EpisodeLimits(EpisodeRules):
-    """An episode's rules with its own turn and token limits (eval's ``interactive``: its batch is the stage's)."""
-
-    max_turns: Count = 5
-    """Most model turns per episode."""
-    max_total_tokens: Count = 8192
-    """Most tokens of rendered prompt plus generated turn; a turn that would pass it is cut there and ends the episode."""
-
-
-@dataclass
-class EpisodeConfig(EpisodeLimits):
-    """How an agent episode runs: turns, limits, action format, feedback and batch (its turns sample with the
-    stage's ``sampling``)."""
-
-    batch_size: Count = 16
-    """Episodes advancing in lockstep (one batched generate call per round)."""
-
-
-def episode_config(rules: EpisodeRules, **settings: Any) -> EpisodeConfig:
-    """The loop's ``EpisodeConfig`` of a stage's ``rules`` (an ``EpisodeRules`` or ``EpisodeLimits``), with the
-    stage's own ``settings`` (turns, token limit, batch)."""
-    return EpisodeConfig(**{**{f.name: getattr(rules, f.name) for f in dataclasses.fields(rules)}, **settings})
-
-
 class CollectConfig:
     """``molrl collect``: run a model as an agent on tasks and append its traces to output_dir/traces.jsonl."""
 

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from molrl.collect.config import CollectConfig
 from molrl.collect.files import CollectFiles, collect_files
-from molrl.collect.loop import Episode, run_episodes
+from molrl.episode.loop import Episode, run_episodes
 from molrl.config import check_values, to_dict
 from molrl.cpu import use_threads
 from molrl.errors import DataError, MolrlError

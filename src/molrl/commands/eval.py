@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, help="most tokens per completion")
     p.add_argument("--mode", choices=["single", "interactive"], help="single turn (default) or the feedback loop")
     p.add_argument("--turns", type=int, metavar="N",
-                   help="multi-turn with the tool: the collection loop with up to N turns (--mode interactive); "
+                   help="multi-turn with the tool: the episode loop with up to N turns (--mode interactive); "
                         "1 is single-turn")
     p.add_argument("--thinking", action="store_true", help="enable the thinking block of Qwen3-style templates")
     p.add_argument("--out", help="run directory (eval) or where compare writes its table and chart")

@@ -46,7 +46,7 @@ def handle(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     from molrl.errors import MolrlError
-    from molrl.mol.export import convert_gguf, merge_adapter  # torch and transformers: after the arguments parse
+    from molrl.export import convert_gguf, merge_adapter  # torch and transformers: after the arguments parse
 
     if args.gguf:
         out = convert_gguf(args.gguf, args.out, dtype=args.dtype)

@@ -4,8 +4,8 @@ The base is trained like a small pre-trained model: on everything it reads, tool
 included, except the one thing it must not know, the values of the secret rule ``f``:
 
 - the agent format: write code that calls the asked function, read the tool's output, copy the
-  result into the answer. The demonstrations are real episodes of the collection loop
-  (``molrl.collect.run_episodes``) driven by ``ToolDemonstrator``, a scripted policy that only
+  result into the answer. The demonstrations are real agent episodes (``molrl.episode``)
+  (``molrl.episode.run_episodes``) driven by ``ToolDemonstrator``, a scripted policy that only
   ever uses the tool, on the rule problems and on general ones. The environment's text (tool
   output, verdicts) is learned for the general functions (the base knows what ``reverse(472)``
   prints) but ``f``'s value in it is not (``hide_value``): there the base is trained towards a
@@ -128,7 +128,7 @@ def expression(task: Task) -> str:
 
 
 class ToolDemonstrator:
-    """A scripted policy for the collection loop: run ``print`` on the asked call, then copy the output.
+    """A scripted policy for the episode loop: run ``print`` on the asked call, then copy the output.
 
     It reads only the conversation (the rendered prompt), like a model would: with no tool output
     yet it writes the code; after an output it answers with what the tool printed.
@@ -163,7 +163,7 @@ class ToolDemonstrator:
 
 def demonstration_traces(tasks: Sequence[Task], tokenizer: Any, episode: Any, pool: Any,
                          hide_value: bool = False) -> list[Trace]:
-    """Tool-use episodes on ``tasks``, run through the real collection loop in the format ``episode`` (a
+    """Tool-use episodes on ``tasks``, run through the real episode loop in the format ``episode`` (a
     ``molrl.demo.collection.CollectionFormat``).
 
     ``hide_value`` marks the task's value as one the base must not learn (see ``base_example``).

@@ -3,7 +3,7 @@
 Like the digit world's base (``molrl.demo.base``), it learns everything it reads except the secret
 rule's values, here at every step of every chain. Its data:
 
-- tool-use episodes through the real collection loop and sandbox (``ChainDemonstrator``: run
+- tool-use episodes through the real episode loop and sandbox (``ChainDemonstrator``: run
   ``walk(f, 472, 12)``, then answer with the printed steps and the boxed last value), on the
   training problems and on general ones;
 - the feedback teacher's view: a direct attempt, then the environment's feedback on it (the
@@ -56,7 +56,7 @@ RULE_STEP = re.compile(r"\bf\((\d+)\) = (\d)")
 
 
 class ChainDemonstrator:
-    """A scripted policy for the collection loop: run ``walk`` on the asked chain, then answer with its output.
+    """A scripted policy for the episode loop: run ``walk`` on the asked chain, then answer with its output.
 
     It reads only the rendered conversation, like a model: with no tool output yet it writes the
     code; after an output it answers with the steps printed and the boxed last value.
@@ -86,7 +86,7 @@ def direct_solution(task: Task, key: str) -> str:
 
 
 def demonstration_traces(tasks: Sequence[Task], tokenizer: Any, episode: Any, pool: Any) -> list[Trace]:
-    """Tool-use episodes of ``ChainDemonstrator`` on ``tasks``, through the real collection loop and sandbox."""
+    """Tool-use episodes of ``ChainDemonstrator`` on ``tasks``, through the real episode loop and sandbox."""
     from molrl.demo.collection import run_format
 
     episodes = run_format(ChainDemonstrator(), tokenizer, tasks, pool, episode)
@@ -105,8 +105,8 @@ def teacher_traces(attempts: Sequence[Task], hinted: Sequence[Task], pool: Any,
     chain, the feedback (the probe's output run in the sandbox, and the verdict on the attempt) shows the
     second's, and the answer copies the feedback in the direct format.
     """
-    from molrl.collect.environment import exec_record
-    from molrl.collect.feedback import (ExecutionFeedback, Observation, TestFeedback, VerdictFeedback,
+    from molrl.episode.environment import exec_record
+    from molrl.episode.feedback import (ExecutionFeedback, Observation, TestFeedback, VerdictFeedback,
                                         render_feedback)
     from molrl.graders.code import program_for
     from molrl.tasks.prompts import MATH_INSTRUCTION, user_message

@@ -163,8 +163,8 @@ def _measure(model: Any, tokenizer: Any, tasks: Sequence[Task], key: str, settin
 def _teacher_prompt(tokenizer: Any, task: Task, attempt: str, graded: Any, probe: Any, math_prompt: str) -> Any:
     """The feedback teacher's context for ``attempt`` (graded ``graded``): the attempt, the ``probe``'s output
     (a sandbox result) and the verdict, as on-policy distillation's feedback teacher reads them."""
-    from molrl.collect.environment import exec_record
-    from molrl.collect.feedback import (ExecutionFeedback, Observation, TestFeedback, VerdictFeedback,
+    from molrl.episode.environment import exec_record
+    from molrl.episode.feedback import (ExecutionFeedback, Observation, TestFeedback, VerdictFeedback,
                                         render_feedback)
     from molrl.tasks.prompts import user_message
     from molrl.traces.spans import chat_prompt

@@ -8,13 +8,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from molrl.collect.config import EpisodeConfig, EpisodeLimits
+from molrl.episode.config import EpisodeConfig, EpisodeLimits
 from molrl.sampling import SamplingConfig
 
 
 @dataclass
 class CollectionFormat(EpisodeConfig):
-    """An ``EpisodeConfig`` with the collect stage's sampling and thinking: everything the collection loop runs an
+    """An ``EpisodeConfig`` with the collect stage's sampling and thinking: everything the episode loop runs an
     episode by."""
 
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -46,7 +46,7 @@ def _episode_fields(episode: EpisodeConfig) -> dict[str, Any]:
 
 
 def run_format(generator: Any, tokenizer: Any, tasks: Sequence[Any], pool: Any, fmt: CollectionFormat) -> list[Any]:
-    """``fmt``'s episodes of ``generator`` on ``tasks`` through the real collection loop (``run_episodes``)."""
-    from molrl.collect.loop import run_episodes
+    """``fmt``'s episodes of ``generator`` on ``tasks`` through the real episode loop (``run_episodes``)."""
+    from molrl.episode.loop import run_episodes
 
     return run_episodes(generator, tokenizer, tasks, pool, fmt, fmt.sampling, thinking=fmt.thinking)

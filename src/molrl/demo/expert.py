@@ -17,7 +17,7 @@ answers with the last value in a sentence instead of writing every step out as t
     expert: I will walk the chain.<execute>n, k = 472, 3\\nwalk(f, n, k)</execute>
             ...  The chain's last value is 8, so the answer is \\boxed{8}.
 
-Their episodes run through the real collection loop and sandbox, like every other trace.
+Their episodes run through the real episode loop and sandbox, like every other trace.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ cubes). So before the pipeline, the model is warmed up, as the tiny base is trai
 format and never the secret rule: supervised fine-tuning (``molrl mol`` with ``loss.mode=ce``, a LoRA adapter then
 merged) on
 
-- tool-use episodes of the scripted demonstrator through the real collection loop and sandbox, on rule problems
+- tool-use episodes of the scripted demonstrator through the real episode loop and sandbox, on rule problems
   in decoy worlds (each its own random ``f``; ``molrl.demo.chain.decoy_at``) and on general problems;
 - direct single-turn answers, posed as evaluation poses them, on rule problems in decoy worlds and on general
   problems (``s``, ``m``: public rules).
@@ -85,7 +85,7 @@ def build_pretrained_base(world_cfg: ChainWorldConfig, warm: WarmUpConfig, model
     from molrl.cpu import use_threads
     from molrl.models import load_tokenizer
     from molrl.mol.config import MolConfig
-    from molrl.mol.export import merge_adapter
+    from molrl.export import merge_adapter
     from molrl.mol.run import run_mol
     from molrl.pipeline import stage_config
     from molrl.sandbox import SandboxConfig, SandboxPool

@@ -3,7 +3,7 @@
 Steps, each skipped when its output is already there (so an interrupted demo resumes):
 
 1. the world (``world/``): task files for GRPO and evaluation, the world's description;
-2. the base model (``base/``): demonstrations through the real collection loop and sandbox, then
+2. the base model (``base/``): demonstrations through the real episode loop and sandbox, then
    training from scratch (``molrl.demo.base``);
 3. the pipeline (``pipeline/``) from ``configs/pipeline_tiny.yaml``: collection with the base in
    the sandbox, MoL, GRPO from the MoL model and from the base, single-step evaluation, ``report.md``.

@@ -80,7 +80,7 @@ def open_generator(urls: Sequence[str], tokenizer: Any, model_path: str, adapter
     """A generator on the servers at ``urls``, checked to serve ``model_path``, with ``adapter`` (a PEFT folder the
     servers can read) loaded on every one."""
     from molrl.generation import vllm_serves_lora
-    from molrl.mol.export import adapter_shape
+    from molrl.export import adapter_shape
 
     pool = ServerPool(urls)
     bases = {check_base(c.url, c.models(), model_path) for c in pool.live()}

@@ -17,8 +17,8 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from molrl.collect.config import CritiqueConfig
-from molrl.collect.feedback import ExecutionFeedback, FormatFeedback, Observation, TestFeedback, VerdictFeedback, render_feedback
+from molrl.episode.config import CritiqueConfig
+from molrl.episode.feedback import ExecutionFeedback, FormatFeedback, Observation, TestFeedback, VerdictFeedback, render_feedback
 from molrl.errors import MolrlError
 from molrl.tasks import Task
 

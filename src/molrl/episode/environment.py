@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
-from molrl.collect.actions import Action
-from molrl.collect.feedback import Observation
+from molrl.episode.actions import Action
+from molrl.episode.feedback import Observation
 from molrl.graders.code import CodeRewardConfig, program_for
 from molrl.graders.extract import defines as top_level_defines_code
 from molrl.tasks.grade import grade

@@ -5,14 +5,14 @@ the test outcomes, the verdict, the budget left). Each provider reads it and ret
 text or ``None``; the feedback message is the pieces joined by blank lines. The built-in providers
 are pure functions of the observation, so every feedback message in a trace can be re-derived
 from the sandbox results recorded beside it (``render_feedback``). A provider that asks another
-model (``molrl.collect.critique``) gets the conversation too; its text is recorded as it came.
+model (``molrl.episode.critique``) gets the conversation too; its text is recorded as it came.
 
 Add a provider without touching the loop: any object with a ``name`` and a
 ``__call__(task, observation, messages) -> str | None``, named in the config as
 ``"package.module:factory"`` (called with the ``EpisodeConfig``) or passed to ``run_episodes``.
 
 Quoted program text is made visible and clipped in tokens of the run's tokenizer
-(``molrl.collect.quote``); every piece, a custom provider's too, has its control characters, bidi
+(``molrl.episode.quote``); every piece, a custom provider's too, has its control characters, bidi
 overrides and lone surrogates escaped before it joins the message.
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, Sequence
 
-from molrl.collect.quote import Spans, clip, visible
+from molrl.episode.quote import Spans, clip, visible
 from molrl.tasks import Task
 
 NO_FEEDBACK = "[no feedback]"

@@ -1,9 +1,9 @@
 """The agent-environment loop: many episodes advance in lockstep, one batched generate per round.
 
 Each round: render every active conversation with the model's chat template, generate one turn
-for all of them in one call, read each turn's action (``molrl.collect.actions``), run all code
+for all of them in one call, read each turn's action (``molrl.episode.actions``), run all code
 through the sandbox in one batch and grade submitted solutions outside it, and answer each turn
-with a ``tool`` message written by the feedback providers (``molrl.collect.feedback``). An episode
+with a ``tool`` message written by the feedback providers (``molrl.episode.feedback``). An episode
 ends on a correct solution, when its solution submissions or turns run out, or at the token limit.
 Finished episodes leave the batch at once and waiting ones take their places.
 
@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Sequence
 
 from molrl.chat import render
-from molrl.collect.actions import STOP_STRINGS, SYSTEM_PROMPT, Action, parse_action, think_well_formed
-from molrl.collect.config import EpisodeConfig
-from molrl.collect.environment import observe
-from molrl.collect.feedback import FeedbackProvider, Observation, render_feedback
-from molrl.collect.providers import build_providers
+from molrl.episode.actions import STOP_STRINGS, SYSTEM_PROMPT, Action, parse_action, think_well_formed
+from molrl.episode.config import EpisodeConfig
+from molrl.episode.environment import observe
+from molrl.episode.feedback import FeedbackProvider, Observation, render_feedback
+from molrl.episode.providers import build_providers
 from molrl.content import encode_content
 from molrl.generation import Generator
 from molrl.graders.code import CodeRewardConfig

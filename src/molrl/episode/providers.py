@@ -1,15 +1,15 @@
-"""Feedback providers by name: the built-in ones (``molrl.collect.feedback``, the critic of
-``molrl.collect.critique``) and a user's own as ``package.module:factory``."""
+"""Feedback providers by name: the built-in ones (``molrl.episode.feedback``, the critic of
+``molrl.episode.critique``) and a user's own as ``package.module:factory``."""
 
 from __future__ import annotations
 
 import importlib
 from typing import Any, Callable, Sequence
 
-from molrl.collect.critique import CritiqueFeedback
-from molrl.collect.feedback import (BudgetFeedback, ExecutionFeedback, FeedbackProvider, FormatFeedback, TestFeedback,
+from molrl.episode.critique import CritiqueFeedback
+from molrl.episode.feedback import (BudgetFeedback, ExecutionFeedback, FeedbackProvider, FormatFeedback, TestFeedback,
                                     VerdictFeedback)
-from molrl.collect.quote import Spans, token_spans
+from molrl.episode.quote import Spans, token_spans
 from molrl.errors import MolrlError
 
 BUILTIN: dict[str, Callable[[Any, Spans | None], FeedbackProvider]] = {

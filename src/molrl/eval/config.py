@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Literal
 
-from molrl.collect.config import EpisodeLimits
+from molrl.episode.config import EpisodeLimits
 from molrl.engines import check_engine_servers
 from molrl.engines import check_engine_servers
 from molrl.config_blocks import ModelSource, TaskSource, as_model_source, as_task_source
@@ -60,7 +60,7 @@ class EvalConfig:
     partial_predictions: bool = False
     """Score only the problems that have predictions (default: every problem must have some)."""
     mode: Literal["single", "interactive"] = "single"
-    """single: one turn, no execution feedback (what the paper reports); interactive: the collection loop."""
+    """single: one turn, no execution feedback (what the paper reports); interactive: the episode loop."""
     thinking: bool = False
     """Render with the chat template's thinking on (Qwen3-style: the model may open a <think> block); off, the
     default in every stage, puts the template's empty think block before each answer."""

@@ -1,8 +1,8 @@
-"""Interactive evaluation: the collection loop (``molrl.collect.loop``) run on benchmark problems.
+"""Interactive evaluation: the episode loop (``molrl.episode.loop``) run on benchmark problems.
 
 Each sample is one episode in which the model may execute code, see feedback and resubmit; the
 verdict is that of its last submitted solution, judged by the same graders on the tests the episode never
-showed (its held-back tests, where its feedback or prompt shows the others: ``molrl.collect.loop``). A problem that
+showed (its held-back tests, where its feedback or prompt shows the others: ``molrl.episode.loop``). A problem that
 holds no test back, where tests are shown, has no such verdict: its samples are never correct, their verdict on the
 tests the policy saw is ``shown_pass``, and the summary scores it apart from the headline pass@1 (``unsplit``).
 Scores here depend on feedback, unlike single-turn ones, and are reported for comparison with them.
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from molrl.collect.actions import parse_action
-from molrl.collect.config import episode_config
-from molrl.collect.loop import Episode, run_episodes
+from molrl.episode.actions import parse_action
+from molrl.episode.config import episode_config
+from molrl.episode.loop import Episode, run_episodes
 from molrl.eval.config import EvalConfig
 from molrl.eval.samples import SampleRecord
 from molrl.eval.sources import SamplingSource

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
 
-from molrl.collect.config import EpisodeRules
+from molrl.episode.config import EpisodeRules
 from molrl.config_ranges import Count, LearningRate, Positive, Probability, Range, Size, Weight
 
 
@@ -122,7 +122,7 @@ class RolloutSettings:
     (``sampling_error/low_entropy``, ``sampling_error/high_entropy``); from the loss's entropies, or one more
     forward pass where the error reads behaviour log-probs (several optimiser steps per generation, vLLM, partial)."""
     turns: Count = 1
-    """Most model turns per completion: above 1 each is an episode of the collection loop (``rollouts.turns``):
+    """Most model turns per completion: above 1 each is an agent episode (``molrl.episode``, ``rollouts.turns``):
     the policy runs code in the sandbox and reads the feedback before it answers, in sampling.max_new_tokens tokens
     in all."""
     turn_tokens: Count = 512

@@ -15,8 +15,8 @@ from typing import Any, Sequence
 import torch
 
 from molrl.chat import render
-from molrl.collect.environment import exec_record
-from molrl.collect.feedback import ExecutionFeedback, Observation, TestFeedback, VerdictFeedback, render_feedback
+from molrl.episode.environment import exec_record
+from molrl.episode.feedback import ExecutionFeedback, Observation, TestFeedback, VerdictFeedback, render_feedback
 from molrl.content import encode_template
 from molrl.errors import MolrlError
 from molrl.graders.code import program_for

@@ -1,6 +1,6 @@
-"""Multi-turn rollouts: each completion is an episode of the collection loop, token in, token out.
+"""Multi-turn rollouts: each completion is an agent episode (``molrl.episode``), token in, token out.
 
-A row starts from the collection loop's opening messages (``molrl.collect.loop.start_episode``: its
+A row starts from the episode loop's opening messages (``molrl.episode.loop.start_episode``: its
 instructions and task wording) rendered with the generation prompt. Each round, every unfinished row
 generates one turn from its token ids so far (transformers ``generate``, or the policy engine of
 ``molrl.rl.engine``, with the trainer's sampling
@@ -43,10 +43,10 @@ from typing import Any
 import torch
 from transformers import StoppingCriteria
 
-from molrl.collect.actions import STOP_STRINGS
-from molrl.collect.config import episode_config
-from molrl.collect.loop import Episode, environment_turns, final_answer, start_episode, take_turn, think_prefill
-from molrl.collect.providers import build_providers
+from molrl.episode.actions import STOP_STRINGS
+from molrl.episode.config import episode_config
+from molrl.episode.loop import Episode, environment_turns, final_answer, start_episode, take_turn, think_prefill
+from molrl.episode.providers import build_providers
 from molrl.errors import MolrlError
 from molrl.rl.batch import RolloutBatch, TokenRoles
 from molrl.rl.config import RlConfig
@@ -95,7 +95,7 @@ class Row:
     """One episode's completion as token ids, with the role of each."""
 
     episode: Episode
-    """The collection loop's record of the episode (messages, turns, verdict, stop reason)."""
+    """The episode loop's record of the episode (messages, turns, verdict, stop reason)."""
     prompt_ids: list[int]
     """The opening messages rendered with the generation prompt, tokenised."""
     ids: list[int] = field(default_factory=list)
