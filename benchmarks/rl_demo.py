@@ -58,9 +58,9 @@ EVAL_TOKENS = {"digit": 48, "chain": 104, "long": 352}
 def overrides(world: Path, every: int, runs_of_set: dict, world_name: str = "digit") -> list[str]:
     runs = ", ".join(f"{{name: {name}, start: {start}, overrides: [{', '.join(o)}]}}"
                      for name, (start, o) in runs_of_set.items())
-    return [f"rl_runs=[{runs}]", f"rl.eval.every_steps={every}", f"rl.eval.tasks.path={world / 'heldout.jsonl'}",
-            "rl.eval.tasks.format=jsonl", "rl.eval.tasks.spec.kind=math",
-            f"rl.eval.max_new_tokens={EVAL_TOKENS[world_name]}",
+    return [f"rl_runs=[{runs}]", f"rl.eval.every_steps={every}", f"rl.eval.data.path={world / 'heldout.jsonl'}",
+            "rl.eval.data.format=jsonl", "rl.eval.data.spec.kind=math",
+            f"rl.eval.sampling.max_new_tokens={EVAL_TOKENS[world_name]}",
             "rl.eval.kl_prompts=0"]
 
 

@@ -135,7 +135,7 @@ def test_the_engine_samples_from_the_policy_being_trained_and_the_gate_stops_a_s
     cfg = toy_config(tmp_path / "run", engine_base[0], max_steps=3, engine="vllm", max_new_tokens=16)
     cfg.train.learning_rate = 5e-2
     if sync:  # the evaluation hook generates on the engine too
-        cfg.eval.every_steps, cfg.eval.tasks, cfg.eval.max_new_tokens = 3, TaskSource(format="toy", limit=4), 8
+        cfg.eval.every_steps, cfg.eval.data, cfg.eval.sampling.max_new_tokens = 3, TaskSource(format="toy", limit=4), 8
         cfg.completion_logps = True
         steps = steps_of(run_rl(cfg))
         rows = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]

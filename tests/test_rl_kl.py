@@ -12,6 +12,7 @@ from grpo_helpers import save_tiny_model, toy_config
 from molrl.config_blocks import ModelSource
 from molrl.rl.config import EvalHookSettings, TaskSource
 from molrl.rl.kl import mean_token_kl, policy_base_kl
+from molrl.sampling import HookSampling
 
 
 def test_mean_token_kl_closed_form():
@@ -44,8 +45,8 @@ def test_eval_hook_writes_accuracy_and_kl_every_n_steps(tmp_path):
                                   for i in range(2)) + "\n")
     base = save_tiny_model(tmp_path / "base")
     cfg = toy_config(tmp_path / "run", base, max_steps=2,
-                     eval=EvalHookSettings(every_steps=1, tasks=TaskSource(path=held_out, format="jsonl"),
-                                           max_new_tokens=8, kl_prompts=2))
+                     eval=EvalHookSettings(every_steps=1, data=TaskSource(path=held_out, format="jsonl"),
+                                           sampling=HookSampling(max_new_tokens=8), kl_prompts=2))
     from molrl.rl.run import run_rl
 
     out = run_rl(cfg)

@@ -157,7 +157,7 @@ names reads its file in that format unless it says otherwise."""
 
 @dataclass
 class TaskSource:
-    """A task file and how to read it: collect's and rl's ``data``, rl's ``eval.tasks``, and each of eval's
+    """A task file and how to read it: collect's and rl's ``data``, rl's ``eval.data``, and each of eval's
     ``data.NAME``. ``data: FILE`` is short for ``data: {path: FILE}``."""
 
     SHORTHAND: ClassVar[str] = "path"
@@ -175,7 +175,7 @@ class TaskSource:
     spec: JsonlSpec = field(default_factory=JsonlSpec)
     """Field names and task kind of a jsonl task file (format jsonl only)."""
     split: Literal["train", "validation", "test", "prompt", "all"] | None = None
-    """Benchmark split to take (train, validation, test, prompt or all); unset: train (rl's eval.tasks: test; eval:
+    """Benchmark split to take (train, validation, test, prompt or all); unset: train (rl's eval.data: test; eval:
     its ``split``); a file without splits is taken whole."""
 
     def resolved(self, name: str | None = None) -> TaskSource:

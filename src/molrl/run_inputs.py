@@ -15,7 +15,7 @@ from molrl.fingerprint import model_fingerprint
 
 INPUTS: dict[str, tuple[str, ...]] = {
     "mol": ("model.path", "data.traces"),
-    "rl": ("model.path", "model.adapter", "data.path", "eval.tasks.path"),
+    "rl": ("model.path", "model.adapter", "data.path", "eval.data.path"),
     "collect": ("model.path", "model.adapter", "data.path"),
     "eval": ("model.path", "model.adapter", "data.*.path"),
 }

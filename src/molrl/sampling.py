@@ -62,3 +62,19 @@ class EpisodeSampling(SamplingConfig):
 
     n: Annotated[int, Range(1, 1)] = 1
     """One completion a turn: episodes per task are ``samples``."""
+
+
+@dataclass
+class HookSampling(SamplingConfig):
+    """rl's ``eval.sampling``: the evaluation hook answers each held-out task once, greedily."""
+
+    n: Annotated[int, Range(1, 1)] = 1
+    """One answer a task: the hook scores single-step accuracy."""
+    temperature: Annotated[float, Range(0, 0)] = 0.0
+    """Greedy decoding (0 only), so the hook's figures move only with the policy."""
+    top_p: Annotated[float, Range(1, 1)] = 1.0
+    """Unused by greedy decoding: 1 only."""
+    top_k: Annotated[int, Range(0, 0)] = 0
+    """Unused by greedy decoding: 0 only."""
+    seed: Annotated[int, Range(0, 0)] = 0
+    """Unused by greedy decoding: 0 only."""

@@ -8,6 +8,7 @@ answers of the first ``kl_prompts`` held-out tasks (``molrl.rl.kl``). Results ar
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -17,7 +18,6 @@ from typing import Any, Callable
 from transformers import TrainerCallback
 
 from molrl.eval.single import evaluate_single
-from molrl.generation import SamplingConfig
 from molrl.rl.kl import policy_base_kl
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION, render_prompts
 from molrl.writes import append_text
@@ -36,7 +36,7 @@ class EvalHookCallback(TrainerCallback):
     @classmethod
     def from_config(cls, cfg: Any, policy: Any, tasks: list, pool: Any) -> "EvalHookCallback":
         """The hook for a GRPO config: its held-out ``tasks``, greedy sampling, and the policy's base."""
-        sampling = SamplingConfig(n=1, temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.train.seed)
+        sampling = dataclasses.replace(cfg.eval.sampling, seed=cfg.train.seed)  # the stream training goes on from
         base = BaseAccess(policy)
 
         def evaluate(model: Any) -> dict[str, float]:

@@ -17,7 +17,7 @@ from molrl.sandbox import SandboxConfig
 from molrl.config_ranges import Count, Positive, Range, RunDir, Seed, Size, Threads, Weight
 from molrl.config_renames import Retired
 from molrl.rl.method_settings import MacroSettings, OpdSettings, PpoSettings, PropsSettings, RolloutSettings, TermSettings
-from molrl.sampling import RolloutSampling
+from molrl.sampling import HookSampling, RolloutSampling
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
 
 ALGORITHMS = ("grpo", "dr_grpo", "dr_grpo_std", "opd", "ppo")
@@ -91,10 +91,11 @@ class EvalHookSettings:
 
     every_steps: Size = 0
     """Run every N optimiser steps (0 = never)."""
-    tasks: TaskSource = field(default_factory=TaskSource)
-    """Held-out tasks (keep it small: they are sampled and graded at every hook)."""
-    max_new_tokens: Count = 512
-    """Most tokens per evaluation answer."""
+    data: TaskSource = field(default_factory=TaskSource)
+    """Held-out tasks, a task source as the stage's ``data`` (keep it small: they are sampled and graded at every
+    hook)."""
+    sampling: HookSampling = field(default_factory=HookSampling)
+    """How each held-out answer is sampled: greedily, at most ``max_new_tokens`` (512), ending at ``stop``."""
     kl_prompts: Size = 8
     """Held-out prompts whose greedy answers score the mean per-token KL(policy || base)."""
 
@@ -195,6 +196,7 @@ class RlConfig:
         "use_vllm": ("engine", lambda v: "vllm" if v in (True, "true", "True", 1) else "transformers"),
         "vllm_gpu_memory_utilization": ("engine_gpu_memory_utilization", _as_is),
         "vllm_mode": ("engine_mode", _as_is), "vllm_server_url": ("engine_server_url", _as_is),
+        "eval.tasks": ("eval.data", _as_is), "eval.max_new_tokens": ("eval.sampling.max_new_tokens", _as_is),
         "terms.feedback_ce": ("loss.ce_weight", _as_is), "terms.decision_kl": ("loss.kl_weight", _as_is),
         "policy.base": ("model.path", _as_is), "policy.mol_adapter": ("model.adapter", _as_is),
         "policy.dtype": ("model.dtype", _as_is),
@@ -222,7 +224,7 @@ class RlConfig:
 
     def __post_init__(self) -> None:
         self.model = as_model_source(self.model)
-        self.data, self.eval.tasks = self.data.resolved(), self.eval.tasks.resolved()
+        self.data, self.eval.data = self.data.resolved(), self.eval.data.resolved()
         if self.policy.reference == "mol" and self.model.adapter is None:
             raise ValueError("policy.reference=mol needs model.adapter (the MoL stage's adapter directory)")
         self._check_sampling()

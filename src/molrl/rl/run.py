@@ -109,7 +109,7 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     policy = build_policy(cfg)
-    eval_tasks = load_task_source(cfg.eval.tasks, "eval.tasks") if cfg.eval.every_steps > 0 else []
+    eval_tasks = load_task_source(cfg.eval.data, "eval.data") if cfg.eval.every_steps > 0 else []
     dataset, scorer, pool, record = _prompts_and_scorer(cfg, policy.tokenizer, out, eval_tasks)
     if cfg.lora.dropout > 0:
         log.warning("lora.dropout=%s: dropout stays on while training, so the loss's log-probs differ from the "

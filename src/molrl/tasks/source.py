@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 def load_task_source(src: TaskSource, role: str, split: str | None = None) -> list[Task]:
     """The tasks ``src`` names: a benchmark or JSONL file (its ``split``, else ``split``, else the training split for
     ``data`` and the test split for any other role; a file without splits whole), or the toy (``role`` names the key
-    in errors: ``data``, ``eval.tasks``, ``data.mbpp``)."""
+    in errors: ``data``, ``eval.data``, ``data.mbpp``)."""
     src = src.resolved(role.removeprefix("data."))
     if src.format == "toy":
         return toy_tasks(src.limit or 64)
