@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
-import pkgutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import molrl
 
-MODULES = sorted(m.name for m in pkgutil.walk_packages(molrl.__path__, "molrl.")
-                 if not m.name.startswith("molrl.sandbox.runtime"))  # the sandbox's own side: run in its processes
+ROOT = Path(molrl.__file__).parent
+# read from the file tree, not by importing (pkgutil.walk_packages skips a package that fails to import, and
+# every module in it with it)
+MODULES = sorted(".".join(("molrl", *f.relative_to(ROOT).with_suffix("").parts)).removesuffix(".__init__")
+                 for f in ROOT.rglob("*.py") if "__pycache__" not in f.parts
+                 and not f.relative_to(ROOT).parts[:2] == ("sandbox", "runtime"))  # the sandbox's own side
 
 PROBE = """
 import importlib, json, sys
@@ -61,9 +65,7 @@ def _imports_of(path, name):
 
 def _path_of(name):
     """The source file of the molrl module ``name`` (a package's ``__init__.py``)."""
-    from pathlib import Path
-
-    relative = Path(molrl.__file__).parent / Path(*name.split(".")[1:])
+    relative = ROOT / Path(*name.split(".")[1:])
     return relative / "__init__.py" if relative.is_dir() else relative.with_suffix(".py")
 
 
