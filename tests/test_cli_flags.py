@@ -21,6 +21,7 @@ ARGS = {
     ("eval",): ["eval", "--model", "tiny:chatml"],
     ("sandbox", "run"): ["sandbox", "run", "p.py"],
     ("demo",): ["demo"],
+    ("serve",): ["serve", "--model", "m"],
 }
 """Per subcommand, the arguments it needs besides the flag under test."""
 

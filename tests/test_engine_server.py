@@ -198,3 +198,24 @@ def test_the_generator_loads_the_adapter_seeds_each_row_and_unloads_on_close(ser
     assert out[0][0] == " ".join(map(str, first)) and len(out) == 2 and all(len(x) == 2 for x in out)
     generator.close()
     assert a.adapters == b.adapters == {}
+
+
+def test_molrl_serve_starts_vllms_server_with_the_flags_a_run_needs(tmp_path):
+    from molrl.commands.serve import model_dtype, serve_command
+
+    argv, env = serve_command("runs/m", 8001, host="0.0.0.0", max_lora_rank=20, dtype="bfloat16", gpu=False,
+                              python="py")
+    assert argv[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
+    flags = " ".join(argv[3:])
+    for flag in ("--model runs/m", "--host 0.0.0.0", "--port 8001", "--dtype bfloat16", "--enable-lora",
+                 "--max-lora-rank 32",  # 20 rounded up to a rank vLLM takes
+                 "--logprobs-mode processed_logprobs", "--generation-config vllm", "--no-enable-chunked-prefill"):
+        assert flag in flags
+    assert "--gpu-memory-utilization 0.3" in flags  # on a CPU, a share of the machine's memory
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True" and "VLLM_CPU_KVCACHE_SPACE" in env
+    on_gpu, _ = serve_command("runs/m", 8001, gpu=True)
+    assert "--enforce-eager" not in on_gpu and "--no-enable-chunked-prefill" not in on_gpu
+    with pytest.raises(ValueError, match="up to 512"):
+        serve_command("runs/m", 8001, max_lora_rank=513)
+    (tmp_path / "config.json").write_text('{"torch_dtype": "bfloat16"}')
+    assert model_dtype(str(tmp_path)) == "bfloat16" and model_dtype("HuggingFaceTB/SmolLM2-135M") == "auto"

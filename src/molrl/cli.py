@@ -22,6 +22,7 @@ COMMANDS = [
     "molrl.commands.mol",
     "molrl.commands.export",
     "molrl.commands.rl",
+    "molrl.commands.serve",
     "molrl.commands.sandbox",
     "molrl.commands.pipeline",
     "molrl.commands.demo",

@@ -228,18 +228,13 @@ def sampled_of(completion: Any) -> Sampled:
     return Sampled(ids, logps)
 
 
-def attach_engine(trainer: Any, cfg: RlConfig, name: str = "vllm") -> PolicyEngine:
-    """Start the engine ``name`` (vllm: in this process; vllm_server: a client to ``engine_servers``) for ``trainer``'s
-    policy and make it the trainer's generation (TRL's ``rollout_func``)."""
+def attach_engine(trainer: Any, cfg: RlConfig, kind: type["PolicyEngine"] | None = None) -> "PolicyEngine":
+    """Start the engine ``kind`` (``PolicyEngine``: in this process, the default; ``molrl.rl.server_engine``'s: a
+    client to ``engine_servers``) for ``trainer``'s policy and make it the trainer's generation (TRL's
+    ``rollout_func``)."""
     model = trainer.accelerator.unwrap_model(trainer.model)
     peft = model.peft_config[model.active_adapter]
     targets = peft.target_modules
-    modules = [targets] if isinstance(targets, str) else list(targets)
-    if name == "vllm_server":
-        from molrl.rl.server_engine import ServerPolicyEngine
-
-        engine: PolicyEngine = ServerPolicyEngine(cfg, int(peft.r), modules, trainer.accelerator)
-    else:
-        engine = PolicyEngine(cfg, int(peft.r), modules)
+    engine = (kind or PolicyEngine)(cfg, int(peft.r), [targets] if isinstance(targets, str) else list(targets))
     trainer.engine, trainer.rollout_func = engine, engine.rollout
     return engine

@@ -61,7 +61,9 @@ def served_base(cfg: RlConfig, folder: Path, main: bool) -> str:
 class ServerPolicyEngine(PolicyEngine):
     """The policy on the servers of ``engine_servers``, its adapter loaded on them after every optimiser step."""
 
-    def __init__(self, cfg: RlConfig, lora_rank: int, lora_modules: Sequence[str], accelerator: Any):
+    def __init__(self, cfg: RlConfig, lora_rank: int, lora_modules: Sequence[str]):
+        from accelerate import PartialState
+
         from molrl.generation import VLLM_LORA_MODULES, vllm_serves_lora
 
         if not vllm_serves_lora(lora_rank, lora_modules):
@@ -69,8 +71,8 @@ class ServerPolicyEngine(PolicyEngine):
                              f"on {', '.join(sorted(VLLM_LORA_MODULES))}; this one has rank {lora_rank} on "
                              f"{', '.join(sorted(lora_modules))}: set lora.target_modules to those modules, or "
                              "engine=transformers")
-        self.cfg, self.accelerator = cfg, accelerator
-        self.main = accelerator.is_main_process
+        processes = PartialState()  # the launch's processes, as the trainer's accelerator sees them
+        self.cfg, self.main = cfg, processes.is_main_process
         self.work = sync_dir(cfg)
         self.pool = ServerPool(cfg.engine_servers)
         try:
@@ -78,7 +80,7 @@ class ServerPolicyEngine(PolicyEngine):
             for client in self.pool.live():
                 check_base(client.url, client.models(), expected)
             tag = secrets.token_hex(4) if self.main else ""
-            if accelerator.num_processes > 1:  # every process names the adapters alike
+            if processes.num_processes > 1:  # every process names the adapters alike
                 from accelerate.utils import broadcast_object_list
 
                 tag = broadcast_object_list([tag])[0]
