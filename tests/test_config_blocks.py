@@ -15,7 +15,8 @@ import yaml
 from molrl.collect.config import CollectConfig
 from molrl.config import load_config, to_dict
 from molrl.errors import ConfigError
-from molrl.config_blocks import BENCHMARK_FORMATS, LoraAdapterConfig, ModelSource, TaskSource, TrainConfig
+from molrl.config_blocks import (BENCHMARK_FORMATS, LoraAdapterConfig, ModelSource, ModelWeights, TaskSource,
+                                 TrainConfig)
 from molrl.config_renames import Retired, unoptional
 from molrl.eval.config import EvalConfig
 from molrl.mol.config import MolConfig
@@ -34,7 +35,7 @@ SHARED = {"model": {"mol", "collect", "rl", "eval"}, "threads": {"mol", "collect
           "output_dir": {"mol", "collect", "rl", "eval"}}
 """The shared blocks and the stages that have each (the ones that generate have an engine and a sampling; the ones
 that run code a sandbox)."""
-BLOCK_TYPES = {"model": ModelSource, "sandbox": SandboxConfig, "sampling": SamplingConfig, "train": TrainConfig,
+BLOCK_TYPES = {"model": ModelWeights, "sandbox": SandboxConfig, "sampling": SamplingConfig, "train": TrainConfig,
                "lora": LoraAdapterConfig, "data": TaskSource}
 """The type of each shared block that is a section."""
 OLD_NAMES = {"mol": ["dtype=bfloat16", "data.enable_thinking=true"],
@@ -90,7 +91,7 @@ def test_no_stage_keeps_a_model_key_outside_the_model_block(stage):
     assert not names & {"adapter", "dtype", "base", "mol_adapter"}
     for f in dataclasses.fields(STAGES[stage]):
         section = field_type(STAGES[stage], f.name)
-        if dataclasses.is_dataclass(section) and section is not ModelSource:
+        if dataclasses.is_dataclass(section) and not issubclass(section, ModelWeights):
             inner = {g.name for g in dataclasses.fields(section)}
             assert not inner & {"base", "mol_adapter", "dtype", "sandbox_workers"}, (f.name, inner)
 
@@ -98,7 +99,7 @@ def test_no_stage_keeps_a_model_key_outside_the_model_block(stage):
 @pytest.mark.parametrize("stage", sorted(STAGES))
 def test_a_model_given_as_a_path_is_the_model_block(stage):
     cfg = load_config(STAGES[stage], None, [*REQUIRED.get(stage, []), "model=some/model", "model.dtype=bfloat16"])
-    assert cfg.model == ModelSource("some/model", dtype="bfloat16")
+    assert cfg.model == type(cfg.model)("some/model", dtype="bfloat16")
     needs = {"data": TaskSource(Path("t"))} if stage == "collect" else {}
     assert STAGES[stage](**{**needs, "model": "p"}).model.path == "p"
 
@@ -438,7 +439,17 @@ def test_a_model_path_given_over_a_written_out_model_block_keeps_its_other_keys(
     path = tmp_path / "stage.yaml"
     path.write_text(f"model: {{path: a, adapter: {adapter or 'null'}, dtype: bfloat16}}\n")
     cfg = load_config(STAGES[stage], path, [*REQUIRED.get(stage, []), "model=b"])
-    assert cfg.model == ModelSource("b", adapter=adapter, dtype="bfloat16")
+    assert cfg.model == (ModelWeights("b", dtype="bfloat16") if stage == "mol"
+                         else ModelSource("b", adapter=adapter, dtype="bfloat16"))
+
+
+def test_mol_shows_no_model_adapter_and_a_saved_run_holding_none_loads():
+    from molrl.config import describe
+
+    assert not any(line.startswith("model.adapter: ") for line in describe(MolConfig))
+    assert load_config(MolConfig, None, ["model.adapter=null"]) == load_config(MolConfig, None, [])
+    with pytest.raises(ConfigError, match=re.escape("model.adapter='ad': MoL trains a new adapter on the base")):
+        load_config(MolConfig, None, ["model.adapter=ad"])
 
 
 def test_a_multi_turn_run_whose_first_turn_can_take_every_token_is_named(caplog):

@@ -3,12 +3,17 @@ range, and a combination that leaves a key doing nothing is named in one line.""
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from collections import defaultdict
+from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
+from molrl.config import load_config
 from molrl.rl.config import RlConfig, rl_sampling, rl_train
 from molrl.rl.rollouts.turns import Turns
 from molrl.sandbox import SandboxConfig, SandboxPool
@@ -61,3 +66,253 @@ def test_a_multi_turn_run_with_no_room_for_a_second_turn_is_named_once(max_new_t
                                    "rollout.turn_tokens=64 tokens, and the feedback and next turn's header after it "
                                    "need up to ")
         assert lines[0].endswith("raise sampling.max_new_tokens or lower rollout.turn_tokens")
+
+
+# every key --describe shows, read by a tiny run or refused by its range
+STAGES = ("collect", "mol", "rl", "eval", "pipeline")
+
+
+def stage_class(stage: str) -> type:
+    from molrl.collect.config import CollectConfig
+    from molrl.eval.config import EvalConfig
+    from molrl.mol.config import MolConfig
+    from molrl.pipeline import PipelineConfig
+
+    return {"collect": CollectConfig, "mol": MolConfig, "rl": RlConfig, "eval": EvalConfig,
+            "pipeline": PipelineConfig}[stage]
+
+
+def described(stage: str) -> list[str]:
+    """Every key ``molrl STAGE --describe`` lists."""
+    from molrl.config import describe
+
+    return [line.split(":")[0] for line in describe(stage_class(stage)) if not line.startswith(" ")]
+
+
+def only_default(stage: str, key: str) -> bool:
+    """Whether the key's range admits its default alone, so any other value is refused as the config loads."""
+    import dataclasses
+    import typing
+
+    from molrl.config_ranges import Range, _markers
+
+    cls = stage_class(stage)
+    *sections, name = key.split(".")
+    for part in sections:
+        cls = typing.get_type_hints(cls)[part]
+    tp = typing.get_type_hints(cls, include_extras=True)[name]
+    ranges = [m for m in _markers(tp)[1] if isinstance(m, Range)]
+    literal = typing.get_args(typing.get_type_hints(cls)[name]) if typing.get_origin(
+        typing.get_type_hints(cls)[name]) is typing.Literal else ()
+    default = next(f.default for f in dataclasses.fields(cls) if f.name == name)
+    return (any(r.low == r.high == default and not r.also for r in ranges)) or literal == (default,)
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def task_files(root: Path, shared_data: Path) -> tuple[Path, Path]:
+    """Two molrl task files: four demo-world problems (math answers, a sandbox preamble and probe) and two MBPP
+    problems (code with tests)."""
+    from molrl.demo.run import task_record
+    from molrl.demo.world import WorldConfig, build_world
+    from molrl.tasks.loaders import load_tasks
+
+    world = build_world(WorldConfig(train_problems=4, heldout_problems=2, general_train=2, general_eval=2))
+    code = load_tasks(shared_data / "mbpp" / "mbpp.jsonl", "mbpp", limit=2)
+    files = root / "math.jsonl", root / "code.jsonl"
+    for path, tasks in zip(files, (world.rule_train, code)):
+        path.write_text("".join(json.dumps(task_record(t)) + "\n" for t in tasks))
+    return files
+
+
+def watched_run(reads: Any, cls: type, overrides: list[str], go: Any) -> Any:
+    """Load ``cls`` from ``overrides``, watch its every section, run it with ``go``."""
+    return go(reads.watch(load_config(cls, None, overrides)))
+
+
+MOL_RUNS = {"mol": ["loss.mode=mol"], "ce": ["loss.mode=ce", "loss.monitor_kl=false"]}
+"""MoL's runs: its KL terms read in mode mol, the monitor in the ce modes."""
+RL_RUNS = {
+    "ppo_turns": ["algorithm=ppo", "ppo.critic=separate", "rollout.turns=2", "rollout.turn_tokens=8",
+                  "sampling.max_new_tokens=400", "sampling.stop=[END]", "macro.rule=turn", "data.path={code}",
+                  "data.spec.kind=code", "model.adapter={mol}", "policy.adapter_mode=merge_new", "policy.reference=mol",
+                  "beta=0.1", "eval.every_steps=1", "eval.data.path={code}", "eval.data.format=jsonl",
+                  "eval.data.spec.kind=code", "eval.kl_prompts=1", "eval.max_new_tokens=4"],
+    "opd_partial": ["algorithm=opd", "rollout.partial=true", "opd.teacher=model", "opd.teacher_model={mol}/adapter",
+                    "eval.every_steps=1", "eval.data.path={math}", "eval.data.format=jsonl", "eval.data.spec.kind=math",
+                    "eval.kl_prompts=1", "eval.max_new_tokens=4"],
+    "ppo_props": ["algorithm=ppo", "ppo.critic=shared", "rollout.behaviour=props", "rollout.buffer_batches=1"],
+}
+"""rl's runs: each algorithm's and rollout policy's section read by one of them."""
+
+
+@pytest.fixture(scope="module")
+def read_keys(shared_data, tmp_path_factory) -> dict[str, set[str]]:
+    """The keys each stage's tiny runs read: one run each (mol's two loss modes, rl's algorithms and rollouts)."""
+    from key_reads import Reads
+
+    from molrl.collect.run import run_collect
+    from molrl.episode.config import episode_config
+    from molrl.eval.run import run_eval
+    from molrl.mol.run import run_mol
+    from molrl.rl.run import run_rl
+
+    root = tmp_path_factory.mktemp("keys")
+    math, code = task_files(root, shared_data)
+    reads = {stage: Reads() for stage in STAGES}
+    with pytest.MonkeyPatch.context() as mp:
+        for r in reads.values():
+            r.through(mp, episode_config)
+        for name, extra in MOL_RUNS.items():
+            mol = watched_run(reads["mol"], stage_class("mol"), [
+                "model=tiny:chatml", f"data.traces=[{REPO / 'configs/data/mol_tiny_traces.jsonl'}]",
+                "data.max_length=256", f"data.exclude_benchmarks={{mbpp: {shared_data / 'mbpp/mbpp.jsonl'}}}",
+                "lora.rank=4", "train.max_steps=1", "train.micro_batch_size=2", "train.grad_accumulation=1",
+                "train.report_to=[none]", f"output_dir={root / name}", *extra], run_mol)
+        for name, extra in RL_RUNS.items():
+            watched_run(reads["rl"], RlConfig, [
+                "model=tiny:chatml", f"data.path={math}", "data.format=jsonl", "data.spec.kind=math", "sampling.n=2",
+                "sampling.max_new_tokens=8", "train.max_steps=1", "train.micro_batch_size=2", "train.report_to=[none]",
+                "lora.rank=4", "sandbox.workers=1", "engine=transformers", f"output_dir={root / name}",
+                *[x.format(mol=mol, code=code, math=math) for x in extra]], run_rl)
+        common_eval = ["model=tiny:chatml", "limit=1", "sandbox.workers=1", "engine=transformers", "sampling.n=2",
+                       "sampling.temperature=0.7", "ks=[1, 2]", "sampling.max_new_tokens=4"]
+        for name, extra in eval_runs(shared_data, root).items():
+            watched_run(reads["eval"], stage_class("eval"), [*common_eval, f"output_dir={root / name}", *extra],
+                        run_eval)
+        watched_run(reads["collect"], stage_class("collect"), [
+            "model=tiny:chatml", f"data.path={math}", "data.format=jsonl", "data.spec.kind=math", "data.limit=2",
+            "samples=1", "episode.max_turns=2", "sampling.temperature=0.7", "sampling.max_new_tokens=8",
+            "sampling.stop=[END]", "sandbox.workers=1",
+            "engine=transformers", "progress=false", f"output_dir={root / 'collect'}"], run_collect)
+        pipeline_run(reads["pipeline"], mp, shared_data, root, math)
+    return {stage: r.keys for stage, r in reads.items()}
+
+
+def pipeline_run(reads: Any, mp: Any, shared_data: Path, root: Path, math: Path) -> None:
+    """The pipeline's own wiring over every stage, each stage's work a stand-in that leaves what the next reads (the
+    stages' keys are their own runs')."""
+    import molrl.collect.run
+    import molrl.eval.run
+    import molrl.mol.run
+    import molrl.rl.run
+    from molrl.collect.files import collect_files
+    from molrl.pipeline import load_pipeline_config, run_pipeline
+
+    def made(folder: str, *names: str) -> Path:
+        for name in names:
+            (Path(folder) / name).mkdir(parents=True, exist_ok=True)
+        return Path(folder)
+
+    traces = REPO / "configs/data/mol_tiny_traces.jsonl"
+    mp.setattr(molrl.collect.run, "run_collect", lambda cfg, tasks=None: collect_files(
+        made(cfg.output_dir)).traces.write_text(traces.read_text()))
+    mp.setattr(molrl.mol.run, "run_mol", lambda cfg: made(cfg.output_dir, "adapter"))
+    mp.setattr(molrl.rl.run, "run_rl", lambda cfg: made(cfg.output_dir, "adapter"))
+    mp.setattr(molrl.eval.run, "run_eval", lambda cfg: made(cfg.output_dir))
+    cfg = load_pipeline_config(None, [
+        "model=tiny:chatml", f"output_dir={root / 'pipeline'}", f"traces=[{traces}]", f"general_traces=[{traces}]",
+        "exclude_eval_tasks=true", f"collect.data.path={math}", "collect.data.format=jsonl", "mol_runs=[{name: m}]",
+        "rl_runs=[{name: r, start: m}]", "eval.benchmarks=[aime24]",
+        f"eval.data.aime24={shared_data / 'aime24/test.jsonl'}",
+        "eval_models=[base, m, r]", "title=keys", "threads=1"])
+    run_pipeline(reads.watch(cfg))
+
+
+def eval_runs(shared_data: Path, root: Path) -> dict[str, list[str]]:
+    """eval's runs: one turn, the episode loop, and an MBPP solution graded as a prediction (its code runs in the
+    sandbox, as a random tiny model's never does)."""
+    mbpp = shared_data / "mbpp" / "mbpp.jsonl"
+    task = json.loads(mbpp.read_text().splitlines()[10])  # MBPP's test split starts at task 11
+    (root / "predictions.jsonl").write_text(json.dumps({"id": str(task["task_id"]),
+                                                        "completion": f"```python\n{task['code']}\n```"}) + "\n")
+    return {"single": ["benchmarks=[aime24]", f"data.aime24={shared_data / 'aime24/test.jsonl'}", "mode=single"],
+            "interactive": ["benchmarks=[aime24]", f"data.aime24={shared_data / 'aime24/test.jsonl'}",
+                            "mode=interactive", "interactive.max_turns=2", "sampling.stop=[END]"],
+            "predictions": ["benchmarks=[mbpp]", f"data.mbpp={mbpp}",
+                            f"predictions={{mbpp: {root / 'predictions.jsonl'}}}",
+                            "partial_predictions=true", "limit=2", "sampling.n=1", "ks=[1]"]}
+
+
+CRITIC = "read only when the episode's feedback lists critique, which asks a critic model over HTTP " \
+         "(molrl.episode.critique; tests/test_episode_critique.py runs it against a local server)"
+ALLOWED: dict[tuple[str, str], str] = {
+    **{(stage, key): CRITIC for stage in ("collect", "rl", "eval") for key in described(stage)
+       if ".critique." in f".{key}"},
+    ("rl", "engine_sync_dir"): "read only by engine=vllm_server (molrl.rl.server_engine), which needs vLLM servers",
+    ("rl", "engine_mode"): "read only by engine=vllm (molrl.rl.run), which needs vLLM",
+    ("rl", "engine_server_url"): "read only by engine=vllm with engine_mode=server (TRL's vllm-serve client)",
+    ("pipeline", "title"): "read by the report (molrl.report) from the run's saved config, run.json, after the run",
+}
+"""Keys a stage shows that its tiny runs cannot read, and why each is honoured all the same."""
+
+SAME_CODE: dict[tuple[str, str], tuple[str, str]] = {
+    ("collect", "sandbox."): ("eval", "sandbox."), ("rl", "sandbox."): ("eval", "sandbox."),
+    ("collect", "data.spec."): ("rl", "data.spec."),
+}
+"""Sections whose keys one code reads in every stage (``molrl.sandbox.SandboxPool`` a sandbox's, ``molrl.tasks.source``
+a task file's spec): where a stage's tiny run cannot reach a key (a random tiny model writes no code to run; collect
+reads one task kind), the other stage's run that reads it stands in."""
+
+
+def stand_in(stage: str, key: str) -> str | None:
+    """The (stage, key) whose read stands in for ``key`` of ``stage`` (``SAME_CODE``), or None."""
+    for (mine, prefix), (other, theirs) in SAME_CODE.items():
+        if mine == stage and key.startswith(prefix):
+            return f"{other}:{theirs}{key[len(prefix):]}"
+    return None
+
+
+def honoured(stage: str, key: str, read_keys: dict[str, set[str]]) -> bool:
+    """Read by the stage's runs, or by the stand-in stage's where one code reads the section, or refused unless
+    at its default by its range."""
+    other = stand_in(stage, key)
+    return (key in read_keys[stage] or only_default(stage, key)
+            or (other is not None and other.split(":")[1] in read_keys[other.split(":")[0]]))
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_every_key_a_stage_shows_is_read_by_its_run_or_refused_by_its_range(stage, read_keys):
+    unread = [k for k in described(stage) if not honoured(stage, k, read_keys) and (stage, k) not in ALLOWED]
+    assert unread == [], f"{stage} shows keys no run reads and its range admits: {', '.join(unread)}"
+
+
+def test_the_allowance_table_has_no_stale_entry(read_keys):
+    stale = [f"{stage}:{key}" for stage, key in ALLOWED
+             if key not in described(stage) or honoured(stage, key, read_keys)]
+    assert stale == []
+
+
+def test_each_stand_in_section_is_the_same_type_in_both_stages():
+    import typing
+
+    def section(stage: str, prefix: str) -> type:
+        cls = stage_class(stage)
+        for part in prefix.strip(".").split("."):
+            cls = typing.get_type_hints(cls)[part]
+        return cls
+
+    assert all(section(*mine) is section(*theirs) for mine, theirs in SAME_CODE.items())
+
+
+def test_a_key_neither_read_nor_refused_fails_the_enumeration(read_keys):
+    """The check itself: a key the runs never read and whose range admits other values is caught."""
+    assert not honoured("rl", "ppo.value_coef", {**read_keys, "rl": read_keys["rl"] - {"ppo.value_coef"}})
+    assert honoured("rl", "sampling.seed", {**read_keys, "rl": set()})  # rl's range: 0 only
+
+
+def test_the_recorder_notes_what_a_stage_reads_and_not_what_copies_and_saves_read():
+    import copy
+    import pickle
+
+    from key_reads import Reads
+
+    from molrl.config import to_dict
+
+    reads, cfg = Reads(), RlConfig()
+    reads.watch(cfg)
+    assert cfg.sampling.temperature == 0.9 and cfg == RlConfig()
+    to_dict(copy.deepcopy(cfg))
+    assert pickle.loads(pickle.dumps(cfg)) == cfg
+    assert reads.keys == {"sampling", "sampling.temperature"}

@@ -1,7 +1,8 @@
 """The config blocks every stage shares, under one name and one type wherever a stage has them.
 
 - ``model`` (``ModelSource``): the checkpoint a stage loads, an adapter on it, the weights' dtype. ``model: PATH``
-  is short for ``model: {path: PATH}``, so a one-line model still reads as it always did.
+  is short for ``model: {path: PATH}``, so a one-line model still reads as it always did. MoL's (``ModelWeights``)
+  has no adapter: it trains a new one on the base.
 - ``train`` (``TrainConfig``): optimisation and bookkeeping of the training stages (mol, rl), each with its own
   defaults; MoL's (``MolTrainConfig``) adds the epochs and the accumulation RL derives, and its ``max_steps`` may
   be -1 (run by epochs).
@@ -29,23 +30,30 @@ from molrl.task_types import JsonlSpec
 
 
 @dataclass
-class ModelSource:
-    """The model a stage loads: a checkpoint, an optional PEFT adapter on top of it, and the weights' dtype."""
+class ModelWeights:
+    """The checkpoint a stage loads and its weights' dtype: MoL's ``model`` (it trains a new adapter on the base)."""
 
     SHORTHAND: ClassVar[str] = "path"
     """``model: PATH`` (a YAML string or ``model=PATH`` on the command line) sets ``model.path``."""
 
     path: str = ""
     """Model directory or hub name (tiny:chatml / tiny:llama3: a random tiny model built in-process)."""
-    adapter: Path | None = None
-    """A PEFT adapter directory put on top of the model (none: the model as it is)."""
     dtype: Dtype = "float32"
     """Weights dtype of the transformers path: float32, bfloat16 or float16 (vLLM uses the checkpoint's)."""
 
 
-def as_model_source(value: ModelSource | str | Path) -> ModelSource:
-    """A stage's ``model`` as its block: a config built in Python may give a plain path (``EvalConfig(model=P)``)."""
-    return value if isinstance(value, ModelSource) else ModelSource(str(value))
+@dataclass
+class ModelSource(ModelWeights):
+    """The model a stage loads: a checkpoint, the weights' dtype, and an optional PEFT adapter on top of it."""
+
+    adapter: Path | None = None
+    """A PEFT adapter directory put on top of the model (none: the model as it is)."""
+
+
+def as_model_source(value: ModelWeights | str | Path, cls: type[ModelWeights] = ModelSource) -> ModelWeights:
+    """A stage's ``model`` as its block ``cls``: a config built in Python may give a plain path
+    (``EvalConfig(model=P)``)."""
+    return value if isinstance(value, cls) else cls(str(value))
 
 
 def as_task_source(value: TaskSource | str | Path) -> TaskSource:

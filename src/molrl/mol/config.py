@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Literal
 
-from molrl.config_blocks import ModelSource, MolLoraConfig, MolTrainConfig, as_model_source
+from molrl.config_blocks import ModelWeights, MolLoraConfig, MolTrainConfig, as_model_source
+from molrl.config_renames import Retired
 from molrl.config_ranges import Count, Range, RunDir, Size, Temperature, Threads, Weight
 
 Mode = Literal["mol", "ce", "ce_feedback"]
@@ -57,9 +58,9 @@ class DataConfig:
 class MolConfig:
     """A MoL continual-training run: model, traces, loss, adapter and optimisation."""
 
-    model: ModelSource = field(default_factory=lambda: ModelSource("tiny:chatml"))
-    """The base model (``model: PATH`` for short) and its dtype; MoL trains a new adapter, so ``model.adapter`` is
-    refused (merge one first: ``molrl export --adapter``)."""
+    model: ModelWeights = field(default_factory=lambda: ModelWeights("tiny:chatml"))
+    """The base model (``model: PATH`` for short) and its dtype; MoL trains a new adapter on it (to start from an
+    adapter, merge it into the base first: ``molrl export --adapter``)."""
     output_dir: RunDir = Path("runs/mol")
     """Where the adapter (or full model), checkpoints/, config.yaml and metrics.jsonl go."""
     data: DataConfig = field(default_factory=DataConfig)
@@ -80,9 +81,9 @@ class MolConfig:
 
     RENAMED_KEYS: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {
         "dtype": ("model.dtype", lambda v: v), "data.enable_thinking": ("thinking", lambda v: v)}
+    RETIRED_KEYS: ClassVar[dict[str, str | Retired]] = {
+        "model.adapter": Retired("MoL trains a new adapter on the base; merge that one into the base first (molrl "
+                                 "export --adapter DIR --out MERGED) and train from MERGED", (None,))}
 
     def __post_init__(self) -> None:
-        self.model = as_model_source(self.model)
-        if self.model.adapter is not None:
-            raise ValueError(f"model.adapter={self.model.adapter}: MoL trains a new adapter on the base; merge that "
-                             "one into the base first (molrl export --adapter DIR --out MERGED) and train from MERGED")
+        self.model = as_model_source(self.model, ModelWeights)
