@@ -112,8 +112,8 @@ def rl_seconds(engine: str, model: str, data: Path, out: Path, turns: int) -> di
                    train=rl_train(learning_rate=1e-4, max_steps=3, micro_batch_size=4, save_steps=10_000,
                                        gradient_checkpointing=False))
     if turns > 1:
-        cfg.rollout.turns = turns
-        cfg.rollout.turn_tokens = 128
+        cfg.episode.max_turns = turns
+        cfg.episode.turn_tokens = 128
     cfg.__post_init__()
     cfg.sandbox.workers = 2
     run_rl(cfg)

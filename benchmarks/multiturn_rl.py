@@ -11,7 +11,7 @@ RL runs of that config at ``--steps`` steps each:
 
 - ``base+grpo``: single-turn GRPO from the base;
 - ``mol+grpo``: single-turn GRPO from the MoL model (MoL-RL: the feedback absorbed before RL);
-- ``base+mt_grpo``: multi-turn GRPO from the base (``rollout.turns=2``: run code, read the output, answer);
+- ``base+mt_grpo``: multi-turn GRPO from the base (``episode.max_turns=2``: run code, read the output, answer);
 - ``base+mt_grpo_echo``: the same with CE on the feedback tokens (``loss.ce_weight``, ECHO);
 - ``base+mt_grpo_echo_kl``: and MoL's KL to the base on decision tokens (``loss.kl_weight``).
 

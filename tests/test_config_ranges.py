@@ -141,7 +141,7 @@ def refused(tmp_path, monkeypatch, cli_logs, caplog):
 def test_every_number_key_of_every_stage_declares_its_range():
     missing = [f"{stage}: {key}" for stage, key, _, rng, _ in numeric_keys() if rng is None]
     assert missing == []
-    assert len(numeric_keys()) > 100  # the walk entered every section (sampling, sandbox, rollout.episode, ...)
+    assert len(numeric_keys()) > 100  # the walk entered every section (sampling, sandbox, episode, ...)
 
 
 def test_every_value_outside_its_declared_range_is_one_line_naming_key_and_range(refused):

@@ -167,7 +167,7 @@ def scripted_row(tok, code):
     task = Task(id="t", prompt="What is 3 + 4?", kind="math", answer="7")
     turns = [encode_content(tok, code)[0], encode_content(tok, "\\boxed{7}")[0] + [im_end]]
     cfg = RlConfig(sampling=rl_sampling(n=2, max_new_tokens=2000), train=rl_train(micro_batch_size=2))
-    cfg.rollout.turns = 2
+    cfg.episode.max_turns = 2
     with SandboxPool(SandboxConfig(workers=1, timeout_s=10)) as pool:
         metrics = defaultdict(list)
         trainer = SimpleNamespace(processing_class=tok, eos_token_ids=[im_end], scorer=SimpleNamespace(pool=pool), metrics=lambda: metrics,

@@ -78,7 +78,7 @@ def test_turns_flag_runs_the_collection_loop_with_that_many_turns():
     from molrl.eval import EvalConfig
 
     cfg = load_config(EvalConfig, None, _eval_flags("--model", "tiny:chatml", "--turns", "3"))
-    assert (cfg.mode, cfg.interactive.max_turns) == ("interactive", 3)
+    assert (cfg.mode, cfg.episode.max_turns) == ("interactive", 3)
     assert load_config(EvalConfig, None, _eval_flags("--turns", "1")).mode == "single"
 
 

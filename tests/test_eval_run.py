@@ -110,7 +110,7 @@ def test_missing_data_names_the_flag(shared_data, tmp_path):
 
 def test_interactive_mode_runs_the_collection_loop(shared_data, tmp_path):
     cfg = _cfg(shared_data, tmp_path / "run", ["aime24", "humaneval"], limit=1, mode="interactive")
-    cfg.interactive.max_turns = 2
+    cfg.episode.max_turns = 2
     out = run_eval(cfg)
     results = json.loads((out / "results.json").read_text())
     assert results["mode"] == "interactive"

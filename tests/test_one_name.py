@@ -24,10 +24,14 @@ REQUIRED = {"collect": ["model=m", "data.path=t.jsonl"]}
 RENAMES = [
     ("rl", "vllm_mode=server", "engine_mode", []),
     ("rl", "vllm_server_url=http://elsewhere:9000", "engine_server_url", []),
-    ("rl", "terms.feedback_ce=0.05", "loss.ce_weight", ["rollout.turns=2", "rollout.turn_tokens=64"]),
+    ("rl", "terms.feedback_ce=0.05", "loss.ce_weight", ["episode.max_turns=2", "episode.turn_tokens=64"]),
     ("rl", "terms.decision_kl=0.3", "loss.kl_weight", []),
     ("rl", "eval.tasks=held_out.jsonl", "eval.data", []),
     ("rl", "eval.max_new_tokens=64", "eval.sampling.max_new_tokens", []),
+    ("rl", "rollout.turns=2", "episode.max_turns", []),
+    ("rl", "rollout.turn_tokens=64", "episode.turn_tokens", []),
+    ("rl", "rollout.episode.max_solutions=2", "episode.max_solutions", []),
+    ("eval", "interactive.max_turns=3", "episode.max_turns", []),
 ]
 """(stage, old key=a value other than the default, the key's one name now, what else the value needs)."""
 
@@ -78,3 +82,27 @@ def test_an_old_and_a_new_name_with_different_values_are_refused_in_a_file(stage
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(ConfigError, match=f"{key} is the old name of {new} and both are set; keep {new}"):
         load_config(STAGES[stage], path, REQUIRED.get(stage, []))
+
+
+def test_a_key_that_moved_twice_reads_as_its_name_now_in_an_override_and_a_file(caplog, tmp_path):
+    """rl's rollout.episode.sampling.max_new_tokens was rollout.turn_tokens, and is episode.turn_tokens."""
+    caplog.set_level(logging.WARNING)
+    old = load_config(RlConfig, None, ["rollout.episode.sampling.max_new_tokens=64"], overrides_from="rl")
+    assert old == load_config(RlConfig, None, ["episode.turn_tokens=64"])
+    lines = [r.getMessage() for r in caplog.records if "old key names" in r.getMessage()]
+    assert len(lines) == 1 and "rollout.episode.sampling.max_new_tokens -> episode.turn_tokens" in lines[0], lines
+    path = tmp_path / "c.yaml"
+    path.write_text("rollout: {episode: {sampling: {max_new_tokens: 64}}}\n")
+    assert load_config(RlConfig, path) == old
+
+
+def test_a_block_given_under_its_old_and_new_name_merges_key_by_key(tmp_path):
+    """rl's rollout.episode beside episode: different keys are one block, one key given twice is refused by name."""
+    path = tmp_path / "c.yaml"
+    path.write_text("rollout: {episode: {max_solutions: 2}}\nepisode: {feedback: [tests]}\n")
+    cfg = load_config(RlConfig, path)
+    assert (cfg.episode.max_solutions, cfg.episode.feedback) == (2, ["tests"])
+    path.write_text("rollout: {episode: {max_solutions: 2}}\nepisode: {max_solutions: 3}\n")
+    with pytest.raises(ConfigError, match="rollout.episode.max_solutions is the old name of episode.max_solutions and "
+                                          "both are set; keep episode.max_solutions"):
+        load_config(RlConfig, path)

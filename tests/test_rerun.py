@@ -91,10 +91,10 @@ def test_rl_run_killed_before_its_final_save_writes_the_adapter_of_its_last_step
 def test_changed_config_is_refused_naming_the_key_rl(finished_rl, tmp_path, cli_logs, caplog):
     run = copy_of(finished_rl, tmp_path)
     before, config = adapter_bytes(run), (run / "config.yaml").read_bytes()
-    assert main(["rl", *GRPO_TINY, f"output_dir={run}", "algorithm=ppo", "rollout.turns=3"]) == 1
+    assert main(["rl", *GRPO_TINY, f"output_dir={run}", "algorithm=ppo", "episode.max_turns=3"]) == 1
     assert messages(caplog, logging.ERROR) == [
         f"{run / 'config.yaml'}: {run} was made with other settings: algorithm was 'dr_grpo', now 'ppo'; "
-        "rollout.turns was 1, now 3; start a new run elsewhere (output_dir=DIR), or re-run with the saved values "
+        "episode.max_turns was 1, now 3; start a new run elsewhere (output_dir=DIR), or re-run with the saved values "
         "to resume this one"]
     assert adapter_bytes(run) == before and (run / "config.yaml").read_bytes() == config and steps(run) == [1, 2]
 
@@ -175,11 +175,11 @@ def test_collect_and_eval_refuse_through_the_shared_rule(tmp_path):
 
 
 @pytest.mark.parametrize("overrides,key", [
-    (["rollout.turns=2", "loss.ce_weight=inf"], "loss.ce_weight=inf"),
-    (["rollout.turns=2", "loss.ce_weight=nan"], "loss.ce_weight=nan"),
+    (["episode.max_turns=2", "loss.ce_weight=inf"], "loss.ce_weight=inf"),
+    (["episode.max_turns=2", "loss.ce_weight=nan"], "loss.ce_weight=nan"),
     (["loss.kl_weight=nan"], "loss.kl_weight=nan"),  # before: min(nan, x) < 0 is false, the term went off
     (["sampling.max_new_tokens=0"], "sampling.max_new_tokens=0"),  # before: a transformers traceback after loading
-    (["rollout.turns=2", "rollout.turn_tokens=0"], "rollout.turn_tokens=0"),
+    (["episode.max_turns=2", "episode.turn_tokens=0"], "episode.turn_tokens=0"),
 ])
 def test_non_finite_and_empty_values_are_refused_before_loading(overrides, key, tmp_path, cli_logs, caplog):
     out = tmp_path / "run"

@@ -68,7 +68,7 @@ def test_the_engine_asked_for_where_a_rollout_cannot_use_it_is_refused_in_one_li
         cfg.__post_init__()
     with pytest.raises(ValueError, match="engine_mode=colocate"):
         cfg = RlConfig(engine="vllm", engine_mode="server")
-        cfg.rollout.turns = 2
+        cfg.episode.max_turns = 2
         cfg.__post_init__()
     cfg = RlConfig(engine="vllm")
     cfg.model.path = "models/m"
@@ -190,10 +190,10 @@ def test_multi_turn_rows_on_the_engine_are_the_rows_the_token_loop_makes_of_the_
     cfg = toy_config(tmp_path / "run", base, data=TaskSource(path=tasks, format="jsonl"), engine="vllm",
                      max_new_tokens=96, n=4, micro_batch_size=4)
     cfg.data.spec.kind = "math"
-    cfg.rollout.turns = 3
-    cfg.rollout.episode.system_prompt = "Run code in <execute></execute>. Answer in \\boxed{}."
-    cfg.rollout.episode.feedback = ["execution", "verdict"]
-    cfg.rollout.turn_tokens = 12
+    cfg.episode.max_turns = 3
+    cfg.episode.system_prompt = "Run code in <execute></execute>. Answer in \\boxed{}."
+    cfg.episode.feedback = ["execution", "verdict"]
+    cfg.episode.turn_tokens = 12
     trainer, _, pool = build_trainer(cfg)
     try:
         assert trainer.engine is not None

@@ -86,7 +86,7 @@ def test_finding_13_a_multi_turn_row_repeats_no_end_of_turn(qwen3_tokenizer):
     turn1 = tok("Let me think. \n", add_special_tokens=False)["input_ids"] + [eot]
     turn2 = tok("\\boxed{5}", add_special_tokens=False)["input_ids"] + [eot]
     cfg = RlConfig(sampling=rl_sampling(n=2, max_new_tokens=400), train=rl_train(micro_batch_size=2))
-    cfg.rollout.turns = 2
+    cfg.episode.max_turns = 2
     with SandboxPool(SandboxConfig(workers=1, timeout_s=10)) as pool:
         policy = ScriptedTurns(scripted_trainer(tok, pool), cfg, [turn1, turn2])
         row = policy.start_row(Task(id="t", prompt="What is f(3)?", kind="math", answer="5"), 0)

@@ -95,7 +95,7 @@ def test_trained_ids_are_the_sampled_ids_plus_the_rendered_feedback_ids_under_qw
     assert len(turn1) != len(tok(run, add_special_tokens=False)["input_ids"])  # so a re-tokenisation would differ
     turn2 = tok(f"\\boxed{{{KEY[2]}}}", add_special_tokens=False)["input_ids"] + [im_end]  # it ends its turn itself
     cfg = RlConfig(sampling=rl_sampling(n=2, max_new_tokens=400), train=rl_train(micro_batch_size=2))
-    cfg.rollout.turns = 2
+    cfg.episode.max_turns = 2
     with SandboxPool(SandboxConfig(workers=1, timeout_s=10)) as pool:
         policy = ScriptedTurns(scripted_trainer(tok, pool), cfg, [turn1, turn2])
         row = policy.start_row(task, 0)
@@ -159,10 +159,10 @@ def turns_config(out: Path, tasks: Path, base: Path, **overrides) -> RlConfig:
     cfg = toy_config(out, base, data=TaskSource(path=tasks, format="jsonl"), max_new_tokens=128,
                      n=4, micro_batch_size=4, **overrides)
     cfg.data.spec.kind = "math"
-    cfg.rollout.turns = 2
-    cfg.rollout.episode.system_prompt = "Run code in <execute></execute>. Answer in \\boxed{}."
-    cfg.rollout.episode.feedback = ["execution", "verdict"]  # without an action: "[no feedback]"
-    cfg.rollout.turn_tokens = 8  # (the tiny tokenizer has a token per character)
+    cfg.episode.max_turns = 2
+    cfg.episode.system_prompt = "Run code in <execute></execute>. Answer in \\boxed{}."
+    cfg.episode.feedback = ["execution", "verdict"]  # without an action: "[no feedback]"
+    cfg.episode.turn_tokens = 8  # (the tiny tokenizer has a token per character)
     return cfg
 
 
@@ -216,7 +216,7 @@ def test_a_run_logs_both_terms_and_the_kl_starts_at_zero(tmp_path, world_files):
 def test_multi_turn_settings_it_cannot_honour_are_refused(tmp_path):
     with pytest.raises(ValueError, match="rollout.partial"):
         cfg = RlConfig()
-        cfg.rollout.turns, cfg.rollout.partial = 2, True
+        cfg.episode.max_turns, cfg.rollout.partial = 2, True
         cfg.__post_init__()
     with pytest.raises(ValueError, match="no feedback tokens"):
         cfg = RlConfig()
@@ -224,7 +224,7 @@ def test_multi_turn_settings_it_cannot_honour_are_refused(tmp_path):
         cfg.__post_init__()
     with pytest.raises(ValueError, match="opd"):
         cfg = RlConfig(algorithm="opd", beta=0.0)
-        cfg.rollout.turns = 2
+        cfg.episode.max_turns = 2
         cfg.__post_init__()
 
 
@@ -267,8 +267,8 @@ def test_two_processes_run_multi_turn_episodes_with_both_terms(tmp_path, world_f
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "molrl.cli", "rl",
            "--config", str(repo / "configs/rl_tiny.yaml"), f"output_dir={out}", f"model.path={base}",
            "train.max_steps=2", "sandbox.workers=1", f"data.path={tasks}", "data.format=jsonl",
-           "data.spec.kind=math", "rollout.turns=2", "rollout.episode.feedback=[execution, verdict]",
-           "rollout.turn_tokens=8", "sampling.max_new_tokens=128", "loss.ce_weight=0.05",
+           "data.spec.kind=math", "episode.max_turns=2", "episode.feedback=[execution, verdict]",
+           "episode.turn_tokens=8", "sampling.max_new_tokens=128", "loss.ce_weight=0.05",
            "loss.kl_weight=0.05"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

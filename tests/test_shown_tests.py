@@ -173,10 +173,10 @@ class LookupTablePolicy(Turns):
 def test_finding1_multi_turn_a_lookup_table_of_prompt_and_feedback_earns_no_reward(shared_data):
     tok = build_tiny_tokenizer("chatml")
     cfg = RlConfig(sampling=rl_sampling(n=2, max_new_tokens=6000), train=rl_train(micro_batch_size=2))
-    cfg.rollout.turns, cfg.rollout.episode.max_solutions = 3, 2
+    cfg.episode.max_turns, cfg.episode.max_solutions = 3, 2
     tasks = _mbpp_tables(shared_data)
     rows, _ = build_prompt_rows(tasks, tok, enable_thinking=False, max_prompt_length=8192,
-                                hold_back_tests=shows_tests(cfg.rollout.turns, cfg.rollout.episode))
+                                hold_back_tests=shows_tests(cfg.episode.max_turns, cfg.episode))
     with SandboxPool(SandboxConfig(workers=2, timeout_s=10)) as pool:
         metrics = defaultdict(list)
         trainer = SimpleNamespace(processing_class=tok, eos_token_ids=[tok.eos_token_id],

@@ -263,7 +263,7 @@ def _section_type(cls: Any, key: str) -> Any:
 
 def _build(cls: type[T], data: Any, prefix: str, where: str, base: Any = None) -> T:
     """``cls`` from ``data``; a key ``data`` leaves out takes ``base``'s value (the section's default as its parent
-    declares it, e.g. ``RlConfig.rollout.episode``'s two turns), else the class's own default."""
+    declares it, e.g. ``RlConfig.episode``'s one solution), else the class's own default."""
     name = prefix.rstrip(".") or "<top>"
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: {name} must be a mapping, got {type(data).__name__}")

@@ -10,7 +10,8 @@ under the old names is the same run under the new ones.
 A class may also list in ``RETIRED_KEYS`` keys it dropped because they never had an effect (old name -> why): an old
 config that sets one still loads, the key named in the same line, and a saved run that holds one is the same run. A
 key the stage only ever took one way (``Retired``: rl's ``lora.enabled`` true) loads so, and any other value is refused
-as it always was. An old key given beside its new name with the same value (a saved config that held both) is read once.
+as it always was. An old key given beside its new name with the same value (a saved config that held both) is read once;
+a section given under both names (rl's ``rollout.episode`` beside ``episode``) is one section, key by key.
 """
 
 from __future__ import annotations
@@ -79,8 +80,12 @@ def renamed(cls: type, data: dict[str, Any], prefix: str, where: str, note: bool
             if _get(data, new) == converted:
                 moved.append(f"{prefix}{old} (the same as {prefix}{new})")
                 continue
-            raise ConfigError(f"{where}: {prefix}{old} is the old name of {prefix}{new} and both are set; "
-                              f"keep {prefix}{new}")
+            clash = _clash(converted, _get(data, new))
+            if clash is not None:
+                raise ConfigError(f"{where}: {prefix}{old}{clash} is the old name of {prefix}{new}{clash} and both are "
+                                  f"set; keep {prefix}{new}{clash}")
+            converted = _merged(_get(data, new), converted)  # a section given under both names, no key twice
+            _pop(data, new)
         try:
             _put(data, new, converted)
         except ValueError:
@@ -90,6 +95,28 @@ def renamed(cls: type, data: dict[str, Any], prefix: str, where: str, note: bool
     if note:
         note_renames(where, moved)
     return data
+
+
+def _clash(old: Any, new: Any) -> str | None:
+    """Where a value given under an old name differs from the one under its new name: ``""`` for the value itself,
+    ``".key"`` for the first key of a section that both hold with different values, None where the two sections
+    hold different keys only (they merge)."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return None if old == new else ""
+    for key in old.keys() & new.keys():
+        inner = _clash(old[key], new[key])
+        if inner is not None:
+            return f".{key}{inner}"
+    return None
+
+
+def _merged(new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
+    """Section ``new`` with the keys of ``old`` (given under the section's old name) that it does not hold."""
+    out = dict(new)
+    for key, value in old.items():
+        out[key] = _merged(out[key], value) if isinstance(out.get(key), dict) and isinstance(value, dict) else \
+            out.get(key, value)
+    return out
 
 
 def _concrete(table: dict[str, tuple[str, Any]], data: dict[str, Any]) -> dict[str, tuple[str, Any]]:

@@ -52,7 +52,7 @@ class RolloutSampling(SamplingConfig):
     seed: Annotated[int, Range(0, 0)] = 0
     """Unused by rl, whose sampling is seeded by train.seed: 0 only."""
     stop: list[str] = field(default_factory=list)
-    """Strings that end a turn of a multi-turn rollout early (rollout.turns > 1 only; </execute> and </solution>
+    """Strings that end a turn of a multi-turn rollout early (episode.max_turns > 1 only; </execute> and </solution>
     always do); a single-turn completion ends at its end of sequence or max_new_tokens."""
 
 

@@ -92,7 +92,7 @@ def flag_overrides(args: argparse.Namespace) -> list[str]:
             raise MolrlError(f"--turns {args.turns}: give 1 (single-turn) or more")
         if args.mode == "single" and args.turns > 1:
             raise MolrlError(f"--turns {args.turns} with --mode single: several turns are the interactive mode")
-        out += ["mode=single"] if args.turns == 1 else ["mode=interactive", f"interactive.max_turns={args.turns}"]
+        out += ["mode=single"] if args.turns == 1 else ["mode=interactive", f"episode.max_turns={args.turns}"]
     if args.thinking:
         out.append("thinking=true")
     for item in args.data:

@@ -1,5 +1,6 @@
-"""The episode's config: how an agent episode runs (``EpisodeConfig``), the rules a stage's episode block holds
-(``EpisodeRules``, ``EpisodeLimits``) and the critic behind the ``critique`` feedback (``CritiqueConfig``)."""
+"""The episode's config: how an agent episode runs (``EpisodeConfig``), the rules a stage's ``episode`` block holds
+(``EpisodeRules``, ``EpisodeLimits``, ``EpisodeTurns``) and the critic behind the ``critique`` feedback
+(``CritiqueConfig``)."""
 
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ class CritiqueConfig:
 
 @dataclass
 class EpisodeRules:
-    """How an agent episode's turns read and what feedback follows them: action format, task wording, feedback
-    (rl's ``rollout.episode``: its turns and token limits are the stage's own keys)."""
+    """How an agent episode's turns read and what feedback follows them: action format, task wording, feedback (the
+    keys every stage's ``episode`` block holds)."""
 
     max_solutions: Count = 2
     """Most solution submissions per episode (a wrong one earns feedback and another try)."""
@@ -67,8 +68,20 @@ class EpisodeRules:
 
 
 @dataclass
+class EpisodeTurns(EpisodeRules):
+    """An episode's rules with its most turns and each turn's tokens (rl's ``episode``: its whole budget is the
+    stage's ``sampling.max_new_tokens``, its batch the step's)."""
+
+    max_turns: Count = 1
+    """Most model turns per completion: above 1 each completion is an agent episode that runs code in the sandbox
+    and reads the feedback before it answers."""
+    turn_tokens: Count = 512
+    """max_turns > 1: most tokens one turn generates."""
+
+
+@dataclass
 class EpisodeLimits(EpisodeRules):
-    """An episode's rules with its own turn and token limits (eval's ``interactive``: its batch is the stage's)."""
+    """An episode's rules with its own turn and token limits (eval's ``episode``: its batch is the stage's)."""
 
     max_turns: Count = 5
     """Most model turns per episode."""
@@ -86,6 +99,8 @@ class EpisodeConfig(EpisodeLimits):
 
 
 def episode_config(rules: EpisodeRules, **settings: Any) -> EpisodeConfig:
-    """The loop's ``EpisodeConfig`` of a stage's ``rules`` (an ``EpisodeRules`` or ``EpisodeLimits``), with the
-    stage's own ``settings`` (turns, token limit, batch)."""
-    return EpisodeConfig(**{**{f.name: getattr(rules, f.name) for f in dataclasses.fields(rules)}, **settings})
+    """The loop's ``EpisodeConfig`` of a stage's ``rules`` (an ``EpisodeRules``, ``EpisodeLimits`` or
+    ``EpisodeTurns``: the keys the loop reads), with the stage's own ``settings`` (turns, token limit, batch)."""
+    loop = {f.name for f in dataclasses.fields(EpisodeConfig)}
+    return EpisodeConfig(**{**{f.name: getattr(rules, f.name) for f in dataclasses.fields(rules) if f.name in loop},
+                            **settings})

@@ -36,7 +36,7 @@ class EvalConfig:
     RENAMED_KEYS: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {
         "backend": ("engine", lambda v: v), **{key: (f"model.{key}", lambda v: v) for key in ("adapter", "dtype")},
         "interactive.sampling.stop": ("sampling.stop", lambda v: v), "enable_thinking": ("thinking", lambda v: v),
-        "custom.*": ("data.*.spec", lambda v: v)}
+        "custom.*": ("data.*.spec", lambda v: v), "interactive": ("episode", lambda v: v)}
     RETIRED_KEYS: ClassVar[dict[str, str]] = {
         **{f"interactive.sampling.{key}": f"interactive mode samples with sampling.{key}"
            for key in ("n", "temperature", "top_p", "top_k", "max_new_tokens", "seed")},
@@ -77,7 +77,7 @@ class EvalConfig:
     static_cache: bool = False
     """transformers engine: a static KV cache, with which generation compiles its decoding step on a GPU (several
     times faster a step; each batch shape compiles once, about a minute); on a CPU it runs uncompiled and does not pay."""
-    interactive: EpisodeLimits = field(default_factory=EpisodeLimits)
+    episode: EpisodeLimits = field(default_factory=EpisodeLimits)
     """interactive mode: turns, solution budget, feedback (sampling, thinking and batch size come from above: a turn
     samples with ``sampling``, its stop strings added to the action tags)."""
     code_prompt: str = CODE_INSTRUCTION

@@ -40,8 +40,8 @@ class InteractiveSource:
         return list(tasks)
 
     def plan(self, problems: int) -> None:
-        """Record how many problems are left to sample (each an episode of up to ``interactive.max_turns`` turns)."""
-        self._model.plan(problems, turns=self.cfg.interactive.max_turns)
+        """Record how many problems are left to sample (each an episode of up to ``episode.max_turns`` turns)."""
+        self._model.plan(problems, turns=self.cfg.episode.max_turns)
 
     def finished(self, name: str, task_id: str, records: Sequence[SampleRecord]) -> bool:
         return len(records) == self.cfg.sampling.n
@@ -55,8 +55,8 @@ class InteractiveSource:
         return self._model.made_by(offset)
 
     def episode_config(self) -> Any:
-        """The episode settings: turns and feedback from ``interactive``, the batch size from the eval."""
-        return episode_config(self.cfg.interactive, batch_size=self.cfg.batch_size * self.cfg.sampling.n)
+        """The episode settings: turns and feedback from ``episode``, the batch size from the eval."""
+        return episode_config(self.cfg.episode, batch_size=self.cfg.batch_size * self.cfg.sampling.n)
 
     def records(self, name: str, tasks: Sequence[Task], offset: int, pool: Any) -> list[list[SampleRecord]]:
         generator, tokenizer = self._model.load()

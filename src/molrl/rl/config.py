@@ -16,6 +16,7 @@ from molrl.config_blocks import LoraAdapterConfig, ModelSource, TaskSource, Trai
 from molrl.sandbox import SandboxConfig
 from molrl.config_ranges import Count, Positive, Range, RunDir, Seed, Size, Threads, Weight
 from molrl.config_renames import Retired
+from molrl.episode.config import EpisodeTurns
 from molrl.rl.method_settings import MacroSettings, OpdSettings, PpoSettings, PropsSettings, RolloutSettings, TermSettings
 from molrl.sampling import HookSampling, RolloutSampling
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
@@ -135,6 +136,10 @@ class RlConfig:
     """Macro actions: the grouping of ppo's GAE, and optional pooling of any algorithm's advantages."""
     rollout: RolloutSettings = field(default_factory=RolloutSettings)
     """Partial rollouts, the behaviour policy and the training buffer."""
+    episode: EpisodeTurns = field(default_factory=lambda: EpisodeTurns(max_solutions=1))
+    """Multi-turn rollouts (``max_turns`` above 1: each completion an agent episode, ``molrl.rl.rollouts.turns``):
+    most turns, each turn's tokens, instructions, task wording, solutions and feedback as ``molrl collect`` takes
+    them (sampling, the whole budget and thinking: the stage's)."""
     props: PropsSettings = field(default_factory=PropsSettings)
     """The behaviour update of rollout.behaviour=props."""
     loss: TermSettings = field(default_factory=TermSettings)
@@ -203,8 +208,11 @@ class RlConfig:
         "reward.sandbox_workers": ("sandbox.workers", _as_is), "reward.timeout_s": ("sandbox.timeout_s", _as_is),
         "num_generations": ("sampling.n", _as_is), "temperature": ("sampling.temperature", _as_is),
         "top_p": ("sampling.top_p", _as_is), "max_completion_length": ("sampling.max_new_tokens", _as_is),
-        "rollout.episode.sampling.max_new_tokens": ("rollout.turn_tokens", _as_is),
+        "rollout.episode.sampling.max_new_tokens": ("episode.turn_tokens", _as_is),
         "rollout.episode.sampling.stop": ("sampling.stop", _as_is), "enable_thinking": ("thinking", _as_is),
+        # the episode block is episode in every stage, most turns its max_turns (after the keys that leave it above)
+        "rollout.episode": ("episode", _as_is), "rollout.turns": ("episode.max_turns", _as_is),
+        "rollout.turn_tokens": ("episode.turn_tokens", _as_is),
     }
     RETIRED_KEYS: ClassVar[dict[str, str | Retired]] = {
         **{f"rollout.episode.sampling.{key}": f"multi-turn rollouts sample with sampling.{key}"
@@ -212,7 +220,7 @@ class RlConfig:
         "rollout.episode.sampling.seed": "rollouts are seeded by train.seed",
         "rollout.episode.seed": "rollouts are seeded by train.seed",
         "rollout.episode.enable_thinking": "multi-turn rollouts render with the stage's thinking",
-        "rollout.episode.max_turns": "most turns is rollout.turns",
+        "rollout.episode.max_turns": "most turns is episode.max_turns",
         "rollout.episode.max_total_tokens": "a multi-turn completion's tokens, feedback included, are "
                                             "sampling.max_new_tokens",
         "rollout.episode.batch_size": "a step's episodes advance together",
@@ -257,9 +265,9 @@ class RlConfig:
         if ro.partial and (buffer > 1 or rounds > 1 or ro.behaviour != "policy"):
             raise ValueError("rollout.partial cannot be combined with rollout.behaviour=props, rounds > 1 or "
                              "buffer_batches > 1: each completion is trained on once, when its group finishes")
-        if self.engine == "vllm" and self.engine_mode == "server" and (ro.partial or ro.turns > 1):
-            raise ValueError("rollout.partial and rollout.turns > 1 on vLLM need engine_mode=colocate (the trainer "
-                             "continues and aborts the engine's requests itself)")
+        if self.engine == "vllm" and self.engine_mode == "server" and (ro.partial or self.episode.max_turns > 1):
+            raise ValueError("rollout.partial and episode.max_turns > 1 on vLLM need engine_mode=colocate (the "
+                             "trainer continues and aborts the engine's requests itself)")
         if ro.behaviour == "props" and self.engine in ("vllm", "vllm_server"):
             raise ValueError("rollout.behaviour=props samples from a second adapter, which vLLM does not hold; "
                              "set engine=transformers (or auto)")
@@ -284,28 +292,29 @@ class RlConfig:
 
     def _check_sampling(self) -> None:
         sp = self.sampling  # n, temperature and seed: their ranges (RolloutSampling)
-        if sp.stop and self.rollout.turns == 1:
+        if sp.stop and self.episode.max_turns == 1:
             raise ValueError(f"sampling.stop={sp.stop}: stop strings end the turns of multi-turn rollouts "
-                             "(rollout.turns > 1); a single-turn completion ends at its end of sequence or "
+                             "(episode.max_turns > 1); a single-turn completion ends at its end of sequence or "
                              "sampling.max_new_tokens")
 
     def _check_turns(self) -> None:
-        ro, terms = self.rollout, self.loss
+        ro, ep, terms = self.rollout, self.episode, self.loss
         if ro.merged_generation and (ro.behaviour == "props" or self.engine in ("vllm", "vllm_server")):
             raise ValueError("rollout.merged_generation merges the policy's adapter for transformers generation; not "
                              "with rollout.behaviour=props (it samples from a second adapter) or engine=vllm (the "
                              "engine holds its own weights): set rollout.merged_generation=false")
         combined = ro.partial or ro.behaviour != "policy" or ro.resolved_rounds() > 1
-        if ro.turns < 1 or (ro.turns > 1 and combined):
-            raise ValueError(f"rollout.turns={ro.turns}: 1 or more; above 1 it samples whole episodes, so not with "
-                             "rollout.partial, rollout.behaviour=props or rollout.rounds > 1")
-        if ro.turns > 1 and self.algorithm == "opd":
-            raise ValueError("rollout.turns > 1 with algorithm=opd: its teacher reads single-turn completions; use grpo")
-        if terms.ce_weight > 0 and ro.turns == 1:
-            raise ValueError(f"loss.ce_weight={terms.ce_weight} with rollout.turns=1: single-turn completions "
-                             "hold no feedback tokens; set rollout.turns=2 or more")
-        if ro.turns > 1 and ro.turn_tokens >= self.sampling.max_new_tokens:  # named once, not refused: shipped runs
-            _name_once(f"rollout.turns={ro.turns} with rollout.turn_tokens={ro.turn_tokens} and "
-                       f"sampling.max_new_tokens={self.sampling.max_new_tokens}: rollout.turn_tokens never cuts a turn, "
-                       "and a first turn that takes every token leaves no room for feedback and a second turn; set "
-                       "rollout.turn_tokens below sampling.max_new_tokens, with room for the feedback")
+        if ep.max_turns < 1 or (ep.max_turns > 1 and combined):
+            raise ValueError(f"episode.max_turns={ep.max_turns}: 1 or more; above 1 it samples whole episodes, so "
+                             "not with rollout.partial, rollout.behaviour=props or rollout.rounds > 1")
+        if ep.max_turns > 1 and ep.turn_tokens >= self.sampling.max_new_tokens:  # named once, not refused
+            _name_once(f"episode.max_turns={ep.max_turns} with episode.turn_tokens={ep.turn_tokens} and "
+                       f"sampling.max_new_tokens={self.sampling.max_new_tokens}: episode.turn_tokens never cuts a "
+                       "turn, and a first turn that takes every token leaves no room for feedback and a second "
+                       "turn; set episode.turn_tokens below sampling.max_new_tokens, with room for the feedback")
+        if ep.max_turns > 1 and self.algorithm == "opd":
+            raise ValueError("episode.max_turns > 1 with algorithm=opd: its teacher reads single-turn completions; "
+                             "use grpo")
+        if terms.ce_weight > 0 and ep.max_turns == 1:
+            raise ValueError(f"loss.ce_weight={terms.ce_weight} with episode.max_turns=1: single-turn completions "
+                             "hold no feedback tokens; set episode.max_turns=2 or more")

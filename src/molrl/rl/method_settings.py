@@ -3,11 +3,10 @@ policies' (``rollout``, ``props``) and the extra loss terms' (``terms``); ``molr
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-from molrl.episode.config import EpisodeRules
 from molrl.config_ranges import Count, LearningRate, Positive, Probability, Range, Size, Weight
 
 
@@ -121,20 +120,12 @@ class RolloutSettings:
     """Also log the sampling error split by the policy's entropy at the state, below and above this many nats
     (``sampling_error/low_entropy``, ``sampling_error/high_entropy``); from the loss's entropies, or one more
     forward pass where the error reads behaviour log-probs (several optimiser steps per generation, vLLM, partial)."""
-    turns: Count = 1
-    """Most model turns per completion: above 1 each is an agent episode (``molrl.episode``, ``rollouts.turns``):
-    the policy runs code in the sandbox and reads the feedback before it answers, in sampling.max_new_tokens tokens
-    in all."""
-    turn_tokens: Count = 512
-    """turns > 1: most tokens one turn generates."""
-    episode: EpisodeRules = field(default_factory=lambda: EpisodeRules(max_solutions=1))
-    """turns > 1: instructions, task wording, solutions and feedback as ``molrl collect`` takes them (turns,
-    sampling, token limit and thinking: the RL stage's)."""
 
-    def policy(self) -> str:
-        """The rollout policy's name in ``molrl.rl.rollouts.ROLLOUTS``: turns, partial, props or sync."""
+    def policy(self, max_turns: int) -> str:
+        """The rollout policy's name in ``molrl.rl.rollouts.ROLLOUTS`` for episodes of ``max_turns`` turns at most
+        (``episode.max_turns``): turns, partial, props or sync."""
         by_setting = "partial" if self.partial else "props" if self.behaviour == "props" else "sync"
-        return "turns" if self.turns > 1 else by_setting
+        return "turns" if max_turns > 1 else by_setting
 
     def resolved_rounds(self) -> int:
         """Sampling rounds per step (``rounds``, or its default)."""

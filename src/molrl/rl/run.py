@@ -173,7 +173,7 @@ def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: li
     rows, summary = build_prompt_rows(
         tasks, tokenizer, enable_thinking=cfg.thinking, max_prompt_length=cfg.max_prompt_length,
         code_template=cfg.code_prompt, math_template=cfg.math_prompt,
-        hold_back_tests=shows_tests(cfg.rollout.turns, cfg.rollout.episode),
+        hold_back_tests=shows_tests(cfg.episode.max_turns, cfg.episode),
         keep_constant_answer=cfg.reward.constant_answer_tasks,
     )
     if PartialState().is_main_process:
@@ -187,7 +187,7 @@ def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: li
         )
     pool = None
     runs_code = ALGORITHMS[cfg.algorithm].runs_code(cfg, tasks)
-    if {t.kind for t in [*tasks, *eval_tasks]} & {"code", "toy"} or runs_code or cfg.rollout.turns > 1:
+    if {t.kind for t in [*tasks, *eval_tasks]} & {"code", "toy"} or runs_code or cfg.episode.max_turns > 1:
         pool = SandboxPool(cfg.sandbox)
     scorer = Scorer(pool, CodeRewardConfig(mode=cfg.reward.code_mode), cfg.reward.failure_reward)
     return Dataset.from_list(rows), scorer, pool, record

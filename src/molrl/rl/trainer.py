@@ -89,7 +89,7 @@ class RlTrainer(GRPOTrainer):
         self.add_callback(self.mismatch_gate)
         self.prompt_ids = prompt_ids_by_text(self.train_dataset)
         # the rollout policy first: PROPS adds its adapter before an algorithm loads frozen ones
-        self.rollouts = {"train": ROLLOUTS[config.rollout.policy()](self, config),
+        self.rollouts = {"train": ROLLOUTS[config.rollout.policy(config.episode.max_turns)](self, config),
                          "eval": Synchronous(self, config, training=False)}
         self.algorithm = ALGORITHMS[config.algorithm](self, config)
         self.terms = build_terms(config.loss)

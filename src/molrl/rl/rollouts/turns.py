@@ -4,7 +4,7 @@ A row starts from the episode loop's opening messages (``molrl.episode.loop.star
 instructions and task wording) rendered with the generation prompt. Each round, every unfinished row
 generates one turn from its token ids so far (transformers ``generate``, or the policy engine of
 ``molrl.rl.engine``, with the trainer's sampling
-settings; a turn ends at EOS, at ``</execute>`` / ``</solution>``, after ``rollout.turn_tokens``
+settings; a turn ends at EOS, at ``</execute>`` / ``</solution>``, after ``episode.turn_tokens``
 tokens, or where the row reaches ``sampling.max_new_tokens``; a turn cut short without an action gets the
 format feedback, as in collection, unless the row is out of tokens). The
 loop's ``take_turn`` reads and records the turn's text; its ``environment_turns`` runs the round's code
@@ -120,18 +120,18 @@ class Row:
 
 
 class Turns(Synchronous):
-    """Each completion an episode of up to ``rollout.turns`` model turns with the sandbox's feedback between."""
+    """Each completion an episode of up to ``episode.max_turns`` model turns with the sandbox's feedback between."""
 
     def __init__(self, trainer: Any, cfg: RlConfig, training: bool = True):
         super().__init__(trainer, cfg, training)
-        self.episode = episode_config(cfg.rollout.episode, max_turns=cfg.rollout.turns)
+        self.episode = episode_config(cfg.episode)
         self.thinking = cfg.thinking
         self.providers = build_providers(self.episode.feedback, self.episode, trainer.processing_class)
         self.prefill = think_prefill(trainer.processing_class, cfg.thinking)
         self.stops = list(dict.fromkeys([*cfg.sampling.stop, *STOP_STRINGS]))
         self.named_one_turn = False  # the line for steps with no room for a second turn is logged once a run
         if trainer.scorer.pool is None:
-            raise MolrlError("rollout.turns > 1 runs the policy's code in the sandbox, but the trainer has no "
+            raise MolrlError("episode.max_turns > 1 runs the policy's code in the sandbox, but the trainer has no "
                              "sandbox pool; build it with molrl.rl.run.build_trainer")
 
     def rollout(self, inputs: list[dict[str, Any]]) -> RolloutBatch:
@@ -158,18 +158,18 @@ class Turns(Synchronous):
 
     def name_one_turn(self, rows: list[Row]) -> None:
         """Log once when every episode of a step ran out of tokens after its first turn: the step trained
-        single-turn episodes, whatever rollout.turns says, and the line names the keys that make room."""
+        single-turn episodes, whatever episode.max_turns says, and the line names the keys that make room."""
         if self.named_one_turn or not all(r.episode.turns == 1 and r.episode.stop_reason == "token_limit"
                                           for r in rows):
             return
         self.named_one_turn = True
-        ro, limit = self.cfg.rollout, self.cfg.sampling.max_new_tokens
+        ep, limit = self.cfg.episode, self.cfg.sampling.max_new_tokens
         tail = max(r.unfitted for r in rows)
         after = f", and the feedback and next turn's header after it need up to {tail} tokens" if tail else ""
-        log.warning("rollout.turns=%d, but every episode of this step ran out of its sampling.max_new_tokens=%d "
-                    "after one turn (a turn takes up to rollout.turn_tokens=%d tokens%s): the run trains one-turn "
-                    "episodes; raise sampling.max_new_tokens or lower rollout.turn_tokens", ro.turns, limit,
-                    ro.turn_tokens, after)
+        log.warning("episode.max_turns=%d, but every episode of this step ran out of its sampling.max_new_tokens=%d "
+                    "after one turn (a turn takes up to episode.turn_tokens=%d tokens%s): the run trains one-turn "
+                    "episodes; raise sampling.max_new_tokens or lower episode.turn_tokens", ep.max_turns, limit,
+                    ep.turn_tokens, after)
 
     def start_row(self, task: Task, sample: int) -> Row:
         """A fresh episode of ``task`` and its prompt ids."""
@@ -180,7 +180,7 @@ class Turns(Synchronous):
     def round(self, live: list[Row]) -> None:
         """One turn of every live row: generate, record, run the actions, append the rendered tails."""
         trainer, limit = self.trainer, self.cfg.sampling.max_new_tokens
-        budgets = [min(limit - len(r.ids), self.cfg.rollout.turn_tokens) for r in live]
+        budgets = [min(limit - len(r.ids), self.cfg.episode.turn_tokens) for r in live]
         turns, at_budget, logps = self.generate([r.prompt_ids + r.ids for r in live], budgets)
         stepped = []
         for row, ids, cut, turn_logps in zip(live, turns, at_budget, logps):
