@@ -331,6 +331,8 @@ OTHER_JSON_READS = {
     "rl/adapter_lora.py": "adapter_config.json that peft wrote",
     "provenance.py": "molrl_provenance.json / trained_on.json this program wrote (a malformed one: one line)",
     "eval/run.py": "results.json this program wrote",
+    "commands/serve.py": "the model folder's config.json (its dtype)",
+    "engine_server/client.py": "a vLLM server's HTTP replies",
 }
 """Modules that parse JSON other than user records, each with what it parses."""
 

@@ -167,7 +167,12 @@ class LookupTablePolicy(Turns):
 
     def to_batch(self, inputs, prompt_lists, completion_lists, completions, sampler_lists, behaviour=None,
                  roles=None):
-        return [Task.from_json(x["task_json"]) for x in inputs], completions  # what the reward grades
+        return _Graded(([Task.from_json(x["task_json"]) for x in inputs], completions))  # what the reward grades
+
+
+class _Graded(tuple):
+    """What the fake ``to_batch`` hands back: the tasks and answers the reward grades, with room for the rollout's
+    ``records`` as a batch has."""
 
 
 def test_finding1_multi_turn_a_lookup_table_of_prompt_and_feedback_earns_no_reward(shared_data):
