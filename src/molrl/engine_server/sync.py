@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from molrl.engine_server.client import ServerDown
 from molrl.engine_server.pool import ServerPool
 from molrl.errors import MolrlError
 
@@ -81,14 +82,23 @@ class AdapterSync:
         self.switch(name, owner=True)
 
     def follow(self, name: str) -> None:
-        """On a process other than the main one: wait until every live server lists ``name``, then sample from it."""
+        """On a process other than the main one: wait until every live server lists ``name``, then sample from it. A
+        server that cannot be reached is taken out of this process's pool, as the main process takes it out of its
+        own when the load fails there."""
         deadline = time.monotonic() + LOAD_WAIT_S
         while True:
             listed = True
             for client in self.pool.live():
-                if name not in {card.get("id") for card in client.models()}:
+                try:
+                    cards = client.models()
+                except ServerDown as err:
+                    self.pool.mark_down(client, f"waiting for adapter {name}: {err.reason}")
+                    continue
+                if name not in {card.get("id") for card in cards}:
                     listed = False
                     break
+            if not any(self.pool.alive):
+                raise self.pool.no_server_left()
             if listed:
                 break
             if time.monotonic() > deadline:
