@@ -18,6 +18,7 @@ from molrl.errors import ConfigError
 from molrl.config_blocks import (BENCHMARK_FORMATS, LoraAdapterConfig, ModelSource, ModelWeights, TaskSource,
                                  TrainConfig)
 from molrl.config_renames import Retired, unoptional
+from molrl.episode.config import EpisodeRules
 from molrl.eval.config import EvalConfig
 from molrl.mol.config import MolConfig
 from molrl.rerun import changed_keys
@@ -32,11 +33,11 @@ SHARED = {"model": {"mol", "collect", "rl", "eval"}, "threads": {"mol", "collect
           "engine": {"collect", "rl", "eval"}, "sandbox": {"collect", "rl", "eval"},
           "sampling": {"collect", "rl", "eval"}, "thinking": {"mol", "collect", "rl", "eval"},
           "train": {"mol", "rl"}, "lora": {"mol", "rl"}, "data": {"collect", "rl", "eval"},
-          "output_dir": {"mol", "collect", "rl", "eval"}}
+          "output_dir": {"mol", "collect", "rl", "eval"}, "episode": {"collect", "rl", "eval"}}
 """The shared blocks and the stages that have each (the ones that generate have an engine and a sampling; the ones
 that run code a sandbox)."""
 BLOCK_TYPES = {"model": ModelWeights, "sandbox": SandboxConfig, "sampling": SamplingConfig, "train": TrainConfig,
-               "lora": LoraAdapterConfig, "data": TaskSource}
+               "lora": LoraAdapterConfig, "data": TaskSource, "episode": EpisodeRules}
 """The type of each shared block that is a section."""
 OLD_NAMES = {"mol": ["dtype=bfloat16", "data.enable_thinking=true"],
              "collect": ["adapter=a", "dtype=bfloat16", "episode.sampling.temperature=0.5", "episode.seed=3",
@@ -155,14 +156,14 @@ def _declared_sections(cls: type, path: str = "") -> list[tuple[str, typing.Any]
 
 def test_the_sections_with_their_own_defaults_are_enumerated():
     keys = {f"{stage}:{key}" for stage, cls in STAGES.items() for key, _ in _declared_sections(cls)}
-    assert {"rl:sandbox", "rl:rollout.episode", "rl:model", "mol:model"} <= keys, keys
+    assert {"rl:sandbox", "rl:episode", "rl:model", "mol:model"} <= keys, keys
 
 
 @pytest.mark.parametrize("stage,key,default", [(stage, key, default) for stage, cls in STAGES.items()
                                                for key, default in _declared_sections(cls)])
 def test_a_section_given_in_part_keeps_the_rest_of_its_declared_default(stage, key, default):
     """Setting one key of a section whose declared default differs from its class's (rl's sandbox: 4 workers and 6 s;
-    rl's rollout.episode: 2 turns) leaves every other key at the declared default, not at the class's."""
+    rl's episode: one solution) leaves every other key at the declared default, not at the class's."""
     plain = {f.name: getattr(default, f.name) for f in dataclasses.fields(default)
              if isinstance(getattr(default, f.name), (int, float, str)) and not isinstance(getattr(default, f.name), bool)}
     name, value = next(iter(plain.items()))
@@ -218,9 +219,9 @@ OLD_FILES = {
            "rollout:\n  turns: 2\n  episode:\n    max_solutions: 1\n    seed: 5\n"
            "    sampling: {max_new_tokens: 48, stop: [END], temperature: 0.3}\n",
            "sampling: {n: 16, temperature: 1.0, top_p: 0.95, max_new_tokens: 96, stop: [END]}\n"
-           "rollout: {turns: 2, turn_tokens: 48, episode: {max_solutions: 1}}\n"),
+           "episode: {max_turns: 2, turn_tokens: 48, max_solutions: 1}\n"),
     "eval": ("sampling: {n: 2}\ninteractive:\n  max_turns: 3\n  seed: 4\n  sampling: {temperature: 0.1, stop: [END]}\n",
-             "sampling: {n: 2, stop: [END]}\ninteractive: {max_turns: 3}\n"),
+             "sampling: {n: 2, stop: [END]}\nepisode: {max_turns: 3}\n"),
 }
 """Per stage, a config file under the names before the shared sampling block, and the same config now."""
 
@@ -454,9 +455,9 @@ def test_mol_shows_no_model_adapter_and_a_saved_run_holding_none_loads():
 
 def test_a_multi_turn_run_whose_first_turn_can_take_every_token_is_named(caplog):
     with caplog.at_level(logging.WARNING):
-        load_config(RlConfig, None, ["rollout.turns=2", "rollout.turn_tokens=128", "sampling.max_new_tokens=128"])
-    assert "rollout.turn_tokens never cuts a turn" in caplog.text
+        load_config(RlConfig, None, ["episode.max_turns=2", "episode.turn_tokens=128", "sampling.max_new_tokens=128"])
+    assert "episode.turn_tokens never cuts a turn" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        load_config(RlConfig, None, ["rollout.turns=2", "rollout.turn_tokens=64", "sampling.max_new_tokens=128"])
+        load_config(RlConfig, None, ["episode.max_turns=2", "episode.turn_tokens=64", "sampling.max_new_tokens=128"])
     assert "never cuts a turn" not in caplog.text

@@ -39,13 +39,13 @@ def one_turn_lines(caplog) -> list[str]:
 
 @pytest.mark.parametrize("max_new_tokens,named", [(128, True), (1000, False)])
 def test_a_multi_turn_run_with_no_room_for_a_second_turn_is_named_once(max_new_tokens, named, caplog):
-    """rollout.turns=2, turn_tokens=64, max_new_tokens=128: the first turn's format feedback does not fit, so every
+    """episode.max_turns=2, turn_tokens=64, max_new_tokens=128: the first turn's format feedback does not fit, so every
     episode ends after one turn; with 1000 tokens the second turn is taken and nothing is said."""
     from molrl.tiny import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer("chatml")
     cfg = RlConfig(sampling=rl_sampling(n=2, max_new_tokens=max_new_tokens), train=rl_train(micro_batch_size=2))
-    cfg.rollout.turns, cfg.rollout.turn_tokens = 2, 64
+    cfg.episode.max_turns, cfg.episode.turn_tokens = 2, 64
     metrics = defaultdict(list)
     task = Task(id="t", prompt="What is 2 + 2?", kind="math", answer="4")
     inputs = [{"prompt": "", "task_json": task.to_json()}] * 2
@@ -61,11 +61,11 @@ def test_a_multi_turn_run_with_no_room_for_a_second_turn_is_named_once(max_new_t
     lines = one_turn_lines(caplog)
     assert len(lines) == (1 if named else 0)
     if named:
-        assert lines[0].startswith("rollout.turns=2, but every episode of this step ran out of its "
+        assert lines[0].startswith("episode.max_turns=2, but every episode of this step ran out of its "
                                    "sampling.max_new_tokens=128 after one turn (a turn takes up to "
-                                   "rollout.turn_tokens=64 tokens, and the feedback and next turn's header after it "
+                                   "episode.turn_tokens=64 tokens, and the feedback and next turn's header after it "
                                    "need up to ")
-        assert lines[0].endswith("raise sampling.max_new_tokens or lower rollout.turn_tokens")
+        assert lines[0].endswith("raise sampling.max_new_tokens or lower episode.turn_tokens")
 
 
 # every key --describe shows, read by a tiny run or refused by its range
@@ -134,7 +134,7 @@ def watched_run(reads: Any, cls: type, overrides: list[str], go: Any) -> Any:
 MOL_RUNS = {"mol": ["loss.mode=mol"], "ce": ["loss.mode=ce", "loss.monitor_kl=false"]}
 """MoL's runs: its KL terms read in mode mol, the monitor in the ce modes."""
 RL_RUNS = {
-    "ppo_turns": ["algorithm=ppo", "ppo.critic=separate", "rollout.turns=2", "rollout.turn_tokens=8",
+    "ppo_turns": ["algorithm=ppo", "ppo.critic=separate", "episode.max_turns=2", "episode.turn_tokens=8",
                   "sampling.max_new_tokens=400", "sampling.stop=[END]", "macro.rule=turn", "data.path={code}",
                   "data.spec.kind=code", "model.adapter={mol}", "policy.adapter_mode=merge_new", "policy.reference=mol",
                   "beta=0.1", "eval.every_steps=1", "eval.data.path={code}", "eval.data.format=jsonl",
@@ -229,7 +229,7 @@ def eval_runs(shared_data: Path, root: Path) -> dict[str, list[str]]:
                                                         "completion": f"```python\n{task['code']}\n```"}) + "\n")
     return {"single": ["benchmarks=[aime24]", f"data.aime24={shared_data / 'aime24/test.jsonl'}", "mode=single"],
             "interactive": ["benchmarks=[aime24]", f"data.aime24={shared_data / 'aime24/test.jsonl'}",
-                            "mode=interactive", "interactive.max_turns=2", "sampling.stop=[END]"],
+                            "mode=interactive", "episode.max_turns=2", "sampling.stop=[END]"],
             "predictions": ["benchmarks=[mbpp]", f"data.mbpp={mbpp}",
                             f"predictions={{mbpp: {root / 'predictions.jsonl'}}}",
                             "partial_predictions=true", "limit=2", "sampling.n=1", "ks=[1]"]}

@@ -32,6 +32,8 @@ RENAMES = [
     ("rl", "rollout.turn_tokens=64", "episode.turn_tokens", []),
     ("rl", "rollout.episode.max_solutions=2", "episode.max_solutions", []),
     ("eval", "interactive.max_turns=3", "episode.max_turns", []),
+    ("collect", "episode.code_task=Solve {prompt} now", "episode.code_prompt", []),
+    ("rl", "episode.math_task=Solve {prompt} now", "episode.math_prompt", []),
 ]
 """(stage, old key=a value other than the default, the key's one name now, what else the value needs)."""
 
@@ -106,3 +108,20 @@ def test_a_block_given_under_its_old_and_new_name_merges_key_by_key(tmp_path):
     with pytest.raises(ConfigError, match="rollout.episode.max_solutions is the old name of episode.max_solutions and "
                                           "both are set; keep episode.max_solutions"):
         load_config(RlConfig, path)
+
+
+def test_a_code_task_is_worded_once():
+    """The episode's code prompt is the single-turn one's wording without the answer's format (the instructions say
+    how an episode answers)."""
+    from molrl.episode.config import EpisodeRules
+    from molrl.tasks.prompts import CODE_INSTRUCTION, CODE_TASK
+
+    assert CODE_INSTRUCTION.startswith(CODE_TASK + " ") and EpisodeRules().code_prompt == CODE_TASK + "\n\n{prompt}"
+
+
+def test_a_demo_base_made_before_the_prompt_rename_keeps_its_key():
+    """A demo base's DONE marker keeps the collection format under the names it was written with."""
+    from molrl.demo.collection import CollectionFormat
+
+    key = CollectionFormat(code_prompt="Solve {prompt}").key()
+    assert (key["code_task"], key["math_task"]) == ("Solve {prompt}", "{prompt}") and "code_prompt" not in key

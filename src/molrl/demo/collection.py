@@ -28,15 +28,17 @@ class CollectionFormat(EpisodeConfig):
         return cls(**_episode_fields(collect.episode), sampling=collect.sampling, thinking=collect.thinking)
 
     def episode(self, **changes: Any) -> EpisodeLimits:
-        """The plain episode settings (eval's ``interactive`` section), with ``changes``."""
+        """The plain episode settings (eval's ``episode`` section), with ``changes``."""
         limits = {f.name for f in dataclasses.fields(EpisodeLimits)}
         return EpisodeLimits(**{**{k: v for k, v in _episode_fields(self).items() if k in limits}, **changes})
 
     def key(self) -> dict[str, Any]:
         """The format as plain data, under the names a demo base's ``DONE`` marker has kept it by since the
-        sampling, seed and thinking moved out of the episode settings (a base made before is still reused)."""
+        sampling, seed and thinking moved out of the episode settings and the task templates were named
+        ``code_task`` / ``math_task`` (a base made before is still reused)."""
         plain = dataclasses.asdict(self)
         plain["enable_thinking"] = plain.pop("thinking")
+        plain["code_task"], plain["math_task"] = plain.pop("code_prompt"), plain.pop("math_prompt")
         return {**plain, "seed": self.sampling.seed}
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Callable, ClassVar, Literal
 
 from molrl.config_ranges import Count, Range, SamplingTemperature, Seconds, Size
+from molrl.tasks.prompts import CODE_TASK
 
 DEFAULT_FEEDBACK = ["execution", "tests", "verdict", "format", "budget"]
 
@@ -44,9 +45,10 @@ class EpisodeRules:
     """Most solution submissions per episode (a wrong one earns feedback and another try)."""
     system_prompt: str = ""
     """Instructions stating the action format ({max_turns}, {max_solutions} filled in); empty uses ``molrl.episode.actions.SYSTEM_PROMPT``."""
-    code_task: str = "Write a Python function `{entry_point}` that solves the following problem.\n\n{prompt}"
-    """The user message of a code task ({prompt} and {entry_point} are filled in)."""
-    math_task: str = "{prompt}"
+    code_prompt: str = CODE_TASK + "\n\n{prompt}"
+    """The user message of a code task ({prompt} and {entry_point} are filled in): the single-turn ``code_prompt``'s
+    wording, the answer's format left to the instructions."""
+    math_prompt: str = "{prompt}"
     """The user message of a math task ({prompt} is filled in)."""
     instructions_role: Literal["system", "user"] = "system"
     """Where the instructions go: a system message, or above the task in the user message (for templates without a system role)."""
@@ -61,9 +63,11 @@ class EpisodeRules:
     critique: CritiqueConfig = field(default_factory=CritiqueConfig)
     """The critic used by the ``critique`` feedback provider."""
 
-    # feedback was clipped in characters before it was clipped in tokens: 2000 characters read as 500 tokens
+    # feedback was clipped in characters before it was clipped in tokens: 2000 characters read as 500 tokens; a
+    # prompt template is code_prompt / math_prompt in every block
     RENAMED_KEYS: ClassVar[dict[str, tuple[str, Callable[[Any], Any]]]] = {
         "feedback_max_chars": ("feedback_max_tokens", lambda chars: -(-int(chars) // 4)),
+        "code_task": ("code_prompt", lambda v: v), "math_task": ("math_prompt", lambda v: v),
     }
 
 

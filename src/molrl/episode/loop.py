@@ -162,7 +162,7 @@ def start_episode(task: Task, sample: int, cfg: EpisodeConfig) -> Episode:
     """A fresh episode: the instructions and the task as the opening messages."""
     instructions = (cfg.system_prompt or SYSTEM_PROMPT).replace("{max_turns}", str(cfg.max_turns))
     instructions = instructions.replace("{max_solutions}", str(cfg.max_solutions))
-    template = cfg.code_task if task.kind == "code" else cfg.math_task
+    template = cfg.code_prompt if task.kind == "code" else cfg.math_prompt
     problem = template.replace("{entry_point}", task.entry_point or "solution").replace("{prompt}", task.prompt)
     if cfg.instructions_role == "system":
         messages = [{"role": "system", "content": instructions}, {"role": "user", "content": problem}]

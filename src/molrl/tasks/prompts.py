@@ -16,11 +16,11 @@ from molrl.chat import ChatPrompt, render
 from molrl.task_types import Task
 from molrl.traces.spans import chat_prompt
 
-CODE_INSTRUCTION = (
-    "Write a Python function `{entry_point}` that solves the following problem. "
-    "Give the complete function, with any imports it needs, in a single ```python code block.\n\n"
-    "{prompt}"
-)
+CODE_TASK = "Write a Python function `{entry_point}` that solves the following problem."
+"""How every stage words a code task: the single-turn instruction adds the answer's format, an episode's prompt
+(``molrl.episode.config.EpisodeRules.code_prompt``) leaves it to the episode's instructions."""
+CODE_INSTRUCTION = (CODE_TASK + " Give the complete function, with any imports it needs, in a single ```python code "
+                    "block.\n\n{prompt}")
 MATH_INSTRUCTION = "{prompt}\n\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 
 
