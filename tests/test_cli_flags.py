@@ -26,7 +26,7 @@ ARGS = {
 """Per subcommand, the arguments it needs besides the flag under test."""
 
 FLAG_KEYS = {
-    ("collect", "--samples"): "samples", ("collect", "--max-turns"): "episode.max_turns",
+    ("collect", "--samples"): "sampling.n", ("collect", "--max-turns"): "episode.max_turns",
     ("collect", "--limit"): "data.limit", ("eval", "--limit"): "limit", ("eval", "--n"): "sampling.n",
     ("eval", "--max-new-tokens"): "sampling.max_new_tokens", ("eval", "--turns"): "--turns 0",
     ("sandbox", "--memory-mb"): "memory_mb=0",

@@ -63,7 +63,8 @@ def _check_feedback_rederives(traces, tasks, cfg, tokenizer):
 
 @pytest.mark.parametrize("fmt,name", [("humaneval", "humaneval/HumanEval.jsonl.gz"), ("mbpp", "mbpp/mbpp.jsonl")])
 def test_tiny_model_writes_traces_the_trainer_tokenises(tmp_path, shared_data, fmt, name):
-    cfg = _cfg(tmp_path, shared_data / name, fmt, limit=2, samples=2)
+    cfg = _cfg(tmp_path, shared_data / name, fmt, limit=2,
+               sampling=SamplingConfig(n=2, temperature=1.0, max_new_tokens=24))
     out = run_collect(cfg)
     traces = _traces(out)
     # every pair ends up in the traces, or (random bytes: a stray </think> in the first turn) the rejects file
@@ -153,7 +154,8 @@ def test_rerun_skips_finished_pairs_and_adds_new_samples(tmp_path, shared_data):
     gen = ScriptedGenerator(scripts)
     run_collect(cfg, generator=gen, tokenizer=tok)
     assert gen.calls == []  # nothing left to do
-    run_collect(dataclasses.replace(cfg, samples=2), generator=gen, tokenizer=tok)
+    run_collect(dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, n=2)), generator=gen,
+                tokenizer=tok)
     keys = [(t.meta["task_id"], t.meta["sample"]) for t in _traces(tmp_path / "traces.jsonl")]
     assert sorted(keys) == sorted({(k, s) for k, _ in keys for s in (0, 1)})
     assert len(keys) == 4
@@ -238,7 +240,8 @@ def test_a_run_made_before_as_one_trace_file_resumes_where_it_lies(tmp_path, sha
     gen = ScriptedGenerator(scripts)
     assert run_collect(cfg, generator=gen, tokenizer=tok) == old and gen.calls == [] and old.read_text() == before
     assert "resuming it where it lies" in caplog.text
-    run_collect(dataclasses.replace(cfg, samples=2), generator=gen, tokenizer=tok)
+    run_collect(dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, n=2)), generator=gen,
+                tokenizer=tok)
     assert len(old.read_text().splitlines()) == 4 and not (tmp_path / "old").exists()
 
 

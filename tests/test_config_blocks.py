@@ -257,7 +257,7 @@ def test_the_sampling_keys_rl_cannot_honour_are_refused(overrides, says):
 
 @pytest.mark.parametrize("stage,key,allowed", [
     ("rl", "sampling.n", "an integer in [2, 1000000000]"), ("rl", "sampling.temperature", "a number in [0.01, 100]"),
-    ("rl", "sampling.seed", "an integer in [0, 0]"), ("collect", "sampling.n", "an integer in [1, 1]"),
+    ("rl", "sampling.seed", "an integer in [0, 0]"),
 ])
 def test_describe_shows_the_range_a_stage_takes(stage, key, allowed):
     from molrl.config import describe
@@ -267,9 +267,8 @@ def test_describe_shows_the_range_a_stage_takes(stage, key, allowed):
     assert f"    # allowed: {allowed}" in lines[at + 1:at + 4]
 
 
-def test_collect_samples_one_completion_a_turn():
-    with pytest.raises(ConfigError, match=re.escape("sampling.n=2 is out of range; allowed: an integer in [1, 1]")):
-        load_config(CollectConfig, None, [*REQUIRED["collect"], "sampling.n=2"])
+def test_collect_runs_sampling_n_episodes_a_task():
+    assert load_config(CollectConfig, None, [*REQUIRED["collect"], "sampling.n=3"]).sampling.n == 3
 
 
 @pytest.mark.parametrize("stage,key", [("rl", "rollout.episode.max_turns"), ("rl", "rollout.episode.max_total_tokens"),

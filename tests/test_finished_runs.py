@@ -142,7 +142,7 @@ def collect_cfg(shared_data: Path, out: Path, *overrides: str, temperature: floa
     from molrl.collect import CollectConfig
 
     base = ["model=tiny:chatml", f"data.path={shared_data / 'mbpp' / 'mbpp.jsonl'}", "data.format=mbpp",
-            "data.split=all", "data.limit=2", "samples=2", "episode.max_turns=1", "thinking=true", "progress=false",
+            "data.split=all", "data.limit=2", "sampling.n=2", "episode.max_turns=1", "thinking=true", "progress=false",
             "sandbox.workers=1", "engine=transformers", f"sampling.temperature={temperature}",
             "sampling.max_new_tokens=8", f"output_dir={out}"]
     return load_config(CollectConfig, None, [*base, *overrides])
@@ -151,7 +151,7 @@ def collect_cfg(shared_data: Path, out: Path, *overrides: str, temperature: floa
 COLLECT_VARIANTS = {
     "output_dir": [],
     "data.limit": ["data.limit=1"],
-    "samples": ["samples=1"],
+    "sampling.n": ["sampling.n=1"],
     "progress": ["progress=true"],
     "sandbox.workers": ["sandbox.workers=2"],
     "threads": ["threads=1"],

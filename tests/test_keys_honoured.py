@@ -183,7 +183,7 @@ def read_keys(shared_data, tmp_path_factory) -> dict[str, set[str]]:
                         run_eval)
         watched_run(reads["collect"], stage_class("collect"), [
             "model=tiny:chatml", f"data.path={math}", "data.format=jsonl", "data.spec.kind=math", "data.limit=2",
-            "samples=1", "episode.max_turns=2", "sampling.temperature=0.7", "sampling.max_new_tokens=8",
+            "sampling.n=1", "episode.max_turns=2", "sampling.temperature=0.7", "sampling.max_new_tokens=8",
             "sampling.stop=[END]", "sandbox.workers=1",
             "engine=transformers", "progress=false", f"output_dir={root / 'collect'}"], run_collect)
         pipeline_run(reads["pipeline"], mp, shared_data, root, math)
@@ -243,6 +243,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("rl", "engine_sync_dir"): "read only by engine=vllm_server (molrl.rl.server_engine), which needs vLLM servers",
     ("rl", "engine_mode"): "read only by engine=vllm (molrl.rl.run), which needs vLLM",
     ("rl", "engine_server_url"): "read only by engine=vllm with engine_mode=server (TRL's vllm-serve client)",
+    ("rl", "rollout.tis_cap"): "read only by rollout.max_staleness=1, which needs engine servers "
+                               "(tests/test_rl_overlap.py runs it against fake ones)",
     ("pipeline", "title"): "read by the report (molrl.report) from the run's saved config, run.json, after the run",
 }
 """Keys a stage shows that its tiny runs cannot read, and why each is honoured all the same."""

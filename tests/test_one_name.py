@@ -34,6 +34,7 @@ RENAMES = [
     ("eval", "interactive.max_turns=3", "episode.max_turns", []),
     ("collect", "episode.code_task=Solve {prompt} now", "episode.code_prompt", []),
     ("rl", "episode.math_task=Solve {prompt} now", "episode.math_prompt", []),
+    ("collect", "samples=3", "sampling.n", []),
 ]
 """(stage, old key=a value other than the default, the key's one name now, what else the value needs)."""
 

@@ -155,6 +155,7 @@ def test_collect_and_eval_refuse_through_the_shared_rule(tmp_path):
     from molrl.config_blocks import TaskSource
     from molrl.eval.config import EvalConfig
     from molrl.rerun import check_rerun
+    from molrl.sampling import SamplingConfig
 
     save_config(EvalConfig(model="a"), tmp_path / "config.yaml")
     # ks, label and limit only change what is summarised: allowed
@@ -164,8 +165,9 @@ def test_collect_and_eval_refuse_through_the_shared_rule(tmp_path):
         check_rerun("eval", EvalConfig(model="b", ks=[1]), tmp_path / "config.yaml", started=True)
     saved = tmp_path / "t" / "config.yaml"
     save_config(CollectConfig(model="m", data=TaskSource(Path("t")), output_dir=tmp_path / "t"), saved)
-    # output_dir and samples: allowed
-    other = CollectConfig(model="m", data=TaskSource(Path("t")), output_dir=tmp_path / "u", samples=4)
+    # output_dir and sampling.n: allowed
+    other = CollectConfig(model="m", data=TaskSource(Path("t")), output_dir=tmp_path / "u",
+                          sampling=SamplingConfig(n=4))
     other.sampling.temperature = 0.8
     with pytest.raises(ConfigError, match=r"sampling.temperature was 0.0, now 0.8; start a new run "
                                           r"elsewhere \(--out DIR\)") as err:

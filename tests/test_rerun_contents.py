@@ -114,7 +114,7 @@ WHY_HARMLESS = {
     "limit": "how many problems or tasks: what was made for the first ones stays valid",
     "data.limit": "how many tasks: what was made for the first ones stays valid",
     "data.*.limit": "how many of one benchmark's problems: what was made for the first ones stays valid",
-    "samples": "how many samples per task: what was collected stays valid",
+    "sampling.n": "how many episodes per task: what was collected stays valid",
     "benchmarks": "which benchmarks: each one's samples stay valid",
     "ks": "which pass@k are summarised from the same samples",
     "label": "the run's name in comparisons",

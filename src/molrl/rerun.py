@@ -58,7 +58,7 @@ HARMLESS: dict[str, tuple[str, ...]] = {
             "train.resume", "threads"),
     "rl": ("output_dir", "train.report_to", "train.logging_steps", "train.save_steps", "train.save_total_limit",
            "train.resume", "sandbox.workers", "engine_server_url", "threads"),
-    "collect": ("output_dir", "data.limit", "samples", "progress", "sandbox.workers", "threads"),
+    "collect": ("output_dir", "data.limit", "sampling.n", "progress", "sandbox.workers", "threads"),
     "eval": ("output_dir", "label", "benchmarks", "limit", "data.*.limit", "ks", "partial_predictions",
              "static_cache", "sandbox.workers", "threads"),
 }

@@ -20,7 +20,7 @@ class SamplingConfig:
 
     n: Count = 1
     """Completions per prompt: eval's samples per problem (pass@1 is their mean; pass@k and maj@n need n >= k), rl's
-    group size G; collect's must be 1 (its ``samples`` per task are separate episodes)."""
+    group size G; collect's episodes per task (each turn of an episode samples one completion)."""
     temperature: SamplingTemperature = 0.0
     """Sampling temperature; 0 means greedy decoding (then n must be 1; rl's rollouts are never greedy)."""
     top_p: TopP = 1.0
@@ -54,14 +54,6 @@ class RolloutSampling(SamplingConfig):
     stop: list[str] = field(default_factory=list)
     """Strings that end a turn of a multi-turn rollout early (episode.max_turns > 1 only; </execute> and </solution>
     always do); a single-turn completion ends at its end of sequence or max_new_tokens."""
-
-
-@dataclass
-class EpisodeSampling(SamplingConfig):
-    """collect's ``sampling``: one completion a turn (its ``samples`` per task are separate episodes)."""
-
-    n: Annotated[int, Range(1, 1)] = 1
-    """One completion a turn: episodes per task are ``samples``."""
 
 
 @dataclass

@@ -10,8 +10,8 @@ from molrl.engines import check_engine_servers
 from molrl.config_blocks import ModelSource, TaskSource, as_model_source
 from molrl.episode.config import EpisodeConfig
 from molrl.collect.files import output_dir_of
-from molrl.config_ranges import Count, RunDir, Threads
-from molrl.sampling import EpisodeSampling
+from molrl.config_ranges import RunDir, Threads
+from molrl.sampling import SamplingConfig
 from molrl.sandbox import SandboxConfig
 
 
@@ -40,16 +40,16 @@ class CollectConfig:
         "episode.sampling": ("sampling", lambda v: v), "episode.seed": ("sampling.seed", lambda v: v),
         "episode.enable_thinking": ("thinking", lambda v: v), "tasks": ("data.path", lambda v: v),
         "format": ("data.format", lambda v: v), "jsonl": ("data.spec", lambda v: v),
-        "split": ("data.split", lambda v: v), "limit": ("data.limit", lambda v: v), "out": ("output_dir", output_dir_of)}
+        "split": ("data.split", lambda v: v), "limit": ("data.limit", lambda v: v), "out": ("output_dir", output_dir_of),
+        "samples": ("sampling.n", lambda v: v)}
     RETIRED_KEYS: ClassVar[dict[str, str]] = {"episode.sampling.seed": "the rounds were seeded by episode.seed, "
                                                                        "now sampling.seed"}
     device: str | None = None
     """Device for the transformers backend; default cuda when visible, else cpu."""
-    samples: Count = 1
-    """Episodes per task (use sampling.temperature > 0 so they differ)."""
-    sampling: EpisodeSampling = field(default_factory=EpisodeSampling)
-    """Sampling of each turn: greedy and 512 new tokens by default (``n`` must be 1: samples per task are separate
-    episodes; </execute> and </solution> are always stop strings; round r of turns samples with seed + r)."""
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    """Episodes per task (``n``: use a temperature above 0 so they differ) and the sampling of each turn: greedy and
+    512 new tokens by default (each turn samples one completion an episode; </execute> and </solution> are always
+    stop strings; round r of turns samples with seed + r)."""
     thinking: bool = False
     """Render with the chat template's thinking on (Qwen3-style: the model may open a <think> block); off, the
     default in every stage, puts the template's empty think block before each answer."""

@@ -63,16 +63,16 @@ def _collect(cfg: CollectConfig, files: CollectFiles, generator: Any, tokenizer:
     check_rerun("collect", cfg, files.config, started=bool(done), run=out)  # molrl.rerun: one rule for every stage
     if tasks is None:
         tasks = load_task_source(cfg.data, "data")  # its training split unless data.split names another
-    pairs = [(t.id, s) for t in tasks for s in range(cfg.samples)]
+    pairs = [(t.id, s) for t in tasks for s in range(cfg.sampling.n)]
     total, todo = len(pairs), sum(pair not in done for pair in pairs)
     if todo == 0:
         say_finished(out, f"all {total} episodes collected", "collect")
         return out
     log.info("%s: %d of %d episodes already collected, %d to go", out, total - todo, total, todo)
     save_run_config("collect", cfg, files.config)
-    if cfg.samples > 1 and cfg.sampling.temperature == 0:
-        log.warning("samples=%d with greedy decoding (temperature 0): the samples of a task will mostly repeat; "
-                    "set sampling.temperature", cfg.samples)
+    if cfg.sampling.n > 1 and cfg.sampling.temperature == 0:
+        log.warning("sampling.n=%d with greedy decoding (temperature 0): the episodes of a task will mostly repeat; "
+                    "set sampling.temperature", cfg.sampling.n)
     use_threads(cfg.threads, "collect")
     own = generator is None or tokenizer is None  # made here: released here (a vLLM engine's memory)
     if own:
@@ -103,7 +103,7 @@ def _run(cfg: CollectConfig, files: CollectFiles, generator: Any, tokenizer: Any
             advance()
 
         run_episodes(generator, tokenizer, tasks, pool, cfg.episode, cfg.sampling, thinking=cfg.thinking,
-                     samples=cfg.samples, skip=done, on_finish=save)
+                     samples=cfg.sampling.n, skip=done, on_finish=save)
     log.info("%s: %d episodes, success rate %.3f, mean turns %.2f", files.traces, stats.done, stats.rate,
              stats.mean_turns)
     if stats.rejected:

@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 FLAGS = {
     "model": "model.path", "adapter": "model.adapter", "tasks": "data.path", "format": "data.format", "out": "output_dir",
-    "samples": "samples", "max_turns": "episode.max_turns", "limit": "data.limit",
+    "samples": "sampling.n", "max_turns": "episode.max_turns", "limit": "data.limit",
 }
 """Command-line flags and the config keys they set."""
 
