@@ -187,7 +187,7 @@ def test_finding8_the_config_records_the_continued_adapters_shape(tmp_path):
     save_config(cfg, tmp_path / "config.yaml")
     lora = yaml.safe_load((tmp_path / "config.yaml").read_text())["lora"]
     # dropout 0 (the default) is RL's switch that turns dropout off while training: it stays
-    assert lora == {"enabled": True, "rank": 16, "alpha": 32, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
+    assert lora == {"rank": 16, "alpha": 32, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}  # rl has no lora.enabled
     cfg.lora.dropout = 0.2
     with pytest.raises(ConfigError, match="lora.dropout=0.2: .* whose dropout is 0.05"):
         take_adapter_lora(cfg)
