@@ -17,13 +17,14 @@ from molrl.sandbox import SandboxConfig
 from molrl.config_ranges import Count, Positive, Range, RunDir, Seed, Size, Threads, Weight
 from molrl.config_renames import Retired
 from molrl.episode.config import EpisodeTurns
+from molrl.engines import check_engine_servers
 from molrl.rl.method_settings import MacroSettings, OpdSettings, PpoSettings, PropsSettings, RolloutSettings, TermSettings
 from molrl.sampling import HookSampling, RolloutSampling
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
 
-ALGORITHMS = ("grpo", "dr_grpo", "dr_grpo_std", "opd", "ppo")
 log = logging.getLogger(__name__)
 
+ALGORITHMS = ("grpo", "dr_grpo", "dr_grpo_std", "opd", "ppo")
 
 
 @dataclass
@@ -172,9 +173,16 @@ class RlConfig:
     """PPO clipping range of the probability ratio."""
     num_iterations: Count = 1
     """Optimisation passes over each generated batch (mu in the GRPO paper)."""
-    engine: Literal["auto", "vllm", "transformers"] = "auto"
+    engine: Literal["auto", "vllm", "vllm_server", "transformers"] = "auto"
     """Rollout generation: auto (vLLM when installed, the base is a model directory and the run's tokens pay for the
-    engine's start; transformers for PROPS and merged generation), vllm or transformers (``molrl.rl.engine``)."""
+    engine's start; transformers for PROPS and merged generation), vllm (in the trainer's process), vllm_server (the
+    servers of engine_servers) or transformers (``molrl.rl.engine``)."""
+    engine_servers: list[str] = field(default_factory=list)
+    """With engine=vllm_server: the vLLM servers rollouts are generated on (http://HOST:PORT each, as molrl serve
+    prints), all started on the policy's base model."""
+    engine_sync_dir: str | None = None
+    """With engine=vllm_server: the folder the adapter is saved in after each optimiser step for the servers to load,
+    a path every server reads (a shared filesystem on a cluster); none: engine_sync under output_dir."""
     engine_mode: Literal["colocate", "server"] = "colocate"
     """With engine=vllm. colocate: molrl's engine in the trainer's process, the adapter re-sent after every optimiser
     step; server: a separate `trl vllm-serve` process (TRL's client and weight sync; single-turn only)."""
@@ -233,6 +241,7 @@ class RlConfig:
     def __post_init__(self) -> None:
         self.model = as_model_source(self.model)
         self.data, self.eval.data = self.data.resolved(), self.eval.data.resolved()
+        check_engine_servers(self.engine, self.engine_servers)
         if self.policy.reference == "mol" and self.model.adapter is None:
             raise ValueError("policy.reference=mol needs model.adapter (the MoL stage's adapter directory)")
         self._check_sampling()
@@ -252,8 +261,6 @@ class RlConfig:
         if ro.partial and ro.over_provision < 1.0:
             raise ValueError(f"rollout.over_provision={ro.over_provision}: start at least as many groups as a step "
                              "trains on (1.0 = no over-provisioning; the APRIL authors use about 2)")
-        if ro.importance_cap <= 0:
-            raise ValueError(f"rollout.importance_cap={ro.importance_cap}: must be > 0")
         rounds, buffer = ro.resolved_rounds(), ro.resolved_buffer()
         if rounds < 1 or self.sampling.n % rounds:
             raise ValueError(f"rollout.rounds={rounds} must divide sampling.n={self.sampling.n}")
@@ -272,6 +279,7 @@ class RlConfig:
             raise ValueError("rollout.behaviour=props samples from a second adapter, which vLLM does not hold; "
                              "set engine=transformers (or auto)")
         self._check_turns()
+        self._check_overlap()
         pp = self.ppo
         if pp.critic_epochs < 1 or pp.critic_minibatches < 1 or pp.critic_warmup_steps < 0:
             raise ValueError("ppo: critic_epochs >= 1, critic_minibatches >= 1 and critic_warmup_steps >= 0")
@@ -296,6 +304,23 @@ class RlConfig:
             raise ValueError(f"sampling.stop={sp.stop}: stop strings end the turns of multi-turn rollouts "
                              "(episode.max_turns > 1); a single-turn completion ends at its end of sequence or "
                              "sampling.max_new_tokens")
+
+    def _check_overlap(self) -> None:
+        ro = self.rollout
+        if ro.max_staleness == 0:
+            return
+        if self.engine != "vllm_server":
+            raise ValueError(f"rollout.max_staleness=1 with engine={self.engine}: the overlap generates the next step "
+                             "on engine servers while this one trains, and an engine or generator in the trainer's "
+                             "process shares its devices, so nothing overlaps; set engine=vllm_server with "
+                             "engine_servers, or rollout.max_staleness=0")
+        others = {"rollout.partial=true": ro.partial, "episode.max_turns > 1": self.episode.max_turns > 1,
+                  "rollout.behaviour=props": ro.behaviour == "props", "rollout.rounds > 1": ro.resolved_rounds() > 1,
+                  "rollout.buffer_batches > 1": ro.resolved_buffer() > 1, "num_iterations > 1": self.num_iterations > 1}
+        clash = [name for name, on in others.items() if on]
+        if clash:
+            raise ValueError(f"rollout.max_staleness=1 with {', '.join(clash)}: the overlap generates each step's "
+                             "single-turn groups whole, one step ahead, trained on once; set rollout.max_staleness=0")
 
     def _check_turns(self) -> None:
         ro, ep, terms = self.rollout, self.episode, self.loss

@@ -124,7 +124,6 @@ class PolicyEngine:
         adapter is too near its base to tell (``molrl.rl.mismatch.canary_verdict``), it asks again at the next sync."""
         import torch
         from trl.trainer.utils import use_adapter
-        from vllm import SamplingParams
 
         from molrl.rl.batch import pad_rows
         from molrl.rl.mismatch import canary_message, canary_verdict
@@ -133,10 +132,7 @@ class PolicyEngine:
             self.canary_decided = True
             return
         prompt = list(next(iter(trainer.prompt_ids.values())))
-        params = SamplingParams(n=1, temperature=trainer.logprobs.temperature, max_tokens=CANARY_TOKENS, logprobs=0,
-                                seed=0, detokenize=False)  # no top-p / top-k: the trainer's log-probs have none
-        out = sampled_of(self.llm.generate([{"prompt_token_ids": prompt}], params, lora_request=self.lora,
-                                           use_tqdm=False)[0].outputs[0])
+        out = self.sample_ids(prompt, CANARY_TOKENS, trainer.logprobs.temperature)
         if not out.ids:
             return
         device = trainer.accelerator.device
@@ -149,6 +145,15 @@ class PolicyEngine:
         self.canary_decided = verdict.decided
         if verdict.on_base:
             raise MolrlError(canary_message(step, verdict))
+
+    def sample_ids(self, prompt: list[int], tokens: int, temperature: float) -> Sampled:
+        """``tokens`` ids sampled after ``prompt`` with the adapter the engine holds now (no sync), at ``temperature``
+        alone (no top-p / top-k: the trainer's log-probs have none), seed 0, with the engine's log-prob of each."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(n=1, temperature=temperature, max_tokens=tokens, logprobs=0, seed=0, detokenize=False)
+        return sampled_of(self.llm.generate([{"prompt_token_ids": prompt}], params, lora_request=self.lora,
+                                            use_tqdm=False)[0].outputs[0])
 
     def params(self, trainer: Any, max_tokens: int, stop: Sequence[str] = ()) -> Any:
         """vLLM sampling parameters for the run's ``sampling`` (``trainer.cfg``), ``max_tokens`` new tokens, and

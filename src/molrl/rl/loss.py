@@ -160,3 +160,17 @@ def sampler_weights(trainer_logps: torch.Tensor, sampler_logps: torch.Tensor, ma
     ratio = torch.exp(diff.sum(dim=-1, keepdim=True))  # [B, 1]
     return ratio.masked_fill(ratio > cap, 0.0)
 
+
+
+def truncated_importance_weights(trainer_logps: torch.Tensor, sampler_logps: torch.Tensor,
+                                 cap: float) -> torch.Tensor:
+    """[B, T] truncated importance sampling (TIS): ``min(pi_trainer / pi_sampler, cap)`` per token, 1 where the
+    sampler's log-prob is unknown (NaN).
+
+    ``trainer_logps`` [B, T]: the trained policy's log-probs of the tokens before the step's update (the loss's old
+    log-probs, at the sampling temperature); ``sampler_logps`` [B, T]: those of the policy that sampled them (an
+    engine's processed log-probs, or a resumed partial rollout's recorded ones). Multiplying each token's loss, the
+    weights correct its expectation to the trained policy's, with the variance bounded by ``cap``.
+    """
+    log_ratio = torch.nan_to_num(trainer_logps.float() - sampler_logps.float(), nan=0.0)  # [B, T]
+    return torch.exp(log_ratio).clamp(max=cap)

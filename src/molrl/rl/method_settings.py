@@ -112,6 +112,14 @@ class RolloutSettings:
     the step: ``molrl.rl.mismatch``) passes this; 0: no gate. Measured on the in-process engine: 1e-13 healthy in
     fp32, 1e-4 in bf16, 1.3 with a stale adapter; peers report 0.01-0.03 for bf16 on GPUs (benchmarks/RESULTS.md,
     "The mismatch gate")."""
+    max_staleness: Annotated[int, Range(0, 1)] = 0
+    """0: each step samples its rows with the adapter it trains (synchronous); 1: one-step-off overlap (engine=
+    vllm_server only, ``molrl.rl.rollouts.overlap``): the next step's rows are generated on the servers while this
+    step trains, sampled with this step's adapter, and trained on by the next with ``tis_cap``'s correction."""
+    tis_cap: Annotated[float, Range(1, 1000)] = 2.0
+    """max_staleness=1: truncated importance sampling of the rows sampled one step earlier: each token's loss is
+    weighted by min(pi_trainer / pi_engine, tis_cap) (trainer: the step's policy before its update; engine: the
+    servers' processed log-prob under the adapter that sampled it)."""
     sampling_error: bool = True
     """Log ``sampling_error``: KL(empirical || policy) at the states two or more of a prompt's completions share,
     over the data of each update, from the loss's own log-probs (or, where those come after an update, from the
@@ -123,8 +131,9 @@ class RolloutSettings:
 
     def policy(self, max_turns: int) -> str:
         """The rollout policy's name in ``molrl.rl.rollouts.ROLLOUTS`` for episodes of ``max_turns`` turns at most
-        (``episode.max_turns``): turns, partial, props or sync."""
-        by_setting = "partial" if self.partial else "props" if self.behaviour == "props" else "sync"
+        (``episode.max_turns``): turns, partial, props, overlap or sync."""
+        by_setting = "partial" if self.partial else "props" if self.behaviour == "props" else \
+            "overlap" if self.max_staleness == 1 else "sync"
         return "turns" if max_turns > 1 else by_setting
 
     def resolved_rounds(self) -> int:

@@ -92,7 +92,8 @@ class ServerPolicyEngine(PolicyEngine):
         self.synced_step: int | None = None
         self.syncs = 0
         """How many adapters were loaded (one per optimiser step that was followed by generation)."""
-        self.canary_decided = True  # the mismatch gate reads the servers' log-probs; the canary is in-process only
+        self.canary_decided = False
+        """The canary has judged the servers (``PolicyEngine.canary``, through ``sample_ids``)."""
         self.requests = 0
         """Requests sent at the current step (a part of each request's seed)."""
         self.llm = None
@@ -112,6 +113,15 @@ class ServerPolicyEngine(PolicyEngine):
             self.adapters.follow(name)
         self.lora, self.synced_step, self.requests = name, step, 0
         self.syncs += 1
+        if step > 0 and not self.canary_decided:
+            self.canary(trainer, step)
+
+    def sample_ids(self, prompt: list[int], tokens: int, temperature: float) -> Sampled:
+        """``tokens`` ids sampled after ``prompt`` on the servers with the current adapter (no sync), at
+        ``temperature`` alone, seed 0, with the servers' log-prob of each."""
+        reply = self.pool.submit(self.lora, prompt, RequestParams(max_tokens=tokens, temperature=temperature, seed=0))
+        out = self.pool.gather([reply])[0]
+        return Sampled(out.ids, out.logps)
 
     def params(self, trainer: Any, max_tokens: int, stop: Sequence[str] = ()) -> RequestParams:
         """A request's sampling for the run's ``sampling``, ``max_tokens`` new tokens and ``stop`` strings (kept in the

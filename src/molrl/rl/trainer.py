@@ -44,6 +44,7 @@ from molrl.rl.logprobs import LogProbs
 from molrl.rl.loss import PolicyLossSettings, policy_loss, policy_normaliser
 from molrl.rl.mismatch import MismatchGate, token_logp_records
 from molrl.rl.rollouts import ROLLOUTS, Synchronous
+from molrl.rl.rollouts.overlap import Lookahead
 from molrl.rl.score import Scorer, log_scores
 from molrl.rl.terms import CompletionLogits, build_terms
 
@@ -57,6 +58,7 @@ TRL_SURFACE = {
         "_tokenize_prompts": ("prompts",),  # overridden: a prompt's ids are its row's prompt_ids (content as text)
         "_save_checkpoint": ("model", "trial"),  # overridden: a rollout policy's state goes in first
         "_get_output_dir": ("trial",),  # called: where that checkpoint is
+        "get_batch_samples": ("epoch_iterator", "num_batches", "device"),  # overridden: read through the lookahead
     },
     "attributes": ("_metrics", "eos_token_ids", "ref_model", "current_gradient_accumulation_steps", "use_vllm",
                    "vllm_importance_sampling_correction", "pad_to_multiple_of", "generation_config",
@@ -80,11 +82,12 @@ class RlTrainer(GRPOTrainer):
     def __init__(self, *args: Any, scorer: Scorer, config: RlConfig, completions_path: Path | None = None,
                  made_by: dict[str, Any] | None = None, **kwargs: Any):
         super().__init__(*args, reward_funcs=[scorer], **kwargs)
-        self.scorer, self.completions_path, self.seen_stages = scorer, completions_path, set()
         self.cfg = config  # what molrl's code reads of the run's settings (TRL's copies are for TRL's own code)
+        self.scorer, self.completions_path, self.seen_stages = scorer, completions_path, set()
         self.made_by = made_by  # what each completions.jsonl row records of its making (score.completions_made_by)
         self.logprobs = LogProbs(self)  # every sampling log-prob, at the one temperature
         self.engine: Any = None  # molrl.rl.engine.PolicyEngine once attached (engine=vllm, colocated)
+        self.lookahead = Lookahead()  # the loop's batches, one readable ahead (rollout.max_staleness=1 submits it)
         self.mismatch_gate = MismatchGate(config.rollout.max_mismatch_kl)  # after the metrics file's callback
         self.add_callback(self.mismatch_gate)
         self.prompt_ids = prompt_ids_by_text(self.train_dataset)
@@ -180,6 +183,10 @@ class RlTrainer(GRPOTrainer):
         metrics["clip_ratio/region_mean"].append(((sums[1] + sums[2]) / tokens).item())
         for name, total in zip(shares, sums[4:]):
             metrics[name].append(total.item())
+
+    # the loop's batches, read through the lookahead (the next step's prompts are known while this one trains)
+    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> tuple[list, Any]:
+        return super().get_batch_samples(self.lookahead.wrap(epoch_iterator), num_batches, device)
 
     # prompts: ids encoded by molrl (a task's text never becomes control tokens), not TRL's re-tokenisation
     def _tokenize_prompts(self, prompts: list) -> tuple[list[list[int]], None, dict]:

@@ -6,6 +6,7 @@ the trainer does not change.
 
 from __future__ import annotations
 
+from molrl.rl.rollouts.overlap import OneStepOff
 from molrl.rl.rollouts.partial import Partial
 from molrl.rl.rollouts.props import Props
 from molrl.rl.rollouts.sync import Synchronous
@@ -16,6 +17,7 @@ ROLLOUTS: dict[str, type[Synchronous]] = {
     "partial": Partial,
     "props": Props,
     "turns": Turns,
+    "overlap": OneStepOff,
 }
 """Rollout policy name (``RolloutSettings.policy()``) -> its class."""
 

@@ -26,6 +26,8 @@ from typing import Any, Sequence
 import torch
 from transformers import StoppingCriteria
 
+from molrl.rl.loss import truncated_importance_weights
+
 
 @dataclass
 class PartialCompletion:
@@ -117,7 +119,7 @@ def importance_weights(policy_logps: torch.Tensor, behaviour_logps: torch.Tensor
     ``policy_logps`` are the step's starting policy's log-probs of the tokens, ``behaviour_logps`` those
     recorded when the tokens were sampled.
     """
-    ratio = torch.exp(policy_logps - behaviour_logps).clamp(max=cap)
+    ratio = truncated_importance_weights(policy_logps, behaviour_logps, cap)  # [B, T]
     return torch.where(off_policy, ratio, torch.ones_like(ratio))
 
 

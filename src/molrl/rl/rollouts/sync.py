@@ -161,7 +161,7 @@ class Synchronous:
         if on_engine:  # the engine's log-probs of what it sampled against the trainer's, under the same policy
             sampler = pad_values([[math.nan if x is None else x for x in r] for r in sampler_lists], 0.0, "right",
                                  device, torch.float32, multiple)
-            self.log_mismatch(behaviour, sampler, completion_mask)
+            self.log_mismatch(self.sampler_policy_logps(logps_of, behaviour), sampler, completion_mask)
             if trainer.vllm_importance_sampling_correction:
                 weights = sampler_weights(behaviour, sampler, completion_mask)
         if self.cfg.beta != 0.0:
@@ -176,6 +176,11 @@ class Synchronous:
                             [tasks[x["task_json"]] for x in inputs], [x["prompt"] for x in inputs], completions, finished,
                             lengths=[len(r) for r in completion_lists], attention_mask=attention,
                             feedback_mask=feedback, engine_logps=sampler)
+
+    def sampler_policy_logps(self, logps_of: Callable[[Any], torch.Tensor], current: torch.Tensor) -> torch.Tensor:
+        """[B, T] the trainer's log-probs under the weights the engine sampled the batch with (``logps_of(model)``
+        computes them for a model): here the current policy's, ``current``."""
+        return current
 
     def log_mismatch(self, trainer_logps: torch.Tensor, engine_logps: torch.Tensor, mask: torch.Tensor) -> None:
         """Log the step's engine-trainer mismatch (``molrl.rl.mismatch``: ``rollout/mismatch_kl``,
