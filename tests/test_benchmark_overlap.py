@@ -180,3 +180,31 @@ def test_shipped_qwen_pipelines_leave_eval_test_tasks_out_of_mol(name, tmp_path,
                                            "mbpp": str(mbpp_file)}
     off = load_pipeline_config(REPO / "configs" / name, ["model=m", "exclude_eval_tasks=false"])
     assert mol_config(off, off.mol_runs[0], ["traces.jsonl"], tmp_path).data.exclude_benchmarks == {}
+
+
+@pytest.mark.parametrize("name", ["pipeline_qwen3_4b.yaml", "pipeline_qwen3_8b.yaml"])
+def test_shipped_qwen_pipelines_on_the_shared_mint_traces_train_on_no_eval_test_task(name, shared_data, tmp_path,
+                                                                                     caplog, cli_logs):
+    """The shipped Qwen pipelines, given the real MINT traces (converted as their comment says) and the real benchmark
+    files, hand MoL no trace whose task eval then scores: every kept trace's key is outside the eval test keys."""
+    from molrl.mol.data import load_examples
+    from molrl.pipeline import load_pipeline_config, mol_config
+    from molrl.tasks.index import BenchmarkIndex
+    from molrl.tiny import build_tiny_tokenizer
+
+    traces = tmp_path / "mint"
+    assert main(["traces", "convert", "--from", "mint", str(shared_data / "traces/mint"), str(traces)]) == 0
+    files = {"math500": shared_data / "math500/test.jsonl", "aime24": shared_data / "aime24/test.jsonl",
+             "aime25": shared_data / "aime25/test.jsonl", "humaneval": shared_data / "humaneval/HumanEval.jsonl.gz",
+             "mbpp": shared_data / "mbpp/mbpp.jsonl"}
+    cfg = load_pipeline_config(REPO / "configs" / name, ["model=m", *(f"eval.data.{k}={v}" for k, v in files.items())])
+    mol = mol_config(cfg, cfg.mol_runs[0], sorted(str(p) for p in traces.glob("*.jsonl")), tmp_path)
+    with caplog.at_level(logging.INFO):
+        _, stats = load_examples(mol.data.traces, build_tiny_tokenizer("chatml"), mol.data.max_length,
+                                 exclude_benchmarks=mol.data.exclude_benchmarks)
+    index = BenchmarkIndex.from_files(files)
+    tested = {key for key, matches in index.by_key.items() if any(m.split == "test" for m in matches)}
+    assert stats.task_keys and not set(stats.task_keys) & tested
+    per_file = {"mbpp/test": 91, "humaneval/test": 45, "math500/test": 7}
+    assert stats.excluded == {k: n * len(list(traces.glob("*__mbpp.jsonl"))) for k, n in per_file.items()}
+    assert "empty or blank" not in caplog.text and "are tasks eval scores, left out" in caplog.text

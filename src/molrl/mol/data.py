@@ -104,12 +104,17 @@ def load_examples(paths: Sequence[str], tokenizer: Any, max_length: int, enable_
     readers = [read_traces(path) for path in paths]
     files = [(reader.path, list(reader)) for reader in readers]  # every file read before any is tokenised
     index = _exclusion_index(exclude_benchmarks)
+    read = {path: len(traces) for path, traces in files}
     if index is not None:
         files = [(path, _without_eval_tasks(traces, index, stats)) for path, traces in files]
         total = sum(len(t) for _, t in files) + sum(stats.excluded.values())
         log.info("%s", overlap_line(stats.excluded, total, "data.exclude_benchmarks"))
     rejects: list[Reject] = [r for reader in readers for r in reader.rejects]
     for path, traces in files:
+        if read[path] and not traces:  # every trace an eval test task: not an empty file
+            log.info("%s: all %d of its traces are tasks eval scores, left out (data.exclude_benchmarks)",
+                     path, read[path])
+            continue
         start, cut_before = len(examples), (stats.cut_to_nothing, stats.cut_feedback)
         for line_no, trace in traces:
             try:
