@@ -68,6 +68,8 @@ TABLE = {
     "definition_that_does_not_compile": ("```python\ndef f(x)\n    return x\n```\n```python\nprint(f(1))\n```", "f",
                                          "def f(x)\n    return x"),
     "indented_def_that_does_not_compile": (f"{DEF}\n```python\nif True:\n    def f(x)\n```", "f", F),
+    "name_in_a_string_of_a_block_that_does_not_compile_after": (
+        f"{DEF}\n```python\nUSAGE = '''\nf = the function above\n'''\nprint USAGE\n```", "f", F),
     "solution_tag": ("<solution>\ndef f(x):\n    return x\n</solution>", "f", "def f(x):\n    return x"),
     "solution_tag_around_fences": (f"<solution>\n```text\nf(3) -> 4\n```\n{DEF}\n</solution>", "f", F),
     "fence_in_a_list_item": ("1. The code:\n   ```python\n   def f(x):\n       return x\n   ```\n", "f",

@@ -121,21 +121,46 @@ def test_collect_observations_keep_correct_rows_beside_bombs(pool, triangle):
 
 # --- no trainer-side path parses model-written text with Python's own compiler -----------------
 
-MODEL_TEXT_PATHS = ["graders", "tasks/grade.py", "tasks/toy.py", "rewards.py", "rl", "eval", "collect"]
-"""Where completions flow. tasks/asserts.py is left out: it parses benchmark tests at load time."""
-PARSERS = {"compile", "eval", "exec", "ast.parse", "ast.literal_eval", "sympify", "parse_expr", "parse_latex"}
+MODEL_TEXT_PATHS = ["graders", "tasks/grade.py", "tasks/toy.py", "rewards.py", "rl", "eval", "collect", "episode",
+                    "engine_server", "generation.py", "engines.py", "traces", "demo", "sandbox/pool.py",
+                    "sandbox/slot.py", "sandbox/compare.py", "sandbox/runtime/codec.py"]
+"""Where completions, and what their programs print, flow: generated (engines, the engine server), parsed into actions
+and feedback (episode, collect), graded (graders, rewards, rl, eval, demo), read back from the sandbox, imported
+(traces). Left out: tasks/asserts.py and tasks/index.py parse benchmark tests and a trace's task (its first user
+message) at load time, and the rest of sandbox/runtime runs inside the sandbox."""
+BUILTIN_PARSERS = {"compile", "eval", "exec"}
+"""Builtins that compile text, called by their bare name or through ``builtins`` (``model.eval()`` compiles nothing)."""
+PARSERS = {"ast.parse", "ast.literal_eval", "literal_eval", "sympify", "parse_expr", "parse_latex"}
+"""Other parsers of text, by their module-qualified or bare name."""
 
 
-def _called_name(call: ast.Call) -> str:
+def _parses(call: ast.Call) -> bool:
+    """Whether a call hands text to a parser: a builtin by its name, another parser by its name on any object."""
     func = call.func
-    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
-        return f"{func.value.id}.{func.attr}"
-    return func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+    if isinstance(func, ast.Name):
+        return func.id in BUILTIN_PARSERS or func.id in PARSERS
+    if not isinstance(func, ast.Attribute):
+        return False
+    owner = func.value.id if isinstance(func.value, ast.Name) else ""
+    if func.attr in BUILTIN_PARSERS:
+        return owner == "builtins"
+    return f"{owner}.{func.attr}" in PARSERS or func.attr in PARSERS
+
+
+@pytest.mark.parametrize("line, parses", [
+    ("eval(s)", True), ("exec(s)", True), ("compile(s, 'x', 'exec')", True), ("builtins.eval(s)", True),
+    ("ast.parse(s)", True), ("ast.literal_eval(s)", True), ("literal_eval(s)", True), ("sympy.sympify(s)", True),
+    ("sympify(s)", True), ("parse_expr(s)", True), ("latex.parse_latex(s)", True),
+    ("model.eval()", False), ("self.model.eval()", False), ("load(p).eval()", False), ("re.compile(s)", False),
+    ("torch.compile(m)", False), ("tokenize.generate_tokens(r)", False),
+])
+def test_the_scan_flags_each_call_that_compiles_text_and_no_other(line, parses):
+    assert _parses(ast.parse(line).body[0].value) is parses
 
 
 def test_no_completion_path_compiles_or_evaluates_text():
     files = [p for rel in MODEL_TEXT_PATHS for p in ([SRC / rel] if rel.endswith(".py") else sorted((SRC / rel).rglob("*.py")))]
-    found = [f"{p.relative_to(SRC)}:{node.lineno}: {_called_name(node)}(...)"
+    found = [f"{p.relative_to(SRC)}:{node.lineno}: {ast.unparse(node.func)}(...)"
              for p in files for node in ast.walk(ast.parse(p.read_text(), str(p)))
-             if isinstance(node, ast.Call) and _called_name(node) in PARSERS]
+             if isinstance(node, ast.Call) and _parses(node)]
     assert len(files) > 10 and found == []

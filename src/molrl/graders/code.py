@@ -5,7 +5,7 @@ Staged reward (values in ``CodeRewardConfig``): no code block < code does not co
 but errors (nothing passes: it crashed, timed out, or every test raised) < a fraction of the tests
 pass < all tests pass. ``mode='binary'`` gives 1 for all tests passing and 0 otherwise.
 
-Model-written code is never compiled here (extraction parses it, catching what parsing raises): a program that
+Model-written code is never compiled here (extraction only tokenizes it, ``molrl.graders.toplevel``): a program that
 nests a few thousand brackets makes the compiler raise RecursionError or MemoryError, so compile errors are read
 from the sandbox's run.
 Rows are graded independently: a row whose run or judgement raises is graded ``grader_error``

@@ -11,36 +11,38 @@ The rules, in the order they apply:
   closed does not count (the answer was cut before its code ended). Indented code blocks do not count. An
   ``<execute>`` / ``<solution>`` block counts too: its first Python fence where it holds one, else its whole text.
 - **The defining block.** With ``entry_point``, the last block whose top level defines it: a top-level ``def`` or
-  ``async def`` of that name, or an assignment to it, found with ``ast``. A method of that name, a nested ``def``, or
-  a comparison (``f == f``) defines nothing. The last wins because models draft and then correct themselves; the
-  definition wins over a later block that only uses it (``assert f(3) == 4``).
-- **A block that does not parse.** A ```` ``` ```` line inside a multi-line string at the start of a line does close
-  the fence, which leaves a block that does not parse. Such a block is joined with what follows it, up to the next
-  fence's opening line, then through that fence's end; the first join that parses is the block. A block that does
-  not parse, even joined, defines the entry point when one of its unindented lines starts ``def NAME``, ``async def
-  NAME`` or ``NAME =`` (it is the answer, graded a compile error).
+  ``async def`` of that name, or an assignment that binds it, read from its tokens (``molrl.graders.toplevel``; model
+  text is never compiled outside the sandbox). A method of that name, a nested ``def``, or a comparison (``f == f``)
+  defines nothing. The last wins because models draft and then correct themselves; the definition wins over a later
+  block that only uses it (``assert f(3) == 4``).
+- **A block that does not tokenize.** A ```` ``` ```` line inside a multi-line string at the start of a line does
+  close the fence, which leaves a block whose string never closes. A block that does not tokenize to its end with
+  every string and bracket closed is joined with what follows it, up to the next fence's opening line, then through
+  that fence's end; the first join that tokenizes is the block. A block that does not tokenize, even joined, defines
+  the entry point when one of its unindented lines starts ``def NAME``, ``async def NAME`` or ``NAME =`` (it is the
+  answer, graded a compile error).
 - **Fallback.** When no block defines the entry point, or none is named, the last block (as grading 1 did): the
   completion's answer is then whatever it ran last.
 
 Completions are written by the policy, so every step costs linear time in any text: the parser reads each line a
-bounded number of times, the tag scan looks at each character once, and ``ast`` parses a stretch of text a
-bounded number of times (as a block, and in the joins that reach over it: four at most).
+bounded number of times, the tag scan looks at each character once, and ``tokenize`` reads a stretch of text a
+bounded number of times (as a block, and in the joins that reach over it: four at most), stopping at the first
+character that is no token or at nesting past CPython's own limit.
 """
 
 from __future__ import annotations
 
-import ast
 import re
 from dataclasses import dataclass
 from functools import lru_cache
 
 from markdown_it import MarkdownIt
 
+from molrl.graders.toplevel import top_level_defines
+
 PYTHON_TAGS = frozenset({"", "python", "py", "python3"})
 """First words of a fence's info string that mark Python (lowercased; empty: an untagged fence)."""
 _TAGS = ("execute", "solution")
-_UNPARSABLE = (SyntaxError, ValueError, MemoryError, RecursionError, OverflowError)
-"""What ``ast.parse`` raises on text that is not a program (deep nesting and NUL bytes included)."""
 
 
 @dataclass(frozen=True)
@@ -132,47 +134,15 @@ def _tag_blocks(text: str):
         pos = end + len(tag) + 3
 
 
-def top_level_defines(tree: ast.Module, name: str) -> bool:
-    """Whether a module's top level defines ``name``: ``def``/``async def`` of it, or an assignment to it."""
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
-            return True
-        targets = node.targets if isinstance(node, ast.Assign) else \
-            [node.target] if isinstance(node, ast.AnnAssign) and node.value is not None else []
-        if any(name in _bound(t) for t in targets):
-            return True
-    return False
-
-
-def _bound(target: ast.expr) -> set[str]:
-    """The names an assignment target binds (``a``, ``a, (b, *c)``; ``x[a]`` and ``x.a`` bind none)."""
-    if isinstance(target, ast.Name):
-        return {target.id}
-    if isinstance(target, ast.Starred):
-        return _bound(target.value)
-    if isinstance(target, (ast.Tuple, ast.List)):
-        return set().union(*(_bound(e) for e in target.elts))
-    return set()
-
-
-def _parse(code: str) -> ast.Module | None:
-    try:
-        return ast.parse(code)
-    except _UNPARSABLE:
-        return None
-
-
 def defining_code(block: Block, name: str) -> str | None:
-    """The code of ``block`` (or of its first join that parses) when it defines ``name`` at its top level."""
-    if name not in (block.joins[-1] if block.joins else block.code):  # the longest reading holds the others
+    """The code of ``block`` (or of its first join that tokenizes) when it defines ``name`` at its top level."""
+    word = re.compile(rf"\b{re.escape(name)}\b")  # a name token is a whole word: ``f_`` holds no ``f``
+    if not word.search(block.joins[-1] if block.joins else block.code):  # the longest reading holds the others
         return None
-    tree = _parse(block.code)
-    if tree is not None:
-        return block.code if top_level_defines(tree, name) else None
-    for joined in block.joins:
-        tree = _parse(joined)
-        if tree is not None:
-            return joined if top_level_defines(tree, name) else None
+    for code in (block.code, *block.joins):
+        found = top_level_defines(code, name)
+        if found is not None:
+            return code if found else None
     unindented = re.compile(rf"^(?:async[ \t]++)?def[ \t]++{re.escape(name)}\b|^{re.escape(name)}[ \t]*+=(?!=)", re.M)
     return block.code if unindented.search(block.code) else None
 
