@@ -440,7 +440,8 @@ def test_a_model_path_given_over_a_written_out_model_block_keeps_its_other_keys(
     path.write_text(f"model: {{path: a, adapter: {adapter or 'null'}, dtype: bfloat16}}\n")
     cfg = load_config(STAGES[stage], path, [*REQUIRED.get(stage, []), "model=b"])
     assert cfg.model == (ModelWeights("b", dtype="bfloat16") if stage == "mol"
-                         else ModelSource("b", adapter=adapter, dtype="bfloat16"))
+                         else type(cfg.model)("b", adapter=adapter, dtype="bfloat16"))
+    assert isinstance(cfg.model, ModelSource if stage != "mol" else ModelWeights)
 
 
 def test_mol_shows_no_model_adapter_and_a_saved_run_holding_none_loads():

@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 STAGES = {
     "mol": (MolConfig, [], "molrl.mol.run.run_mol"),
     "rl": (RlConfig, [], "molrl.rl.run.run_rl"),
-    "eval": (EvalConfig, ["--model", "tiny:chatml"], "molrl.eval.run.run_eval"),
-    "collect": (CollectConfig, ["--model", "tiny:chatml", "--tasks", "tasks.jsonl", "--out", "out"],
+    "eval": (EvalConfig, ["model=tiny:chatml"], "molrl.eval.run.run_eval"),
+    "collect": (CollectConfig, ["model=tiny:chatml", "data.path=tasks.jsonl", "output_dir=out"],
                 "molrl.collect.run.run_collect"),
     "pipeline": (PipelineConfig, [], "molrl.pipeline.run_pipeline"),
 }
@@ -319,7 +319,7 @@ def test_a_pipeline_section_value_is_refused_before_any_stage_runs(tmp_path, cli
 
 @pytest.mark.parametrize("stage,overrides,says", [
     ("rl", ["sampling.n=3", "train.micro_batch_size=2"], "train.micro_batch_size=2 must divide"),
-    ("rl", ["policy.reference=mol"], "policy.reference=mol needs model.adapter"),
+    ("rl", ["model.reference=mol"], "model.reference=mol needs model.adapter"),
     ("eval", ["sampling.n=2", "sampling.temperature=0"], "sampling.n=2 with greedy decoding"),
 ])
 def test_cross_key_checks_run_at_load_time_too(tmp_path, monkeypatch, cli_logs, caplog, stage, overrides, says):

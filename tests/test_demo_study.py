@@ -182,7 +182,7 @@ def test_the_no_replay_arms_train_on_the_rule_problems_alone_and_take_the_mol_mo
     for run, weight in zip(cfg.rl_runs, CHAIN_NO_REPLAY.rl_kl):
         rl = rl_config(cfg, run, Path("/r/pipeline"))
         assert str(rl.data.path) == f"/r/world/{RULE_ONLY}" and run.start == "mol" + NO_REPLAY
-        assert (rl.policy.adapter_mode, rl.policy.reference) == ("merge_new", "mol")
+        assert (rl.model.adapter_mode, rl.model.reference) == ("merge_new", "mol")
         assert rl.loss.kl_weight == weight
 
 
@@ -208,7 +208,7 @@ def test_quick_no_replay_study_fills_every_table(tmp_path):
     for title in ("## 1. MoL vs CE vs CE on feedback only, without replay", "## RL from MoL without replay",
                   "## 5. The KL dose", "## 6. GRPO from MoL with MoL's decision KL", "## Time"):
         assert title in report, title
-    assert "policy.adapter_mode=merge_new" in report and "nan" not in report
+    assert "model.adapter_mode=merge_new" in report and "nan" not in report
     assert len(re.findall(VERDICT, report)) == 3 + 4 + 2 + 7 + 10
     assert (tmp_path / "plots" / "no_replay_arms.png").stat().st_size > 10_000
     rl_prompts = (tmp_path / "seed-0" / "world" / "rl_rule_train.jsonl").read_text()

@@ -136,7 +136,7 @@ MOL_RUNS = {"mol": ["loss.mode=mol"], "ce": ["loss.mode=ce", "loss.monitor_kl=fa
 RL_RUNS = {
     "ppo_turns": ["algorithm=ppo", "ppo.critic=separate", "episode.max_turns=2", "episode.turn_tokens=8",
                   "sampling.max_new_tokens=400", "sampling.stop=[END]", "macro.rule=turn", "data.path={code}",
-                  "data.spec.kind=code", "model.adapter={mol}", "policy.adapter_mode=merge_new", "policy.reference=mol",
+                  "data.spec.kind=code", "model.adapter={mol}", "model.adapter_mode=merge_new", "model.reference=mol",
                   "beta=0.1", "eval.every_steps=1", "eval.data.path={code}", "eval.data.format=jsonl",
                   "eval.data.spec.kind=code", "eval.kl_prompts=1", "eval.max_new_tokens=4"],
     "opd_partial": ["algorithm=opd", "rollout.partial=true", "opd.teacher=model", "opd.teacher_model={mol}/adapter",

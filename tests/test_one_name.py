@@ -35,6 +35,9 @@ RENAMES = [
     ("collect", "episode.code_task=Solve {prompt} now", "episode.code_prompt", []),
     ("rl", "episode.math_task=Solve {prompt} now", "episode.math_prompt", []),
     ("collect", "samples=3", "sampling.n", []),
+    ("rl", "policy.seed=3", "model.seed", []),
+    ("rl", "policy.adapter_mode=merge_new", "model.adapter_mode", []),
+    ("rl", "policy.reference=mol", "model.reference", ["model.adapter=ad"]),
 ]
 """(stage, old key=a value other than the default, the key's one name now, what else the value needs)."""
 
@@ -126,3 +129,43 @@ def test_a_demo_base_made_before_the_prompt_rename_keeps_its_key():
 
     key = CollectionFormat(code_prompt="Solve {prompt}").key()
     assert (key["code_task"], key["math_task"]) == ("Solve {prompt}", "{prompt}") and "code_prompt" not in key
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_one_seed_key_seeds_a_tiny_models_weights_in_every_stage(stage):
+    """``model.seed`` in every stage's model block, refused beside a checkpoint, whose weights are its own."""
+    from molrl.config_blocks import ModelWeights
+
+    cfg = load_config(STAGES[stage], None, [*REQUIRED.get(stage, []), "model=tiny:chatml", "model.seed=3"])
+    assert isinstance(cfg.model, ModelWeights) and cfg.model.seed == 3
+    with pytest.raises(ConfigError, match="model.seed=3 seeds a tiny: model's random weights, and "
+                                          "model.path='ckpt' is a checkpoint with its own; remove model.seed"):
+        load_config(STAGES[stage], None, [*REQUIRED.get(stage, []), "model=ckpt", "model.seed=3"])
+
+
+@pytest.mark.parametrize("stage", ["collect", "eval"])
+def test_a_tiny_models_weights_follow_model_seed_not_sampling_seed(stage, monkeypatch):
+    """collect and eval load a tiny model with ``model.seed``; ``sampling.seed`` seeds their sampling only."""
+    import molrl.models
+
+    seeds = []
+
+    def load_model(*args, seed=0, **kwargs):
+        seeds.append(seed)
+        raise _Stop
+
+    monkeypatch.setattr(molrl.models, "load_model", load_model)
+    cfg = load_config(STAGES[stage], None, [*REQUIRED.get(stage, []), "model=tiny:chatml", "model.seed=3",
+                                            "sampling.seed=5", "engine=transformers"])
+    with pytest.raises(_Stop):
+        if stage == "collect":
+            from molrl.collect.run import build_generator
+            build_generator(cfg, 1)
+        else:
+            from molrl.eval.sources import load_generator
+            load_generator(cfg)
+    assert seeds == [3]
+
+
+class _Stop(Exception):
+    """Raised in place of a model: the load is all the test watches."""

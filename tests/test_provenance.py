@@ -63,7 +63,7 @@ def made(tmp_path_factory, shared_data) -> dict[str, Path]:
     rl = root / "rl"
     assert main(["rl", "--config", str(REPO / "configs" / "rl_tiny.yaml"), "train.max_steps=1", "sampling.n=2",
                  "train.micro_batch_size=2", "sampling.max_new_tokens=4", f"model.adapter={mol / 'adapter'}",
-                 "policy.adapter_mode=merge_new", "train.report_to=[none]", f"output_dir={rl}"]) == 0
+                 "model.adapter_mode=merge_new", "train.report_to=[none]", f"output_dir={rl}"]) == 0
     return {"root": root, "mol": mol, "rl": rl, "merged": root / "merged", "full": full, "gguf": _gguf_conversion(root)}
 
 

@@ -161,7 +161,7 @@ def test_collect_and_eval_refuse_through_the_shared_rule(tmp_path):
     # ks, label and limit only change what is summarised: allowed
     assert check_rerun("eval", EvalConfig(model="a", ks=[1], label="x", limit=3), tmp_path / "config.yaml",
                        started=True) == []
-    with pytest.raises(ConfigError, match=r"model.path was 'a', now 'b'; start a new run elsewhere \(--out DIR\)"):
+    with pytest.raises(ConfigError, match=r"model.path was 'a', now 'b'; start a new run elsewhere \(output_dir=DIR, or --out DIR for short\)"):
         check_rerun("eval", EvalConfig(model="b", ks=[1]), tmp_path / "config.yaml", started=True)
     saved = tmp_path / "t" / "config.yaml"
     save_config(CollectConfig(model="m", data=TaskSource(Path("t")), output_dir=tmp_path / "t"), saved)
@@ -170,7 +170,7 @@ def test_collect_and_eval_refuse_through_the_shared_rule(tmp_path):
                           sampling=SamplingConfig(n=4))
     other.sampling.temperature = 0.8
     with pytest.raises(ConfigError, match=r"sampling.temperature was 0.0, now 0.8; start a new run "
-                                          r"elsewhere \(--out DIR\)") as err:
+                                          r"elsewhere \(output_dir=DIR, or --out DIR for short\)") as err:
         check_rerun("collect", other, saved, started=True)
     assert "samples" not in str(err.value) and "output_dir was" not in str(err.value)
     assert check_rerun("collect", other, saved, started=False) == []  # nothing collected yet: nothing to protect

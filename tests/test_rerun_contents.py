@@ -170,8 +170,8 @@ def test_finding8_a_lora_value_that_disagrees_with_the_continued_adapter_is_refu
             f"output_dir={tmp_path / 'rl'}"]
     assert main([*base, "lora.rank=8"]) == 1  # before: trained rank 16, recorded 8
     (error,) = _errors(caplog)
-    assert error == (f"lora.rank=8: policy.adapter_mode=continue trains the MoL adapter {adapter} further, whose rank "
-                     "is 16; leave lora.rank unset (or set 16), or use policy.adapter_mode=merge_new to train a new "
+    assert error == (f"lora.rank=8: model.adapter_mode=continue trains the MoL adapter {adapter} further, whose rank "
+                     "is 16; leave lora.rank unset (or set 16), or use model.adapter_mode=merge_new to train a new "
                      "LoRA of this shape")
 
 

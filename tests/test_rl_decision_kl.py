@@ -69,7 +69,7 @@ def test_single_turn_grpo_runs_with_the_decision_kl_against_the_model_before_mol
     cfg = toy_config(tmp_path / "run", base, max_steps=2, algorithm="grpo")
     if start != "plain":
         cfg.model.adapter = str(save_mol_adapter(base, tmp_path / "mol") / "adapter")
-        cfg.policy.adapter_mode = start
+        cfg.model.adapter_mode = start
         cfg.lora = rl_lora() if start == "continue" else cfg.lora  # continue: the adapter's own shape
     cfg.loss.kl_weight = 0.5
     cfg.__post_init__()

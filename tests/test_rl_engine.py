@@ -259,7 +259,7 @@ def test_rl_from_a_mol_adapter_runs_on_the_engine_without_a_manual_merge(engine_
 
     mol = save_mol_adapter(engine_base[0], tmp_path / "mol")
     cfg = toy_config(tmp_path / "run", engine_base[0], max_steps=2, engine="vllm", max_new_tokens=16)
-    cfg.model.adapter, cfg.policy.adapter_mode = mol, mode
+    cfg.model.adapter, cfg.model.adapter_mode = mol, mode
     cfg.train.learning_rate = 5e-2
     if mode == "continue":
         cfg.lora.rank, cfg.lora.alpha = 4, 8  # the adapter's own shape

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from grpo_helpers import save_tiny_model, toy_config
-from molrl.config_blocks import ModelSource
+from molrl.config_blocks import RlModelSource
 from molrl.rl.config import EvalHookSettings, TaskSource
 from molrl.rl.kl import mean_token_kl, policy_base_kl
 from molrl.sampling import HookSampling
@@ -60,15 +60,13 @@ def test_eval_hook_writes_accuracy_and_kl_every_n_steps(tmp_path):
 def test_after_merge_new_the_hook_measures_against_the_original_base(tmp_path, reference, beta):
     from grpo_helpers import save_mol_adapter
     from molrl.rl.callbacks import BaseAccess
-    from molrl.rl.config import PolicyConfig
     from molrl.rl.run import build_trainer
     from molrl.models import load_model
 
     base = save_tiny_model(tmp_path / "base")
     mol = save_mol_adapter(base, tmp_path / "mol")
     cfg = toy_config(tmp_path / "run", base, beta=beta)
-    cfg.model = ModelSource(str(base), adapter=mol)
-    cfg.policy = PolicyConfig(adapter_mode="merge_new", reference=reference)
+    cfg.model = RlModelSource(str(base), adapter=mol, adapter_mode="merge_new", reference=reference)
     trainer, policy, pool = build_trainer(cfg)
     pool.close()
     hook_base = BaseAccess(policy)(trainer.model)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grpo_helpers import save_tiny_model, toy_config
-from molrl.config_blocks import ModelSource
+from molrl.config_blocks import RlModelSource
 from molrl.errors import MolrlError
 from molrl.graders.grade import Grade
 from molrl.rl.config import OpdSettings
@@ -203,7 +203,7 @@ def test_the_students_initial_model_as_reference_is_the_starting_adapter(tmp_pat
     for reference in ("student_initial", "student_base"):
         cfg = toy_config(tmp_path / reference, base, algorithm="opd", max_steps=1, max_new_tokens=6,
                          opd=OpdSettings(teacher="feedback", reference=reference))
-        cfg.model = ModelSource(str(base), adapter=mol / "adapter")
+        cfg.model = RlModelSource(str(base), adapter=mol / "adapter")
         cfg.lora = rl_lora()  # left unset: continue trains the adapter in its own shape
         rows[reference] = _opd_rows(run_rl(cfg))[0]
     assert rows["student_initial"]["opd/policy_minus_reference"] == pytest.approx(0.0, abs=1e-6)

@@ -13,8 +13,7 @@ import pytest
 import torch
 
 from grpo_helpers import save_mol_adapter, save_tiny_model, toy_config
-from molrl.config_blocks import ModelSource
-from molrl.rl.config import PolicyConfig
+from molrl.config_blocks import RlModelSource
 from molrl.rl.run import build_trainer
 from molrl.models import load_model
 
@@ -70,8 +69,7 @@ def assert_different(a, b, mask):
 def test_reference_is_the_configured_model(tmp_path, dirs, mode, reference):
     base, mol = dirs
     cfg = toy_config(tmp_path, base, beta=0.1, max_new_tokens=6)
-    cfg.model = ModelSource(str(base), adapter=mol)
-    cfg.policy = PolicyConfig(adapter_mode=mode, reference=reference)
+    cfg.model = RlModelSource(str(base), adapter=mol, adapter_mode=mode, reference=reference)
     ref, base_lp, mol_lp, policy_lp, mask = reference_logps(cfg)
     expected, other = (base_lp, mol_lp) if reference == "base" else (mol_lp, base_lp)
     assert_same(ref, expected, mask)
@@ -91,4 +89,4 @@ def test_plain_base_reference_is_the_base(tmp_path, dirs):
 def test_mol_reference_needs_a_mol_adapter(tmp_path, dirs):
     base, _ = dirs
     with pytest.raises(ValueError, match="needs model.adapter"):
-        toy_config(tmp_path, base, policy=PolicyConfig(reference="mol"))
+        toy_config(tmp_path, base, model=RlModelSource(str(base), reference="mol"))

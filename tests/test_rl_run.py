@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from grpo_helpers import save_mol_adapter, save_tiny_model, toy_config
-from molrl.config_blocks import ModelSource
-from molrl.rl.config import PolicyConfig, rl_lora
+from molrl.config_blocks import RlModelSource
+from molrl.rl.config import rl_lora
 from molrl.rl.run import build_trainer, run_rl
 
 
@@ -74,8 +74,7 @@ def test_toy_reward_rises_over_thirty_steps(tmp_path, base):
 
 def test_continue_mol_adapter_trains_it_and_keeps_a_frozen_mol_reference(tmp_path, base, mol):
     cfg = toy_config(tmp_path, base, max_steps=2, beta=0.1)
-    cfg.model = ModelSource(str(base), adapter=mol)
-    cfg.policy = PolicyConfig(adapter_mode="continue", reference="mol")
+    cfg.model = RlModelSource(str(base), adapter=mol, adapter_mode="continue", reference="mol")
     cfg.lora = rl_lora()  # left unset: continue trains the adapter in its own shape
     trainer, policy, pool = build_trainer(cfg)
     try:
@@ -97,8 +96,7 @@ def test_mol_adapter_runs_save_adapters_peft_loads(tmp_path, base, mol):
 
     for mode in ("continue", "merge_new"):
         cfg = toy_config(tmp_path / mode, base, max_steps=1)
-        cfg.model = ModelSource(str(base), adapter=mol)
-        cfg.policy = PolicyConfig(adapter_mode=mode)
+        cfg.model = RlModelSource(str(base), adapter=mol, adapter_mode=mode)
         cfg.lora = rl_lora() if mode == "continue" else cfg.lora  # continue: the adapter's own shape
         out = run_rl(cfg)
         assert not (out / "adapter" / "ref").exists()

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from grpo_helpers import loss_inputs
-from molrl.rl.config import PolicyConfig, RlConfig, rl_sampling, rl_train
+from molrl.rl.config import RlConfig, rl_sampling, rl_train
 from molrl.rl.run import trl_args
 from molrl.rl.algorithms import ALGORITHMS
 from molrl.rl.loss import PolicyLossSettings, policy_loss, sampler_weights
@@ -45,7 +45,7 @@ def make_trainer(tmp_path, algorithm="dr_grpo", beta=0.0, epsilon=0.2, rewards=N
     from molrl.tiny import build_tiny_pair
 
     model, tok = build_tiny_pair("chatml", initializer_range=0.1)
-    cfg = RlConfig(output_dir=tmp_path, policy=PolicyConfig(), algorithm=algorithm, beta=beta, epsilon=epsilon,
+    cfg = RlConfig(output_dir=tmp_path, algorithm=algorithm, beta=beta, epsilon=epsilon,
                    sampling=rl_sampling(n=2, max_new_tokens=MAX_COMPLETION, temperature=1.0),
                    train=rl_train(micro_batch_size=2, max_steps=1))
     args = trl_args(cfg, tmp_path / "ckpt", cuda=False)
@@ -310,7 +310,7 @@ def test_the_lora_dropout_a_user_sets_is_the_one_that_trains(tmp_path, dropout):
     from molrl.tiny import build_tiny_pair
 
     model, tok = build_tiny_pair("chatml", initializer_range=0.1)
-    cfg = RlConfig(output_dir=tmp_path, policy=PolicyConfig(),
+    cfg = RlConfig(output_dir=tmp_path,
                    sampling=rl_sampling(n=2, max_new_tokens=MAX_COMPLETION),
                    train=rl_train(micro_batch_size=2, max_steps=1), lora=rl_lora(rank=4, dropout=dropout))
     prompt = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"

@@ -21,7 +21,7 @@ from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
 
 from grpo_helpers import loss_inputs
 from molrl.rl.batch import LossInputs, StepCounts
-from molrl.rl.config import PolicyConfig, RlConfig, rl_sampling, rl_train
+from molrl.rl.config import RlConfig, rl_sampling, rl_train
 from molrl.rl.loss import PolicyLossSettings, policy_loss, policy_normaliser, value_loss
 from molrl.rl.run import trl_args
 from molrl.rl.score import Scorer
@@ -119,7 +119,7 @@ def make_trainer(out: Path, algorithm: str = "dr_grpo", temperature: float = TEM
     from molrl.tiny import build_tiny_pair
 
     model, tok = build_tiny_pair("chatml", initializer_range=0.1)
-    cfg = RlConfig(output_dir=out, policy=PolicyConfig(), algorithm=algorithm, beta=0.0,
+    cfg = RlConfig(output_dir=out, algorithm=algorithm, beta=0.0,
                    sampling=rl_sampling(n=2, max_new_tokens=WIDTH, temperature=temperature),
                    train=rl_train(micro_batch_size=2, max_steps=1))
     cfg.ppo.critic = "shared"

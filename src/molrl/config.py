@@ -208,6 +208,13 @@ def _one_name_per_key(spelled: dict[tuple[str, ...], tuple[str, Any, bool]], key
     spelled[key] = (written, value, old_name)
 
 
+def override_key(cls: type, item: str) -> tuple[tuple[str, ...], Any]:
+    """The key one ``key.sub=value`` override sets, under ``cls``'s current names with a block's shorthand written
+    out (``model=PATH``: ``model.path``), and its value; an empty key for a retired one."""
+    written = _apply_override({}, item, cls, [])
+    return (written[0], written[2]) if written is not None else ((), None)
+
+
 def _apply_override(data: dict[str, Any], item: str, cls: type | None = None,
                     moved: list[str] | None = None) -> tuple[tuple[str, ...], str, Any, bool] | None:
     """Set one ``key.sub=value`` in ``data``, the key under ``cls``'s current names (old ones added to ``moved``);

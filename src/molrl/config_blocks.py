@@ -1,8 +1,9 @@
 """The config blocks every stage shares, under one name and one type wherever a stage has them.
 
-- ``model`` (``ModelSource``): the checkpoint a stage loads, an adapter on it, the weights' dtype. ``model: PATH``
-  is short for ``model: {path: PATH}``, so a one-line model still reads as it always did. MoL's (``ModelWeights``)
-  has no adapter: it trains a new one on the base.
+- ``model`` (``ModelSource``): the checkpoint a stage loads, an adapter on it, the weights' dtype, and a tiny model's
+  weight seed. ``model: PATH`` is short for ``model: {path: PATH}``, so a one-line model still reads as it always did.
+  MoL's (``ModelWeights``) has no adapter: it trains a new one on the base; RL's (``RlModelSource``) adds how the
+  policy starts from the adapter and which model its KL pulls towards.
 - ``train`` (``TrainConfig``): optimisation and bookkeeping of the training stages (mol, rl), each with its own
   defaults; MoL's (``MolTrainConfig``) adds the epochs and the accumulation RL derives, and its ``max_steps`` may
   be -1 (run by epochs).
@@ -20,7 +21,7 @@ same names and types.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
@@ -40,6 +41,13 @@ class ModelWeights:
     """Model directory or hub name (tiny:chatml / tiny:llama3: a random tiny model built in-process)."""
     dtype: Dtype = "float32"
     """Weights dtype of the transformers path: float32, bfloat16 or float16 (vLLM uses the checkpoint's)."""
+    seed: Seed = 0
+    """Seed of a tiny: model's random weights; a checkpoint holds its own, so 0 there."""
+
+    def __post_init__(self) -> None:
+        if self.seed != 0 and not str(self.path).startswith("tiny:"):
+            raise ValueError(f"model.seed={self.seed} seeds a tiny: model's random weights, and model.path="
+                             f"{self.path!r} is a checkpoint with its own; remove model.seed")
 
 
 @dataclass
@@ -50,10 +58,30 @@ class ModelSource(ModelWeights):
     """A PEFT adapter directory put on top of the model (none: the model as it is)."""
 
 
+@dataclass
+class RlModelSource(ModelSource):
+    """RL's ``model``: the base and the MoL stage's adapter, how the policy starts from that adapter, and which of
+    the two models the KL term pulls towards."""
+
+    adapter_mode: Literal["continue", "merge_new"] = "continue"
+    """continue: keep training the MoL adapter; merge_new: merge it into the base and train a fresh LoRA."""
+    reference: Literal["base", "mol"] = "base"
+    """KL reference when beta > 0: the original base model, or the MoL model (needs model.adapter)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.reference == "mol" and self.adapter is None:
+            raise ValueError("model.reference=mol needs model.adapter (the MoL stage's adapter directory)")
+
+
 def as_model_source(value: ModelWeights | str | Path, cls: type[ModelWeights] = ModelSource) -> ModelWeights:
     """A stage's ``model`` as its block ``cls``: a config built in Python may give a plain path
-    (``EvalConfig(model=P)``)."""
-    return value if isinstance(value, cls) else cls(str(value))
+    (``EvalConfig(model=P)``) or the shared block a stage's own extends (``RlConfig(model=ModelSource(P))``)."""
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, ModelWeights) and issubclass(cls, type(value)):
+        return cls(**{f.name: getattr(value, f.name) for f in fields(value)})
+    return cls(str(value))
 
 
 def as_task_source(value: TaskSource | str | Path) -> TaskSource:

@@ -122,7 +122,8 @@ still go the other way; a greedy run is taken to be the same run, as two runs of
 EXTENDABLE: dict[str, tuple[str, ...]] = {"mol": ("train.max_steps",), "rl": ("train.max_steps",)}
 """Per stage, the keys a re-run may raise to train a run further (never lower: that is another run)."""
 
-NEW_RUN = {"mol": "output_dir=DIR", "rl": "output_dir=DIR", "collect": "--out DIR", "eval": "--out DIR"}
+NEW_RUN = {"mol": "output_dir=DIR", "rl": "output_dir=DIR", "collect": "output_dir=DIR, or --out DIR for short",
+           "eval": "output_dir=DIR, or --out DIR for short"}
 """How a user of each stage starts a new run instead."""
 
 

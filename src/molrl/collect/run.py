@@ -199,7 +199,7 @@ def build_generator(cfg: CollectConfig, episodes: int = 0) -> tuple[Any, Any]:
         tokenizer = load_tokenizer(cfg.model.path)
         return VLLMGenerator(cfg.model.path, tokenizer, adapter=cfg.model.adapter, dtype=cfg.model.dtype, seed=cfg.sampling.seed), tokenizer
     model, tokenizer = load_model_and_tokenizer(
-        cfg.model.path, dtype=cfg.model.dtype, device=cfg.device or default_device(), adapter=cfg.model.adapter, seed=cfg.sampling.seed
+        cfg.model.path, dtype=cfg.model.dtype, device=cfg.device or default_device(), adapter=cfg.model.adapter, seed=cfg.model.seed
     )
     return TransformersGenerator(model, tokenizer, batch_size=cfg.episode.batch_size), tokenizer
 

@@ -6,6 +6,11 @@
     molrl eval --benchmarks humaneval --data humaneval=PATH --predictions samples.jsonl
     molrl eval compare RUN1 RUN2 ... [--out DIR] [--metric pass@1]
     molrl eval --describe       # every config key with its default and meaning
+
+Each flag is a shorthand of config keys (``FLAGS``; ``--out DIR`` is ``output_dir=DIR``, ``--data NAME=PATH``
+``data.NAME=PATH``, ``--turns N`` ``mode=interactive episode.max_turns=N``): ``molrl eval model=M
+benchmarks=[humaneval] data.humaneval=PATH output_dir=DIR`` is the same run. A flag and its key given different
+values are refused.
 """
 
 from __future__ import annotations
@@ -31,22 +36,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          doc=__doc__, config="EvalConfig", example="sampling.temperature=0",
                          overrides_help="config overrides (e.g. sampling.temperature=0), or `compare` and run "
                                         "directories")
-    p.add_argument("--model", help="model directory or hub name (tiny:chatml for smoke runs)")
-    p.add_argument("--adapter", help="PEFT adapter directory to put on the model")
-    p.add_argument("--benchmarks", help="comma-separated: math500,aime24,aime25,humaneval,mbpp or custom names")
+    p.add_argument("--model", help="model.path: model directory or hub name (tiny:chatml for smoke runs)")
+    p.add_argument("--adapter", help="model.adapter: PEFT adapter directory to put on the model")
+    p.add_argument("--benchmarks", help="benchmarks, comma-separated: math500,aime24,aime25,humaneval,mbpp or custom "
+                                        "names")
     p.add_argument("--data", action="append", default=[], metavar="NAME=PATH",
-                   help="a benchmark's data file (or hub:DATASET[:SPLIT]); repeat per benchmark")
+                   help="data.NAME: a benchmark's data file (or hub:DATASET[:SPLIT]); repeat per benchmark")
     p.add_argument("--predictions", action="append", default=[], metavar="[NAME=]PATH",
                    help="grade this JSONL of {id, completion} instead of sampling a model")
-    p.add_argument("--limit", type=int, help="first N problems of each benchmark")
-    p.add_argument("--n", type=int, help="samples per problem")
-    p.add_argument("--max-new-tokens", type=int, help="most tokens per completion")
-    p.add_argument("--mode", choices=["single", "interactive"], help="single turn (default) or the feedback loop")
+    p.add_argument("--limit", type=int, help="limit: first N problems of each benchmark")
+    p.add_argument("--n", type=int, help="sampling.n: samples per problem")
+    p.add_argument("--max-new-tokens", type=int, help="sampling.max_new_tokens: most tokens per completion")
+    p.add_argument("--mode", choices=["single", "interactive"], help="mode: single turn (default) or the feedback "
+                                                                      "loop")
     p.add_argument("--turns", type=int, metavar="N",
-                   help="multi-turn with the tool: the episode loop with up to N turns (--mode interactive); "
-                        "1 is single-turn")
-    p.add_argument("--thinking", action="store_true", help="enable the thinking block of Qwen3-style templates")
-    p.add_argument("--out", help="run directory (eval) or where compare writes its table and chart")
+                   help="episode.max_turns with mode=interactive: the episode loop with up to N turns; 1 is "
+                        "single-turn")
+    p.add_argument("--thinking", action="store_true", help="thinking=true: the thinking block of Qwen3-style "
+                                                           "templates")
+    p.add_argument("--out", help="output_dir: run directory (eval), or where compare writes its table and chart")
     p.add_argument("--metric", default="pass@1", help="compare: metric to tabulate and plot")
     p.set_defaults(func=handle)
 
@@ -78,33 +86,39 @@ def handle(args: argparse.Namespace) -> int:
     return 0
 
 
+FLAGS = {"model": "model.path", "adapter": "model.adapter", "benchmarks": "benchmarks", "limit": "limit",
+         "n": "sampling.n", "max_new_tokens": "sampling.max_new_tokens", "mode": "mode", "out": "output_dir"}
+"""Each one-key command-line flag (its attribute) and the config key it is a shorthand of; ``flag_overrides`` writes
+out the others (``--turns``, ``--thinking``, ``--data``, ``--predictions NAME=PATH``)."""
+
+
 def flag_overrides(args: argparse.Namespace) -> list[str]:
-    """The command-line flags as ``key=value`` overrides (applied before explicit ones)."""
-    out = []
-    simple = {"model": "model.path", "adapter": "model.adapter", "benchmarks": "benchmarks", "limit": "limit",
-              "n": "sampling.n", "max_new_tokens": "sampling.max_new_tokens", "mode": "mode", "out": "output_dir"}
-    for attr, key in simple.items():
-        value = getattr(args, attr)
-        if value is not None:
-            out.append(f"{key}={value}")
+    """The command-line flags as ``key=value`` overrides (applied before explicit ones); a flag and an explicit key
+    it sets given different values are refused."""
+    from molrl.commands.flags import flag_items, refuse_clashes
+    from molrl.eval.config import EvalConfig
+
+    flagged = flag_items(FLAGS, args)
     if args.turns is not None:
         if args.turns < 1:
             raise MolrlError(f"--turns {args.turns}: give 1 (single-turn) or more")
         if args.mode == "single" and args.turns > 1:
             raise MolrlError(f"--turns {args.turns} with --mode single: several turns are the interactive mode")
-        out += ["mode=single"] if args.turns == 1 else ["mode=interactive", f"episode.max_turns={args.turns}"]
+        keys = ["mode=single"] if args.turns == 1 else ["mode=interactive", f"episode.max_turns={args.turns}"]
+        flagged += [(f"--turns {args.turns}", key) for key in keys]
     if args.thinking:
-        out.append("thinking=true")
+        flagged.append(("--thinking", "thinking=true"))
     for item in args.data:
         m = NAMED.match(item)
         if not m:
             raise MolrlError(f"--data {item!r}: expected NAME=PATH, e.g. --data humaneval=HumanEval.jsonl.gz")
-        out.append(f"data.{m.group(1)}={m.group(2)}")
+        flagged.append((f"--data {item}", f"data.{m.group(1)}={m.group(2)}"))
     for item in args.predictions:
         m = NAMED.match(item)
         if m:
-            out.append(f"predictions.{m.group(1)}={m.group(2)}")
-    return out
+            flagged.append((f"--predictions {item}", f"predictions.{m.group(1)}={m.group(2)}"))
+    refuse_clashes(EvalConfig, flagged, args.overrides)
+    return [item for _, item in flagged]
 
 
 def compare(runs: list[str], out: str | None, metric: str) -> int:

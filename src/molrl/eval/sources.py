@@ -150,7 +150,7 @@ def load_generator(cfg: EvalConfig, planned_tokens: int = 0) -> tuple[Any, Any]:
     if engine.name == "vllm":
         return VLLMGenerator(cfg.model.path, tokenizer, adapter=cfg.model.adapter, dtype=cfg.model.dtype, seed=cfg.sampling.seed), tokenizer
     model = load_model(cfg.model.path, dtype=cfg.model.dtype, device=cfg.device or default_device(), adapter=cfg.model.adapter,
-                       seed=cfg.sampling.seed)
+                       seed=cfg.model.seed)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     return TransformersGenerator(model, tokenizer, batch_size=cfg.batch_size, static_cache=cfg.static_cache), tokenizer

@@ -109,7 +109,7 @@ def build_trainer(cfg: MolConfig, examples: list[dict[str, Any]], tokenizer: Any
 
     set_seed(cfg.train.seed)
     check_reference_room(cfg)
-    model = load_model(cfg.model.path, dtype=weights_dtype(cfg))
+    model = load_model(cfg.model.path, dtype=weights_dtype(cfg), seed=cfg.model.seed)
     model.name_or_path = cfg.model.path  # recorded in adapter_config.json as the adapter's base
     ref_model = None
     if cfg.lora.enabled:

@@ -1,4 +1,4 @@
-"""The MoL adapter an RL run trains further (``policy.adapter_mode=continue``) decides its LoRA shape.
+"""The MoL adapter an RL run trains further (``model.adapter_mode=continue``) decides its LoRA shape.
 
 Such a run trains the adapter as it was saved, so ``lora.rank``, ``lora.alpha`` and ``lora.target_modules`` are the
 adapter's: ``take_adapter_lora`` writes them into the config (so ``config.yaml`` records what is trained) when the
@@ -32,8 +32,7 @@ def resolve_adapter_dir(path: Path) -> Path:
 
 def take_adapter_lora(cfg: RlConfig) -> None:
     """Set ``cfg.lora`` to the continued adapter's shape, or refuse a ``lora.*`` value that disagrees with it."""
-    p = cfg.policy
-    if cfg.model.adapter is None or p.adapter_mode != "continue":
+    if cfg.model.adapter is None or cfg.model.adapter_mode != "continue":
         return
     adapter = resolve_adapter_dir(cfg.model.adapter)
     try:
@@ -49,9 +48,9 @@ def take_adapter_lora(cfg: RlConfig) -> None:
         if ours == theirs or (key == "dropout" and ours == 0):
             continue
         if ours != _plain(key, getattr(default, key)):
-            raise ConfigError(f"lora.{key}={getattr(cfg.lora, key)!r}: policy.adapter_mode=continue trains the MoL "
+            raise ConfigError(f"lora.{key}={getattr(cfg.lora, key)!r}: model.adapter_mode=continue trains the MoL "
                               f"adapter {adapter} further, whose {key} is {theirs!r}; leave lora.{key} unset (or set "
-                              f"{theirs!r}), or use policy.adapter_mode=merge_new to train a new LoRA of this shape")
+                              f"{theirs!r}), or use model.adapter_mode=merge_new to train a new LoRA of this shape")
         setattr(cfg.lora, key, theirs)
 
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Literal
 
-from molrl.config_blocks import LoraAdapterConfig, ModelSource, TaskSource, TrainConfig, as_model_source
+from molrl.config_blocks import LoraAdapterConfig, RlModelSource, TaskSource, TrainConfig, as_model_source
 from molrl.sandbox import SandboxConfig
-from molrl.config_ranges import Count, Positive, Range, RunDir, Seed, Size, Threads, Weight
+from molrl.config_ranges import Count, Positive, Range, RunDir, Size, Threads, Weight
 from molrl.config_renames import Retired
 from molrl.episode.config import EpisodeTurns
 from molrl.engines import check_engine_servers
@@ -25,18 +25,6 @@ from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
 log = logging.getLogger(__name__)
 
 ALGORITHMS = ("grpo", "dr_grpo", "dr_grpo_std", "opd", "ppo")
-
-
-@dataclass
-class PolicyConfig:
-    """Which weights are trained and which weights the KL term pulls towards."""
-
-    adapter_mode: Literal["continue", "merge_new"] = "continue"
-    """continue: keep training the MoL adapter; merge_new: merge it into the base and train a fresh LoRA."""
-    reference: Literal["base", "mol"] = "base"
-    """KL reference when beta > 0: the original base model, or the MoL model (needs model.adapter)."""
-    seed: Seed = 0
-    """Seed of the tiny models' random weights (ignored for real checkpoints)."""
 
 
 def _as_is(value: Any) -> Any:
@@ -106,13 +94,12 @@ class EvalHookSettings:
 class RlConfig:
     """RL post-training (grpo, dr_grpo, dr_grpo_std, opd, ppo) with sandbox-execution rewards."""
 
-    model: ModelSource = field(default_factory=lambda: ModelSource("tiny:chatml"))
+    model: RlModelSource = field(default_factory=lambda: RlModelSource("tiny:chatml"))
     """The base model (``model: PATH`` for short), the MoL stage's adapter the policy starts from (``model.adapter``:
-    a PEFT adapter directory or a MoL output directory holding adapter/; none: the plain base) and the dtype."""
+    a PEFT adapter directory or a MoL output directory holding adapter/; none: the plain base), how it starts from
+    it (``adapter_mode``), the KL's reference (``reference``) and the dtype."""
     output_dir: RunDir = Path("runs/rl")
     """Where the adapter, config.yaml, metrics.jsonl, completions.jsonl and checkpoints/ go."""
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
-    """Policy and reference weights."""
     lora: LoraAdapterConfig = field(default_factory=rl_lora)
     """The LoRA adapter trained on a plain base or after merge_new (continue keeps the MoL adapter's own shape). Its
     dropout, 0 by default, turns every dropout of the model off while training, as TRL does for RL; above 0 it stays
@@ -168,7 +155,7 @@ class RlConfig:
     micro-batch, seed, logging and checkpoints (RL runs max_steps steps of prompts_per_step * sampling.n completions,
     accumulated in micro-batches)."""
     beta: Weight = 0.0
-    """KL coefficient; > 0 loads the reference chosen by policy.reference."""
+    """KL coefficient; > 0 loads the reference chosen by model.reference."""
     epsilon: Positive = 0.2
     """PPO clipping range of the probability ratio."""
     num_iterations: Count = 1
@@ -212,7 +199,8 @@ class RlConfig:
         "eval.tasks": ("eval.data", _as_is), "eval.max_new_tokens": ("eval.sampling.max_new_tokens", _as_is),
         "terms.feedback_ce": ("loss.ce_weight", _as_is), "terms.decision_kl": ("loss.kl_weight", _as_is),
         "policy.base": ("model.path", _as_is), "policy.mol_adapter": ("model.adapter", _as_is),
-        "policy.dtype": ("model.dtype", _as_is),
+        "policy.dtype": ("model.dtype", _as_is), "policy.seed": ("model.seed", _as_is),
+        "policy.adapter_mode": ("model.adapter_mode", _as_is), "policy.reference": ("model.reference", _as_is),
         "reward.sandbox_workers": ("sandbox.workers", _as_is), "reward.timeout_s": ("sandbox.timeout_s", _as_is),
         "num_generations": ("sampling.n", _as_is), "temperature": ("sampling.temperature", _as_is),
         "top_p": ("sampling.top_p", _as_is), "max_completion_length": ("sampling.max_new_tokens", _as_is),
@@ -239,11 +227,9 @@ class RlConfig:
                                            "train.micro_batch_size micro-batches a step", (None,))}
 
     def __post_init__(self) -> None:
-        self.model = as_model_source(self.model)
+        self.model = as_model_source(self.model, RlModelSource)
         self.data, self.eval.data = self.data.resolved(), self.eval.data.resolved()
         check_engine_servers(self.engine, self.engine_servers)
-        if self.policy.reference == "mol" and self.model.adapter is None:
-            raise ValueError("policy.reference=mol needs model.adapter (the MoL stage's adapter directory)")
         self._check_sampling()
         per_step, micro = self.prompts_per_step * self.sampling.n, self.train.micro_batch_size
         if micro < 1 or per_step % micro:

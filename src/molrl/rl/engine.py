@@ -1,7 +1,7 @@
 """Rollouts on vLLM with the policy's current weights (``engine: vllm`` in the rl stage).
 
 The engine runs in the trainer's process (``molrl.generation.start_llm``) and holds the policy's base: the base
-model directory, or, for ``policy.adapter_mode=merge_new``, a copy with the MoL adapter merged that the engine
+model directory, or, for ``model.adapter_mode=merge_new``, a copy with the MoL adapter merged that the engine
 removes when closed. The adapter being trained is served as a vLLM LoRA adapter. Before the first generation after
 every optimiser step, ``sync`` saves the trainer's adapter and hands it to the engine under a new LoRA id, so the
 engine never samples from a stale policy; the adapter's tensors are a few MB to a few hundred, against the full
@@ -75,10 +75,10 @@ class PolicyEngine:
                              f"{', '.join(sorted(VLLM_LORA_MODULES))}; this one has rank {lora_rank} on "
                              f"{', '.join(sorted(lora_modules))}: set lora.target_modules to those modules, or "
                              "engine=transformers")
-        p, m = cfg.policy, cfg.model
+        m = cfg.model
         self.work = Path(tempfile.mkdtemp(prefix="molrl-engine-"))
         model_path = m.path
-        if m.adapter is not None and p.adapter_mode == "merge_new":  # the engine's base is the merged MoL model
+        if m.adapter is not None and m.adapter_mode == "merge_new":  # the engine's base is the merged MoL model
             from molrl.rl.adapter_lora import resolve_adapter_dir
 
             model_path = str(self.work / "base")

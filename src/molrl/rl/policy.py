@@ -56,22 +56,22 @@ def lora_config(cfg: RlConfig) -> Any:
 
 def build_policy(cfg: RlConfig) -> Policy:
     """Load the base, put the MoL adapter on it as ``adapter_mode`` says, and describe the result."""
-    p, m = cfg.policy, cfg.model
+    m = cfg.model
     tokenizer = load_tokenizer(m.path)
 
     def load_base() -> Any:
-        model = load_model(m.path, dtype=m.dtype, seed=p.seed)
+        model = load_model(m.path, dtype=m.dtype, seed=m.seed)
         _sync_pad(model, tokenizer)
         return model
 
     if m.adapter is None:
         return Policy(load_base(), tokenizer, lora_config(cfg), None, f"{m.path} + new LoRA r={cfg.lora.rank}", load_base)
     adapter = resolve_adapter_dir(m.adapter)
-    if p.adapter_mode == "continue":
-        model = load_model(m.path, dtype=m.dtype, seed=p.seed, adapter=adapter, adapter_trainable=True)
+    if m.adapter_mode == "continue":
+        model = load_model(m.path, dtype=m.dtype, seed=m.seed, adapter=adapter, adapter_trainable=True)
         _sync_pad(model, tokenizer)
         return Policy(model, tokenizer, None, "continue", f"{m.path} + MoL adapter {adapter} (trained further)", load_base)
-    merged = load_model(m.path, dtype=m.dtype, seed=p.seed, adapter=adapter).merge_and_unload()
+    merged = load_model(m.path, dtype=m.dtype, seed=m.seed, adapter=adapter).merge_and_unload()
     _sync_pad(merged, tokenizer)
     description = f"{m.path} with MoL adapter {adapter} merged + new LoRA r={cfg.lora.rank}"
     return Policy(merged, tokenizer, lora_config(cfg), "merge_new", description, load_base)

@@ -1,4 +1,4 @@
-"""The KL reference of an RL run (used when beta > 0): always the model ``policy.reference`` names.
+"""The KL reference of an RL run (used when beta > 0): always the model ``model.reference`` names.
 
 TRL picks the reference by case, so ``install_reference`` fixes the cases where TRL's choice differs from ours:
 

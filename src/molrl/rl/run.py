@@ -134,7 +134,7 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
             made_by=completions_made_by(cfg, engine.name),
         )
         use_trainer_progress(trainer, f"{cfg.algorithm} {out.name}", {"reward": "reward", "kl": "kl", "completions/mean_length": "len"})
-        described = install_reference(trainer, cfg.policy.reference, policy.adapter_mode, policy.load_base)
+        described = install_reference(trainer, cfg.model.reference, policy.adapter_mode, policy.load_base)
         if engine.name == "vllm_server":
             from molrl.rl.server_engine import ServerPolicyEngine
 

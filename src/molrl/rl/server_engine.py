@@ -1,7 +1,7 @@
 """Rollouts on a tier of vLLM servers (``engine: vllm_server``, ``engine_servers: [URL, ...]``).
 
 The servers are vLLM's own (``molrl serve``), started by the user on the policy's base; molrl checks each holds that
-base (``/v1/models``) and refuses otherwise, naming both. For ``policy.adapter_mode=merge_new`` the base is the MoL
+base (``/v1/models``) and refuses otherwise, naming both. For ``model.adapter_mode=merge_new`` the base is the MoL
 adapter merged into the model, once, under ``engine_sync_dir``: the run says in one line that the servers must be
 started on that folder. Adapter-only sync (``molrl.engine_server.sync``): before the first generation after every
 optimiser step the main process saves the trainer's adapter under ``engine_sync_dir`` with a new name and loads it on
@@ -42,8 +42,8 @@ def sync_dir(cfg: RlConfig) -> Path:
 def served_base(cfg: RlConfig, folder: Path, main: bool) -> str:
     """The model the servers must hold: the base, or for merge_new the MoL adapter merged into it under ``folder``
     (merged once, by the main process; said in one line)."""
-    m, p = cfg.model, cfg.policy
-    if m.adapter is None or p.adapter_mode != "merge_new":
+    m = cfg.model
+    if m.adapter is None or m.adapter_mode != "merge_new":
         return m.path
     base = (folder / "merged_base").resolve()
     if main and not (base / "config.json").is_file():
@@ -53,7 +53,7 @@ def served_base(cfg: RlConfig, folder: Path, main: bool) -> str:
 
         with write_folder(base) as tmp:
             merge_adapter_copy(m.path, str(resolve_adapter_dir(m.adapter)), str(tmp))
-    log.info("policy.adapter_mode=merge_new: the engine servers must serve the merged base %s (molrl serve --model "
+    log.info("model.adapter_mode=merge_new: the engine servers must serve the merged base %s (molrl serve --model "
              "%s)", base, base)
     return str(base)
 

@@ -34,7 +34,7 @@ class StudyArms:
     rl_kl: dict[float, str] = field(default_factory=dict)
     """Claim 6: RL's ``loss.kl_weight`` -> its GRPO run from ``algorithm_start`` (empty: not run)."""
     rl_adapter_mode: str = "continue"
-    """Claim 6's ``policy.adapter_mode``: continue (the KL's base is the model before MoL) or merge_new (the MoL
+    """Claim 6's ``model.adapter_mode``: continue (the KL's base is the model before MoL) or merge_new (the MoL
     model merged; the KL's base is the MoL model, so the term holds only what GRPO changes)."""
     replay: bool = True
     """Whether the MoL and GRPO runs replay the general tasks (MoL: the general traces; GRPO: general problems

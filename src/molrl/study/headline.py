@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 MODELS = ("base", "base+grpo", "mol", "mol+grpo")
 """The headline's four models, by their pipeline names."""
 REFERENCE_CONTROL = "mol+grpo_refmol"
-"""GRPO from MoL with its KL reference the MoL model (``policy.reference=mol``), where the pipeline runs it: the
+"""GRPO from MoL with its KL reference the MoL model (``model.reference=mol``), where the pipeline runs it: the
 control that tells whether ``mol+grpo``'s KL to the model before MoL undoes what MoL absorbed."""
 KL_CHUNK = 8
 """Prompts per forward pass of the KL measurement (a [chunk, length, vocabulary] logits tensor each)."""

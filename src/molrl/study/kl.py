@@ -19,12 +19,12 @@ from molrl.plots import pyplot, save_figure
 
 BASES = {
     "continue": "the base being the policy with its adapter disabled, that is the model before MoL (MoL's own "
-                "reference; the MoL adapter is trained on, `policy.adapter_mode=continue`).",
-    "merge_new": "the base being the MoL model itself (`policy.adapter_mode=merge_new`: the MoL adapter merged, a "
+                "reference; the MoL adapter is trained on, `model.adapter_mode=continue`).",
+    "merge_new": "the base being the MoL model itself (`model.adapter_mode=merge_new`: the MoL adapter merged, a "
                  "fresh adapter trained, and the term's base that merged model with the fresh adapter disabled), so "
                  "the term holds only what GRPO changes.",
 }
-"""What claim 6's KL is taken against, by ``policy.adapter_mode``."""
+"""What claim 6's KL is taken against, by ``model.adapter_mode``."""
 
 Point = tuple[str, list[float], list[float]]
 """(label, held-out per seed, general per seed) of one model on a curve."""

@@ -123,7 +123,7 @@ def rl_forgetting_section(score: Score, arms: StudyArms) -> list[str]:
     """GRPO from MoL on the rule problems alone: does it forget what MoL kept?"""
     start, plain = arms.algorithm_start, arms.rl_kl[0.0]
     return ["## RL from MoL without replay", "",
-            f"`{plain}`: GRPO from `{start}` on the rule problems alone (`policy.adapter_mode="
+            f"`{plain}`: GRPO from `{start}` on the rule problems alone (`model.adapter_mode="
             f"{arms.rl_adapter_mode}`, no decision KL; `rl.beta` as the pipeline's).", "",
             "| model | held-out | general |", "|---|---|---|",
             *(f"| `{m}` | {cell(score(m, 'heldout'))} | {cell(score(m, 'general'))} |" for m in ("base", start, plain)),

@@ -179,9 +179,9 @@ def no_replay_config(cfg: PipelineConfig, world_dir: Path, seed: int, preset: st
     for weight, name in arms.kl_doses.items():
         if name not in {r.name for r in mol_runs}:
             mol_runs.append(MolRun(name=name, overrides=["loss.mode=mol", f"loss.kl_weight={weight:g}"]))
-    rule_only = [f"data.path={world_dir / RULE_ONLY}", f"policy.adapter_mode={arms.rl_adapter_mode}"]
+    rule_only = [f"data.path={world_dir / RULE_ONLY}", f"model.adapter_mode={arms.rl_adapter_mode}"]
     if arms.rl_adapter_mode == "merge_new":  # rl.beta's KL then also to the MoL model, as the decision KL's
-        rule_only.append("policy.reference=mol")
+        rule_only.append("model.reference=mol")
     rl_runs = [RlRun(name=name, start=arms.algorithm_start,
                      overrides=["algorithm=grpo", *rule_only, *([f"loss.kl_weight={w:g}"] if w > 0 else [])])
                for w, name in arms.rl_kl.items()]
