@@ -8,7 +8,6 @@ from typing import Any, Callable, ClassVar, Literal
 
 from molrl.episode.config import EpisodeLimits
 from molrl.engines import check_engine_servers
-from molrl.engines import check_engine_servers
 from molrl.config_blocks import ModelSource, TaskSource, as_model_source, as_task_source
 from molrl.config_ranges import Count, RunDir, Threads
 from molrl.sampling import SamplingConfig
