@@ -345,7 +345,7 @@ def prepared(path: str, held_path: Path, args: argparse.Namespace, size: dict, o
     OUT/base.json)."""
     from molrl.models import load_model, load_tokenizer
     from molrl.mol.data import load_examples
-    from molrl.tasks.prompts import render_prompts
+    from molrl.traces.spans import render_prompts
 
     if "tok" not in _CACHE:
         tok = load_tokenizer(path)

@@ -402,7 +402,7 @@ def measure_generation(args: argparse.Namespace, path: str, batch_size: int) -> 
     from molrl.models import load_model, load_tokenizer
     from molrl.sampling import SamplingConfig
     from molrl.tasks import load_tasks
-    from molrl.tasks.prompts import render_prompts
+    from molrl.traces.spans import render_prompts
 
     tok, model = load_tokenizer(path), load_model(path, dtype="float32")
     model.eval()

@@ -9,7 +9,8 @@ import threading
 import pytest
 
 from fake_engine_server import FakeEngineServer, scripted
-from molrl.engine_server.client import RequestParams, ServerClient, chunk_tokens, completion_body, server_address
+from molrl.engine_server.client import RequestParams, ServerClient, chunk_tokens, completion_body
+from molrl.engines import server_address
 from molrl.engine_server.generator import open_generator, row_seed
 from molrl.engine_server.pool import NoServerLeft, ServerPool, least_loaded
 from molrl.engine_server.sync import AdapterSync, check_base

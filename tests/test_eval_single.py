@@ -8,7 +8,7 @@ import datasets
 import pytest
 
 from molrl.eval import EvalConfig, evaluate_single, run_eval
-from molrl.tasks.prompts import render_prompts
+from molrl.traces.spans import render_prompts
 from molrl.config_blocks import TaskSource
 from molrl.generation import SamplingConfig
 from molrl.models import load_model_and_tokenizer

@@ -40,7 +40,7 @@ def test_prompts_over_the_limit_are_counted(tiny_pair):
 
 
 def test_prompts_use_the_configured_instructions(tiny_pair):
-    from molrl.tasks.prompts import render_prompts
+    from molrl.traces.spans import render_prompts
 
     _, tok = tiny_pair
     templates = {"code_template": "Write `{entry_point}`: {prompt}", "math_template": "Q: {prompt}"}

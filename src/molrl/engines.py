@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import platform
+from urllib.parse import urlsplit
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
@@ -91,8 +92,6 @@ def check_engine_servers(engine: str, servers: Sequence[str]) -> None:
                          "set engine=vllm_server, or leave engine_servers out")
     if len(set(servers)) != len(servers):
         raise ConfigError(f"engine_servers={list(servers)} names a server twice; list each once")
-    from molrl.engine_server.client import server_address
-
     for url in servers:
         server_address(url)
 
@@ -111,3 +110,15 @@ def cuda_visible() -> bool:
     except ImportError:  # pragma: no cover - torch is a core dependency
         return False
     return torch.cuda.is_available()
+
+
+def server_address(url: str) -> tuple[str, int, str]:
+    """(host, port, path prefix) of a server URL such as ``http://10.0.0.5:8000``."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise MolrlError(f"engine_servers: {url!r} is not a server URL; give http://HOST:PORT, as molrl serve prints")
+    try:
+        port = parts.port or 80
+    except ValueError:
+        raise MolrlError(f"engine_servers: {url!r} has a port that is not a number; give http://HOST:PORT") from None
+    return parts.hostname, port, parts.path.rstrip("/")

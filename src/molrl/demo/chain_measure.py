@@ -129,7 +129,7 @@ def _measure(model: Any, tokenizer: Any, tasks: Sequence[Task], key: str, settin
     from molrl.graders.code import program_for
     from molrl.sandbox import SandboxConfig, SandboxPool
     from molrl.tasks.grade import grade
-    from molrl.tasks.prompts import render_prompts
+    from molrl.traces.spans import render_prompts
 
     prompts = render_prompts(tokenizer, tasks, enable_thinking=True, math_template=settings["math_prompt"])
     gen = TransformersGenerator(model, tokenizer, batch_size=64)

@@ -20,8 +20,8 @@ import json
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
-from urllib.parse import urlsplit
 
+from molrl.engines import server_address
 from molrl.errors import MolrlError
 
 CONNECT_TIMEOUT_S = 30.0
@@ -109,18 +109,6 @@ def chunk_tokens(chunk: dict[str, Any], url: str = "") -> tuple[list[int], list[
         raise ServerRefused(f"engine server {url} sent {len(logps)} log-probs for {len(ids)} tokens; start it with "
                             "molrl serve (or vLLM's server with --logprobs-mode processed_logprobs)")
     return list(ids), logps, choice.get("finish_reason")
-
-
-def server_address(url: str) -> tuple[str, int, str]:
-    """(host, port, path prefix) of a server URL such as ``http://10.0.0.5:8000``."""
-    parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname:
-        raise MolrlError(f"engine_servers: {url!r} is not a server URL; give http://HOST:PORT, as molrl serve prints")
-    try:
-        port = parts.port or 80
-    except ValueError:
-        raise MolrlError(f"engine_servers: {url!r} has a port that is not a number; give http://HOST:PORT") from None
-    return parts.hostname, port, parts.path.rstrip("/")
 
 
 class ServerClient:

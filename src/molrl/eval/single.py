@@ -12,7 +12,8 @@ from typing import Any, Sequence
 
 from molrl.eval.grading import grade_samples, task_metrics
 from molrl.eval.metrics import aggregate, breakdown
-from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION, render_prompts
+from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
+from molrl.traces.spans import render_prompts
 from molrl.eval.samples import SampleRecord
 from molrl.generation import Generator, SamplingConfig, TransformersGenerator
 from molrl.tasks import Task

@@ -235,7 +235,7 @@ def general_kls(cfg: Any, run_dir: Path, models: Sequence[str], answers: dict[st
     from molrl.models import load_model, load_tokenizer
     from molrl.pipeline import eval_config, model_weights
     from molrl.rl.kl import policy_base_kl
-    from molrl.tasks.prompts import render_prompts
+    from molrl.traces.spans import render_prompts
 
     evaluation = eval_config(cfg, "base", cfg.model, None, run_dir)
     tasks = {t.id: t for t in load_suite(bench, evaluation)}

@@ -10,11 +10,10 @@ math (``molrl.graders.extract_answer``). Templates are plain ``str.format`` stri
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
-from molrl.chat import ChatPrompt, render
+from molrl.chat import render
 from molrl.task_types import Task
-from molrl.traces.spans import chat_prompt
 
 CODE_TASK = "Write a Python function `{entry_point}` that solves the following problem."
 """How every stage words a code task: the single-turn instruction adds the answer's format, an episode's prompt
@@ -36,23 +35,6 @@ def user_message(task: Task, code_template: str = CODE_INSTRUCTION, math_templat
             f"prompt template {template!r}: unknown field {err}; use {{prompt}} and {{entry_point}}, "
             "and double literal braces ({{{{ }}}})"
         ) from None
-
-
-def render_prompts(
-    tokenizer: Any,
-    tasks: Sequence[Task],
-    *,
-    enable_thinking: bool,
-    code_template: str = CODE_INSTRUCTION,
-    math_template: str = MATH_INSTRUCTION,
-) -> list[ChatPrompt]:
-    """Model-ready prompt for each task: the chat template applied to its one user message, with its ids
-    (the task's text never becomes control tokens)."""
-    return [
-        chat_prompt(tokenizer, [{"role": "user", "content": user_message(t, code_template, math_template)}],
-                    enable_thinking=enable_thinking)
-        for t in tasks
-    ]
 
 
 def render_prompt(tokenizer: Any, task: Task, enable_thinking: bool, code_template: str = CODE_INSTRUCTION,

@@ -42,10 +42,12 @@ import bisect
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 from molrl.chat import ChatPrompt, render
 from molrl.content import encode_rendering
+from molrl.task_types import Task
+from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION, user_message
 from molrl.traces.schema import TraceError, check_text
 
 ROLE_OF = {"system": "prompt", "user": "prompt", "assistant": "decision", "tool": "feedback"}
@@ -109,6 +111,23 @@ def chat_prompt(tokenizer: Any, messages: list[dict[str, str]], enable_thinking:
     """The generation prompt of ``messages``: its rendered text with the ids ``encode_chat`` gives it."""
     text = render(tokenizer, messages, add_generation_prompt=True, enable_thinking=enable_thinking)
     return ChatPrompt(text, encode_chat(tokenizer, messages, True, enable_thinking))
+
+
+def render_prompts(
+    tokenizer: Any,
+    tasks: Sequence[Task],
+    *,
+    enable_thinking: bool,
+    code_template: str = CODE_INSTRUCTION,
+    math_template: str = MATH_INSTRUCTION,
+) -> list[ChatPrompt]:
+    """Model-ready prompt for each task: the chat template applied to its one user message, with its ids
+    (the task's text never becomes control tokens)."""
+    return [
+        chat_prompt(tokenizer, [{"role": "user", "content": user_message(t, code_template, math_template)}],
+                    enable_thinking=enable_thinking)
+        for t in tasks
+    ]
 
 
 def locate_spans(
