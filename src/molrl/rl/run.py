@@ -100,7 +100,7 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
     from molrl.runfiles import MetricsFileCallback, ProvenanceCallback, ResumedSchedule
     from molrl.trainer_progress import use_trainer_progress
 
-    from molrl.rl.engine import attach_engine, rl_engine
+    from molrl.rl.engine import rl_engine
     from molrl.rl.score import completions_made_by
 
     engine = rl_engine(cfg)  # before anything loads: engine=vllm without vLLM stops here
@@ -135,12 +135,7 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
         )
         use_trainer_progress(trainer, f"{cfg.algorithm} {out.name}", {"reward": "reward", "kl": "kl", "completions/mean_length": "len"})
         described = install_reference(trainer, cfg.model.reference, policy.adapter_mode, policy.load_base)
-        if engine.name == "vllm_server":
-            from molrl.rl.server_engine import ServerPolicyEngine
-
-            attach_engine(trainer, cfg, ServerPolicyEngine)
-        elif engine.name == "vllm" and not server:
-            attach_engine(trainer, cfg)
+        _start_engine(trainer, cfg, engine.name, server)
     except BaseException:
         if pool is not None:
             pool.close()
@@ -151,6 +146,19 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
     log.info("policy: %s; KL reference: %s; %d trainable parameters",
              policy.description, described, trainable_parameter_count(trainer.model))
     return trainer, policy, pool
+
+
+def _start_engine(trainer: Any, cfg: RlConfig, name: str, trl_server: bool) -> None:
+    """Put the policy on its generation engine: the vLLM servers, the in-process vLLM engine, or none (transformers,
+    or TRL's own server client when ``trl_server``)."""
+    from molrl.rl.engine import attach_engine
+
+    if name == "vllm_server":
+        from molrl.rl.server_engine import ServerPolicyEngine
+
+        attach_engine(trainer, cfg, ServerPolicyEngine)
+    elif name == "vllm" and not trl_server:
+        attach_engine(trainer, cfg)
 
 
 def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: list) -> tuple[Any, Any, Any, Any]:
