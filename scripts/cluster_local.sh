@@ -48,7 +48,8 @@ SERVERS=""
 CORES=$(nproc)
 for i in "${!PORTS[@]}"; do
   PORT=${PORTS[$i]} BIND=${VLLM_CPU_OMP_THREADS_BIND:-$((i % CORES))}
-  VLLM_CPU_OMP_THREADS_BIND=$BIND setsid molrl serve --model "$MODEL" --port "$PORT" --host "$HOST" --max-lora-rank "$RANK" --memory "$MEMORY" \
+  VLLM_CPU_OMP_THREADS_BIND=$BIND setsid molrl serve --model "$MODEL" --port "$PORT" --host "$HOST" \
+    --max-lora-rank "$RANK" --memory "$MEMORY" \
     > "$OUT/logs/server_$PORT.log" 2>&1 &
   PIDS+=("$!")
   SERVERS="${SERVERS:+$SERVERS,}http://$HOST:$PORT"
@@ -63,7 +64,10 @@ for i in "${!PORTS[@]}"; do
       tail -n 20 "$log" >&2
       exit 1
     fi
-    [ "$waited" -lt "$READY_S" ] || { echo "cluster_local: server on port ${PORTS[$i]} not ready in $READY_S s ($log)" >&2; exit 1; }
+    if [ "$waited" -ge "$READY_S" ]; then
+      echo "cluster_local: server on port ${PORTS[$i]} not ready in $READY_S s ($log)" >&2
+      exit 1
+    fi
     sleep 1
   done
 done

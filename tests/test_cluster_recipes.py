@@ -1,4 +1,4 @@
-"""The cluster recipes (examples/cluster/) run the commands the local rehearsal (scripts/cluster_local.sh) runs: the same
+"""The cluster recipes (examples/cluster/) run the commands of the local rehearsal (scripts/cluster_local.sh): the same
 ``molrl serve`` line for each server and the same ``accelerate launch ... molrl rl`` line for the trainers, only the
 launcher around them differs; and those lines are ones molrl serve, accelerate and molrl rl take."""
 
