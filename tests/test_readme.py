@@ -24,7 +24,7 @@ SHRINK = {  # appended to each command: a tiny model on CPU, one step, a token o
             "train.report_to=[none]"],
     "rl": ["model.dtype=float32", "engine=transformers", "train.gradient_checkpointing=false", "train.max_steps=1",
            "sampling.n=2", "prompts_per_step=1", "train.micro_batch_size=2", "sampling.max_new_tokens=8",
-           "data.limit=2", "sandbox.workers=1", "eval.tasks.limit=1", "eval.max_new_tokens=4",
+           "data.limit=2", "sandbox.workers=1", "eval.data.limit=1", "eval.sampling.max_new_tokens=4",
            "eval.kl_prompts=1", "train.report_to=[none]"],
     "eval": ["--limit", "1", "--n", "1", "--max-new-tokens", "8"],
 }

@@ -81,8 +81,15 @@ def test_pipeline_sections_named_for_what_they_run(caplog):
     assert PipelineConfig().stages == ["collect", "mol", "rl", "eval"]
     for path in sorted(CONFIGS.glob("pipeline_*.yaml")):  # the shipped configs use the names: no note
         load_pipeline_config(path, ["model=m"])
-    for path in sorted(CONFIGS.glob("rl_*.yaml")):
-        load_config(RlConfig, path)
+    from molrl.collect.config import CollectConfig
+    from molrl.eval.config import EvalConfig
+    from molrl.mol.config import MolConfig
+
+    stages = {"rl_": (RlConfig, []), "mol_": (MolConfig, []), "eval": (EvalConfig, []),
+              "collect": (CollectConfig, ["data.path=t.jsonl"])}  # a template's required value given
+    for prefix, (cls, required) in stages.items():  # every shipped stage config, under its stage's current names
+        for path in sorted(CONFIGS.glob(f"{prefix}*.yaml")):
+            load_config(cls, path, required)
     assert notes(caplog) == []
 
 
