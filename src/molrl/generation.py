@@ -15,6 +15,7 @@ from typing import Any, Iterator, Protocol, Sequence
 import torch
 
 from molrl.chat import ChatPrompt
+from molrl.errors import MolrlError
 from molrl.sampling import SamplingConfig  # kept importable from here; defined torch-free for configs
 
 
@@ -153,6 +154,15 @@ VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 def vllm_serves_lora(rank: int, modules: Any) -> bool:
     """Whether vLLM can serve a LoRA adapter of this rank on these modules (else it is merged into a copy)."""
     return frozenset(modules) <= VLLM_LORA_MODULES and rank <= VLLM_LORA_RANKS[-1]
+
+
+def check_policy_lora(engine: str, rank: int, modules: Any) -> None:
+    """Refuse, in one line with the fix, a trained adapter the RL engine ``engine`` cannot serve as vLLM LoRA."""
+    if not vllm_serves_lora(rank, modules):
+        raise MolrlError(f"engine={engine} serves the trained adapter as vLLM LoRA, which takes ranks up to "
+                         f"{VLLM_LORA_RANKS[-1]} on {', '.join(sorted(VLLM_LORA_MODULES))}; this one has rank {rank} "
+                         f"on {', '.join(sorted(modules))}: set lora.target_modules to those modules, or "
+                         "engine=transformers")
 
 
 def start_llm(model_path: str, *, dtype: str = "auto", seed: int = 0, lora_rank: int | None = None,

@@ -68,13 +68,9 @@ class PolicyEngine:
     """The policy on an in-process vLLM engine, its adapter re-sent after every optimiser step (``sync``)."""
 
     def __init__(self, cfg: RlConfig, lora_rank: int, lora_modules: Sequence[str]):
-        from molrl.generation import VLLM_LORA_MODULES, merge_adapter_copy, start_llm, vllm_serves_lora
+        from molrl.generation import check_policy_lora, merge_adapter_copy, start_llm
 
-        if not vllm_serves_lora(lora_rank, lora_modules):
-            raise MolrlError(f"engine=vllm serves the trained adapter as vLLM LoRA, which takes ranks up to 512 on "
-                             f"{', '.join(sorted(VLLM_LORA_MODULES))}; this one has rank {lora_rank} on "
-                             f"{', '.join(sorted(lora_modules))}: set lora.target_modules to those modules, or "
-                             "engine=transformers")
+        check_policy_lora("vllm", lora_rank, lora_modules)
         m = cfg.model
         self.work = Path(tempfile.mkdtemp(prefix="molrl-engine-"))
         model_path = m.path

@@ -26,7 +26,6 @@ from molrl.engine_server.client import Reply, RequestParams
 from molrl.engine_server.generator import ServerGenerator, params_with_seed, row_seed
 from molrl.engine_server.pool import ServerPool
 from molrl.engine_server.sync import AdapterSync, check_base
-from molrl.errors import MolrlError
 from molrl.rl.config import RlConfig
 from molrl.rl.engine import PolicyEngine, Sampled
 
@@ -64,13 +63,9 @@ class ServerPolicyEngine(PolicyEngine):
     def __init__(self, cfg: RlConfig, lora_rank: int, lora_modules: Sequence[str]):
         from accelerate import PartialState
 
-        from molrl.generation import VLLM_LORA_MODULES, vllm_serves_lora
+        from molrl.generation import check_policy_lora
 
-        if not vllm_serves_lora(lora_rank, lora_modules):
-            raise MolrlError(f"engine=vllm_server serves the trained adapter as vLLM LoRA, which takes ranks up to 512 "
-                             f"on {', '.join(sorted(VLLM_LORA_MODULES))}; this one has rank {lora_rank} on "
-                             f"{', '.join(sorted(lora_modules))}: set lora.target_modules to those modules, or "
-                             "engine=transformers")
+        check_policy_lora("vllm_server", lora_rank, lora_modules)
         processes = PartialState()  # the launch's processes, as the trainer's accelerator sees them
         self.cfg, self.main = cfg, processes.is_main_process
         self.work = sync_dir(cfg)
