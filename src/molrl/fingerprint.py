@@ -61,19 +61,19 @@ class HubSnapshot:
 
 
 def hub_snapshot(name: str, revision: str = "main") -> HubSnapshot | None:
-    """The cached snapshot the hub name ``name`` (``org/name``) loads, read offline from the hub cache (``HF_HUB_CACHE``):
-    the commit ``refs/REVISION`` names and its folder; None for a local path, an uncached name or a broken ref."""
+    """The cached snapshot the hub name ``name`` (``org/name``) loads, found offline in the hub cache
+    (``huggingface_hub.snapshot_download`` with ``local_files_only``): the commit ``REVISION`` names and its folder;
+    None for a local path, an uncached name or a broken ref."""
     if not _HUB_NAME.fullmatch(name) or Path(name).expanduser().exists():
         return None
-    from huggingface_hub import constants
+    from huggingface_hub import constants, snapshot_download
 
-    repo = Path(constants.HF_HUB_CACHE) / f"models--{name.replace('/', '--')}"
     try:
-        commit = (repo / "refs" / revision).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError):
+        folder = Path(snapshot_download(name, revision=revision, cache_dir=constants.HF_HUB_CACHE,
+                                        local_files_only=True))
+    except (OSError, ValueError):  # not cached (LocalEntryNotFoundError), a name the hub refuses (HFValidationError)
         return None
-    folder = repo / "snapshots" / commit
-    return HubSnapshot(name, commit, folder) if commit and folder.is_dir() else None
+    return HubSnapshot(name, folder.name, folder)
 
 
 def model_fingerprint(name: str) -> dict[str, str] | None:
