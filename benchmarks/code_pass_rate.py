@@ -75,7 +75,7 @@ def measure(model: str, train: Path, out: Path, temperature: float, samples: int
     its samples.jsonl and the seconds this invocation took."""
     from molrl.eval.config import EvalConfig
     from molrl.eval.run import run_eval
-    from molrl.pipeline import load_pipeline_config, stage_config
+    from molrl.pipeline_config import load_pipeline_config, stage_config
 
     section = load_pipeline_config(CONFIG).eval
     fixed = {"model": {"path": model}, "output_dir": str(out), "label": f"base, t {temperature:g}",

@@ -40,7 +40,8 @@ from real_model_rl import easy_split  # the same easy tasks as the one-seed GRPO
 
 from molrl.cli import setup_logging
 from molrl.demo.seeds import cell
-from molrl.pipeline import load_pipeline_config, run_pipeline
+from molrl.pipeline import run_pipeline
+from molrl.pipeline_config import load_pipeline_config
 from molrl.study.headline import seed_dirs, write_headline
 from molrl.study.metrics import logged, quarter_rise
 from molrl.study.claims import CLAIMS

@@ -47,7 +47,8 @@ from rule_probe import probe_run, table  # what each model knows of f, read with
 
 from molrl.cli import setup_logging
 from molrl.demo.seeds import cell
-from molrl.pipeline import DONE, MolRun, RlRun, run_pipeline
+from molrl.pipeline import DONE, run_pipeline
+from molrl.pipeline_config import MolRun, RlRun
 from molrl.study.claims import ACCURACY, Claim
 from molrl.study.headline import problem_scores, seed_dirs, step_accuracy, write_headline
 from molrl.study.metrics import scorer

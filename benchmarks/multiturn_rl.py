@@ -55,7 +55,8 @@ def multi_turn_eval(cfg: object, pipeline: Path, name: str) -> Path:
     """The interactive evaluation of model ``name`` in ``pipeline/eval_turns/<name>`` (reused when finished)."""
     from molrl.demo.run import episode_config
     from molrl.eval import run_eval
-    from molrl.pipeline import eval_config, model_weights
+    from molrl.pipeline import model_weights
+    from molrl.pipeline_config import eval_config
 
     model, adapter = model_weights(cfg, name, pipeline)
     out = pipeline / "eval_turns" / name
@@ -125,7 +126,7 @@ def model_names(cfg: object) -> list[str]:
 
 def finished_seed(pipeline: Path) -> tuple[Path, object] | None:
     """(pipeline, config) of a seed whose every model has both evaluations, else None."""
-    from molrl.pipeline import load_pipeline_config
+    from molrl.pipeline_config import load_pipeline_config
 
     if not (pipeline / "config.yaml").is_file():
         return None

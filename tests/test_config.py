@@ -89,7 +89,7 @@ def _renamed_keys() -> list[tuple[str, str, str, str]]:
     from molrl.config_renames import unoptional
     from molrl.eval.config import EvalConfig
     from molrl.mol.config import MolConfig
-    from molrl.pipeline import PipelineConfig
+    from molrl.pipeline_config import PipelineConfig
     from molrl.rl.config import RlConfig
 
     found = []

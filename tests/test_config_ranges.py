@@ -22,7 +22,7 @@ from molrl.collect.config import CollectConfig
 from molrl.config_ranges import Creatable, OneOf, Range, ranges
 from molrl.eval.config import EvalConfig
 from molrl.mol.config import MolConfig
-from molrl.pipeline import PipelineConfig
+from molrl.pipeline_config import PipelineConfig
 from molrl.rl.config import RlConfig
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -86,7 +86,7 @@ def _stage_class(name: str) -> type:
     from molrl.collect.config import CollectConfig
     from molrl.eval.config import EvalConfig
     from molrl.mol.config import MolConfig
-    from molrl.pipeline import PipelineConfig
+    from molrl.pipeline_config import PipelineConfig
     from molrl.rl.config import RlConfig
 
     stages = {"pipeline": PipelineConfig, "mol": MolConfig, "rl": RlConfig, "eval": EvalConfig,

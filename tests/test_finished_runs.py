@@ -202,7 +202,8 @@ def test_each_trace_records_the_engine_that_made_it_and_the_models_fingerprint(f
 # --- pipeline ---------------------------------------------------------------------------------------------------------
 
 def test_a_finished_pipeline_rerun_changes_no_file(shared_data, tmp_path):
-    from molrl.pipeline import PipelineConfig, run_pipeline
+    from molrl.pipeline import run_pipeline
+    from molrl.pipeline_config import PipelineConfig
 
     def pipeline(*overrides: str) -> PipelineConfig:
         return load_config(PipelineConfig, None, [

@@ -127,7 +127,8 @@ def test_the_demo_runs_without_importing_the_study():
     assert out.strip() == "[]"
 
 
-STAGES = ("molrl.collect", "molrl.mol", "molrl.rl", "molrl.eval", "molrl.demo", "molrl.study", "molrl.pipeline")
+STAGES = ("molrl.collect", "molrl.mol", "molrl.rl", "molrl.eval", "molrl.demo", "molrl.study", "molrl.pipeline",
+          "molrl.pipeline_config")
 """The stage packages: peers above the shared layers, each run by its own command."""
 
 LAYERS = {

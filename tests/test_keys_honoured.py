@@ -76,7 +76,7 @@ def stage_class(stage: str) -> type:
     from molrl.collect.config import CollectConfig
     from molrl.eval.config import EvalConfig
     from molrl.mol.config import MolConfig
-    from molrl.pipeline import PipelineConfig
+    from molrl.pipeline_config import PipelineConfig
 
     return {"collect": CollectConfig, "mol": MolConfig, "rl": RlConfig, "eval": EvalConfig,
             "pipeline": PipelineConfig}[stage]
@@ -198,7 +198,8 @@ def pipeline_run(reads: Any, mp: Any, shared_data: Path, root: Path, math: Path)
     import molrl.mol.run
     import molrl.rl.run
     from molrl.collect.files import collect_files
-    from molrl.pipeline import load_pipeline_config, run_pipeline
+    from molrl.pipeline import run_pipeline
+    from molrl.pipeline_config import load_pipeline_config
 
     def made(folder: str, *names: str) -> Path:
         for name in names:

@@ -10,8 +10,8 @@ import pytest
 from conftest import REPO
 from molrl.config import ConfigError
 from molrl.errors import MolrlError
-from molrl.pipeline import (MolRun, PipelineConfig, RlRun, load_pipeline_config, model_weights, rl_config, run_stage,
-                            stage_config)
+from molrl.pipeline import model_weights, run_stage
+from molrl.pipeline_config import MolRun, PipelineConfig, RlRun, load_pipeline_config, rl_config, stage_config
 from molrl.report import score_table, standard_error, write_report
 
 

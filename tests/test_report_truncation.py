@@ -9,7 +9,7 @@ from pathlib import Path
 
 from grpo_helpers import save_tiny_model
 from molrl.config import load_config, save_config
-from molrl.pipeline import MolRun, PipelineConfig, RlRun
+from molrl.pipeline_config import MolRun, PipelineConfig, RlRun
 from molrl.report import write_report
 
 

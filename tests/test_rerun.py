@@ -222,7 +222,7 @@ print("RESULT", rc, ",".join(heavy) or "none")
     ("rl", "molrl.rl.config", "RlConfig", "configs/rl_tiny.yaml", "nosuch.key=1"),
     ("collect", "molrl.collect.config", "CollectConfig", "configs/collect.yaml", "episode.nosuch=1"),
     ("eval", "molrl.eval.config", "EvalConfig", "configs/eval.yaml", "sampling.nosuch=1"),
-    ("pipeline", "molrl.pipeline", "PipelineConfig", "configs/pipeline_tiny.yaml", "mol.train.nosuch=1"),
+    ("pipeline", "molrl.pipeline_config", "PipelineConfig", "configs/pipeline_tiny.yaml", "mol.train.nosuch=1"),
 ])
 def test_config_typo_reported_without_importing_torch(stage, module, cls, config, typo, tmp_path):
     extra = {"collect": ["model=tiny:chatml", "data.path=t.jsonl", f"output_dir={tmp_path / 't'}"],

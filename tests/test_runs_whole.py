@@ -212,7 +212,8 @@ def test_finding5_a_second_eval_on_one_output_is_refused(held, tmp_path):
 
 
 def test_finding5_a_second_pipeline_on_one_output_is_refused(held):
-    from molrl.pipeline import PipelineConfig, run_pipeline
+    from molrl.pipeline import run_pipeline
+    from molrl.pipeline_config import PipelineConfig
 
     out, pid = held
     with pytest.raises(MolrlError, match=rf"{out} is being written by another run \(pid {pid}\)"):

@@ -12,7 +12,7 @@ import yaml
 
 from molrl.config import describe, load_config, to_dict
 from molrl.mol.config import MolConfig
-from molrl.pipeline import PipelineConfig, load_pipeline_config
+from molrl.pipeline_config import PipelineConfig, load_pipeline_config
 from molrl.rl.config import RlConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -94,7 +94,7 @@ def test_pipeline_sections_named_for_what_they_run(caplog):
 
 
 def test_old_pipeline_section_names_still_load_with_a_note(tmp_path, caplog):
-    from molrl.pipeline import rl_config
+    from molrl.pipeline_config import rl_config
 
     mine = tmp_path / "mine.yaml"  # an earlier user config over the shipped (renamed) one
     mine.write_text(f"extends: {CONFIGS / 'pipeline_tiny.yaml'}\nstages: [mol, grpo, eval]\n"

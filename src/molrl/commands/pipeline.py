@@ -28,7 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def handle(args: argparse.Namespace) -> int:
     from molrl.config import describe
     from molrl.input_checks import check_inputs
-    from molrl.pipeline import PipelineConfig, load_pipeline_config, run_pipeline
+    from molrl.pipeline import run_pipeline
+    from molrl.pipeline_config import PipelineConfig, load_pipeline_config
 
     if args.describe:
         print("\n".join(describe(PipelineConfig)))

@@ -110,7 +110,7 @@ def measure_world(world: World, base_dir: Path, world_dir: Path, cfg: Any, sampl
     model = AutoModelForCausalLM.from_pretrained(base_dir).eval()
     tasks = world.rule_heldout
     from molrl.eval.config import EvalConfig
-    from molrl.pipeline import stage_config
+    from molrl.pipeline_config import stage_config
     from molrl.rl.config import RlConfig
 
     evaluation, rl = stage_config(EvalConfig, cfg.eval, {}, [], "eval"), stage_config(RlConfig, cfg.rl, {}, [], "rl")

@@ -87,7 +87,7 @@ def build_pretrained_base(world_cfg: ChainWorldConfig, warm: WarmUpConfig, model
     from molrl.mol.config import MolConfig
     from molrl.export import merge_adapter
     from molrl.mol.run import run_mol
-    from molrl.pipeline import stage_config
+    from molrl.pipeline_config import stage_config
     from molrl.sandbox import SandboxConfig, SandboxPool
 
     marker = base_dir / "DONE"

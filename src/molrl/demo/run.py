@@ -231,7 +231,7 @@ def prepare_seed(out: Path, preset: str, overrides: list[str] | None, seed: int,
     """
     import torch
 
-    from molrl.pipeline import load_pipeline_config
+    from molrl.pipeline_config import load_pipeline_config
 
     chosen = seeded((PRETRAINED_PRESETS if model else WORLDS[world_name])[preset], seed)
     torch.manual_seed(seed)
@@ -368,6 +368,6 @@ def episode_config(cfg: "PipelineConfig") -> "CollectionFormat":  # noqa: F821
     """The collect section's episode settings and sampling: the demonstrations use exactly the format collection
     will."""
     from molrl.demo.collection import CollectionFormat
-    from molrl.pipeline import collect_config
+    from molrl.pipeline_config import collect_config
 
     return CollectionFormat.of(collect_config(cfg, Path(cfg.output_dir), in_memory=True))

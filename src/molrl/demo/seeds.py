@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import yaml
 
 from molrl.config_renames import current_names
-from molrl.pipeline import PipelineConfig
+from molrl.pipeline_config import PipelineConfig
 from molrl.report import accuracy, eval_results
 
 BASE = "base"

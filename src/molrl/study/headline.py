@@ -176,7 +176,7 @@ def step_accuracy(run_dir: Path, model: str, key: str, bench: str = "heldout") -
 def forgetting(run_dir: Path, models: Sequence[str] = MODELS, bench: str = "general") -> dict[str, dict[str, float]]:
     """Per model: KL to the base on the base's greedy answers to ``bench``, and greedy agreement with the base; kept
     in ``run_dir/forgetting.json`` keyed by each model's run marker, so a finished measurement is reused."""
-    from molrl.pipeline import load_pipeline_config
+    from molrl.pipeline_config import load_pipeline_config
 
     cfg = load_pipeline_config(run_dir / "config.yaml")
     cache_file = run_dir / "forgetting.json"
@@ -233,7 +233,8 @@ def general_kls(cfg: Any, run_dir: Path, models: Sequence[str], answers: dict[st
 
     from molrl.eval.suites import load_suite
     from molrl.models import load_model, load_tokenizer
-    from molrl.pipeline import eval_config, model_weights
+    from molrl.pipeline import model_weights
+    from molrl.pipeline_config import eval_config
     from molrl.rl.kl import policy_base_kl
     from molrl.traces.spans import render_prompts
 

@@ -20,7 +20,7 @@ from molrl.study.kl import dose_section, rl_kl_section
 from molrl.study.metrics import KL, Score, late_mean, last_value, mol_late_mean, scorer, summed_series
 from molrl.study.claims import CLAIMS, is_primary
 from molrl.study.verdict import RULE, claim_line, primary_note
-from molrl.pipeline import PipelineConfig
+from molrl.pipeline_config import PipelineConfig
 from molrl.plots import metric_series, pyplot, save_figure
 from molrl.report import read_metrics, stage_times
 from molrl.writes import write_text

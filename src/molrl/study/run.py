@@ -44,7 +44,8 @@ from molrl.cpu import govern_threads
 from molrl.study.arms import (CHAIN, CHAIN_NO_REPLAY, CODE, CODE_TOKENS, DIGIT, LOSSES, NO_REPLAY, SOURCES,
                               WORLD_ARMS, StudyArms)
 from molrl.errors import MolrlError
-from molrl.pipeline import MolRun, PipelineConfig, RlRun, run_pipeline
+from molrl.pipeline import run_pipeline
+from molrl.pipeline_config import MolRun, PipelineConfig, RlRun
 
 log = logging.getLogger(__name__)
 
