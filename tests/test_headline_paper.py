@@ -112,3 +112,25 @@ def test_a_seeds_timings_keep_the_stages_an_earlier_invocation_reported_and_the_
     record_seconds(timings, "0", {"mol/mol": 0.4, "mol/mol_short": 300.0})  # then mol_short, mol reused
     assert json.loads(timings.read_text()) == {"0": {"mol/mol": 600.0, "rule probe/base,mol": 40.0,
                                                      "mol/mol_short": 300.0}}
+
+
+def test_a_seeds_evaluation_leaves_out_by_content_every_problem_the_warmed_up_base_trained_on(tmp_path):
+    from molrl.demo.chain import ChainWorldConfig, build_chain_world
+    from molrl.demo.run import unseen_by
+    from molrl.provenance import Provenance, read_provenance, trained_overlap, write_provenance
+    from molrl.tasks.index import task_content_key
+
+    world = build_chain_world(ChainWorldConfig(max_steps=3, train_problems=16, heldout_problems=12, general_train=24,
+                                               general_eval=8))
+    assert unseen_by(world, tmp_path) is world  # a base without a record: nothing to leave out
+    seen = [world.rule_heldout[0], world.rule_heldout[5], world.general_eval[2]]
+    write_provenance(tmp_path, Provenance(lineage=[{"stage": "mol", "config": "x", "date": "d"}],
+                                          keys=sorted(task_content_key(t) for t in seen)))
+    kept = unseen_by(world, tmp_path)
+    assert [t.id for t in kept.rule_heldout] == [t.id for i, t in enumerate(world.rule_heldout) if i not in (0, 5)]
+    assert [t.id for t in kept.general_eval] == [t.id for i, t in enumerate(world.general_eval) if i != 2]
+    assert kept.rule_train == world.rule_train and kept.general_train == world.general_train
+    record = read_provenance(tmp_path)
+    assert not trained_overlap(record, {"heldout": kept.rule_heldout, "general": kept.general_eval})
+    assert trained_overlap(record, {"heldout": world.rule_heldout, "general": world.general_eval}) == {
+        "heldout": 2, "general": 1}
