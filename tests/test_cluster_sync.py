@@ -56,3 +56,36 @@ def test_another_process_whose_servers_are_all_down_stops_in_one_line(two, tmp_p
         AdapterSync(pool, tmp_path, "t").follow("molrl-t-1")
     assert a.url in str(err.value) and b.url in str(err.value) and "\n" not in str(err.value)
     pool.close()
+
+
+@pytest.mark.parametrize("keep_behind", [0, 1])
+def test_with_several_processes_the_adapter_another_still_samples_from_stays_loaded_until_two_loads_on(
+        keep_behind, tmp_path):
+    from molrl.engine_server.client import RequestParams
+
+    server = FakeEngineServer(token_delay_s=0.05)
+    main_pool, other_pool = ServerPool([server.url]), ServerPool([server.url])
+    main, other = AdapterSync(main_pool, tmp_path, "t", keep_behind), AdapterSync(other_pool, tmp_path, "t")
+    names = [main.next_name() for _ in range(3)]
+    for _ in names:
+        other.next_name()
+    try:
+        main.publish(names[0], lambda folder: folder.mkdir(parents=True))
+        other.follow(names[0])
+        # the other process's rows for the next step, submitted under the first adapter (one-step-off), still sampling
+        pending = other_pool.submit(names[0], [0], RequestParams(max_tokens=12, temperature=1.0))
+        main.publish(names[1], lambda folder: folder.mkdir(parents=True))  # the main process has no request on it
+        kept_while_sampled = names[0] in server.adapters
+        assert len(pending.result().ids) == 12
+        if keep_behind == 0:  # one process: the previous adapter goes at once (the hazard several processes would meet)
+            assert not kept_while_sampled and set(server.adapters) == {names[1]}
+            return
+        assert kept_while_sampled and set(server.adapters) == {names[0], names[1]}
+        main.publish(names[2], lambda folder: folder.mkdir(parents=True))
+        assert set(server.adapters) == {names[1], names[2]} and not (tmp_path / names[0]).exists()
+        main.close()
+        assert server.adapters == {} and not any((tmp_path / n).exists() for n in names)
+    finally:
+        for pool in (main_pool, other_pool):
+            pool.close()
+        server.stop()

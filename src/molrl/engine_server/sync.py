@@ -3,7 +3,13 @@
 After each optimiser step the trainer's main process saves the adapter under ``engine_sync_dir`` (a path every server
 reads: a shared filesystem on a cluster) in a folder of a new name, and loads it on every live server under that name
 (``/v1/load_lora_adapter``); the previous adapter is unloaded, and its folder removed, once no request samples from it
-(``ServerPool.when_unused``). Every other process waits until the servers list the new name (``wait_loaded``).
+(``ServerPool.when_unused``). Every other process waits until the servers list the new name (``AdapterSync.follow``).
+
+The main process sees only its own requests. With several processes, another may still sample from the previous
+adapter when the main one loads the next: under one-step-off overlap its rows for the next step were submitted under
+the previous adapter and are collected only at that step. So with several processes the main one keeps one adapter
+more (``keep_behind=1``): the adapter two loads back is unloaded, which no process can still use, since every process
+collected its rows on it before the training step whose gradients they all share ended.
 Names carry a tag drawn once per run, so a resumed run never meets an adapter an earlier one left loaded.
 """
 
@@ -60,13 +66,17 @@ def check_base(url: str, cards: list[dict[str, Any]], expected: str) -> str:
 class AdapterSync:
     """The adapters a run loads on the servers of ``pool``: saved under ``folder``, named by ``tag``."""
 
-    def __init__(self, pool: ServerPool, folder: Path, tag: str):
+    def __init__(self, pool: ServerPool, folder: Path, tag: str, keep_behind: int = 0):
         self.pool, self.folder, self.tag = pool, Path(folder), tag
         self.count = 0
         self.current: str | None = None
         """The name requests sample from now."""
         self.owner = False
         """This process loaded ``current`` (and unloads it)."""
+        self.keep_behind = keep_behind
+        """How many adapters before the previous one stay loaded (0: one process; 1: several, see the module)."""
+        self.retired: list[str] = []
+        """Adapters this process loaded and no longer samples from, oldest first, not yet handed to the unload."""
 
     def next_name(self) -> str:
         """Advance to the next adapter's name (every process counts alike)."""
@@ -110,7 +120,10 @@ class AdapterSync:
     def switch(self, name: str, owner: bool) -> None:
         previous, self.current, self.owner = self.current, name, owner
         if previous is not None and owner:
-            self.pool.when_unused(previous, lambda: self.drop(previous))
+            self.retired.append(previous)
+        while len(self.retired) > self.keep_behind:
+            old = self.retired.pop(0)
+            self.pool.when_unused(old, lambda old=old: self.drop(old))
 
     def drop(self, name: str) -> None:
         """Unload ``name`` from every live server and remove its folder."""
@@ -123,5 +136,8 @@ class AdapterSync:
     def close(self) -> None:
         """Unload the current adapter (the servers are left as they were found)."""
         current, self.current = self.current, None
+        for old in self.retired:
+            self.drop(old)
+        self.retired = []
         if current is not None and self.owner:
             self.drop(current)

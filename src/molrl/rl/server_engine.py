@@ -82,7 +82,8 @@ class ServerPolicyEngine(PolicyEngine):
         except BaseException:
             self.pool.close()
             raise
-        self.adapters = AdapterSync(self.pool, self.work, tag)
+        # another process may still sample from the previous adapter when the main one loads the next
+        self.adapters = AdapterSync(self.pool, self.work, tag, keep_behind=int(processes.num_processes > 1))
         self.lora: Any = None
         self.synced_step: int | None = None
         self.syncs = 0
