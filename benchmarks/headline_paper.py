@@ -15,8 +15,9 @@ to the paper's settings:
   are 4.8 passes; the earlier headline's 32 steps (``mol_short``, for the secondary claim) were 1.9.
 - GRPO from that MoL model and from the base: groups of 8 samples at temperature 0.9, 2 prompts a step (16
   samples), learning rate 1e-4, 24 steps, the same KL (0.05) to the base as before.
-- greedy evaluation of every model on 200 held-out and 100 general problems, the rule probe of every model
-  (``benchmarks/rule_probe.py``), and accuracy per chain step from the stored answers
+- greedy evaluation of every model on the seed's 200 held-out and 100 general problems less those the warmed-up
+  base was trained on, known by content (``molrl.demo.run.unseen_by``: 183 and 97 on seed 0), the rule probe of
+  every model (``benchmarks/rule_probe.py``), and accuracy per chain step from the stored answers
   (``molrl.study.headline.step_accuracy``).
 
 Seeds: 3, then up to ``--max-seeds`` (5) while the primary claim is undecided.

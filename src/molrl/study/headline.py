@@ -72,7 +72,8 @@ def write_headline(out: str | Path, seeds: int, model: str, *, task: str = "chai
     agree = {m: [k[m]["agreement"] for k in kept] for m in models}
     held = {m: score(m, held_bench) for m in models}
     general = {m: score(m, general_bench) for m in models}
-    n_held, n_general = (problem_count(run_dirs[0], "base", b) for b in (held_bench, general_bench))
+    n_held, n_general = (counts_text([problem_count(d, "base", b) for d in run_dirs])
+                         for b in (held_bench, general_bench))
     lines = [f"# The headline on a pretrained model: {Path(model).name}, {task} ({seeds} seed"
              f"{'s' * (seeds != 1)})", "",
              intro.format(model=model, n_held=n_held, n_general=n_general) + " General KL is KL(model || base) per "
@@ -113,6 +114,18 @@ def write_headline(out: str | Path, seeds: int, model: str, *, task: str = "chai
     report = out / "headline.md"
     write_text(report, "\n".join(lines))
     return report
+
+
+def counts_text(counts: Sequence[int]) -> str:
+    """One count when every seed has it, else each seed's (a pretrained base's seeds leave out, each, the problems
+    its warm-up saw).
+
+    >>> counts_text([200, 200]), counts_text([183, 186, 192])
+    ('200', '183, 186 and 192 on seeds 0-2')
+    """
+    if len(set(counts)) <= 1:
+        return str(counts[0]) if counts else "0"
+    return f"{', '.join(map(str, counts[:-1]))} and {counts[-1]} on seeds 0-{len(counts) - 1}"
 
 
 def problem_count(run_dir: Path, model: str, bench: str) -> int:
