@@ -9,6 +9,7 @@ server drop every connection and stop once it has streamed that many tokens in a
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,11 +29,24 @@ def scripted(model: str, ids: list[int], body: dict[str, Any]) -> Iterator[tuple
         yield last, -0.1 * position
 
 
+class Listener(ThreadingHTTPServer):
+    """A threading HTTP server whose listen queue holds a step's requests (the standard library's holds 5; a step
+    opens one connection per row at once, 64 in the demo world, and the kernel resets those past the queue, as
+    vLLM's server, with a queue of 2048, does not)."""
+
+    request_queue_size = 1024
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that closed its connection after its reply is no error (the standard library prints each)."""
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            super().handle_error(request, client_address)
+
+
 class FakeEngineServer:
-    """One fake server on 127.0.0.1 and a free port; ``url`` is its address."""
+    """One fake server on 127.0.0.1 and ``port`` (default a free one); ``url`` is its address."""
 
     def __init__(self, base: str = "base-model", answer: Answer = scripted, token_delay_s: float = 0.0,
-                 die_after_tokens: int | None = None):
+                 die_after_tokens: int | None = None, port: int = 0):
         self.base, self.answer, self.token_delay_s = base, answer, token_delay_s
         self.die_after_tokens = die_after_tokens
         self.adapters: dict[str, str] = {}
@@ -44,7 +58,7 @@ class FakeEngineServer:
         self.cancelled = 0
         self.lock = threading.Lock()
         self.dead = False
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self.handler())
+        self.httpd = Listener(("127.0.0.1", port), self.handler())
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -188,11 +202,12 @@ class ModelAnswer:
         with self.lock:
             net = self.net(model)
         generator = torch.Generator().manual_seed(int(body.get("seed") or 0))
-        sequence = list(ids)
+        feed, past = list(ids), None  # the tokens not yet in the cache, and the cache (keys and values)
         while True:
             with self.lock, torch.no_grad():
-                logits = net(torch.tensor([sequence])).logits[0, -1].float()
+                out = net(torch.tensor([feed]), past_key_values=past, use_cache=True)
+            past, logits = out.past_key_values, out.logits[0, -1].float()
             logps = torch.log_softmax(logits / body["temperature"], -1)
             token = int(torch.multinomial(logps.exp(), 1, generator=generator).item())
-            sequence.append(token)
+            feed = [token]
             yield token, float(logps[token])
