@@ -111,3 +111,55 @@ def test_the_export_kill_point_is_the_folder_rename(adapter, tmp_path):
     (left,) = tmp_path.glob("renamed-out.tmp-*")
     assert _loadable(left)  # whole, waiting for its rename
     shutil.rmtree(left)
+
+
+def _filled(folder: Path, names: list[str]) -> Path:
+    from molrl.writes import write_folder
+
+    with write_folder(folder) as tmp:
+        for name in names:
+            (tmp / name).write_text(name)
+    return folder
+
+
+@pytest.mark.parametrize("before", ["none", "empty", "written", "same_names", "lock_only", "others", "subfolder"])
+def test_a_folder_written_whole_never_deletes_what_it_does_not_write_again(before, tmp_path):
+    """Every state the folder can be found in: what molrl wrote whole is replaced whole; a folder of anything else is
+    replaced only when the new folder writes every name it holds (the lock of the run aside)."""
+    from molrl.errors import MolrlError
+    from molrl.writes import WHOLE
+
+    folder = tmp_path / "out"
+    if before == "written":
+        _filled(folder, ["old.bin", "config.json"])  # an earlier whole write: old.bin goes
+    elif before != "none":
+        folder.mkdir()
+        names = {"empty": [], "same_names": ["config.json"], "lock_only": [".lock"], "others": ["notes.txt", "DONE"],
+                 "subfolder": []}[before]
+        for name in names:
+            (folder / name).write_text("mine")
+        if before == "subfolder":
+            (folder / "checkpoints").mkdir()
+    refused = before in ("others", "subfolder")
+    if refused:
+        kept = sorted(p.name for p in folder.iterdir())
+        with pytest.raises(MolrlError) as err:
+            _filled(folder, ["config.json"])
+        assert str(folder) in str(err.value) and "\n" not in str(err.value)
+        assert all(name in str(err.value) for name in kept if name != "config.json")
+        assert sorted(p.name for p in folder.iterdir()) == kept  # untouched
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary left
+        return
+    _filled(folder, ["config.json"])
+    assert sorted(p.name for p in folder.iterdir()) == sorted(["config.json", WHOLE])
+    assert (folder / "config.json").read_text() == "config.json"
+
+
+def test_an_export_into_a_run_folder_is_refused_and_the_run_is_kept(adapter, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(adapter, run / "adapter")
+    (run / "metrics.jsonl").write_text("{}\n")
+    result = _export(run / "adapter", run)  # before: the run folder replaced by the merged model, rc 0
+    assert result.returncode == 1 and "adapter, metrics.jsonl" in result.stderr
+    assert "which writing the folder whole would delete" in result.stderr
+    assert sorted(p.name for p in run.iterdir() if p.name != ".lock") == ["adapter", "metrics.jsonl"]

@@ -77,8 +77,8 @@ def _expected(kind: str, role: str) -> str:
     place, still the same special file) or ``refused``."""
     if kind in ("block", "socket"):
         return "refused"
-    if role == "folder":
-        return "written" if kind in ("new", "folder") else "refused"
+    if role == "folder":  # an existing folder holds old.txt, which the new one does not write again
+        return "written" if kind == "new" else "refused"
     if kind == "folder":
         return "refused"
     return "stream" if kind in ("fifo", "char") else "written"
@@ -139,7 +139,7 @@ def test_every_writer_meets_every_file_kind_by_the_one_rule(tmp_path, writer, ki
 
 def _check_written(target: Path, writer: str, role: str, kind: str) -> None:
     if role == "folder":
-        assert sorted(p.name for p in target.iterdir()) == ["new.txt"]
+        assert sorted(p.name for p in target.iterdir()) == [writes.WHOLE, "new.txt"]
         return
     text = target.read_text()
     new = {"write_jsonl": '{"new": 1}\n', "append_trace": TRACE.to_json() + "\n"}.get(writer, "new\n")
@@ -202,6 +202,7 @@ ALLOWED = {
     ("demo/base.py", ".save_pretrained"): "the demo's base model, whole when the marker written after it says so",
     ("demo/expert.py", "os.replace"): "the demo's expert traces, made under a temporary name in its own work folder",
     ("demo/run.py", "os.replace"): "the demo's replay traces, made under a temporary name in its own work folder",
+    ("demo/pretrained_base.py", "os.replace"): "the warm-up's work folder, moved into the model folder made from it",
     ("generation.py", ".save_pretrained"): "the engine's merged copy, in a temporary folder the engine made",
     ("rl/engine.py", ".save_pretrained"): "the adapter handed to the in-process engine, in its own work folder",
     ("rl/server_engine.py", ".save_pretrained"): "the adapter published to the engine servers, in their work folder",

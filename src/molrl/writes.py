@@ -134,14 +134,31 @@ def append_text(path: str | Path, text: str, *, sync: bool = False) -> None:
             os.fsync(handle.fileno())
 
 
+LOCK = ".lock"
+"""The lock file of a folder output, inside it (``folder_lock``), or of a file output, beside it (``file_lock``)."""
+WHOLE = ".molrl_whole"
+"""An empty file ``write_folder`` puts in every folder it writes: such a folder is replaced whole by the next write."""
+
+
+def would_lose(old: Path, new: Path) -> list[str]:
+    """The entries of the existing folder ``old`` that replacing it with ``new`` would delete: none when ``old`` is
+    a folder ``write_folder`` wrote (it holds ``WHOLE``), else the names in ``old`` that ``new`` does not write again
+    (an export into a run folder, or a folder of the user's own), but for the run's own lock file."""
+    if not old.is_dir() or (old / WHOLE).is_file():
+        return []
+    return sorted(set(os.listdir(old)) - set(os.listdir(new)) - {LOCK})
+
+
 @contextlib.contextmanager
 def write_folder(path: str | Path, *, writer: bool = True) -> Iterator[Path]:
-    """Yield a temporary folder to fill; on a clean exit it replaces ``path`` whole (an old ``path`` goes).
+    """Yield a temporary folder to fill; on a clean exit it replaces ``path`` whole (an old ``path`` goes), unless
+    that would delete what ``path`` holds and the new folder does not (``would_lose``): then nothing is replaced and
+    the error names the entries.
 
     ``writer`` false (the other ranks of a multi-process launch) yields the same temporary folder and renames
     nothing: rank 0 commits it. Its name holds the process group's id, which every rank of a launch shares.
     """
-    path = resolve_output(path, folder=True).path
+    given, path = path, resolve_output(path, folder=True).path
     tmp = path.with_name(f"{path.name}.tmp-{_writer_id()}")
     if writer:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -150,6 +167,13 @@ def write_folder(path: str | Path, *, writer: bool = True) -> Iterator[Path]:
     yield tmp
     if not writer:
         return
+    (tmp / WHOLE).touch()
+    lost = would_lose(path, tmp)
+    if lost:
+        shutil.rmtree(tmp, ignore_errors=True)
+        more = f" and {len(lost) - 3} more" if len(lost) > 3 else ""
+        raise MolrlError(f"{given}: already holds {', '.join(lost[:3])}{more}, which writing the folder whole would "
+                         "delete; give a new or empty folder, or move those out first")
     for file in tmp.rglob("*"):
         if file.is_file():
             with file.open("rb") as handle:
@@ -166,7 +190,7 @@ def write_folder(path: str | Path, *, writer: bool = True) -> Iterator[Path]:
 def folder_lock(out: str | Path, fix: str) -> contextlib.AbstractContextManager[None]:
     """Hold the folder output ``out`` for this run while the block runs (its lock: ``<out>/.lock``); refuse
     (``MolrlError``, one line naming ``out`` and the holder's pid, then ``fix``) when another run holds it."""
-    return _hold(resolve_output(out, folder=True).path / ".lock", out, fix)
+    return _hold(resolve_output(out, folder=True).path / LOCK, out, fix)
 
 
 def file_lock(path: str | Path, fix: str) -> contextlib.AbstractContextManager[None]:
@@ -175,7 +199,7 @@ def file_lock(path: str | Path, fix: str) -> contextlib.AbstractContextManager[N
     out = resolve_output(path)
     if out.kind == "stream":
         return contextlib.nullcontext()
-    return _hold(out.path.parent / ".lock", path, fix)
+    return _hold(out.path.parent / LOCK, path, fix)
 
 
 @contextlib.contextmanager

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -98,7 +100,9 @@ def build_pretrained_base(world_cfg: ChainWorldConfig, warm: WarmUpConfig, model
         log.info("%s: warmed-up base already made, reused", base_dir)
         return base_dir
     started = time.time()
-    work = base_dir / "warm_up"
+    if marker.is_file():  # made by an earlier build with other settings: this build replaces it
+        shutil.rmtree(base_dir)
+    work = base_dir.with_name(f".{base_dir.name}.warm_up")  # beside the model folder, moved in once it is written
     traces_file = work / "traces.jsonl"
     work.mkdir(parents=True, exist_ok=True)
     with SandboxPool(SandboxConfig(workers=2)) as pool:
@@ -123,6 +127,7 @@ def build_pretrained_base(world_cfg: ChainWorldConfig, warm: WarmUpConfig, model
              warm.max_steps)
     run_mol(cfg)
     merge_adapter(work / "run" / "adapter", base_dir, base=model)
+    os.replace(work, base_dir / "warm_up")
     write_text(marker, json.dumps(made_of))
     write_text(base_dir / "timing.json", json.dumps({"seconds": round(time.time() - started, 1)}))
     return base_dir
