@@ -21,6 +21,10 @@ Printed per run (mean ± standard error over seeds [per seed]): training reward 
 final held-out and general accuracy (the pipeline's greedy evaluation); ``rollout/staleness``, ``mismatch_kl``,
 ``is_ess``; training wall time. And the paired difference ``server_s1 - server_s0`` per seed.
 
+``--control`` (another ``--port`` while the main runs hold theirs) runs both server arms again at a quarter of the
+learning rate (``CONTROL``) and reports every arm: whether the gap between staleness 1 and 0 follows the size of a
+step, as a one-step lag's cost does, or not, as a fault in the overlap's code would not.
+
 Resumable: each seed is a pipeline under OUT/seed-N whose finished stages are reused (the server's port is fixed so
 a run's config is the same when it resumes). Results: OUT/staleness.json and OUT/staleness.md.
 """
@@ -41,15 +45,22 @@ from molrl.layout import rl_runs  # noqa: E402
 
 ARMS = {"sync_local": [], "server_s0": ["rollout.max_staleness=0"], "server_s1": ["rollout.max_staleness=1"]}
 """RL runs from MoL per seed: overrides on the demo's GRPO (the server arms add the engine)."""
+CONTROL_LR = 2.5e-4
+"""The control's learning rate: a quarter of the demo's GRPO's 1e-3, so each step moves the policy less."""
+CONTROL = {"server_s0_lr": ["rollout.max_staleness=0", f"train.learning_rate={CONTROL_LR}"],
+           "server_s1_lr": ["rollout.max_staleness=1", f"train.learning_rate={CONTROL_LR}"]}
+"""``--control``: both server arms at a quarter of the learning rate. A one-step lag costs more the further each step
+moves the policy, so if staleness 1 trails staleness 0 because of the lag, the gap shrinks here; a gap of a code
+fault would not care about the step's size."""
 
 
 def arm_overrides(name: str, url: str) -> list[str]:
     server = ["engine=vllm_server", f"engine_servers=[{url}]"] if name.startswith("server") else []
-    return ["algorithm=grpo", *server, *ARMS[name]]
+    return ["algorithm=grpo", *server, *{**ARMS, **CONTROL}[name]]
 
 
-def run_seed(out: Path, seed: int, steps: int, port: int, preset: str = "default") -> Path:
-    """Seed ``seed``'s pipeline with the three arms (finished stages reused); its output directory."""
+def run_seed(out: Path, seed: int, steps: int, port: int, preset: str = "default", arms: tuple = tuple(ARMS)) -> Path:
+    """Seed ``seed``'s pipeline with the RL runs ``arms`` (finished stages reused); its output directory."""
     from fake_engine_server import FakeEngineServer, ModelAnswer
     from molrl.demo.run import prepare_seed
     from molrl.pipeline import run_pipeline
@@ -57,7 +68,7 @@ def run_seed(out: Path, seed: int, steps: int, port: int, preset: str = "default
 
     url = f"http://127.0.0.1:{port}"
     cfg, world, threads = prepare_seed(out, preset, [f"rl.train.max_steps={steps}"], seed)
-    cfg.rl_runs = [RlRun(name, "mol", arm_overrides(name, url)) for name in ARMS]
+    cfg.rl_runs = [RlRun(name, "mol", arm_overrides(name, url)) for name in arms]
     base = str(Path(cfg.model).resolve())
     server = FakeEngineServer(base=base, answer=ModelAnswer(base), port=port)
     try:
@@ -98,14 +109,14 @@ def accuracy(pipeline: Path, run: str, benchmark: str) -> float:
     return float(results["benchmarks"][benchmark]["pass@1"])
 
 
-def report(pipelines: list[Path], steps: int, seconds: float) -> tuple[str, dict]:
-    rows = {name: [metrics(p, name) for p in pipelines] for name in ARMS}
+def report(pipelines: list[Path], steps: int, seconds: float, arms: tuple = tuple(ARMS)) -> tuple[str, dict]:
+    rows = {name: [metrics(p, name) for p in pipelines] for name in arms}
     data: dict = {"seeds": len(pipelines), "steps": steps, "arms": {}}
     lines = [f"{len(pipelines)} seeds (0-{len(pipelines) - 1}), {steps} GRPO steps from MoL a run, 8 prompts x 8 "
              "completions a step; mean ± s.e. over seeds [per seed]", "",
              "| run | held-out | general | staleness | mismatch_kl | is_ess | training wall s |",
              "|---|---|---|---|---|---|---|"]
-    for name in ARMS:
+    for name in arms:
         arm = {"heldout": [accuracy(p, name, "heldout") for p in pipelines],
                "general": [accuracy(p, name, "general") for p in pipelines],
                "reward_windows": [windows(r, "reward") for r in rows[name]],
@@ -126,17 +137,21 @@ def report(pipelines: list[Path], steps: int, seconds: float) -> tuple[str, dict
             mean, se = mean_se([w[i] for w in arm["reward_windows"]])
             cells.append(f"{mean:.3f} ± {se:.3f}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    s0, s1 = data["arms"]["server_s0"], data["arms"]["server_s1"]
-    paired = {"reward, whole run": ([sum(w) / len(w) for w in s1["reward_windows"]],
-                                    [sum(w) / len(w) for w in s0["reward_windows"]]),
-              "reward, last window": ([w[width - 1] for w in s1["reward_windows"]],
-                                      [w[width - 1] for w in s0["reward_windows"]]),
-              "held-out": (s1["heldout"], s0["heldout"]), "general": (s1["general"], s0["general"])}
-    lines += ["", "Paired difference server_s1 - server_s0 (mean ± s.e. over seeds [per seed])", ""]
-    for what, (a, b) in paired.items():
-        diffs = [x - y for x, y in zip(a, b)]
-        data.setdefault("paired", {})[what] = diffs
-        lines.append(f"- {what}: {cell(diffs)}")
+    for suffix in ("", "_lr"):
+        if f"server_s1{suffix}" not in data["arms"]:
+            continue
+        s0, s1 = data["arms"][f"server_s0{suffix}"], data["arms"][f"server_s1{suffix}"]
+        paired = {"reward, whole run": ([sum(w) / len(w) for w in s1["reward_windows"]],
+                                        [sum(w) / len(w) for w in s0["reward_windows"]]),
+                  "reward, last window": ([w[width - 1] for w in s1["reward_windows"]],
+                                          [w[width - 1] for w in s0["reward_windows"]]),
+                  "held-out": (s1["heldout"], s0["heldout"]), "general": (s1["general"], s0["general"])}
+        lines += ["", f"Paired difference server_s1{suffix} - server_s0{suffix} (mean ± s.e. over seeds [per seed])",
+                  ""]
+        for what, (a, b) in paired.items():
+            diffs = [x - y for x, y in zip(a, b)]
+            data.setdefault(f"paired{suffix}", {})[what] = diffs
+            lines.append(f"- {what}: {cell(diffs)}")
     lines += ["", f"Machine time of this invocation: {seconds / 60:.1f} min (finished stages reused count nothing)."]
     return "\n".join(lines) + "\n", data
 
@@ -148,15 +163,22 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=80)
     p.add_argument("--port", type=int, default=8311, help="the reference server's port (fixed, so runs resume)")
     p.add_argument("--preset", default="default", help="the demo preset (quick: a check of this script)")
+    p.add_argument("--control", action="store_true",
+                   help=f"run the control arms alone (both server arms at learning rate {CONTROL_LR}) on the seeds, "
+                        "then report every arm; give another --port while the main runs hold theirs")
     args = p.parse_args()
     import logging
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     started, out = time.time(), Path(args.out)
-    pipelines = [run_seed(out / f"seed-{seed}", seed, args.steps, args.port, args.preset) for seed in range(args.seeds)]
-    text, data = report(pipelines, args.steps, time.time() - started)
-    (out / "staleness.md").write_text(text)
-    (out / "staleness.json").write_text(json.dumps(data, indent=1))
+    run_arms = tuple(CONTROL) if args.control else tuple(ARMS)
+    pipelines = [run_seed(out / f"seed-{seed}", seed, args.steps, args.port, args.preset, run_arms)
+                 for seed in range(args.seeds)]
+    name = "staleness_control" if args.control else "staleness"
+    arms = (*ARMS, *CONTROL) if args.control else tuple(ARMS)
+    text, data = report(pipelines, args.steps, time.time() - started, arms)
+    (out / f"{name}.md").write_text(text)
+    (out / f"{name}.json").write_text(json.dumps(data, indent=1))
     print(text)
 
 

@@ -47,3 +47,18 @@ def test_the_report_pairs_staleness_one_with_zero_by_seed_over_reward_windows_an
     assert "| sync_local | 0.500 ± 0.000" in text and "| - | - | - |" in text  # no engine metrics in-process
     assert "- held-out: -0.100 ± 0.000 [-0.100, -0.100, -0.100]" in text
     assert "| server_s1 | 0.500 ± 0.058 | 0.600 ± 0.058 |" in text  # the reward windows' row, s.e. over seeds
+
+
+def test_the_control_arms_are_paired_alike_when_reported(tmp_path):
+    pipelines = []
+    for seed in range(2):
+        p = tmp_path / f"seed-{seed}" / "pipeline"
+        for name, heldout in (("sync_local", 0.5), ("server_s0", 0.8), ("server_s1", 0.6), ("server_s0_lr", 0.7),
+                              ("server_s1_lr", 0.65)):
+            write_run(p, name, [0.5] * 10, heldout, 1.0, None if name == "sync_local" else float(name[8] == "1"))
+        pipelines.append(p)
+    text, data = staleness.report(pipelines, 10, 1.0, (*staleness.ARMS, *staleness.CONTROL))
+    assert data["paired"]["held-out"] == pytest.approx([-0.2, -0.2])
+    assert data["paired_lr"]["held-out"] == pytest.approx([-0.05, -0.05])
+    assert "Paired difference server_s1_lr - server_s0_lr" in text
+    assert "train.learning_rate=0.00025" in staleness.arm_overrides("server_s1_lr", "http://127.0.0.1:1")
