@@ -16,8 +16,8 @@ to the paper's settings:
 - GRPO from that MoL model and from the base: groups of 8 samples at temperature 0.9, 2 prompts a step (16
   samples), learning rate 1e-4, 24 steps, the same KL (0.05) to the base as before.
 - greedy evaluation of every model on the seed's 200 held-out and 100 general problems less those the warmed-up
-  base was trained on, known by content (``molrl.demo.run.unseen_by``: 183 and 97 on seed 0), the rule probe of
-  every model (``benchmarks/rule_probe.py``), and accuracy per chain step from the stored answers
+  base was trained on, known by content (``molrl.demo.pretrained_base.unseen_by``: 183 and 97 on seed 0), the rule
+  probe of every model (``benchmarks/rule_probe.py``), and accuracy per chain step from the stored answers
   (``molrl.study.headline.step_accuracy``).
 
 Seeds: 3, then up to ``--max-seeds`` (5) while the primary claim is undecided.

@@ -93,12 +93,13 @@ def mean_of(rows: list[dict], key: str) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def logged(values: list[float], digits: int) -> str:
-    """``cell`` of per-seed values (``digits`` < 0: in scientific notation), or "-" where the run logs no such metric
-    (the in-process transformers engine has no separate engine to compare; a synchronous run logs no staleness)."""
+def logged(values: list[float], digits: int = 3, scientific: bool = False) -> str:
+    """``cell`` of per-seed values (``scientific``: a mismatch of 1e-10 is a finding, not 0.00000), or "-" where the
+    run logs no such metric (the in-process transformers engine has no separate engine to compare; a synchronous run
+    logs no staleness)."""
     if all(v != v for v in values):
         return "-"
-    if digits < 0:  # scientific: a mismatch of 1e-10 is a finding, not 0.00000
+    if scientific:
         mean, se = mean_se(values)
         return f"{mean:.1e} ± {se:.1e} [{', '.join(f'{v:.1e}' for v in values)}]"
     return cell(values, digits)
@@ -126,7 +127,7 @@ def report(pipelines: list[Path], steps: int, seconds: float, arms: tuple = tupl
                "seconds": [sum(x.get("step_time", 0.0) for x in r) for r in rows[name]]}
         data["arms"][name] = arm
         lines.append(f"| {name} | {cell(arm['heldout'])} | {cell(arm['general'])} | {logged(arm['staleness'], 2)} | "
-                     f"{logged(arm['mismatch_kl'], -1)} | {logged(arm['is_ess'], 3)} | {cell(arm['seconds'], 0)} |")
+                     f"{logged(arm['mismatch_kl'], scientific=True)} | {logged(arm['is_ess'], 3)} | {cell(arm['seconds'], 0)} |")
     width = min(len(w) for arm in data["arms"].values() for w in arm["reward_windows"])
     lines += ["", "Training reward, mean over steps 1-10, 11-20, ... (mean ± s.e. over seeds)", "",
               "| run | " + " | ".join(f"{10 * i + 1}-{10 * i + 10}" for i in range(width)) + " |",

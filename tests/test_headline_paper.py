@@ -116,7 +116,7 @@ def test_a_seeds_timings_keep_the_stages_an_earlier_invocation_reported_and_the_
 
 def test_a_seeds_evaluation_leaves_out_by_content_every_problem_the_warmed_up_base_trained_on(tmp_path):
     from molrl.demo.chain import ChainWorldConfig, build_chain_world
-    from molrl.demo.run import unseen_by
+    from molrl.demo.pretrained_base import unseen_by
     from molrl.provenance import Provenance, read_provenance, trained_overlap, write_provenance
     from molrl.tasks.index import task_content_key
 

@@ -25,7 +25,7 @@ import json
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from molrl.config import to_dict
 from molrl.errors import MolrlError
@@ -199,23 +199,30 @@ def combined(records: Sequence[Provenance | None]) -> Provenance | None:
                       keys=sorted({k for r in found for k in r.keys}), where=", ".join(r.where for r in found))
 
 
-def trained_overlap(record: Provenance, suites: dict[str, Sequence[Task]]) -> dict[str, int]:
-    """Per benchmark of ``suites`` (name -> the problems to score): how many of its problems ``record`` trained on,
-    recognised by content key, or by (benchmark, split, id) for a task recorded without one (a record made before
-    keys)."""
+def trained_test(record: Provenance) -> Callable[[Task], bool]:
+    """Whether ``record`` trained on a task: by content key, or by (benchmark, split, id) for a task recorded without
+    one (a record made before keys)."""
     from molrl.tasks.splits import benchmark_of
 
     from molrl.tasks.index import task_content_key
 
     keys = set(record.keys) | {t.key for t in record.tasks if t.key}
     by_id = {(t.benchmark, t.split, t.id) for t in record.tasks if not t.key}
-    counts: dict[str, int] = {}
-    for name, tasks in suites.items():
-        n = sum(1 for task in tasks
-                if task_content_key(task) in keys or (benchmark_of(task), task.split, task.id) in by_id)
-        if n:
-            counts[name] = n
-    return counts
+    return lambda task: task_content_key(task) in keys or (benchmark_of(task), task.split, task.id) in by_id
+
+
+def trained_overlap(record: Provenance, suites: dict[str, Sequence[Task]]) -> dict[str, int]:
+    """Per benchmark of ``suites`` (name -> the problems to score): how many of its problems ``record`` trained on
+    (``trained_test``)."""
+    trained = trained_test(record)
+    counts = {name: sum(map(trained, tasks)) for name, tasks in suites.items()}
+    return {name: n for name, n in counts.items() if n}
+
+
+def untrained(record: Provenance, tasks: Sequence[Task]) -> list[Task]:
+    """The tasks of ``tasks`` that ``record`` did not train on (``trained_test``)."""
+    trained = trained_test(record)
+    return [task for task in tasks if not trained(task)]
 
 
 def refuse_trained_overlap(record: Provenance, suites: dict[str, Sequence[Task]], key: str) -> None:

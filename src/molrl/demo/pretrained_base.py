@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from molrl.demo.chain import ChainWorldConfig, build_chain_world
+from molrl.demo.world import World
 from molrl.traces.schema import append_trace
 from molrl.writes import write_text
 
@@ -131,3 +132,25 @@ def build_pretrained_base(world_cfg: ChainWorldConfig, warm: WarmUpConfig, model
     write_text(marker, json.dumps(made_of))
     write_text(base_dir / "timing.json", json.dumps({"seconds": round(time.time() - started, 1)}))
     return base_dir
+
+
+def unseen_by(world: World, base_dir: Path) -> World:
+    """``world`` with its evaluation sets (held-out rule problems, general problems) leaving out the problems the
+    warmed-up base in ``base_dir`` was trained on, known by content from its ``molrl_provenance.json``.
+
+    The warm-up is one for every seed and draws its problems from the same space as the seeds' worlds, so a few of a
+    seed's evaluation problems are ones it saw: general problems with their answers, rule problems posed in a decoy
+    world (the same text, another answer). Evaluation refuses to score them; the seed scores the others.
+    """
+    from molrl.provenance import read_provenance, untrained
+
+    record = read_provenance(base_dir)
+    if record is None:
+        return world
+    kept = {"rule_heldout": untrained(record, world.rule_heldout),
+            "general_eval": untrained(record, world.general_eval)}
+    left = {name: len(getattr(world, name)) - len(tasks) for name, tasks in kept.items()}
+    if any(left.values()):
+        log.info("evaluation leaves out the problems the warmed-up base was trained on (by content): %s",
+                 ", ".join(f"{name} {n} of {len(getattr(world, name))}" for name, n in left.items()))
+    return replace(world, **kept)

@@ -260,7 +260,7 @@ def prepare_seed(out: Path, preset: str, overrides: list[str] | None, seed: int,
 
         world = build_chain_world(chosen.world)
         if model is not None:
-            from molrl.demo.pretrained_base import build_pretrained_base
+            from molrl.demo.pretrained_base import build_pretrained_base, unseen_by
 
             build_pretrained_base(chosen.world, chosen.warm_up or WarmUpConfig(), model, base_dir,
                                   episode_config(cfg), prompts["math_prompt"], threads=chosen.threads)
@@ -276,35 +276,6 @@ def prepare_seed(out: Path, preset: str, overrides: list[str] | None, seed: int,
         build_base(world, chosen, base_dir, episode_config(cfg), **prompts)
     log.info("world and base of seed %d ready after %.0f s", seed, time.time() - started)
     return cfg, world, chosen.threads
-
-
-def unseen_by(world: World, base_dir: Path) -> World:
-    """``world`` with its evaluation sets (held-out rule problems, general problems) leaving out the problems the
-    warmed-up base in ``base_dir`` was trained on, known by content from its ``molrl_provenance.json``.
-
-    The warm-up is one for every seed and draws its problems from the same space as the seeds' worlds, so a few of a
-    seed's evaluation problems are ones it saw: general problems with their answers, rule problems posed in a decoy
-    world (the same text, another answer). Evaluation refuses to score them; the seed scores the others.
-    """
-    from molrl.provenance import read_provenance
-
-    record = read_provenance(base_dir)
-    if record is None:
-        return world
-    kept = {name: unseen(tasks, record) for name, tasks in
-            (("rule_heldout", world.rule_heldout), ("general_eval", world.general_eval))}
-    left = {name: len(getattr(world, name)) - len(tasks) for name, tasks in kept.items()}
-    if any(left.values()):
-        log.info("evaluation leaves out the problems the warmed-up base was trained on (by content): %s",
-                 ", ".join(f"{name} {n} of {len(getattr(world, name))}" for name, n in left.items()))
-    return replace(world, **kept)
-
-
-def unseen(tasks: list[Task], record: Any) -> list[Task]:
-    """The tasks of ``tasks`` that the provenance ``record`` did not train on (by content key or recorded id)."""
-    from molrl.provenance import trained_overlap
-
-    return [task for task in tasks if not trained_overlap(record, {"t": [task]})]
 
 
 def seeded(preset: DemoPreset, seed: int) -> DemoPreset:
