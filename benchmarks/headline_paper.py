@@ -56,9 +56,12 @@ from molrl.study.metrics import scorer
 from molrl.study.verdict import CLAIM_LINE, claim_line
 
 PAPER = ["mol.train.max_steps=80", "rl.sampling.n=8", "rl.sampling.temperature=0.9", "rl.prompts_per_step=2",
-         "rl.train.learning_rate=1e-4", "rl.train.max_steps=24", "rl.train.micro_batch_size=16"]
+         "rl.train.learning_rate=1e-4", "rl.train.max_steps=24", "rl.train.micro_batch_size=16",
+         "mol.train.save_steps=8", "rl.train.save_steps=6"]
 """The paper's settings over ``configs/pipeline_pretrained.yaml``: MoL at the toy world's 4.8 passes, GRPO in groups
-of 8 at temperature 0.9 and learning rate 1e-4, 16 samples a step."""
+of 8 at temperature 0.9 and learning rate 1e-4, 16 samples a step; a checkpoint every 8 MoL and 6 GRPO steps, so a
+kill loses minutes, not a stage (the config's 50 saved nothing in a run of 80 or 24; how often a run saves is not
+part of what it is, ``molrl.rerun.HARMLESS``, so finished runs are reused)."""
 SHORT_STEPS = 32
 """The earlier headline's MoL steps (1.9 passes): ``mol_short``."""
 QUICK = ["mol.train.max_steps=2", "rl.train.max_steps=1", "rl.train.micro_batch_size=8"]
