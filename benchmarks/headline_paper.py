@@ -25,13 +25,15 @@ Seeds: 3, then up to ``--max-seeds`` (5) while the primary claim is undecided.
     python benchmarks/headline_paper.py --model runs/smollm2/model                # the seeds, then the report
     python benchmarks/headline_paper.py --model runs/smollm2/model --seed 0       # one seed alone, no report
     python benchmarks/headline_paper.py --model runs/smollm2/model --seed 0 --primary-only   # its primary arms
+    python benchmarks/headline_paper.py --model runs/smollm2/model --seed 0 --control   # + GRPO from mol_short
     python benchmarks/headline_paper.py --model DIR --quick --out runs/headline_paper_quick  # every stage (minutes)
 
 Resumable: a seed is a ``molrl demo --model`` seed directory (seed 0 in OUT, seed N in OUT/seed-N) whose finished
 warm-up, world, stages and probes are reused, and a kill at any point resumes there. Per seed the primary arms run
 first (MoL, both GRPO runs, their evaluations and probes), then ``mol_short``. OUT/timings.json keeps each stage's
 seconds per seed (read from the stages' DONE markers: a resumed stage counts its last run), the warm-up's and the
-report's; the report is OUT/headline.md with OUT/plots/headline.png.
+report's; the report is OUT/headline.md with OUT/plots/headline.png. ``--control`` adds the same GRPO from ``mol_short``
+(``mol_short+grpo``), which tells MoL's length from GRPO's settings; the report shows it once every seed has it.
 """
 
 from __future__ import annotations
@@ -78,6 +80,11 @@ STEP_CLAIMS = {
 """The per-step claims: (side, other, which steps) -> claim."""
 SEEDS, MAX_SEEDS = 3, 5
 """Seeds first run, and the most run while the primary claim is undecided."""
+CONTROL = "mol_short+grpo"
+"""The control (``--control``): the same GRPO from ``mol_short``, to tell MoL's length from GRPO's settings."""
+LENGTH_AFTER_GRPO = Claim("GRPO from the longer MoL reaches more (4.8 passes against 1.9, then the same GRPO)",
+                          "held-out, mol+grpo − mol_short+grpo", ACCURACY)
+"""The control's claim: whether MoL's length still matters once the same GRPO has run from each."""
 STEP_MODELS = ("base", "base+grpo", "mol_short", "mol", "mol+grpo")
 """The models of the per-step table, in its order."""
 INTRO = ("`{model}` is warmed up once on the chain world's formats (as `molrl demo --model` does): that is the base. "
@@ -97,9 +104,10 @@ def seed_dir(out: Path, seed: int) -> Path:
     return seed_dirs(out, seed + 1)[seed].parent
 
 
-def run_seed(out: Path, seed: int, model: str, quick: bool, secondary: bool = True) -> None:
-    """One seed's runs (finished ones reused): the primary arms and their probes, then ``mol_short`` and its probe;
-    each stage's seconds go to OUT/timings.json."""
+def run_seed(out: Path, seed: int, model: str, quick: bool, secondary: bool = True, control: bool = False) -> None:
+    """One seed's runs (finished ones reused): the primary arms and their probes, then ``mol_short`` and its probe,
+    then with ``control`` the same GRPO from ``mol_short`` (``CONTROL``); each stage's seconds go to
+    OUT/timings.json."""
     from molrl.cpu import govern_threads
     from molrl.demo.run import prepare_seed
 
@@ -114,6 +122,8 @@ def run_seed(out: Path, seed: int, model: str, quick: bool, secondary: bool = Tr
             cfg.mol_runs = mol_runs
             cfg.rl_runs = [RlRun("mol+grpo", "mol", ["algorithm=grpo"]),
                            RlRun("base+grpo", "base", ["algorithm=grpo"])]
+            if control and len(mol_runs) > 1:
+                cfg.rl_runs.append(RlRun(CONTROL, "mol_short", ["algorithm=grpo"]))
             run_pipeline(cfg, collect_tasks=world.rule_train, most_threads=threads)
             started = time.time()
             probed = probe_missing(run, ["base", *(r.name for r in mol_runs), *(r.name for r in cfg.rl_runs)])
@@ -191,9 +201,15 @@ def secondary_lines(out: Path, seeds: int) -> list[str]:
     run_dirs = seed_dirs(out, seeds)
     score = scorer(run_dirs)
     problems = tuple([problem_scores(d, m, "heldout") for d in run_dirs] for m in ("mol", "mol_short"))
-    return [f"The earlier headline's MoL (`mol_short`, 32 steps, 1.9 passes): held-out "
-            f"{cell(score('mol_short', 'heldout'))}, general {cell(score('mol_short', 'general'))}.", "",
-            claim_line(MORE_MOL, score("mol", "heldout"), score("mol_short", "heldout"), problems)]
+    lines = [f"The earlier headline's MoL (`mol_short`, 32 steps, 1.9 passes): held-out "
+             f"{cell(score('mol_short', 'heldout'))}, general {cell(score('mol_short', 'general'))}.", "",
+             claim_line(MORE_MOL, score("mol", "heldout"), score("mol_short", "heldout"), problems)]
+    if all((d / "eval" / CONTROL / DONE).is_file() for d in run_dirs):
+        after = tuple([problem_scores(d, m, "heldout") for d in run_dirs] for m in ("mol+grpo", CONTROL))
+        lines += ["", f"The control, the same GRPO from `mol_short` (`{CONTROL}`): held-out "
+                  f"{cell(score(CONTROL, 'heldout'))}, general {cell(score(CONTROL, 'general'))}.", "",
+                  claim_line(LENGTH_AFTER_GRPO, score("mol+grpo", "heldout"), score(CONTROL, "heldout"), after)]
+    return lines
 
 
 def probe_lines(out: Path, seeds: int) -> list[str]:
@@ -240,13 +256,15 @@ def main() -> None:
     p.add_argument("--seed", type=int, action="append", default=None,
                    help="run only this seed (repeatable; no report)")
     p.add_argument("--primary-only", action="store_true", help="with --seed: the primary arms only, not mol_short")
+    p.add_argument("--control", action="store_true",
+                   help="with --seed: also the same GRPO from mol_short, to tell MoL's length from GRPO's settings")
     p.add_argument("--quick", action="store_true", help="the quick world and warm-up, 1-2 steps a stage, 2 seeds")
     args = p.parse_args()
     setup_logging()
     out = Path(args.out)
     if args.seed is not None:
         for seed in args.seed:
-            run_seed(out, seed, args.model, args.quick, secondary=not args.primary_only)
+            run_seed(out, seed, args.model, args.quick, secondary=not args.primary_only, control=args.control)
         return
     first, most = (2, 2) if args.quick else (args.seeds, max(args.seeds, args.max_seeds))
     print(seed_count(out, args.model, args.quick, first, most).read_text())

@@ -134,3 +134,34 @@ def test_a_seeds_evaluation_leaves_out_by_content_every_problem_the_warmed_up_ba
     assert not trained_overlap(record, {"heldout": kept.rule_heldout, "general": kept.general_eval})
     assert trained_overlap(record, {"heldout": world.rule_heldout, "general": world.general_eval}) == {
         "heldout": 2, "general": 1}
+
+
+def fake_evaluation(pipeline, model, rights):
+    """An evaluation of ``model`` in ``pipeline``: held-out problems p0.. right per ``rights``, one general problem
+    right, its results.json and DONE marker."""
+    for bench, marks in (("heldout", rights), ("general", [True])):
+        rows = [{"id": f"p{i}", "sample": 0, "completion": "", "correct": right} for i, right in enumerate(marks)]
+        path = pipeline / "eval" / model / bench / "samples.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    results = {"benchmarks": {b: {"pass@1": sum(m) / len(m), "problems": len(m), "samples": len(m)}
+                              for b, m in (("heldout", rights), ("general", [True]))}}
+    (pipeline / "eval" / model / "results.json").write_text(json.dumps(results))
+    (pipeline / "eval" / model / "DONE").write_text(json.dumps({"seconds": 1, "config": {}}))
+
+
+def test_the_control_is_reported_with_its_claim_only_once_every_seed_has_it(tmp_path):
+    seeds = [tmp_path / "pipeline", tmp_path / "seed-1" / "pipeline", tmp_path / "seed-2" / "pipeline"]
+    for pipeline in seeds:  # 10 held-out problems: mol+grpo 9 right, mol 5, mol_short 3, the control 2
+        for model, right in (("mol", 5), ("mol_short", 3), ("mol+grpo", 9)):
+            fake_evaluation(pipeline, model, [i < right for i in range(10)])
+    for pipeline in seeds[:2]:
+        fake_evaluation(pipeline, headline_paper.CONTROL, [i < 2 for i in range(10)])
+    without = "\n".join(headline_paper.secondary_lines(tmp_path, 3))
+    assert "More MoL helps" in without and headline_paper.CONTROL not in without  # seed 2 lacks the control
+    fake_evaluation(seeds[2], headline_paper.CONTROL, [i < 2 for i in range(10)])
+    lines = headline_paper.secondary_lines(tmp_path, 3)
+    control = next(line for line in lines if line.startswith("The control, the same GRPO from `mol_short`"))
+    assert "held-out 0.200 ± 0.000 [0.200, 0.200, 0.200]" in control
+    claim = next(line for line in lines if "GRPO from the longer MoL reaches more" in line)
+    assert re.search(VERDICT, claim) and "+0.700" in claim  # 0.9 − 0.2 on every seed
