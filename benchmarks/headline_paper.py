@@ -122,7 +122,7 @@ def run_seed(out: Path, seed: int, model: str, quick: bool, secondary: bool = Tr
             cfg.mol_runs = mol_runs
             cfg.rl_runs = [RlRun("mol+grpo", "mol", ["algorithm=grpo"]),
                            RlRun("base+grpo", "base", ["algorithm=grpo"])]
-            if control and len(mol_runs) > 1:
+            if control and any(r.name == "mol_short" for r in mol_runs):
                 cfg.rl_runs.append(RlRun(CONTROL, "mol_short", ["algorithm=grpo"]))
             run_pipeline(cfg, collect_tasks=world.rule_train, most_threads=threads)
             started = time.time()
