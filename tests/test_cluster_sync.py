@@ -74,6 +74,10 @@ def test_with_several_processes_the_adapter_another_still_samples_from_stays_loa
         other.follow(names[0])
         # the other process's rows for the next step, submitted under the first adapter (one-step-off), still sampling
         pending = other_pool.submit(names[0], [0], RequestParams(max_tokens=12, temperature=1.0))
+        deadline = time.monotonic() + 60
+        while server.in_flight == 0:  # the request has reached the server (under load its thread may start late)
+            assert time.monotonic() < deadline and not pending.done(), "the request never reached the server"
+            time.sleep(0.01)
         main.publish(names[1], lambda folder: folder.mkdir(parents=True))  # the main process has no request on it
         kept_while_sampled = names[0] in server.adapters
         assert len(pending.result().ids) == 12
