@@ -165,3 +165,18 @@ def test_the_control_is_reported_with_its_claim_only_once_every_seed_has_it(tmp_
     assert "held-out 0.200 ± 0.000 [0.200, 0.200, 0.200]" in control
     claim = next(line for line in lines if "GRPO from the longer MoL reaches more" in line)
     assert re.search(VERDICT, claim) and "+0.700" in claim  # 0.9 − 0.2 on every seed
+
+
+@pytest.mark.parametrize("model, label", [
+    ("HuggingFaceTB/SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct"),  # a Hub id: its name
+    ("tiny:chatml", "tiny:chatml"),
+    ("runs/smollm2/model", "smollm2/model"),  # a generic folder: its parent says which model
+    ("/abs/qwen3-4b/final/", "qwen3-4b/final"),
+    ("out/mol/checkpoint-80", "mol/checkpoint-80"),
+    ("model", "model"),  # nothing above it to name
+    ("runs/qwen3-8b-mol", "qwen3-8b-mol"),
+])
+def test_a_report_title_names_the_model_not_a_generic_folder(model, label):
+    from molrl.study.headline import model_label
+
+    assert model_label(model) == label

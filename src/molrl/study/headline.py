@@ -55,6 +55,21 @@ CHAIN_INTRO = ("`{model}` is warmed up once on the chain world's formats (tool u
 """The chain world's description in ``headline.md`` (``{model}``, ``{n_held}``, ``{n_general}`` filled in)."""
 
 
+GENERIC_FOLDERS = frozenset({"model", "models", "base", "final", "merged", "export", "exported", "output", "weights"})
+"""Folder names that say nothing of the model in them: a title names their parent folder too."""
+
+
+def model_label(model: str) -> str:
+    """A short name of ``model`` for a title: a Hub id or a folder's last part, with its parent where that part is
+    generic (``runs/smollm2/model`` -> ``smollm2/model``, ``out/checkpoint-8`` -> ``out/checkpoint-8``)."""
+    path = Path(model)
+    name = path.name or model
+    generic = name.lower() in GENERIC_FOLDERS or name.lower().startswith("checkpoint-")
+    if generic and path.parent.name:
+        return f"{path.parent.name}/{name}"
+    return name
+
+
 def write_headline(out: str | Path, seeds: int, model: str, *, task: str = "chain world", held_bench: str = "heldout",
                    general_bench: str = "general", intro: str = CHAIN_INTRO, extra: Sequence[str] = ()) -> Path:
     """Write ``out/headline.md`` and ``out/plots/headline.png`` over ``seeds`` seeds; returns the report's path.
@@ -74,7 +89,7 @@ def write_headline(out: str | Path, seeds: int, model: str, *, task: str = "chai
     general = {m: score(m, general_bench) for m in models}
     n_held, n_general = (counts_text([problem_count(d, "base", b) for d in run_dirs])
                          for b in (held_bench, general_bench))
-    lines = [f"# The headline on a pretrained model: {Path(model).name}, {task} ({seeds} seed"
+    lines = [f"# The headline on a pretrained model: {model_label(model)}, {task} ({seeds} seed"
              f"{'s' * (seeds != 1)})", "",
              intro.format(model=model, n_held=n_held, n_general=n_general) + " General KL is KL(model || base) per "
              "token on the base's greedy answers to the general prompts; agreement is the share of those prompts "
