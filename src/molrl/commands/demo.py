@@ -1,6 +1,6 @@
 """``molrl demo``: the whole method on a laptop CPU, in a world molrl builds itself.
 
-    molrl demo                 # about 8 minutes on 2 cores: runs/demo/pipeline/report.md
+    molrl demo                 # about 6 minutes on 2 cores: runs/demo/pipeline/report.md
     molrl demo --quick         # the same steps, smaller (a smoke run), in about 2 minutes
     molrl demo --out DIR [key.sub=value ...]   # pipeline overrides, e.g. rl.train.max_steps=60
     molrl demo --seeds 3       # the headline (MoL + GRPO vs base + GRPO) over 3 seeds
