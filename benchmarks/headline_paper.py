@@ -53,7 +53,7 @@ from molrl.demo.seeds import cell
 from molrl.pipeline import DONE, run_pipeline
 from molrl.pipeline_config import MolRun, RlRun
 from molrl.study.claims import ACCURACY, Claim
-from molrl.study.headline import problem_scores, seed_dirs, step_accuracy, write_headline
+from molrl.study.headline import paired_accuracy_claim, seed_dirs, step_accuracy, write_headline
 from molrl.study.metrics import scorer
 from molrl.study.verdict import CLAIM_LINE, claim_line
 
@@ -200,15 +200,15 @@ def secondary_lines(out: Path, seeds: int) -> list[str]:
     """``mol_short``'s scores, and the secondary claim that more MoL helps."""
     run_dirs = seed_dirs(out, seeds)
     score = scorer(run_dirs)
-    problems = tuple([problem_scores(d, m, "heldout") for d in run_dirs] for m in ("mol", "mol_short"))
-    lines = [f"The earlier headline's MoL (`mol_short`, 32 steps, 1.9 passes): held-out "
-             f"{cell(score('mol_short', 'heldout'))}, general {cell(score('mol_short', 'general'))}.", "",
-             claim_line(MORE_MOL, score("mol", "heldout"), score("mol_short", "heldout"), problems)]
+
+    def scored(what: str, model: str) -> str:
+        return f"{what}: held-out {cell(score(model, 'heldout'))}, general {cell(score(model, 'general'))}."
+
+    lines = [scored("The earlier headline's MoL (`mol_short`, 32 steps, 1.9 passes)", "mol_short"), "",
+             paired_accuracy_claim(MORE_MOL, run_dirs, score, "mol", "mol_short", "heldout")]
     if all((d / "eval" / CONTROL / DONE).is_file() for d in run_dirs):
-        after = tuple([problem_scores(d, m, "heldout") for d in run_dirs] for m in ("mol+grpo", CONTROL))
-        lines += ["", f"The control, the same GRPO from `mol_short` (`{CONTROL}`): held-out "
-                  f"{cell(score(CONTROL, 'heldout'))}, general {cell(score(CONTROL, 'general'))}.", "",
-                  claim_line(LENGTH_AFTER_GRPO, score("mol+grpo", "heldout"), score(CONTROL, "heldout"), after)]
+        lines += ["", scored(f"The control, the same GRPO from `mol_short` (`{CONTROL}`)", CONTROL), "",
+                  paired_accuracy_claim(LENGTH_AFTER_GRPO, run_dirs, score, "mol+grpo", CONTROL, "heldout")]
     return lines
 
 

@@ -24,9 +24,9 @@ from typing import Any, Sequence
 
 from molrl.demo.seeds import cell
 from molrl.jsonl import read_records
-from molrl.study.metrics import scorer
+from molrl.study.metrics import Score, scorer
 from molrl.study.report import plot_general_vs_heldout
-from molrl.study.claims import CLAIMS
+from molrl.study.claims import CLAIMS, Claim
 from molrl.study.verdict import RULE, claim_line, primary_note
 from molrl.writes import write_text
 
@@ -101,12 +101,7 @@ def write_headline(out: str | Path, seeds: int, model: str, *, task: str = "chai
     claims_at = len(lines)
 
     def accuracy_claim(key: str, bench: str, side: str, other: str, primary: bool = False, **fields: str) -> str:
-        """A claim on ``bench``'s accuracy, its standard error counting the problems where every seed scored the
-        same ones."""
-        scores = held if bench == held_bench else general
-        problems = ([problem_scores(d, side, bench) for d in run_dirs],
-                    [problem_scores(d, other, bench) for d in run_dirs])
-        return claim_line(CLAIMS[key].fill(**fields), scores[side], scores[other], problems, primary)
+        return paired_accuracy_claim(CLAIMS[key].fill(**fields), run_dirs, score, side, other, bench, primary)
 
     lines += [accuracy_claim("headline", held_bench, "mol+grpo", "base+grpo", primary=True),
               accuracy_claim("absorbs", held_bench, "mol", "base"),
@@ -129,6 +124,14 @@ def write_headline(out: str | Path, seeds: int, model: str, *, task: str = "chai
     report = out / "headline.md"
     write_text(report, "\n".join(lines))
     return report
+
+
+def paired_accuracy_claim(claim: Claim, run_dirs: Sequence[Path], score: Score, side: str, other: str, bench: str,
+                          primary: bool = False) -> str:
+    """The verdict line of ``claim`` on ``bench``'s accuracy, ``side`` against ``other`` (``score`` from
+    ``scorer(run_dirs)``), its standard error counting the problems where every seed scored the same ones."""
+    problems = tuple([problem_scores(d, m, bench) for d in run_dirs] for m in (side, other))
+    return claim_line(claim, score(side, bench), score(other, bench), problems, primary)
 
 
 def counts_text(counts: Sequence[int]) -> str:
