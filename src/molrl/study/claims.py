@@ -8,7 +8,10 @@ A claim is tested on paired per-seed differences d (the claim's side minus the o
   in a hundred, about one binomial standard error of one seed's score on 100-200 problems;
 - KL per token (decision KL, general KL; nats): 0.005, about a sixth of the smallest KL a MoL run left on its own
   decisions on the chain world (0.003-0.03) and a tenth of CE's;
-- completion length: 10 tokens, a fifth of a chain answer's length (about 50 tokens).
+- completion length: 10 tokens, a fifth of a chain answer's length (about 50 tokens);
+- NLL per token of a general corpus none of the runs trained on (nats): 0.02, a 2% change of perplexity, set
+  before any run as the smallest forgetting a reader would count; one model's NLL on a fixed corpus is
+  deterministic, so the seeds' spread is all its noise.
 
 Each report names one pre-registered primary claim (``PRIMARY``); its other claims print as secondary.
 """
@@ -23,6 +26,8 @@ KL_NATS = 0.005
 """Smallest difference of a per-token KL (nats) worth reporting."""
 TOKENS = 10.0
 """Smallest difference of a mean completion length (tokens) worth reporting."""
+NLL_NATS = 0.02
+"""Smallest difference of a general corpus's NLL per token (nats) worth reporting."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,19 @@ CLAIMS: dict[str, Claim] = {
                             "general KL, mol+grpo − base+grpo", KL_NATS),
     "reference_keeps": Claim("GRPO from MoL keeps more of MoL with its KL to the MoL model",
                              "held-out, {control} − mol+grpo", ACCURACY),
+    # ablation.md (benchmarks/ablation_paper.py): MoL against CE before the same GRPO, pre-registered before its runs
+    "mol_over_ce_grpo": Claim("MoL + GRPO reaches more than CE + GRPO (MoL against CE on every trace token)",
+                              "held-out, mol+grpo − ce+grpo", ACCURACY),
+    "ce_forgets_accuracy": Claim("CE forgets more general accuracy than MoL", "general, mol − ce", ACCURACY),
+    "ce_moves_general": Claim("CE moves further from the base on general answers than MoL", "general KL, ce − mol",
+                              KL_NATS),
+    "ce_forgets_corpus": Claim("CE raises a general corpus's NLL more than MoL", "corpus NLL, ce − mol", NLL_NATS),
+    "mol_over_ce_feedback_grpo": Claim("MoL + GRPO reaches more than CE on feedback only + GRPO (MoL's KL)",
+                                       "held-out, mol+grpo − ce_feedback+grpo", ACCURACY),
+    "mol_over_long_grpo": Claim("MoL + GRPO reaches more than GRPO alone at MoL + GRPO's optimiser steps",
+                                "held-out, mol+grpo − base+grpo_long", ACCURACY),
+    "continue_over_fresh": Claim("GRPO continuing MoL's adapter reaches more than GRPO with a fresh LoRA on the "
+                                 "merged MoL model", "held-out, mol+grpo − mol+grpo_fresh", ACCURACY),
     "reward_rises": Claim("{run}: the reward rises by tests passed", "reward, last quarter − first quarter", ACCURACY),
 }
 """Every claim of the study's reports by key, each with its smallest effect worth reporting."""
@@ -96,6 +114,7 @@ PRIMARY: dict[str, tuple[str, dict[str, str]]] = {
     "study.md": ("mol_before_grpo", {"label": "demo"}),
     "study_no_replay.md": ("ce_forgets_alone", {}),
     "headline.md": ("headline", {}),
+    "ablation.md": ("mol_over_ce_grpo", {}),
 }
 """Each report's pre-registered primary claim: (its key in ``CLAIMS``, the fields that pick its one line; for
 study.md the demo's MoL length before GRPO, that is the headline's MoL + GRPO against GRPO alone)."""

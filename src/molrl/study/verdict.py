@@ -178,6 +178,21 @@ def claim_line(claim: Claim, side: Sequence[float], other: Sequence[float],
     return line + "."
 
 
+def mcnemar_p(only_side: int, only_other: int) -> float:
+    """Exact two-sided McNemar p-value of one seed's paired problems: ``only_side`` problems right on the claim's side
+    alone, ``only_other`` right on the other alone. Under no difference each such problem goes either way with chance
+    1/2, so the count on one side is Binomial(b + c, 1/2); the p-value doubles the smaller tail (at most 1).
+
+    >>> mcnemar_p(0, 5), mcnemar_p(3, 3), mcnemar_p(0, 0), round(mcnemar_p(10, 1), 5)
+    (0.0625, 1.0, 1.0, 0.01172)
+    """
+    n, low = only_side + only_other, min(only_side, only_other)
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(low + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
 def primary_note(lines: Sequence[str]) -> str:
     """The sentence that says which claim is the report's primary one and how many secondary claims it tests beside
     it; refuses a report without exactly one primary claim."""

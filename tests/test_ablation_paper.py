@@ -1,0 +1,171 @@
+"""``benchmarks/ablation_paper.py``: MoL against CE before the same GRPO, its arms, its store and its report."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import ablation_paper  # noqa: E402
+from headline_paper import PAPER  # noqa: E402
+
+from molrl.study.claims import CLAIMS, PRIMARY, is_primary  # noqa: E402
+from molrl.study.verdict import CLAIM_LINE  # noqa: E402
+
+
+def arm_runs():
+    """Every MoL and RL run of the arm phases, by name: (kind, run)."""
+    found = {}
+    for name in ablation_paper.ARM_PHASES:
+        phase = ablation_paper.PHASES[name]
+        for kind, runs in (("mol", phase.mol_runs), ("rl", phase.rl_runs)):
+            for run in runs:
+                assert run.name not in found, f"{run.name} trained by two phases"
+                found[run.name] = (kind, run)
+    return found
+
+
+def test_every_arm_is_evaluated_by_exactly_one_phase_and_is_a_run_of_that_phase_or_the_base():
+    evaluated = [m for name in ablation_paper.ARM_PHASES for m in ablation_paper.PHASES[name].models]
+    assert sorted(evaluated) == sorted(ablation_paper.MODELS)  # each once, none missing
+    runs = arm_runs()
+    for name in ablation_paper.ARM_PHASES:
+        phase = ablation_paper.PHASES[name]
+        own = {r.name for r in (*phase.mol_runs, *phase.rl_runs)}
+        assert set(phase.models) - {"base"} <= own, f"phase {name} evaluates a model it does not train"
+        for run in phase.rl_runs:  # a phase needs nothing but the base and the traces: its GRPO starts in it
+            assert run.start == "base" or run.start in {r.name for r in phase.mol_runs}
+    assert set(runs) == set(ablation_paper.MODELS) - {"base"}
+
+
+def test_each_arm_is_the_run_the_issue_names():
+    runs = arm_runs()
+    modes = {name: next(o for o in run.overrides if o.startswith("loss.mode=")) for name, (kind, run) in runs.items()
+             if kind == "mol"}
+    assert modes == {"mol": "loss.mode=mol", "ce": "loss.mode=ce", "ce_feedback": "loss.mode=ce_feedback"}
+    for name, (kind, run) in runs.items():
+        if kind == "rl":
+            assert "algorithm=grpo" in run.overrides and run.start == name.split("+")[0], name
+    # GRPO alone for as many optimiser steps as MoL + GRPO took, read from the headline's settings
+    steps = {o.split("=")[0]: int(o.split("=")[1]) for o in PAPER if o.split("=")[0].endswith("max_steps")}
+    assert f"train.max_steps={steps['mol.train.max_steps'] + steps['rl.train.max_steps']}" in \
+        runs["base+grpo_long"][1].overrides
+    assert "model.adapter_mode=merge_new" in runs["mol+grpo_fresh"][1].overrides
+    # every other GRPO run is the same GRPO: no override beyond the algorithm
+    same = [n for n, (k, r) in runs.items() if k == "rl" and n not in ("base+grpo_long", "mol+grpo_fresh")]
+    assert all(runs[n][1].overrides == ["algorithm=grpo"] for n in same)
+
+
+def test_the_ablations_claims_are_registered_with_one_primary_before_its_runs():
+    assert PRIMARY["ablation.md"] == ("mol_over_ce_grpo", {})
+    assert is_primary("ablation.md", "mol_over_ce_grpo") and not is_primary("ablation.md", "mol_over_long_grpo")
+    assert CLAIMS["mol_over_ce_grpo"].what == "held-out, mol+grpo − ce+grpo"
+    assert CLAIMS["mol_over_ce_grpo"].min_effect == 0.05
+
+
+def write_seed(store, seed, held, general, kl, nll, right):
+    """A stored seed of every arm: ``held``/``general`` pass@1 by model, ``right[model]`` the held-out problems it
+    got right (of 10, the seed's own problems, as each chain-world seed draws its own), KL and NLL by model."""
+    pipeline = store / f"seed-{seed}" / "pipeline"
+    for m in ablation_paper.MODELS:
+        for bench, score in (("heldout", held[m]), ("general", general[m])):
+            rows = [{"id": f"f/{400 + 20 * seed + i}/1", "sample": 0, "completion": "\\boxed{1}", "correct": i in right[m]}
+                    for i in range(10)] if bench == "heldout" else [
+                {"id": f"s/4{i:02d}/1", "sample": 0, "completion": "\\boxed{1}", "correct": True} for i in range(4)]
+            path = pipeline / "eval" / m / bench / "samples.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        results = {"benchmarks": {b: {"pass@1": s, "problems": 10, "samples": 10}
+                                  for b, s in (("heldout", held[m]), ("general", general[m]))}}
+        (pipeline / "eval" / m / "results.json").write_text(json.dumps(results))
+    (pipeline / "forgetting.json").write_text(json.dumps({m: {"general_kl": kl[m]} for m in ablation_paper.MODELS}))
+    (pipeline / "corpus_nll.json").write_text(json.dumps({m: {"nll": nll[m]} for m in ablation_paper.MODELS}))
+    probe = {"one_digit_p": 0.1, "one_digit_right": 1, "three_digit_p": 0.1, "three_digit_right": 1}
+    (pipeline / "rule_probe.json").write_text(json.dumps({m: probe for m in ablation_paper.MODELS}))
+    (store / f"seed-{seed}" / "world").mkdir(parents=True)
+    (store / f"seed-{seed}" / "world" / "world.json").write_text(json.dumps({"key": "1032547698"}))
+    record = {"commit": "abc", "finished": "now", "base": "b", "cpu": "x", "cores": 2, "host": "h",
+              "seconds": {"mol/x": 60.0}}
+    (store / f"seed-{seed}" / "phases.json").write_text(json.dumps({p: record for p in ablation_paper.ARM_PHASES}))
+
+
+def test_the_report_decides_the_primary_from_stored_seeds_alone_with_mcnemar_per_seed(tmp_path):
+    store = tmp_path / "store"
+    for seed, gap in enumerate((0.3, 0.4, 0.35)):
+        held = {m: 0.2 for m in ablation_paper.MODELS} | {"mol+grpo": 0.2 + gap}
+        right = {m: set(range(2)) for m in ablation_paper.MODELS} | {"mol+grpo": set(range(2 + seed + 3))}
+        write_seed(store, seed, held, {m: 0.5 for m in ablation_paper.MODELS},
+                   {m: 0.01 for m in ablation_paper.MODELS} | {"ce": 0.05},
+                   {m: 1.0 for m in ablation_paper.MODELS} | {"ce": 1.1}, right)
+    assert ablation_paper.seeds_done(store) == 3
+    text = ablation_paper.report(store, 3).read_text()
+    verdicts = {m.group(2): (bool(m.group(1)), m.group(3)) for m in map(CLAIM_LINE.match, text.splitlines()) if m}
+    assert verdicts[CLAIMS["mol_over_ce_grpo"].text] == (True, "holds")
+    assert verdicts[CLAIMS["ce_moves_general"].text] == (False, "holds")  # 0.05 - 0.01 on every seed
+    assert verdicts[CLAIMS["ce_forgets_corpus"].text] == (False, "holds")  # 1.1 - 1.0
+    assert verdicts[CLAIMS["ce_forgets_accuracy"].text] == (False, "no effect found")
+    assert sum(primary for primary, _ in verdicts.values()) == 1 and len(verdicts) == 8
+    # seed 0: mol+grpo right on 5, ce+grpo on 2, both on 2: b 3, c 0, p = 2 / 2^3
+    assert "| `mol+grpo` vs `ce+grpo` | b 3, c 0, p 0.25 | b 4, c 0, p 0.12 | b 5, c 0, p 0.062 |" in text
+    assert "- seed 2, ce_feedback: 1.0 min at abc" in text
+
+
+def test_a_seed_counts_as_done_only_once_every_arm_phase_is_stored(tmp_path):
+    store = tmp_path / "store"
+    (store / "seed-0").mkdir(parents=True)
+    (store / "seed-0" / "phases.json").write_text(json.dumps({p: {} for p in ablation_paper.ARM_PHASES[:-1]}))
+    assert ablation_paper.seeds_done(store) == 0
+
+
+@pytest.mark.slow
+def test_phases_on_two_machines_pair_on_one_base_and_one_set_of_traces(tmp_path):
+    from molrl.demo.run import prepare_seed
+
+    prepare_seed(tmp_path / "made", "study_quick", [], 0)  # a small model that writes text, as the real one does
+    out, store = tmp_path / "out", tmp_path / "store"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "ablation_paper.py"), "--model", str(tmp_path / "made" / "base"),
+           "--quick", "--out", str(out), "--store", str(store), "--seed", "0"]
+    first = subprocess.run([*cmd, "--phase", "mol"], capture_output=True, text=True, timeout=1800)
+    assert first.returncode == 0, first.stderr[-3000:]
+    traces = (store / "seed-0" / "pipeline" / "collect" / "traces.jsonl").read_text()
+    base = json.loads((store / "base" / "base.json").read_text())["fingerprint"]
+    shutil.rmtree(out)  # a new machine: runs/ is gone, the store is in the repository
+    second = subprocess.run([*cmd, "--phase", "mol", "--phase", "ce"], capture_output=True, text=True, timeout=1800)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "phase mol: stored" in second.stderr and "rebuilding the warmed-up base" in second.stderr
+    assert "nothing to do" in second.stderr  # collect resumed on the stored traces
+    assert (out / "pipeline" / "collect" / "traces.jsonl").read_text() == traces
+    phases = json.loads((store / "seed-0" / "phases.json").read_text())
+    assert set(phases) == {"mol", "ce"} and phases["ce"]["base"] == phases["mol"]["base"] == base
+    assert not (out / "pipeline" / "mol" / "mol").exists()  # the stored phase was not trained again
+    kl = json.loads((store / "seed-0" / "pipeline" / "forgetting.json").read_text())
+    assert {"ce", "ce+grpo", "mol"} <= set(kl)  # the ce phase's general KL read the restored base's answers
+
+
+def test_the_corpus_nll_scores_the_answer_tokens_alone_and_is_log_v_for_a_uniform_model():
+    import math
+    from types import SimpleNamespace
+
+    import torch
+
+    from molrl.models import load_tokenizer
+    from molrl.study.corpus import answer_nll
+
+    tokenizer = load_tokenizer("tiny:chatml")
+    vocab = len(tokenizer)
+    seen = []
+
+    def uniform(ids):  # the same logit for every token: -log p = log V at every position
+        seen.append(ids.shape[1])
+        return SimpleNamespace(logits=torch.zeros(1, ids.shape[1], vocab))
+    pairs = [("What is 2 + 2?", "It is 4."), ("Say hi.", "hi"), ("Nothing.", "")]
+    total, count = answer_nll(uniform, tokenizer, pairs, max_tokens=3)
+    answers = [min(len(tokenizer(a, add_special_tokens=False)["input_ids"]), 3) for _, a in pairs]
+    assert count == sum(answers) and len(seen) == 2  # an empty answer is not read; answers cut at 3 tokens
+    assert total == pytest.approx(count * math.log(vocab))
