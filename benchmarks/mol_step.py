@@ -6,9 +6,13 @@ vocabulary (151,936):
   (a) mol    MolTrainer.compute_loss + backward: hidden states only, logits in chunks at loss positions
   (b) naive  full [B, L, V] logits for policy and base, log_softmax, CE + reverse KL, backward
   (c) ce     the model's own forward with labels (HF cross-entropy on full logits), backward
+  (d) hidden the mol step with the base's final hidden states read from a cache built once (``molrl.mol.base_cache``)
+  (e) topk   the mol step with the base's cached top K (``--topk``) log-probs and tail: the KL over K + 1 classes
 Figures: step time, whole-step peak memory, and loss-path peak memory (from final hidden states to
 the loss and back to the hidden states, on the same tensors). Goals: mol <= 1.35x ce step time;
-loss-path peak memory >= 4x below naive.
+loss-path peak memory >= 4x below naive. For the cached variants (``--cached``): their step ÷ the CE step beside
+live's, the per-token |KL cached - KL live| with the adapter moved off zero (the trainer's own check), the cache's
+bytes per decision token, and its build time against one epoch of these traces (one live MoL step each).
 
     python benchmarks/mol_step.py --tokenizer PATH/qwen3_tokenizer                 # CPU, reduced
     python benchmarks/mol_step.py --tokenizer PATH/qwen3_tokenizer --device cuda --dtype bfloat16 \\
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import time
 from contextlib import contextmanager
 
@@ -110,6 +115,66 @@ def make_trainer(model, device: str):
     args = TrainingArguments(output_dir="/tmp/mol_step_bench", report_to="none", use_cpu=device == "cpu",
                              per_device_train_batch_size=1, remove_unused_columns=False)
     return MolTrainer(model=model, args=args, loss_settings=LossSettings())
+
+
+def cached_trainers(model, batch, device: str, k: int, folder) -> dict[str, tuple]:
+    """Per cached variant: a trainer reading the base's targets from a cache built here, once, over ``batch``'s
+    traces (one example each), and the cache's manifest."""
+    from pathlib import Path
+
+    from transformers import TrainingArguments
+
+    from molrl.mol.base_cache import BaseTargetsCache, CacheKey, build
+    from molrl.mol.trainer import MolTrainer
+
+    examples = [{"input_ids": batch["input_ids"][b].tolist(), "feedback_mask": batch["feedback_mask"][b].tolist(),
+                 "decision_mask": batch["decision_mask"][b].tolist(), "is_general": False, "index": b}
+                for b in range(batch["input_ids"].shape[0])]
+    out = {}
+    for mode in ("hidden", "topk"):
+        args = TrainingArguments(output_dir="/tmp/mol_step_bench", report_to="none", use_cpu=device == "cpu",
+                                 per_device_train_batch_size=1, remove_unused_columns=False)
+        trainer = MolTrainer(model=model, args=args, loss_settings=LossSettings(base_targets=mode, base_topk=k,
+                                                                                base_targets_check_steps=1))
+        key = CacheKey(base="benchmark", traces="-", max_length=0, chat_template="-", dtype=str(model.dtype),
+                       mode=mode, k=k if mode == "topk" else None)
+        manifest = build(Path(folder) / mode, key, trainer, examples, batch_size=1, pad_token_id=0)
+        trainer.base_targets = BaseTargetsCache(Path(folder) / mode, manifest)
+        out[mode] = (trainer, manifest)
+    return out
+
+
+def kl_against_live(trainers: dict, live_trainer, model, batch) -> dict[str, dict[str, float]]:
+    """With the adapter moved off zero: the live mean KL per decision token, and each cached variant's mean
+    |KL cached - KL live| per token through the trainer's own check (``base_targets_error``)."""
+    g = torch.Generator().manual_seed(0)
+    saved = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_B" in n}
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(0.02 * torch.randn(p.shape, generator=g).to(p))
+    counts = step_counts(_masks(batch))
+    out = {}
+    model.train()
+    with torch.no_grad():
+        live_trainer._sums.clear()
+        live_trainer.compute_loss(model, batch, num_items_in_batch=counts)
+        kl_live = live_trainer._sums["kl_decision_sum"] / float(counts[1])
+        for name, trainer in trainers.items():
+            trainer._sums.clear()
+            trainer._checked_step = -1
+            trainer.compute_loss(model, batch, num_items_in_batch=counts)
+            sums = trainer._sums
+            out[name] = {"kl_live": kl_live, "kl_cached": sums["kl_decision_sum"] / float(counts[1]),
+                         "kl_error": sums["base_targets_error_sum"] / sums["base_targets_error_tokens"]}
+            if "base_covered_tokens" in sums:
+                out[name]["covered_mass"] = sums["base_covered_sum"] / sums["base_covered_tokens"]
+        live_trainer._sums.clear()
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if n in saved:
+                    p.copy_(saved[n])
+    return out
 
 
 def step_mol(trainer, model, batch):
@@ -216,10 +281,24 @@ def measure(kind_name: str, args, vocab: int) -> list[dict]:
             loss_path(name, hidden, base_hidden, weight, batch)
         loss_path_mb[name] = mem["peak"] / 2**20
         del hidden, base_hidden
+    trainers = {name: trainer for name in ("mol", "naive", "ce")}
+    caches = {}
+    if getattr(args, "cached", False):
+        import tempfile
+
+        folder = tempfile.mkdtemp(prefix="mol_step_cache_")
+        batch["index"] = torch.arange(batch["input_ids"].shape[0], device=args.device)
+        caches = cached_trainers(model, batch, args.device, args.topk, folder)
+        trainers.update({name: t for name, (t, _) in caches.items()})
+        for name in caches:
+            trainers[name].loss_settings = LossSettings(base_targets=name, base_topk=args.topk,
+                                                        base_targets_check_steps=0)  # timed steps: no check
     rows = []
-    for name, step in (("mol", step_mol), ("naive", step_naive), ("ce", step_ce)):
-        if name not in variants:
+    for name, step in (("mol", step_mol), ("naive", step_naive), ("ce", step_ce), ("hidden", step_mol),
+                       ("topk", step_mol)):
+        if name not in variants and name not in caches:
             continue
+        trainer = trainers[name]
         times = []
         try:
             for _ in range(args.warmup):
@@ -242,8 +321,27 @@ def measure(kind_name: str, args, vocab: int) -> list[dict]:
             continue
         rows.append({"model": kind_name, "variant": name, "seq_len": seq_len, "step_s": min(times),
                      "tokens_per_s": traces * seq_len / min(times), "step_peak_mb": mem["peak"] / 2**20,
-                     "loss_path_peak_mb": loss_path_mb[name], "mol_model_flops": flops})
-    del model, trainer
+                     "loss_path_peak_mb": loss_path_mb.get(name, math.nan), "mol_model_flops": flops})
+    if caches:  # the ratios from rounds that run every variant once, so a busy spell of the machine hits them alike
+        steps = {"mol": step_mol, "ce": step_ce, "hidden": step_mol, "topk": step_mol}
+        best = {name: math.inf for name in steps}
+        for _ in range(args.steps):
+            for name, step in steps.items():
+                t0 = time.perf_counter()
+                step(trainers[name], model, batch)
+                _sync(args.device)
+                best[name] = min(best[name], time.perf_counter() - t0)
+                model.zero_grad(set_to_none=True)
+        for r in rows:
+            r["interleaved_step_s"] = best.get(r["variant"])
+        for name in caches:
+            trainers[name].loss_settings = LossSettings(base_targets=name, base_topk=args.topk,
+                                                        base_targets_check_steps=1)
+        errors = kl_against_live({n: trainers[n] for n in caches}, trainers["mol"], model, batch)
+        for r in rows:
+            if r["variant"] in caches:
+                r.update(cache=caches[r["variant"]][1], **errors[r["variant"]])
+    del model, trainer, trainers
     gc.collect()
     return rows
 
@@ -284,11 +382,29 @@ def report(rows: list[dict]) -> None:
         by = {r["variant"]: r for r in rows if r["model"] == model}
         if any("error" in r for r in by.values()):
             continue  # no ratios against a variant that did not run
+        if "hidden" in by:
+            report_cached(model, by)
+        if "naive" not in by:
+            continue
         t_ratio = by["mol"]["step_s"] / by["ce"]["step_s"]
         print(f"{model}: mol/ce step time {t_ratio:.2f}x (goal <= 1.35x) | naive/mol step time "
               f"{by['naive']['step_s'] / by['mol']['step_s']:.2f}x | naive/mol loss-path memory "
               f"{_ratio(by['naive']['loss_path_peak_mb'], by['mol']['loss_path_peak_mb'])} (goal >= 4x) | "
               f"naive/mol whole-step peak {_ratio(by['naive']['step_peak_mb'], by['mol']['step_peak_mb'])}")
+
+
+def report_cached(model: str, by: dict[str, dict]) -> None:
+    """The cached variants against live: step ÷ CE step, KL error, bytes per decision token, build ÷ one epoch."""
+    ce, live = by["ce"]["interleaved_step_s"], by["mol"]["interleaved_step_s"]
+    print(f"{model}: step ÷ CE step (fastest of rounds interleaving the variants): live {live / ce:.3f}x, hidden "
+          f"{by['hidden']['interleaved_step_s'] / ce:.3f}x, topk {by['topk']['interleaved_step_s'] / ce:.3f}x")
+    for name in ("hidden", "topk"):
+        r, m = by[name], by[name]["cache"]
+        covered = f", covered mass {r['covered_mass']:.4f}" if "covered_mass" in r else ""
+        print(f"{model} {name}: KL live {r['kl_live']:.5f}, cached {r['kl_cached']:.5f}, |KL cached - KL live| per "
+              f"token {r['kl_error']:.2e}{covered}; {m['bytes_per_kl_token']:.1f} bytes per decision token; build "
+              f"{m['build_seconds']:.3f} s = {m['build_seconds'] / live:.2f}x one epoch of live MoL steps "
+              f"({live:.3f} s), saving {live - r['interleaved_step_s']:.3f} s a later epoch")
 
 
 def _ratio(a_mb: float, b_mb: float) -> str:
@@ -312,6 +428,10 @@ def main() -> None:
                         help="measure only the loss path (real vocabulary, hidden 1024) at --loss-path-seq-lens")
     parser.add_argument("--loss-path-seq-lens", type=int, nargs="+", default=[1024, 2048, 4096])
     parser.add_argument("--loss-path-variants", default="mol,naive,ce")
+    parser.add_argument("--cached", action="store_true",
+                        help="also time the mol step on cached base targets (hidden and topk)")
+    parser.add_argument("--topk", type=int, default=64, help="K of the topk cache")
+    parser.add_argument("--variants", default="mol,naive,ce", help="comma-separated: mol, naive, ce")
     parser.add_argument("--naive-max-seq-len", type=int, default=1 << 30,
                         help="skip the naive loss path above this length (its memory grows as L x V)")
     args = parser.parse_args()
@@ -332,6 +452,7 @@ def main() -> None:
     if args.loss_path_only:
         measure_loss_path(args, vocab)
         return
+    args.variants = tuple(args.variants.split(","))
     rows = []
     for kind in args.models.split(","):
         rows += measure(kind, args, vocab)

@@ -4,6 +4,9 @@
 base's name, or the path an adapter was loaded from); the default is a scripted table: each token is the previous one plus a step (1 on the base, 2 on an adapter, plus the seed mod 5), with
 log-prob -0.1 per position, so tests can tell which model and seed made a completion. ``die_after_tokens`` makes the
 server drop every connection and stop once it has streamed that many tokens in all; ``token_delay_s`` slows it.
+``hostile`` (one of ``HOSTILE``) makes it a lying server: every completion it streams after its first
+``honest_requests`` breaks the protocol in that one way, from its first chunk, while the rest of the API answers as an
+honest server's does.
 """
 
 from __future__ import annotations
@@ -17,6 +20,58 @@ from typing import Any, Callable, Iterator
 
 Answer = Callable[[str, list[int], dict[str, Any]], Iterator[tuple[int, float]]]
 
+HOSTILE = {
+    "not_json": "a chunk that is not JSON",
+    "not_an_object": "a chunk that is a JSON list, not an object",
+    "choice_not_an_object": "choices[0] a string",
+    "ids_not_integers": "token ids sent as strings",
+    "logprobs_not_a_list": "token_logprobs a number, not a list",
+    "fewer_logprobs": "one log-prob fewer than tokens",
+    "finish_not_a_string": "a finish reason that is a number",
+    "nan_logprob": "NaN log-probs",
+    "minus_infinity_logprob": "-Infinity log-probs",
+    "positive_logprob": "log-probs above 0",
+    "id_past_vocabulary": "token ids past any tokenizer's vocabulary",
+    "negative_id": "negative token ids",
+    "past_max_tokens": "50,000 tokens whatever max_tokens asks",
+}
+"""The ways a hostile server breaks the protocol, each with what it sends."""
+
+FLOOD_TOKENS = 50_000
+"""Tokens a ``past_max_tokens`` server streams for any request."""
+
+
+def hostile_choice(mode: str | None, token: int, logp: float, finish: str | None) -> Any:
+    """The ``choices[0]`` a server in ``mode`` (None: honest) streams for one sampled token."""
+    ids: list[Any] = [token]
+    logps: Any = [logp]
+    if mode == "choice_not_an_object":
+        return f"token_id:{token}"
+    if mode == "ids_not_integers":
+        ids = [str(token)]
+    elif mode == "logprobs_not_a_list":
+        logps = logp
+    elif mode == "fewer_logprobs":
+        ids = [token, token]
+    elif mode == "finish_not_a_string":
+        finish = 7  # type: ignore[assignment]
+    elif mode == "nan_logprob":
+        logps = [float("nan")]
+    elif mode == "minus_infinity_logprob":
+        logps = [float("-inf")]
+    elif mode == "positive_logprob":
+        logps = [0.7]
+    elif mode == "id_past_vocabulary":
+        ids = [10**6 + token]
+    elif mode == "negative_id":
+        ids = [-1 - token]
+    return {"index": 0, "text": "", "token_ids": ids, "finish_reason": finish,
+            "logprobs": {"tokens": [f"token_id:{i}" for i in ids], "token_logprobs": logps}}
+
+
+SCRIPTED_VOCAB = 1000
+"""The scripted answer's ids are below this: the vocabulary size a client to a scripted server checks them against."""
+
 
 def scripted(model: str, ids: list[int], body: dict[str, Any]) -> Iterator[tuple[int, float]]:
     """The default answer: a table a test can compute by hand."""
@@ -24,7 +79,7 @@ def scripted(model: str, ids: list[int], body: dict[str, Any]) -> Iterator[tuple
     last = ids[-1] if ids else 0
     position = 0
     while True:
-        last = (last + step) % 1000
+        last = (last + step) % SCRIPTED_VOCAB
         position += 1
         yield last, -0.1 * position
 
@@ -46,9 +101,13 @@ class FakeEngineServer:
     """One fake server on 127.0.0.1 and ``port`` (default a free one); ``url`` is its address."""
 
     def __init__(self, base: str = "base-model", answer: Answer = scripted, token_delay_s: float = 0.0,
-                 die_after_tokens: int | None = None, port: int = 0):
+                 die_after_tokens: int | None = None, port: int = 0, hostile: str | None = None,
+                 honest_requests: int = 0):
+        if hostile is not None and hostile not in HOSTILE:
+            raise ValueError(f"hostile={hostile!r}; expected one of {', '.join(HOSTILE)}")
         self.base, self.answer, self.token_delay_s = base, answer, token_delay_s
         self.die_after_tokens = die_after_tokens
+        self.hostile, self.honest_requests = hostile, honest_requests
         self.adapters: dict[str, str] = {}
         self.requests: list[dict[str, Any]] = []
         self.adapter_log: list[tuple[str, str]] = []
@@ -61,7 +120,8 @@ class FakeEngineServer:
         self.httpd = Listener(("127.0.0.1", port), self.handler())
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        # polled often, so that stopping it (which waits for a poll) takes milliseconds, not the default half second
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
         self.thread.start()
 
     def stop(self) -> None:
@@ -122,10 +182,11 @@ class FakeEngineServer:
                     return self.send_json(404, {"error": {"message": f"The model `{model}` does not exist."}})
                 with server.lock:
                     server.requests.append(body)
+                    hostile = server.hostile if len(server.requests) > server.honest_requests else None
                     server.in_flight += 1
                     server.most_in_flight = max(server.most_in_flight, server.in_flight)
                 try:
-                    self.stream(model, body)
+                    self.stream(model, body, hostile)
                 except (BrokenPipeError, ConnectionResetError):
                     with server.lock:
                         server.cancelled += 1
@@ -133,15 +194,20 @@ class FakeEngineServer:
                     with server.lock:
                         server.in_flight -= 1
 
-            def stream(self, model: str, body: dict[str, Any]) -> None:
+            def stream(self, model: str, body: dict[str, Any], hostile: str | None) -> None:
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
                 stops = set(body.get("stop_token_ids") or [])
                 tokens = server.answer(server.adapters.get(model, model), list(body["prompt"]), body)
-                for count in range(1, body["max_tokens"] + 1):
-                    token, logp = next(tokens)
+                if hostile in ("not_json", "not_an_object"):
+                    self.write_chunk(b'data: {"choices": [{"token_ids": [1\n\n' if hostile == "not_json"
+                                     else b"data: [1, 2, 3]\n\n")
+                limit = FLOOD_TOKENS if hostile == "past_max_tokens" else body["max_tokens"]
+                for count in range(1, limit + 1):
+                    if count <= body["max_tokens"]:  # a flood past it repeats the last token: no model to run
+                        token, logp = next(tokens)
                     time.sleep(server.token_delay_s)
                     with server.lock:
                         server.streamed += 1
@@ -152,10 +218,9 @@ class FakeEngineServer:
                         if not server.dead:
                             threading.Thread(target=server.stop, daemon=True).start()
                         return
-                    finish = "stop" if token in stops else "length" if count == body["max_tokens"] else None
-                    self.chunk({"choices": [{"index": 0, "text": "", "token_ids": [token], "finish_reason": finish,
-                                             "logprobs": {"tokens": [f"token_id:{token}"],
-                                                          "token_logprobs": [logp]}}]})
+                    ended = token in stops and hostile != "past_max_tokens"
+                    finish = "stop" if ended else "length" if count == limit else None
+                    self.chunk({"choices": [hostile_choice(hostile, token, logp, finish)]})
                     if finish is not None:
                         break
                 self.write_chunk(b"data: [DONE]\n\n")

@@ -18,6 +18,21 @@ nothing about what a stage honours."""
 class Reads:
     """The keys read through the watched configs."""
 
+    run: set[str] | None = None
+    """The keys read while one run goes on (``one_run``), through any ``Reads``: a config copied into another type
+    is watched by the ``Reads`` that patched the copy, whichever stage's run reads it."""
+
+    @staticmethod
+    @contextlib.contextmanager
+    def one_run():
+        """The keys read, through any ``Reads``, while the block runs."""
+        keys: set[str] = set()
+        Reads.run = keys
+        try:
+            yield keys
+        finally:
+            Reads.run = None
+
     def __init__(self) -> None:
         self.keys: set[str] = set()
         self.quiet = 0
@@ -68,6 +83,8 @@ class Reads:
         def getattribute(obj: Any, name: str) -> Any:
             if name in names and not reads.quiet and not sys._getframe(1).f_code.co_filename.endswith(GENERIC):
                 reads.keys.add(path + name)
+                if Reads.run is not None:
+                    Reads.run.add(path + name)
             return cls.__getattribute__(obj, name)
 
         def deepcopy(obj: Any, memo: dict) -> Any:

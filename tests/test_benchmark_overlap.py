@@ -13,7 +13,7 @@ import pytest
 from molrl.cli import main
 from molrl.errors import MolrlError
 from molrl.task_types import Task
-from molrl.tasks.index import BENCHMARK_TASK, TASK_KEY, problem_parts, task_content_key
+from molrl.tasks.index import BENCHMARK_TASK, TASK_KEY, BenchmarkIndex, problem_parts, task_content_key
 from molrl.tasks.loaders import load_tasks
 from molrl.traces.importers import import_file
 from molrl.traces.schema import read_traces
@@ -208,3 +208,114 @@ def test_shipped_qwen_pipelines_on_the_shared_mint_traces_train_on_no_eval_test_
     per_file = {"mbpp/test": 91, "humaneval/test": 45, "math500/test": 7}
     assert stats.excluded == {k: n * len(list(traces.glob("*__mbpp.jsonl"))) for k, n in per_file.items()}
     assert "empty or blank" not in caplog.text and "are tasks eval scores, left out" in caplog.text
+
+
+WRAPPINGS = {
+    "as given": lambda p: p,
+    "a sentence before": lambda p: "Solve this task.\n" + p,
+    "a sentence after": lambda p: p + "\nExplain your answer.",
+    "a heading": lambda p: "## Task\n\n" + p,
+    "fenced between prose": lambda p: "Here is the problem:\n```python\n" + p + "\n```\nGood luck.",
+    "a system preamble": lambda p: "You are a helpful assistant.\n\n" + p,
+    "zero-width spaces": lambda p: p.replace(" ", " \u200b"),
+    "quoted line by line": lambda p: "> " + p.replace("\n", "\n> "),  # past the rule for code: neither way knows it
+}
+"""Ways a trace poses a benchmark problem; the first five after ``as given`` once each trained a model eval scored."""
+
+
+def _benchmark_problems(shared_data: Path) -> dict[str, Task]:
+    """HumanEval/0 and MBPP 11 (test split), by the name of their benchmark."""
+    humaneval = load_tasks(shared_data / "humaneval/HumanEval.jsonl.gz", "humaneval")[0]
+    mbpp = load_tasks(shared_data / "mbpp/mbpp.jsonl", "mbpp", split="test")[0]
+    return {"humaneval": humaneval, "mbpp": mbpp}
+
+
+def _both_ways(folder: Path, shared_data: Path, users: dict[str, str], metas: dict[str, dict] | None = None,
+               suites: dict[str, list[Task]] | None = None) -> dict[str, tuple[set[str], dict[str, int]]]:
+    """Per group of traces (``users``: ``GROUP|NAME`` -> first message): what ``traces filter --exclude-benchmarks``
+    leaves out of the group (by NAME), and what eval refuses (per benchmark) with the record MoL makes from the
+    group's traces."""
+    from molrl.mol.config import MolConfig
+    from molrl.mol.data import load_examples
+    from molrl.mol.run import provenance
+    from molrl.provenance import read_provenance, trained_overlap, write_provenance
+    from molrl.tiny import build_tiny_tokenizer
+    from molrl.traces.schema import write_traces
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [{"id": name, "messages": [{"role": "user", "content": text},
+                                      {"role": "assistant", "content": "<execute>\nprint(1)\n</execute>"},
+                                      {"role": "tool", "content": "Observation:\n1"},
+                                      {"role": "assistant", "content": "<solution>\npass\n</solution>"}],
+             **({"meta": metas[name]} if metas and name in metas else {})} for name, text in users.items()]
+    (folder / "raw.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    traces, kept = folder / "traces.jsonl", folder / "kept.jsonl"
+    assert main(["traces", "convert", "--from", "openai", str(folder / "raw.jsonl"), str(traces)]) == 0
+    files = {"humaneval": shared_data / "humaneval/HumanEval.jsonl.gz", "mbpp": shared_data / "mbpp/mbpp.jsonl"}
+    assert main(["traces", "filter", str(traces), str(kept), "--exclude-benchmarks",
+                 ",".join(f"{k}={v}" for k, v in files.items())]) == 0
+    left_out = set(users) - {t.meta.get("id") for _, t in read_traces(kept)}
+    known = {name: load_tasks(path, name, split="all") for name, path in files.items()}
+    problems = suites or {name: [task] for name, task in _benchmark_problems(shared_data).items()}
+    found = {}
+    for group in sorted({name.split("|")[0] for name in users}):
+        mine = folder / group.replace(" ", "_")
+        write_traces(mine / "traces.jsonl", [t for _, t in read_traces(traces) if t.meta["id"].startswith(group + "|")])
+        _, stats = load_examples([str(mine / "traces.jsonl")], build_tiny_tokenizer("chatml"), 4096)
+        write_provenance(mine, provenance(MolConfig(), stats))  # the record MoL writes from these traces
+        dropped = {name.split("|")[1] for name in left_out if name.startswith(group + "|")}
+        found[group] = (dropped, trained_overlap(read_provenance(mine), problems, known))
+    return found
+
+
+@pytest.fixture(scope="module")
+def wrapped(tmp_path_factory, shared_data) -> dict[str, tuple[set[str], dict[str, int]]]:
+    """Each wrapping of HumanEval/0 and MBPP 11, filtered and trained on (a record per wrapping)."""
+    problems = _benchmark_problems(shared_data)
+    users = {f"{wrapping}|{name}": make(task.prompt) for wrapping, make in WRAPPINGS.items()
+             for name, task in problems.items()}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("molrl.cli.setup_logging", lambda verbose=False: None)
+        return _both_ways(tmp_path_factory.mktemp("wrapped"), shared_data, users)
+
+
+@pytest.mark.parametrize("wrapping", sorted(WRAPPINGS))
+def test_what_exclusion_leaves_out_eval_refuses_for_every_wrapping(wrapping, wrapped):
+    dropped, refused = wrapped[wrapping]
+    assert set(refused) == dropped  # one rule decides both
+    if wrapping != "quoted line by line":  # before: MoL recorded the wrapped text's key, and eval scored the problem
+        assert refused == {"humaneval": 1, "mbpp": 1}
+
+
+def test_rl_on_wrapped_problems_of_one_s_own_file_is_refused_as_exclusion_leaves_them_out(shared_data):
+    from molrl.provenance import made, trained_on, trained_overlap
+
+    problems = _benchmark_problems(shared_data)
+    for wrapping in sorted(WRAPPINGS):
+        own = [Task(id=f"mine-{name}", prompt=WRAPPINGS[wrapping](task.prompt), kind="code", meta={})
+               for name, task in problems.items()]
+        record = made("rl", "cfg", "tiny:chatml", [], *trained_on(own))
+        index = BenchmarkIndex.from_files({"humaneval": shared_data / "humaneval/HumanEval.jsonl.gz",
+                                           "mbpp": shared_data / "mbpp/mbpp.jsonl"})
+        dropped = {m.benchmark for m in map(index.match, (t.prompt for t in own)) if m is not None}
+        assert set(trained_overlap(record, {n: [t] for n, t in problems.items()})) == dropped, wrapping
+
+
+def test_a_trace_s_benchmark_tag_counts_as_trained_on_over_its_content(shared_data, tmp_path, cli_logs):
+    tag = {"benchmark_task": {"benchmark": "humaneval", "split": "test", "id": "HumanEval/0",
+                              "key": problem_parts("Reverse a string.").key}}  # the key of the content it holds
+    collected = {"benchmark": "mbpp", "task_id": 11}  # collect's fields, the split left out: the id names it
+    (dropped, refused), = _both_ways(tmp_path, shared_data, {"t|humaneval": "Reverse a string.",
+                                                            "t|mbpp": "Sort a list."},
+                                     {"t|humaneval": tag, "t|mbpp": collected}).values()
+    assert dropped == {"humaneval", "mbpp"} and refused == {"humaneval": 1, "mbpp": 1}  # before: both scored
+
+
+def test_a_train_task_s_twin_in_the_test_split_is_told_apart_by_its_key_both_ways(shared_data, tmp_path, cli_logs):
+    """MBPP 602 (train) poses 217's (test) statement with another test: trained on 602 as given, 217 is scored; posed
+    in a wrapper, containment cannot tell them apart, and both ways take it for 217."""
+    mbpp = {t.id: t for t in load_tasks(shared_data / "mbpp/mbpp.jsonl", "mbpp", split="all")}
+    suites = {"mbpp": [mbpp["217"]]}
+    traces = {"given|mbpp": mbpp["602"].prompt, "wrapped|mbpp": "Solve this task.\n" + mbpp["602"].prompt}
+    found = _both_ways(tmp_path, shared_data, traces, suites=suites)
+    assert found == {"given": (set(), {}), "wrapped": ({"mbpp"}, {"mbpp": 1})}

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from fake_engine_server import SCRIPTED_VOCAB as VOCAB
 from fake_engine_server import FakeEngineServer
 from molrl.engine_server.pool import NoServerLeft, ServerPool
 from molrl.engine_server.sync import AdapterSync
@@ -25,7 +26,7 @@ def two():
 
 def test_another_process_waits_for_the_adapter_and_leaves_out_a_server_that_died(two, tmp_path):
     a, b = two
-    main_pool, other_pool = ServerPool([a.url, b.url]), ServerPool([a.url, b.url])
+    main_pool, other_pool = ServerPool([a.url, b.url], VOCAB), ServerPool([a.url, b.url], VOCAB)
     main, other = AdapterSync(main_pool, tmp_path, "t"), AdapterSync(other_pool, tmp_path, "t")
     name = main.next_name()
     assert other.next_name() == name  # every process counts alike
@@ -49,7 +50,7 @@ def test_another_process_waits_for_the_adapter_and_leaves_out_a_server_that_died
 
 def test_another_process_whose_servers_are_all_down_stops_in_one_line(two, tmp_path):
     a, b = two
-    pool = ServerPool([a.url, b.url])
+    pool = ServerPool([a.url, b.url], VOCAB)
     a.stop()
     b.stop()
     with pytest.raises(NoServerLeft) as err:
@@ -64,7 +65,7 @@ def test_with_several_processes_the_adapter_another_still_samples_from_stays_loa
     from molrl.engine_server.client import RequestParams
 
     server = FakeEngineServer(token_delay_s=0.05)
-    main_pool, other_pool = ServerPool([server.url]), ServerPool([server.url])
+    main_pool, other_pool = ServerPool([server.url], VOCAB), ServerPool([server.url], VOCAB)
     main, other = AdapterSync(main_pool, tmp_path, "t", keep_behind), AdapterSync(other_pool, tmp_path, "t")
     names = [main.next_name() for _ in range(3)]
     for _ in names:

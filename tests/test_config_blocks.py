@@ -220,8 +220,9 @@ OLD_FILES = {
            "    sampling: {max_new_tokens: 48, stop: [END], temperature: 0.3}\n",
            "sampling: {n: 16, temperature: 1.0, top_p: 0.95, max_new_tokens: 96, stop: [END]}\n"
            "episode: {max_turns: 2, turn_tokens: 48, max_solutions: 1}\n"),
-    "eval": ("sampling: {n: 2}\ninteractive:\n  max_turns: 3\n  seed: 4\n  sampling: {temperature: 0.1, stop: [END]}\n",
-             "sampling: {n: 2, stop: [END]}\nepisode: {max_turns: 3}\n"),
+    "eval": ("mode: interactive\nsampling: {n: 2}\ninteractive:\n  max_turns: 3\n  seed: 4\n"
+             "  sampling: {temperature: 0.1, stop: [END]}\n",
+             "mode: interactive\nsampling: {n: 2, stop: [END]}\nepisode: {max_turns: 3}\n"),
 }
 """Per stage, a config file under the names before the shared sampling block, and the same config now."""
 
@@ -248,7 +249,8 @@ def test_a_key_given_under_its_old_and_new_name_with_one_value_is_read_once_and_
     (["sampling.n=1"], "sampling.n=1 is out of range; allowed: an integer in [2, 1000000000]"),
     (["sampling.temperature=0"], "sampling.temperature=0.0 is out of range; allowed: a number in [0.01, 100]"),
     (["sampling.seed=3"], "sampling.seed=3 is out of range; allowed: an integer in [0, 0]"),
-    (["sampling.stop=[END]"], "sampling.stop=['END']: stop strings end the turns of multi-turn rollouts"),
+    (["sampling.stop=[END]"], "sampling.stop=['END'] does nothing with episode.max_turns=1: it is read only with "
+                              "episode.max_turns > 1"),
 ])
 def test_the_sampling_keys_rl_cannot_honour_are_refused(overrides, says):
     with pytest.raises(ConfigError, match=re.escape(says)):

@@ -8,8 +8,9 @@ import threading
 
 import pytest
 
+from fake_engine_server import SCRIPTED_VOCAB as VOCAB
 from fake_engine_server import FakeEngineServer, scripted
-from molrl.engine_server.client import RequestParams, ServerClient, chunk_tokens, completion_body
+from molrl.engine_server.client import RequestParams, ServerClient, check_chunk, completion_body
 from molrl.engines import server_address
 from molrl.engine_server.generator import open_generator, row_seed
 from molrl.engine_server.pool import NoServerLeft, ServerPool, least_loaded
@@ -59,10 +60,10 @@ def test_completion_body_sends_token_ids_and_asks_for_sampled_ids_and_logprobs()
 def test_chunk_without_token_ids_reads_them_from_the_tokens_and_refuses_a_length_mismatch():
     chunk = {"choices": [{"logprobs": {"tokens": ["token_id:4", "token_id:9"], "token_logprobs": [-1.0, -2.0]},
                           "finish_reason": None}]}
-    assert chunk_tokens(chunk) == ([4, 9], [-1.0, -2.0], None)
+    assert check_chunk(chunk, "http://a:1", VOCAB) == ([4, 9], [-1.0, -2.0], None)
     chunk["choices"][0]["logprobs"]["token_logprobs"] = [-1.0]
-    with pytest.raises(MolrlError, match="1 log-probs for 2 tokens"):
-        chunk_tokens(chunk, "http://a:1")
+    with pytest.raises(MolrlError, match="http://a:1 sent a bad reply: 1 log-probs for 2 tokens"):
+        check_chunk(chunk, "http://a:1", VOCAB)
 
 
 @pytest.mark.parametrize("url", ["localhost:8000", "https://h:1", "http://:8000", "http://h:port"])
@@ -73,12 +74,12 @@ def test_a_url_that_is_not_http_host_port_is_refused_naming_it(url):
 
 def test_a_completion_streams_the_sampled_ids_and_their_logprobs(servers):
     (server,) = servers(1)
-    reply = ServerClient(server.url).complete("base-model", [10, 20], RequestParams(max_tokens=4, temperature=1.0))
+    client = ServerClient(server.url, VOCAB)
+    reply = client.complete("base-model", [10, 20], RequestParams(max_tokens=4, temperature=1.0))
     assert reply.ids == expected("base-model", 20, 4) == [21, 22, 23, 24]
     assert reply.logps == pytest.approx([-0.1, -0.2, -0.3, -0.4])
     assert reply.finish_reason == "length"
-    stopped = ServerClient(server.url).complete("base-model", [10], RequestParams(max_tokens=9, temperature=1.0,
-                                                                                  stop_token_ids=(13,)))
+    stopped = client.complete("base-model", [10], RequestParams(max_tokens=9, temperature=1.0, stop_token_ids=(13,)))
     assert stopped.ids == [11, 12, 13] and stopped.finish_reason == "stop"
 
 
@@ -86,7 +87,7 @@ def test_requests_spread_evenly_over_the_servers(servers):
     # each request streams for 1 s: on a loaded machine every one is sent while the others still stream, so the
     # least-loaded choice, not a request that ended early, decides where it goes
     a, b = servers(2, token_delay_s=0.2)
-    pool = ServerPool([a.url, b.url])
+    pool = ServerPool([a.url, b.url], VOCAB)
     futures = [pool.submit("base-model", [i], RequestParams(max_tokens=5, temperature=1.0)) for i in range(8)]
     replies = pool.gather(futures)
     assert [r.ids for r in replies] == [expected("base-model", i, 5) for i in range(8)]
@@ -97,7 +98,7 @@ def test_requests_spread_evenly_over_the_servers(servers):
 def test_a_server_that_dies_mid_step_is_named_and_its_requests_finish_on_the_other(servers, caplog):
     a, b = servers(2, token_delay_s=0.01)
     a.die_after_tokens = 3
-    pool = ServerPool([a.url, b.url])
+    pool = ServerPool([a.url, b.url], VOCAB)
     with caplog.at_level(logging.WARNING, logger="molrl.engine_server.pool"):
         replies = pool.gather([pool.submit("base-model", [i], RequestParams(max_tokens=6, temperature=1.0))
                                for i in range(6)])
@@ -113,7 +114,7 @@ def test_when_every_server_is_down_the_step_stops_with_one_line_naming_them(serv
     a, b = servers(2)
     a.stop()
     b.stop()
-    pool = ServerPool([a.url, b.url])
+    pool = ServerPool([a.url, b.url], VOCAB)
     with pytest.raises(NoServerLeft) as err:
         pool.gather([pool.submit("base-model", [1], RequestParams(max_tokens=2, temperature=1.0))])
     message = str(err.value)
@@ -124,7 +125,7 @@ def test_when_every_server_is_down_the_step_stops_with_one_line_naming_them(serv
 
 def test_gather_until_cancels_the_rest_keeping_their_tokens(servers):
     (server,) = servers(1, token_delay_s=0.01)
-    pool = ServerPool([server.url])
+    pool = ServerPool([server.url], VOCAB)
     cancel = threading.Event()
     budgets = [2, 400, 400]
     futures = [pool.submit("base-model", [0], RequestParams(max_tokens=n, temperature=1.0), cancel) for n in budgets]
@@ -145,7 +146,7 @@ def test_gather_until_cancels_the_rest_keeping_their_tokens(servers):
 
 def test_each_adapter_is_loaded_everywhere_and_the_previous_unloaded_once_no_request_uses_it(servers, tmp_path):
     a, b = servers(2, token_delay_s=0.02)
-    pool = ServerPool([a.url, b.url])
+    pool = ServerPool([a.url, b.url], VOCAB)
     sync = AdapterSync(pool, tmp_path, "t")
     first = sync.next_name()
     sync.publish(first, lambda folder: folder.mkdir(parents=True))
@@ -177,10 +178,13 @@ class Ids:
     eos_token_id, pad_token_id = 0, 0
 
     def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [ord(c) % 1000 for c in text]}
+        return {"input_ids": [ord(c) % VOCAB for c in text]}
 
     def decode(self, ids, skip_special_tokens=False):
         return " ".join(map(str, ids))
+
+    def __len__(self):
+        return VOCAB
 
 
 def test_the_generator_loads_the_adapter_seeds_each_row_and_unloads_on_close(servers, tmp_path):

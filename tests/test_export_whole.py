@@ -52,10 +52,10 @@ def test_a_killed_first_export_leaves_no_folder_and_a_rerun_writes_it_whole(adap
     out = tmp_path / "merged"
     killed = _export(adapter, out, kill_at="merged")
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]  # before: export wrote in place, rc 0
-    assert sorted(p.name for p in out.iterdir()) == [".lock"]  # nothing but the lock file the kill left
+    assert sorted(p.name for p in out.iterdir()) == [".lock", ".molrl_stage"]  # but the lock and the stage's name
     rerun = _export(adapter, out)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
-    assert _loadable(out)
+    assert _loadable(out) and (out / ".molrl_stage").read_text() == "export\n"  # the folder is an export's
     assert sorted(p.name for p in tmp_path.iterdir()) == ["merged"]  # the killed run's temporary is gone
 
 

@@ -191,6 +191,20 @@ def test_a_finished_collect_rerun_changes_no_file(finished_collect, shared_data,
     assert snapshot(run) == before
 
 
+def _stages_known(run: Path, tmp_path: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """The stage a run folder names, and the one ``molrl.locks.MADE_BEFORE`` knows it by without that file."""
+    from molrl.locks import folder_stages
+    from molrl.writes import STAGE
+
+    before = copy_of(run, tmp_path / "before")
+    (before / STAGE).unlink()
+    return folder_stages(run), folder_stages(before)
+
+
+def test_a_collect_run_names_its_stage_in_its_folder(finished_collect, tmp_path):
+    assert _stages_known(finished_collect[1.0], tmp_path) == ({"collect": ".molrl_stage"}, {"collect": "traces.jsonl"})
+
+
 def test_each_trace_records_the_engine_that_made_it_and_the_models_fingerprint(finished_collect):
     from molrl.traces.schema import read_traces
 
@@ -216,3 +230,7 @@ def test_a_finished_pipeline_rerun_changes_no_file(shared_data, tmp_path):
     run_pipeline(pipeline())
     run_pipeline(pipeline("eval.threads=1", "eval.sandbox.workers=3"))
     assert snapshot(tmp_path / "p") == before
+    assert _stages_known(tmp_path / "p", tmp_path / "a") == ({"pipeline": ".molrl_stage"},
+                                                             {"pipeline": "environment.json"})
+    assert _stages_known(tmp_path / "p" / "eval" / "base", tmp_path / "b") == ({"eval": ".molrl_stage"},
+                                                                                {"eval": "aime24/samples.jsonl"})

@@ -1,5 +1,8 @@
 """Shown means honoured: every key a stage's ``--describe`` shows changes what the stage does or is refused by its
-range, and a combination that leaves a key doing nothing is named in one line."""
+range. A key read only under a setting (some runs read it, others do not) is in ``molrl.config_idle``'s rule table,
+which refuses it, set where it does nothing, as the config loads (``tests/test_config_idle.py`` checks every row);
+what only a run can tell, a multi-turn run whose every episode ran out of tokens after one turn, is named in one
+line."""
 
 from __future__ import annotations
 
@@ -148,8 +151,21 @@ RL_RUNS = {
 
 
 @pytest.fixture(scope="module")
-def read_keys(shared_data, tmp_path_factory) -> dict[str, set[str]]:
-    """The keys each stage's tiny runs read: one run each (mol's two loss modes, rl's algorithms and rollouts)."""
+def read_keys(tiny_runs) -> dict[str, set[str]]:
+    """The keys read through each stage's watched configs, all its runs together."""
+    return tiny_runs[0]
+
+
+@pytest.fixture(scope="module")
+def run_reads(tiny_runs) -> dict[str, dict[str, set[str]]]:
+    """The keys each run of a stage reads, by run."""
+    return tiny_runs[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_runs(shared_data, tmp_path_factory) -> tuple[dict[str, set[str]], dict[str, dict[str, set[str]]]]:
+    """The keys read through each stage's watched configs, and the keys each of its tiny runs reads: one run each
+    (mol's two loss modes, rl's algorithms and rollouts, eval's modes)."""
     from key_reads import Reads
 
     from molrl.collect.run import run_collect
@@ -161,17 +177,25 @@ def read_keys(shared_data, tmp_path_factory) -> dict[str, set[str]]:
     root = tmp_path_factory.mktemp("keys")
     math, code = task_files(root, shared_data)
     reads = {stage: Reads() for stage in STAGES}
+    runs: dict[str, dict[str, set[str]]] = {stage: {} for stage in STAGES}
+
+    def watched(stage: str, name: str, cls: type, overrides: list[str], go: Any) -> Any:
+        with Reads.one_run() as keys:
+            made = watched_run(reads[stage], cls, overrides, go)
+        runs[stage][name] = keys
+        return made
+
     with pytest.MonkeyPatch.context() as mp:
         for r in reads.values():
             r.through(mp, episode_config)
         for name, extra in MOL_RUNS.items():
-            mol = watched_run(reads["mol"], stage_class("mol"), [
+            mol = watched("mol", name, stage_class("mol"), [
                 "model=tiny:chatml", f"data.traces=[{REPO / 'configs/data/mol_tiny_traces.jsonl'}]",
                 "data.max_length=256", f"data.exclude_benchmarks={{mbpp: {shared_data / 'mbpp/mbpp.jsonl'}}}",
                 "lora.rank=4", "train.max_steps=1", "train.micro_batch_size=2", "train.grad_accumulation=1",
                 "train.report_to=[none]", f"output_dir={root / name}", *extra], run_mol)
         for name, extra in RL_RUNS.items():
-            watched_run(reads["rl"], RlConfig, [
+            watched("rl", name, RlConfig, [
                 "model=tiny:chatml", f"data.path={math}", "data.format=jsonl", "data.spec.kind=math", "sampling.n=2",
                 "sampling.max_new_tokens=8", "train.max_steps=1", "train.micro_batch_size=2", "train.report_to=[none]",
                 "lora.rank=4", "sandbox.workers=1", "engine=transformers", f"output_dir={root / name}",
@@ -179,15 +203,16 @@ def read_keys(shared_data, tmp_path_factory) -> dict[str, set[str]]:
         common_eval = ["model=tiny:chatml", "limit=1", "sandbox.workers=1", "engine=transformers", "sampling.n=2",
                        "sampling.temperature=0.7", "ks=[1, 2]", "sampling.max_new_tokens=4"]
         for name, extra in eval_runs(shared_data, root).items():
-            watched_run(reads["eval"], stage_class("eval"), [*common_eval, f"output_dir={root / name}", *extra],
-                        run_eval)
-        watched_run(reads["collect"], stage_class("collect"), [
+            watched("eval", name, stage_class("eval"), [*common_eval, f"output_dir={root / name}", *extra], run_eval)
+        watched("collect", "collect", stage_class("collect"), [
             "model=tiny:chatml", f"data.path={math}", "data.format=jsonl", "data.spec.kind=math", "data.limit=2",
             "sampling.n=1", "episode.max_turns=2", "sampling.temperature=0.7", "sampling.max_new_tokens=8",
             "sampling.stop=[END]", "sandbox.workers=1",
             "engine=transformers", "progress=false", f"output_dir={root / 'collect'}"], run_collect)
-        pipeline_run(reads["pipeline"], mp, shared_data, root, math)
-    return {stage: r.keys for stage, r in reads.items()}
+        with Reads.one_run() as keys:
+            pipeline_run(reads["pipeline"], mp, shared_data, root, math)
+        runs["pipeline"]["pipeline"] = keys
+    return {stage: r.keys for stage, r in reads.items()}, runs
 
 
 def pipeline_run(reads: Any, mp: Any, shared_data: Path, root: Path, math: Path) -> None:
@@ -319,3 +344,63 @@ def test_the_recorder_notes_what_a_stage_reads_and_not_what_copies_and_saves_rea
     to_dict(copy.deepcopy(cfg))
     assert pickle.loads(pickle.dumps(cfg)) == cfg
     assert reads.keys == {"sampling", "sampling.temperature"}
+
+
+
+# every key read only under a setting, in the rule table that refuses it where it is idle
+GENERATION = "read by eval only where it generates; grading predictions made elsewhere reads none of them (eval " \
+             "names the model it does not load)"
+READ_BY_DATA: dict[tuple[str, str], str] = {
+    ("rl", "data.spec."): "a task file's fields are read by its tasks' kind (molrl.tasks.source): code tests, math "
+                          "answers",
+    **{(stage, "sandbox."): "the sandbox starts where code runs: code tasks, the toy task or agent episodes"
+       for stage in ("rl", "eval")},
+    **{("eval", key): GENERATION for key in ("model.dtype", "model.seed", "engine", "threads", "sampling.",
+                                             "allow_trained_overlap")},
+    ("eval", "partial_predictions"): "read only with predictions: a harmless key of a finished eval's re-run "
+                                     "(tests/test_finished_runs.py), kept loading without them",
+}
+"""Keys some of a stage's runs read and others do not, for a reason other than a setting of the config: what the
+tasks hold, or eval's grading of predictions."""
+
+
+def idle_table(stage: str) -> set[str]:
+    """The keys of ``stage`` the rule table (``molrl.config_idle.RULES``) covers."""
+    from molrl.config_idle import RULES, rule_keys
+
+    return {key for rule in RULES if stage in rule.stages for key in rule_keys(rule, stage_class(stage))}
+
+
+def read_by_data(stage: str, key: str) -> bool:
+    return any(mine == stage and (key == prefix or key.startswith(prefix) and prefix.endswith("."))
+               for mine, prefix in READ_BY_DATA)
+
+
+def read_under_a_setting(stage: str, run_reads: dict[str, dict[str, set[str]]]) -> set[str]:
+    """The keys some of a stage's tiny runs read and another does not, and those its runs cannot reach (``ALLOWED``:
+    each read only under a setting they leave off)."""
+    runs = run_reads[stage].values()
+    some, every = set().union(*runs), set.intersection(*runs)
+    unreachable = {key for mine, key in ALLOWED if mine == stage}
+    return {key for key in (some - every) | unreachable if key in described(stage)}
+
+
+@pytest.mark.parametrize("stage", ["collect", "rl", "eval"])
+def test_every_key_read_only_under_a_setting_is_in_the_idle_rule_table(stage, run_reads):
+    missing = sorted(key for key in read_under_a_setting(stage, run_reads)
+                     if key not in idle_table(stage) and not read_by_data(stage, key))
+    assert missing == [], f"{stage} reads these keys only under a setting, and no rule refuses them where they are " \
+                          f"idle (add them to molrl.config_idle.RULES): {', '.join(missing)}"
+
+
+def test_the_read_by_data_table_has_no_stale_entry(run_reads):
+    stale = [f"{stage}:{prefix}" for stage, prefix in READ_BY_DATA
+             if not any(read_by_data(stage, key) for key in read_under_a_setting(stage, run_reads)
+                        if key.startswith(prefix))]
+    assert stale == []
+
+
+def test_a_key_read_under_a_setting_outside_the_table_fails_the_enumeration(run_reads):
+    """The check itself: a key one run reads and another does not, in no rule, is caught."""
+    reads = {**run_reads, "rl": {"reads beta": {"beta"}, "does not": set()}}
+    assert "beta" in read_under_a_setting("rl", reads) and "beta" not in idle_table("rl")

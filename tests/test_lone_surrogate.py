@@ -329,10 +329,13 @@ OTHER_JSON_READS = {
     "demo/pretrained_base.py": "a marker this program wrote",
     "study/headline.py": "forgetting.json this program wrote",
     "rl/adapter_lora.py": "adapter_config.json that peft wrote",
-    "provenance.py": "molrl_provenance.json / trained_on.json this program wrote (a malformed one: one line)",
+    "provenance.py": "a provenance record this program is about to write, checked by the reader's schema",
+    "provenance_schema.py": "molrl_provenance.json / trained_on.json, read within bounds (a malformed one: one line)",
     "eval/run.py": "results.json this program wrote",
     "commands/serve.py": "the model folder's config.json (its dtype)",
     "engine_server/client.py": "a vLLM server's HTTP replies",
+    "rl/server_engine.py": "merged_from.json this program wrote beside a merged base",
+    "mol/base_cache.py": "the base-target cache's key.json / manifest.json this program wrote",
 }
 """Modules that parse JSON other than user records, each with what it parses."""
 

@@ -23,21 +23,21 @@ REQUIRED = {"collect": ["model=m", "data.path=t.jsonl"]}
 
 RENAMES = [
     ("rl", "vllm_mode=server", "engine_mode", []),
-    ("rl", "vllm_server_url=http://elsewhere:9000", "engine_server_url", []),
+    ("rl", "vllm_server_url=http://elsewhere:9000", "engine_server_url", ["engine_mode=server"]),
     ("rl", "terms.feedback_ce=0.05", "loss.ce_weight", ["episode.max_turns=2", "episode.turn_tokens=64"]),
     ("rl", "terms.decision_kl=0.3", "loss.kl_weight", []),
-    ("rl", "eval.tasks=held_out.jsonl", "eval.data", []),
-    ("rl", "eval.max_new_tokens=64", "eval.sampling.max_new_tokens", []),
+    ("rl", "eval.tasks=held_out.jsonl", "eval.data", ["eval.every_steps=1"]),
+    ("rl", "eval.max_new_tokens=64", "eval.sampling.max_new_tokens", ["eval.every_steps=1"]),
     ("rl", "rollout.turns=2", "episode.max_turns", []),
-    ("rl", "rollout.turn_tokens=64", "episode.turn_tokens", []),
-    ("rl", "rollout.episode.max_solutions=2", "episode.max_solutions", []),
-    ("eval", "interactive.max_turns=3", "episode.max_turns", []),
+    ("rl", "rollout.turn_tokens=64", "episode.turn_tokens", ["episode.max_turns=2"]),
+    ("rl", "rollout.episode.max_solutions=2", "episode.max_solutions", ["episode.max_turns=2"]),
+    ("eval", "interactive.max_turns=3", "episode.max_turns", ["mode=interactive"]),
     ("collect", "episode.code_task=Solve {prompt} now", "episode.code_prompt", []),
-    ("rl", "episode.math_task=Solve {prompt} now", "episode.math_prompt", []),
+    ("rl", "episode.math_task=Solve {prompt} now", "episode.math_prompt", ["episode.max_turns=2"]),
     ("collect", "samples=3", "sampling.n", []),
     ("rl", "policy.seed=3", "model.seed", []),
-    ("rl", "policy.adapter_mode=merge_new", "model.adapter_mode", []),
-    ("rl", "policy.reference=mol", "model.reference", ["model.adapter=ad"]),
+    ("rl", "policy.adapter_mode=merge_new", "model.adapter_mode", ["model.adapter=ad"]),
+    ("rl", "policy.reference=mol", "model.reference", ["model.adapter=ad", "beta=0.1"]),
 ]
 """(stage, old key=a value other than the default, the key's one name now, what else the value needs)."""
 
@@ -93,19 +93,20 @@ def test_an_old_and_a_new_name_with_different_values_are_refused_in_a_file(stage
 def test_a_key_that_moved_twice_reads_as_its_name_now_in_an_override_and_a_file(caplog, tmp_path):
     """rl's rollout.episode.sampling.max_new_tokens was rollout.turn_tokens, and is episode.turn_tokens."""
     caplog.set_level(logging.WARNING)
-    old = load_config(RlConfig, None, ["rollout.episode.sampling.max_new_tokens=64"], overrides_from="rl")
-    assert old == load_config(RlConfig, None, ["episode.turn_tokens=64"])
+    old = load_config(RlConfig, None, ["episode.max_turns=2", "rollout.episode.sampling.max_new_tokens=64"],
+                      overrides_from="rl")
+    assert old == load_config(RlConfig, None, ["episode.max_turns=2", "episode.turn_tokens=64"])
     lines = [r.getMessage() for r in caplog.records if "old key names" in r.getMessage()]
     assert len(lines) == 1 and "rollout.episode.sampling.max_new_tokens -> episode.turn_tokens" in lines[0], lines
     path = tmp_path / "c.yaml"
-    path.write_text("rollout: {episode: {sampling: {max_new_tokens: 64}}}\n")
+    path.write_text("episode: {max_turns: 2}\nrollout: {episode: {sampling: {max_new_tokens: 64}}}\n")
     assert load_config(RlConfig, path) == old
 
 
 def test_a_block_given_under_its_old_and_new_name_merges_key_by_key(tmp_path):
     """rl's rollout.episode beside episode: different keys are one block, one key given twice is refused by name."""
     path = tmp_path / "c.yaml"
-    path.write_text("rollout: {episode: {max_solutions: 2}}\nepisode: {feedback: [tests]}\n")
+    path.write_text("rollout: {episode: {max_solutions: 2}}\nepisode: {max_turns: 2, feedback: [tests]}\n")
     cfg = load_config(RlConfig, path)
     assert (cfg.episode.max_solutions, cfg.episode.feedback) == (2, ["tests"])
     path.write_text("rollout: {episode: {max_solutions: 2}}\nepisode: {max_solutions: 3}\n")

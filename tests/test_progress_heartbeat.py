@@ -4,7 +4,10 @@ while one unit of work (a training step of minutes) runs: a heartbeat line, and 
 from __future__ import annotations
 
 import io
+import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -113,3 +116,34 @@ def test_a_failed_training_run_stops_its_heartbeat(tmp_path, monkeypatch, capsys
     assert not _beating()  # and the bar's heartbeat ended with the run
     time.sleep(0.6)
     assert capsys.readouterr().err == ""
+
+
+PIPED = """
+import logging, time
+from molrl.console import setup_logging, stage_bar
+setup_logging()
+logging.getLogger("molrl.piped").info("started")
+with stage_bar("collect", total=4):
+    time.sleep(2.0)  # one unit of work that outlasts several intervals
+"""
+
+STAMPED = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ")
+
+
+@pytest.mark.parametrize("env", [{}, {"FORCE_COLOR": "1"}, {"TTY_COMPATIBLE": "1"}],
+                         ids=["plain", "FORCE_COLOR", "TTY_COMPATIBLE"])
+def test_into_a_pipe_a_timestamped_progress_line_comes_every_interval(env):
+    """stdout and stderr both a pipe, read as the lines arrive: whatever asks rich for colour, progress is a
+    timestamped line every interval, written as it happens, not a bar's frames at the end."""
+    run_env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "MOLRL_PROGRESS_EVERY": "0.4", **env}
+    for name in {"FORCE_COLOR", "TTY_COMPATIBLE"} - set(env):
+        run_env.pop(name, None)
+    proc = subprocess.Popen([sys.executable, "-c", PIPED], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=run_env, text=True)
+    arrived = [(time.monotonic(), line.rstrip("\n")) for line in proc.stdout]
+    assert proc.wait() == 0
+    lines = [line for _, line in arrived]
+    assert not any("\x1b" in line for line in lines)  # before, under FORCE_COLOR: a bar's control codes, no line
+    assert any(STAMPED.match(line) and line.endswith(" INFO started") for line in lines)
+    beats = [at for at, line in arrived if STAMPED.match(line) and " collect 0/4 (0%)" in line]
+    assert len(beats) >= 4 and beats[-1] - beats[0] >= 1.0  # they came as the work ran, not all at its end

@@ -69,19 +69,23 @@ def made(tmp_path_factory, shared_data) -> dict[str, Path]:
 
 def _gguf_conversion(root: Path) -> Path:
     """``molrl export --gguf``'s folder, transformers' GGUF reader standing in for a tiny model (no gguf package)."""
+    return _converted(root / "model.Q4_1.gguf", root / "from_gguf")
+
+
+def _converted(gguf: Path, out: Path) -> Path:
+    """``out``: a GGUF file written at ``gguf`` and converted there by ``convert_gguf`` (the tiny model standing in)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from molrl.export import convert_gguf
     from molrl.tiny import build_tiny_pair
 
-    gguf = root / "model.Q4_1.gguf"
     gguf.write_bytes(b"GGUF" + bytes(range(200)))
     model, tok = build_tiny_pair("chatml")
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(sys.modules, "gguf", types.ModuleType("gguf"))
         patch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: model)
         patch.setattr(AutoTokenizer, "from_pretrained", lambda *a, **k: tok)
-        return convert_gguf(gguf, root / "from_gguf")
+        return convert_gguf(gguf, out)
 
 
 MAKERS = {
@@ -199,3 +203,99 @@ def test_a_run_made_before_records_were_inside_is_still_refused_by_id(tmp_path, 
     (run / LEGACY).write_text(json.dumps({"benchmarks": {"mbpp": {"test": ["11", "12"]}}}))
     error = _refused(shared_data, tmp_path, adapter=run / "adapter")
     assert "trained on 2 of the problems to score (mbpp: 2 of 3)" in error and error.startswith(str(run / LEGACY))
+
+
+def test_mol_on_wrapped_problems_is_refused_by_eval_as_traces_filter_leaves_them_out(shared_data, tmp_path,
+                                                                                     cli_logs, caplog):
+    """Four wrappings of HumanEval/0, none known to molrl: ``traces filter --exclude-benchmarks`` leaves all four out,
+    and eval refuses the adapter MoL trained on them (before: rc 0, HumanEval/0 scored)."""
+    with gzip.open(shared_data / HUMANEVAL, "rt") as handle:
+        prompt = json.loads(handle.readline())["prompt"]
+    wrapped = ["Solve this task.\n" + prompt, prompt + "\nExplain your answer.", "## Task\n\n" + prompt,
+               "Here is the problem:\n```python\n" + prompt + "\n```\nGood luck."]
+    rows = [{"messages": [{"role": "user", "content": text},
+                          {"role": "assistant", "content": "<execute>\nprint(1)\n</execute>"},
+                          {"role": "tool", "content": "Observation:\n1"},
+                          {"role": "assistant", "content": "<solution>\npass\n</solution>"}]} for text in wrapped]
+    (tmp_path / "raw.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    traces = tmp_path / "traces.jsonl"
+    assert main(["traces", "convert", "--from", "openai", str(tmp_path / "raw.jsonl"), str(traces)]) == 0
+    with caplog.at_level(logging.INFO):
+        assert main(["traces", "filter", str(traces), str(tmp_path / "kept.jsonl"), "--exclude-benchmarks",
+                     f"humaneval={shared_data / HUMANEVAL}"]) == 0
+    assert "left out 4 of 4 traces whose task is one eval scores (humaneval/test 4); 0 remain" in caplog.text
+    assert main(["mol", *MOL, "train.max_steps=1", f"data.traces=[{traces}]", f"output_dir={tmp_path / 'mol'}"]) == 0
+    caplog.clear()
+    assert main(["eval", "--adapter", str(tmp_path / "mol" / "adapter"), "--model", "tiny:chatml", "--benchmarks",
+                 "humaneval", "--data", f"humaneval={shared_data / HUMANEVAL}", "--limit", "1",
+                 "--out", str(tmp_path / "eval")]) == 1
+    assert "the model was trained on 1 of the problems to score (humaneval: 1 of 1)" in caplog.text
+    assert not (tmp_path / "eval").exists()
+
+
+def test_every_run_folder_names_the_stage_that_wrote_it(made, tmp_path):
+    from molrl.locks import folder_stages
+    from molrl.writes import STAGE
+
+    stages = {made["mol"]: "mol", made["full"]: "mol", made["rl"]: "rl", made["merged"]: "export"}
+    assert {folder: (folder / STAGE).read_text().strip() for folder in stages} == stages
+    for i, (folder, stage) in enumerate(stages.items()):  # and without that file, by what the run left (MADE_BEFORE)
+        before = Path(shutil.copytree(folder, tmp_path / str(i)))
+        (before / STAGE).unlink()
+        assert list(folder_stages(before)) == [stage]
+
+
+# --- the record through a checkpoint, a tar round trip and export --gguf --------------------------------------------
+
+def _cut_checkpoint(made: dict[str, Path], tmp_path: Path) -> list[tuple[Path, bool]]:
+    """The last checkpoint of a copy of the MoL run, its record cut off as a kill between the trainer's state file and
+    the record leaves it, after the run is re-run."""
+    run = Path(shutil.copytree(made["mol"], tmp_path / "mol"))
+    checkpoint = run / "checkpoints" / "checkpoint-2"
+    (checkpoint / PROVENANCE).unlink()
+    assert main(["mol", *MOL, f"data.traces=[{made['root'] / 'traces.jsonl'}]", f"output_dir={run}"]) == 0  # finished
+    return [(checkpoint, False)]  # before: no record in it, and eval scored the problems it trained on
+
+
+def _tar_round_trip(made: dict[str, Path], tmp_path: Path) -> list[tuple[Path, bool]]:
+    """Every kind of weights folder packed with tar and unpacked elsewhere."""
+    import tarfile
+
+    unpacked = []
+    for kind in sorted(ARTIFACTS):
+        for i, folder in enumerate(MAKERS[kind](made)):
+            archive = tmp_path / f"{kind}-{i}.tar.gz"
+            with tarfile.open(archive, "w:gz") as tar:
+                tar.add(folder, arcname=folder.name)
+            with tarfile.open(archive) as tar:
+                tar.extractall(tmp_path / f"{kind}-{i}", filter="data")
+            copy = tmp_path / f"{kind}-{i}" / folder.name
+            assert read_provenance(copy).to_json() == read_provenance(folder).to_json()
+            if kind != "gguf":  # a conversion of a GGUF that came with no record trained on nothing molrl knows
+                unpacked.append((copy, kind in ("model", "merged")))
+    return unpacked
+
+
+def _gguf_beside_its_record(made: dict[str, Path], tmp_path: Path) -> list[tuple[Path, bool]]:
+    """A GGUF file of the merged export, written into its folder as llama.cpp's converter does, converted back."""
+    from molrl.provenance import config_fingerprint
+
+    merged = Path(shutil.copytree(made["merged"], tmp_path / "merged"))
+    gguf = merged / "merged-F16.gguf"
+    out = _converted(gguf, tmp_path / "from_gguf")
+    record = read_provenance(out)
+    assert [step["stage"] for step in record.lineage] == ["mol", "export", "gguf"]  # before: ["gguf"] alone
+    assert record.lineage[-1]["config"] == config_fingerprint({"gguf": fingerprint(gguf), "dtype": "float32"})
+    return [(out, True)]
+
+
+ROUTES = {"a checkpoint whose record a kill cut off": _cut_checkpoint, "a tar round trip": _tar_round_trip,
+          "export --gguf of a GGUF beside its record": _gguf_beside_its_record}
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_the_record_survives_and_eval_refuses_what_the_weights_trained_on(route, made, shared_data, tmp_path,
+                                                                          cli_logs):
+    for folder, as_model in ROUTES[route](made, tmp_path):
+        error = _refused(shared_data, tmp_path, **({"model": str(folder)} if as_model else {"adapter": folder}))
+        assert REFUSED in error and error.startswith(f"{folder}"), folder

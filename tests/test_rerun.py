@@ -253,6 +253,10 @@ TRAINING_VARIANTS = {
 }
 """A value other than the finished run's for every key a re-run of mol or rl may change (``train.resume``'s only other
 value, ``never``, is the request to start over in the same folder)."""
+IDLE_IN_THE_FINISHED_RUN = {"engine_server_url": "engine_server_url='http://elsewhere:8000' does nothing with "
+                                                 "engine=auto engine_mode=colocate"}
+"""Variants the finished tiny run (engine_mode=colocate) leaves idle: refused as the config loads
+(``molrl.config_idle``), before the run folder is touched."""
 RL_REFUSED = {"engine": ("vllm", "'auto', now 'vllm'"), "engine_mode": ("server", "'colocate', now 'server'"),
               "engine_gpu_memory_utilization": ("0.5", "0.3, now 0.5")}
 """The keys harmless to rl only under greedy decoding, which rl never samples with (``molrl.rerun.GREEDY_ONLY``)."""
@@ -275,8 +279,11 @@ def test_a_finished_training_run_rerun_changes_no_file(finished_mol, finished_rl
     run = copy_of(finished_mol if stage == "mol" else finished_rl, tmp_path)
     before = snapshot(run)
     caplog.set_level(logging.INFO)
-    assert main([stage, *(MOL_TINY if stage == "mol" else GRPO_TINY), f"output_dir={run}", *TRAINING_VARIANTS[key]]) == 0
-    assert any(m.startswith(f"{run}: finished (step 2 of 2") for m in caplog.messages)
+    code = main([stage, *(MOL_TINY if stage == "mol" else GRPO_TINY), f"output_dir={run}", *TRAINING_VARIANTS[key]])
+    if key in IDLE_IN_THE_FINISHED_RUN:
+        assert code == 1 and any(IDLE_IN_THE_FINISHED_RUN[key] in m for m in messages(caplog, logging.ERROR))
+    else:
+        assert code == 0 and any(m.startswith(f"{run}: finished (step 2 of 2") for m in caplog.messages)
     assert snapshot(run) == before
 
 

@@ -77,12 +77,14 @@ def test_the_engine_asked_for_where_a_rollout_cannot_use_it_is_refused_in_one_li
 
 
 # the metric and the stop rule, in closed form
-def test_the_engine_gap_is_the_mean_absolute_difference_over_known_sampled_tokens():
+def test_the_engine_gap_is_the_mean_absolute_difference_over_sampled_tokens_and_unknown_without_an_engine_logp():
     trainer = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.5, -9.0]])
-    engine = torch.tensor([[-1.5, -2.0, math.nan], [-0.25, -1.5, -1.0]])
-    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    engine = torch.tensor([[-1.5, -2.0, math.nan], [-0.25, -1.5, -1.0]])  # NaN: a token the engine did not sample
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0]])
     assert engine_logp_gap(trainer, engine, mask) == pytest.approx((0.5 + 0.0 + 0.25 + 1.0) / 4)
     assert engine_logp_gap(trainer, engine, torch.zeros_like(mask)) == 0.0
+    mask[0, 2] = 1  # a sampled token whose engine log-prob is NaN: the gap is unknown, never a mean over the rest
+    assert math.isnan(engine_logp_gap(trainer, engine, mask))
 
 
 def test_a_turn_ends_at_eos_or_at_the_token_completing_a_stop_string():

@@ -11,8 +11,10 @@ import torch
 from molrl.errors import MolrlError
 from molrl.rl.mismatch import (
     CANARY_APART,
+    Mismatch,
     MismatchGate,
     MismatchSums,
+    canary_message,
     canary_verdict,
     means,
     step_sums,
@@ -21,11 +23,12 @@ from molrl.rl.mismatch import (
 LN2 = math.log(2.0)
 
 
-def test_k3_gap_and_ess_over_known_sampled_tokens():
-    # log r = log p_trainer - log p_engine: row 0: ln 2, 0, (NaN: unknown); row 1: -ln 2, (masked out)
+def test_k3_gap_and_ess_over_the_sampled_tokens():
+    # log r = log p_trainer - log p_engine: row 0: ln 2, 0, (masked out: NaN, not sampled by the engine); row 1:
+    # -ln 2, (masked out)
     trainer = torch.tensor([[LN2 - 1.0, -2.0, -3.0], [-LN2 - 0.5, -9.0, 0.0]])
     engine = torch.tensor([[-1.0, -2.0, math.nan], [-0.5, -1.0, 0.0]])
-    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     step = means(step_sums(trainer, engine, mask))
     # r = 2, 1, 1/2 over n = 3 tokens; k3 = r - 1 - ln r: (1 - ln 2) + 0 + (-1/2 + ln 2) = 1/2
     assert step.kl == pytest.approx(0.5 / 3)
@@ -40,9 +43,26 @@ def test_equal_log_probs_give_zero_mismatch_and_full_ess():
     assert (step.kl, step.gap, step.ess) == (0.0, 0.0, 1.0)
 
 
-def test_a_step_without_known_tokens_reads_as_no_mismatch():
-    step = means(step_sums(torch.zeros(1, 2), torch.full((1, 2), math.nan), torch.ones(1, 2)))
+def test_a_step_without_sampled_tokens_reads_as_no_mismatch():
+    step = means(step_sums(torch.zeros(1, 2), torch.full((1, 2), math.nan), torch.zeros(1, 2)))
     assert (step.kl, step.gap, step.ess) == (0.0, 0.0, 1.0)
+
+
+UNUSABLE = {"nan": math.nan, "minus_infinity": -math.inf, "plus_infinity": math.inf}
+
+
+@pytest.mark.parametrize("value", UNUSABLE.values(), ids=UNUSABLE.keys())
+@pytest.mark.parametrize("unusable_tokens", [1, 3])
+def test_a_sampled_token_without_a_usable_engine_logp_makes_the_step_unknown_not_zero(value, unusable_tokens):
+    # three sampled tokens whose trainer and engine log-probs agree, then the engine's last 1 (or all 3) unusable
+    trainer = torch.full((1, 3), -1.0)
+    engine = trainer.clone()
+    engine[0, 3 - unusable_tokens:] = value
+    sums = step_sums(trainer, engine, torch.ones(1, 3))
+    assert (sums.tokens, sums.unusable) == (3 - unusable_tokens, unusable_tokens)
+    step = means(MismatchSums.of_tensor(sums.as_tensor()))  # as the reduce over processes hands it back
+    assert math.isnan(step.kl) and math.isnan(step.gap) and math.isnan(step.ess)
+    assert (step.tokens, step.unusable) == (3 - unusable_tokens, unusable_tokens)
 
 
 def test_the_step_mean_is_over_all_its_tokens_not_a_mean_of_batch_means():
@@ -68,9 +88,9 @@ def trainer_state(should_log: bool) -> tuple:
 
 def test_the_gate_stops_after_the_step_that_passes_it_naming_value_limit_and_causes():
     gate = MismatchGate(0.05)
-    gate.observe(2, 0.049)
+    gate.observe(2, Mismatch(0.049, 0.1, 0.9, tokens=8))
     gate.on_log(*trainer_state(True))  # at the limit or under it: the run goes on
-    gate.observe(3, 0.2)
+    gate.observe(3, Mismatch(0.2, 0.3, 0.8, tokens=8))
     gate.on_step_end(*trainer_state(True))  # the step logs: its metrics line is written before the stop
     with pytest.raises(MolrlError, match=r"step 3: rollout/mismatch_kl=0.2 passed rollout.max_mismatch_kl=0.05.*"
                                          r"stale adapter.*dtype.*sampling settings"):
@@ -79,10 +99,33 @@ def test_the_gate_stops_after_the_step_that_passes_it_naming_value_limit_and_cau
         gate.on_step_end(*trainer_state(False))
 
 
-def test_a_gate_of_zero_never_stops():
+def test_a_gate_of_zero_never_stops_on_a_finite_mismatch():
     gate = MismatchGate(0.0)
-    gate.observe(1, 50.0)
+    gate.observe(1, Mismatch(50.0, 5.0, 0.1, tokens=8))
     gate.on_log(*trainer_state(True))
+
+
+@pytest.mark.parametrize("limit", [0.0, 0.05])
+@pytest.mark.parametrize("value", UNUSABLE.values(), ids=UNUSABLE.keys())
+def test_the_gate_stops_on_a_step_with_sampled_tokens_and_no_usable_engine_logp_whatever_its_limit(limit, value):
+    step = means(step_sums(torch.full((1, 4), -1.0), torch.full((1, 4), value), torch.ones(1, 4)))
+    gate = MismatchGate(limit)
+    gate.observe(2, step)
+    with pytest.raises(MolrlError, match=r"step 2: rollout/mismatch_kl is unknown: 4 of the step's 4 sampled tokens "
+                                         r"have no usable engine log-prob \(NaN or infinite\).*resume") as err:
+        gate.on_log(*trainer_state(True))
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("limit", [0.0, 0.05])
+def test_the_gate_stops_on_an_infinite_mismatch_of_usable_logps_whatever_its_limit(limit):
+    # the trainer gives a token the engine sampled probability 0: r = 0, k3 = r - 1 - log r = inf
+    step = means(step_sums(torch.tensor([[-math.inf]]), torch.tensor([[-1.0]]), torch.ones(1, 1)))
+    assert step.kl == math.inf
+    gate = MismatchGate(limit)
+    gate.observe(1, step)
+    with pytest.raises(MolrlError, match=r"step 1: rollout/mismatch_kl=inf is not finite"):
+        gate.on_step_end(*trainer_state(False))
 
 
 def test_the_canary_waits_while_the_adapter_is_its_base():
@@ -109,3 +152,14 @@ def test_the_canary_passes_an_engine_on_the_adapter_and_holds_off_when_noise_riv
     assert not noisy.decided  # the adapter moved 0.05: less than 4x the engine's distance to either
     small = canary_verdict(base + CANARY_APART / 10, base + CANARY_APART / 2, base)
     assert not small.decided  # below CANARY_APART nothing is judged
+
+
+@pytest.mark.parametrize("value", UNUSABLE.values(), ids=UNUSABLE.keys())
+def test_the_canary_fails_an_engine_whose_sampled_logps_are_unusable_even_while_the_adapter_is_its_base(value):
+    # the adapter has not moved (the canary could not yet judge where the engine samples from), yet one of the
+    # engine's log-probs is unusable: decided, and failed
+    same = torch.tensor([-1.0, -2.0, -0.5])
+    verdict = canary_verdict(torch.tensor([-1.0, value, -0.5]), same, same.clone())
+    assert verdict.decided and verdict.failed and not verdict.on_base and verdict.unusable == 1
+    message = canary_message(1, verdict)
+    assert message.startswith("step 1: the engine's log-probs are unusable: 1 of the tokens") and "\n" not in message

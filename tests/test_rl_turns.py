@@ -218,7 +218,7 @@ def test_multi_turn_settings_it_cannot_honour_are_refused(tmp_path):
         cfg = RlConfig()
         cfg.episode.max_turns, cfg.rollout.partial = 2, True
         cfg.__post_init__()
-    with pytest.raises(ValueError, match="no feedback tokens"):
+    with pytest.raises(ValueError, match="loss.ce_weight=0.05 does nothing with episode.max_turns=1"):
         cfg = RlConfig()
         cfg.loss.ce_weight = 0.05
         cfg.__post_init__()

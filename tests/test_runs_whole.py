@@ -93,8 +93,10 @@ def test_finding4_a_torn_rl_adapter_is_rebuilt_from_the_last_checkpoint(tmp_path
 
 
 RL_TINY = ["--config", str(REPO / "configs" / "rl_tiny.yaml"), "train.max_steps=2", "sampling.max_new_tokens=4"]
-POINTS = {"mol": (MOL_TINY, ["adapter", "config.yaml", "inputs.json", "data_stats.json", "molrl_provenance.json"]),
-          "rl": (RL_TINY, ["adapter", "config.yaml", "inputs.json", "data_summary.json", "molrl_provenance.json"])}
+POINTS = {"mol": (MOL_TINY, ["adapter", "config.yaml", "inputs.json", "data_stats.json", "molrl_provenance.json",
+                             ".molrl_stage"]),
+          "rl": (RL_TINY, ["adapter", "config.yaml", "inputs.json", "data_summary.json", "molrl_provenance.json",
+                           ".molrl_stage"])}
 """Per training stage, its tiny run's arguments and every file or folder it writes for good."""
 
 
@@ -159,7 +161,7 @@ def test_an_eval_killed_at_each_write_point_reruns_to_the_same_result(tmp_path):
     straight = tmp_path / "straight"
     assert _eval(tmp_path, straight).returncode == 0
     points = [p.name for p in straight.iterdir() if p.is_file() and p.name != ".lock"]
-    assert sorted(points) == ["config.yaml", "inputs.json", "results.json", "results.md"]
+    assert sorted(points) == [".molrl_stage", "config.yaml", "inputs.json", "results.json", "results.md"]
     for point in points:
         run = tmp_path / point
         assert _eval(tmp_path, run, kill_at=point).returncode == -signal.SIGKILL
@@ -171,7 +173,7 @@ def test_an_eval_killed_at_each_write_point_reruns_to_the_same_result(tmp_path):
 
 HOLDER = """
 import sys, time
-from molrl.writes import folder_lock
+from molrl.locks import folder_lock
 with folder_lock(sys.argv[1], "use another output"):
     print("held", flush=True)
     time.sleep(120)

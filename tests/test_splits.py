@@ -141,3 +141,51 @@ def test_mol_records_the_benchmark_tasks_its_traces_were_collected_on(tmp_path):
 
     write_provenance(tmp_path / "mol", provenance(MolConfig(), stats))
     assert [(t.split, t.id) for t in read_provenance(tmp_path / "mol").tasks] == [("test", "11"), ("train", "601")]
+
+
+def _trace(meta: dict):
+    from molrl.traces.schema import Trace
+
+    return Trace([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
+                  {"role": "tool", "content": "f"}, {"role": "assistant", "content": "b"}], meta)
+
+
+TRACES = [  # (meta, the benchmark whose test task the trace is on, or None)
+    ({"source": "mint", "dataset": "mbpp", "task_id": 0}, "mbpp"),  # MINT's MBPP problems: MBPP test tasks
+    ({"source": "mint", "dataset": "humaneval", "task_id": 3}, "humaneval"),
+    ({"source": "mint", "dataset": "math", "task_id": 5}, None),  # only the MATH-500 file tells which are MATH-500's
+    ({"source": "mint", "dataset": "mbpp", "kind": "general"}, None),  # replay data trains no task
+    ({"benchmark_task": {"benchmark": "math500", "split": "test", "id": "x", "key": "k"}}, "math500"),  # tagged
+    ({"benchmark_task": {"benchmark": "mbpp", "split": "train", "id": "601", "key": "k"}}, None),
+    ({"source": "mint", "dataset": "mbpp", "benchmark_task": {"benchmark": "mbpp", "split": "validation", "id": "520",
+                                                              "key": "k"}}, None),  # the tag decides, not the source
+    ({"benchmark": "mbpp", "task_id": "11", "task_split": "test"}, "mbpp"),  # molrl collect's own fields
+    ({"source": "openai"}, None),
+]
+
+
+@pytest.mark.parametrize("meta, benchmark", TRACES)
+def test_a_trace_is_on_a_test_task_by_its_tag_else_by_its_sources_known_set(meta, benchmark):
+    from molrl.tasks.eval_overlap import trace_test_overlap
+
+    assert trace_test_overlap([_trace(meta)]) == ({benchmark: 1} if benchmark else {})
+
+
+def test_mol_says_at_start_how_many_traces_are_on_test_tasks(tmp_path, caplog):
+    from molrl.mol.data import load_examples
+    from molrl.tiny import build_tiny_tokenizer
+
+    path = tmp_path / "traces.jsonl"
+    path.write_text("".join(json.dumps(_trace(meta).to_dict()) + "\n" for meta, _ in TRACES))
+    with caplog.at_level(logging.WARNING, logger="molrl.mol.data"):
+        load_examples([str(path)], build_tiny_tokenizer("chatml"), 256)
+    assert [r.getMessage() for r in caplog.records] == [
+        "data.traces: 4 of the 9 traces are on tasks of an eval test split (1 on humaneval's, 1 on math500's, 2 on "
+        "mbpp's test tasks); molrl eval will refuse to score them with an adapter trained on them; leave them out "
+        "with data.exclude_benchmarks={humaneval: FILE, math500: FILE, mbpp: FILE} (the files eval scores) or "
+        "`molrl traces filter --exclude-benchmarks`"]
+    caplog.clear()
+    path.write_text(json.dumps(_trace({"source": "openai"}).to_dict()) + "\n")
+    with caplog.at_level(logging.WARNING, logger="molrl.mol.data"):
+        load_examples([str(path)], build_tiny_tokenizer("chatml"), 256)
+    assert caplog.records == []

@@ -4,6 +4,8 @@ that recognises MINT's, molrl's and unknown wrappers."""
 from __future__ import annotations
 
 import json
+import sys
+import unicodedata
 from collections import Counter
 from pathlib import Path
 
@@ -132,3 +134,86 @@ def test_every_real_mint_trace_keys_like_its_benchmark_task_without_an_index(sha
     files = len(list((shared_data / "traces/mint").glob("*__mbpp.jsonl")))
     assert found == {("mbpp", True): 91 * files, ("humaneval", True): 45 * files, ("math", True): 7 * files,
                      ("math", False): 93 * files}
+
+
+FORMAT_CHARACTERS = [c for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Cf"]
+
+
+def test_every_format_character_is_folded_out_of_the_normalised_text():
+    plain = content_key("Find the sum of x.")
+    assert len(FORMAT_CHARACTERS) > 150  # U+00AD, U+200B-U+200F, U+2060-U+2064, U+FEFF, U+E0001, ...
+    assert all(content_key(f"Find the{chr(c)} sum of x{chr(c)}.") == plain for c in FORMAT_CHARACTERS)
+
+
+def test_zero_width_spaces_inside_code_keep_its_key(shared_data):
+    from molrl.tasks.loaders import load_tasks
+
+    task = load_tasks(shared_data / BENCHMARKS["humaneval"], "humaneval")[0]
+    hidden = task.prompt.replace("def ", "def \u200b").replace("List", "Li\u2060st\ufeff")
+    assert problem_parts(hidden).key == task_content_key(task)  # before: the code no longer parsed, another key
+
+
+def _two() -> BenchmarkIndex:
+    """MBPP 16 (test) and a task of the train split, 700, whose statement holds 16's statement whole."""
+    train = Task(id="700", prompt=mbpp_prompt(MBPP_TEXT + " Then count them.", MBPP_TESTS), kind="code",
+                 entry_point="text_lowercase_underscore", split="train", meta={"source": "mbpp"})
+    return BenchmarkIndex({"mbpp": [_mbpp(), train]})
+
+
+def test_find_takes_the_tag_then_the_key_then_the_text():
+    index, key16 = _two(), task_content_key(_mbpp())
+    wrapped = f"please. {MBPP_TEXT.lower()} then count them. {MBPP_TESTS[1].lower()}"
+    assert [m.id for m in index.find([{"benchmark": "mbpp", "id": "700"}], [key16], [wrapped])] == ["700"]
+    assert [m.id for m in index.find([{"benchmark": "gsm8k", "id": "700"}], [key16], [wrapped])] == ["16"]
+    assert [m.id for m in index.find(keys=["0" * 16], texts=[wrapped])] == ["700", "16"]  # every one, longest first
+    assert index.find(keys=["0" * 16], texts=["please. write a function"]) == []
+
+
+def test_a_trace_s_tag_decides_over_its_content():
+    other = [{"role": "user", "content": "Reverse a string."}]
+    tag = {"benchmark": "mbpp", "split": "test", "id": "16", "key": content_key("reverse a string")}
+    assert _two().match_trace(other, {BENCHMARK_TASK: tag}).id == "16"
+    assert _two().match_trace(other, {"benchmark": "mbpp", "task_id": 16}).id == "16"  # collect's fields
+    assert _two().match_trace(other, {}) is None
+
+
+@pytest.mark.parametrize("meta,tag", [
+    ({BENCHMARK_TASK: {"benchmark": "humaneval", "split": "test", "id": "HumanEval/0", "key": None}},
+     {"benchmark": "humaneval", "split": "test", "id": "HumanEval/0", "key": None}),
+    ({"benchmark": "mbpp", "task_id": 16}, {"benchmark": "mbpp", "split": None, "id": "16", "key": None}),
+    ({"benchmark": "mbpp", "task_id": "700", "task_split": "train"},
+     {"benchmark": "mbpp", "split": "train", "id": "700", "key": None}),
+    ({"source": "mint", "task_id": 3}, None),  # MINT's own ids name no benchmark
+    ({"benchmark": None, "task_id": "x"}, None),  # collect on a file of one's own
+    ({"benchmark": "toy", "task_id": "f/3"}, None),  # no split: a benchmark of nobody's
+    ({"benchmark": "gsm8k", "task_id": 5, "task_split": "test"},
+     {"benchmark": "gsm8k", "split": "test", "id": "5", "key": None}),
+    ({BENCHMARK_TASK: "mbpp/16"}, None),
+], ids=["benchmark_task", "collect", "collect with split", "mint", "own file", "toy", "gsm8k", "not a record"])
+def test_trace_tag_reads_the_benchmark_a_trace_names(meta, tag):
+    from molrl.tasks.index import trace_tag
+
+    assert trace_tag(meta) == tag
+
+
+KNOWN = {"as given", "wrapped", "zero-width spaces", "all tests shown", "another assert shown"}
+"""The perturbations of benchmarks/matcher_paraphrase.py the rule follows (docs/splits.md's table)."""
+
+
+@pytest.mark.parametrize("benchmark,task_id", [("mbpp", "16"), ("humaneval", "HumanEval/0")])
+def test_the_paraphrase_limit_is_the_one_docs_splits_states(shared_data, benchmark, task_id):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import matcher_paraphrase
+
+    index = BenchmarkIndex.from_files({"mbpp": shared_data / BENCHMARKS["mbpp"],
+                                       "humaneval": shared_data / BENCHMARKS["humaneval"]})
+    kinds = {}
+    for name, found_id, kind, text in matcher_paraphrase.corpus(shared_data):
+        if (name, found_id) == (benchmark, task_id):
+            dropped, refused = matcher_paraphrase.verdicts(index, text)
+            assert (dropped in refused) if dropped else not refused, kind  # exclusion and eval agree
+            kinds[kind] = dropped == (benchmark, task_id)
+    expected = {kind for kind in kinds if kind in KNOWN}
+    assert {kind for kind, known in kinds.items() if known} == expected
+    assert set(kinds) - KNOWN == ({"renamed function", "first word changed", "dropped import line"}
+                                  if benchmark == "humaneval" else {"renamed function", "first word changed"})

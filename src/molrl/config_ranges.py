@@ -75,12 +75,12 @@ class Creatable:
         path = Path(path).expanduser()
         if path.exists() and not path.is_dir():
             return "it exists and is not a directory"
-        for parent in path.absolute().parents:
-            if parent.exists():
-                if not parent.is_dir():
-                    return f"{parent} is not a directory"
-                if not os.access(parent, os.W_OK | os.X_OK):
-                    return f"{parent} is not writable"
+        for folder in (path.absolute(), *path.absolute().parents):  # the folder, or the nearest one it is made in
+            if folder.exists():
+                if not folder.is_dir():
+                    return f"{folder} is not a directory"
+                if not os.access(folder, os.W_OK | os.X_OK):
+                    return f"{folder} is not writable by this user: make it writable, or choose another"
                 return None
         return None
 

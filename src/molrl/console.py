@@ -9,9 +9,9 @@ is held back unless ``-v`` asks for detail: then the bars stay and every raw log
 printed as a debug line.
 A Trainer's bar is ``molrl.trainer_progress``'s (it needs transformers; this module does not).
 
-When the output is not a terminal (a log file, a pipe, a batch job), a bar would show only its last
-frame, and rich would cut lines at 80 columns. There, log lines are plain and timestamped, and every
-bar becomes a timestamped progress line at its start, every ``MOLRL_PROGRESS_EVERY`` seconds
+When the output is not a terminal (a log file, a pipe, a batch job; ``live_terminal``, whatever ``FORCE_COLOR``
+says), a bar would show only its last frame, and rich would cut lines at 80 columns. There, log lines are plain and
+timestamped, and every bar becomes a timestamped progress line at its start, every ``MOLRL_PROGRESS_EVERY`` seconds
 (default 30) while it runs, and at its end, at full width (``PlainProgress``). A unit of work that takes
 longer (a training step of minutes) is never silent for longer either: a heartbeat thread writes the bar's
 line again, its elapsed time moved on, whenever none was written for that long.
@@ -72,7 +72,7 @@ def setup_logging(verbose: bool = False) -> None:
     from rich.logging import RichHandler
 
     _state["verbose"] = verbose
-    if CONSOLE.is_terminal:
+    if live_terminal():
         handler: logging.Handler = RichHandler(console=CONSOLE, rich_tracebacks=False, show_path=False)
     else:  # a file or a pipe: whole lines, each with its date and time
         handler = CurrentStderrHandler()
@@ -100,6 +100,17 @@ def setup_logging(verbose: bool = False) -> None:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
+def live_terminal() -> bool:
+    """Whether the console writes to a terminal that a live bar redraws in place: rich's judgement and the stream's own
+    ``isatty``. ``FORCE_COLOR`` or ``TTY_COMPATIBLE=1`` make rich take a pipe or a file for a terminal (they ask for
+    colour); a bar drawn there leaves only its frames, with no line for as long as a step runs."""
+    isatty = getattr(CONSOLE.file, "isatty", None)
+    try:
+        return CONSOLE.is_terminal and bool(isatty and isatty())
+    except ValueError:  # a closed stream (the end of a test run)
+        return False
+
+
 def verbose() -> bool:
     """Whether ``-v`` asked for detail."""
     return _state["verbose"]
@@ -122,7 +133,7 @@ def figures_text(figures: Mapping[str, str], values: Mapping[str, Any]) -> str:
 def new_progress() -> "Progress | PlainProgress":
     """A progress display on the shared console: name, bar, n/N, live figures, elapsed < remaining; plain
     timestamped lines instead when the console is not a terminal."""
-    if not CONSOLE.is_terminal:
+    if not live_terminal():
         return PlainProgress(CONSOLE.file)
     return _TickingProgress(
         TextColumn("[bold]{task.description}"), BarColumn(bar_width=16), MofNCompleteColumn(),

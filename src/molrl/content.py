@@ -17,6 +17,8 @@ characters are encoded one by one instead, so the guarantee holds for any vocabu
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import weakref
 from typing import Any
@@ -130,13 +132,22 @@ def encode_rendering(
 
 def _forged(tokenizer: Any, ids: list[int], offsets: list[tuple[int, int]], content: list[tuple[int, int]]
             ) -> list[tuple[int, int]]:
-    """The content ranges that a control token of the encoding overlaps, in order."""
+    """The content ranges that a control token of the encoding overlaps, in order.
+
+    Token offsets run left to right, so the control tokens starting before a range's end are a prefix of them, and
+    the range is hit when the furthest end among that prefix passes its start: a search per range, never a scan."""
     control = control_ids(tokenizer)
     hits = [offsets[t] for t, token in enumerate(ids) if token in control]
     if not hits:
         return []
-    return [(c_start, c_end) for c_start, c_end in content
-            if any(s < c_end and e > c_start for s, e in hits)]
+    starts = [s for s, _ in hits]
+    reach = list(itertools.accumulate((e for _, e in hits), max))  # reach[k]: the furthest end of hits[:k + 1]
+    forged = []
+    for c_start, c_end in content:
+        before = bisect.bisect_left(starts, c_end)  # hits[:before] start before the range ends
+        if before and reach[before - 1] > c_start:
+            forged.append((c_start, c_end))
+    return forged
 
 
 def _encode_prefix(encode: Any, tokenizer: Any, text: str, needed: int | None

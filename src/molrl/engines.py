@@ -15,8 +15,9 @@ import logging
 import platform
 from urllib.parse import urlsplit
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Any, Literal, Sequence
 
+from molrl.config_idle import name_idle_after_choice
 from molrl.errors import ConfigError, MolrlError
 
 log = logging.getLogger(__name__)
@@ -40,8 +41,12 @@ class EngineChoice:
     name: Literal["vllm", "vllm_server", "transformers"]
     reason: str
 
-    def log(self, stage: str) -> None:
+    def log(self, stage: str, cfg: Any = None) -> None:
+        """One line naming the engine and why; with the stage's config ``cfg``, one more naming the keys an
+        engine=auto config sets that this choice leaves idle (``molrl.config_idle``)."""
         log.info("%s: generation engine %s (%s)", stage, self.name, self.reason)
+        if cfg is not None:
+            name_idle_after_choice(cfg, stage, self.name, self.reason)
 
 
 def vllm_installed() -> bool:
@@ -83,13 +88,11 @@ def choose_engine(requested: str, model: str | None, work_tokens: int, *, instal
 
 
 def check_engine_servers(engine: str, servers: Sequence[str]) -> None:
-    """``engine_servers`` is given (a list of http://HOST:PORT) exactly when ``engine`` is vllm_server."""
+    """``engine=vllm_server`` has ``engine_servers`` (a list of http://HOST:PORT, each once); servers given to another
+    engine are refused with every key set where it cannot act (``molrl.config_idle``)."""
     if engine == "vllm_server" and not servers:
         raise ConfigError("engine=vllm_server needs engine_servers: [http://HOST:PORT, ...], the vLLM servers to "
                          "generate on (start each with molrl serve --model MODEL --port PORT)")
-    if engine != "vllm_server" and servers:
-        raise ConfigError(f"engine_servers={list(servers)} is read only with engine=vllm_server (engine={engine}): "
-                         "set engine=vllm_server, or leave engine_servers out")
     if len(set(servers)) != len(servers):
         raise ConfigError(f"engine_servers={list(servers)} names a server twice; list each once")
     for url in servers:

@@ -1,16 +1,20 @@
 """Plain transformers directories: a trained LoRA adapter merged into its base, or a GGUF file dequantised; each
-carries its provenance record inside (``molrl.provenance``: the adapter's and base's lineage, one step added)."""
+carries its provenance record inside (``molrl.provenance``: the adapter's and base's lineage, or the record beside the
+GGUF file, one step added)."""
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 from molrl.errors import MolrlError
 from molrl.fingerprint import fingerprint
-from molrl.provenance import config_fingerprint, made, read_provenance, write_provenance
+from molrl.provenance import Provenance, config_fingerprint, made, read_provenance, write_provenance
 from molrl.writes import write_folder
+
+log = logging.getLogger(__name__)
 
 
 def merge_adapter(adapter: str | Path, out: str | Path, base: str | None = None, dtype: str = "float32") -> Path:
@@ -89,9 +93,20 @@ def convert_gguf(gguf: str | Path, out: str | Path, dtype: str = "float32") -> P
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    record = made("gguf", config_fingerprint({"gguf": fingerprint(gguf), "dtype": dtype}), str(gguf))
+    record = gguf_record(gguf, dtype)
     with write_folder(out) as folder:  # whole, or not there at all
         model.save_pretrained(str(folder))
         tokenizer.save_pretrained(str(folder))
-        write_provenance(folder, record)  # its base: the GGUF file, trained on nothing molrl knows
+        write_provenance(folder, record)
     return out
+
+
+def gguf_record(gguf: Path, dtype: str) -> Provenance:
+    """The record of a GGUF file's conversion: a ``gguf`` step whose config fingerprint holds the file's contents'
+    fingerprint and the dtype, continuing the record of the folder the file lies in (llama.cpp's converter writes the
+    GGUF file into the model folder it converts, where molrl's record already is), else with the file as its base
+    (trained on nothing molrl knows)."""
+    source = read_provenance(gguf.parent)
+    if source is not None:
+        log.info("%s: converted with the record of the folder it lies in (%s)", gguf, source.where)
+    return made("gguf", config_fingerprint({"gguf": fingerprint(gguf), "dtype": dtype}), str(gguf), [source])

@@ -45,7 +45,7 @@ def _file_digest(file: Path) -> bytes:
     return digest.digest()
 
 
-_HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+_HUB_NAME = re.compile(r"(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*")  # org/name, or a bare name (gpt2)
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class HubSnapshot:
 
 
 def hub_snapshot(name: str, revision: str = "main") -> HubSnapshot | None:
-    """The cached snapshot the hub name ``name`` (``org/name``) loads, found offline in the hub cache
+    """The cached snapshot the hub name ``name`` (``org/name``, or a bare name) loads, found offline in the hub cache
     (``huggingface_hub.snapshot_download`` with ``local_files_only``): the commit ``REVISION`` names and its folder;
     None for a local path, an uncached name or a broken ref."""
     if not _HUB_NAME.fullmatch(name) or Path(name).expanduser().exists():

@@ -5,7 +5,8 @@ Each key of ``molrl.run_inputs.INPUTS`` (and the pipeline's ``model`` and ``trac
 ``check_inputs`` refuses, in one line naming the key and the path, one that is not there: the CLI runs it as soon as the
 config is read, before torch is imported, so a mistyped path costs a fraction of a second, not a model's loading time.
 A name shaped like a hub name is left to the loader (``molrl.models.check_model_folder``), which looks in the local hub
-cache.
+cache; except eval's model, whose record of what it trained on is read from its files before it is scored: a name that
+is neither a folder nor in the hub cache is refused at once (``model_folder``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from molrl.config import to_dict
 from molrl.errors import ConfigError
+from molrl.fingerprint import hub_snapshot
 from molrl.run_inputs import flat_config, input_values
 
 PIPELINE_INPUTS = ("model", "traces", "general_traces")
@@ -40,6 +42,31 @@ def check_inputs(stage: str, cfg: Any) -> None:
         what = "model folder" if label in MODEL_KEYS else "folder" if label.endswith("adapter") else "file"
         hint = " (a hub model is named like Qwen/Qwen3-8B)" if label in MODEL_KEYS else ""
         raise ConfigError(f"{label}={text}: no such {what}; check the path{hint}")
+    model = getattr(getattr(cfg, "model", None), "path", None)
+    if stage == "eval" and model and not str(model).startswith("tiny:") and (cfg.model.adapter or not cfg.predictions):
+        model_folder(str(model))  # what it trained on is read from its files (molrl.provenance.check_scored)
+
+
+def model_folder(name: str) -> Path | None:
+    """Where the files of model ``name`` lie: the folder or file it names, or the snapshot of the hub cache a hub name
+    loads (``molrl.fingerprint.hub_snapshot``, as its fingerprint is taken); None for a path that is not there (the
+    input check or the loader names it). A hub-shaped name that is neither is refused in one line: what it trained on
+    (its ``molrl_provenance.json``) could not be read."""
+    path = Path(name).expanduser()
+    if path.exists():
+        return path
+    snapshot = hub_snapshot(name)
+    if snapshot is not None:
+        return snapshot.folder
+    if looks_like_path(name):
+        return None
+    if path.parent != Path(".") and path.parent.is_dir():  # models/m beside models/: a mistyped folder
+        raise ConfigError(f"{name}: no such folder (the folder {path.parent}/ exists); check the path")
+    from huggingface_hub import constants
+
+    raise ConfigError(f"{name}: no such folder, and no model of that name in the hub cache ({constants.HF_HUB_CACHE}), "
+                      "so what it was trained on (molrl_provenance.json) cannot be read; give the model's folder, or "
+                      f"download it first (huggingface-cli download {name})")
 
 
 def _inputs(stage: str, flat: dict[str, Any]) -> list[tuple[str, Any]]:

@@ -182,16 +182,29 @@ def check_whole_model(name_or_path: str) -> None:
                          "stopped while writing them); write the folder again (molrl export writes it whole)")
 
 
-def _check_vocabulary(tok: Any, name_or_path: str) -> None:
-    """Refuse a tokenizer holding under half of its model's vocabulary (a stray or broken tokenizer file)."""
+def config_vocab_size(name_or_path: str) -> int | None:
+    """The vocabulary size a model folder's config.json declares (its output rows), None where it has none."""
     config_file = Path(name_or_path).expanduser() / "config.json"
     if not config_file.is_file():
-        return
+        return None
     try:
         config = json.loads(config_file.read_text())
     except ValueError:
-        return  # the model loader reports a broken config.json
+        return None  # the model loader reports a broken config.json
     vocab_size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    return vocab_size if isinstance(vocab_size, int) else None
+
+
+def sampled_ids(tok: Any, name_or_path: str | None = None, config_vocab: int | None = None) -> int:
+    """How many token ids an engine on this model may sample: its output rows (config.json's ``vocab_size``, or
+    ``config_vocab``) where they outnumber the tokenizer's ids, as Qwen3's padded 151,936 rows do its 151,669."""
+    rows = config_vocab if config_vocab is not None else config_vocab_size(name_or_path) if name_or_path else None
+    return max(len(tok), rows or 0)
+
+
+def _check_vocabulary(tok: Any, name_or_path: str) -> None:
+    """Refuse a tokenizer holding under half of its model's vocabulary (a stray or broken tokenizer file)."""
+    vocab_size = config_vocab_size(name_or_path)
     if isinstance(vocab_size, int) and len(tok) < vocab_size // 2:
         raise MolrlError(
             f"{name_or_path}: its tokenizer has {len(tok)} tokens but the model's vocabulary is {vocab_size}; "

@@ -36,11 +36,13 @@ from molrl.config import ConfigError, save_config, to_dict
 from molrl.cpu import stage_threads
 from molrl.errors import MolrlError
 from molrl.layout import rl_runs
+from molrl.config_idle import from_section, idle_keys, idle_line
 from molrl.pipeline_config import (BASE, MolRun, PipelineConfig, RlRun, collect_config, eval_config, mol_config,
-                                   rl_config)
+                                   rl_config, section_keys)
 from molrl.rerun import changed_keys
 from molrl.run_inputs import changed_inputs, input_fingerprints
-from molrl.writes import folder_lock, write_text
+from molrl.locks import folder_lock
+from molrl.writes import write_text
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +60,7 @@ def run_pipeline(cfg: PipelineConfig, *, collect_tasks: Sequence[Any] | None = N
         raise ConfigError("model is not set: give the base model (model=PATH)")
     out = Path(cfg.output_dir)
     check_stages(cfg, out, collect_tasks is not None)
-    with folder_lock(out, "use another output_dir"):  # one pipeline at a time in a run directory
+    with folder_lock(out, "use another output_dir", stage="pipeline"):  # one pipeline at a time in a run directory
         started, finished = time.time(), (out / "report.md").is_file()
         if not finished:  # what the run was asked, kept from its start
             _record_run(cfg, out)
@@ -136,6 +138,8 @@ def check_stages(cfg: PipelineConfig, out: Path, in_memory: bool) -> None:
         for run in cfg.mol_runs:
             mol_config(cfg, run, ["traces.jsonl"], out)
     rl_cfgs = [rl_config(cfg, rl_run, out) for rl_run in cfg.rl_runs] if "rl" in cfg.stages else []
+    if rl_cfgs:
+        idle_in_every_run(cfg, rl_cfgs)
     if "eval" in cfg.stages:
         eval_cfgs = [eval_config(cfg, name, cfg.model, None, out) for name in cfg.eval_models or model_names(cfg)]
         for rl_cfg, run in zip(rl_cfgs, cfg.rl_runs):
@@ -143,6 +147,17 @@ def check_stages(cfg: PipelineConfig, out: Path, in_memory: bool) -> None:
                 if eval_cfgs and getattr(rl_cfg, key) != getattr(eval_cfgs[0], key):
                     log.warning("rl_runs.%s: %s differs from eval's, so the policy is trained on other prompts "
                                 "than it is evaluated on; set rl.%s and eval.%s alike", run.name, key, key, key)
+
+
+def idle_in_every_run(cfg: PipelineConfig, rl_cfgs: Sequence[Any]) -> None:
+    """Refuse a key of the shared ``rl`` section that acts in none of the RL runs (``molrl.config_idle``)."""
+    idle = [{i.key: i for i in idle_keys(rl_cfg, "rl")} for rl_cfg in rl_cfgs]
+    section = frozenset(section_keys(type(rl_cfgs[0]), cfg.rl))
+    everywhere = [key for key in idle[0] if all(key in run for run in idle) and from_section(key, section)]
+    if everywhere:
+        names = ", ".join(run.name for run in cfg.rl_runs)
+        raise ConfigError(f"pipeline section rl, in every RL run ({names}): "
+                          f"{idle_line([idle[0][key] for key in everywhere])}")
 
 
 def collect_stage(cfg: PipelineConfig, out: Path, tasks: Sequence[Any] | None) -> Path:

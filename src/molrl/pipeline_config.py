@@ -9,9 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
 
-from molrl.config import ConfigError, load_config, to_dict
+from molrl.config import ConfigError, load_config, override_key, to_dict
+from molrl.config_idle import shared_section
 from molrl.config_ranges import RunDir, Threads
 from molrl.layout import rl_runs
+from molrl.writes import plain_name
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +94,16 @@ class PipelineConfig:
         if unknown:
             raise ValueError(f"stages: unknown stage {unknown[0]!r}; expected some of {', '.join(STAGES)}")
         names = [BASE] + [r.name for r in self.mol_runs] + [r.name for r in self.rl_runs]
+        for name in names:  # each becomes a folder (mol/, rl/, eval/) and names the adapter an RL run starts from
+            if not plain_name(name):
+                raise ValueError(f"run name {name!r} is not one plain folder name, so its run would be written outside "
+                                 "the run directory; give a name that is not '.' or '..' and holds no '/', '\\' or NUL")
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"run name {dupes[0]!r} is used twice (names must differ from each other and from 'base')")
+        unknown = [name for name in self.eval_models if name not in names]
+        if unknown:
+            raise ValueError(f"eval_models: {unknown[0]!r} is not base nor a MoL or RL run name")
         mol_names = {r.name for r in self.mol_runs}
         for run in self.rl_runs:
             if run.start != BASE and run.start not in mol_names:
@@ -144,7 +153,7 @@ def rl_config(cfg: PipelineConfig, run: RlRun, out: Path) -> Any:
 
     start = None if run.start == BASE else str(out / "mol" / run.start / "adapter")
     fixed = {"output_dir": str(rl_runs(out) / run.name), "model": {"path": cfg.model, "adapter": start}}
-    return stage_config(RlConfig, cfg.rl, fixed, run.overrides, f"rl_runs.{run.name}")
+    return stage_config(RlConfig, cfg.rl, fixed, run.overrides, f"rl_runs.{run.name}", shared=True)
 
 
 def eval_config(cfg: PipelineConfig, name: str, model: str, adapter: str | None, out: Path) -> Any:
@@ -154,16 +163,27 @@ def eval_config(cfg: PipelineConfig, name: str, model: str, adapter: str | None,
     fixed = {"model": {"path": model, "adapter": adapter}, "output_dir": str(out / "eval" / name), "label": name}
     return stage_config(EvalConfig, cfg.eval, fixed, [], "eval")
 
-def stage_config(cls: type, section: dict[str, Any], fixed: dict[str, Any], overrides: Sequence[str], where: str) -> Any:
-    """``cls`` built from a pipeline section, the pipeline-owned values in ``fixed``, then run overrides."""
+def stage_config(cls: type, section: dict[str, Any], fixed: dict[str, Any], overrides: Sequence[str], where: str,
+                 shared: bool = False) -> Any:
+    """``cls`` built from a pipeline section, the pipeline-owned values in ``fixed``, then run overrides; ``shared``:
+    the section is shared by several runs, and its keys this run leaves idle are named once, not refused
+    (``molrl.config_idle``; one idle in every run is refused by ``molrl.pipeline.check_stages``)."""
     owned = sorted(k for k in _flatten(fixed) if k in _flatten(section))
     if owned:
         raise ConfigError(f"{where}: {owned[0]} is set by the pipeline; remove it from the section")
     items = [f"{k}={json.dumps(v)}" for k, v in {**_flatten(section), **_flatten(fixed)}.items()]
+    mine = {".".join(override_key(cls, item)[0]) for item in overrides}
+    keys = section_keys(cls, section) - mine if shared else set()
     try:
-        return load_config(cls, None, [*items, *overrides], overrides_from="the pipeline config")
+        with shared_section(f"pipeline section {where}", keys):
+            return load_config(cls, None, [*items, *overrides], overrides_from="the pipeline config")
     except ConfigError as err:
         raise ConfigError(f"pipeline section {where}: {err}") from None
+
+
+def section_keys(cls: type, section: dict[str, Any]) -> set[str]:
+    """The keys a pipeline section sets, under ``cls``'s current names (``model=PATH`` as ``model.path``)."""
+    return {".".join(override_key(cls, f"{k}={json.dumps(v)}")[0]) for k, v in _flatten(section).items()} - {""}
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -8,13 +8,17 @@ keeps it. A ``Provenance`` holds:
   name as its cached snapshot);
 - ``lineage``: the steps that made it, oldest first (``mol``, ``rl``, ``export``, ...), each with its run's config
   fingerprint and date; a run continuing from an adapter or a merged model inherits that model's record and appends;
-- ``tasks``: the benchmark tasks it trained on (benchmark, split, id, content key), and ``keys``: the content keys of
-  every task it trained on, benchmark or not, so eval recognises a problem by its text, whatever id it was trained
-  under.
+- ``tasks``: the benchmark tasks it trained on by their explicit tag (benchmark, split, id, content key), ``keys``:
+  the content keys of every task it trained on, benchmark or not, and ``texts``: the normalised text of each task
+  that named no benchmark (``molrl.tasks.index.match_text``), so eval recognises a problem by its text, whatever id
+  or wrapper it was trained under.
 
 ``read_provenance`` finds the record of whatever a stage loads (an adapter, a checkpoint, a run folder, a model
-folder); ``trained_overlap`` is the one check eval makes with it. A run made before records lived inside the folder
-left ``trained_on.json`` beside its adapter: it is read still, and matched by id. This module imports no torch.
+folder, a hub name's cached snapshot) and reads it against a bounded schema (``molrl.provenance_schema``): a malformed
+file is one line naming it. ``trained_overlap`` is the one check eval makes with it, by the rule exclusion uses
+(``molrl.tasks.index.BenchmarkIndex.find``): what ``traces filter --exclude-benchmarks`` would leave out, eval
+refuses. A run made before records lived inside the folder left ``trained_on.json`` beside its adapter: it is read
+still, and matched by id. This module imports no torch.
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ import json
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from molrl.config import to_dict
 from molrl.errors import MolrlError
 from molrl.fingerprint import model_fingerprint
+from molrl.input_checks import model_folder
+from molrl.provenance_schema import MAX_BYTES, MAX_TEXT, STAGES, RecordError, check_legacy, check_record, load_json
 from molrl.task_types import Task
 
 log = logging.getLogger(__name__)
@@ -73,6 +79,8 @@ class Provenance:
     """The benchmark tasks trained on, by benchmark, split, id and content key."""
     keys: list[str] = field(default_factory=list)
     """The content keys of every task trained on (sorted)."""
+    texts: dict[str, list[str]] = field(default_factory=dict)
+    """Per content key of a task that named no benchmark: its normalised text(s), searched by containment."""
     where: str = ""
     """The file the record was read from (empty for one being made)."""
 
@@ -83,7 +91,7 @@ class Provenance:
     def to_json(self) -> str:
         """The record as written to ``PROVENANCE``."""
         data = {"base": self.base, "lineage": self.lineage, "tasks": [asdict(t) for t in self.tasks],
-                "keys": self.keys}
+                "keys": self.keys, "texts": self.texts}
         return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
 
@@ -102,60 +110,87 @@ def base_of(model: str) -> dict[str, Any]:
 
 
 def step_record(stage: str, config: str) -> dict[str, Any]:
-    """One lineage step: ``stage``, its config fingerprint, and today's date and time (UTC)."""
+    """One lineage step: ``stage`` (one of ``STAGES``), its config fingerprint, and today's date and time (UTC)."""
+    if stage not in STAGES:
+        raise ValueError(f"lineage stage {stage!r} is not one of {', '.join(STAGES)}")
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     return {"stage": stage, "config": config, "date": date}
 
 
 def made(stage: str, config: str, model: str, parents: Sequence[Provenance | None] = (),
-         tasks: Iterable[TrainedTask] = (), keys: Iterable[str] = ()) -> Provenance:
+         tasks: Iterable[TrainedTask] = (), keys: Iterable[str] = (),
+         texts: Mapping[str, Iterable[str]] | None = None) -> Provenance:
     """The record of weights a ``stage`` step (config fingerprint ``config``) made from ``model``, continuing the
     ``parents`` (the records of the model folder and adapter it started from, None where they have none) and trained
-    on ``tasks`` and the tasks with content ``keys``."""
+    on ``tasks`` and the tasks with content ``keys`` (those that named no benchmark with their ``texts``)."""
     found = [p for p in parents if p is not None]
     base = next((p.base for p in found if p.base), None) or base_of(model)
     lineage = [step for p in found for step in p.lineage] + [step_record(stage, config)]
     return Provenance(base=base, lineage=lineage, tasks=_unique([t for p in found for t in p.tasks] + list(tasks)),
-                      keys=sorted({k for p in found for k in p.keys} | set(keys)))
+                      keys=sorted({k for p in found for k in p.keys} | set(keys)),
+                      texts=_merged_texts([p.texts for p in found] + [texts or {}]))
 
 
-def trained_on(tasks: Iterable[Task]) -> tuple[list[TrainedTask], list[str]]:
-    """What a record keeps of the tasks a run trains on: the benchmark ones (loaded from a benchmark's file), and the
-    content keys of all."""
-    from molrl.tasks.index import task_content_key
+def trained_on(tasks: Iterable[Task]) -> tuple[list[TrainedTask], list[str], dict[str, list[str]]]:
+    """What a record keeps of the tasks a run trains on: the benchmark ones (loaded from a benchmark's file), the
+    content keys of all, and the normalised texts of the others."""
+    from molrl.tasks.index import match_text, task_content_key
     from molrl.tasks.splits import benchmark_of
 
-    found, keys = [], []
+    found, keys, texts = [], [], {}
     for task in tasks:
         key = task_content_key(task)
         keys.append(key)
         if benchmark_of(task) is not None:
             found.append(TrainedTask(str(benchmark_of(task)), task.split, str(task.id), key))
-    return found, keys
+        else:
+            texts.setdefault(key, []).append(match_text(task.prompt))
+    return found, keys, texts
 
 
 def _unique(tasks: list[TrainedTask]) -> list[TrainedTask]:
     return sorted(set(tasks), key=lambda t: (t.benchmark, t.split or "", t.id, t.key or ""))
 
 
+def _merged_texts(groups: Iterable[Mapping[str, Iterable[str]]]) -> dict[str, list[str]]:
+    """Per content key, each distinct text once (cut to ``MAX_TEXT``), keys sorted."""
+    merged: dict[str, dict[str, None]] = {}
+    for group in groups:
+        for key, texts in group.items():
+            merged.setdefault(key, {}).update(dict.fromkeys(text[:MAX_TEXT] for text in texts))
+    return {key: list(merged[key]) for key in sorted(merged)}
+
+
 def write_provenance(folder: str | Path, record: Provenance) -> Path:
-    """Write ``record`` to ``folder/PROVENANCE``, atomically."""
+    """Write ``record`` to ``folder/PROVENANCE``, atomically; one the reader would refuse (``molrl.provenance_schema``)
+    is refused in one line instead."""
     from molrl.writes import write_text
 
     path = Path(folder) / PROVENANCE
-    write_text(path, record.to_json())
+    text = record.to_json()  # ASCII: json.dumps escapes the rest
+    if len(text) > MAX_BYTES:
+        raise MolrlError(f"{path}: the record of what these weights trained on cannot be written: the keys and texts "
+                         f"of {len(record.keys)} tasks take {len(text):,} bytes, over the {MAX_BYTES:,} a record "
+                         "holds; train on fewer distinct tasks per run")
+    try:
+        check_record(json.loads(text))
+    except RecordError as err:
+        raise MolrlError(f"{path}: the record of what these weights trained on would not read back ({err}); fix the "
+                         "input it names and run again") from None
+    write_text(path, text)
     return path
 
 
 def read_provenance(path: str | Path | None) -> Provenance | None:
     """The record of what a stage loads from ``path``: an adapter, a checkpoint or a model folder (its own
-    ``PROVENANCE``), a run folder (its ``adapter/`` or ``model/``), or a run made before records were kept inside
-    (``trained_on.json`` beside the adapter or checkpoint); None for a hub name, ``tiny:...`` or a folder molrl did not
-    make."""
-    if path is None or str(path) == "":
+    ``PROVENANCE``), a run folder (its ``adapter/`` or ``model/``), a hub name (its cached snapshot, ``model_folder``),
+    or a run made before records were kept inside (``trained_on.json`` beside the adapter or checkpoint); None for
+    ``tiny:...``, a file, a path that is not there, or a folder molrl did not make. A hub name neither a folder nor
+    cached, or a malformed record, is one line naming it."""
+    if path is None or str(path) == "" or str(path).startswith("tiny:"):
         return None
-    path = Path(str(path)).expanduser()
-    if not path.is_dir():
+    path = model_folder(str(path))
+    if path is None or not path.is_dir():
         return None
     for folder in (path, path / "adapter", path / "model"):
         if (folder / PROVENANCE).is_file():
@@ -168,23 +203,26 @@ def read_provenance(path: str | Path | None) -> Provenance | None:
 
 def _read(path: Path) -> Provenance:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        tasks = [TrainedTask(str(t["benchmark"]), t.get("split"), str(t["id"]), t.get("key")) for t in data["tasks"]]
-        return Provenance(base=dict(data["base"]), lineage=list(data["lineage"]), tasks=tasks,
-                          keys=sorted(map(str, data["keys"])), where=str(path))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        raise MolrlError(f"{path}: not a molrl provenance record; restore it from the run that made these weights "
-                         "(its adapter/ or checkpoints/ hold one), or delete it to treat the weights as unknown") from None
+        data = check_record(load_json(path))
+    except (OSError, RecordError) as err:
+        why = err.strerror if isinstance(err, OSError) else err
+        raise MolrlError(f"{path}: not a molrl provenance record ({why}); restore it from the run that made these "
+                         "weights (its adapter/ or checkpoints/ hold one), or delete it to treat the weights as "
+                         "unknown") from None
+    tasks = [TrainedTask(t["benchmark"], t.get("split"), t["id"], t.get("key")) for t in data["tasks"]]
+    return Provenance(base=dict(data["base"]), lineage=list(data["lineage"]), tasks=_unique(tasks),
+                      keys=sorted(set(data["keys"])), texts=_merged_texts([data["texts"]]), where=str(path))
 
 
 def _read_legacy(path: Path) -> Provenance:
     try:
-        benchmarks = json.loads(path.read_text(encoding="utf-8"))["benchmarks"]
-        tasks = [TrainedTask(str(name), split, str(i)) for name, splits in benchmarks.items()
-                 for split, ids in splits.items() for i in ids]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        raise MolrlError(f"{path}: not a trained_on record; delete it or re-run the training run that wrote it") \
-            from None
+        benchmarks = check_legacy(load_json(path, max_depth=4))
+    except (OSError, RecordError) as err:
+        why = err.strerror if isinstance(err, OSError) else err
+        raise MolrlError(f"{path}: not a trained_on record ({why}); delete it or re-run the training run that wrote "
+                         "it") from None
+    tasks = [TrainedTask(name, split, str(i)) for name, splits in benchmarks.items()
+             for split, ids in splits.items() for i in ids]
     return Provenance(lineage=[{"stage": "trained", "config": "", "date": ""}], tasks=_unique(tasks),
                       where=str(path))
 
@@ -196,62 +234,74 @@ def combined(records: Sequence[Provenance | None]) -> Provenance | None:
         return None
     return Provenance(base=found[0].base, lineage=[s for r in found for s in r.lineage],
                       tasks=_unique([t for r in found for t in r.tasks]),
-                      keys=sorted({k for r in found for k in r.keys}), where=", ".join(r.where for r in found))
+                      keys=sorted({k for r in found for k in r.keys}), texts=_merged_texts([r.texts for r in found]),
+                      where=", ".join(r.where for r in found))
 
 
-def trained_test(record: Provenance) -> Callable[[Task], bool]:
-    """Whether ``record`` trained on a task: by content key, or by (benchmark, split, id) for a task recorded without
-    one (a record made before keys)."""
-    from molrl.tasks.splits import benchmark_of
-
-    from molrl.tasks.index import task_content_key
-
-    keys = set(record.keys) | {t.key for t in record.tasks if t.key}
-    by_id = {(t.benchmark, t.split, t.id) for t in record.tasks if not t.key}
-    return lambda task: task_content_key(task) in keys or (benchmark_of(task), task.split, task.id) in by_id
+def trained_matches(record: Provenance, index: Any) -> set[tuple[str, str]]:
+    """(benchmark, id) of every task of ``index`` (a ``molrl.tasks.index.BenchmarkIndex``) ``record``'s weights
+    trained on, by the rule exclusion uses (``BenchmarkIndex.find``): a task recorded by its tag (else its key), each
+    content key by itself (else its texts)."""
+    found = [m for task in record.tasks
+             for m in index.find([{"benchmark": task.benchmark, "id": task.id}], [task.key] if task.key else [])]
+    found += [m for key in record.keys for m in index.find(keys=[key], texts=record.texts.get(key, ()))]
+    return {(m.benchmark, m.id) for m in found}
 
 
-def trained_overlap(record: Provenance, suites: dict[str, Sequence[Task]]) -> dict[str, int]:
+def trained_overlap(record: Provenance, suites: dict[str, Sequence[Task]],
+                    known: Mapping[str, Sequence[Task]] | None = None) -> dict[str, int]:
     """Per benchmark of ``suites`` (name -> the problems to score): how many of its problems ``record`` trained on
-    (``trained_test``)."""
-    trained = trained_test(record)
-    counts = {name: sum(map(trained, tasks)) for name, tasks in suites.items()}
+    (``trained_matches``), matched among ``known`` (name -> every task of the benchmark's file, as exclusion reads it;
+    default the suites)."""
+    from molrl.tasks.index import BenchmarkIndex
+
+    every = {}
+    for name, tasks in suites.items():  # each problem to score is indexed, whatever ``known`` holds
+        whole = list((known or {}).get(name, ()))
+        ids = {str(task.id) for task in whole}
+        every[name] = whole + [task for task in tasks if str(task.id) not in ids]
+    found = trained_matches(record, BenchmarkIndex(every))
+    counts = {name: sum((name, str(task.id)) in found for task in tasks) for name, tasks in suites.items()}
     return {name: n for name, n in counts.items() if n}
 
 
 def untrained(record: Provenance, tasks: Sequence[Task]) -> list[Task]:
-    """The tasks of ``tasks`` that ``record`` did not train on (``trained_test``)."""
-    trained = trained_test(record)
-    return [task for task in tasks if not trained(task)]
+    """The tasks of ``tasks`` that ``record`` did not train on (``trained_matches``)."""
+    from molrl.tasks.index import BenchmarkIndex
+
+    found = trained_matches(record, BenchmarkIndex({"tasks": tasks}))
+    return [task for task in tasks if ("tasks", str(task.id)) not in found]
 
 
-def refuse_trained_overlap(record: Provenance, suites: dict[str, Sequence[Task]], key: str) -> None:
-    """Raise one line naming the count per benchmark when ``record``'s weights trained on problems of ``suites``;
-    ``key`` is the switch that allows scoring them."""
-    counts = trained_overlap(record, suites)
+def refuse_trained_overlap(record: Provenance, suites: dict[str, Sequence[Task]], key: str,
+                           known: Mapping[str, Sequence[Task]] | None = None) -> None:
+    """Raise one line naming the count per benchmark when ``record``'s weights trained on problems of ``suites``
+    (``trained_overlap``); ``key`` is the switch that allows scoring them."""
+    counts = trained_overlap(record, suites, known)
     if counts:
         parts = ", ".join(f"{name}: {n} of {len(suites[name])}" for name, n in counts.items())
         raise MolrlError(f"{record.where}: the model was trained on {sum(counts.values())} of the problems to score "
                          f"({parts}); score other problems, or set {key}=true to score them anyway")
 
 
-def check_scored(model: str, adapter: str | Path | None, suites: dict[str, Sequence[Task]], allow: bool,
-                 key: str) -> None:
+def check_scored(model: str | None, adapter: str | Path | None, suites: dict[str, Sequence[Task]], allow: bool,
+                 key: str, known: Mapping[str, Sequence[Task]] | None = None) -> None:
     """Before a model is scored on ``suites``: refuse, in one line naming the count per benchmark, problems the
-    weights loaded from ``model`` and ``adapter`` trained on (unless ``allow``, the switch ``key``: then a warning
+    weights loaded from ``model`` (a folder or a cached hub name) and ``adapter`` trained on, matched among ``known``
+    (every task of each benchmark's file; default the suites), unless ``allow`` (the switch ``key``: then a warning
     says how many are scored); a model without a record is scored, with a line saying its training data is
     unknown."""
     record = combined([read_provenance(model), read_provenance(adapter)])
     if record is None or not record.trained():
-        if not model.startswith("tiny:"):  # a tiny model is built in-process, trained on nothing
+        if not str(model).startswith("tiny:"):  # a tiny model is built in-process, trained on nothing
             shown = adapter or model
             log.warning("%s: its training data is unknown (no %s in it): problems it was trained on would be scored "
                         "like any other", shown, PROVENANCE)
         return
     if not allow:
-        refuse_trained_overlap(record, suites, key)
+        refuse_trained_overlap(record, suites, key, known)
         return
-    counts = trained_overlap(record, suites)
+    counts = trained_overlap(record, suites, known)
     if counts:
         log.warning("%s=true: scoring %d problems the model was trained on (%s)", key, sum(counts.values()),
                     ", ".join(f"{name}: {n}" for name, n in counts.items()))

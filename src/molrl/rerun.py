@@ -289,6 +289,7 @@ def training_rerun(stage: str, cfg: Any, out: Path, final: Path, max_steps: int)
     checkpoint = last_whole_checkpoint(checkpoints, out)
     done = whole_weights(final)
     extended = check_rerun(stage, cfg, out / "config.yaml", started=checkpoint is not None or done)
+    _records_in_checkpoints(out, (checkpoints, out))
     if final.exists() and not done:
         if checkpoint is None:
             raise ConfigError(f"{final}: incomplete (the run was killed while writing it) and no checkpoint is left "
@@ -314,6 +315,24 @@ def training_rerun(stage: str, cfg: Any, out: Path, final: Path, max_steps: int)
         extending = "".join(f"extending the run ({c.key} {c.saved} -> {c.now}), " for c in extended)
         say(f"{out}: {extending}resuming from {checkpoint} (step {step} of {last})")
     return TrainingRerun(checkpoint, step, at_last_step=step >= last)
+
+
+def _records_in_checkpoints(out: Path, folders: tuple[Path, ...]) -> None:
+    """Give each whole checkpoint of the run in ``out`` (found in ``folders``) that lacks one the run's provenance
+    record, ``out/molrl_provenance.json`` (``molrl.provenance``): the trainer writes it into a checkpoint after the
+    state file that makes the checkpoint whole, so a kill between the two leaves weights that would read as trained
+    on nothing. The re-run rule has found the run's config unchanged, so the run's record is theirs."""
+    from molrl.provenance import PROVENANCE
+
+    record = out / PROVENANCE
+    if os.environ.get("RANK", "0") != "0" or not record.is_file():
+        return
+    for folder in folders:
+        for checkpoint in sorted(folder.glob("checkpoint-*")) if folder.is_dir() else []:
+            if (checkpoint / "trainer_state.json").is_file() and not (checkpoint / PROVENANCE).exists():
+                write_text(checkpoint / PROVENANCE, record.read_text())
+                say(f"{checkpoint}: its provenance record was not written (killed while it was saved); the run's "
+                    f"{record} copied into it")
 
 
 def whole_weights(folder: Path) -> bool:

@@ -19,10 +19,7 @@ One rule for what an output path may already be (``resolve_output``), for every 
   * a symbolic link is followed to what it finally names, and the rule applies there: the file it points to is
     replaced (the link stays a link), a link to nothing creates its target, a loop is refused.
 
-``folder_lock`` / ``file_lock`` hold an output for one run, whatever the stage: a folder output's lock is
-``<folder>/.lock``, a file output's is its folder's (so a file written into another run's folder waits for that
-run), a stream has none. A second run on a held output is refused in one line naming the output and the holder's
-pid. The kernel frees the lock when its holder dies, kill -9 included; a run that ends removes its lock file.
+Who may write an output (one run at a time, and one stage's run in a folder) is ``molrl.locks``'s.
 
 For tests, the environment variable ``MOLRL_KILL_AT=NAME`` makes the process kill itself (SIGKILL) when a write of
 ``NAME`` (a file's or folder's name, e.g. ``adapter``) has its content on disk under the temporary name and is about
@@ -32,7 +29,6 @@ to be renamed into place: the worst moment for a kill.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import signal
@@ -135,9 +131,12 @@ def append_text(path: str | Path, text: str, *, sync: bool = False) -> None:
 
 
 LOCK = ".lock"
-"""The lock file of a folder output, inside it (``folder_lock``), or of a file output, beside it (``file_lock``)."""
+"""The lock file of a folder output, inside it, or of a file output, beside it (``molrl.locks``)."""
 WHOLE = ".molrl_whole"
 """An empty file ``write_folder`` puts in every folder it writes: such a folder is replaced whole by the next write."""
+STAGE = ".molrl_stage"
+"""The file naming the stage whose run a folder output holds (``molrl.locks.claim_folder``), carried over when
+``write_folder`` replaces the folder."""
 
 
 def would_lose(old: Path, new: Path) -> list[str]:
@@ -168,6 +167,8 @@ def write_folder(path: str | Path, *, writer: bool = True) -> Iterator[Path]:
     if not writer:
         return
     (tmp / WHOLE).touch()
+    if (path / STAGE).is_file() and not (tmp / STAGE).exists():
+        shutil.copyfile(path / STAGE, tmp / STAGE)  # the folder stays its stage's run (molrl.locks)
     lost = would_lose(path, tmp)
     if lost:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -187,59 +188,10 @@ def write_folder(path: str | Path, *, writer: bool = True) -> Iterator[Path]:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def folder_lock(out: str | Path, fix: str) -> contextlib.AbstractContextManager[None]:
-    """Hold the folder output ``out`` for this run while the block runs (its lock: ``<out>/.lock``); refuse
-    (``MolrlError``, one line naming ``out`` and the holder's pid, then ``fix``) when another run holds it."""
-    return _hold(resolve_output(out, folder=True).path / LOCK, out, fix)
-
-
-def file_lock(path: str | Path, fix: str) -> contextlib.AbstractContextManager[None]:
-    """Hold the file output ``path`` for this run while the block runs: its folder's lock, as ``folder_lock``
-    takes it; a stream (a FIFO, a device) needs none. Refuses as ``folder_lock`` does."""
-    out = resolve_output(path)
-    if out.kind == "stream":
-        return contextlib.nullcontext()
-    return _hold(out.path.parent / LOCK, path, fix)
-
-
-@contextlib.contextmanager
-def _hold(lock: Path, output: str | Path, fix: str) -> Iterator[None]:
-    """Hold the lock file ``lock`` for writing ``output``; only rank 0 of a multi-process launch locks (every rank
-    takes the same decisions; rank 0 writes). The file is removed on release, so an ended run leaves none behind."""
-    if os.environ.get("RANK", "0") != "0":
-        yield
-        return
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-            os.close(fd)
-            raise MolrlError(f"{output} is being written by another run (pid {holder}); wait for it to end, or "
-                             f"{fix}") from None
-        if _is(fd, lock):
-            break
-        os.close(fd)  # its last holder removed it between our open and our lock: lock the file there now
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield
-    finally:
-        if _is(fd, lock):
-            lock.unlink()
-        os.close(fd)  # closing the descriptor releases the lock
-
-
-def _is(fd: int, path: Path) -> bool:
-    """Whether the open file ``fd`` is the file at ``path`` now."""
-    try:
-        there = os.stat(path)
-    except FileNotFoundError:
-        return False
-    here = os.fstat(fd)
-    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+def plain_name(name: str) -> bool:
+    """Whether ``name`` (a run's or an adapter's, which becomes a folder's) is one plain folder name: not empty, not
+    ``.`` or ``..``, and without ``/``, ``\\`` or NUL, so that it stays inside the folder it is put in."""
+    return isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
 
 
 def _writer_id() -> int:
@@ -252,7 +204,7 @@ def _remove_stale(path: Path) -> None:
     name ends with) is gone. A live one is another rank of this launch writing the same file."""
     for stale in [*path.parent.glob(f".{path.name}.tmp-*"), *path.parent.glob(f"{path.name}.tmp-*"),
                   *path.parent.glob(f"{path.name}.old-*")]:
-        if _alive(stale.name.rsplit("-", 1)[-1]):
+        if alive(stale.name.rsplit("-", 1)[-1]):
             continue
         if stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)
@@ -260,7 +212,7 @@ def _remove_stale(path: Path) -> None:
             stale.unlink(missing_ok=True)
 
 
-def _alive(writer: str) -> bool:
+def alive(writer: str) -> bool:
     """Whether the process (or process group) ``writer`` names still runs (never this process's own leftovers)."""
     if not writer.isdigit() or int(writer) in (os.getpid(), 0):
         return False

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Literal
 
+from molrl.config_idle import check_idle
 from molrl.engines import check_engine_servers
 from molrl.config_blocks import ModelSource, TaskSource, as_model_source
 from molrl.episode.config import EpisodeConfig
@@ -69,3 +70,4 @@ class CollectConfig:
         if self.data.path is None or self.data.format == "toy":
             raise ValueError(f"data.path={self.data.path}, data.format={self.data.format}: collect runs on a task "
                              "file; give data.path=FILE (--tasks) and its data.format (--format)")
+        check_idle(self, "collect")  # last: a key set where it cannot act (molrl.config_idle)

@@ -30,7 +30,8 @@ from molrl.rerun import NEW_RUN, check_rerun, save_run_config, say_finished
 from molrl.run_inputs import model_fingerprints
 from molrl.tasks import Task
 from molrl.traces.schema import TraceError, append_trace, read_traces
-from molrl.writes import append_text, folder_lock
+from molrl.locks import folder_lock
+from molrl.writes import append_text
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +49,10 @@ def run_collect(cfg: CollectConfig, *, generator: Any = None, tokenizer: Any = N
     out = files.traces
     if files.before:
         log.info("%s: a trace file made before collect wrote into output_dir; resuming it where it lies", out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # one run at a time in an output folder, whatever its stage (molrl.writes.folder_lock: freed if killed)
-    with folder_lock(out.parent, f"use another {NEW_RUN['collect']}"):
+    # one run at a time in an output folder, and one stage's run in it (molrl.locks.folder_lock: freed if killed);
+    # a trace file of the layout before output_dir lies beside other things, in a folder that is not the run's
+    own = out.parent == Path(cfg.output_dir)
+    with folder_lock(out.parent, f"use another {NEW_RUN['collect']}", stage="collect" if own else None):
         return _collect(cfg, files, generator, tokenizer, tasks)
 
 
@@ -189,7 +191,7 @@ def build_generator(cfg: CollectConfig, episodes: int = 0) -> tuple[Any, Any]:
 
     engine = choose_engine(cfg.engine, cfg.model.path, episodes * cfg.episode.max_turns * cfg.sampling.max_new_tokens,
                            servers=cfg.engine_servers)
-    engine.log("collect")
+    engine.log("collect", cfg)
     if engine.name == "vllm_server":
         from molrl.engine_server.generator import open_generator
 

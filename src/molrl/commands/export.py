@@ -38,9 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     """Run ``molrl export`` with ``--out`` held for this run."""
-    from molrl.writes import folder_lock
+    from molrl.locks import folder_lock
 
-    with folder_lock(args.out, "give another --out"):  # one run at a time in an output folder, of any stage
+    with folder_lock(args.out, "give another --out", stage="export"):  # one run, of one stage, in an output folder
         return _export(args)
 
 

@@ -4,8 +4,9 @@
                        [--benchmarks NAME=PATH,...]
   molrl traces stats FILE... --tokenizer PATH [--benchmarks NAME=PATH,...]
   molrl traces show FILE --tokenizer PATH [--index N] [--html OUT]
+  molrl traces lint FILE...
   molrl traces filter IN OUT [--success-only] [--min-feedback-turns N] [--kind domain|general]
-                       [--exclude-benchmarks NAME=PATH,...]
+                       [--exclude-benchmarks NAME=PATH,...] [--drop-model-feedback]
 
 ``--benchmarks`` and ``--exclude-benchmarks`` name benchmark files (mbpp, humaneval, math500, aime24, aime25)
 that traces are matched against by their task's content (``molrl.tasks.index``), whatever ids they carry.
@@ -24,7 +25,8 @@ from typing import Any
 
 from molrl.cli import count, natural
 from molrl.errors import DataError, MolrlError
-from molrl.writes import file_lock, folder_lock, write_text
+from molrl.locks import file_lock, folder_lock
+from molrl.writes import write_text
 
 log = logging.getLogger("molrl.traces")
 _SHOWN_REJECTS = 10
@@ -74,6 +76,11 @@ def register(subparsers: Any) -> None:
     _add_tokenize_args(p)
     p.set_defaults(func=run_show)
 
+    p = sub.add_parser("lint", help="per-file counts of decision turns that write the environment's reply "
+                                    "themselves (molrl.traces.lint)")
+    p.add_argument("files", type=Path, nargs="+", metavar="FILE", help="trace files or directories of them")
+    p.set_defaults(func=run_lint)
+
     p = sub.add_parser("filter", help="select traces for a training set")
     p.add_argument("input", type=Path, metavar="IN", help="trace file or directory of them")
     p.add_argument("output", type=Path, metavar="OUT", help="output trace file")
@@ -82,6 +89,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--kind", choices=["domain", "general"], default=None, help="keep only this meta.kind")
     _add_benchmark_arg(p, "--exclude-benchmarks", "drop the traces whose task is one of these benchmarks' test tasks "
                                                  "(the ones eval scores)")
+    p.add_argument("--drop-model-feedback", action="store_true",
+                   help="drop the traces with a decision turn that writes the environment's reply itself after its "
+                        "action (Observation:, Output:; see molrl traces lint)")
     _add_reject_args(p)
     p.set_defaults(func=run_filter)
 
@@ -173,7 +183,7 @@ def run_convert(args: argparse.Namespace) -> int:
 
 
 def _output_held(output: Path, folder: bool) -> Any:
-    """The lock of a command's output (``molrl.writes``: one run at a time in an output folder, of any stage)."""
+    """The lock of a command's output (``molrl.locks``: one run at a time in an output folder, of any stage)."""
     return (folder_lock if folder else file_lock)(output, "give another OUT")
 
 
@@ -332,6 +342,37 @@ def run_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_lint(args: argparse.Namespace) -> int:
+    """Print per-file counts of the decision turns that write the environment's reply themselves, and name the
+    first of them."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from molrl.traces.lint import MAX_SHOWN, LintCounts, lint_file
+
+    counts = [lint_file(p) for f in args.files for p in input_files(f)]
+    table = Table("file", "traces", "decision turns", "model-written feedback turns", "traces with one",
+                  title="traces lint: decision turns that write the environment's reply after their action")
+    total = LintCounts("total")
+    for c in counts:
+        for name in ("traces", "decision_turns", "model_feedback_turns", "model_feedback_traces"):
+            setattr(total, name, getattr(total, name) + getattr(c, name))
+    for c in counts + [total]:
+        table.add_row(Path(c.path).name, *(str(v) for v in (c.traces, c.decision_turns, c.model_feedback_turns,
+                                                                 c.model_feedback_traces)))
+    Console(width=200).print(table)
+    firsts = [c.examples[0] for c in counts if c.examples]  # one a file, so every file that holds one is named
+    for example in firsts[:MAX_SHOWN]:
+        log.warning("%s", example)
+    if total.model_feedback_turns > len(firsts[:MAX_SHOWN]):
+        log.warning("... and %d more such turns", total.model_feedback_turns - len(firsts[:MAX_SHOWN]))
+    if total.model_feedback_traces:
+        log.info("these turns train as decision tokens; `molrl traces filter IN OUT --drop-model-feedback` leaves "
+                 "their traces out")
+    _report_rejects([r for c in counts for r in c.rejects], None, None)
+    return 0
+
+
 def run_filter(args: argparse.Namespace) -> int:
     """Keep the traces that pass every condition; report how many each condition removed."""
     with _output_held(args.output, folder=False):
@@ -344,9 +385,10 @@ def _filter(args: argparse.Namespace) -> int:
     from molrl.traces.schema import read_traces, write_traces
 
     from molrl.tasks.index import EVAL_SPLIT, overlap_line
+    from molrl.traces.lint import filter_line, trace_model_feedback
 
     index = benchmark_index(args.exclude_benchmarks, "--exclude-benchmarks")
-    kept, removed, rejects, eval_tasks, seen = [], Counter(), [], Counter(), 0
+    kept, removed, rejects, eval_tasks, seen, written = [], Counter(), [], Counter(), 0, 0
     for path in input_files(args.input):
         reader = read_traces(path, strict=args.strict)
         for _line, trace in reader:
@@ -356,6 +398,9 @@ def _filter(args: argparse.Namespace) -> int:
             if match is not None and match.split == EVAL_SPLIT:
                 reason = "eval test tasks"
                 eval_tasks[f"{match.benchmark}/{match.split}"] += 1
+            if not reason and trace_model_feedback(trace.messages):  # counted among the traces every other test keeps
+                written += 1
+                reason = "model-written feedback" if args.drop_model_feedback else None
             if reason:
                 removed[reason] += 1
             else:
@@ -367,6 +412,7 @@ def _filter(args: argparse.Namespace) -> int:
     if index is not None:
         log.info("%s", overlap_line(eval_tasks, seen - sum(n for why, n in removed.items() if why != "eval test tasks"),
                                     "--exclude-benchmarks"))
+    log.info("%s", filter_line(written, len(kept) + removed["model-written feedback"], args.drop_model_feedback))
     _report_rejects(rejects, args.output, args.rejects)
     return 0
 

@@ -113,7 +113,8 @@ def measure_world(world: World, base_dir: Path, world_dir: Path, cfg: Any, sampl
     from molrl.pipeline_config import stage_config
     from molrl.rl.config import RlConfig
 
-    evaluation, rl = stage_config(EvalConfig, cfg.eval, {}, [], "eval"), stage_config(RlConfig, cfg.rl, {}, [], "rl")
+    evaluation = stage_config(EvalConfig, cfg.eval, {}, [], "eval")
+    rl = stage_config(RlConfig, cfg.rl, {}, [], "rl", shared=True)  # the runs' shared section, read for its sampling
     settings = {"math_prompt": evaluation.math_prompt, "max_new_tokens": evaluation.sampling.max_new_tokens,
                 "temperature": rl.sampling.temperature}
     with torch.no_grad():

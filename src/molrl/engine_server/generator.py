@@ -78,11 +78,13 @@ def params_with_seed(params: RequestParams, seed: int) -> RequestParams:
 
 def open_generator(urls: Sequence[str], tokenizer: Any, model_path: str, adapter: str | None) -> ServerGenerator:
     """A generator on the servers at ``urls``, checked to serve ``model_path``, with ``adapter`` (a PEFT folder the
-    servers can read) loaded on every one."""
+    servers can read) loaded on every one; the replies' ids are checked against the model's vocabulary."""
     from molrl.generation import vllm_serves_lora
     from molrl.export import adapter_shape
 
-    pool = ServerPool(urls)
+    from molrl.models import sampled_ids
+
+    pool = ServerPool(urls, sampled_ids(tokenizer, model_path))
     bases = {check_base(c.url, c.models(), model_path) for c in pool.live()}
     base = sorted(bases)[0]
     if adapter is None:

@@ -1,9 +1,10 @@
 """Requests spread over the engine servers: each to the live server with the fewest outstanding.
 
 ``submit`` returns a future, so a caller can send a batch and collect it later (``gather``), or stop reading once it
-has what it needs (``gather_until``: partial rollouts). A server that drops a request is named in one log line and
-taken out of the pool, and the request is sent again, from its start, to a live one; when none is left, the request
-fails with one line saying the step stopped and how to resume. The pool also counts the requests outstanding on each
+has what it needs (``gather_until``: partial rollouts). A server that drops a request, or sends a reply the client
+refuses (``molrl.engine_server.client.BadReply``: nothing of it is kept), is named in one log line and taken out of
+the pool, and the request is sent again, from its start, to a live one; when none is left, the request fails with one
+line saying the step stopped and how to resume. The pool also counts the requests outstanding on each
 model name (an adapter), so that an adapter is unloaded only once nothing samples from it (``when_unused``).
 """
 
@@ -15,7 +16,7 @@ from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Callable, Sequence
 
-from molrl.engine_server.client import Reply, RequestParams, ServerClient, ServerDown
+from molrl.engine_server.client import Reply, RequestParams, ServerClient, ServerFailed
 from molrl.errors import MolrlError
 
 log = logging.getLogger(__name__)
@@ -31,21 +32,22 @@ def least_loaded(outstanding: Sequence[int], alive: Sequence[bool]) -> int | Non
 
 
 class NoServerLeft(MolrlError):
-    """Every engine server is down."""
+    """Every engine server is out of the pool: down, or it sent a bad reply."""
 
 
 class ServerPool:
-    """Clients to ``urls``, with the outstanding requests of each and the servers still alive."""
+    """Clients to ``urls`` for a model an engine samples ``vocab_size`` ids of, with the outstanding requests of each
+    and the servers still alive."""
 
-    def __init__(self, urls: Sequence[str], max_in_flight: int = MAX_IN_FLIGHT):
+    def __init__(self, urls: Sequence[str], vocab_size: int, max_in_flight: int = MAX_IN_FLIGHT):
         if not urls:
             raise MolrlError("engine=vllm_server needs engine_servers: [http://HOST:PORT, ...] (start each with "
                              "molrl serve --model MODEL --port PORT)")
-        self.clients = [ServerClient(url) for url in urls]
+        self.clients = [ServerClient(url, vocab_size) for url in urls]
         self.outstanding = [0] * len(self.clients)
         self.alive = [True] * len(self.clients)
         self.down: dict[str, str] = {}
-        """url -> why it was taken out."""
+        """url -> what happened to it and why (``ServerFailed.why``)."""
         self.in_use: Counter[str] = Counter()
         """Model name -> requests submitted on it and not yet done."""
         self.on_unused: dict[str, list[Callable[[], None]]] = {}
@@ -57,21 +59,24 @@ class ServerPool:
         with self.lock:
             return [c for c, up in zip(self.clients, self.alive) if up]
 
-    def mark_down(self, client: ServerClient, reason: str) -> None:
-        """Take ``client``'s server out of the pool, with one log line naming it."""
+    def mark_down(self, client: ServerClient, why: str) -> None:
+        """Take ``client``'s server out of the pool, with one log line naming it and ``why`` (``ServerFailed.why``)."""
         with self.lock:
             i = self.clients.index(client)
             if not self.alive[i]:
                 return
             self.alive[i] = False
-            self.down[client.url] = reason
+            self.down[client.url] = why
             left = sum(self.alive)
-        log.warning("engine server %s is down (%s); its requests go to the %d left", client.url, reason, left)
+        log.warning("engine server %s %s; it is out of the pool and its requests go to the %d left", client.url, why,
+                    left)
 
     def no_server_left(self) -> NoServerLeft:
-        why = "; ".join(f"{url}: {reason}" for url, reason in self.down.items())
-        return NoServerLeft(f"every engine server is down ({why}); the step stopped: start the servers again "
-                            "(molrl serve) and re-run the same command, which resumes from the last checkpoint")
+        """The error of a request that finds no server left."""
+        why = "; ".join(f"{url} {what}" for url, what in self.down.items())
+        return NoServerLeft(f"every engine server is out of the pool ({why}); the step stopped: start the servers "
+                            "again (molrl serve: vLLM's own server) and re-run the same command, which resumes from "
+                            "the last checkpoint")
 
     def submit(self, model: str, ids: Sequence[int], params: RequestParams,
                cancel: threading.Event | None = None) -> "Future[Reply]":
@@ -104,8 +109,8 @@ class ServerPool:
             client = self.clients[i]
             try:
                 return client.complete(model, ids, params, cancel)
-            except ServerDown as err:
-                self.mark_down(client, err.reason)
+            except ServerFailed as err:
+                self.mark_down(client, err.why)
             finally:
                 with self.lock:
                     self.outstanding[i] -= 1
@@ -146,12 +151,13 @@ class ServerPool:
         return self.gather(futures)
 
     def call_everywhere(self, what: str, call: Callable[[ServerClient], None]) -> None:
-        """``call`` on every live server; a server that cannot be reached is taken out of the pool."""
+        """``call`` on every live server; a server that cannot be reached, or answers what the client refuses, is taken
+        out of the pool."""
         for client in self.live():
             try:
                 call(client)
-            except ServerDown as err:
-                self.mark_down(client, f"{what}: {err.reason}")
+            except ServerFailed as err:
+                self.mark_down(client, f"{err.state} ({what}): {err.reason}")
         if not any(self.alive):
             raise self.no_server_left()
 

@@ -21,9 +21,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from molrl.engine_server.client import ServerDown
+from molrl.engine_server.client import ServerFailed
 from molrl.engine_server.pool import ServerPool
 from molrl.errors import MolrlError
+from molrl.writes import plain_name
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,16 @@ LOAD_WAIT_S = 600.0
 def adapter_name(tag: str, count: int) -> str:
     """The name the ``count``-th adapter of a run tagged ``tag`` is loaded under."""
     return f"molrl-{tag}-{count}"
+
+
+def adapter_folder(folder: Path, name: str) -> Path:
+    """Where the adapter ``name`` is saved under ``folder`` (and removed from, once unloaded): refused in one line
+    unless the name is one plain folder name (``molrl.writes.plain_name``), so no adapter is written or deleted
+    outside ``folder``."""
+    if not plain_name(name):
+        raise MolrlError(f"adapter name {name!r}: not one plain folder name, so its folder would lie outside {folder}; "
+                         "give a name that is not '.' or '..' and holds no '/', '\\' or NUL")
+    return Path(folder) / name
 
 
 def same_model(served: str, expected: str) -> bool:
@@ -86,7 +97,7 @@ class AdapterSync:
     def publish(self, name: str, save: Callable[[Path], None]) -> None:
         """Save the adapter (``save`` writes it into the folder it is given) and load it on every live server under
         ``name``; the previous one is unloaded once unused."""
-        path = (self.folder / name).resolve()
+        path = adapter_folder(self.folder, name).resolve()
         save(path)
         self.pool.call_everywhere(f"loading adapter {name}", lambda c: c.load_adapter(name, str(path)))
         self.switch(name, owner=True)
@@ -94,15 +105,15 @@ class AdapterSync:
     def follow(self, name: str) -> None:
         """On a process other than the main one: wait until every live server lists ``name``, then sample from it. A
         server that cannot be reached is taken out of this process's pool, as the main process takes it out of its
-        own when the load fails there."""
+        own when the load fails there (a server whose answer is refused, likewise)."""
         deadline = time.monotonic() + LOAD_WAIT_S
         while True:
             listed = True
             for client in self.pool.live():
                 try:
                     cards = client.models()
-                except ServerDown as err:
-                    self.pool.mark_down(client, f"waiting for adapter {name}: {err.reason}")
+                except ServerFailed as err:
+                    self.pool.mark_down(client, f"{err.state} (waiting for adapter {name}): {err.reason}")
                     continue
                 if name not in {card.get("id") for card in cards}:
                     listed = False
@@ -127,11 +138,12 @@ class AdapterSync:
 
     def drop(self, name: str) -> None:
         """Unload ``name`` from every live server and remove its folder."""
+        folder = adapter_folder(self.folder, name)
         try:
             self.pool.call_everywhere(f"unloading adapter {name}", lambda c: c.unload_adapter(name))
         except MolrlError as err:  # an adapter left loaded costs memory, not correctness
             log.warning("adapter %s: %s", name, err)
-        shutil.rmtree(self.folder / name, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
 
     def close(self) -> None:
         """Unload the current adapter (the servers are left as they were found)."""

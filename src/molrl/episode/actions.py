@@ -109,16 +109,30 @@ def _after_thinking(text: str) -> int:
 
 
 def _find_boxed(text: str, start: int) -> tuple[int, int] | None:
-    r"""Span of the first complete ``\boxed{...}`` (braces balanced) at or after ``start``."""
-    i = text.find("\\boxed{", start)
-    while i >= 0:
-        depth = 0
-        for j in range(i + len("\\boxed"), len(text)):
-            if text[j] == "{":
-                depth += 1
-            elif text[j] == "}":
-                depth -= 1
-                if depth == 0:
-                    return i, j + 1
-        i = text.find("\\boxed{", i + 1)
-    return None
+    r"""Span of the first complete ``\boxed{...}`` (braces balanced) at or after ``start``.
+
+    One scan pairs every brace: a box is complete where the brace it opens is closed. The first box to start among
+    the complete ones is returned as soon as no earlier box is still open, so any text costs linear time."""
+    opens: list[int] = []  # per brace still open: where its box starts, or -1 for a plain brace
+    boxes_open = 0
+    found: tuple[int, int] | None = None
+    i = j = text.find("\\boxed{", start)  # braces before the first box close none
+    while 0 <= j < len(text):
+        if j == i:
+            opens.append(j)
+            boxes_open += 1
+            j += len("\\boxed{")
+            i = text.find("\\boxed{", j)
+            continue
+        char = text[j]
+        if char == "{":
+            opens.append(-1)
+        elif char == "}" and opens:
+            box = opens.pop()
+            if box >= 0:
+                boxes_open -= 1
+                found = (box, j + 1) if found is None or box < found[0] else found
+        if found is not None and not boxes_open:
+            return found
+        j += 1
+    return found

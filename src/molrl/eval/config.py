@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Literal
 
+from molrl.config_idle import check_idle
 from molrl.episode.config import EpisodeLimits
 from molrl.engines import check_engine_servers
 from molrl.config_blocks import ModelSource, TaskSource, as_model_source, as_task_source
@@ -13,6 +14,7 @@ from molrl.config_ranges import Count, RunDir, Threads
 from molrl.sampling import SamplingConfig
 from molrl.sandbox import SandboxConfig
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
+from molrl.writes import plain_name
 
 
 @dataclass
@@ -100,3 +102,9 @@ class EvalConfig:
             raise ValueError(f"sampling.n={self.sampling.n} with greedy decoding gives n equal samples; set sampling.temperature > 0")
         if not self.benchmarks:
             raise ValueError("benchmarks is empty; name at least one")
+        for name in self.benchmarks:  # each becomes a folder of the run directory (NAME/samples.jsonl)
+            if not plain_name(name):
+                raise ValueError(f"benchmark name {name!r} is not one plain folder name, so its samples would be "
+                                 "written outside output_dir; give a name that is not '.' or '..' and holds no '/', "
+                                 "'\\' or NUL")
+        check_idle(self, "eval")  # last: a key set where it cannot act (molrl.config_idle)

@@ -29,12 +29,12 @@ from molrl.eval.samples import SampleRecord, SampleStore, other_model, recorded_
 from molrl.eval.single import summarise
 from molrl.eval.interactive import InteractiveSource
 from molrl.eval.sources import PredictionSource, SamplingSource
-from molrl.eval.suites import load_suite
+from molrl.eval.suites import load_suite, load_whole
 from molrl.provenance import check_scored
 from molrl.rerun import NEW_RUN, changed_keys, check_rerun, save_run_config, say_finished
 from molrl.run_inputs import inputs_path
 from molrl.tasks import Task
-from molrl.writes import folder_lock
+from molrl.locks import folder_lock
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +58,10 @@ def make_source(cfg: EvalConfig) -> Any:
 
 def run_eval(cfg: EvalConfig) -> Path:
     """Evaluate ``cfg.benchmarks`` and return the run directory holding the results (one run at a time writes a
-    run directory: ``molrl.writes.folder_lock``)."""
+    run directory: ``molrl.locks.folder_lock``)."""
     out = Path(cfg.output_dir)
     created = not out.exists()
-    with folder_lock(out, f"use another {NEW_RUN['eval']}"), _removed_if_failed_empty(out, created):
+    with folder_lock(out, f"use another {NEW_RUN['eval']}", stage="eval"), _removed_if_failed_empty(out, created):
         return _evaluate(cfg)
 
 
@@ -73,7 +73,9 @@ def _evaluate(cfg: EvalConfig) -> Path:
     check_rerun("eval", cfg, out / "config.yaml", started=started)  # molrl.rerun: one rule for every stage
     suites = {name: load_suite(name, cfg) for name in cfg.benchmarks}  # all data checked before any work
     if cfg.model.adapter or (cfg.model.path and not cfg.predictions):  # never score what the model trained on
-        check_scored(cfg.model.path, cfg.model.adapter, suites, cfg.allow_trained_overlap, "allow_trained_overlap")
+        known = {name: load_whole(name, cfg) for name in cfg.benchmarks}  # matched as exclusion matches: whole files
+        check_scored(cfg.model.path, cfg.model.adapter, suites, cfg.allow_trained_overlap, "allow_trained_overlap",
+                     known)
     source = make_source(cfg)
     suites = {name: source.select(name, tasks) for name, tasks in suites.items()}
     check_same_model(out, suites, source)  # a raised limit extends a run with the model that made it only

@@ -142,7 +142,7 @@ def load_generator(cfg: EvalConfig, planned_tokens: int = 0) -> tuple[Any, Any]:
 
     tokenizer = load_tokenizer(cfg.model.path)
     engine = choose_engine(cfg.engine, cfg.model.path, planned_tokens, servers=cfg.engine_servers)
-    engine.log("eval")
+    engine.log("eval", cfg)
     if engine.name == "vllm_server":
         from molrl.engine_server.generator import open_generator
 

@@ -33,20 +33,34 @@ FORMAT_HINT = {
 def load_suite(name: str, cfg: Any) -> list[Task]:
     """The problems of benchmark ``name``: ``cfg.data[name]`` read as every stage reads a task source, on its split
     (else ``cfg.split``), the first ``cfg.limit`` of them when set."""
+    src = _source(name, cfg)
+    path = str(cfg.data[name].path)
+    tasks = load_task_source(src, f"data.{name}", split=cfg.split)
+    tasks = tasks[: cfg.limit] if cfg.limit is not None else tasks
+    if not tasks:
+        raise MolrlError(f"{path}: benchmark {name!r} has no problems")
+    return tasks
+
+
+def load_whole(name: str, cfg: Any) -> list[Task]:
+    """Every task of benchmark ``name``'s data, all its splits and no limit: what a trained model's record is matched
+    among (``molrl.provenance.check_scored``), as exclusion matches traces among a benchmark's whole file."""
+    src = dataclasses.replace(_source(name, cfg), split="all", limit=None)
+    return load_task_source(src, f"data.{name}", split="all")
+
+
+def _source(name: str, cfg: Any) -> Any:
+    """``cfg.data[name]``, checked, with a ``hub:`` dataset fetched to the run directory (once)."""
     src = cfg.data.get(name)
     if src is None or src.path is None:
         hint = FORMAT_HINT.get(BENCHMARK_FORMATS.get(name, ""), "a molrl task JSONL (fields under data.NAME.spec)")
         raise MolrlError(f"no data for benchmark {name!r}; pass --data {name}=PATH ({hint}) or {name}=hub:DATASET")
     path = str(src.path)
     if path.startswith("hub:"):
-        src = dataclasses.replace(src, path=fetch_hub(path, Path(cfg.output_dir) / "data" / f"{name}.jsonl"))
-    elif not Path(path).is_file():
+        return dataclasses.replace(src, path=fetch_hub(path, Path(cfg.output_dir) / "data" / f"{name}.jsonl"))
+    if not Path(path).is_file():
         raise MolrlError(f"{path}: data file of benchmark {name!r} not found")
-    tasks = load_task_source(src, f"data.{name}", split=cfg.split)
-    tasks = tasks[: cfg.limit] if cfg.limit is not None else tasks
-    if not tasks:
-        raise MolrlError(f"{path}: benchmark {name!r} has no problems")
-    return tasks
+    return src
 
 
 def fetch_hub(source: str, dest: Path) -> Path:

@@ -12,6 +12,7 @@ from molrl.config_ranges import Count, Range, RunDir, Size, Temperature, Threads
 
 Mode = Literal["mol", "ce", "ce_feedback"]
 Direction = Literal["reverse", "forward"]
+BaseTargets = Literal["live", "hidden", "topk"]
 
 
 @dataclass(frozen=True)
@@ -32,11 +33,29 @@ class LossSettings:
     """Positions per logits chunk; 0 picks one from the vocabulary size."""
     monitor_kl: bool = True
     """In the ce modes, still measure the decision-token KL (needs the base forward) for logging."""
+    base_targets: BaseTargets = "live"
+    """Where the KL's base distribution comes from: live, the frozen base run beside every step; hidden, the base's
+    final hidden states at the KL's tokens, computed once and cached (the KL stays exact); topk, the base's top
+    loss.base_topk log-probs and the tail's mass, cached (the KL over K + 1 classes; temperature 1 only)."""
+    base_targets_dir: RunDir | None = None
+    """The cache of loss.base_targets=hidden/topk (none: OUTPUT_DIR/base_targets); runs on the same base, traces,
+    max_length, template and dtype (other arms, seeds, a resumed run) may share one, and a cache made from other
+    inputs is refused, naming what differs."""
+    base_topk: Annotated[int, Range(1, 1_000_000)] = 64
+    """K of loss.base_targets=topk: the base's most likely tokens kept per KL token (the rest is one class)."""
+    base_targets_check_steps: Size = 50
+    """With a cache, every this many steps one micro-batch also runs the live base and logs base_targets_error (the
+    per-token |KL cached - KL live|); 0: never."""
 
     @property
     def needs_base(self) -> bool:
         """Whether the frozen base model's hidden states are needed."""
         return self.mode == "mol" or self.monitor_kl
+
+    @property
+    def cached_base(self) -> bool:
+        """Whether the base's targets come from the cache (``molrl.mol.base_cache``) rather than a live forward."""
+        return self.needs_base and self.base_targets != "live"
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Training examples for MoL: tokenised traces, a padding collator, a domain:general sampler.
 
 An example is a dict of token-aligned lists (``input_ids``, ``feedback_mask``, ``decision_mask``)
-plus ``is_general``. The sampler walks the domain examples in a seeded order and interleaves
+plus ``is_general`` and ``index`` (its position among the run's examples, by which the trainer finds its cached
+base targets: ``molrl.mol.base_cache``). The sampler walks the domain examples in a seeded order and interleaves
 general examples (cycled, also seeded) so that every window of the stream holds the configured
 domain:general ratio; the order depends only on (seed, epoch), so a resumed run sees the same data.
 """
@@ -17,7 +18,8 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 
 from molrl.errors import MolrlError
-from molrl.tasks.index import BENCHMARK_TASK, EVAL_SPLIT, overlap_line, trace_task_key
+from molrl.tasks.index import (BENCHMARK_TASK, EVAL_SPLIT, first_user_text, match_text, overlap_line,
+                               trace_tag, trace_task_key)
 
 log = logging.getLogger(__name__)
 _SHOWN_CUTS = 5  # cuts at max_length logged one by one; the rest are counted
@@ -52,12 +54,15 @@ class DataStats:
     """Decision tokens of domain traces that carry a loss (the KL term's tokens)."""
     files: list[str] = field(default_factory=list)
     """Trace files read."""
-    benchmark_tasks: list[tuple[str, str, str, str]] = field(default_factory=list)
+    benchmark_tasks: list[tuple[str, str | None, str, str]] = field(default_factory=list)
     """(benchmark, split, task id, content key) of the benchmark tasks the domain traces were made on: their
     ``meta["benchmark_task"]`` (``molrl.tasks.index``; an importer given the benchmark files, ``molrl collect``), or
     the benchmark tasks ``data.exclude_benchmarks`` recognised and kept, for the run's provenance."""
     task_keys: list[str] = field(default_factory=list)
     """The content key of every domain trace's task (``molrl.tasks.index.trace_task_key``), sorted, each once."""
+    task_texts: dict[str, list[str]] = field(default_factory=dict)
+    """Per content key of a domain trace that names no benchmark task: its task's normalised text(s)
+    (``molrl.tasks.index.match_text``), for the run's provenance; left out of data_stats.json."""
     excluded: dict[str, int] = field(default_factory=dict)
     """Per ``benchmark/split``: domain traces left out as eval test tasks (``data.exclude_benchmarks``)."""
     cut_fix: str = ""
@@ -80,6 +85,8 @@ def load_examples(paths: Sequence[str], tokenizer: Any, max_length: int, enable_
 
     With ``exclude_benchmarks`` (name -> benchmark file, ``data.exclude_benchmarks``), domain traces whose task is
     one of those benchmarks' test tasks (the split eval scores), recognised by content, are left out, in one line.
+    Domain traces that remain on a benchmark's test tasks are counted in one warning before tokenising
+    (``molrl.tasks.eval_overlap.traces_overlap_line``).
 
     Every malformed record and every trace the tokenizer cannot label is listed, one line each with
     its file and line, in the one error raised once all files are read. Traces without feedback or
@@ -88,6 +95,7 @@ def load_examples(paths: Sequence[str], tokenizer: Any, max_length: int, enable_
     warning naming it; cuts at ``max_length`` are logged with file and line, and traces the cut
     leaves with nothing to train on are counted per file with the fix, refused when no trace is left.
     """
+    from molrl.tasks.eval_overlap import traces_overlap_line
     from molrl.traces.schema import Reject, TraceError, read_traces, rejects_error
     from molrl.traces.tokenize import TokenizeConfig, tokenize_trace
 
@@ -109,6 +117,8 @@ def load_examples(paths: Sequence[str], tokenizer: Any, max_length: int, enable_
         files = [(path, _without_eval_tasks(traces, index, stats)) for path, traces in files]
         total = sum(len(t) for _, t in files) + sum(stats.excluded.values())
         log.info("%s", overlap_line(stats.excluded, total, "data.exclude_benchmarks"))
+    if line := traces_overlap_line([t for _, traces in files for _, t in traces], "data.traces"):
+        log.warning("%s", line)  # at start, before any trace is tokenised
     rejects: list[Reject] = [r for reader in readers for r in reader.rejects]
     for path, traces in files:
         if read[path] and not traces:  # every trace an eval test task: not an empty file
@@ -126,6 +136,7 @@ def load_examples(paths: Sequence[str], tokenizer: Any, max_length: int, enable_
                 log.warning("%s:%d: %s", path, line_no, "; ".join(tok.notes))
             stats.truncated += tok.truncated
             ex = example_from_tokenized(tok, max_length)
+            ex["index"] = len(examples)
             _count(stats, ex, trace, tok.truncated)
             examples.append(ex)
         if not rejects:
@@ -243,11 +254,14 @@ def _count(stats: DataStats, ex: dict[str, Any], trace: Any, truncated: bool) ->
         return
     key = trace_task_key(trace.messages, trace.meta)
     stats.task_keys.append(key)
-    found = trace.meta.get(BENCHMARK_TASK) or {}
-    entry = (found.get("benchmark", trace.meta.get("benchmark")), found.get("split", trace.meta.get("task_split")),
-             found.get("id", trace.meta.get("task_id")), found.get("key", key))
-    if None not in entry[:3] and entry not in stats.benchmark_tasks:
+    tag = trace_tag(trace.meta)
+    entry = (tag["benchmark"], tag["split"], tag["id"], tag["key"] or key) if tag else None
+    if entry is not None and entry not in stats.benchmark_tasks:
         stats.benchmark_tasks.append(entry)
+    if tag is None:  # no benchmark named: eval searches its text for the problems it scores, as exclusion does
+        texts = stats.task_texts.setdefault(key, [])
+        if (text := match_text(first_user_text(trace.messages))) not in texts:
+            texts.append(text)
     # Position 0 is never predicted, so a mask set only there carries nothing.
     has_feedback, has_decision = any(ex["feedback_mask"][1:]), any(ex["decision_mask"][1:])
     stats.feedback_tokens += sum(ex["feedback_mask"][1:])
@@ -259,7 +273,8 @@ def _count(stats: DataStats, ex: dict[str, Any], trace: Any, truncated: bool) ->
 
 
 class MolCollator:
-    """Right-pads a list of examples into tensors: input_ids, attention_mask, masks [B, L], is_general [B]."""
+    """Right-pads a list of examples into tensors: input_ids, attention_mask, masks [B, L], is_general [B], and
+    index [B] when every example has one."""
 
     def __init__(self, pad_token_id: int):
         self.pad_token_id = pad_token_id
@@ -270,7 +285,7 @@ class MolCollator:
         def pad(key: str, value: int) -> torch.Tensor:
             return torch.tensor([ex[key] + [value] * (L - len(ex[key])) for ex in examples], dtype=torch.long)
 
-        return {
+        batch = {
             "input_ids": pad("input_ids", self.pad_token_id),  # [B, L]
             "attention_mask": torch.tensor(
                 [[1] * len(ex["input_ids"]) + [0] * (L - len(ex["input_ids"])) for ex in examples]
@@ -279,6 +294,9 @@ class MolCollator:
             "decision_mask": pad("decision_mask", 0),  # [B, L]
             "is_general": torch.tensor([bool(ex["is_general"]) for ex in examples]),  # [B]
         }
+        if all("index" in ex for ex in examples):
+            batch["index"] = torch.tensor([int(ex["index"]) for ex in examples])  # [B]
+        return batch
 
 
 class RatioSampler(torch.utils.data.Sampler[int]):

@@ -13,6 +13,10 @@ Each term is a sum over its tokens divided by its own token count over the whole
 (all micro-batches, all data-parallel ranks): ``StepCounts``. Splitting a step differently
 therefore changes neither the loss nor the gradients.
 
+The base's distribution at the KL's tokens comes from its final hidden states and head (live, or cached:
+``molrl.mol.base_cache``), or from its cached top-K log-probs and tail (``molrl.mol.topk``): then the KL is taken
+over those K + 1 classes, and the CE part is unchanged.
+
 Memory: hidden states are gathered at the positions that carry a loss, and logits are made from
 them chunk by chunk inside one autograd function that also produces the gradients of each chunk
 on the spot, so no [tokens, vocab] tensor outlives its chunk (the fused linear cross-entropy idea
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from molrl.mol.config import Direction, LossSettings  # the loss's settings live torch-free, for the CLI
+from molrl.mol.topk import TopK, coarse_kl_terms
 
 # Logit elements per chunk when the chunk size is automatic (~128 MiB of fp32 per temporary).
 _AUTO_CHUNK_ELEMENTS = 2**25
@@ -111,6 +116,7 @@ class LossOutput:
 
     loss: torch.Tensor  # [] this micro-batch's share of the step loss
     metrics: LossMetrics
+    kl: torch.Tensor  # [N_kl] detached KL at each KL-measured position, row-major over [B, L-1]
 
 
 def mol_loss(
@@ -121,8 +127,10 @@ def mol_loss(
     masks: TokenMasks,
     counts: torch.Tensor,  # [3] step counts (feedback, decision, general)
     settings: LossSettings,
+    base_topk: TopK | None = None,  # [N_kl] the base's cached top K at the KL-measured positions, row-major
 ) -> LossOutput:
-    """This micro-batch's share of the MoL step loss, from hidden states, never full logits."""
+    """This micro-batch's share of the MoL step loss, from hidden states, never full logits. The base enters as
+    ``base_hidden`` (with ``base_head``) or, when given, as ``base_topk`` (then ``base_hidden`` is unused)."""
     ce_coef, kl_coef, kl_measured = position_coefficients(masks, counts, settings)
     carries_ce = masks.feedback | masks.decision | masks.general  # CE is measured wherever cheap
     B, L, H = hidden.shape
@@ -134,7 +142,13 @@ def mol_loss(
     flat_pos = rows + rows // (L - 1)  # [N]
     h_sel = hidden.reshape(B * L, H).index_select(0, flat_pos)  # [N, H]
     hb_sel = None
-    if base_hidden is not None and kl_rows.numel():
+    if base_topk is not None:
+        if base_topk.indices.shape[0] != kl_rows.numel():
+            raise ValueError(f"base_topk holds {base_topk.indices.shape[0]} positions, the batch measures KL at "
+                             f"{kl_rows.numel()}")
+        if settings.temperature != 1.0:
+            raise ValueError(f"a top-K base is the base at temperature 1, not at loss.temperature={settings.temperature}")
+    elif base_hidden is not None and kl_rows.numel():
         hb_sel = base_hidden.reshape(B * L, H).index_select(0, flat_pos[: kl_rows.numel()])  # [N_kl, H]
     weight, bias = head
     base_weight, base_bias = base_head
@@ -142,9 +156,10 @@ def mol_loss(
         h_sel, weight, bias, hb_sel, base_weight, base_bias,
         masks.targets.flatten()[rows], ce_coef.flatten()[rows], kl_coef.flatten()[rows],
         settings.kl_direction, settings.temperature, _chunk_size(settings.chunk_size, weight.shape[0]),
+        base_topk if kl_rows.numel() else None,
     )
     metrics = _metrics(masks, rows, kl_rows.numel(), ce_vals, kl_vals)
-    return LossOutput(loss=loss, metrics=metrics)
+    return LossOutput(loss=loss, metrics=metrics, kl=kl_vals[: kl_rows.numel()])
 
 
 def _metrics(masks: TokenMasks, rows: torch.Tensor, n_kl: int, ce_vals, kl_vals) -> LossMetrics:
@@ -169,7 +184,8 @@ def _chunk_size(requested: int, vocab: int) -> int:
 class ChunkedHeadLoss(torch.autograd.Function):
     """sum_i ce_coef_i * CE_i + kl_coef_i * KL_i over gathered positions, in vocabulary-sized chunks.
 
-    The first ``N_kl = base_hidden.shape[0]`` rows also get a KL against the base head. Gradients
+    The first ``N_kl`` rows also get a KL against the base: its head applied to ``base_hidden`` [N_kl, H], or its
+    cached top K (``base_topk``, N_kl rows: the KL over K + 1 classes, ``molrl.mol.topk``). Gradients
     with respect to hidden states (and the head, when it is trained) are formed per chunk in the
     forward pass, so backward stores [N, H] and [V, H] tensors, never [N, V].
     Returns (loss [], ce [N] detached, kl [N] detached, zero beyond N_kl).
@@ -177,9 +193,9 @@ class ChunkedHeadLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, base_hidden, base_weight, base_bias,
-                targets, ce_coef, kl_coef, direction, temperature, chunk):
+                targets, ce_coef, kl_coef, direction, temperature, chunk, base_topk=None):
         N = hidden.shape[0]
-        n_kl = 0 if base_hidden is None else base_hidden.shape[0]
+        n_kl = base_topk.indices.shape[0] if base_topk is not None else 0 if base_hidden is None else base_hidden.shape[0]
         grad_hidden = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)  # [N, H]
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if weight.requires_grad else None
         grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if bias is not None and bias.requires_grad else None
@@ -192,10 +208,14 @@ class ChunkedHeadLoss(torch.autograd.Function):
         for s, e in bounds:
             h = hidden[s:e]  # [C, H]
             logits = _linear(h, weight, bias)  # [C, V] fp32
-            hb = base_hidden[s:e] if s < n_kl else None
-            base_logits = _linear(hb, base_weight, base_bias) if hb is not None else None
-            d_logits, ce, kl = _chunk_terms(logits, base_logits, targets[s:e], ce_coef[s:e], kl_coef[s:e],
-                                            direction, temperature)  # [C, V], [C], [C]
+            if s < n_kl and base_topk is not None:
+                d_logits, ce, kl = _chunk_terms_topk(logits, base_topk, s, e, targets[s:e], ce_coef[s:e],
+                                                     kl_coef[s:e], direction)  # [C, V], [C], [C]
+            else:
+                hb = base_hidden[s:e] if s < n_kl else None
+                base_logits = _linear(hb, base_weight, base_bias) if hb is not None else None
+                d_logits, ce, kl = _chunk_terms(logits, base_logits, targets[s:e], ce_coef[s:e], kl_coef[s:e],
+                                                direction, temperature)  # [C, V], [C], [C]
             ce_vals[s:e], kl_vals[s:e] = ce, kl
             loss += (ce_coef[s:e] * ce).sum() + (kl_coef[s:e] * kl).sum()
             grad_hidden[s:e] = d_logits.to(weight.dtype) @ weight  # [C, H]
@@ -214,7 +234,7 @@ class ChunkedHeadLoss(torch.autograd.Function):
         g_h = (grad_hidden * grad_loss).to(ctx.hidden_dtype)
         g_w = None if grad_weight is None else grad_weight * grad_loss
         g_b = None if grad_bias is None else grad_bias * grad_loss
-        return g_h, g_w, g_b, None, None, None, None, None, None, None, None, None
+        return g_h, g_w, g_b, None, None, None, None, None, None, None, None, None, None
 
 
 def _linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -270,6 +290,24 @@ def _chunk_terms(
         else:
             d_logits = p.mul_(coef).add_(logp_t.exp_().sub_(q_t).mul_(scale))
     return d_logits.scatter_add_(1, targets[:, None], -coef), ce, kl
+
+
+def _chunk_terms_topk(
+    logits: torch.Tensor,  # [C, V] fp32 policy logits (overwritten)
+    base_topk: TopK,  # the base's top K at all N_kl KL rows
+    s: int, e: int,  # this chunk's rows of base_topk
+    targets: torch.Tensor,  # [C]
+    ce_coef: torch.Tensor,  # [C]
+    kl_coef: torch.Tensor,  # [C]
+    direction: Direction,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``_chunk_terms`` with the base as its cached top K: CE as there, the KL and its gradient over the base's
+    K + 1 classes (``molrl.mol.topk.coarse_kl_terms``), at temperature 1."""
+    device = logits.device
+    d_kl, kl = coarse_kl_terms(logits, base_topk.indices[s:e].to(device).long(), base_topk.logprobs[s:e].to(device),
+                               base_topk.tail[s:e].to(device), kl_coef, direction)  # [C, V], [C]
+    d_ce, ce, _ = _chunk_terms(logits, None, targets, ce_coef, kl_coef, direction, 1.0)  # [C, V], [C]
+    return d_ce.add_(d_kl), ce, kl
 
 
 def _log_softmax_(x: torch.Tensor) -> torch.Tensor:

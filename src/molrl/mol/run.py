@@ -5,7 +5,9 @@ base, the lineage and the tasks its traces were collected on: ``molrl.provenance
 weights carry a copy inside), ``metrics.jsonl``
 (one JSON object per logged step), ``checkpoints/checkpoint-N`` (a re-run resumes from the newest) with
 the tensorboard logs under ``checkpoints/runs/``, as the RL stage keeps them, and the final ``adapter/``
-(PEFT, loadable with plain peft) or ``model/`` (full fine-tuning).
+(PEFT, loadable with plain peft) or ``model/`` (full fine-tuning). With ``loss.base_targets`` hidden or topk, the
+base's targets are cached in ``loss.base_targets_dir`` (default ``base_targets/``), built before training when
+missing (``molrl.mol.base_cache``).
 """
 
 from __future__ import annotations
@@ -25,18 +27,19 @@ from molrl.provenance import Provenance, TrainedTask, config_fingerprint, made, 
 from molrl.rerun import CHECKPOINTS, NEW_RUN, save_run_config, training_rerun
 from molrl.trackers import report_backends
 from molrl.training_args import training_arguments
-from molrl.writes import folder_lock, write_folder, write_text
+from molrl.locks import folder_lock
+from molrl.writes import write_folder, write_text
 
 log = logging.getLogger(__name__)
 
 
 def run_mol(cfg: MolConfig) -> Path:
     """Train per ``cfg`` (a re-run follows ``molrl.rerun``'s rule: finished, refused, extended or resumed); returns
-    the output dir. One run at a time writes an output dir (``molrl.writes.folder_lock``)."""
+    the output dir. One run at a time writes an output dir (``molrl.locks.folder_lock``)."""
     check_values(cfg, "MolConfig")
     check_config(cfg)
     out = Path(cfg.output_dir)
-    with folder_lock(out, f"start a new run with {NEW_RUN['mol']}"):
+    with folder_lock(out, f"start a new run with {NEW_RUN['mol']}", stage="mol"):
         _train(cfg, out)
     return out
 
@@ -58,7 +61,8 @@ def _train(cfg: MolConfig, out: Path) -> None:
     tokenizer = load_tokenizer(cfg.model.path)
     examples, stats = load_examples(cfg.data.traces, tokenizer, cfg.data.max_length, cfg.thinking,
                                     cfg.data.exclude_benchmarks)
-    write_text(out / "data_stats.json", json.dumps(dataclasses.asdict(stats), indent=2))
+    summary = {k: v for k, v in dataclasses.asdict(stats).items() if k != "task_texts"}  # the texts: in the record
+    write_text(out / "data_stats.json", json.dumps(summary, indent=2))
     record = provenance(cfg, stats)
     write_provenance(out, record)  # the tasks its traces came from: eval will not score them with these weights
     log.info("%d traces (%d general), %d tokens; %d without decision tokens, %d without feedback tokens, "
@@ -67,6 +71,10 @@ def _train(cfg: MolConfig, out: Path) -> None:
     check_feedback(stats, cfg.loss.mode)
 
     trainer = build_trainer(cfg, examples, tokenizer)
+    if cfg.loss.cached_base and not rerun.at_last_step:
+        from molrl.mol.base_cache import prepare
+
+        trainer.base_targets = prepare(cfg, examples, tokenizer, trainer)  # built here when missing, before training
     trainer.add_callback(ProvenanceCallback(record))  # each checkpoint carries it
     if trainer.is_world_process_zero():  # the one process that writes metrics.jsonl
         # Lines past the resumed step (all of them on a fresh start) are logged again by this run.
@@ -89,10 +97,10 @@ def _train(cfg: MolConfig, out: Path) -> None:
 
 def provenance(cfg: MolConfig, stats: Any) -> Provenance:
     """The record of the weights this run makes: its base (or the merged model's own record), and the tasks of its
-    domain traces (``DataStats.benchmark_tasks`` and ``task_keys``)."""
+    domain traces (``DataStats.benchmark_tasks``, ``task_keys`` and ``task_texts``)."""
     tasks = [TrainedTask(*entry) for entry in stats.benchmark_tasks]
     return made("mol", config_fingerprint(cfg), cfg.model.path, [read_provenance(cfg.model.path)], tasks,
-                stats.task_keys)
+                stats.task_keys, stats.task_texts)
 
 
 def build_trainer(cfg: MolConfig, examples: list[dict[str, Any]], tokenizer: Any) -> Any:
@@ -170,7 +178,29 @@ def check_config(cfg: MolConfig) -> None:
             raise ConfigError(f"data.traces: {path}: file not found")
     if cfg.loss.temperature <= 0:
         raise ConfigError(f"loss.temperature={cfg.loss.temperature}: must be > 0")
+    check_base_targets(cfg.loss)
     report_backends(cfg.train.report_to, "train.report_to")
+
+
+def check_base_targets(loss: Any) -> None:
+    """Refuse a base-targets key that would do nothing, and a top-K base at a temperature other than 1."""
+    from molrl.mol.config import LossSettings
+
+    defaults = LossSettings()
+    if loss.base_targets == "topk" and loss.temperature != 1.0:
+        raise ConfigError(f"loss.base_targets=topk with loss.temperature={loss.temperature:g}: the base's top K at "
+                          "temperature 1 does not give its distribution at another; set loss.temperature=1, or use "
+                          "loss.base_targets=hidden")
+    if loss.base_targets != "live" and not loss.needs_base:
+        raise ConfigError(f"loss.base_targets={loss.base_targets} with loss.mode={loss.mode} and loss.monitor_kl=false: "
+                          "nothing reads the base; set loss.base_targets=live")
+    unused = [f"loss.{name}={getattr(loss, name)}" for name, only in (
+        ("base_targets_dir", ("hidden", "topk")), ("base_targets_check_steps", ("hidden", "topk")),
+        ("base_topk", ("topk",))) if getattr(loss, name) != getattr(defaults, name) and loss.base_targets not in only]
+    if unused:
+        raise ConfigError(f"{', '.join(unused)} with loss.base_targets={loss.base_targets}: read only with a cached "
+                          "base (loss.base_targets=hidden or topk; base_topk: topk); remove it, or set "
+                          "loss.base_targets")
 
 
 def check_reference_room(cfg: MolConfig, available_bytes: int | None = None) -> None:

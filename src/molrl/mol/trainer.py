@@ -5,8 +5,10 @@ What changes from the stock Trainer:
   micro-batches are summed and all-reduced over data-parallel ranks (``_get_num_items_in_batch``),
   so every micro-batch's loss is its exact share of the step loss;
 - ``compute_loss`` runs the policy to its final hidden states (logits for one position only), the
-  frozen base under ``no_grad`` (adapter disabled, or a frozen copy for full fine-tuning), and the
-  chunked loss of ``molrl.mol.losses``;
+  frozen base under ``no_grad`` (adapter disabled, or a frozen copy for full fine-tuning) or reads its
+  cached targets (``base_targets``, ``molrl.mol.base_cache``), and the chunked loss of ``molrl.mol.losses``;
+  with a cache, every ``loss.base_targets_check_steps`` steps one micro-batch also runs the live base and
+  logs the per-token |KL cached - KL live| (``base_targets_error``);
 - ``log`` adds ce_feedback, kl_decision, token counts and tokens/s to every training log line.
 Everything else (accelerate, DeepSpeed, bf16, gradient checkpointing, checkpoints, resume) is the
 Trainer's own.
@@ -26,6 +28,7 @@ from transformers import Trainer
 from molrl.errors import MolrlError
 from molrl.mol.data import RatioSampler
 from molrl.mol.losses import LossSettings, mean_or_nan, mol_loss, step_counts, token_masks
+from molrl.mol.topk import covered_mass
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +63,10 @@ class MolTrainer(Trainer):
         _head_tensors(_causal_lm(self.model))  # an output head the loss cannot read is refused before training
         self._sums: dict[str, float] = defaultdict(float)
         self._last_log_time = time.perf_counter()
+        self.base_targets: Any = None
+        """The base's cached targets (``molrl.mol.base_cache.BaseTargetsCache``); None: the live base."""
+        self._checked_step = -1
+        self._warned_mass = False
 
     def train(self, *args, **kwargs):
         self._last_log_time = time.perf_counter()
@@ -88,14 +95,23 @@ class MolTrainer(Trainer):
         counts = num_items_in_batch if isinstance(num_items_in_batch, torch.Tensor) and num_items_in_batch.numel() == 3 \
             else step_counts(masks)
         hidden = self._policy_hidden(model, inputs)  # [B, L, H]
-        base_hidden = self._base_hidden(model, inputs) if self.loss_settings.needs_base else None
+        base_hidden, base_topk = None, None
+        if self.loss_settings.needs_base and self.base_targets is not None:
+            base_hidden, base_topk = self.base_targets.batch_targets(inputs, masks, hidden.dtype)
+        elif self.loss_settings.needs_base:
+            base_hidden = self._base_hidden(model, inputs)  # [B, L, H]
         lm = _causal_lm(model)
         head = _head_tensors(lm)
         base_lm = self.ref_model if self.ref_model is not None else lm
         base_head = tuple(t.detach() if t is not None else None for t in _head_tensors(base_lm, adapter=False))
-        out = mol_loss(hidden, base_hidden, head, base_head, masks, counts, self.loss_settings)
+        out = mol_loss(hidden, base_hidden, head, base_head, masks, counts, self.loss_settings, base_topk)
         if model.training:
             self._accumulate(out.metrics, inputs)
+            if base_topk is not None:
+                self._sums["base_covered_sum"] += float(covered_mass(base_topk).sum())
+                self._sums["base_covered_tokens"] += base_topk.tail.numel()
+            if self._check_due():
+                self._check_cached(model, inputs, hidden, head, base_head, masks, counts, out.kl)
         # Data-parallel backends average gradients over ranks; the loss is a share of a global sum.
         loss = out.loss * self.accelerator.num_processes
         return (loss, {"hidden": hidden}) if return_outputs else loss
@@ -111,6 +127,23 @@ class MolTrainer(Trainer):
         finally:
             hook.remove()
         return captured["h"]
+
+    def _check_due(self) -> bool:
+        """Whether this micro-batch is the first of a step the cache is checked at."""
+        every = self.loss_settings.base_targets_check_steps
+        step = self.state.global_step
+        if self.base_targets is None or every <= 0 or step % every or step == self._checked_step:
+            return False
+        self._checked_step = step
+        return True
+
+    @torch.no_grad()
+    def _check_cached(self, model, inputs, hidden, head, base_head, masks, counts, kl_cached) -> None:
+        """The live base on this micro-batch: the summed |KL cached - KL live| over its KL tokens, for the log."""
+        live = mol_loss(hidden.detach(), self._base_hidden(model, inputs), tuple(
+            t.detach() if t is not None else None for t in head), base_head, masks, counts, self.loss_settings)
+        self._sums["base_targets_error_sum"] += float((kl_cached - live.kl).abs().sum())
+        self._sums["base_targets_error_tokens"] += kl_cached.numel()
 
     @torch.no_grad()
     def _base_hidden(self, model, inputs) -> torch.Tensor:
@@ -164,6 +197,16 @@ class MolTrainer(Trainer):
         }
         if not self.loss_settings.needs_base:
             del out["kl_decision"], out["kl_general"]
+        if sums.get("base_targets_error_tokens"):
+            out["base_targets_error"] = sums["base_targets_error_sum"] / sums["base_targets_error_tokens"]
+        if sums.get("base_covered_tokens"):
+            out["base_targets_covered_mass"] = sums["base_covered_sum"] / sums["base_covered_tokens"]
+            if out["base_targets_covered_mass"] < 0.99 and not self._warned_mass:
+                self._warned_mass = True
+                log.warning("the base's top %d tokens hold %.4f of its mass at the KL tokens (under 0.99): the "
+                            "top-K KL is a loose lower bound there; raise loss.base_topk, or use "
+                            "loss.base_targets=hidden", self.loss_settings.base_topk,
+                            out["base_targets_covered_mass"])
         self._sums.clear()
         self._last_log_time = now
         return out

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Callable, ClassVar, Literal
 
 from molrl.config_blocks import LoraAdapterConfig, RlModelSource, TaskSource, TrainConfig, as_model_source
 from molrl.sandbox import SandboxConfig
+from molrl.config_idle import check_idle
 from molrl.config_ranges import Count, Positive, Range, RunDir, Size, Threads, Weight
 from molrl.config_renames import Retired
 from molrl.episode.config import EpisodeTurns
@@ -230,7 +231,6 @@ class RlConfig:
         self.model = as_model_source(self.model, RlModelSource)
         self.data, self.eval.data = self.data.resolved(), self.eval.data.resolved()
         check_engine_servers(self.engine, self.engine_servers)
-        self._check_sampling()
         per_step, micro = self.prompts_per_step * self.sampling.n, self.train.micro_batch_size
         if micro < 1 or per_step % micro:
             raise ValueError(f"train.micro_batch_size={micro} must divide prompts_per_step * sampling.n = {per_step}")
@@ -283,13 +283,7 @@ class RlConfig:
                 and self.opd.teacher_model is None):
             raise ValueError("opd.teacher=model needs opd.teacher_model (an adapter or model directory), "
                              "or opd.teacher_weights=current")
-
-    def _check_sampling(self) -> None:
-        sp = self.sampling  # n, temperature and seed: their ranges (RolloutSampling)
-        if sp.stop and self.episode.max_turns == 1:
-            raise ValueError(f"sampling.stop={sp.stop}: stop strings end the turns of multi-turn rollouts "
-                             "(episode.max_turns > 1); a single-turn completion ends at its end of sequence or "
-                             "sampling.max_new_tokens")
+        check_idle(self, "rl")  # last: a key set where it cannot act (molrl.config_idle)
 
     def _check_overlap(self) -> None:
         ro = self.rollout
@@ -309,11 +303,7 @@ class RlConfig:
                              "single-turn groups whole, one step ahead, trained on once; set rollout.max_staleness=0")
 
     def _check_turns(self) -> None:
-        ro, ep, terms = self.rollout, self.episode, self.loss
-        if ro.merged_generation and (ro.behaviour == "props" or self.engine in ("vllm", "vllm_server")):
-            raise ValueError("rollout.merged_generation merges the policy's adapter for transformers generation; not "
-                             "with rollout.behaviour=props (it samples from a second adapter) or engine=vllm (the "
-                             "engine holds its own weights): set rollout.merged_generation=false")
+        ro, ep = self.rollout, self.episode
         combined = ro.partial or ro.behaviour != "policy" or ro.resolved_rounds() > 1
         if ep.max_turns < 1 or (ep.max_turns > 1 and combined):
             raise ValueError(f"episode.max_turns={ep.max_turns}: 1 or more; above 1 it samples whole episodes, so "
@@ -326,6 +316,3 @@ class RlConfig:
         if ep.max_turns > 1 and self.algorithm == "opd":
             raise ValueError("episode.max_turns > 1 with algorithm=opd: its teacher reads single-turn completions; "
                              "use grpo")
-        if terms.ce_weight > 0 and ep.max_turns == 1:
-            raise ValueError(f"loss.ce_weight={terms.ce_weight} with episode.max_turns=1: single-turn completions "
-                             "hold no feedback tokens; set episode.max_turns=2 or more")

@@ -21,7 +21,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from molrl.engines import EngineChoice, choose_engine, cuda_visible
 from molrl.errors import MolrlError
@@ -116,8 +116,9 @@ class PolicyEngine:
 
     def canary(self, trainer: Any, step: int) -> None:
         """Stop the run ("engine on the base") if the engine's log-probs of a few tokens it samples after one fixed
-        prompt (the first training prompt) are nearer the base's than the trained adapter's; undecided while the
-        adapter is too near its base to tell (``molrl.rl.mismatch.canary_verdict``), it asks again at the next sync."""
+        prompt (the first training prompt) are nearer the base's than the trained adapter's, or are not finite;
+        undecided while the adapter is too near its base to tell (``molrl.rl.mismatch.canary_verdict``), it asks again
+        at the next sync."""
         import torch
         from trl.trainer.utils import use_adapter
 
@@ -139,7 +140,7 @@ class PolicyEngine:
             base = trainer.logprobs.completion(trainer.model, *rows)[0]  # [n] under the engine's base, at T
         verdict = canary_verdict(torch.tensor(out.logps), adapter.float().cpu(), base.float().cpu())
         self.canary_decided = verdict.decided
-        if verdict.on_base:
+        if verdict.failed:
             raise MolrlError(canary_message(step, verdict))
 
     def sample_ids(self, prompt: list[int], tokens: int, temperature: float) -> Sampled:
@@ -229,10 +230,11 @@ def sampled_of(completion: Any) -> Sampled:
     return Sampled(ids, logps)
 
 
-def attach_engine(trainer: Any, cfg: RlConfig, kind: type["PolicyEngine"] | None = None) -> "PolicyEngine":
-    """Start the engine ``kind`` (``PolicyEngine``: in this process, the default; ``molrl.rl.server_engine``'s: a
-    client to ``engine_servers``) for ``trainer``'s policy and make it the trainer's generation (TRL's
-    ``rollout_func``)."""
+def attach_engine(trainer: Any, cfg: RlConfig,
+                  kind: Callable[[RlConfig, int, list[str]], "PolicyEngine"] | None = None) -> "PolicyEngine":
+    """Start the engine ``kind`` makes from the config, the LoRA rank and its modules (``PolicyEngine``: in this
+    process, the default; ``molrl.rl.server_engine``'s: a client to ``engine_servers``) for ``trainer``'s policy and
+    make it the trainer's generation (TRL's ``rollout_func``)."""
     model = trainer.accelerator.unwrap_model(trainer.model)
     peft = model.peft_config[model.active_adapter]
     targets = peft.target_modules

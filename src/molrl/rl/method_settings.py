@@ -109,9 +109,10 @@ class RolloutSettings:
     with behaviour=props (it samples from a second adapter) or engine=vllm (the engine holds its own weights)."""
     max_mismatch_kl: Annotated[float, Range(0, 1000)] = 0.05
     """Stop the run after a step whose ``rollout/mismatch_kl`` (KL(engine || trainer) per sampled token, k3, over
-    the step: ``molrl.rl.mismatch``) passes this; 0: no gate. Measured on the in-process engine: 1e-13 healthy in
-    fp32, 1e-4 in bf16, 1.3 with a stale adapter; peers report 0.01-0.03 for bf16 on GPUs (benchmarks/RESULTS.md,
-    "The mismatch gate")."""
+    the step: ``molrl.rl.mismatch``) passes this; 0: no limit (a mismatch that is not finite, as when a sampled
+    token has no usable engine log-prob, stops the run whatever this says). Measured on the in-process engine:
+    1e-13 healthy in fp32, 1e-4 in bf16, 1.3 with a stale adapter; peers report 0.01-0.03 for bf16 on GPUs
+    (benchmarks/RESULTS.md, "The mismatch gate")."""
     max_staleness: Annotated[int, Range(0, 1)] = 0
     """0: each step samples its rows with the adapter it trains (synchronous); 1: one-step-off overlap (engine=
     vllm_server only, ``molrl.rl.rollouts.overlap``): the next step's rows are generated on the servers while this

@@ -13,6 +13,7 @@ merged MoL model for ``merge_new``, which therefore also writes the full merged 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -29,7 +30,8 @@ from molrl.rl.config import RlConfig
 from molrl.tasks.held_out import shows_tests
 from molrl.trackers import report_backends
 from molrl.training_args import training_arguments
-from molrl.writes import folder_lock, write_folder, write_text
+from molrl.locks import folder_lock
+from molrl.writes import write_folder, write_text
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +41,28 @@ log = logging.getLogger(__name__)
 
 def run_rl(cfg: RlConfig) -> Path:
     """Train per ``cfg`` (a re-run follows ``molrl.rerun``'s rule: finished, refused, extended or resumed); returns
-    the output dir. One run at a time writes an output dir (``molrl.writes.folder_lock``)."""
+    the output dir. One run at a time writes an output dir (``molrl.locks.folder_lock``)."""
     check_values(cfg, "RlConfig")
     out = Path(cfg.output_dir)
     report_backends(cfg.train.report_to, "train.report_to")  # a backend that is not installed stops the run now
     take_adapter_lora(cfg)
-    with folder_lock(out, f"start a new run with {NEW_RUN['rl']}"):
+    with folder_lock(out, f"start a new run with {NEW_RUN['rl']}", stage="rl"), _sync_dir_held(cfg, out):
         _train(cfg, out)
     return out
+
+
+def _sync_dir_held(cfg: RlConfig, out: Path) -> contextlib.AbstractContextManager[None]:
+    """With ``engine=vllm_server``, the lock of the folder the adapters are saved in for the servers
+    (``engine_sync_dir``), held for this run: a second run given the same folder is refused in one line, before
+    anything loads. None otherwise, or when that folder is the output folder, held with it."""
+    if cfg.engine != "vllm_server":
+        return contextlib.nullcontext()
+    from molrl.rl.server_engine import sync_dir
+
+    folder = sync_dir(cfg)
+    if folder.resolve() == out.resolve():
+        return contextlib.nullcontext()
+    return folder_lock(folder, "give each run its own engine_sync_dir (unset, it is engine_sync under output_dir)")
 
 
 def _train(cfg: RlConfig, out: Path) -> None:
@@ -104,7 +120,7 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
     from molrl.rl.score import completions_made_by
 
     engine = rl_engine(cfg)  # before anything loads: engine=vllm without vLLM stops here
-    engine.log("rl")
+    engine.log("rl", cfg)
     server = engine.name == "vllm" and cfg.engine_mode == "server"
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -156,7 +172,11 @@ def _start_engine(trainer: Any, cfg: RlConfig, name: str, trl_server: bool) -> N
     if name == "vllm_server":
         from molrl.rl.server_engine import ServerPolicyEngine
 
-        attach_engine(trainer, cfg, ServerPolicyEngine)
+        from molrl.models import sampled_ids
+
+        config_vocab = getattr(getattr(trainer.model, "config", None), "vocab_size", None)
+        vocab_size = sampled_ids(trainer.processing_class, config_vocab=config_vocab)  # the ids a reply may hold
+        attach_engine(trainer, cfg, lambda *args: ServerPolicyEngine(*args, vocab_size=vocab_size))
     elif name == "vllm" and not trl_server:
         attach_engine(trainer, cfg)
 

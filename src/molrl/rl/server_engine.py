@@ -10,11 +10,15 @@ every server; the others wait until the servers list it; the previous one is unl
 The same seam as the in-process engine (``molrl.rl.engine.PolicyEngine``): token ids in, the sampled ids with the
 engine's log-prob of each at the sampling temperature out (the servers run with ``processed_logprobs``), so every
 rollout kind (single-turn, multi-turn, partial) and the mismatch gate read them alike. One request per row, each with
-its own seed; a partial rollout's rows are cancelled once enough groups finished and keep the tokens they had.
+its own seed; a partial rollout's rows are cancelled once enough groups finished and keep the tokens they had. Every
+reply is checked by the client where it arrives (``molrl.engine_server.client.check_chunk``): a server that sends ids
+outside the model's vocabulary, log-probs that are not finite, or more tokens than asked is taken out of the pool and its
+requests resent; none of what it sent reaches a rollout.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 import threading
@@ -26,6 +30,7 @@ from molrl.engine_server.client import Reply, RequestParams
 from molrl.engine_server.generator import ServerGenerator, params_with_seed, row_seed
 from molrl.engine_server.pool import ServerPool
 from molrl.engine_server.sync import AdapterSync, check_base
+from molrl.errors import MolrlError
 from molrl.rl.config import RlConfig
 from molrl.rl.engine import PolicyEngine, Sampled
 
@@ -44,23 +49,57 @@ def served_base(cfg: RlConfig, folder: Path, main: bool) -> str:
     m = cfg.model
     if m.adapter is None or m.adapter_mode != "merge_new":
         return m.path
-    base = (folder / "merged_base").resolve()
+    from molrl.rl.adapter_lora import resolve_adapter_dir
+
+    base, adapter = (folder / "merged_base").resolve(), resolve_adapter_dir(m.adapter)
+    made_from = merged_from(m.path, adapter)
     if main and not (base / "config.json").is_file():
         from molrl.generation import merge_adapter_copy
-        from molrl.rl.adapter_lora import resolve_adapter_dir
-        from molrl.writes import write_folder
+        from molrl.writes import write_folder, write_text
 
         with write_folder(base) as tmp:
-            merge_adapter_copy(m.path, str(resolve_adapter_dir(m.adapter)), str(tmp))
+            merge_adapter_copy(m.path, str(adapter), str(tmp))
+            write_text(tmp / MERGED_FROM, json.dumps(made_from, indent=1) + "\n")
+    elif main:
+        check_merged_from(base, made_from)
     log.info("model.adapter_mode=merge_new: the engine servers must serve the merged base %s (molrl serve --model "
              "%s)", base, base)
     return str(base)
 
 
-class ServerPolicyEngine(PolicyEngine):
-    """The policy on the servers of ``engine_servers``, its adapter loaded on them after every optimiser step."""
+MERGED_FROM = "merged_from.json"
+"""The file in ``engine_sync_dir/merged_base`` saying which model and adapter were merged into it."""
 
-    def __init__(self, cfg: RlConfig, lora_rank: int, lora_modules: Sequence[str]):
+
+def merged_from(model: str, adapter: Path) -> dict[str, str]:
+    """What a merged base is made from: the model as given and the adapter's folder with its contents' fingerprint."""
+    from molrl.fingerprint import fingerprint
+
+    given = Path(model).expanduser()
+    return {"model": str(given.resolve()) if given.exists() else model, "adapter": str(adapter),
+            "adapter_fingerprint": fingerprint(adapter)}
+
+
+def check_merged_from(base: Path, made_from: dict[str, str]) -> None:
+    """Refuse, in one line, a merged base another run left in a shared ``engine_sync_dir``, merged from another model
+    or adapter than ``made_from`` (a merged base written before ``MERGED_FROM`` existed is taken as it is)."""
+    try:
+        kept = json.loads((base / MERGED_FROM).read_text())
+    except (OSError, ValueError):
+        return
+    if not isinstance(kept, dict) or (kept.get("model"), kept.get("adapter_fingerprint")) != \
+            (made_from["model"], made_from["adapter_fingerprint"]):
+        shown = kept.get("adapter") if isinstance(kept, dict) else None
+        raise MolrlError(f"{base}: merged by another run from {shown or 'another adapter'}, not this run's "
+                         f"{made_from['adapter']} on {made_from['model']}; give this run its own engine_sync_dir, or "
+                         f"delete {base} to merge this run's there (then start the servers on it)")
+
+
+class ServerPolicyEngine(PolicyEngine):
+    """The policy on the servers of ``engine_servers``, its adapter loaded on them after every optimiser step; the
+    replies' ids are checked against the model's ``vocab_size`` ids (``molrl.models.sampled_ids``)."""
+
+    def __init__(self, cfg: RlConfig, lora_rank: int, lora_modules: Sequence[str], vocab_size: int):
         from accelerate import PartialState
 
         from molrl.generation import check_policy_lora
@@ -69,7 +108,7 @@ class ServerPolicyEngine(PolicyEngine):
         processes = PartialState()  # the launch's processes, as the trainer's accelerator sees them
         self.cfg, self.main = cfg, processes.is_main_process
         self.work = sync_dir(cfg)
-        self.pool = ServerPool(cfg.engine_servers)
+        self.pool = ServerPool(cfg.engine_servers, vocab_size)
         try:
             expected = served_base(cfg, self.work, self.main)
             for client in self.pool.live():

@@ -47,6 +47,7 @@ from molrl.rl.rollouts import ROLLOUTS, Synchronous
 from molrl.rl.rollouts.overlap import Lookahead
 from molrl.rl.score import Scorer, log_scores
 from molrl.rl.terms import CompletionLogits, build_terms
+from molrl.rl.watch import RunWatch, WatchSettings
 
 TRL_SURFACE = {
     "methods": {  # private GRPOTrainer methods: (parameters we rely on)
@@ -90,6 +91,7 @@ class RlTrainer(GRPOTrainer):
         self.lookahead = Lookahead()  # the loop's batches, one readable ahead (rollout.max_staleness=1 submits it)
         self.mismatch_gate = MismatchGate(config.rollout.max_mismatch_kl)  # after the metrics file's callback
         self.add_callback(self.mismatch_gate)
+        self.add_callback(RunWatch(WatchSettings.from_config(config)))  # what a step's metrics say goes wrong, once
         self.prompt_ids = prompt_ids_by_text(self.train_dataset)
         # the rollout policy first: PROPS adds its adapter before an algorithm loads frozen ones
         self.rollouts = {"train": ROLLOUTS[config.rollout.policy(config.episode.max_turns)](self, config),

@@ -41,12 +41,9 @@ def shown_count(n: int) -> int:
     return n // 2
 
 
-def _same(a: TestCase, b: TestCase) -> bool:
-    """Whether two tests are one test: same kind, inputs and expected value, compared with their exact types."""
-    return _exact(a) == _exact(b)
-
-
 def _exact(test: TestCase) -> str:
+    """A test's identity: two tests are one test when their kind, inputs and expected value, with their exact types,
+    give the same text (compared as text, so a task's tests are told apart in one pass)."""
     fields = dataclasses.asdict(test)
     fields.update(args=encode(list(test.args)), expected=encode(test.expected))
     return json.dumps(fields, sort_keys=True, default=repr)
@@ -55,10 +52,11 @@ def _exact(test: TestCase) -> str:
 def held_back_indices(task: Task) -> list[int]:
     """Positions in ``task.tests`` of its held-back tests: after the shown ones, repeating none of them (none when
     no test is shown: a task of one test)."""
-    shown = task.tests[:shown_count(len(task.tests))]
-    if not shown:
+    n_shown = shown_count(len(task.tests))
+    if not n_shown:
         return []
-    return [i for i in range(len(shown), len(task.tests)) if not any(_same(task.tests[i], s) for s in shown)]
+    shown = {_exact(t) for t in task.tests[:n_shown]}
+    return [i for i in range(n_shown, len(task.tests)) if _exact(task.tests[i]) not in shown]
 
 
 def shows_tests(turns: int, episode: Any) -> bool:
@@ -76,7 +74,7 @@ def split_reason(task: Task) -> str | None:
     """Why ``task`` holds no test back, or None when it holds one or more back (or is not code)."""
     if task.kind != "code" or held_back_indices(task):
         return None
-    distinct = len(task.tests) - sum(any(_same(t, s) for s in task.tests[:i]) for i, t in enumerate(task.tests))
+    distinct = len({_exact(t) for t in task.tests})
     return (f"code task has {distinct} distinct test{'s' if distinct != 1 else ''}; with tests shown (in its prompt, "
             "or in feedback when max_solutions > 1 or tests_on_execute) a verdict needs one more, held back; add a "
             "distinct test to the task to train on it")

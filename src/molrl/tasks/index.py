@@ -15,31 +15,45 @@ Ids differ between them; the problem's text does not. So a task is keyed by its 
      first assert calls that is not a builtin, the test signature that assert as ``ast`` prints it. Only the
      first assert counts, so a prompt that shows one test and one that shows all three get one key;
   4. math and prose: the statement alone.
-- ``normalise(text)``: Unicode NFKC, lower case, every run of whitespace one space, and the characters
-  `` .,:;*#>"'` `` stripped from both ends.
+- ``normalise(text)``: Unicode NFKC, format characters (category Cf: zero-width spaces, joiners, byte-order marks)
+  left out, lower case, every run of whitespace one space, and the characters `` .,:;*#>"'` `` stripped from both
+  ends.
 - ``content_key(text)``: the first 16 hex digits of the SHA-256 of a normalised text.
 - ``task_content_key(task)``: the key of ``task.prompt``'s parts (statement, entry point and test signature
   joined), so a trace of the same prompt, which carries no ``Task``, gets the same key.
 
-``BenchmarkIndex`` holds every task of the benchmark files a user names (MBPP, all splits; HumanEval;
-MATH-500; AIME24/25; no download) by key, and matches a text or task to one: by key, else (a wrapper
-molrl does not know) by a benchmark statement of 40 characters or more found whole in the normalised text,
-with the entry point named in it for code.
+``BenchmarkIndex`` holds every task of some benchmarks (the files a user names: MBPP, all splits; HumanEval;
+MATH-500; AIME24/25; no download; or the benchmarks eval scores, whole) and decides, in one rule
+(``BenchmarkIndex.find``), which of them a task trained on is. The first of three tests that finds any decides:
+
+1. its explicit tag: the benchmark and id a trace or task was tagged with (``trace_tag``), whatever its content;
+2. its content key;
+3. containment (a wrapper molrl does not know): the benchmark statements of 40 characters or more found whole in
+   its normalised text (``match_text``), with the entry point named in it for code.
+
+``traces filter --exclude-benchmarks`` and MoL's ``data.exclude_benchmarks`` leave out a trace whose first match is
+an eval test task; ``molrl eval`` refuses every problem the rule finds for anything a model's record says it trained
+on (``molrl.provenance``). The rule survives wrappers and a different assert shown; a renamed function or a dropped
+import line defeats it (docs/splits.md measures it: ``benchmarks/matcher_paraphrase.py``).
 
 Traces carry what was found in their meta, under two fields:
 
 - ``meta["task_key"]``: the content key of the trace's task (its first user message, or the matched benchmark
   task's key), on every trace an importer or ``molrl collect`` writes, matched or not;
 - ``meta["benchmark_task"]``: ``{"benchmark", "split", "id", "key"}`` of the benchmark task it matches, only when
-  an index was given and the trace matched one.
+  an index was given and the trace matched one (collect: the benchmark task it was collected on). A trace made before
+  it (``molrl collect``'s ``meta["benchmark"]``, ``task_split``, ``task_id``) is tagged by those.
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
+import collections
+import functools
 import hashlib
 import re
+import sys
 import unicodedata
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -72,8 +86,21 @@ _BUILTINS = frozenset(dir(builtins))
 
 
 def normalise(text: str) -> str:
-    """``text`` in NFKC, lower case, whitespace runs as one space, `` .,:;*#>"'` `` stripped from both ends."""
-    return " ".join(unicodedata.normalize("NFKC", text).lower().split()).strip(_ENDS)
+    """``text`` in NFKC without format characters, lower case, whitespace runs as one space, `` .,:;*#>"'` ``
+    stripped from both ends."""
+    return " ".join(_without_format(unicodedata.normalize("NFKC", text)).lower().split()).strip(_ENDS)
+
+
+def _without_format(text: str) -> str:
+    """``text`` without Unicode format characters."""
+    return text if text.isascii() else text.translate(_format_characters())  # no ASCII character is one
+
+
+@functools.cache
+def _format_characters() -> dict[int, None]:
+    """Every Unicode format character (category Cf: U+200B zero-width space, U+200D joiner, U+FEFF, ...), mapped to
+    nothing: invisible, they would make one text two keys."""
+    return dict.fromkeys(c for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Cf")
 
 
 def content_key(text: str) -> str:
@@ -102,9 +129,10 @@ def _unwrapped(text: str) -> str:
     """``text`` without MINT's preamble, molrl's single-turn instructions and fences, in its original case."""
     from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
 
-    found = list(_MINT_TASK.finditer(text))
-    if found:
-        text = text[found[-1].end():]
+    text = _without_format(text)  # a zero-width space would keep the code from parsing
+    last = collections.deque(_MINT_TASK.finditer(text), maxlen=1)  # the last separator; one match held at a time
+    if last:
+        text = text[last[0].end():]
     for template in (CODE_INSTRUCTION, MATH_INSTRUCTION):
         head, _, tail = template.partition("{prompt}")
         head = re.escape(head.replace("{{", "{").replace("}}", "}")).replace(r"\{entry_point\}", r"\w+")
@@ -128,7 +156,8 @@ def problem_parts(text: str) -> ProblemParts:
         return ProblemParts(_clean(body), None, None)
     shown = _parse(lines[asserts[0]].strip())
     test = ast.unparse(shown) if shown else " ".join(lines[asserts[0]].split())
-    prose = "\n".join(line for i, line in enumerate(lines) if i not in set(asserts))
+    tests = set(asserts)  # once: a set built per line made a prompt of n asserts cost n^2
+    prose = "\n".join(line for i, line in enumerate(lines) if i not in tests)
     return ProblemParts(_clean(prose), _called(shown), test)
 
 
@@ -177,11 +206,13 @@ class BenchmarkMatch:
 
 
 class BenchmarkIndex:
-    """Every task of some benchmark files, by content key (see the module docstring)."""
+    """Every task of some benchmarks, by tag, content key and statement: ``find`` is the one rule that decides which
+    of them a trained task is (see the module docstring)."""
 
     def __init__(self, tasks: Mapping[str, Iterable[Task]]):
         """Index the tasks of each named benchmark (name -> its tasks, every split)."""
         self.by_key: dict[str, list[BenchmarkMatch]] = {}
+        self._by_id: dict[tuple[str, str], list[BenchmarkMatch]] = {}  # (benchmark family, id) -> its tasks
         self._contained: list[tuple[str, str | None, BenchmarkMatch]] = []  # (statement, entry point, match)
         self.names = list(tasks)
         for name, items in tasks.items():
@@ -189,9 +220,13 @@ class BenchmarkIndex:
                 parts = problem_parts(task.prompt)
                 match = BenchmarkMatch(name, task.split, str(task.id), parts.key)
                 self.by_key.setdefault(parts.key, []).append(match)
+                self._by_id.setdefault((_family(name), match.id), []).append(match)
                 if len(parts.statement) >= MIN_CONTAINED:
                     self._contained.append((parts.statement, parts.entry_point, match))
-        self._contained.sort(key=lambda item: -len(item[0]))  # the longest statement found wins
+        self._contained.sort(key=lambda item: -len(item[0]))  # the longest statement found comes first
+        self._by_prefix: dict[str, list[int]] = {}  # a statement's first MIN_CONTAINED characters -> its places
+        for place, (statement, _, _) in enumerate(self._contained):
+            self._by_prefix.setdefault(statement[:MIN_CONTAINED], []).append(place)
 
     @classmethod
     def from_files(cls, files: Mapping[str, str | Path]) -> BenchmarkIndex:
@@ -208,23 +243,69 @@ class BenchmarkIndex:
     def __len__(self) -> int:
         return sum(len(found) for found in self.by_key.values())
 
+    def find(self, tags: Iterable[Mapping[str, Any]] = (), keys: Iterable[str] = (),
+             texts: Iterable[str] = ()) -> list[BenchmarkMatch]:
+        """Every benchmark task a trained item is, by the first test that finds any: its explicit ``tags``
+        (benchmark and id), its content ``keys``, then the statements found whole in its ``texts`` (each a
+        ``match_text``), the longest first."""
+        found = [m for tag in tags for m in self._by_id.get((_family(str(tag["benchmark"])), str(tag["id"])), [])]
+        found = found or [m for key in keys for m in self.by_key.get(key, [])]
+        found = found or [self._contained[place][2] for text in texts for place in self._contained_in(text)]
+        return list(dict.fromkeys(found))
+
+    def _contained_in(self, text: str) -> list[int]:
+        """The places in ``_contained`` of the statements found whole in ``text`` (with their entry point named in
+        it): each start of ``text`` is looked up by its first MIN_CONTAINED characters, so a record of many texts
+        costs one dictionary lookup per character, not one search per benchmark statement."""
+        found = set()
+        for start in range(len(text) - MIN_CONTAINED + 1):
+            for place in self._by_prefix.get(text[start:start + MIN_CONTAINED], ()):
+                statement, entry, _ = self._contained[place]
+                if text.startswith(statement, start) and (entry is None or entry.lower() in text):
+                    found.add(place)
+        return sorted(found)
+
     def match_trace(self, messages: Iterable[Mapping[str, Any]], meta: Mapping[str, Any]) -> BenchmarkMatch | None:
-        """The benchmark task a trace was made on: by its ``meta["task_key"]``, else by its first user message."""
-        found = self.by_key.get(str(meta.get(TASK_KEY)))
-        return found[0] if found else self.match(first_user_text(messages))
+        """The benchmark task a trace was made on (``find``): by its tag, its ``meta["task_key"]`` or its first user
+        message's key, else by its first user message's text."""
+        text = first_user_text(messages)
+        tag = trace_tag(meta)
+        keys = [str(meta[TASK_KEY])] if meta.get(TASK_KEY) else []
+        found = self.find([tag] if tag else [], [*keys, problem_parts(text).key], [match_text(text)])
+        return found[0] if found else None
 
     def match(self, item: str | Task) -> BenchmarkMatch | None:
-        """The benchmark task ``item`` (a prompt text or a task) is, or None."""
+        """The benchmark task ``item`` (a prompt text or a task) is (``find`` by its key, else its text), or None."""
         text = item.prompt if isinstance(item, Task) else item
-        parts = problem_parts(text)
-        found = self.by_key.get(parts.key)
-        if found:
-            return found[0]
-        whole = _clean(_unwrapped(text))
-        for statement, entry, match in self._contained:
-            if statement in whole and (entry is None or entry.lower() in whole):
-                return match
+        found = self.find(keys=[problem_parts(text).key], texts=[match_text(text)])
+        return found[0] if found else None
+
+
+def match_text(text: str) -> str:
+    """The normalised text of a prompt that containment searches: without the wrappers molrl knows (``problem_parts``,
+    step 1), normalised, its asserts kept."""
+    return _clean(_unwrapped(text))
+
+
+def _family(benchmark: str) -> str:
+    """The loader format of a benchmark name (aime24 and aime25 are both aime); a name of one's own is itself."""
+    return FORMATS.get(benchmark, benchmark)
+
+
+def trace_tag(meta: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The benchmark task a trace's meta names explicitly: ``meta["benchmark_task"]``, else the ``benchmark``,
+    ``task_split`` and ``task_id`` fields ``molrl collect`` writes (the split may be left out, null, for a benchmark
+    of ``FORMATS``: its id names the task); None when it names none."""
+    found = meta.get(BENCHMARK_TASK)
+    if isinstance(found, Mapping) and isinstance(found.get("benchmark"), str) and found.get("id") is not None:
+        return {"benchmark": found["benchmark"], "split": found.get("split"), "id": str(found["id"]),
+                "key": found.get("key")}
+    benchmark, task_id = meta.get("benchmark"), meta.get("task_id")
+    if not isinstance(benchmark, str) or task_id is None:
         return None
+    split = meta.get("task_split")
+    known = split is not None or benchmark in FORMATS
+    return {"benchmark": benchmark, "split": split, "id": str(task_id), "key": None} if known else None
 
 
 def parse_benchmarks(spec: str, option: str = "--benchmarks") -> dict[str, Path]:

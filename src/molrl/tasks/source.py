@@ -9,7 +9,8 @@ from molrl.config_blocks import TaskSource
 from molrl.errors import MolrlError
 from molrl.task_types import Task
 from molrl.tasks.loaders import load_tasks
-from molrl.tasks.splits import overlap_line, select_split
+from molrl.tasks.eval_overlap import overlap_line
+from molrl.tasks.splits import select_split
 from molrl.tasks.toy import toy_tasks
 
 log = logging.getLogger(__name__)

@@ -6,14 +6,14 @@ and evaluation overlap.
   601-974. HumanEval, MATH-500 and AIME are test sets only. A user's JSONL file has no split (None).
 - ``select_split``: the tasks of the split a run asks for; a training run (RL, collect) takes ``train`` by
   default, so a benchmark file given whole never trains on its test tasks unless asked.
-- ``test_overlap``: the tasks of a run that lie in a test split, for the line a training run prints at start.
+- where training and evaluation overlap, and the line a training run prints at start: ``molrl.tasks.trained_on``.
 
 What a model trained on travels inside its own folder: ``molrl.provenance``.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Sequence
 
 from molrl.errors import MolrlError
 from molrl.task_types import Task
@@ -71,23 +71,3 @@ def select_split(tasks: Sequence[Task], split: str | None, where: str, key: str,
 def benchmark_of(task: Task) -> str | None:
     """The benchmark a task was read from (its loader's ``meta["source"]``), None for a user's file."""
     return task.meta.get("source")
-
-
-def test_overlap(tasks: Iterable[Task]) -> dict[str, int]:
-    """Per benchmark: how many of ``tasks`` lie in its test split (the split ``molrl eval`` scores)."""
-    counts: dict[str, int] = {}
-    for task in tasks:
-        if task.split == "test":
-            name = benchmark_of(task) or "?"
-            counts[name] = counts.get(name, 0) + 1
-    return counts
-
-
-def overlap_line(tasks: Sequence[Task], key: str) -> str | None:
-    """The one line a training run prints when its tasks overlap a benchmark's test split, else None."""
-    counts = test_overlap(tasks)
-    if not counts:
-        return None
-    parts = ", ".join(f"{n} of {name}'s test tasks" for name, n in sorted(counts.items()))
-    return (f"{key}: {sum(counts.values())} of the {len(tasks)} tasks are in an eval test split ({parts}); "
-            f"molrl eval will refuse to score them with an adapter trained on them")

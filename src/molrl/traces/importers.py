@@ -44,9 +44,9 @@ from molrl.traces.tora import tora_record_to_traces
 
 FORMATS = ("mint", "openai", "tora")
 _MINT_NAME = re.compile(r"^(?P<model>.+?)_F_(?P<feedback>.+?)__(?P<dataset>[^_].*)$")
-_ASSISTANT_LABELS = re.compile(r"^(?:\s*assistant[ \t]*[:\uff1a\ufe55\ufe13][ \t]*\n?)+", re.IGNORECASE)
-"""Transcript labels opening an assistant turn: ``Assistant:``, ``Assistant：`` (full-width colon),
-``assistant :``..., one or several in a row."""
+_ASSISTANT_LABEL = re.compile(r"\s*assistant[ \t]*[:\uff1a\ufe55\ufe13][ \t]*\n?", re.IGNORECASE)
+"""A transcript label opening an assistant turn: ``Assistant:``, ``Assistant：`` (full-width colon),
+``assistant :``...; one or several in a row are removed (``without_labels``)."""
 _MINT_PART = "\n\n---\n\nTask:\n"
 """What opens MINT's in-context example and, after it, the task in the first user message."""
 
@@ -87,6 +87,15 @@ def strip_mint_example(prompt: str) -> str:
     return prompt[:start] + prompt[end:]
 
 
+def without_labels(content: str) -> str:
+    """An assistant turn without the transcript labels stacked at its start (``Assistant:\\nAssistant：``), read one
+    label at a time, so a turn of any length costs linear time; a label later in the turn stays."""
+    end = 0
+    while label := _ASSISTANT_LABEL.match(content, end):
+        end = label.end()
+    return content[end:]
+
+
 def mint_record_to_trace(row: Any, file_info: dict[str, str] | None = None, strip_example: bool = False) -> Trace:
     """One MINT results row as a trace (the prompt's in-context example removed with ``strip_example``);
     raises ``TraceError`` naming what is missing."""
@@ -107,7 +116,7 @@ def mint_record_to_trace(row: Any, file_info: dict[str, str] | None = None, stri
         if not isinstance(content, str):
             raise TraceError(f"state.history[{i}] ({role}) has content of type {type(content).__name__}; expected a string")
         if role == "assistant":
-            messages.append({"role": "assistant", "content": _ASSISTANT_LABELS.sub("", content, count=1)})
+            messages.append({"role": "assistant", "content": without_labels(content)})
         else:
             messages.append({"role": "user" if not messages else "tool", "content": content})
     if messages[0]["role"] != "user":

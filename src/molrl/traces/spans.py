@@ -52,7 +52,6 @@ from molrl.traces.schema import TraceError, check_text
 
 ROLE_OF = {"system": "prompt", "user": "prompt", "assistant": "decision", "tool": "feedback"}
 TOKEN_ROLES = ("prompt", "decision", "feedback", "template")
-_THINK = re.compile(r"(\s*<think>\s*)(.*?)(\s*</think>\s*)(.*?)(\s*)\Z", re.S)
 _EMPTY_THINK_AT_END = re.compile(r"<think>\s*</think>\s*\Z")
 
 
@@ -141,7 +140,7 @@ def locate_spans(
         tag = uuid.uuid4().hex[:8].upper()
     skel_messages, pieces = _skeleton(messages, tag)
     skel = _render(tokenizer, skel_messages, enable_thinking)
-    placed = _place(skel, pieces, messages)
+    placed = _place(skel, pieces, messages, tag)
     regions: dict[tuple[int, str], tuple[int, int, int]] = {}  # (message, part) -> (literal start, start, end)
     cursor = skel_cursor = 0
     for pos, piece in placed:
@@ -241,15 +240,25 @@ def _render(tokenizer: Any, messages: list[dict[str, str]], enable_thinking: boo
 
 
 def _split_think(i: int, content: str) -> tuple[str, str, str, str, str] | None:
-    """(opening, reasoning, closing, answer, trailing) of an assistant message with a think block."""
+    """(opening, reasoning, closing, answer, trailing) of an assistant message with a think block: the opening tag
+    with the whitespace around it, the reasoning, the closing tag with the whitespace around it, the answer and the
+    whitespace after it. Found by ``find`` and ``strip``, never a backtracking pattern, so it costs linear time."""
     if "<think>" not in content and "</think>" not in content:
         return None
-    m = _THINK.match(content)
-    if content.count("<think>") != 1 or content.count("</think>") != 1 or not m:
+    opening, closing = content.find("<think>"), content.find("</think>")
+    if (content.count("<think>") != 1 or content.count("</think>") != 1 or closing < opening
+            or content[:opening].strip()):
         raise TraceError(
             f"message {i} (assistant): expected at most one <think>...</think> block at the start of the turn"
         )
-    return m.group(1), m.group(2), m.group(3), m.group(4), m.group(5)
+    after_open, after_close = opening + len("<think>"), closing + len("</think>")
+    inside = content[after_open:closing]
+    reasoning_start = after_open + len(inside) - len(inside.lstrip())
+    reasoning_end = max(after_open + len(inside.rstrip()), reasoning_start)
+    answer_start = len(content) - len(content[after_close:].lstrip())
+    answer_end = max(len(content.rstrip()), answer_start)
+    return (content[:reasoning_start], content[reasoning_start:reasoning_end], content[reasoning_end:answer_start],
+            content[answer_start:answer_end], content[answer_end:])
 
 
 def _skeleton(messages: list[dict[str, str]], tag: str) -> tuple[list[dict[str, str]], list[_Piece]]:
@@ -275,16 +284,26 @@ def _skeleton(messages: list[dict[str, str]], tag: str) -> tuple[list[dict[str, 
     return skel, pieces
 
 
-def _place(skel: str, pieces: list[_Piece], messages: list[dict[str, str]]) -> list[tuple[int, _Piece]]:
-    """Where each placeholder sits in the placeholder rendering; dropped reasoning is allowed, nothing else."""
+def _place(skel: str, pieces: list[_Piece], messages: list[dict[str, str]], tag: str) -> list[tuple[int, _Piece]]:
+    """Where each placeholder sits in the placeholder rendering; dropped reasoning is allowed, nothing else.
+
+    Every placeholder is found in one pass over the rendering (any case, to tell a changed one from a dropped one),
+    so a trace of many messages costs linear time."""
+    exact: dict[str, list[int]] = {}  # placeholder -> where it sits
+    changed: set[str] = set()  # placeholders found only in another case
+    for m in re.finditer(rf"MOLRL{tag}M[0-9]+[RC]", skel, re.IGNORECASE):
+        if m.group() == m.group().upper():  # a placeholder is upper case
+            exact.setdefault(m.group(), []).append(m.start())
+        else:
+            changed.add(m.group().upper())
     placed = []
     for piece in pieces:
         role = messages[piece.message]["role"]
-        count = skel.count(piece.sentinel)
-        if count > 1:
+        at = exact.get(piece.sentinel, [])
+        if len(at) > 1:
             raise TraceError(f"message {piece.message} ({role}): the chat template renders it twice")
-        if count == 0:
-            if piece.sentinel.lower() in skel.lower():
+        if not at:
+            if piece.sentinel in changed:
                 raise TraceError(f"message {piece.message} ({role}): the chat template changed its text beyond "
                                  "whitespace; cannot label its tokens exactly")
             if piece.part == "reasoning":
@@ -293,7 +312,7 @@ def _place(skel: str, pieces: list[_Piece], messages: list[dict[str, str]]) -> l
                 f"message {piece.message} ({role}) is missing from the rendering: the chat template dropped it "
                 "(templates silently drop roles they do not know; use system/user/assistant/tool)"
             )
-        placed.append((skel.index(piece.sentinel), piece))
+        placed.append((at[0], piece))
     if any(a[0] >= b[0] for a, b in zip(placed, placed[1:])):
         raise TraceError("the chat template reorders messages; cannot label tokens")
     return placed

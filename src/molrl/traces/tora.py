@@ -28,12 +28,14 @@ without feedback, which ``molrl traces filter --min-feedback-turns 1`` removes.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Iterator
 
 from molrl.traces.schema import Trace, TraceError
 
-_OUTPUT_BLOCK = re.compile(r"\n?```output\n(.*?)\n```[ \t]*(?:\n|\Z)", re.S)
-"""What the environment appends after a run: ToRA writes ``\\n```output\\n{result}\\n```\\n``."""
+_OUTPUT_OPEN = "```output\n"
+"""What opens the block the environment appends after a run: ToRA writes ``\\n```output\\n{result}\\n```\\n``."""
+_FENCE_END = re.compile(r"\n```[ \t]*(?:\n|\Z)")
+"""What closes it: a fence on a line of its own."""
 _LIMIT_NOTICE = "Reach max function call limit."
 """The environment's line after the last round ToRA allows."""
 _PYTHON_BLOCK = re.compile(r"```python\n.*?```", re.S)
@@ -47,14 +49,14 @@ def split_tool_text(text: str) -> list[dict[str, str]]:
     """
     messages: list[dict[str, str]] = []
     cursor = 0
-    for n, block in enumerate(_OUTPUT_BLOCK.finditer(text), start=1):
-        before = text[cursor: block.start()].strip()
+    for n, (start, content, end) in enumerate(_output_blocks(text), start=1):
+        before = text[cursor:start].strip()
         if not _PYTHON_BLOCK.search(before):
             raise TraceError(f"output block {n} follows no ```python block; is this a ToRA-style completion?")
-        if not block.group(1).strip():
+        if not content.strip():
             raise TraceError(f"output block {n} is empty; ToRA writes the run's report there when a program prints nothing")
-        messages += [{"role": "assistant", "content": before}, {"role": "tool", "content": block.group(1)}]
-        cursor = block.end()
+        messages += [{"role": "assistant", "content": before}, {"role": "tool", "content": content}]
+        cursor = end
     rest = text[cursor:].strip()
     if messages and rest.startswith(_LIMIT_NOTICE):
         messages[-1]["content"] += "\n\n" + _LIMIT_NOTICE
@@ -64,6 +66,23 @@ def split_tool_text(text: str) -> list[dict[str, str]]:
     if not messages:
         raise TraceError("the completion is empty")
     return messages
+
+
+def _output_blocks(text: str) -> Iterator[tuple[int, str, int]]:
+    """(start, content, end) of each closed output block of ``text``, left to right, the newline before its opening
+    fence included in it; its content ends at the first fence line after it.
+
+    Each search starts where the last one stopped, so any text costs linear time: once an opening fence has no
+    closing fence after it, no later one has either."""
+    pos = 0
+    while (opening := text.find(_OUTPUT_OPEN, pos)) >= 0:
+        body = opening + len(_OUTPUT_OPEN)
+        close = _FENCE_END.search(text, body)
+        if close is None:
+            return
+        start = opening - 1 if opening > pos and text[opening - 1] == "\n" else opening
+        yield start, text[body:close.start()], close.end()
+        pos = close.end()
 
 
 def tora_record_to_traces(record: Any) -> list[Trace]:

@@ -186,7 +186,7 @@ class Synchronous:
         """Log the step's engine-trainer mismatch (``molrl.rl.mismatch``: ``rollout/mismatch_kl``,
         ``rollout/engine_logp_gap``, ``rollout/is_ess``) over the sampled tokens of ``mask`` on every process, from
         the engine's log-probs ``engine_logps`` and the trainer's ``trainer_logps`` [B, T] at the sampling
-        temperature; a training step's mismatch_kl goes to the trainer's ``MismatchGate``."""
+        temperature; a training step's mismatch goes to the trainer's ``MismatchGate``."""
         trainer = self.trainer
         sums = step_sums(trainer_logps, engine_logps, mask).as_tensor(trainer.accelerator.device)
         step = means(MismatchSums.of_tensor(trainer.accelerator.reduce(sums, reduction="sum")))
@@ -195,7 +195,7 @@ class Synchronous:
         metrics["rollout/engine_logp_gap"].append(step.gap)
         metrics["rollout/is_ess"].append(step.ess)
         if trainer.model.training:
-            trainer.mismatch_gate.observe(trainer.state.global_step + 1, step.kl)
+            trainer.mismatch_gate.observe(trainer.state.global_step + 1, step)
 
     # what the loss trains on
     def finish(self, inputs: LossInputs) -> LossInputs:
