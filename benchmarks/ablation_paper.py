@@ -44,7 +44,7 @@ again. On a new machine the base is rebuilt by merging the stored warm-up adapte
 checked against the stored one) and the seed's traces are restored, so later phases pair with earlier ones on the same
 base and traces. Run with the same ``--out`` path as before (a stage's record names resolved paths).
 
-    python benchmarks/ablation_paper.py --model runs/smollm2/model --out /work/runs/ablation_paper   # seeds, report
+    python benchmarks/ablation_paper.py --model runs/smollm2/model --out runs/ablation_paper   # seeds, report
     python benchmarks/ablation_paper.py --model M --out OUT --seed 0 --phase mol --phase ce         # some phases
     python benchmarks/ablation_paper.py --report          # the report from what is stored (no model needed)
     python benchmarks/ablation_paper.py --model DIR --quick --out runs/ablation_quick --store runs/ablation_store
@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from headline_paper import PAPER, QUICK, SHORT_STEPS, seed_dir, stage_seconds
+from headline_paper import PAPER, QUICK, SHORT_STEPS, primary_verdict, seed_dir, stage_seconds
 from rule_probe import probe_run, table
 
 from molrl.cli import setup_logging
@@ -74,7 +74,7 @@ from molrl.demo.seeds import cell
 from molrl.pipeline import DONE, run_pipeline
 from molrl.pipeline_config import MolRun, RlRun
 from molrl.study.claims import CLAIMS, is_primary
-from molrl.study.headline import model_label, paired_accuracy_claim, problem_scores, step_accuracy
+from molrl.study.headline import model_label, paired_accuracy_claim, problem_count, problem_scores, step_accuracy
 from molrl.study.metrics import scorer
 from molrl.study.verdict import RULE, claim_line, mcnemar_p, primary_note
 from molrl.writes import write_text
@@ -281,7 +281,8 @@ def general_corpus(root: Path) -> list[tuple[str, str]]:
     import gzip
 
     math_rows = [json.loads(line) for line in (root / "math500" / "test.jsonl").read_text().splitlines()]
-    code_rows = [json.loads(line) for line in gzip.open(root / "humaneval" / "HumanEval.jsonl.gz", "rt")]
+    with gzip.open(root / "humaneval" / "HumanEval.jsonl.gz", "rt") as fh:
+        code_rows = [json.loads(line) for line in fh]
     return ([(r["problem"], r["solution"]) for r in math_rows[:CORPUS_MATH]]
             + [(f"Complete this Python function.\n\n{r['prompt']}", r["prompt"] + r["canonical_solution"])
                for r in code_rows])
@@ -427,8 +428,7 @@ def report(store: Path, seeds: int) -> Path:
     models = [m for m in MODELS if all((d / "eval" / m / "results.json").is_file() for d in run_dirs)]
     kl = {m: measured(run_dirs, "forgetting.json", m, "general_kl") for m in models}
     nll = {m: measured(run_dirs, "corpus_nll.json", m, "nll") for m in models}
-    counts = {b: [sum(1 for _ in open(d / "eval" / "base" / b / "samples.jsonl")) for d in run_dirs]
-              for b in ("heldout", "general")}
+    counts = {b: [problem_count(d, "base", b) for d in run_dirs] for b in ("heldout", "general")}
     made_of = store / "base" / "made_of.json"
     model = model_label(json.loads(made_of.read_text())["model"]) if made_of.is_file() else "?"
     lines = [f"# MoL against CE before the same GRPO: {model}, chain world ({seeds} seed{'s' * (seeds != 1)})", "",
@@ -513,8 +513,7 @@ def main() -> None:
         return
     seeds = seeds_done(args.store)
     path = report(args.store, seeds)
-    while seeds < args.max_seeds and "Primary: " in path.read_text() and ": undecided (" in next(
-            line for line in path.read_text().splitlines() if line.startswith("- **Primary: ")):
+    while seeds < args.max_seeds and primary_verdict(path.read_text()) == "undecided":
         for name in ARM_PHASES:
             run_phase(out, args.store, seeds, name, args.model, corpus, args.quick)
         seeds = seeds_done(args.store)

@@ -258,6 +258,7 @@ def run_stats(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
+    from molrl.commands.trace_tables import overlap_table, stats_table
     from molrl.traces.stats import file_stats, total
 
     tokenizer = load_tokenizer(args.tokenizer)
@@ -274,38 +275,6 @@ def run_stats(args: argparse.Namespace) -> int:
     if args.json:
         write_text(args.json, json.dumps([s.to_dict() for s in stats + [total(stats)]], indent=1))
     return 0
-
-
-def stats_table(stats: list, tokenizer_name: str):
-    """The rich table of per-file counts with a total row."""
-    from rich.table import Table
-
-    from molrl.traces.stats import total
-
-    columns = ["file", "traces", "rejects", "turns", "feedback turns", "no feedback", "success",
-               "tokens", "decision", "feedback", "prompt", "template", "max len"]
-    table = Table(*columns, title=f"trace stats under {Path(tokenizer_name).name}")
-    for s in stats + [total(stats)]:
-        table.add_row(Path(s.path).name, *(str(v) for v in (
-            s.traces, s.rejects, s.turns, s.feedback_turns, s.no_feedback, s.successes, s.tokens,
-            s.decision_tokens, s.feedback_tokens, s.prompt_tokens, s.template_tokens, s.max_tokens)))
-    return table
-
-
-def overlap_table(overlaps: list, benchmarks: list[str]):
-    """The rich table of traces (distinct tasks) per file and benchmark split, with a total row."""
-    from rich.table import Table
-
-    from molrl.traces.stats import overlap_total
-
-    labels = sorted({label for o in overlaps for label in o.traces})
-    table = Table("file", "traces", *labels, "no benchmark task",
-                  title=f"traces (distinct tasks) per benchmark split of {', '.join(benchmarks)}")
-    for o in overlaps + [overlap_total(overlaps)]:
-        table.add_row(Path(o.path).name, str(o.total),
-                      *(f"{o.traces.get(label, 0)} ({len(o.tasks.get(label, ()))})" for label in labels),
-                      str(o.total - sum(o.traces.values())))
-    return table
 
 
 def run_show(args: argparse.Namespace) -> int:
@@ -346,20 +315,12 @@ def run_lint(args: argparse.Namespace) -> int:
     """Print per-file counts of the decision turns that write the environment's reply themselves, and name the
     first of them."""
     from rich.console import Console
-    from rich.table import Table
 
-    from molrl.traces.lint import MAX_SHOWN, LintCounts, lint_file
+    from molrl.commands.trace_tables import lint_table
+    from molrl.traces.lint import MAX_SHOWN, lint_file
 
     counts = [lint_file(p) for f in args.files for p in input_files(f)]
-    table = Table("file", "traces", "decision turns", "model-written feedback turns", "traces with one",
-                  title="traces lint: decision turns that write the environment's reply after their action")
-    total = LintCounts("total")
-    for c in counts:
-        for name in ("traces", "decision_turns", "model_feedback_turns", "model_feedback_traces"):
-            setattr(total, name, getattr(total, name) + getattr(c, name))
-    for c in counts + [total]:
-        table.add_row(Path(c.path).name, *(str(v) for v in (c.traces, c.decision_turns, c.model_feedback_turns,
-                                                                 c.model_feedback_traces)))
+    table, total = lint_table(counts)
     Console(width=200).print(table)
     firsts = [c.examples[0] for c in counts if c.examples]  # one a file, so every file that holds one is named
     for example in firsts[:MAX_SHOWN]:
