@@ -72,12 +72,12 @@ from rule_probe import probe_run, table
 from molrl.cli import setup_logging
 from molrl.demo.seeds import cell
 from molrl.pipeline import DONE, run_pipeline
-from molrl.pipeline_config import MolRun, RlRun
+from molrl.pipeline.config import MolRun, RlRun
 from molrl.study.claims import CLAIMS, is_primary
 from molrl.study.headline import model_label, paired_accuracy_claim, problem_count, problem_scores, step_accuracy
 from molrl.study.metrics import scorer
 from molrl.study.verdict import RULE, claim_line, mcnemar_p, primary_note
-from molrl.writes import write_text
+from molrl.records.writes import write_text
 
 REPO = Path(__file__).resolve().parent.parent
 STORE = REPO / "benchmarks" / "stored" / "ablation_paper"
@@ -168,7 +168,7 @@ def base_fingerprint(base_dir: Path) -> str:
     ``warm_up/`` record of how it was made (its traces and training run, which a rebuilt base does not hold)."""
     import hashlib
 
-    from molrl.fingerprint import fingerprint
+    from molrl.records.fingerprint import fingerprint
 
     files = sorted(f for f in base_dir.iterdir() if f.is_file() and not f.name.startswith("."))
     return hashlib.sha256("".join(f"{f.name}\0{fingerprint(f)}\n" for f in files).encode()).hexdigest()
@@ -190,7 +190,7 @@ def keep_base(out: Path, store: Path) -> None:
 def restore_base(out: Path, store: Path, model: str) -> None:
     """Rebuild the warmed-up base in OUT/base from the stored warm-up adapter, when it is not there; refuse a rebuilt
     base whose fingerprint differs from the stored one (the phases already stored ran on that base)."""
-    from molrl.export import merge_adapter
+    from molrl.engines.export import merge_adapter
 
     base, kept = out / "base", store / "base"
     if (base / DONE).is_file() or not (kept / "base.json").is_file():
@@ -293,7 +293,7 @@ def measure_corpus(run: Path, models: Sequence[str], corpus: list[tuple[str, str
     measured."""
     from molrl.models import load_model, load_tokenizer
     from molrl.pipeline import model_weights
-    from molrl.pipeline_config import load_pipeline_config
+    from molrl.pipeline.config import load_pipeline_config
     from molrl.study.corpus import answer_nll, mean_nll
 
     pipeline = run / "pipeline"

@@ -30,8 +30,8 @@ from headline_code import CONFIG  # the code headline's pipeline config: its eva
 from real_model_rl import easy_split  # the same easy tasks and split as the code headline
 
 from molrl.cli import setup_logging
-from molrl.jsonl import read_records
-from molrl.writes import write_text
+from molrl.records.jsonl import read_records
+from molrl.records.writes import write_text
 
 NEW_TOKENS = 160
 """GRPO's completion length in the code headline."""
@@ -75,7 +75,7 @@ def measure(model: str, train: Path, out: Path, temperature: float, samples: int
     its samples.jsonl and the seconds this invocation took."""
     from molrl.eval.config import EvalConfig
     from molrl.eval.run import run_eval
-    from molrl.pipeline_config import load_pipeline_config, stage_config
+    from molrl.pipeline.config import load_pipeline_config, stage_config
 
     section = load_pipeline_config(CONFIG).eval
     fixed = {"model": {"path": model}, "output_dir": str(out), "label": f"base, t {temperature:g}",

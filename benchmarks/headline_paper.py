@@ -51,7 +51,7 @@ from rule_probe import probe_run, table  # what each model knows of f, read with
 from molrl.cli import setup_logging
 from molrl.demo.seeds import cell
 from molrl.pipeline import DONE, run_pipeline
-from molrl.pipeline_config import MolRun, RlRun
+from molrl.pipeline.config import MolRun, RlRun
 from molrl.study.claims import ACCURACY, Claim
 from molrl.study.headline import paired_accuracy_claim, seed_dirs, step_accuracy, write_headline
 from molrl.study.metrics import scorer
@@ -63,7 +63,7 @@ PAPER = ["mol.train.max_steps=80", "rl.sampling.n=8", "rl.sampling.temperature=0
 """The paper's settings over ``configs/pipeline_pretrained.yaml``: MoL at the toy world's 4.8 passes, GRPO in groups
 of 8 at temperature 0.9 and learning rate 1e-4, 16 samples a step; a checkpoint every 8 MoL and 6 GRPO steps, so a
 kill loses minutes, not a stage (the config's 50 saved nothing in a run of 80 or 24; how often a run saves is not
-part of what it is, ``molrl.rerun.HARMLESS``, so finished runs are reused)."""
+part of what it is, ``molrl.records.rerun.HARMLESS``, so finished runs are reused)."""
 SHORT_STEPS = 32
 """The earlier headline's MoL steps (1.9 passes): ``mol_short``."""
 QUICK = ["mol.train.max_steps=2", "rl.train.max_steps=1", "rl.train.micro_batch_size=8"]

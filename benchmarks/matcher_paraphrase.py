@@ -16,7 +16,7 @@ prompts, one per kind that applies to it:
 
 Each perturbed prompt is matched as exclusion matches a converted trace (``match_trace``: the trace's content key, as
 an importer sets it, then containment) against the whole benchmark files, and as eval matches a model's record
-(``molrl.provenance.trained_matches`` on a record holding the prompt's key and text). Reported per kind: how many the
+(``molrl.records.provenance.trained_matches`` on a record holding the prompt's key and text). Reported per kind: how many the
 matcher knows as the problem it came from, as another problem, or not at all, and how many of the two verdicts agree.
 
     python benchmarks/matcher_paraphrase.py [--data ../shared/data] [--out runs/matcher_paraphrase.json]
@@ -84,7 +84,7 @@ def corpus(data: Path) -> Iterator[tuple[str, str, str, str]]:
 def verdicts(index, text: str) -> tuple[tuple[str, str] | None, set[tuple[str, str]]]:
     """What exclusion makes of a trace posing ``text`` (its first match) and what eval makes of a record that trained
     on it (every problem it refuses)."""
-    from molrl.provenance import Provenance, trained_matches
+    from molrl.records.provenance import Provenance, trained_matches
     from molrl.tasks.index import TASK_KEY, match_text, problem_parts
 
     key = problem_parts(text).key

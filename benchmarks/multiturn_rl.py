@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from molrl.demo.seeds import cell
-from molrl.layout import rl_runs
+from molrl.records.layout import rl_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,7 +56,7 @@ def multi_turn_eval(cfg: object, pipeline: Path, name: str) -> Path:
     from molrl.demo.run import episode_config
     from molrl.eval import run_eval
     from molrl.pipeline import model_weights
-    from molrl.pipeline_config import eval_config
+    from molrl.pipeline.config import eval_config
 
     model, adapter = model_weights(cfg, name, pipeline)
     out = pipeline / "eval_turns" / name
@@ -126,7 +126,7 @@ def model_names(cfg: object) -> list[str]:
 
 def finished_seed(pipeline: Path) -> tuple[Path, object] | None:
     """(pipeline, config) of a seed whose every model has both evaluations, else None."""
-    from molrl.pipeline_config import load_pipeline_config
+    from molrl.pipeline.config import load_pipeline_config
 
     if not (pipeline / "config.yaml").is_file():
         return None

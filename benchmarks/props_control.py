@@ -29,7 +29,7 @@ import json
 import math
 from pathlib import Path
 
-from molrl.config_blocks import ModelSource
+from molrl.config.blocks import ModelSource
 from molrl.demo.seeds import cell
 
 ARMS = {

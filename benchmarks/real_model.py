@@ -267,7 +267,7 @@ def model_dir(args: argparse.Namespace, out: Path) -> str:
     """``--model``, or ``--gguf`` converted once into OUT/model and reused."""
     if not args.gguf:
         return args.model
-    from molrl.export import convert_gguf
+    from molrl.engines.export import convert_gguf
 
     target = out / "model"
     if not (target / "config.json").is_file():

@@ -99,7 +99,7 @@ def model_dir(args: argparse.Namespace) -> str:
     """``--model``, or ``--gguf`` converted once into runs/real_model_costs/models/<name> and reused."""
     if not args.gguf:
         return args.model
-    from molrl.export import convert_gguf
+    from molrl.engines.export import convert_gguf
 
     target = Path("runs/real_model_costs/models") / Path(args.gguf).stem
     if not (target / "config.json").is_file():
@@ -113,7 +113,7 @@ def load_lora_model(path: str) -> Any:
     from peft import LoraConfig, get_peft_model
 
     from molrl.models import load_model
-    from molrl.config_blocks import LoraAdapterConfig
+    from molrl.config.blocks import LoraAdapterConfig
 
     lora = LoraAdapterConfig()
     model = load_model(path, dtype="float32")
@@ -398,9 +398,9 @@ def _time_method(obj: Any, method: str, label: str, keep: list | None, owner: An
 # ---- generation --------------------------------------------------------------------------------------------------
 
 def measure_generation(args: argparse.Namespace, path: str, batch_size: int) -> dict:
-    from molrl.generation import TransformersGenerator
+    from molrl.engines.generation import TransformersGenerator
     from molrl.models import load_model, load_tokenizer
-    from molrl.sampling import SamplingConfig
+    from molrl.engines.sampling import SamplingConfig
     from molrl.tasks import load_tasks
     from molrl.traces.spans import render_prompts
 

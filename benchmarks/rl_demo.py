@@ -31,7 +31,7 @@ import json
 from pathlib import Path
 
 from molrl.demo.seeds import cell, mean_se
-from molrl.layout import rl_runs
+from molrl.records.layout import rl_runs
 
 GRPO = {"mol+grpo": ("mol", ["algorithm=grpo"])}
 SETS = {

@@ -49,7 +49,7 @@ from pathlib import Path
 from rl_demo import curve, final_accuracy, metric_windows, metrics, reward_windows, run_seed
 
 from molrl.demo.seeds import cell, mean_se
-from molrl.layout import rl_runs
+from molrl.records.layout import rl_runs
 
 
 def runs(out: Path, steps: int = 80) -> dict[str, tuple[str, list[str]]]:

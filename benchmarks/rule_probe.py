@@ -46,8 +46,8 @@ def probe_run(run: Path, models: Sequence[str] | None = None) -> dict[str, dict[
     and written to RUN/pipeline/rule_probe.json beside the models probed there before."""
     from molrl.models import load_model, load_tokenizer
     from molrl.pipeline import model_names, model_weights
-    from molrl.pipeline_config import load_pipeline_config
-    from molrl.writes import write_text
+    from molrl.pipeline.config import load_pipeline_config
+    from molrl.records.writes import write_text
 
     pipeline = run / "pipeline"
     cfg = load_pipeline_config(pipeline / "config.yaml")

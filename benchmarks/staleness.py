@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # the reference engine server
 
 from molrl.demo.seeds import cell, mean_se  # noqa: E402
-from molrl.layout import rl_runs  # noqa: E402
+from molrl.records.layout import rl_runs  # noqa: E402
 
 ARMS = {"sync_local": [], "server_s0": ["rollout.max_staleness=0"], "server_s1": ["rollout.max_staleness=1"]}
 """RL runs from MoL per seed: overrides on the demo's GRPO (the server arms add the engine)."""
@@ -64,7 +64,7 @@ def run_seed(out: Path, seed: int, steps: int, port: int, preset: str = "default
     from fake_engine_server import FakeEngineServer, ModelAnswer
     from molrl.demo.run import prepare_seed
     from molrl.pipeline import run_pipeline
-    from molrl.pipeline_config import RlRun
+    from molrl.pipeline.config import RlRun
 
     url = f"http://127.0.0.1:{port}"
     cfg, world, threads = prepare_seed(out, preset, [f"rl.train.max_steps={steps}"], seed)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from molrl.generation import SamplingConfig
+from molrl.engines.generation import SamplingConfig
 
 
 class ScriptedGenerator:

@@ -9,8 +9,8 @@ import dataclasses
 import sys
 from typing import Any, Callable
 
-GENERIC = ("/dataclasses.py", "/copy.py", "/copyreg.py", "<string>", "/molrl/config.py", "/molrl/config_ranges.py",
-           "/molrl/config_renames.py", "/reprlib.py", "/pprint.py")
+GENERIC = ("/dataclasses.py", "/copy.py", "/copyreg.py", "<string>", "/molrl/config/__init__.py", "/molrl/config/ranges.py",
+           "/molrl/config/renames.py", "/reprlib.py", "/pprint.py")
 """Callers that read every field of a config alike (copies, equality, repr, to_dict, range checks): their reads say
 nothing about what a stage honours."""
 

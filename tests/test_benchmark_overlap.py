@@ -170,7 +170,7 @@ def test_rl_prompts_record_the_keys_and_benchmark_tasks_they_train_on(mbpp_file)
 
 @pytest.mark.parametrize("name", ["pipeline_qwen3_4b.yaml", "pipeline_qwen3_8b.yaml"])
 def test_shipped_qwen_pipelines_leave_eval_test_tasks_out_of_mol(name, tmp_path, mbpp_file):
-    from molrl.pipeline_config import load_pipeline_config, mol_config
+    from molrl.pipeline.config import load_pipeline_config, mol_config
 
     cfg = load_pipeline_config(REPO / "configs" / name, ["model=m", f"eval.data.mbpp={mbpp_file}"])
     assert cfg.exclude_eval_tasks
@@ -188,7 +188,7 @@ def test_shipped_qwen_pipelines_on_the_shared_mint_traces_train_on_no_eval_test_
     """The shipped Qwen pipelines, given the real MINT traces (converted as their comment says) and the real benchmark
     files, hand MoL no trace whose task eval then scores: every kept trace's key is outside the eval test keys."""
     from molrl.mol.data import load_examples
-    from molrl.pipeline_config import load_pipeline_config, mol_config
+    from molrl.pipeline.config import load_pipeline_config, mol_config
     from molrl.tasks.index import BenchmarkIndex
     from molrl.tiny import build_tiny_tokenizer
 
@@ -238,7 +238,7 @@ def _both_ways(folder: Path, shared_data: Path, users: dict[str, str], metas: di
     from molrl.mol.config import MolConfig
     from molrl.mol.data import load_examples
     from molrl.mol.run import provenance
-    from molrl.provenance import read_provenance, trained_overlap, write_provenance
+    from molrl.records.provenance import read_provenance, trained_overlap, write_provenance
     from molrl.tiny import build_tiny_tokenizer
     from molrl.traces.schema import write_traces
 
@@ -288,7 +288,7 @@ def test_what_exclusion_leaves_out_eval_refuses_for_every_wrapping(wrapping, wra
 
 
 def test_rl_on_wrapped_problems_of_one_s_own_file_is_refused_as_exclusion_leaves_them_out(shared_data):
-    from molrl.provenance import made, trained_on, trained_overlap
+    from molrl.records.provenance import made, trained_on, trained_overlap
 
     problems = _benchmark_problems(shared_data)
     for wrapping in sorted(WRAPPINGS):

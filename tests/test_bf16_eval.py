@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from grpo_helpers import save_mol_adapter, save_tiny_model
-from molrl.config_blocks import ModelSource
+from molrl.config.blocks import ModelSource
 from molrl.eval import EvalConfig, run_eval
 from molrl.eval.sources import load_generator
-from molrl.generation import SamplingConfig
+from molrl.engines.generation import SamplingConfig
 from molrl.sandbox import SandboxConfig
 
 GREEDY = SamplingConfig(n=1, temperature=0.0, max_new_tokens=6)

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from molrl.config_blocks import ModelSource
+from molrl.config.blocks import ModelSource
 from molrl.mol.config import MolConfig
 from molrl.mol.losses import LossSettings, mol_loss, step_counts, token_masks
 from molrl.mol.run import run_mol

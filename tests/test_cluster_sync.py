@@ -1,4 +1,4 @@
-"""The adapter sync as a cluster's trainer processes see it (``molrl.engine_server.sync``): the main process saves and
+"""The adapter sync as a cluster's trainer processes see it (``molrl.engines.server.sync``): the main process saves and
 loads each adapter on every server; another process, with a pool of its own, waits until the servers list it, and a
 server that died meanwhile is taken out of that process's pool too, not the end of its run."""
 
@@ -11,8 +11,8 @@ import pytest
 
 from fake_engine_server import SCRIPTED_VOCAB as VOCAB
 from fake_engine_server import FakeEngineServer
-from molrl.engine_server.pool import NoServerLeft, ServerPool
-from molrl.engine_server.sync import AdapterSync
+from molrl.engines.server.pool import NoServerLeft, ServerPool
+from molrl.engines.server.sync import AdapterSync
 
 
 @pytest.fixture
@@ -62,7 +62,7 @@ def test_another_process_whose_servers_are_all_down_stops_in_one_line(two, tmp_p
 @pytest.mark.parametrize("keep_behind", [0, 1])
 def test_with_several_processes_the_adapter_another_still_samples_from_stays_loaded_until_two_loads_on(
         keep_behind, tmp_path):
-    from molrl.engine_server.client import RequestParams
+    from molrl.engines.server.client import RequestParams
 
     server = FakeEngineServer(token_delay_s=0.05)
     main_pool, other_pool = ServerPool([server.url], VOCAB), ServerPool([server.url], VOCAB)

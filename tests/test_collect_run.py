@@ -15,13 +15,13 @@ from collect_scripted import ScriptedGenerator
 from molrl import cli
 from molrl.collect import CollectConfig, run_collect
 from molrl.episode import EpisodeConfig
-from molrl.config_blocks import TaskSource
+from molrl.config.blocks import TaskSource
 from molrl.episode.feedback import rederive_feedback
 from molrl.episode.providers import build_providers
 from molrl.collect.files import collect_files
 from molrl.collect.run import finished_pairs
 from molrl.errors import MolrlError
-from molrl.generation import SamplingConfig
+from molrl.engines.generation import SamplingConfig
 from molrl.sandbox import SandboxConfig
 from molrl.tasks import load_tasks
 from molrl.tiny import build_tiny_tokenizer

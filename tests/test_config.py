@@ -86,10 +86,10 @@ def _renamed_keys() -> list[tuple[str, str, str, str]]:
     import typing
 
     from molrl.collect.config import CollectConfig
-    from molrl.config_renames import unoptional
+    from molrl.config.renames import unoptional
     from molrl.eval.config import EvalConfig
     from molrl.mol.config import MolConfig
-    from molrl.pipeline_config import PipelineConfig
+    from molrl.pipeline.config import PipelineConfig
     from molrl.rl.config import RlConfig
 
     found = []

@@ -15,15 +15,15 @@ import yaml
 from molrl.collect.config import CollectConfig
 from molrl.config import load_config, to_dict
 from molrl.errors import ConfigError
-from molrl.config_blocks import (BENCHMARK_FORMATS, LoraAdapterConfig, ModelSource, ModelWeights, TaskSource,
+from molrl.config.blocks import (BENCHMARK_FORMATS, LoraAdapterConfig, ModelSource, ModelWeights, TaskSource,
                                  TrainConfig)
-from molrl.config_renames import Retired, unoptional
+from molrl.config.renames import Retired, unoptional
 from molrl.episode.config import EpisodeRules
 from molrl.eval.config import EvalConfig
 from molrl.mol.config import MolConfig
-from molrl.rerun import changed_keys
+from molrl.records.rerun import changed_keys
 from molrl.rl.config import RlConfig
-from molrl.sampling import SamplingConfig
+from molrl.engines.sampling import SamplingConfig
 from molrl.sandbox import SandboxConfig
 from molrl.task_types import JsonlSpec
 

@@ -1,4 +1,4 @@
-"""Keys exist only where they act (``molrl.config_idle``): every key of the rule table, set where it cannot act, is
+"""Keys exist only where they act (``molrl.config.idle``): every key of the rule table, set where it cannot act, is
 refused in one line naming it, its value, the setting that leaves it idle and the fix; set where it acts, it loads."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from molrl.config import ConfigError, load_config
-from molrl.config_idle import RULES, declared_default, idle_keys, rule_keys
-from molrl.config_ranges import Range, _markers
+from molrl.config.idle import RULES, declared_default, idle_keys, rule_keys
+from molrl.config.ranges import Range, _markers
 
 REPO = Path(__file__).resolve().parents[1]
 SERVERS = ["engine=vllm_server", "engine_servers=[http://127.0.0.1:8001]"]
@@ -204,7 +204,7 @@ def test_what_auto_chose_is_named_with_the_keys_it_leaves_idle(caplog):
 # a pipeline's rl section is shared by its runs
 def pipeline(tmp_path, *overrides):
     from molrl.pipeline import check_stages
-    from molrl.pipeline_config import load_pipeline_config
+    from molrl.pipeline.config import load_pipeline_config
 
     cfg = load_pipeline_config(REPO / "configs" / "pipeline_tiny.yaml", ["model=m", *overrides])
     check_stages(cfg, tmp_path, in_memory=True)

@@ -19,10 +19,10 @@ import pytest
 
 from molrl.cli import main
 from molrl.collect.config import CollectConfig
-from molrl.config_ranges import Creatable, OneOf, Range, ranges
+from molrl.config.ranges import Creatable, OneOf, Range, ranges
 from molrl.eval.config import EvalConfig
 from molrl.mol.config import MolConfig
-from molrl.pipeline_config import PipelineConfig
+from molrl.pipeline.config import PipelineConfig
 from molrl.rl.config import RlConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -290,7 +290,7 @@ def test_the_vocabularies_are_names_transformers_knows():
     from transformers.trainer_utils import SchedulerType
     from transformers.training_args import OptimizerNames
 
-    from molrl.config_ranges import OPTIMIZERS, SCHEDULERS
+    from molrl.config.ranges import OPTIMIZERS, SCHEDULERS
 
     assert set(OPTIMIZERS) <= {o.value for o in OptimizerNames}
     assert set(SCHEDULERS) <= {s.value for s in SchedulerType}

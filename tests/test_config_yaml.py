@@ -1,4 +1,4 @@
-"""Config text is read by YAML 1.2's core schema, with its depth and size bounded (``molrl.config_yaml``)."""
+"""Config text is read by YAML 1.2's core schema, with its depth and size bounded (``molrl.config.yaml_io``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import yaml
 
 from molrl.cli import main
 from molrl.config import load_config, to_dict
-from molrl.config_yaml import MAX_YAML_DEPTH, MAX_YAML_NODES, parse_yaml
+from molrl.config.yaml_io import MAX_YAML_DEPTH, MAX_YAML_NODES, parse_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -86,7 +86,7 @@ def _stage_class(name: str) -> type:
     from molrl.collect.config import CollectConfig
     from molrl.eval.config import EvalConfig
     from molrl.mol.config import MolConfig
-    from molrl.pipeline_config import PipelineConfig
+    from molrl.pipeline.config import PipelineConfig
     from molrl.rl.config import RlConfig
 
     stages = {"pipeline": PipelineConfig, "mol": MolConfig, "rl": RlConfig, "eval": EvalConfig,

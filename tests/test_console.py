@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import warnings
 
-from molrl.console import NOISE, figures_text, format_figure, setup_logging
+from molrl.logs.console import NOISE, figures_text, format_figure, setup_logging
 from molrl.cpu import busy_cores, threads_for
 
 
@@ -64,7 +64,7 @@ def test_log_lines_go_to_the_stderr_of_the_moment_not_one_closed_since():
     import logging
     import sys
 
-    from molrl.console import CurrentStderrHandler
+    from molrl.logs.console import CurrentStderrHandler
 
     handler = CurrentStderrHandler()
     logger = logging.getLogger("molrl.test_current_stderr")

@@ -17,8 +17,8 @@ import pytest
 from molrl.collect import CollectConfig, run_collect
 from molrl.episode import EpisodeConfig
 from molrl.content import control_ids, encode_content
-from molrl.generation import SamplingConfig
-from molrl.config_blocks import TaskSource
+from molrl.engines.generation import SamplingConfig
+from molrl.config.blocks import TaskSource
 from molrl.rl.config import RlConfig, rl_sampling, rl_train
 from molrl.rl.rollouts.turns import Turns
 from molrl.sandbox import SandboxConfig, SandboxPool

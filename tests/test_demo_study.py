@@ -36,7 +36,7 @@ def test_cell_gives_mean_standard_error_and_seeds():
 def test_the_chain_study_keeps_the_demos_runs_as_they_are_and_its_world_and_base():
     from molrl.demo.run import CHAIN_PRESETS, config_dir
     from molrl.study.run import chain_study_config
-    from molrl.pipeline_config import load_pipeline_config
+    from molrl.pipeline.config import load_pipeline_config
 
     demo = load_pipeline_config(config_dir() / "pipeline_chain.yaml", ["model=m"])
     study = chain_study_config(demo, "expert.jsonl", 0, "study")  # type: ignore[arg-type]
@@ -165,7 +165,7 @@ def test_only_the_digit_study_presets_build_the_code_family():
 
 def test_the_no_replay_arms_train_on_the_rule_problems_alone_and_take_the_mol_model_as_the_kls_base():
     from molrl.demo.run import RULE_ONLY, config_dir
-    from molrl.pipeline_config import load_pipeline_config, mol_config, rl_config
+    from molrl.pipeline.config import load_pipeline_config, mol_config, rl_config
     from molrl.study.arms import CHAIN_NO_REPLAY, NO_REPLAY
     from molrl.study.run import no_replay_config
 

@@ -16,8 +16,8 @@ import pytest
 from fake_engine_server import HOSTILE, SCRIPTED_VOCAB, FakeEngineServer, ModelAnswer, scripted
 from grpo_helpers import save_tiny_model, toy_config
 from molrl import cli
-from molrl.engine_server.client import BadReply, RequestParams, ServerClient, check_models
-from molrl.engine_server.pool import NoServerLeft, ServerPool
+from molrl.engines.server.client import BadReply, RequestParams, ServerClient, check_models
+from molrl.engines.server.pool import NoServerLeft, ServerPool
 from molrl.errors import MolrlError
 
 FINITE = r"a sampled token's log-prob is a finite number at most 0"
@@ -111,7 +111,7 @@ def test_a_models_answer_that_is_not_a_list_of_cards_is_refused_naming_the_serve
 def test_a_refused_reply_goes_to_another_server_and_nothing_of_it_is_kept(mode, started, caplog):
     hostile, honest = started(hostile=mode), started()
     pool = ServerPool([hostile.url, honest.url], SCRIPTED_VOCAB)
-    with caplog.at_level(logging.WARNING, logger="molrl.engine_server.pool"):
+    with caplog.at_level(logging.WARNING, logger="molrl.engines.server.pool"):
         replies = pool.gather([pool.submit("base-model", [i], RequestParams(max_tokens=4, temperature=1.0))
                                for i in range(4)])
     pool.close()
@@ -171,7 +171,7 @@ def test_every_path_takes_each_lying_server_out_and_finishes_on_the_honest_one(k
     liars = [started(base=str(base), answer=in_vocabulary, hostile=mode) for mode in HOSTILE]
     honest = started(base=str(base), answer=ModelAnswer(str(base)))
     urls = [s.url for s in liars] + [honest.url]
-    with caplog.at_level(logging.WARNING, logger="molrl.engine_server.pool"):
+    with caplog.at_level(logging.WARNING, logger="molrl.engines.server.pool"):
         if kind in RL_KINDS:
             from molrl.rl.run import run_rl
 

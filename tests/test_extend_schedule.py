@@ -1,5 +1,5 @@
 """Extending a run (``train.max_steps`` raised) trains on the schedule the new max_steps would have had from step 0
-(``molrl.runfiles.ResumedSchedule``), for MoL and RL alike."""
+(``molrl.records.runfiles.ResumedSchedule``), for MoL and RL alike."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A finished run is never rewritten (``molrl.rerun``): re-run as it was, or with any key a re-run may change
+"""A finished run is never rewritten (``molrl.records.rerun``): re-run as it was, or with any key a re-run may change
 (``HARMLESS``, and ``GREEDY_ONLY`` under greedy decoding), eval, collect and the pipeline leave every file of the run
 as it was, byte for byte and mtime for mtime (mol and rl: tests/test_rerun.py); a key that changes how samples are drawn
 is refused by name with both values; and each sample and results file records the engine, the model's fingerprint and
@@ -14,7 +14,7 @@ import pytest
 
 from molrl.config import ConfigError, load_config
 from molrl.errors import MolrlError
-from molrl.rerun import GREEDY_ONLY, HARMLESS
+from molrl.records.rerun import GREEDY_ONLY, HARMLESS
 
 AIME = "aime24/test.jsonl"
 MATH = "math500/test.jsonl"
@@ -192,9 +192,9 @@ def test_a_finished_collect_rerun_changes_no_file(finished_collect, shared_data,
 
 
 def _stages_known(run: Path, tmp_path: Path) -> tuple[dict[str, str], dict[str, str]]:
-    """The stage a run folder names, and the one ``molrl.locks.MADE_BEFORE`` knows it by without that file."""
-    from molrl.locks import folder_stages
-    from molrl.writes import STAGE
+    """The stage a run folder names, and the one ``molrl.records.locks.MADE_BEFORE`` knows it by without that file."""
+    from molrl.records.locks import folder_stages
+    from molrl.records.writes import STAGE
 
     before = copy_of(run, tmp_path / "before")
     (before / STAGE).unlink()
@@ -217,7 +217,7 @@ def test_each_trace_records_the_engine_that_made_it_and_the_models_fingerprint(f
 
 def test_a_finished_pipeline_rerun_changes_no_file(shared_data, tmp_path):
     from molrl.pipeline import run_pipeline
-    from molrl.pipeline_config import PipelineConfig
+    from molrl.pipeline.config import PipelineConfig
 
     def pipeline(*overrides: str) -> PipelineConfig:
         return load_config(PipelineConfig, None, [

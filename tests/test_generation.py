@@ -3,7 +3,7 @@
 import pytest
 
 from molrl.chat import render
-from molrl.generation import SamplingConfig, TransformersGenerator
+from molrl.engines.generation import SamplingConfig, TransformersGenerator
 from molrl.models import load_model_and_tokenizer
 
 
@@ -36,8 +36,8 @@ def test_sampling_is_seeded_and_returns_n():
 def test_a_static_cache_generates_the_dynamic_caches_tokens(batch_size):
     """Greedy and seeded sampled completions of prompts of several lengths (padded to the width bucket) are the same
     with a static KV cache as with the dynamic one."""
-    from molrl.generation import TransformersGenerator
-    from molrl.sampling import SamplingConfig
+    from molrl.engines.generation import TransformersGenerator
+    from molrl.engines.sampling import SamplingConfig
     from molrl.tiny import build_tiny_pair
 
     model, tok = build_tiny_pair("chatml", initializer_range=0.1)

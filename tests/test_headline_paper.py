@@ -117,7 +117,7 @@ def test_a_seeds_timings_keep_the_stages_an_earlier_invocation_reported_and_the_
 def test_a_seeds_evaluation_leaves_out_by_content_every_problem_the_warmed_up_base_trained_on(tmp_path):
     from molrl.demo.chain import ChainWorldConfig, build_chain_world
     from molrl.demo.pretrained_base import unseen_by
-    from molrl.provenance import Provenance, read_provenance, trained_overlap, write_provenance
+    from molrl.records.provenance import Provenance, read_provenance, trained_overlap, write_provenance
     from molrl.tasks.index import task_content_key
 
     world = build_chain_world(ChainWorldConfig(max_steps=3, train_problems=16, heldout_problems=12, general_train=24,

@@ -11,9 +11,9 @@ import pytest
 from grpo_helpers import save_tiny_model
 from molrl.cli import main
 from molrl.errors import MolrlError
-from molrl.fingerprint import fingerprint, hub_snapshot
-from molrl.provenance import read_provenance
-from molrl.run_inputs import input_fingerprints
+from molrl.records.fingerprint import fingerprint, hub_snapshot
+from molrl.records.provenance import read_provenance
+from molrl.records.run_inputs import input_fingerprints
 
 REPO = Path(__file__).resolve().parents[1]
 FIRST, SECOND = "a" * 40, "b" * 40
@@ -65,7 +65,7 @@ def test_mol_extended_on_other_weights_under_the_same_hub_name_is_refused(hub, t
 
 def test_eval_with_a_raised_limit_on_other_weights_under_the_same_hub_name_is_refused(hub, tmp_path, shared_data):
     from molrl.eval import EvalConfig, run_eval
-    from molrl.sampling import SamplingConfig
+    from molrl.engines.sampling import SamplingConfig
 
     def cfg(limit: int) -> EvalConfig:
         return EvalConfig(model="org/tiny", benchmarks=["math500"], data={"math500": str(shared_data / "math500/test.jsonl")},
@@ -79,7 +79,7 @@ def test_eval_with_a_raised_limit_on_other_weights_under_the_same_hub_name_is_re
 
 def _trained_on_math500_problem(folder: Path, shared_data: Path) -> None:
     """Write a record into ``folder`` saying its weights trained on MATH-500's first problem."""
-    from molrl.provenance import made, trained_on, write_provenance
+    from molrl.records.provenance import made, trained_on, write_provenance
     from molrl.tasks import load_tasks
 
     write_provenance(folder, made("mol", "cfg", "tiny:chatml", [],
@@ -88,7 +88,7 @@ def _trained_on_math500_problem(folder: Path, shared_data: Path) -> None:
 
 def _eval_cfg(model: str, tmp_path: Path, shared_data: Path):
     from molrl.eval import EvalConfig
-    from molrl.sampling import SamplingConfig
+    from molrl.engines.sampling import SamplingConfig
 
     return EvalConfig(model=model, benchmarks=["math500"], data={"math500": str(shared_data / "math500/test.jsonl")},
                       limit=2, sampling=SamplingConfig(max_new_tokens=2), output_dir=tmp_path / "eval")

@@ -127,17 +127,19 @@ def test_the_demo_runs_without_importing_the_study():
     assert out.strip() == "[]"
 
 
-STAGES = ("molrl.collect", "molrl.mol", "molrl.rl", "molrl.eval", "molrl.demo", "molrl.study", "molrl.pipeline",
-          "molrl.pipeline_config")
+STAGES = ("molrl.collect", "molrl.mol", "molrl.rl", "molrl.eval", "molrl.demo", "molrl.study", "molrl.pipeline")
 """The stage packages: peers above the shared layers, each run by its own command."""
 
 LAYERS = {
     # stages that run episodes take them from the episode layer, never from the collect stage
     "molrl.rl": ("molrl.collect",), "molrl.eval": ("molrl.collect",), "molrl.demo": ("molrl.collect",),
     "molrl.study": ("molrl.collect",),
-    # below the stages: the episode loop, and the shared generation, merge and export
-    "molrl.episode": STAGES, "molrl.generation": STAGES, "molrl.export": STAGES, "molrl.lora_merge": STAGES,
-    "molrl.engine_server": STAGES,
+    # below the stages: the episode loop, the engines (generation, merge, export, the server tier), the config
+    # machinery, run records and what a run shows
+    "molrl.episode": STAGES, "molrl.engines": STAGES, "molrl.config": STAGES,
+    # the bottom: records and logs use neither the engines nor the episode loop
+    "molrl.records": STAGES + ("molrl.engines", "molrl.episode"),
+    "molrl.logs": STAGES + ("molrl.engines", "molrl.episode"),
 }
 """For each package or module, the packages it must not import (at the top or inside a function)."""
 
@@ -154,3 +156,10 @@ def test_a_layer_imports_nothing_above_it(below):
                       if any(_within(m, above) for above in LAYERS[below])]
     assert any(_within(m, below) for m in MODULES), below
     assert not crossings, crossings
+
+
+def test_the_root_holds_at_most_twenty_loose_modules():
+    """The package's root is a lobby: the rest lives in packages that show the layers (config, engines, records,
+    logs, the stages)."""
+    loose = sorted(p.name for p in ROOT.glob("*.py") if p.name != "__init__.py")
+    assert len(loose) <= 20, loose

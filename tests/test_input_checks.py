@@ -1,4 +1,4 @@
-"""A file or folder a stage's config names that is not there is named before anything loads (``molrl.input_checks``).
+"""A file or folder a stage's config names that is not there is named before anything loads (``molrl.records.input_checks``).
 
 Per stage, each kind of input (model folder, adapter, task or trace file) is given a path that does not exist, in a
 process of its own: exit code 1, one line naming the key and the path, and torch never imported.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from molrl.input_checks import check_inputs
+from molrl.records.input_checks import check_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "configs" / "data" / "mol_tiny_traces.jsonl"

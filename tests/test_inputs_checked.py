@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from molrl.config_blocks import ModelSource
+from molrl.config.blocks import ModelSource
 from molrl.errors import DataError, MolrlError
 
 MINT = "traces/mint"
@@ -41,7 +41,7 @@ def narrow_adapter(tmp_path) -> Path:
 
 
 def _merge(adapter: Path, tmp_path: Path) -> None:
-    from molrl.export import merge_adapter
+    from molrl.engines.export import merge_adapter
 
     merge_adapter(adapter, tmp_path / "merged", base="tiny:chatml")
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from molrl.errors import DataError, MolrlError
-from molrl.jsonl import read_lines, read_records, repair_torn_tail
+from molrl.records.jsonl import read_lines, read_records, repair_torn_tail
 
 RECORDS = [{"id": 1, "text": "caf\u00e9 \u2028 line"}, {"id": 2, "text": "x"}]
 PLAIN = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in RECORDS).encode("utf-8")

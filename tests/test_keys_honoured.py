@@ -1,5 +1,5 @@
 """Shown means honoured: every key a stage's ``--describe`` shows changes what the stage does or is refused by its
-range. A key read only under a setting (some runs read it, others do not) is in ``molrl.config_idle``'s rule table,
+range. A key read only under a setting (some runs read it, others do not) is in ``molrl.config.idle``'s rule table,
 which refuses it, set where it does nothing, as the config loads (``tests/test_config_idle.py`` checks every row);
 what only a run can tell, a multi-turn run whose every episode ran out of tokens after one turn, is named in one
 line."""
@@ -79,7 +79,7 @@ def stage_class(stage: str) -> type:
     from molrl.collect.config import CollectConfig
     from molrl.eval.config import EvalConfig
     from molrl.mol.config import MolConfig
-    from molrl.pipeline_config import PipelineConfig
+    from molrl.pipeline.config import PipelineConfig
 
     return {"collect": CollectConfig, "mol": MolConfig, "rl": RlConfig, "eval": EvalConfig,
             "pipeline": PipelineConfig}[stage]
@@ -97,7 +97,7 @@ def only_default(stage: str, key: str) -> bool:
     import dataclasses
     import typing
 
-    from molrl.config_ranges import Range, _markers
+    from molrl.config.ranges import Range, _markers
 
     cls = stage_class(stage)
     *sections, name = key.split(".")
@@ -224,7 +224,7 @@ def pipeline_run(reads: Any, mp: Any, shared_data: Path, root: Path, math: Path)
     import molrl.rl.run
     from molrl.collect.files import collect_files
     from molrl.pipeline import run_pipeline
-    from molrl.pipeline_config import load_pipeline_config
+    from molrl.pipeline.config import load_pipeline_config
 
     def made(folder: str, *names: str) -> Path:
         for name in names:
@@ -365,8 +365,8 @@ tasks hold, or eval's grading of predictions."""
 
 
 def idle_table(stage: str) -> set[str]:
-    """The keys of ``stage`` the rule table (``molrl.config_idle.RULES``) covers."""
-    from molrl.config_idle import RULES, rule_keys
+    """The keys of ``stage`` the rule table (``molrl.config.idle.RULES``) covers."""
+    from molrl.config.idle import RULES, rule_keys
 
     return {key for rule in RULES if stage in rule.stages for key in rule_keys(rule, stage_class(stage))}
 
@@ -390,7 +390,7 @@ def test_every_key_read_only_under_a_setting_is_in_the_idle_rule_table(stage, ru
     missing = sorted(key for key in read_under_a_setting(stage, run_reads)
                      if key not in idle_table(stage) and not read_by_data(stage, key))
     assert missing == [], f"{stage} reads these keys only under a setting, and no rule refuses them where they are " \
-                          f"idle (add them to molrl.config_idle.RULES): {', '.join(missing)}"
+                          f"idle (add them to molrl.config.idle.RULES): {', '.join(missing)}"
 
 
 def test_the_read_by_data_table_has_no_stale_entry(run_reads):

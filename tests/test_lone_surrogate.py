@@ -2,7 +2,7 @@
 
 No tokenizer and no UTF-8 file takes a lone surrogate. Before, ``traces stats``, ``mol`` and ``rl`` died in
 the tokenizer with a TypeError and no file:line, and ``traces filter`` / ``traces convert --from openai``
-copied the line into their output. ``molrl.jsonl.Line.json`` now rejects such a record, wherever the
+copied the line into their output. ``molrl.records.jsonl.Line.json`` now rejects such a record, wherever the
 surrogate sits (a key or a value, at any depth), and each command treats it as it treats any bad line.
 
 A conversation given through the library is held to the same rule: ``Trace.validate`` refuses it, and every
@@ -10,7 +10,7 @@ encoder (``tokenize_trace``, ``encode_chat``, ``chat_prompt``, ``tokenize_tail``
 before they passed it to the tokenizer and died with a TypeError.
 
 The class is enumerated four ways: every string position of a record (unit), every message given to every encoder
-on every tokenizer (library), every command that reads user JSON lines (CLI), and the source itself (every ``json.loads`` outside ``molrl.jsonl`` is listed with
+on every tokenizer (library), every command that reads user JSON lines (CLI), and the source itself (every ``json.loads`` outside ``molrl.records.jsonl`` is listed with
 why it reads no user records, so a new reader cannot bypass the check).
 """
 
@@ -25,7 +25,7 @@ import pytest
 
 from molrl.cli import main
 from molrl.errors import DataError
-from molrl.jsonl import json_line, read_lines
+from molrl.records.jsonl import json_line, read_lines
 from molrl.tasks import load_tasks
 from molrl.tiny import build_tiny_tokenizer
 
@@ -344,5 +344,5 @@ def test_finding_12_every_json_parse_of_user_records_goes_through_the_one_reader
     src = REPO / "src/molrl"
     parsing = {str(p.relative_to(src)) for p in src.rglob("*.py")
                if re.search(r"\bjson\.loads?\(", p.read_text()) and p.name != "jsonl.py"}
-    assert parsing - set(OTHER_JSON_READS) == set(), "read user JSON lines with molrl.jsonl.read_lines"
+    assert parsing - set(OTHER_JSON_READS) == set(), "read user JSON lines with molrl.records.jsonl.read_lines"
     assert set(OTHER_JSON_READS) - parsing == set(), "an entry for a module that parses no JSON any more"

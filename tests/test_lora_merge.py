@@ -9,7 +9,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from grpo_helpers import save_tiny_model, toy_config
-from molrl.lora_merge import lora_layers, merged_lora
+from molrl.engines.lora_merge import lora_layers, merged_lora
 from molrl.rl.config import RlConfig
 
 

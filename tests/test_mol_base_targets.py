@@ -139,23 +139,23 @@ def test_a_cache_with_one_key_part_changed_is_refused_naming_it(tmp_path, part):
 
 
 def test_a_killed_build_resumes_from_its_last_whole_shard(tmp_path, monkeypatch):
-    import molrl.writes
+    import molrl.records.writes
 
     cfg, examples, tokenizer, trainer = _trainer(tmp_path, mode="topk", base_topk=8)
-    kill_point = molrl.writes._kill_point
+    kill_point = molrl.records.writes._kill_point
 
     def killed(name):
         if name == "shard-00002.pt":
             raise KeyboardInterrupt  # the process dies with this shard's bytes under its temporary name
         kill_point(name)
 
-    monkeypatch.setattr(molrl.writes, "_kill_point", killed)
+    monkeypatch.setattr(molrl.records.writes, "_kill_point", killed)
     with pytest.raises(KeyboardInterrupt):
         prepare(cfg, examples, tokenizer, trainer, shard_examples=2)  # 8 examples: 4 shards
     folder = tmp_path / "base_targets"
     assert sorted(p.name for p in folder.iterdir()) == [f".shard-00002.pt.tmp-{os.getpid()}", "key.json",
                                                         "shard-00000.pt", "shard-00001.pt"]  # no manifest
-    monkeypatch.setattr(molrl.writes, "_kill_point", kill_point)
+    monkeypatch.setattr(molrl.records.writes, "_kill_point", kill_point)
     forwards = []
     base_hidden = trainer._base_hidden
     monkeypatch.setattr(trainer, "_base_hidden", lambda *a: forwards.append(1) or base_hidden(*a))

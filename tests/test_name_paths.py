@@ -2,7 +2,7 @@
 ``engine_sync_dir``; a pipeline's MoL and RL runs, under its run directory, whose names also name the adapter an RL
 run starts from and the models eval scores; a benchmark eval scores, under its output) refuses a name that would leave
 the folder it is put in, in one line, before anything is written, sent to a server or deleted
-(``molrl.writes.plain_name``)."""
+(``molrl.records.writes.plain_name``)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Callable
 
 import pytest
 
-from molrl.engine_server.sync import AdapterSync
+from molrl.engines.server.sync import AdapterSync
 from molrl.errors import MolrlError
-from molrl.pipeline_config import MolRun, PipelineConfig, RlRun
+from molrl.pipeline.config import MolRun, PipelineConfig, RlRun
 
 
 class _NoServers:

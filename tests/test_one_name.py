@@ -14,7 +14,7 @@ from molrl.config import load_config, to_dict
 from molrl.errors import ConfigError
 from molrl.eval.config import EvalConfig
 from molrl.mol.config import MolConfig
-from molrl.rerun import changed_keys
+from molrl.records.rerun import changed_keys
 from molrl.rl.config import RlConfig
 
 STAGES = {"mol": MolConfig, "collect": CollectConfig, "rl": RlConfig, "eval": EvalConfig}
@@ -135,7 +135,7 @@ def test_a_demo_base_made_before_the_prompt_rename_keeps_its_key():
 @pytest.mark.parametrize("stage", sorted(STAGES))
 def test_one_seed_key_seeds_a_tiny_models_weights_in_every_stage(stage):
     """``model.seed`` in every stage's model block, refused beside a checkpoint, whose weights are its own."""
-    from molrl.config_blocks import ModelWeights
+    from molrl.config.blocks import ModelWeights
 
     cfg = load_config(STAGES[stage], None, [*REQUIRED.get(stage, []), "model=tiny:chatml", "model.seed=3"])
     assert isinstance(cfg.model, ModelWeights) and cfg.model.seed == 3

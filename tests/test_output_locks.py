@@ -1,4 +1,4 @@
-"""One lock per output folder, whatever the stage (``molrl.locks.folder_lock`` / ``file_lock``): for every pair of
+"""One lock per output folder, whatever the stage (``molrl.records.locks.folder_lock`` / ``file_lock``): for every pair of
 stages (the same stage twice included), one holding its lock on a folder X refuses the other on X, in one line
 naming the holder's pid. A lock a killed run left is taken over by the next run of every stage, naming the dead pid;
 an output folder that cannot be written is refused by every stage in one line. And a folder holds one stage's run:
@@ -25,7 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from molrl import locks, writes
+from molrl.records import locks
+
+from molrl.records import writes
 from molrl.cli import main
 from molrl.errors import MolrlError
 
@@ -157,7 +159,7 @@ def _dead_pid() -> int:
 
 FORKS_THEN_DIES = """
 import os, signal, sys, time
-from molrl.locks import folder_lock
+from molrl.records.locks import folder_lock
 with folder_lock(sys.argv[1], "use another output"):
     child = os.fork()
     if child == 0:  # a worker the run forked (an engine's process, say), which outlives it
@@ -280,7 +282,7 @@ class _Claimed(MolrlError):
 
 
 def _claims(monkeypatch) -> None:
-    """Make every stage stop once it has claimed its output folder (``molrl.locks.claim_folder``)."""
+    """Make every stage stop once it has claimed its output folder (``molrl.records.locks.claim_folder``)."""
     real = locks.claim_folder
 
     def claim_then_stop(folder, stage, output, fix):

@@ -1,4 +1,4 @@
-"""One rule for what an output path may already be (``molrl.writes.resolve_output``), over every file kind and every
+"""One rule for what an output path may already be (``molrl.records.writes.resolve_output``), over every file kind and every
 writer: a regular file is replaced whole (or appended to), a FIFO or character device is written in place and stays
 what it is, a socket or block device is refused in one line, and a symbolic link is followed to what it names.
 
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from molrl import writes
+from molrl.records import writes
 from molrl.errors import MolrlError
-from molrl.jsonl import write_jsonl
+from molrl.records.jsonl import write_jsonl
 from molrl.traces.schema import Trace, append_trace
 
 TRACE = Trace(messages=[{"role": "user", "content": "task"}, {"role": "assistant", "content": "answer"}])
@@ -212,11 +212,11 @@ ALLOWED = {
     ("sandbox/cgroup.py", ".write_text"): "the kernel's cgroup control files",
     ("sandbox/runtime/worker.py", "open('w')"): "a sandboxed program's stdin, in its scratch folder",
 }
-"""Writes in the package that do not go through ``molrl.writes``, each with why it need not."""
+"""Writes in the package that do not go through ``molrl.records.writes``, each with why it need not."""
 
 
 def _writes_outside_the_rule() -> set[tuple[str, str]]:
-    """(module, call) for every call in the package that writes or renames a path other than through ``molrl.writes``
+    """(module, call) for every call in the package that writes or renames a path other than through ``molrl.records.writes``
     (a ``save_pretrained`` into a ``write_folder`` block counts as through it)."""
     import ast
 
@@ -258,5 +258,5 @@ def _write_call(call) -> str | None:
 
 def test_every_write_in_the_package_goes_through_the_one_rule():
     unexplained = _writes_outside_the_rule() - set(ALLOWED)
-    assert not unexplained, ("write these through molrl.writes (write_text / write_bytes / write_folder / "
+    assert not unexplained, ("write these through molrl.records.writes (write_text / write_bytes / write_folder / "
                              f"append_text), or add them to ALLOWED with why: {sorted(unexplained)}")

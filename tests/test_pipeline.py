@@ -11,7 +11,7 @@ from conftest import REPO
 from molrl.config import ConfigError
 from molrl.errors import MolrlError
 from molrl.pipeline import model_weights, run_stage
-from molrl.pipeline_config import MolRun, PipelineConfig, RlRun, load_pipeline_config, rl_config, stage_config
+from molrl.pipeline.config import MolRun, PipelineConfig, RlRun, load_pipeline_config, rl_config, stage_config
 from molrl.report import score_table, standard_error, write_report
 
 
@@ -58,7 +58,7 @@ def test_finished_stage_is_skipped_and_a_changed_config_is_refused(tmp_path):
 
 
 def test_a_finished_stage_stays_finished_when_only_harmless_keys_change(tmp_path):
-    """A re-run may change what ``molrl.rerun.HARMLESS`` lists (logging, threads) without redoing the stage; any
+    """A re-run may change what ``molrl.records.rerun.HARMLESS`` lists (logging, threads) without redoing the stage; any
     other key is refused, named with both values."""
     from molrl.config import load_config
     from molrl.mol.config import MolConfig
@@ -210,7 +210,7 @@ def test_report_has_table_findings_and_pngs(tmp_path):
 
 
 def test_rl_runs_live_under_rl_and_an_older_run_dir_resumes_under_grpo(tmp_path):
-    from molrl.layout import rl_runs
+    from molrl.records.layout import rl_runs
 
     assert rl_runs(tmp_path) == tmp_path / "rl"  # a new run directory
     (tmp_path / "grpo" / "mol+grpo").mkdir(parents=True)  # one made before the rename

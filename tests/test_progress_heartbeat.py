@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from molrl.cli import main
-from molrl.console import PlainProgress, stage_bar
+from molrl.logs.console import PlainProgress, stage_bar
 
 REPO = Path(__file__).resolve().parents[1]
 HEARTBEAT = "molrl-progress-heartbeat"
@@ -68,7 +68,7 @@ class _SlowFirstStep:
 
 
 def _slow_first_step(monkeypatch, seconds: float, fail: bool = False) -> None:
-    import molrl.trainer_progress as trainer_progress
+    import molrl.logs.progress as trainer_progress
 
     original = trainer_progress.use_trainer_progress
 
@@ -120,7 +120,7 @@ def test_a_failed_training_run_stops_its_heartbeat(tmp_path, monkeypatch, capsys
 
 PIPED = """
 import logging, time
-from molrl.console import setup_logging, stage_bar
+from molrl.logs.console import setup_logging, stage_bar
 setup_logging()
 logging.getLogger("molrl.piped").info("started")
 with stage_bar("collect", total=4):

@@ -8,8 +8,8 @@ import re
 import sys
 import time
 
-from molrl import console
-from molrl.console import PlainProgress
+from molrl.logs import console
+from molrl.logs.console import PlainProgress
 
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) ")
 

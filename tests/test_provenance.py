@@ -1,4 +1,4 @@
-"""What a model trained on travels inside its own folder (``molrl.provenance``): every kind of weights folder molrl
+"""What a model trained on travels inside its own folder (``molrl.records.provenance``): every kind of weights folder molrl
 writes carries the record, and eval refuses, by content, the problems it trained on, wherever the folder went."""
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from molrl.cli import main
-from molrl.config_blocks import ModelSource
+from molrl.config.blocks import ModelSource
 from molrl.errors import MolrlError
 from molrl.eval import EvalConfig, run_eval
-from molrl.fingerprint import fingerprint
-from molrl.sampling import SamplingConfig
-from molrl.provenance import ARTIFACTS, LEGACY, PROVENANCE, check_scored, read_provenance
+from molrl.records.fingerprint import fingerprint
+from molrl.engines.sampling import SamplingConfig
+from molrl.records.provenance import ARTIFACTS, LEGACY, PROVENANCE, check_scored, read_provenance
 from molrl.tasks import load_tasks
 from molrl.tasks.index import task_content_key
 
@@ -76,7 +76,7 @@ def _converted(gguf: Path, out: Path) -> Path:
     """``out``: a GGUF file written at ``gguf`` and converted there by ``convert_gguf`` (the tiny model standing in)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from molrl.export import convert_gguf
+    from molrl.engines.export import convert_gguf
     from molrl.tiny import build_tiny_pair
 
     gguf.write_bytes(b"GGUF" + bytes(range(200)))
@@ -234,8 +234,8 @@ def test_mol_on_wrapped_problems_is_refused_by_eval_as_traces_filter_leaves_them
 
 
 def test_every_run_folder_names_the_stage_that_wrote_it(made, tmp_path):
-    from molrl.locks import folder_stages
-    from molrl.writes import STAGE
+    from molrl.records.locks import folder_stages
+    from molrl.records.writes import STAGE
 
     stages = {made["mol"]: "mol", made["full"]: "mol", made["rl"]: "rl", made["merged"]: "export"}
     assert {folder: (folder / STAGE).read_text().strip() for folder in stages} == stages
@@ -278,7 +278,7 @@ def _tar_round_trip(made: dict[str, Path], tmp_path: Path) -> list[tuple[Path, b
 
 def _gguf_beside_its_record(made: dict[str, Path], tmp_path: Path) -> list[tuple[Path, bool]]:
     """A GGUF file of the merged export, written into its folder as llama.cpp's converter does, converted back."""
-    from molrl.provenance import config_fingerprint
+    from molrl.records.provenance import config_fingerprint
 
     merged = Path(shutil.copytree(made["merged"], tmp_path / "merged"))
     gguf = merged / "merged-F16.gguf"

@@ -1,5 +1,5 @@
 """A provenance record arrives from outside (a copy, a download, a hand edit) and is read against a bounded schema
-(``molrl.provenance_schema``): every malformed shape is one line naming the file, where in the record, and the fix;
+(``molrl.records.provenance_schema``): every malformed shape is one line naming the file, where in the record, and the fix;
 never a traceback, never a record read as "trained on nothing"."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from molrl.errors import MolrlError
-from molrl.provenance import LEGACY, PROVENANCE, Provenance, TrainedTask, read_provenance, write_provenance
-from molrl import provenance_schema as schema
+from molrl.records.provenance import LEGACY, PROVENANCE, Provenance, TrainedTask, read_provenance, write_provenance
+from molrl.records import provenance_schema as schema
 
 KEY = "0123456789abcdef"
 GOOD = {"base": {"model": "tiny:chatml", "path": "/m", "fingerprint": "f" * 64},
@@ -165,7 +165,7 @@ def test_a_malformed_trained_on_json_is_one_line(case, tmp_path):
 
 
 def test_what_is_written_is_what_the_reader_takes_texts_cut_to_the_bound(tmp_path):
-    from molrl.provenance import made
+    from molrl.records.provenance import made
 
     record = made("mol", "c", "tiny:chatml", [], [TrainedTask("mbpp", "test", "11", KEY)], [KEY],
                   {KEY: ["x" * (schema.MAX_TEXT + 5), "y"]})
@@ -174,7 +174,7 @@ def test_what_is_written_is_what_the_reader_takes_texts_cut_to_the_bound(tmp_pat
 
 
 def test_a_record_past_the_size_bound_is_refused_before_it_is_written(tmp_path, monkeypatch):
-    monkeypatch.setattr("molrl.provenance.MAX_BYTES", 1000)
+    monkeypatch.setattr("molrl.records.provenance.MAX_BYTES", 1000)
     record = Provenance(lineage=GOOD["lineage"], keys=[KEY], texts={KEY: ["t" * 2000]})
     with pytest.raises(MolrlError, match=rf"^{tmp_path / PROVENANCE}: the record of what these weights trained on "
                                          r"cannot be written: the keys and texts of 1 tasks take 2,\d+ bytes, over "
@@ -193,7 +193,7 @@ def test_a_record_the_reader_would_refuse_is_never_written(tmp_path):
 
 
 def test_an_unknown_lineage_stage_is_never_made():
-    from molrl.provenance import step_record
+    from molrl.records.provenance import step_record
 
     with pytest.raises(ValueError, match="lineage stage 'sft' is not one of mol, rl, export, gguf, trained"):
         step_record("sft", "c")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from grpo_helpers import save_tiny_model
 from molrl.config import load_config, save_config
-from molrl.pipeline_config import MolRun, PipelineConfig, RlRun
+from molrl.pipeline.config import MolRun, PipelineConfig, RlRun
 from molrl.report import write_report
 
 
@@ -20,7 +20,7 @@ def _tasks(path: Path, n: int = 2) -> Path:
 
 
 def test_generated_answers_know_whether_the_token_limit_cut_them(tmp_path):
-    from molrl.generation import SamplingConfig, TransformersGenerator
+    from molrl.engines.generation import SamplingConfig, TransformersGenerator
     from molrl.models import load_model, load_tokenizer
 
     greedy = SamplingConfig(n=1, temperature=0.0, max_new_tokens=6)

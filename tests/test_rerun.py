@@ -1,4 +1,4 @@
-"""Running a stage again on its own output (``molrl.rerun``): a finished run is left as it is, a changed config
+"""Running a stage again on its own output (``molrl.records.rerun``): a finished run is left as it is, a changed config
 is refused by name, a raised max_steps extends the run; values are checked, and typos reported, before torch loads."""
 
 from __future__ import annotations
@@ -152,10 +152,10 @@ def test_lowering_max_steps_is_refused(finished_mol, tmp_path, cli_logs, caplog)
 
 def test_collect_and_eval_refuse_through_the_shared_rule(tmp_path):
     from molrl.collect.config import CollectConfig
-    from molrl.config_blocks import TaskSource
+    from molrl.config.blocks import TaskSource
     from molrl.eval.config import EvalConfig
-    from molrl.rerun import check_rerun
-    from molrl.sampling import SamplingConfig
+    from molrl.records.rerun import check_rerun
+    from molrl.engines.sampling import SamplingConfig
 
     save_config(EvalConfig(model="a"), tmp_path / "config.yaml")
     # ks, label and limit only change what is summarised: allowed
@@ -222,7 +222,7 @@ print("RESULT", rc, ",".join(heavy) or "none")
     ("rl", "molrl.rl.config", "RlConfig", "configs/rl_tiny.yaml", "nosuch.key=1"),
     ("collect", "molrl.collect.config", "CollectConfig", "configs/collect.yaml", "episode.nosuch=1"),
     ("eval", "molrl.eval.config", "EvalConfig", "configs/eval.yaml", "sampling.nosuch=1"),
-    ("pipeline", "molrl.pipeline_config", "PipelineConfig", "configs/pipeline_tiny.yaml", "mol.train.nosuch=1"),
+    ("pipeline", "molrl.pipeline.config", "PipelineConfig", "configs/pipeline_tiny.yaml", "mol.train.nosuch=1"),
 ])
 def test_config_typo_reported_without_importing_torch(stage, module, cls, config, typo, tmp_path):
     extra = {"collect": ["model=tiny:chatml", "data.path=t.jsonl", f"output_dir={tmp_path / 't'}"],
@@ -235,7 +235,7 @@ def test_config_typo_reported_without_importing_torch(stage, module, cls, config
 
 
 def test_the_private_trainer_method_a_finished_checkpoint_is_loaded_with_exists():
-    # molrl.runfiles.load_checkpoint calls it: if the pinned transformers renames it, this fails first
+    # molrl.records.runfiles.load_checkpoint calls it: if the pinned transformers renames it, this fails first
     from transformers import Trainer
 
     assert list(inspect.signature(Trainer._load_from_checkpoint).parameters)[:2] == ["self", "resume_from_checkpoint"]
@@ -256,14 +256,14 @@ value, ``never``, is the request to start over in the same folder)."""
 IDLE_IN_THE_FINISHED_RUN = {"engine_server_url": "engine_server_url='http://elsewhere:8000' does nothing with "
                                                  "engine=auto engine_mode=colocate"}
 """Variants the finished tiny run (engine_mode=colocate) leaves idle: refused as the config loads
-(``molrl.config_idle``), before the run folder is touched."""
+(``molrl.config.idle``), before the run folder is touched."""
 RL_REFUSED = {"engine": ("vllm", "'auto', now 'vllm'"), "engine_mode": ("server", "'colocate', now 'server'"),
               "engine_gpu_memory_utilization": ("0.5", "0.3, now 0.5")}
-"""The keys harmless to rl only under greedy decoding, which rl never samples with (``molrl.rerun.GREEDY_ONLY``)."""
+"""The keys harmless to rl only under greedy decoding, which rl never samples with (``molrl.records.rerun.GREEDY_ONLY``)."""
 
 
 def test_every_key_a_rerun_of_mol_or_rl_may_change_has_a_variant():
-    from molrl.rerun import GREEDY_ONLY, HARMLESS
+    from molrl.records.rerun import GREEDY_ONLY, HARMLESS
 
     assert {*HARMLESS["mol"], *HARMLESS["rl"]} - {"train.resume"} == set(TRAINING_VARIANTS)
     assert set(GREEDY_ONLY["rl"]) == set(RL_REFUSED) and "mol" not in GREEDY_ONLY
@@ -272,7 +272,7 @@ def test_every_key_a_rerun_of_mol_or_rl_may_change_has_a_variant():
 @pytest.mark.parametrize("stage", ["mol", "rl"])
 @pytest.mark.parametrize("key", sorted(TRAINING_VARIANTS))
 def test_a_finished_training_run_rerun_changes_no_file(finished_mol, finished_rl, tmp_path, cli_logs, caplog, stage, key):
-    from molrl.rerun import HARMLESS
+    from molrl.records.rerun import HARMLESS
 
     if key not in HARMLESS[stage]:
         pytest.skip(f"{stage} has no {key}")

@@ -1,4 +1,4 @@
-"""The re-run rule compares contents and resolved paths (``molrl.run_inputs.INPUTS``), never lets a key that can change a
+"""The re-run rule compares contents and resolved paths (``molrl.records.run_inputs.INPUTS``), never lets a key that can change a
 grade pass as harmless, and a continued adapter's LoRA shape is the adapter's (``molrl.rl.adapter_lora``)."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from molrl.config_blocks import ModelSource, TaskSource
+from molrl.config.blocks import ModelSource, TaskSource
 from molrl.cli import main
 from molrl.config import ConfigError, load_config, save_config, to_dict
-from molrl.rerun import HARMLESS, check_rerun, save_run_config
+from molrl.records.rerun import HARMLESS, check_rerun, save_run_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -139,7 +139,7 @@ def _flat_keys(data, prefix=""):
 
 
 def _required(cls: type) -> dict:
-    from molrl.config_blocks import TaskSource
+    from molrl.config.blocks import TaskSource
 
     if cls.__name__ == "EvalConfig":
         return {"data": {"x": TaskSource(Path("t"))}}
@@ -212,7 +212,7 @@ def _renamed_inputs():
     """(stage, class, old key, new key) of every renamed key that names an input (``INPUTS``), by enumeration."""
     import importlib
 
-    from molrl.run_inputs import is_input
+    from molrl.records.run_inputs import is_input
 
     classes = {"mol": "molrl.mol.config:MolConfig", "rl": "molrl.rl.config:RlConfig",
                "collect": "molrl.collect.config:CollectConfig", "eval": "molrl.eval.config:EvalConfig"}
@@ -228,7 +228,7 @@ def _renamed_inputs():
 
 @pytest.mark.parametrize("stage,cls,old,new", _renamed_inputs(), ids=lambda v: getattr(v, "__name__", str(v)))
 def test_an_input_saved_under_an_old_key_is_checked_under_its_new_one(stage, cls, old, new):
-    from molrl.run_inputs import current_label
+    from molrl.records.run_inputs import current_label
 
     assert current_label(cls, old) == new
     assert current_label(cls, new) == new
@@ -242,8 +242,8 @@ def test_the_renamed_inputs_enumerated_include_each_stages_task_file_and_model()
 
 def test_a_collect_run_saved_with_its_tasks_label_is_refused_when_the_file_changed(tmp_path):
     from molrl.collect.config import CollectConfig
-    from molrl.config_blocks import TaskSource
-    from molrl.run_inputs import changed_inputs, input_fingerprints
+    from molrl.config.blocks import TaskSource
+    from molrl.records.run_inputs import changed_inputs, input_fingerprints
 
     tasks = tmp_path / "t.jsonl"
     tasks.write_text('{"id": "a", "prompt": "1+1?", "answer": "2"}\n')
@@ -261,7 +261,7 @@ def test_a_collect_run_saved_with_its_tasks_label_is_refused_when_the_file_chang
 def test_an_input_saved_before_its_block_had_a_shorthand_is_checked_under_the_blocks_path():
     from molrl.eval.config import EvalConfig
     from molrl.mol.config import MolConfig
-    from molrl.run_inputs import current_label
+    from molrl.records.run_inputs import current_label
 
     assert current_label(MolConfig, "model") == "model.path"
     assert current_label(EvalConfig, "data.mbpp") == "data.mbpp.path"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from molrl.rerun import save_run_config, training_rerun
+from molrl.records.rerun import save_run_config, training_rerun
 
 TRACES = Path(__file__).resolve().parents[1] / "configs" / "data" / "mol_tiny_traces.jsonl"
 

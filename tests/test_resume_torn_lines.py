@@ -18,7 +18,7 @@ from molrl.config import load_config
 from molrl.errors import DataError
 from molrl.eval.samples import SampleRecord, SampleStore
 from molrl.mol.config import MolConfig
-from molrl.runfiles import drop_records_after
+from molrl.records.runfiles import drop_records_after
 
 REPO = Path(__file__).resolve().parents[1]
 TORN = '{"step": 3, "loss": 0.5, "ce_fee'

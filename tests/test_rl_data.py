@@ -104,7 +104,7 @@ def test_finding2_an_rl_run_on_the_mbpp_file_trains_and_records_only_train_tasks
     out = run_rl(toy_config(tmp_path / "run", base, max_steps=1, data=data, max_prompt_length=1024))
     rows = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
     assert {r["task_id"] for r in rows} <= {"601", "602", "603", "604"}  # MBPP's train split: tasks 601-974
-    from molrl.provenance import read_provenance
+    from molrl.records.provenance import read_provenance
 
     trained = read_provenance(out / "adapter").tasks
     assert [(t.benchmark, t.split, t.id) for t in trained] == [("mbpp", "train", i) for i in ("601", "602", "603", "604")]

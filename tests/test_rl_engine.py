@@ -17,7 +17,7 @@ import torch
 
 from grpo_helpers import toy_config
 from molrl.config import load_config
-from molrl.engines import vllm_installed
+from molrl.engines.choice import vllm_installed
 from molrl.errors import MolrlError
 from molrl.rl.config import RlConfig, TaskSource, rl_sampling
 from molrl.rl.engine import rl_engine

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from grpo_helpers import save_tiny_model, toy_config
-from molrl.config_blocks import RlModelSource
+from molrl.config.blocks import RlModelSource
 from molrl.rl.config import EvalHookSettings, TaskSource
 from molrl.rl.kl import mean_token_kl, policy_base_kl
-from molrl.sampling import HookSampling
+from molrl.engines.sampling import HookSampling
 
 
 def test_mean_token_kl_closed_form():

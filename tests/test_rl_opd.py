@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grpo_helpers import save_tiny_model, toy_config
-from molrl.config_blocks import RlModelSource
+from molrl.config.blocks import RlModelSource
 from molrl.errors import MolrlError
 from molrl.graders.grade import Grade
 from molrl.rl.config import OpdSettings

@@ -149,7 +149,7 @@ def test_kill_9_mid_run_then_resume_loses_nothing_and_trains_nothing_twice(tmp_p
 
 
 def test_a_checkpoint_torn_by_a_kill_is_passed_over(tmp_path):
-    from molrl.runfiles import last_whole_checkpoint
+    from molrl.records.runfiles import last_whole_checkpoint
 
     assert last_whole_checkpoint(tmp_path / "none") is None
     for step, state in ((2, '{"global_step": 2}'), (4, '{"global_step": 4}'), (6, '{"global_st')):

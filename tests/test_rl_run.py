@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from grpo_helpers import save_mol_adapter, save_tiny_model, toy_config
-from molrl.config_blocks import RlModelSource
+from molrl.config.blocks import RlModelSource
 from molrl.rl.config import rl_lora
 from molrl.rl.run import build_trainer, run_rl
 

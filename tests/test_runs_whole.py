@@ -1,4 +1,4 @@
-"""What a run leaves is whole or absent (``molrl.writes``), "finished" means loadable, and one run writes an output.
+"""What a run leaves is whole or absent (``molrl.records.writes``), "finished" means loadable, and one run writes an output.
 
 The kill tests enumerate the write points from what a finished run leaves: each file or folder it wrote for good is a
 point, and ``MOLRL_KILL_AT`` kills the process (SIGKILL) with that write's content on disk under its temporary name.
@@ -20,7 +20,7 @@ import pytest
 
 from molrl.cli import main
 from molrl.errors import MolrlError
-from molrl.rerun import whole_weights
+from molrl.records.rerun import whole_weights
 
 REPO = Path(__file__).resolve().parents[1]
 MOL_TINY = ["--config", str(REPO / "configs" / "mol_tiny.yaml"), "train.max_steps=2", "train.report_to=[none]",
@@ -136,7 +136,7 @@ EVAL_SNIPPET = """
 import sys
 from molrl.eval.config import EvalConfig
 from molrl.eval.run import run_eval
-from molrl.config_blocks import TaskSource
+from molrl.config.blocks import TaskSource
 from molrl.tasks import JsonlSpec
 data, preds, out = sys.argv[1:]
 spec = JsonlSpec(kind="math", id_field="qid", prompt_field="question", answer_field="final")
@@ -173,7 +173,7 @@ def test_an_eval_killed_at_each_write_point_reruns_to_the_same_result(tmp_path):
 
 HOLDER = """
 import sys, time
-from molrl.locks import folder_lock
+from molrl.records.locks import folder_lock
 with folder_lock(sys.argv[1], "use another output"):
     print("held", flush=True)
     time.sleep(120)
@@ -215,7 +215,7 @@ def test_finding5_a_second_eval_on_one_output_is_refused(held, tmp_path):
 
 def test_finding5_a_second_pipeline_on_one_output_is_refused(held):
     from molrl.pipeline import run_pipeline
-    from molrl.pipeline_config import PipelineConfig
+    from molrl.pipeline.config import PipelineConfig
 
     out, pid = held
     with pytest.raises(MolrlError, match=rf"{out} is being written by another run \(pid {pid}\)"):

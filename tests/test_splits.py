@@ -8,14 +8,14 @@ import logging
 
 import pytest
 
-from molrl.config_blocks import ModelSource
+from molrl.config.blocks import ModelSource
 from molrl.errors import MolrlError
 from molrl.eval import EvalConfig, run_eval
 from molrl.rl.config import TaskSource
 from molrl.tasks.source import load_task_source
 from molrl.sandbox import SandboxConfig
 from molrl.tasks import Task, load_tasks
-from molrl.provenance import PROVENANCE, made, read_provenance, trained_on, trained_overlap, write_provenance
+from molrl.records.provenance import PROVENANCE, made, read_provenance, trained_on, trained_overlap, write_provenance
 from molrl.tasks.splits import SPLITS, benchmark_split, mbpp_split, select_split
 
 FILES = {"mbpp": "mbpp/mbpp.jsonl", "humaneval": "humaneval/HumanEval.jsonl.gz", "math500": "math500/test.jsonl",

@@ -12,7 +12,7 @@ import yaml
 
 from molrl.config import describe, load_config, to_dict
 from molrl.mol.config import MolConfig
-from molrl.pipeline_config import PipelineConfig, load_pipeline_config
+from molrl.pipeline.config import PipelineConfig, load_pipeline_config
 from molrl.rl.config import RlConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -24,7 +24,7 @@ SHARED = ("learning_rate", "lr_scheduler", "weight_decay", "max_grad_norm", "max
 @pytest.fixture(autouse=True)
 def fresh_notes(monkeypatch):
     """Each test sees its notes: a process notes each distinct line once."""
-    monkeypatch.setattr("molrl.config_renames._NOTED", set(), raising=False)
+    monkeypatch.setattr("molrl.config.renames._NOTED", set(), raising=False)
 
 
 def keys(cls: type) -> set[str]:
@@ -61,7 +61,7 @@ def test_old_rl_training_keys_still_load_with_a_note(tmp_path, caplog):
 
 
 def test_a_run_saved_under_the_old_key_names_is_the_same_run(tmp_path):
-    from molrl.rerun import check_rerun
+    from molrl.records.rerun import check_rerun
 
     cfg = load_config(RlConfig, CONFIGS / "rl_tiny.yaml")
     saved = to_dict(cfg)  # as a run of the earlier layout saved it: training keys on top, the tasks under train
@@ -94,7 +94,7 @@ def test_pipeline_sections_named_for_what_they_run(caplog):
 
 
 def test_old_pipeline_section_names_still_load_with_a_note(tmp_path, caplog):
-    from molrl.pipeline_config import rl_config
+    from molrl.pipeline.config import rl_config
 
     mine = tmp_path / "mine.yaml"  # an earlier user config over the shipped (renamed) one
     mine.write_text(f"extends: {CONFIGS / 'pipeline_tiny.yaml'}\nstages: [mol, grpo, eval]\n"

@@ -1,7 +1,7 @@
 """Two RL runs given one ``engine_sync_dir`` (``engine=vllm_server``): what they would share there is refused in one
 line or kept apart. While one runs, a second on the same folder is refused, naming the first's pid, before anything
 loads (``molrl.rl.run``); the adapters each run loads are named apart by a tag of its own, and each removes only its
-own (``molrl.engine_server.sync``); a ``merge_new`` base left there is used only by a run merged from the same model
+own (``molrl.engines.server.sync``); a ``merge_new`` base left there is used only by a run merged from the same model
 and adapter (``molrl.rl.server_engine``)."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import pytest
 from fake_engine_server import SCRIPTED_VOCAB as VOCAB
 from fake_engine_server import FakeEngineServer
 from molrl.config import load_config
-from molrl.engine_server.pool import ServerPool
-from molrl.engine_server.sync import AdapterSync
+from molrl.engines.server.pool import ServerPool
+from molrl.engines.server.sync import AdapterSync
 from molrl.errors import MolrlError
 from molrl.rl.config import RlConfig
-from molrl.locks import folder_lock
+from molrl.records.locks import folder_lock
 
 REPO = Path(__file__).resolve().parents[1]
 

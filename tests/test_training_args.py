@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from transformers import TrainingArguments
 
-from molrl.config_blocks import MolTrainConfig, TrainConfig
+from molrl.config.blocks import MolTrainConfig, TrainConfig
 from molrl.mol.config import MolConfig
 from molrl.mol.run import _training_arguments
 from molrl.rl.config import RlConfig, rl_sampling
 from molrl.rl.run import trl_args
-from molrl.training_args import shared_fields, training_arguments
+from molrl.config.training_args import shared_fields, training_arguments
 
 # every value away from both stages' defaults, so a field one stage forgets shows
 TRAIN = dict(optim="sgd", learning_rate=3e-4, lr_scheduler="linear", warmup_ratio=0.0, warmup_steps=2,

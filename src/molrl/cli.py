@@ -79,8 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def setup_logging(verbose: bool = False) -> None:
-    """Console logging for every stage (``molrl.console``): quiet by default, detailed with -v."""
-    from molrl.console import setup_logging as setup
+    """Console logging for every stage (``molrl.logs.console``): quiet by default, detailed with -v."""
+    from molrl.logs.console import setup_logging as setup
 
     setup(verbose)
 

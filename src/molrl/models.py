@@ -21,7 +21,7 @@ from typing import Any, Iterator
 import torch
 
 from molrl.errors import MolrlError
-from molrl.input_checks import looks_like_path
+from molrl.records.input_checks import looks_like_path
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ def check_tokenizer_folder(name_or_path: str) -> None:
 
 def check_whole_model(name_or_path: str) -> None:
     """Refuse a local model folder whose weights are cut short (a copy or a write stopped part-way), before loading."""
-    from molrl.rerun import whole_weights
+    from molrl.records.rerun import whole_weights
 
     folder = Path(name_or_path).expanduser()
     if folder.is_dir() and (folder / "config.json").is_file() and not whole_weights(folder):

@@ -14,10 +14,10 @@ from typing import Any
 
 import yaml
 
-from molrl.jsonl import read_records
-from molrl.plots import metric_series, pyplot, save_figure
-from molrl.layout import rl_runs
-from molrl.writes import write_text
+from molrl.records.jsonl import read_records
+from molrl.logs.plots import metric_series, pyplot, save_figure
+from molrl.records.layout import rl_runs
+from molrl.records.writes import write_text
 
 BASE = "base"
 

@@ -6,13 +6,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Literal
 
-from molrl.config_idle import check_idle
-from molrl.engines import check_engine_servers
-from molrl.config_blocks import ModelSource, TaskSource, as_model_source
+from molrl.config.idle import check_idle
+from molrl.engines.choice import check_engine_servers
+from molrl.config.blocks import ModelSource, TaskSource, as_model_source
 from molrl.episode.config import EpisodeConfig
 from molrl.collect.files import output_dir_of
-from molrl.config_ranges import RunDir, Threads
-from molrl.sampling import SamplingConfig
+from molrl.config.ranges import RunDir, Threads
+from molrl.engines.sampling import SamplingConfig
 from molrl.sandbox import SandboxConfig
 
 
@@ -30,7 +30,7 @@ class CollectConfig:
     or molrl task JSONL with fields under ``data.spec``), split (unset: train) and limit, as rl's ``data``."""
     engine: Literal["auto", "vllm", "vllm_server", "transformers"] = "auto"
     """Generation engine: auto (vLLM when installed and the work pays for its start, else transformers), vllm,
-    vllm_server (the servers of engine_servers) or transformers (``molrl.engines``); an adapter is served as vLLM LoRA
+    vllm_server (the servers of engine_servers) or transformers (``molrl.engines.choice``); an adapter is served as vLLM LoRA
     (in-process vLLM: or merged into a temporary copy)."""
     engine_servers: list[str] = field(default_factory=list)
     """With engine=vllm_server: the vLLM servers to generate on (http://HOST:PORT each, as molrl serve prints), all
@@ -70,4 +70,4 @@ class CollectConfig:
         if self.data.path is None or self.data.format == "toy":
             raise ValueError(f"data.path={self.data.path}, data.format={self.data.format}: collect runs on a task "
                              "file; give data.path=FILE (--tasks) and its data.format (--format)")
-        check_idle(self, "collect")  # last: a key set where it cannot act (molrl.config_idle)
+        check_idle(self, "collect")  # last: a key set where it cannot act (molrl.config.idle)

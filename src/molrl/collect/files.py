@@ -24,7 +24,7 @@ class CollectFiles:
     rejects: Path
     """Episodes that could not become a valid trace, with the reason (counted as done when resuming)."""
     config: Path
-    """The resolved config the traces were made with (``molrl.rerun``)."""
+    """The resolved config the traces were made with (``molrl.records.rerun``)."""
     before: bool = False
     """The run was made before collect wrote into ``output_dir``: its files lie under the names of that layout."""
 

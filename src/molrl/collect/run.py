@@ -9,7 +9,7 @@ stops a run: a lone surrogate a program printed or returned is written as a JSON
 written to ``config.yaml`` (``molrl.collect.files``: a run made before, as one trace file, resumes where it lies);
 resuming with
 settings that change what a trace means (model, tasks, sampling, feedback...) is refused, and a
-finished file says so and is left as it is (``molrl.rerun``: the rule every stage follows).
+finished file says so and is left as it is (``molrl.records.rerun``: the rule every stage follows).
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from molrl.episode.loop import Episode, run_episodes
 from molrl.config import check_values, to_dict
 from molrl.cpu import use_threads
 from molrl.errors import DataError, MolrlError
-from molrl.jsonl import json_line, read_lines, repair_torn_tail
-from molrl.rerun import NEW_RUN, check_rerun, save_run_config, say_finished
-from molrl.run_inputs import model_fingerprints
+from molrl.records.jsonl import json_line, read_lines, repair_torn_tail
+from molrl.records.rerun import NEW_RUN, check_rerun, save_run_config, say_finished
+from molrl.records.run_inputs import model_fingerprints
 from molrl.tasks import Task
 from molrl.traces.schema import TraceError, append_trace, read_traces
-from molrl.locks import folder_lock
-from molrl.writes import append_text
+from molrl.records.locks import folder_lock
+from molrl.records.writes import append_text
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def run_collect(cfg: CollectConfig, *, generator: Any = None, tokenizer: Any = N
     out = files.traces
     if files.before:
         log.info("%s: a trace file made before collect wrote into output_dir; resuming it where it lies", out)
-    # one run at a time in an output folder, and one stage's run in it (molrl.locks.folder_lock: freed if killed);
+    # one run at a time in an output folder, and one stage's run in it (molrl.records.locks.folder_lock: freed if killed);
     # a trace file of the layout before output_dir lies beside other things, in a folder that is not the run's
     own = out.parent == Path(cfg.output_dir)
     with folder_lock(out.parent, f"use another {NEW_RUN['collect']}", stage="collect" if own else None):
@@ -62,7 +62,7 @@ def _collect(cfg: CollectConfig, files: CollectFiles, generator: Any, tokenizer:
 
     out = files.traces
     done = finished_pairs(files)
-    check_rerun("collect", cfg, files.config, started=bool(done), run=out)  # molrl.rerun: one rule for every stage
+    check_rerun("collect", cfg, files.config, started=bool(done), run=out)  # molrl.records.rerun: one rule for every stage
     if tasks is None:
         tasks = load_task_source(cfg.data, "data")  # its training split unless data.split names another
     pairs = [(t.id, s) for t in tasks for s in range(cfg.sampling.n)]
@@ -184,16 +184,16 @@ def generation_settings(cfg: CollectConfig, generator: Any) -> dict[str, Any]:
 
 def build_generator(cfg: CollectConfig, episodes: int = 0) -> tuple[Any, Any]:
     """The generator and tokenizer for ``cfg.model.path`` on the engine ``cfg.engine`` picks for ``episodes`` episodes of
-    work (``molrl.engines``)."""
-    from molrl.engines import choose_engine
-    from molrl.generation import TransformersGenerator, VLLMGenerator
+    work (``molrl.engines.choice``)."""
+    from molrl.engines.choice import choose_engine
+    from molrl.engines.generation import TransformersGenerator, VLLMGenerator
     from molrl.models import default_device, load_model_and_tokenizer, load_tokenizer
 
     engine = choose_engine(cfg.engine, cfg.model.path, episodes * cfg.episode.max_turns * cfg.sampling.max_new_tokens,
                            servers=cfg.engine_servers)
     engine.log("collect", cfg)
     if engine.name == "vllm_server":
-        from molrl.engine_server.generator import open_generator
+        from molrl.engines.server.generator import open_generator
 
         tokenizer = load_tokenizer(cfg.model.path)
         return open_generator(cfg.engine_servers, tokenizer, cfg.model.path, cfg.model.adapter), tokenizer
@@ -238,7 +238,7 @@ class _Progress:
 
     def __enter__(self):
         if self.enabled:
-            from molrl.console import stage_bar
+            from molrl.logs.console import stage_bar
 
             self._bar = self._stack.enter_context(stage_bar("collect", self.total, self.stats.done))
             self.advance()

@@ -43,7 +43,7 @@ def handle(args: argparse.Namespace) -> int:
     from molrl.collect.config import CollectConfig
     from molrl.commands.flags import flag_items, refuse_clashes
     from molrl.config import describe, load_config
-    from molrl.input_checks import check_inputs
+    from molrl.records.input_checks import check_inputs
 
     if args.describe:
         print("\n".join(describe(CollectConfig)))

@@ -72,7 +72,7 @@ def handle(args: argparse.Namespace) -> int:
 
     if args.describe:
         from molrl.config import describe
-        from molrl.pipeline_config import PipelineConfig
+        from molrl.pipeline.config import PipelineConfig
 
         print("\n".join(describe(PipelineConfig)))
         return 0

@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 
 from molrl.errors import MolrlError
-from molrl.writes import write_text
+from molrl.records.writes import write_text
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.overrides[:1] == ["compare"]:
         return compare(args.overrides[1:], args.out, args.metric)
     from molrl.config import describe, load_config
-    from molrl.input_checks import check_inputs
+    from molrl.records.input_checks import check_inputs
     from molrl.eval.config import EvalConfig
 
     if args.describe:

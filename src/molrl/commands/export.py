@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     """Run ``molrl export`` with ``--out`` held for this run."""
-    from molrl.locks import folder_lock
+    from molrl.records.locks import folder_lock
 
     with folder_lock(args.out, "give another --out", stage="export"):  # one run, of one stage, in an output folder
         return _export(args)
@@ -46,7 +46,7 @@ def handle(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     from molrl.errors import MolrlError
-    from molrl.export import convert_gguf, merge_adapter  # torch and transformers: after the arguments parse
+    from molrl.engines.export import convert_gguf, merge_adapter  # torch and transformers: after the arguments parse
 
     if args.gguf:
         out = convert_gguf(args.gguf, args.out, dtype=args.dtype)

@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     from molrl.config import describe, load_config
-    from molrl.input_checks import check_inputs
+    from molrl.records.input_checks import check_inputs
     from molrl.mol.config import MolConfig
 
     if args.describe:
@@ -32,7 +32,7 @@ def handle(args: argparse.Namespace) -> int:
         return 0
     cfg = load_config(MolConfig, args.config, args.overrides)
     check_inputs("mol", cfg)
-    from molrl.mol.run import run_mol  # it loads torch only after the re-run rule (molrl.rerun) let it train
+    from molrl.mol.run import run_mol  # it loads torch only after the re-run rule (molrl.records.rerun) let it train
 
     run_mol(cfg)
     return 0

@@ -27,9 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     from molrl.config import describe
-    from molrl.input_checks import check_inputs
+    from molrl.records.input_checks import check_inputs
     from molrl.pipeline import run_pipeline
-    from molrl.pipeline_config import PipelineConfig, load_pipeline_config
+    from molrl.pipeline.config import PipelineConfig, load_pipeline_config
 
     if args.describe:
         print("\n".join(describe(PipelineConfig)))

@@ -34,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     from molrl.config import describe, load_config
-    from molrl.input_checks import check_inputs
+    from molrl.records.input_checks import check_inputs
     from molrl.rl.config import RlConfig
 
     if args.command == "grpo":
@@ -44,7 +44,7 @@ def handle(args: argparse.Namespace) -> int:
         return 0
     cfg = load_config(RlConfig, args.config, args.overrides)
     check_inputs("rl", cfg)
-    from molrl.rl.run import run_rl  # torch and TRL load inside it, after the re-run rule (molrl.rerun) let it train
+    from molrl.rl.run import run_rl  # torch and TRL load inside it, after the re-run rule (molrl.records.rerun) let it train
 
     out = run_rl(cfg)
     print(out)

@@ -44,7 +44,7 @@ def serve_command(model: str, port: int, *, host: str = "127.0.0.1", max_lora_ra
                   gpu: bool = False, memory: float | None = None,
                   python: str = sys.executable) -> tuple[list[str], dict[str, str]]:
     """The server's command line and the environment it adds, for ``model`` on ``host``:``port``."""
-    from molrl.generation import VLLM_LORA_RANKS
+    from molrl.engines.generation import VLLM_LORA_RANKS
 
     rank = next((r for r in VLLM_LORA_RANKS if r >= max_lora_rank), None)
     if rank is None:
@@ -76,8 +76,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     """Run the server until it exits or is told to stop; its exit code."""
-    from molrl.engine_server.client import ServerClient
-    from molrl.engines import cuda_visible
+    from molrl.engines.server.client import ServerClient
+    from molrl.engines.choice import cuda_visible
 
     argv, env = serve_command(args.model, args.port, host=args.host, max_lora_rank=args.max_lora_rank,
                               dtype=model_dtype(args.model), gpu=cuda_visible(), memory=args.memory)

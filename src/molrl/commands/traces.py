@@ -25,8 +25,8 @@ from typing import Any
 
 from molrl.cli import count, natural
 from molrl.errors import DataError, MolrlError
-from molrl.locks import file_lock, folder_lock
-from molrl.writes import write_text
+from molrl.records.locks import file_lock, folder_lock
+from molrl.records.writes import write_text
 
 log = logging.getLogger("molrl.traces")
 _SHOWN_REJECTS = 10
@@ -183,7 +183,7 @@ def run_convert(args: argparse.Namespace) -> int:
 
 
 def _output_held(output: Path, folder: bool) -> Any:
-    """The lock of a command's output (``molrl.locks``: one run at a time in an output folder, of any stage)."""
+    """The lock of a command's output (``molrl.records.locks``: one run at a time in an output folder, of any stage)."""
     return (folder_lock if folder else file_lock)(output, "give another OUT")
 
 

@@ -35,10 +35,10 @@ from typing import Any, Callable, Sequence
 import torch
 
 from molrl.demo.base_fit import BaseExample, fit
-from molrl.generation import SamplingConfig
+from molrl.engines.generation import SamplingConfig
 from molrl.tasks import Task
 from molrl.traces.schema import Trace
-from molrl.writes import write_text
+from molrl.records.writes import write_text
 
 log = logging.getLogger(__name__)
 

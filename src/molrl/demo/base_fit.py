@@ -15,7 +15,7 @@ from typing import Any, Protocol, Sequence
 import torch
 
 from molrl import cpu
-from molrl.console import stage_bar
+from molrl.logs.console import stage_bar
 
 
 

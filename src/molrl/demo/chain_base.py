@@ -40,10 +40,10 @@ from molrl.demo.base import train_base, write_making_time
 from molrl.demo.base_fit import BaseExample
 from molrl.demo.chain import QUESTION, ChainWorldConfig, decoy_at, decoy_keys, fresh_problems, solution_text, walk_output
 from molrl.demo.world import World
-from molrl.generation import SamplingConfig
+from molrl.engines.generation import SamplingConfig
 from molrl.tasks import Task
 from molrl.traces.schema import Trace
-from molrl.writes import write_text
+from molrl.records.writes import write_text
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 from molrl.demo.chain_base import RULE_STEP, RULE_VALUE, direct_solution
 from molrl.demo.world import World
 from molrl.tasks import Task
-from molrl.writes import write_text
+from molrl.records.writes import write_text
 
 
 @dataclass
@@ -110,7 +110,7 @@ def measure_world(world: World, base_dir: Path, world_dir: Path, cfg: Any, sampl
     model = AutoModelForCausalLM.from_pretrained(base_dir).eval()
     tasks = world.rule_heldout
     from molrl.eval.config import EvalConfig
-    from molrl.pipeline_config import stage_config
+    from molrl.pipeline.config import stage_config
     from molrl.rl.config import RlConfig
 
     evaluation = stage_config(EvalConfig, cfg.eval, {}, [], "eval")
@@ -126,7 +126,7 @@ def measure_world(world: World, base_dir: Path, world_dir: Path, cfg: Any, sampl
 def _measure(model: Any, tokenizer: Any, tasks: Sequence[Task], key: str, settings: dict[str, Any],
              samples: int) -> WorldProperties:
     """The measurements of ``WorldProperties`` (see the module docstring)."""
-    from molrl.generation import SamplingConfig, TransformersGenerator
+    from molrl.engines.generation import SamplingConfig, TransformersGenerator
     from molrl.graders.code import program_for
     from molrl.sandbox import SandboxConfig, SandboxPool
     from molrl.tasks.grade import grade
@@ -201,7 +201,7 @@ def _forced(model: Any, tokenizer: Any, prompt: str, solution: str, tail: Sequen
     offsets, and the logits that predict each of its tokens and the tail's, [C + len(tail), V]."""
     import torch
 
-    from molrl.generation import prompt_ids as ids_of
+    from molrl.engines.generation import prompt_ids as ids_of
 
     prompt_ids = ids_of(tokenizer, prompt)
     enc = tokenizer(solution, add_special_tokens=False, return_offsets_mapping=True)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from molrl.episode.config import EpisodeConfig, EpisodeLimits
-from molrl.sampling import SamplingConfig
+from molrl.engines.sampling import SamplingConfig
 
 
 @dataclass

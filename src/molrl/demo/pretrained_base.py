@@ -36,7 +36,7 @@ from typing import Any
 from molrl.demo.chain import ChainWorldConfig, build_chain_world
 from molrl.demo.world import World
 from molrl.traces.schema import append_trace
-from molrl.writes import write_text
+from molrl.records.writes import write_text
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +88,9 @@ def build_pretrained_base(world_cfg: ChainWorldConfig, warm: WarmUpConfig, model
     from molrl.cpu import use_threads
     from molrl.models import load_tokenizer
     from molrl.mol.config import MolConfig
-    from molrl.export import merge_adapter
+    from molrl.engines.export import merge_adapter
     from molrl.mol.run import run_mol
-    from molrl.pipeline_config import stage_config
+    from molrl.pipeline.config import stage_config
     from molrl.sandbox import SandboxConfig, SandboxPool
 
     marker = base_dir / "DONE"
@@ -142,7 +142,7 @@ def unseen_by(world: World, base_dir: Path) -> World:
     seed's evaluation problems are ones it saw: general problems with their answers, rule problems posed in a decoy
     world (the same text, another answer). Evaluation refuses to score them; the seed scores the others.
     """
-    from molrl.provenance import read_provenance, untrained
+    from molrl.records.provenance import read_provenance, untrained
 
     record = read_provenance(base_dir)
     if record is None:

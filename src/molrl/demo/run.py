@@ -39,7 +39,7 @@ from molrl.cpu import govern_threads, use_threads
 from molrl.errors import MolrlError
 from molrl.pipeline import run_pipeline
 from molrl.tasks import Task
-from molrl.writes import append_text, write_text
+from molrl.records.writes import append_text, write_text
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +231,7 @@ def prepare_seed(out: Path, preset: str, overrides: list[str] | None, seed: int,
     """
     import torch
 
-    from molrl.pipeline_config import load_pipeline_config
+    from molrl.pipeline.config import load_pipeline_config
 
     chosen = seeded((PRETRAINED_PRESETS if model else WORLDS[world_name])[preset], seed)
     torch.manual_seed(seed)
@@ -369,6 +369,6 @@ def episode_config(cfg: "PipelineConfig") -> "CollectionFormat":  # noqa: F821
     """The collect section's episode settings and sampling: the demonstrations use exactly the format collection
     will."""
     from molrl.demo.collection import CollectionFormat
-    from molrl.pipeline_config import collect_config
+    from molrl.pipeline.config import collect_config
 
     return CollectionFormat.of(collect_config(cfg, Path(cfg.output_dir), in_memory=True))

@@ -14,8 +14,8 @@ from typing import Any, Sequence
 
 import yaml
 
-from molrl.config_renames import current_names
-from molrl.pipeline_config import PipelineConfig
+from molrl.config.renames import current_names
+from molrl.pipeline.config import PipelineConfig
 from molrl.report import accuracy, eval_results
 
 BASE = "base"

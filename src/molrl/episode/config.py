@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Callable, ClassVar, Literal
 
-from molrl.config_ranges import Count, Range, SamplingTemperature, Seconds, Size
+from molrl.config.ranges import Count, Range, SamplingTemperature, Seconds, Size
 from molrl.tasks.prompts import CODE_TASK
 
 DEFAULT_FEEDBACK = ["execution", "tests", "verdict", "format", "budget"]

@@ -31,9 +31,9 @@ from molrl.episode.environment import observe
 from molrl.episode.feedback import FeedbackProvider, Observation, render_feedback
 from molrl.episode.providers import build_providers
 from molrl.content import encode_content
-from molrl.generation import Generator
+from molrl.engines.generation import Generator
 from molrl.graders.code import CodeRewardConfig
-from molrl.sampling import SamplingConfig
+from molrl.engines.sampling import SamplingConfig
 from molrl.tasks import Task
 from molrl.tasks.grade import grade
 from molrl.tasks.held_out import episode_tasks, shows_tests, unsplit

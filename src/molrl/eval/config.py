@@ -6,15 +6,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Literal
 
-from molrl.config_idle import check_idle
+from molrl.config.idle import check_idle
 from molrl.episode.config import EpisodeLimits
-from molrl.engines import check_engine_servers
-from molrl.config_blocks import ModelSource, TaskSource, as_model_source, as_task_source
-from molrl.config_ranges import Count, RunDir, Threads
-from molrl.sampling import SamplingConfig
+from molrl.engines.choice import check_engine_servers
+from molrl.config.blocks import ModelSource, TaskSource, as_model_source, as_task_source
+from molrl.config.ranges import Count, RunDir, Threads
+from molrl.engines.sampling import SamplingConfig
 from molrl.sandbox import SandboxConfig
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
-from molrl.writes import plain_name
+from molrl.records.writes import plain_name
 
 
 @dataclass
@@ -28,7 +28,7 @@ class EvalConfig:
     """Where the model runs (cpu, cuda); default: cuda when visible, else cpu."""
     engine: Literal["auto", "vllm", "vllm_server", "transformers"] = "auto"
     """Generation engine: auto (vLLM when installed and the work pays for its start, else transformers), vllm,
-    vllm_server (the servers of engine_servers) or transformers (``molrl.engines``); an adapter is served as vLLM LoRA
+    vllm_server (the servers of engine_servers) or transformers (``molrl.engines.choice``); an adapter is served as vLLM LoRA
     (in-process vLLM: or merged into a temporary copy)."""
     engine_servers: list[str] = field(default_factory=list)
     """With engine=vllm_server: the vLLM servers to generate on (http://HOST:PORT each, as molrl serve prints), all
@@ -107,4 +107,4 @@ class EvalConfig:
                 raise ValueError(f"benchmark name {name!r} is not one plain folder name, so its samples would be "
                                  "written outside output_dir; give a name that is not '.' or '..' and holds no '/', "
                                  "'\\' or NUL")
-        check_idle(self, "eval")  # last: a key set where it cannot act (molrl.config_idle)
+        check_idle(self, "eval")  # last: a key set where it cannot act (molrl.config.idle)

@@ -89,7 +89,7 @@ def _record(task: Task, sample: int, completion: str, grade: Any) -> SampleRecor
         score=float(grade.score),
         stage=str(grade.stage),
         details=dict(grade.details or {}),
-        truncated=bool(getattr(completion, "truncated", False)),  # a molrl.generation.Completion knows
+        truncated=bool(getattr(completion, "truncated", False)),  # a molrl.engines.generation.Completion knows
         shown_pass=shown,
         held_back_pass=held_back,
         grading=GRADING[task.kind],

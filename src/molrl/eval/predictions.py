@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from molrl.errors import DataError, MolrlError
-from molrl.jsonl import read_lines
+from molrl.records.jsonl import read_lines
 from molrl.tasks import Task
 
 

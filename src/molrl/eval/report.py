@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from molrl.errors import MolrlError
-from molrl.writes import write_text
+from molrl.records.writes import write_text
 
 HEADLINE = ("pass@1",)  # first columns of every table; the rest follow in a fixed order
 
@@ -152,7 +152,7 @@ def compare_table(runs: Sequence[tuple[str, dict[str, Any]]], metric: str = "pas
 
 def compare_chart(runs: Sequence[tuple[str, dict[str, Any]]], path: Path, metric: str = "pass@1") -> Path:
     """A grouped bar chart of ``metric`` per benchmark, one bar per run, saved as PNG."""
-    from molrl.plots import pyplot, save_figure
+    from molrl.logs.plots import pyplot, save_figure
 
     plt = pyplot()
     benchmarks = _benchmark_union(runs)

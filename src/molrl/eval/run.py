@@ -4,7 +4,7 @@ For each benchmark: load problems -> skip those already in ``samples.jsonl`` -> 
 ``batch_size`` problems get graded samples from the source (sampled single-turn, interactive
 episodes, or a predictions file; all graded by the shared graders) -> append them -> summarise.
 Results land in ``results.json`` / ``results.md`` next to the resolved ``config.yaml``. A re-run follows
-``molrl.rerun``, the rule of every stage: other settings are refused by name, a finished run is left as it is.
+``molrl.records.rerun``, the rule of every stage: other settings are refused by name, a finished run is left as it is.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, Iterator, Sequence
 import yaml
 
 from molrl.config import check_values, to_dict
-from molrl.config_renames import current_names
+from molrl.config.renames import current_names
 from molrl.cpu import use_threads
 from molrl.errors import MolrlError
 from molrl.eval.config import EvalConfig
@@ -30,11 +30,11 @@ from molrl.eval.single import summarise
 from molrl.eval.interactive import InteractiveSource
 from molrl.eval.sources import PredictionSource, SamplingSource
 from molrl.eval.suites import load_suite, load_whole
-from molrl.provenance import check_scored
-from molrl.rerun import NEW_RUN, changed_keys, check_rerun, save_run_config, say_finished
-from molrl.run_inputs import inputs_path
+from molrl.records.provenance import check_scored
+from molrl.records.rerun import NEW_RUN, changed_keys, check_rerun, save_run_config, say_finished
+from molrl.records.run_inputs import inputs_path
 from molrl.tasks import Task
-from molrl.locks import folder_lock
+from molrl.records.locks import folder_lock
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def make_source(cfg: EvalConfig) -> Any:
 
 def run_eval(cfg: EvalConfig) -> Path:
     """Evaluate ``cfg.benchmarks`` and return the run directory holding the results (one run at a time writes a
-    run directory: ``molrl.locks.folder_lock``)."""
+    run directory: ``molrl.records.locks.folder_lock``)."""
     out = Path(cfg.output_dir)
     created = not out.exists()
     with folder_lock(out, f"use another {NEW_RUN['eval']}", stage="eval"), _removed_if_failed_empty(out, created):
@@ -70,7 +70,7 @@ def _evaluate(cfg: EvalConfig) -> Path:
     check_values(cfg, "EvalConfig")
     out = Path(cfg.output_dir)
     started = any(p.stat().st_size for p in out.glob("*/samples.jsonl"))
-    check_rerun("eval", cfg, out / "config.yaml", started=started)  # molrl.rerun: one rule for every stage
+    check_rerun("eval", cfg, out / "config.yaml", started=started)  # molrl.records.rerun: one rule for every stage
     suites = {name: load_suite(name, cfg) for name in cfg.benchmarks}  # all data checked before any work
     if cfg.model.adapter or (cfg.model.path and not cfg.predictions):  # never score what the model trained on
         known = {name: load_whole(name, cfg) for name in cfg.benchmarks}  # matched as exclusion matches: whole files
@@ -146,7 +146,7 @@ def run_suite(
 
 def finished(out: Path, cfg: EvalConfig, suites: dict[str, Sequence[Task]], source: Any) -> bool:
     """Whether ``out`` already holds this very run's results, so that nothing is written: the same config but for the
-    keys ``molrl.rerun`` lets a re-run change (left as saved: a finished run asked for fewer problems or benchmarks, or
+    keys ``molrl.records.rerun`` lets a re-run change (left as saved: a finished run asked for fewer problems or benchmarks, or
     another label, stays as it is), results written for every benchmark and pass@k asked for (others summarise
     again), and every problem's samples complete and judged by the current grading (``molrl.tasks.grade.GRADING``)."""
     saved, results = out / "config.yaml", out / "results.json"
@@ -224,7 +224,7 @@ def _sandbox_pool(cfg: EvalConfig, needed: bool) -> Iterator[Any]:
 
 @contextlib.contextmanager
 def _progress() -> Iterator[Any]:
-    from molrl.console import new_progress
+    from molrl.logs.console import new_progress
 
     with new_progress() as progress:
         yield progress

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from molrl.errors import DataError
-from molrl.jsonl import json_line, read_lines, repair_torn_tail
-from molrl.writes import append_text, write_text
+from molrl.records.jsonl import json_line, read_lines, repair_torn_tail
+from molrl.records.writes import append_text, write_text
 
 
 @dataclass

@@ -15,7 +15,7 @@ from molrl.eval.metrics import aggregate, breakdown
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
 from molrl.traces.spans import render_prompts
 from molrl.eval.samples import SampleRecord
-from molrl.generation import Generator, SamplingConfig, TransformersGenerator
+from molrl.engines.generation import Generator, SamplingConfig, TransformersGenerator
 from molrl.tasks import Task
 from molrl.tasks.held_out import constant_answer
 

@@ -21,8 +21,8 @@ from molrl.eval.grading import grade_samples
 from molrl.eval.predictions import read_predictions
 from molrl.eval.samples import SampleRecord, made_by
 from molrl.eval.single import generate_chunk
-from molrl.sampling import SamplingConfig
-from molrl.run_inputs import model_fingerprints
+from molrl.engines.sampling import SamplingConfig
+from molrl.records.run_inputs import model_fingerprints
 from molrl.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ class SamplingSource:
         return dataclasses.replace(self.cfg.sampling, seed=self.cfg.sampling.seed + offset)
 
     def model_fingerprints(self) -> dict[str, str]:
-        """The fingerprints of the model and adapter sampled (``molrl.run_inputs.model_fingerprints``), read once."""
+        """The fingerprints of the model and adapter sampled (``molrl.records.run_inputs.model_fingerprints``), read once."""
         if self._fingerprints is None:
             self._fingerprints = model_fingerprints("eval", self.cfg)
         return self._fingerprints
@@ -135,16 +135,16 @@ class SamplingSource:
 
 def load_generator(cfg: EvalConfig, planned_tokens: int = 0) -> tuple[Any, Any]:
     """A generator for ``cfg.model.path`` (+ adapter) on the engine ``cfg.engine`` picks for ``planned_tokens`` tokens of
-    work (``molrl.engines``), and its tokenizer."""
-    from molrl.engines import choose_engine
-    from molrl.generation import TransformersGenerator, VLLMGenerator
+    work (``molrl.engines.choice``), and its tokenizer."""
+    from molrl.engines.choice import choose_engine
+    from molrl.engines.generation import TransformersGenerator, VLLMGenerator
     from molrl.models import default_device, load_model, load_tokenizer
 
     tokenizer = load_tokenizer(cfg.model.path)
     engine = choose_engine(cfg.engine, cfg.model.path, planned_tokens, servers=cfg.engine_servers)
     engine.log("eval", cfg)
     if engine.name == "vllm_server":
-        from molrl.engine_server.generator import open_generator
+        from molrl.engines.server.generator import open_generator
 
         return open_generator(cfg.engine_servers, tokenizer, cfg.model.path, cfg.model.adapter), tokenizer
     if engine.name == "vllm":

@@ -1,6 +1,6 @@
 """Benchmarks by name: where each one's problems come from and how they are read.
 
-A benchmark is an entry of eval's ``data`` (``molrl.config_blocks.TaskSource``, the type collect and rl read their
+A benchmark is an entry of eval's ``data`` (``molrl.config.blocks.TaskSource``, the type collect and rl read their
 tasks with): a local file in its format (see ``molrl.tasks.load_tasks``; a benchmark molrl knows by name takes its own
 format) or a Hugging Face dataset named ``hub:DATASET[:SPLIT]``, fetched with ``datasets.load_dataset`` and written to
 the run directory as JSONL before the same loader reads it. Each benchmark is scored on its ``split`` (default eval's
@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from molrl.config_blocks import BENCHMARK_FORMATS
+from molrl.config.blocks import BENCHMARK_FORMATS
 from molrl.errors import MolrlError
 from molrl.tasks import Task
 from molrl.tasks.source import load_task_source
@@ -44,7 +44,7 @@ def load_suite(name: str, cfg: Any) -> list[Task]:
 
 def load_whole(name: str, cfg: Any) -> list[Task]:
     """Every task of benchmark ``name``'s data, all its splits and no limit: what a trained model's record is matched
-    among (``molrl.provenance.check_scored``), as exclusion matches traces among a benchmark's whole file."""
+    among (``molrl.records.provenance.check_scored``), as exclusion matches traces among a benchmark's whole file."""
     src = dataclasses.replace(_source(name, cfg), split="all", limit=None)
     return load_task_source(src, f"data.{name}", split="all")
 

@@ -11,7 +11,7 @@ kept at each KL-measured position (a decision token, or any token of a general e
 A cache is a folder: ``key.json`` (what it was made from, written first), ``shard-NNNNN.pt`` (``SHARD_EXAMPLES``
 examples each, by example index: ``offsets`` [n + 1] and the rows of its examples in order), and ``manifest.json``
 (written last: the key, build seconds, bytes, bytes per KL token). Every file is written whole or not at all
-(``molrl.writes``), so a build killed mid-way resumes from its last whole shard. The key (``CacheKey``) is the
+(``molrl.records.writes``), so a build killed mid-way resumes from its last whole shard. The key (``CacheKey``) is the
 content the targets depend on; a cache whose key differs in any part is refused in one line naming the parts,
 never used. Rows are made by the trainer's own base forward (``MolTrainer._base_hidden``: the adapter disabled,
 or the frozen copy), exactly what the live path runs.
@@ -34,7 +34,7 @@ import torch
 from molrl.errors import MolrlError
 from molrl.mol.losses import TokenMasks, _chunk_size, _linear, token_masks
 from molrl.mol.topk import TopK, topk_targets
-from molrl.writes import open_output, write_text
+from molrl.records.writes import open_output, write_text
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class CacheKey:
     """What the cached targets depend on; a cache is used only when every part matches."""
 
     base: str
-    """Fingerprint of the base's weights (``molrl.fingerprint``; a tiny: model by its name and seed)."""
+    """Fingerprint of the base's weights (``molrl.records.fingerprint``; a tiny: model by its name and seed)."""
     traces: str
     """sha256 of the tokenised examples in order: input_ids, feedback and decision masks, general tag."""
     max_length: int
@@ -76,7 +76,7 @@ def traces_hash(examples: Sequence[dict[str, Any]]) -> str:
 
 def base_fingerprint(path: str, seed: int) -> str:
     """The base's weights by content: a folder or cached hub model's fingerprint, a tiny: model's name and seed."""
-    from molrl.fingerprint import model_fingerprint
+    from molrl.records.fingerprint import model_fingerprint
 
     found = model_fingerprint(path)
     if found is not None:

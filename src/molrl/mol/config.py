@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Literal
 
-from molrl.config_blocks import ModelWeights, MolLoraConfig, MolTrainConfig, as_model_source
-from molrl.config_renames import Retired
-from molrl.config_ranges import Count, Range, RunDir, Size, Temperature, Threads, Weight
+from molrl.config.blocks import ModelWeights, MolLoraConfig, MolTrainConfig, as_model_source
+from molrl.config.renames import Retired
+from molrl.config.ranges import Count, Range, RunDir, Size, Temperature, Threads, Weight
 
 Mode = Literal["mol", "ce", "ce_feedback"]
 Direction = Literal["reverse", "forward"]

@@ -83,10 +83,8 @@ def load_examples(paths: Sequence[str], tokenizer: Any, max_length: int, enable_
                   exclude_benchmarks: Mapping[str, str] | None = None):
     """Read and tokenise every trace in ``paths``; returns (examples, DataStats).
 
-    With ``exclude_benchmarks`` (name -> benchmark file, ``data.exclude_benchmarks``), domain traces whose task is
-    one of those benchmarks' test tasks (the split eval scores), recognised by content, are left out, in one line.
-    Domain traces that remain on a benchmark's test tasks are counted in one warning before tokenising
-    (``molrl.tasks.eval_overlap.traces_overlap_line``).
+    With ``exclude_benchmarks`` (name -> benchmark file), domain traces on those benchmarks' test tasks, known by
+    content, are left out in one line; those that remain on one are counted in one warning (``_leave_out_eval_tasks``).
 
     Every malformed record and every trace the tokenizer cannot label is listed, one line each with
     its file and line, in the one error raised once all files are read. Traces without feedback or
@@ -95,30 +93,17 @@ def load_examples(paths: Sequence[str], tokenizer: Any, max_length: int, enable_
     warning naming it; cuts at ``max_length`` are logged with file and line, and traces the cut
     leaves with nothing to train on are counted per file with the fix, refused when no trace is left.
     """
-    from molrl.tasks.eval_overlap import traces_overlap_line
     from molrl.traces.schema import Reject, TraceError, read_traces, rejects_error
     from molrl.traces.tokenize import TokenizeConfig, tokenize_trace
 
-    name = getattr(tokenizer, "name_or_path", "?")
-    if getattr(tokenizer, "chat_template", None) is None:  # checked once here, not once per trace
-        raise MolrlError(f"tokenizer {name!r} has no chat_template, which renders the traces; "
-                         "use an instruct/chat model, or set tokenizer.chat_template")
-    if not getattr(tokenizer, "is_fast", False):
-        raise MolrlError(f"tokenizer {name!r} is not a fast (Rust) tokenizer, which labelling tokens needs; "
-                         "load the model's tokenizer.json")
+    _check_tokenizer(tokenizer)
     tcfg = TokenizeConfig(max_length=max_length, truncation="truncate", enable_thinking=enable_thinking,
                           require_feedback=False, require_decision=False)
     examples, stats = [], DataStats(files=[str(p) for p in paths], max_length=max_length)
     readers = [read_traces(path) for path in paths]
     files = [(reader.path, list(reader)) for reader in readers]  # every file read before any is tokenised
-    index = _exclusion_index(exclude_benchmarks)
     read = {path: len(traces) for path, traces in files}
-    if index is not None:
-        files = [(path, _without_eval_tasks(traces, index, stats)) for path, traces in files]
-        total = sum(len(t) for _, t in files) + sum(stats.excluded.values())
-        log.info("%s", overlap_line(stats.excluded, total, "data.exclude_benchmarks"))
-    if line := traces_overlap_line([t for _, traces in files for _, t in traces], "data.traces"):
-        log.warning("%s", line)  # at start, before any trace is tokenised
+    files = _leave_out_eval_tasks(files, exclude_benchmarks, stats)
     rejects: list[Reject] = [r for reader in readers for r in reader.rejects]
     for path, traces in files:
         if read[path] and not traces:  # every trace an eval test task: not an empty file
@@ -151,6 +136,40 @@ def load_examples(paths: Sequence[str], tokenizer: Any, max_length: int, enable_
     if stats.truncated > _SHOWN_CUTS:
         log.warning("... %d more traces cut at max_length %d (data_stats.json counts them)",
                     stats.truncated - _SHOWN_CUTS, max_length)
+    _refuse_nothing_to_train(paths, examples, stats, max_length)
+    return examples, stats
+
+
+def _leave_out_eval_tasks(files: list[tuple[Any, list]], exclude_benchmarks: Mapping[str, str] | None,
+                          stats: Any) -> list[tuple[Any, list]]:
+    """``files`` without the traces on ``exclude_benchmarks``' test tasks (counted in ``stats``, in one line); the
+    domain traces that remain on a benchmark's test tasks are counted in one warning, before any is tokenised."""
+    from molrl.tasks.eval_overlap import traces_overlap_line
+
+    index = _exclusion_index(exclude_benchmarks)
+    if index is not None:
+        files = [(path, _without_eval_tasks(traces, index, stats)) for path, traces in files]
+        total = sum(len(t) for _, t in files) + sum(stats.excluded.values())
+        log.info("%s", overlap_line(stats.excluded, total, "data.exclude_benchmarks"))
+    if line := traces_overlap_line([t for _, traces in files for _, t in traces], "data.traces"):
+        log.warning("%s", line)
+    return files
+
+
+def _check_tokenizer(tokenizer: Any) -> None:
+    """Refuse a tokenizer that cannot render or label traces (checked once, not once per trace)."""
+    name = getattr(tokenizer, "name_or_path", "?")
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise MolrlError(f"tokenizer {name!r} has no chat_template, which renders the traces; "
+                         "use an instruct/chat model, or set tokenizer.chat_template")
+    if not getattr(tokenizer, "is_fast", False):
+        raise MolrlError(f"tokenizer {name!r} is not a fast (Rust) tokenizer, which labelling tokens needs; "
+                         "load the model's tokenizer.json")
+
+
+def _refuse_nothing_to_train(paths: Sequence[str], examples: list[dict[str, Any]], stats: Any,
+                             max_length: int) -> None:
+    """Refuse traces that leave MoL nothing to train on: none usable, all general, or all cut to nothing."""
     if not examples:
         raise MolrlError(f"no usable traces in {', '.join(map(str, paths)) or '(no files given)'}; set data.traces")
     if all(ex["is_general"] for ex in examples):
@@ -162,7 +181,6 @@ def load_examples(paths: Sequence[str], tokenizer: Any, max_length: int, enable_
             f"first decision or feedback token, inside the prompt, leaving nothing to train on; refusing to train. "
             f"{stats.cut_fix}"
         )
-    return examples, stats
 
 
 def _file_warnings(path: Any, examples: list[dict[str, Any]], traces: list[tuple[int, Any]],

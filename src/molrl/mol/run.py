@@ -1,7 +1,7 @@
 """``run_mol``: traces -> tokenised examples -> model (+ LoRA) -> MolTrainer -> adapter on disk.
 
 Outputs in ``cfg.output_dir``: ``config.yaml`` (resolved), ``data_stats.json``, ``molrl_provenance.json`` (the
-base, the lineage and the tasks its traces were collected on: ``molrl.provenance``; each checkpoint and the final
+base, the lineage and the tasks its traces were collected on: ``molrl.records.provenance``; each checkpoint and the final
 weights carry a copy inside), ``metrics.jsonl``
 (one JSON object per logged step), ``checkpoints/checkpoint-N`` (a re-run resumes from the newest) with
 the tensorboard logs under ``checkpoints/runs/``, as the RL stage keeps them, and the final ``adapter/``
@@ -23,19 +23,19 @@ from typing import Any
 from molrl.config import ConfigError, check_values
 from molrl.cpu import use_threads
 from molrl.mol.config import MolConfig
-from molrl.provenance import Provenance, TrainedTask, config_fingerprint, made, read_provenance, write_provenance
-from molrl.rerun import CHECKPOINTS, NEW_RUN, save_run_config, training_rerun
-from molrl.trackers import report_backends
-from molrl.training_args import training_arguments
-from molrl.locks import folder_lock
-from molrl.writes import write_folder, write_text
+from molrl.records.provenance import Provenance, TrainedTask, config_fingerprint, made, read_provenance, write_provenance
+from molrl.records.rerun import CHECKPOINTS, NEW_RUN, save_run_config, training_rerun
+from molrl.logs.trackers import report_backends
+from molrl.config.training_args import training_arguments
+from molrl.records.locks import folder_lock
+from molrl.records.writes import write_folder, write_text
 
 log = logging.getLogger(__name__)
 
 
 def run_mol(cfg: MolConfig) -> Path:
-    """Train per ``cfg`` (a re-run follows ``molrl.rerun``'s rule: finished, refused, extended or resumed); returns
-    the output dir. One run at a time writes an output dir (``molrl.locks.folder_lock``)."""
+    """Train per ``cfg`` (a re-run follows ``molrl.records.rerun``'s rule: finished, refused, extended or resumed); returns
+    the output dir. One run at a time writes an output dir (``molrl.records.locks.folder_lock``)."""
     check_values(cfg, "MolConfig")
     check_config(cfg)
     out = Path(cfg.output_dir)
@@ -55,7 +55,7 @@ def _train(cfg: MolConfig, out: Path) -> None:
     from molrl.models import load_tokenizer
     from molrl.mol.data import check_feedback, load_examples
     from molrl.nonfinite import check_finite_weights
-    from molrl.runfiles import ProvenanceCallback, drop_records_after, load_checkpoint
+    from molrl.records.runfiles import ProvenanceCallback, drop_records_after, load_checkpoint
 
     save_run_config("mol", cfg, out / "config.yaml")
     tokenizer = load_tokenizer(cfg.model.path)
@@ -108,12 +108,12 @@ def build_trainer(cfg: MolConfig, examples: list[dict[str, Any]], tokenizer: Any
     import torch
     from transformers import TrainingArguments, set_seed
 
-    from molrl.trainer_progress import use_trainer_progress
+    from molrl.logs.progress import use_trainer_progress
     from molrl.models import load_model
     from molrl.mol.data import MolCollator
     from molrl.mol.trainer import MolTrainer
     from molrl.nonfinite import NonFiniteGuard
-    from molrl.runfiles import MetricsFileCallback, ResumedSchedule
+    from molrl.records.runfiles import MetricsFileCallback, ResumedSchedule
 
     set_seed(cfg.train.seed)
     check_reference_room(cfg)
@@ -263,7 +263,7 @@ def _add_lora(model: Any, cfg: MolConfig) -> Any:
 
 
 def _training_arguments(cfg: MolConfig, cls: Any, cuda: bool) -> Any:
-    """``cls`` (``TrainingArguments``) for MoL: the ``train`` block's shared fields (``molrl.training_args``), plus
+    """``cls`` (``TrainingArguments``) for MoL: the ``train`` block's shared fields (``molrl.config.training_args``), plus
     its set accumulation and epochs, and every column kept for the collator."""
     t = cfg.train
     return training_arguments(cls, t, cfg.model.dtype, Path(cfg.output_dir) / CHECKPOINTS, cuda,

@@ -21,7 +21,7 @@ from molrl.eval.single import evaluate_single
 from molrl.rl.kl import policy_base_kl
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
 from molrl.traces.spans import render_prompts
-from molrl.writes import append_text
+from molrl.records.writes import append_text
 
 log = logging.getLogger(__name__)
 

@@ -12,15 +12,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Literal
 
-from molrl.config_blocks import LoraAdapterConfig, RlModelSource, TaskSource, TrainConfig, as_model_source
+from molrl.config.blocks import LoraAdapterConfig, RlModelSource, TaskSource, TrainConfig, as_model_source
 from molrl.sandbox import SandboxConfig
-from molrl.config_idle import check_idle
-from molrl.config_ranges import Count, Positive, Range, RunDir, Size, Threads, Weight
-from molrl.config_renames import Retired
+from molrl.config.idle import check_idle
+from molrl.config.ranges import Count, Positive, Range, RunDir, Size, Threads, Weight
+from molrl.config.renames import Retired
 from molrl.episode.config import EpisodeTurns
-from molrl.engines import check_engine_servers
+from molrl.engines.choice import check_engine_servers
 from molrl.rl.method_settings import MacroSettings, OpdSettings, PpoSettings, PropsSettings, RolloutSettings, TermSettings
-from molrl.sampling import HookSampling, RolloutSampling
+from molrl.engines.sampling import HookSampling, RolloutSampling
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
 
 log = logging.getLogger(__name__)
@@ -283,7 +283,7 @@ class RlConfig:
                 and self.opd.teacher_model is None):
             raise ValueError("opd.teacher=model needs opd.teacher_model (an adapter or model directory), "
                              "or opd.teacher_weights=current")
-        check_idle(self, "rl")  # last: a key set where it cannot act (molrl.config_idle)
+        check_idle(self, "rl")  # last: a key set where it cannot act (molrl.config.idle)
 
     def _check_overlap(self) -> None:
         ro = self.rollout

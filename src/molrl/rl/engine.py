@@ -1,6 +1,6 @@
 """Rollouts on vLLM with the policy's current weights (``engine: vllm`` in the rl stage).
 
-The engine runs in the trainer's process (``molrl.generation.start_llm``) and holds the policy's base: the base
+The engine runs in the trainer's process (``molrl.engines.generation.start_llm``) and holds the policy's base: the base
 model directory, or, for ``model.adapter_mode=merge_new``, a copy with the MoL adapter merged that the engine
 removes when closed. The adapter being trained is served as a vLLM LoRA adapter. Before the first generation after
 every optimiser step, ``sync`` saves the trainer's adapter and hands it to the engine under a new LoRA id, so the
@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from molrl.engines import EngineChoice, choose_engine, cuda_visible
+from molrl.engines.choice import EngineChoice, choose_engine, cuda_visible
 from molrl.errors import MolrlError
 from molrl.rl.config import RlConfig
 
 
 def rl_engine(cfg: RlConfig, *, installed: bool | None = None, gpu: bool | None = None) -> EngineChoice:
-    """The engine the rl stage generates with: ``cfg.engine`` as ``molrl.engines.choose_engine`` decides it for the
+    """The engine the rl stage generates with: ``cfg.engine`` as ``molrl.engines.choice.choose_engine`` decides it for the
     run's tokens (steps x prompts x G x ``sampling.max_new_tokens``), but transformers where a rollout needs it."""
     if cfg.rollout.behaviour == "props":
         reason = "rollout.behaviour=props samples from a second adapter, which the engine does not hold"
@@ -68,7 +68,7 @@ class PolicyEngine:
     """The policy on an in-process vLLM engine, its adapter re-sent after every optimiser step (``sync``)."""
 
     def __init__(self, cfg: RlConfig, lora_rank: int, lora_modules: Sequence[str]):
-        from molrl.generation import check_policy_lora, merge_adapter_copy, start_llm
+        from molrl.engines.generation import check_policy_lora, merge_adapter_copy, start_llm
 
         check_policy_lora("vllm", lora_rank, lora_modules)
         m = cfg.model
@@ -192,13 +192,13 @@ class PolicyEngine:
         return {"prompt_ids": prompt_ids, "completion_ids": [s.ids for s in out], "logprobs": [s.logps for s in out]}
 
     def text_generator(self, trainer: Any) -> "PolicyGenerator":
-        """A ``molrl.generation.Generator`` on this engine with the policy's current adapter (the RL stage's
+        """A ``molrl.engines.generation.Generator`` on this engine with the policy's current adapter (the RL stage's
         evaluation hook generates through it)."""
         return PolicyGenerator(self, trainer)
 
     def close(self) -> None:
         """Shut the engine down (its memory given back) and remove its files (the merged base, the sent adapters)."""
-        from molrl.generation import stop_llm
+        from molrl.engines.generation import stop_llm
 
         llm, self.llm = self.llm, None
         if llm is not None:
@@ -214,7 +214,7 @@ class PolicyGenerator:
     trainer: Any
 
     def generate(self, prompts: Sequence[Any], sampling: Any) -> list[list[str]]:
-        from molrl.generation import vllm_generate
+        from molrl.engines.generation import vllm_generate
 
         self.engine.sync(self.trainer)
         return vllm_generate(self.engine.llm, self.trainer.processing_class, prompts, sampling, self.engine.lora)

@@ -14,7 +14,7 @@ import torch
 
 from molrl.content import encode_content
 from molrl.divergence import token_kl
-from molrl.generation import prompt_ids
+from molrl.engines.generation import prompt_ids
 
 
 def mean_token_kl(policy_logits: torch.Tensor, base_logits: torch.Tensor, completion_mask: torch.Tensor) -> float:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-from molrl.config_ranges import Count, LearningRate, Positive, Probability, Range, Size, Weight
+from molrl.config.ranges import Count, LearningRate, Positive, Probability, Range, Size, Weight
 
 
 @dataclass
@@ -103,7 +103,7 @@ class RolloutSettings:
     """The policy trains on the last this many steps' batches (outcome-advantage algorithms only).
     None: 2 with behaviour=props (the PROPS authors' b), else 1."""
     merged_generation: bool = False
-    """Generate with transformers from the policy's LoRA adapter merged into its base weights (``molrl.lora_merge``):
+    """Generate with transformers from the policy's LoRA adapter merged into its base weights (``molrl.engines.lora_merge``):
     a decoding step then costs the base model's, not the base's plus two small matmuls per adapted layer; the base
     weights are copied back exactly afterwards (one copy of the adapted weights is held while generating). Not
     with behaviour=props (it samples from a second adapter) or engine=vllm (the engine holds its own weights)."""

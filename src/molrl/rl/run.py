@@ -2,7 +2,7 @@
 
 Outputs in ``cfg.output_dir``: ``config.yaml`` (resolved), ``data_summary.json`` (tasks kept and
 left out), ``molrl_provenance.json`` (base, lineage and the tasks trained on, the MoL run's included:
-``molrl.provenance``; each checkpoint and the final weights carry a copy inside),
+``molrl.records.provenance``; each checkpoint and the final weights carry a copy inside),
 ``metrics.jsonl`` (one line per logged step: reward, per-stage reward fractions, KL,
 timings, eval-hook results; also to ``train.report_to``'s backends: tensorboard event files under
 ``checkpoints/runs/`` by default), ``completions.jsonl`` (one line per sampled completion with its
@@ -23,15 +23,15 @@ from typing import Any
 from molrl.config import check_values
 from molrl.cpu import use_threads
 from molrl.errors import MolrlError
-from molrl.provenance import config_fingerprint, made, read_provenance, trained_on, write_provenance
-from molrl.rerun import CHECKPOINTS, NEW_RUN, save_run_config, training_rerun
+from molrl.records.provenance import config_fingerprint, made, read_provenance, trained_on, write_provenance
+from molrl.records.rerun import CHECKPOINTS, NEW_RUN, save_run_config, training_rerun
 from molrl.rl.adapter_lora import take_adapter_lora
 from molrl.rl.config import RlConfig
 from molrl.tasks.held_out import shows_tests
-from molrl.trackers import report_backends
-from molrl.training_args import training_arguments
-from molrl.locks import folder_lock
-from molrl.writes import write_folder, write_text
+from molrl.logs.trackers import report_backends
+from molrl.config.training_args import training_arguments
+from molrl.records.locks import folder_lock
+from molrl.records.writes import write_folder, write_text
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +40,8 @@ log = logging.getLogger(__name__)
 
 
 def run_rl(cfg: RlConfig) -> Path:
-    """Train per ``cfg`` (a re-run follows ``molrl.rerun``'s rule: finished, refused, extended or resumed); returns
-    the output dir. One run at a time writes an output dir (``molrl.locks.folder_lock``)."""
+    """Train per ``cfg`` (a re-run follows ``molrl.records.rerun``'s rule: finished, refused, extended or resumed); returns
+    the output dir. One run at a time writes an output dir (``molrl.records.locks.folder_lock``)."""
     check_values(cfg, "RlConfig")
     out = Path(cfg.output_dir)
     report_backends(cfg.train.report_to, "train.report_to")  # a backend that is not installed stops the run now
@@ -73,7 +73,7 @@ def _train(cfg: RlConfig, out: Path) -> None:
     use_threads(cfg.threads, "rl")
     from accelerate import PartialState
 
-    from molrl.runfiles import drop_records_after, load_checkpoint
+    from molrl.records.runfiles import drop_records_after, load_checkpoint
 
     state = PartialState()  # under accelerate launch: this process's rank; files are written by rank 0
     out.mkdir(parents=True, exist_ok=True)
@@ -113,8 +113,8 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
     from molrl.rl.reference import install_reference, trainable_parameter_count
     from molrl.rl.trainer import RlTrainer
     from molrl.nonfinite import NonFiniteGuard
-    from molrl.runfiles import MetricsFileCallback, ProvenanceCallback, ResumedSchedule
-    from molrl.trainer_progress import use_trainer_progress
+    from molrl.records.runfiles import MetricsFileCallback, ProvenanceCallback, ResumedSchedule
+    from molrl.logs.progress import use_trainer_progress
 
     from molrl.rl.engine import rl_engine
     from molrl.rl.score import completions_made_by
@@ -265,7 +265,7 @@ def _save_final(trainer: Any, policy: Any, out: Path, scales: str) -> None:
             model.delete_adapter(frozen)
     check_finite_weights(model, str(out / "adapter"), scales)
     main = trainer.accelerator.is_main_process
-    # adapter/ is renamed into place last: its presence means the run finished (molrl.rerun.whole_weights)
+    # adapter/ is renamed into place last: its presence means the run finished (molrl.records.rerun.whole_weights)
     with write_folder(out / "adapter", writer=main) as adapter:
         trainer.save_model(str(adapter))  # gathers sharded (ZeRO / FSDP) weights; rank 0 writes
         if main:

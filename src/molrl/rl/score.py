@@ -15,10 +15,10 @@ import torch
 from molrl.config import to_dict
 from molrl.graders.code import CodeRewardConfig
 from molrl.rl.batch import RolloutBatch
-from molrl.run_inputs import model_fingerprints
+from molrl.records.run_inputs import model_fingerprints
 from molrl.tasks.grade import FAILED, grade
 from molrl.task_types import Task
-from molrl.writes import append_text
+from molrl.records.writes import append_text
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 The servers are vLLM's own (``molrl serve``), started by the user on the policy's base; molrl checks each holds that
 base (``/v1/models``) and refuses otherwise, naming both. For ``model.adapter_mode=merge_new`` the base is the MoL
 adapter merged into the model, once, under ``engine_sync_dir``: the run says in one line that the servers must be
-started on that folder. Adapter-only sync (``molrl.engine_server.sync``): before the first generation after every
+started on that folder. Adapter-only sync (``molrl.engines.server.sync``): before the first generation after every
 optimiser step the main process saves the trainer's adapter under ``engine_sync_dir`` with a new name and loads it on
 every server; the others wait until the servers list it; the previous one is unloaded once no request uses it.
 
@@ -11,7 +11,7 @@ The same seam as the in-process engine (``molrl.rl.engine.PolicyEngine``): token
 engine's log-prob of each at the sampling temperature out (the servers run with ``processed_logprobs``), so every
 rollout kind (single-turn, multi-turn, partial) and the mismatch gate read them alike. One request per row, each with
 its own seed; a partial rollout's rows are cancelled once enough groups finished and keep the tokens they had. Every
-reply is checked by the client where it arrives (``molrl.engine_server.client.check_chunk``): a server that sends ids
+reply is checked by the client where it arrives (``molrl.engines.server.client.check_chunk``): a server that sends ids
 outside the model's vocabulary, log-probs that are not finite, or more tokens than asked is taken out of the pool and its
 requests resent; none of what it sent reaches a rollout.
 """
@@ -26,10 +26,10 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Sequence
 
-from molrl.engine_server.client import Reply, RequestParams
-from molrl.engine_server.generator import ServerGenerator, params_with_seed, row_seed
-from molrl.engine_server.pool import ServerPool
-from molrl.engine_server.sync import AdapterSync, check_base
+from molrl.engines.server.client import Reply, RequestParams
+from molrl.engines.server.generator import ServerGenerator, params_with_seed, row_seed
+from molrl.engines.server.pool import ServerPool
+from molrl.engines.server.sync import AdapterSync, check_base
 from molrl.errors import MolrlError
 from molrl.rl.config import RlConfig
 from molrl.rl.engine import PolicyEngine, Sampled
@@ -54,8 +54,8 @@ def served_base(cfg: RlConfig, folder: Path, main: bool) -> str:
     base, adapter = (folder / "merged_base").resolve(), resolve_adapter_dir(m.adapter)
     made_from = merged_from(m.path, adapter)
     if main and not (base / "config.json").is_file():
-        from molrl.generation import merge_adapter_copy
-        from molrl.writes import write_folder, write_text
+        from molrl.engines.generation import merge_adapter_copy
+        from molrl.records.writes import write_folder, write_text
 
         with write_folder(base) as tmp:
             merge_adapter_copy(m.path, str(adapter), str(tmp))
@@ -73,7 +73,7 @@ MERGED_FROM = "merged_from.json"
 
 def merged_from(model: str, adapter: Path) -> dict[str, str]:
     """What a merged base is made from: the model as given and the adapter's folder with its contents' fingerprint."""
-    from molrl.fingerprint import fingerprint
+    from molrl.records.fingerprint import fingerprint
 
     given = Path(model).expanduser()
     return {"model": str(given.resolve()) if given.exists() else model, "adapter": str(adapter),
@@ -102,7 +102,7 @@ class ServerPolicyEngine(PolicyEngine):
     def __init__(self, cfg: RlConfig, lora_rank: int, lora_modules: Sequence[str], vocab_size: int):
         from accelerate import PartialState
 
-        from molrl.generation import check_policy_lora
+        from molrl.engines.generation import check_policy_lora
 
         check_policy_lora("vllm_server", lora_rank, lora_modules)
         processes = PartialState()  # the launch's processes, as the trainer's accelerator sees them
@@ -202,7 +202,7 @@ class ServerPolicyEngine(PolicyEngine):
         return [r.ids for r in replies]
 
     def text_generator(self, trainer: Any) -> ServerGenerator:
-        """A ``molrl.generation.Generator`` on the servers with the policy's current adapter (the RL stage's
+        """A ``molrl.engines.generation.Generator`` on the servers with the policy's current adapter (the RL stage's
         evaluation hook generates through it)."""
         return ServerGenerator(self.pool, trainer.processing_class, lambda: self.lora,
                                before=lambda: self.sync(trainer))

@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Annotated, Any, Literal, Protocol, Sequence
 
-from molrl.config_ranges import Range, Seconds
+from molrl.config.ranges import Range, Seconds
 
 Status = Literal["ok", "runtime_error", "timeout", "memory_limit", "output_limit", "sandbox_error"]
 

@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from molrl.demo.seeds import cell
-from molrl.jsonl import read_records
+from molrl.records.jsonl import read_records
 from molrl.study.metrics import Score, scorer
 from molrl.study.report import plot_general_vs_heldout
 from molrl.study.claims import CLAIMS, Claim
 from molrl.study.verdict import RULE, claim_line, primary_note
-from molrl.writes import write_text
+from molrl.records.writes import write_text
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ def step_accuracy(run_dir: Path, model: str, key: str, bench: str = "heldout") -
 def forgetting(run_dir: Path, models: Sequence[str] = MODELS, bench: str = "general") -> dict[str, dict[str, float]]:
     """Per model: KL to the base on the base's greedy answers to ``bench``, and greedy agreement with the base; kept
     in ``run_dir/forgetting.json`` keyed by each model's run marker, so a finished measurement is reused."""
-    from molrl.pipeline_config import load_pipeline_config
+    from molrl.pipeline.config import load_pipeline_config
 
     cfg = load_pipeline_config(run_dir / "config.yaml")
     cache_file = run_dir / "forgetting.json"
@@ -265,7 +265,7 @@ def general_kls(cfg: Any, run_dir: Path, models: Sequence[str], answers: dict[st
     from molrl.eval.suites import load_suite
     from molrl.models import load_model, load_tokenizer
     from molrl.pipeline import model_weights
-    from molrl.pipeline_config import eval_config
+    from molrl.pipeline.config import eval_config
     from molrl.rl.kl import policy_base_kl
     from molrl.traces.spans import render_prompts
 

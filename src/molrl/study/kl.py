@@ -15,7 +15,7 @@ from molrl.study.arms import StudyArms
 from molrl.study.metrics import RL_KL, Score, last_quarter_mean, logged, mol_late_mean
 from molrl.study.claims import CLAIMS
 from molrl.study.verdict import claim_line, closing_weight, verdict
-from molrl.plots import pyplot, save_figure
+from molrl.logs.plots import pyplot, save_figure
 
 BASES = {
     "continue": "the base being the policy with its adapter disabled, that is the model before MoL (MoL's own "

@@ -8,8 +8,8 @@ from typing import Any, Callable, Sequence
 
 from molrl.demo.seeds import mean_se
 from molrl.errors import MolrlError
-from molrl.layout import rl_runs
-from molrl.plots import metric_series
+from molrl.records.layout import rl_runs
+from molrl.logs.plots import metric_series
 from molrl.report import accuracy, eval_results, read_metrics
 
 KL = "kl_decision"

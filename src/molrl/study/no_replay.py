@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Sequence
 
 from molrl.demo.seeds import cell
-from molrl.jsonl import read_records
+from molrl.records.jsonl import read_records
 from molrl.study.arms import LOSSES, NO_REPLAY, StudyArms
 from molrl.study.kl import dose_section, rl_kl_section
 from molrl.study.metrics import Score, mol_late_mean, scorer
 from molrl.study.report import plot_general_vs_heldout, time_section
 from molrl.study.claims import CLAIMS, is_primary
 from molrl.study.verdict import RULE, claim_line, primary_note
-from molrl.writes import write_text
+from molrl.records.writes import write_text
 
 
 def write_no_replay_report(run_dirs: Sequence[Path], out: Path, arms: StudyArms, wall_s: float | None = None) -> Path:

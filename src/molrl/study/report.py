@@ -13,17 +13,17 @@ from typing import Sequence
 
 import yaml
 
-from molrl.config_renames import current_names
+from molrl.config.renames import current_names
 from molrl.demo.seeds import cell, mean_se, seed_summary
 from molrl.study.arms import CODE, DIGIT, LOSSES, SOURCES, StudyArms
 from molrl.study.kl import dose_section, rl_kl_section
 from molrl.study.metrics import KL, Score, late_mean, last_value, mol_late_mean, scorer, summed_series
 from molrl.study.claims import CLAIMS, is_primary
 from molrl.study.verdict import RULE, claim_line, primary_note
-from molrl.pipeline_config import PipelineConfig
-from molrl.plots import metric_series, pyplot, save_figure
+from molrl.pipeline.config import PipelineConfig
+from molrl.logs.plots import metric_series, pyplot, save_figure
 from molrl.report import read_metrics, stage_times
-from molrl.writes import write_text
+from molrl.records.writes import write_text
 
 LENGTH = "completions/mean_length"
 """GRPO's logged mean completion length (tokens) per step."""

@@ -45,7 +45,7 @@ from molrl.study.arms import (CHAIN, CHAIN_NO_REPLAY, CODE, CODE_TOKENS, DIGIT, 
                               WORLD_ARMS, StudyArms)
 from molrl.errors import MolrlError
 from molrl.pipeline import run_pipeline
-from molrl.pipeline_config import MolRun, PipelineConfig, RlRun
+from molrl.pipeline.config import MolRun, PipelineConfig, RlRun
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ MATH-500; AIME24/25; no download; or the benchmarks eval scores, whole) and deci
 
 ``traces filter --exclude-benchmarks`` and MoL's ``data.exclude_benchmarks`` leave out a trace whose first match is
 an eval test task; ``molrl eval`` refuses every problem the rule finds for anything a model's record says it trained
-on (``molrl.provenance``). The rule survives wrappers and a different assert shown; a renamed function or a dropped
+on (``molrl.records.provenance``). The rule survives wrappers and a different assert shown; a renamed function or a dropped
 import line defeats it (docs/splits.md measures it: ``benchmarks/matcher_paraphrase.py``).
 
 Traces carry what was found in their meta, under two fields:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from molrl.errors import DataError, MolrlError
-from molrl.jsonl import read_lines
+from molrl.records.jsonl import read_lines
 from molrl.tasks.asserts import assert_to_call, check_function_to_calls, without_function
 from molrl.tasks.held_out import shown_count
 from molrl.tasks.splits import benchmark_split, select_split
@@ -25,7 +25,7 @@ MBPP_TIME_LIMITS = {123: 30.0}
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, record) for each non-blank line of a task file, read by ``molrl.jsonl`` (gzip, BOM, bad text)."""
+    """(line number, record) for each non-blank line of a task file, read by ``molrl.records.jsonl`` (gzip, BOM, bad text)."""
     for line in read_lines(path):
         record = line.json()  # malformed JSON, bytes that are not UTF-8, a lone surrogate: file:line: reason
         if not isinstance(record, dict):

@@ -1,11 +1,11 @@
-"""``load_task_source``: the tasks a stage's ``data`` block (``molrl.config_blocks.TaskSource``) names, read the
+"""``load_task_source``: the tasks a stage's ``data`` block (``molrl.config.blocks.TaskSource``) names, read the
 same way by collect, rl (and rl's evaluation hook) and eval (each benchmark, ``molrl.eval.suites``)."""
 
 from __future__ import annotations
 
 import logging
 
-from molrl.config_blocks import TaskSource
+from molrl.config.blocks import TaskSource
 from molrl.errors import MolrlError
 from molrl.task_types import Task
 from molrl.tasks.loaders import load_tasks

@@ -8,7 +8,7 @@ and evaluation overlap.
   default, so a benchmark file given whole never trains on its test tasks unless asked.
 - where training and evaluation overlap, and the line a training run prints at start: ``molrl.tasks.trained_on``.
 
-What a model trained on travels inside its own folder: ``molrl.provenance``.
+What a model trained on travels inside its own folder: ``molrl.records.provenance``.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from typing import Any, Iterator
 
 from molrl.chat import ROLES
 from molrl.errors import DataError
-from molrl.jsonl import read_lines
+from molrl.records.jsonl import read_lines
 from molrl.tasks.index import BenchmarkIndex, first_user_text, tag_meta
 from molrl.traces.schema import Reject, Trace, TraceError, raw_format, raw_format_note
 from molrl.traces.tora import tora_record_to_traces
@@ -228,7 +228,7 @@ def _convert(record: Any, fmt: str, mint_info: dict[str, str], options: OpenAIOp
 
 
 def _json_lines(path: str | Path) -> Iterator[tuple[int, str, Any, str | None]]:
-    """``(line_no, raw, parsed, error)`` for each non-blank line (read by ``molrl.jsonl``)."""
+    """``(line_no, raw, parsed, error)`` for each non-blank line (read by ``molrl.records.jsonl``)."""
     for line in read_lines(path):
         try:
             yield line.number, line.text, line.json(), None

@@ -15,7 +15,7 @@ bad one (file, line, reason) in ``reader.rejects``; with ``strict=True`` it rais
 file, listing every bad record one line each (``rejects_error``).
 Writing appends one complete line with a single write plus fsync, so a killed writer leaves at
 worst a truncated final line, which the reader reports instead of crashing. Files are read by
-``molrl.jsonl``: gzip is read through, a byte-order mark skipped, a line that is not UTF-8 rejected.
+``molrl.records.jsonl``: gzip is read through, a byte-order mark skipped, a line that is not UTF-8 rejected.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from molrl.chat import ROLES
 from molrl.errors import DataError, MolrlError
-from molrl.jsonl import Line, json_line, lone_surrogate, read_lines, write_jsonl
-from molrl.writes import resolve_output
+from molrl.records.jsonl import Line, json_line, lone_surrogate, read_lines, write_jsonl
+from molrl.records.writes import resolve_output
 
 KINDS = ("domain", "general")
 RAW_FORMATS = {"mint": ("MINT", ("task", "state")), "tora": ("ToRA", ("question", "code"))}
@@ -69,7 +69,7 @@ class Trace:
         return {"messages": [dict(m) for m in self.messages], "meta": dict(self.meta)}
 
     def to_json(self) -> str:
-        """The record as one JSON line (no trailing newline), lone surrogates escaped (``molrl.jsonl.json_line``)."""
+        """The record as one JSON line (no trailing newline), lone surrogates escaped (``molrl.records.jsonl.json_line``)."""
         return json_line(self.to_dict())
 
     @classmethod
@@ -128,7 +128,7 @@ def _check_message(i: int, msg: Any) -> None:
 
 def check_text(messages: Any) -> None:
     """Refuse messages that hold a lone surrogate (no tokenizer or UTF-8 file takes one), naming where, in the words
-    of the file readers (``molrl.jsonl``): a trace built in Python is checked as a trace read from a file."""
+    of the file readers (``molrl.records.jsonl``): a trace built in Python is checked as a trace read from a file."""
     found = lone_surrogate(list(messages), "messages")
     if found is not None:
         raise TraceError(f"{found}; a lone surrogate is not text: remove it or write the character it was meant to be")
@@ -255,7 +255,7 @@ def append_trace(path: str | Path, trace: Trace) -> None:
     """
     trace.validate()
     data = (trace.to_json() + "\n").encode("utf-8")
-    out = resolve_output(path)  # molrl.writes' rule for output paths: a file, or a stream written in place
+    out = resolve_output(path)  # molrl.records.writes' rule for output paths: a file, or a stream written in place
     fd = os.open(out.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         size = os.fstat(fd).st_size

@@ -38,7 +38,7 @@ from molrl.rl.algorithms.grpo import group_stats
 from molrl.rl.batch import AdvantageInputs, LossInputs, StepCounts, join
 from molrl.rl.loss import explained_variance, value_loss
 from molrl.rl.macro import macro_gae
-from molrl.writes import write_bytes
+from molrl.records.writes import write_bytes
 
 CRITIC = "critic"
 """The separate critic's adapter name."""

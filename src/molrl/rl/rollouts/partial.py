@@ -34,7 +34,7 @@ from molrl.rl.rollouts.partial_state import (
     off_policy_mask,
 )
 from molrl.rl.rollouts.sync import Synchronous
-from molrl.writes import write_text
+from molrl.records.writes import write_text
 
 Generated = tuple[list[int], dict[tuple[int, int], tuple[list[int], bool]]]
 """(groups in the order they finished, (group, row) -> (new tokens, finished))."""

@@ -24,7 +24,7 @@ from transformers import StoppingCriteriaList
 from trl.models.utils import unwrap_model_for_generation
 from trl.trainer.utils import use_adapter
 
-from molrl.lora_merge import merged_lora
+from molrl.engines.lora_merge import merged_lora
 from molrl.rl.batch import LossInputs, RolloutBatch, TokenRoles, merge_batches, pad_rows, pad_values
 from molrl.rl.config import RlConfig
 from molrl.rl.loss import sampler_weights

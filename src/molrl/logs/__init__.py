@@ -1,0 +1,1 @@
+"""What a run shows: the console, progress lines, trackers and plots."""

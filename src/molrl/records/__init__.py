@@ -1,0 +1,1 @@
+"""Run records: atomic writes, locks, JSONL, run files, re-run rules, inputs, provenance, fingerprints."""
