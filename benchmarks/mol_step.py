@@ -61,15 +61,20 @@ SHAPES = {  # the real Qwen3 configurations (random weights here), without vocab
 """Qwen3 shapes by name (both 28 layers deep, tied embeddings)."""
 
 
-def build_model(kind: str, vocab: int, layers: int, dtype: torch.dtype, device: str):
-    """A LoRA-wrapped random model: the tiny test model or a Qwen3-shaped one (``SHAPES``)."""
+def build_model(kind: str, vocab: int, layers: int, dtype: torch.dtype, device: str, path: str | None = None):
+    """A LoRA-wrapped model: the tiny test model, a Qwen3-shaped random one (``SHAPES``), or ``pretrained`` (the
+    model folder ``path``, e.g. SmolLM2-135M-Instruct exported by ``molrl export --gguf``)."""
     from peft import LoraConfig, get_peft_model
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     from molrl.tiny import build_tiny_pair
 
     if kind == "tiny":
         model, _ = build_tiny_pair("chatml")
+    elif kind == "pretrained":
+        if not path:
+            raise SystemExit("--models pretrained needs --model-path DIR (a model folder)")
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     else:
         config = Qwen3Config(vocab_size=vocab, num_hidden_layers=layers, tie_word_embeddings=True,
                              max_position_embeddings=40960, **SHAPES[kind])
@@ -261,7 +266,7 @@ def _sync(device: str) -> None:
 
 def measure(kind_name: str, args, vocab: int) -> list[dict]:
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
-    model = build_model(kind_name, vocab, args.layers, dtype, args.device)
+    model = build_model(kind_name, vocab, args.layers, dtype, args.device, getattr(args, "model_path", None))
     vocab = model.get_output_embeddings().weight.shape[0]
     seq_len = args.tiny_seq_len if kind_name == "tiny" else args.seq_len
     traces = getattr(args, "traces", 1)
@@ -423,7 +428,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="timed steps per variant (the fastest is reported)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch default)")
-    parser.add_argument("--models", default="tiny,qwen3-0.6b", help="comma-separated: tiny, " + ", ".join(SHAPES))
+    parser.add_argument("--models", default="tiny,qwen3-0.6b",
+                        help="comma-separated: tiny, pretrained (--model-path), " + ", ".join(SHAPES))
+    parser.add_argument("--model-path", help="the model folder of --models pretrained (e.g. SmolLM2's export)")
     parser.add_argument("--loss-path-only", action="store_true",
                         help="measure only the loss path (real vocabulary, hidden 1024) at --loss-path-seq-lens")
     parser.add_argument("--loss-path-seq-lens", type=int, nargs="+", default=[1024, 2048, 4096])
@@ -453,10 +460,8 @@ def main() -> None:
         measure_loss_path(args, vocab)
         return
     args.variants = tuple(args.variants.split(","))
-    rows = []
     for kind in args.models.split(","):
-        rows += measure(kind, args, vocab)
-    report(rows)
+        report(measure(kind, args, vocab))  # each model's figures as soon as they are measured
 
 
 if __name__ == "__main__":

@@ -15,16 +15,17 @@ from molrl.config.ranges import Range, _markers
 
 REPO = Path(__file__).resolve().parents[1]
 SERVERS = ["engine=vllm_server", "engine_servers=[http://127.0.0.1:8001]"]
-REQUIRED = {"collect": ["model=tiny:chatml", "data.path=tasks.jsonl"], "rl": [], "eval": []}
+REQUIRED = {"collect": ["model=tiny:chatml", "data.path=tasks.jsonl"], "mol": [], "rl": [], "eval": []}
 """What a stage's config needs to load at all."""
 
 
 def stage_class(stage: str) -> type:
     from molrl.collect.config import CollectConfig
     from molrl.eval.config import EvalConfig
+    from molrl.mol.config import MolConfig
     from molrl.rl.config import RlConfig
 
-    return {"collect": CollectConfig, "rl": RlConfig, "eval": EvalConfig}[stage]
+    return {"collect": CollectConfig, "mol": MolConfig, "rl": RlConfig, "eval": EvalConfig}[stage]
 
 
 SETTINGS: dict[tuple[str, str], tuple[list[str], list[str]]] = {
@@ -59,6 +60,11 @@ SETTINGS: dict[tuple[str, str], tuple[list[str], list[str]]] = {
     ("collect", "episode.critique"): (["episode.feedback=[critique]"], []),
     ("rl", "episode.critique"): (["episode.max_turns=2", "episode.feedback=[critique]"], ["episode.max_turns=2"]),
     ("eval", "episode.critique"): (["mode=interactive", "episode.feedback=[critique]"], ["mode=interactive"]),
+    ("mol", "loss.kl_weight"): ([], ["loss.mode=ce"]),
+    ("mol", "loss.monitor_kl"): (["loss.mode=ce"], []),
+    ("mol", "loss.kl_direction"): (["loss.mode=ce"], ["loss.mode=ce", "loss.monitor_kl=false"]),
+    ("mol", "loss.base_targets_dir"): (["loss.base_targets=hidden"], []),
+    ("mol", "loss.base_topk"): (["loss.base_targets=topk"], ["loss.base_targets=hidden"]),
 }
 """A setting under which each row of ``RULES`` acts, and one under which it is idle, per stage."""
 
@@ -129,7 +135,7 @@ def test_a_key_set_where_it_is_idle_is_refused_naming_it_and_loads_where_it_acts
 
 
 def test_a_key_at_its_default_is_never_idle():
-    for stage in ("collect", "rl", "eval"):
+    for stage in REQUIRED:
         assert idle_keys(load_config(stage_class(stage), None, REQUIRED[stage]), stage) == []
 
 
@@ -239,3 +245,25 @@ def test_a_runs_own_idle_override_is_refused(tmp_path):
 def test_the_pipelines_collect_and_eval_sections_refuse_an_idle_key(tmp_path):
     with pytest.raises(ConfigError, match=r"pipeline section eval: .*static_cache=True does nothing with engine=vllm"):
         pipeline(tmp_path, "eval.engine=vllm", "eval.static_cache=true")
+
+
+def test_a_shared_mol_key_idle_in_one_run_is_named_and_in_every_run_refused(tmp_path, caplog):
+    caplog.set_level(logging.WARNING)
+    runs = "mol_runs=[{name: mol, overrides: [loss.mode=mol]}, {name: ce, overrides: [loss.mode=ce]}]"
+    pipeline(tmp_path, "mol.loss.kl_weight=2", runs)
+    assert [r.getMessage() for r in caplog.records if "kl_weight" in r.getMessage()] == [
+        "pipeline section mol_runs.ce: the shared section sets keys this run leaves idle (named, not refused: another "
+        "run may read them): loss.kl_weight=2.0 does nothing with loss.mode=ce: it is read only with loss.mode=mol (the "
+        "ce modes train on CE alone; their KL is only measured); set loss.mode=mol, or leave loss.kl_weight out"]
+    with pytest.raises(ConfigError, match=r"pipeline section mol, in every MoL run \(ce\): loss.kl_weight=2.0 does "):
+        pipeline(tmp_path, "mol.loss.kl_weight=2", "mol_runs=[{name: ce, overrides: [loss.mode=ce]}]",
+                 "rl_runs=[{name: ce+grpo, start: ce}]")
+
+
+def test_a_pipelines_mol_runs_share_one_store_of_base_targets(tmp_path):
+    from molrl.pipeline.config import mol_config
+
+    cfg = pipeline(tmp_path, "mol.loss.base_targets=hidden", "mol_runs=[{name: mol, overrides: []}, "
+                   "{name: ce, overrides: [loss.mode=ce]}, {name: ce_live, overrides: [loss.base_targets=live]}]")
+    dirs = [mol_config(cfg, run, ["t.jsonl"], tmp_path).loss.base_targets_dir for run in cfg.mol_runs]
+    assert dirs == [tmp_path / "base_targets", tmp_path / "base_targets", None]

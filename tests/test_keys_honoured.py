@@ -134,8 +134,9 @@ def watched_run(reads: Any, cls: type, overrides: list[str], go: Any) -> Any:
     return go(reads.watch(load_config(cls, None, overrides)))
 
 
-MOL_RUNS = {"mol": ["loss.mode=mol"], "ce": ["loss.mode=ce", "loss.monitor_kl=false"]}
-"""MoL's runs: its KL terms read in mode mol, the monitor in the ce modes."""
+MOL_RUNS = {"topk": ["loss.base_targets=topk", "loss.base_topk=8", "loss.base_targets_check_steps=1"],
+            "mol": ["loss.mode=mol"], "ce": ["loss.mode=ce", "loss.monitor_kl=false"]}
+"""MoL's runs: its KL terms read in mode mol, the monitor in the ce modes, the base's cached targets with topk."""
 RL_RUNS = {
     "ppo_turns": ["algorithm=ppo", "ppo.critic=separate", "episode.max_turns=2", "episode.turn_tokens=8",
                   "sampling.max_new_tokens=400", "sampling.stop=[END]", "macro.rule=turn", "data.path={code}",

@@ -152,7 +152,8 @@ def test_a_killed_build_resumes_from_its_last_whole_shard(tmp_path, monkeypatch)
     monkeypatch.setattr(molrl.records.writes, "_kill_point", killed)
     with pytest.raises(KeyboardInterrupt):
         prepare(cfg, examples, tokenizer, trainer, shard_examples=2)  # 8 examples: 4 shards
-    folder = tmp_path / "base_targets"
+    [folder] = (tmp_path / "base_targets").iterdir()  # the store's one entry, named by its key
+    assert folder.name == base_cache.entry_name(cache_key(cfg, examples, tokenizer))
     assert sorted(p.name for p in folder.iterdir()) == [f".shard-00002.pt.tmp-{os.getpid()}", "key.json",
                                                         "shard-00000.pt", "shard-00001.pt"]  # no manifest
     monkeypatch.setattr(molrl.records.writes, "_kill_point", kill_point)
@@ -178,7 +179,7 @@ def _run(out: Path, steps: int, *extra: str) -> list[dict]:
 
 def test_a_resumed_run_reuses_the_cache_and_checks_it_at_every_step(tmp_path, monkeypatch):
     rows = _run(tmp_path / "run", 2, "loss.base_targets=hidden", "loss.base_targets_check_steps=1")
-    manifest = json.loads((tmp_path / "run" / "base_targets" / "manifest.json").read_text())
+    [manifest] = [json.loads(p.read_text()) for p in (tmp_path / "run" / "base_targets").glob("*/manifest.json")]
     assert manifest["kl_tokens"] > 0 and manifest["bytes_per_kl_token"] > 0
     monkeypatch.setattr(base_cache, "build", lambda *a, **k: pytest.fail("the cache was built again"))
     rows = _run(tmp_path / "run", 4, "loss.base_targets=hidden", "loss.base_targets_check_steps=1")  # extended
@@ -197,17 +198,44 @@ def test_topk_run_logs_its_covered_mass_and_warns_once_when_low(tmp_path, caplog
     assert len(warned) == 1 and "\n" not in warned[0]
 
 
-@pytest.mark.parametrize("loss,named", [
-    ({"base_targets": "topk", "temperature": 2.0}, "loss.temperature=2"),
-    ({"base_topk": 8}, "loss.base_topk=8"),
-    ({"base_targets_check_steps": 0}, "loss.base_targets_check_steps=0"),
-    ({"base_targets": "hidden", "base_topk": 8}, "loss.base_topk=8"),
-    ({"base_targets": "hidden", "mode": "ce", "monitor_kl": False}, "nothing reads the base"),
+@pytest.mark.parametrize("overrides,named", [
+    (["loss.base_targets=topk", "loss.temperature=2"], "loss.temperature=2"),
+    (["loss.base_topk=8"], "loss.base_topk=8"),
+    (["loss.base_targets_check_steps=0"], "loss.base_targets_check_steps=0"),
+    (["loss.base_targets_dir=x"], "loss.base_targets_dir="),
+    (["loss.base_targets=hidden", "loss.base_topk=8"], "loss.base_topk=8"),
+    (["loss.base_targets=hidden", "loss.mode=ce", "loss.monitor_kl=false"], "loss.base_targets='hidden' does nothing"),
+    (["loss.mode=ce", "loss.kl_weight=2"], "loss.kl_weight=2"),
+    (["loss.monitor_kl=false"], "loss.monitor_kl=False"),
 ])
-def test_a_base_targets_key_that_would_do_nothing_is_refused_in_one_line(tmp_path, loss, named):
+def test_a_loss_key_that_would_do_nothing_is_refused_in_one_line(overrides, named):
     traces = REPO / "configs" / "data" / "mol_tiny_traces.jsonl"
-    cfg = MolConfig(model="tiny:chatml", loss=LossSettings(**loss))
-    cfg.data.traces = [str(traces)]
     with pytest.raises(ConfigError) as err:
-        check_config(cfg)
+        check_config(load_config(MolConfig, None, [f"data.traces=[{traces}]", *overrides]))
     assert named in str(err.value) and "\n" not in str(err.value)
+
+
+def test_arms_on_the_same_traces_share_one_cache_and_others_get_their_own(tmp_path, monkeypatch):
+    """One store for a pipeline's MoL runs: the second arm on the same traces builds nothing; an arm on other
+    traces builds its own entry beside it, and neither is refused."""
+    store = tmp_path / "store"
+    _run(tmp_path / "mol", 1, "loss.base_targets=hidden", f"loss.base_targets_dir={store}")
+    builds = []
+    build = base_cache.build
+    monkeypatch.setattr(base_cache, "build", lambda *a, **k: builds.append(1) or build(*a, **k))
+    _run(tmp_path / "mol_kl10", 1, "loss.base_targets=hidden", "loss.kl_weight=10", f"loss.base_targets_dir={store}")
+    _run(tmp_path / "ce", 1, "loss.base_targets=hidden", "loss.mode=ce", f"loss.base_targets_dir={store}")
+    assert builds == [] and len(list(store.iterdir())) == 1  # the KL weight and the loss are not in the key
+    _run(tmp_path / "short", 1, "loss.base_targets=hidden", "data.max_length=240", f"loss.base_targets_dir={store}")
+    assert builds == [1] and len(list(store.iterdir())) == 2
+
+
+def test_a_finished_run_on_cached_targets_rerun_with_another_store_or_check_interval_changes_no_file(tmp_path):
+    """``molrl.records.rerun.HARMLESS``: the store's folder and the check interval change no weight."""
+    out = tmp_path / "run"
+    _run(out, 2, "loss.base_targets=hidden")
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    _run(out, 2, "loss.base_targets=hidden", f"loss.base_targets_dir={tmp_path / 'elsewhere'}",
+         "loss.base_targets_check_steps=7")
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before
+    assert not (tmp_path / "elsewhere").exists()  # a finished run builds no cache

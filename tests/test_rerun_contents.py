@@ -127,6 +127,8 @@ WHY_HARMLESS = {
     "engine_server_url": "where the engine's server is",
     "engine_gpu_memory_utilization": "how much of a GPU the engine's KV cache takes",
     "progress": "whether a progress bar is drawn",
+    "loss.base_targets_dir": "where the base's cached targets are kept; a cache is keyed by all that made it",
+    "loss.base_targets_check_steps": "how often the cache's error is logged against the live base",
     "static_cache": "how the KV cache is held while generating: the same tokens (tests/test_generation.py)",
 }
 """Why each key ``HARMLESS`` lists cannot change a grade or a trained weight: a key added there must be added here."""

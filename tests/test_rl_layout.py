@@ -50,6 +50,31 @@ def test_the_trainer_and_the_stage_never_name_an_algorithm_or_a_rollout_policy(m
     assert not named, named
 
 
+def test_the_algorithm_names_are_written_once_and_everything_reads_them():
+    """The config's allowed values, ``--describe`` and docs/rl.md's table read ``names.ENTRIES``; the registry
+    resolves each to its class; no other module spells the list."""
+    import re
+    import typing
+
+    from molrl.config import describe
+    from molrl.rl.algorithms.names import ENTRIES
+    from molrl.rl.config import RlConfig
+
+    assert typing.get_args(typing.get_type_hints(RlConfig)["algorithm"]) == tuple(ENTRIES)
+    assert {name: cls.__name__ for name, cls in ALGORITHMS.items()} == {n: e.cls for n, e in ENTRIES.items()}
+    from molrl.rl.algorithms.grpo import GroupRelative
+
+    assert {n: issubclass(ALGORITHMS[n], GroupRelative) for n in ENTRIES} == {n: e.from_rewards for n, e in ENTRIES.items()}
+    shown = describe(RlConfig)
+    line = shown[shown.index(next(x for x in shown if x.startswith("algorithm:"))) + 1]
+    assert line == f"    # allowed: one of {', '.join(ENTRIES)}"
+    table = (MOLRL.parents[1] / "docs" / "rl.md").read_text().split("## Algorithms")[1].split("\n## ")[0]
+    assert re.findall(r"^\| `(\w+)`", table, re.M)[1:] == list(ENTRIES)  # the header's `algorithm`, then each
+    spelled = [str(p.relative_to(MOLRL)) for p in MOLRL.rglob("*.py")
+               if '"dr_grpo", "dr_grpo_std"' in p.read_text() and p.name != "names.py"]
+    assert spelled == []
+
+
 def test_every_registered_class_lives_in_its_own_module():
     modules = [cls.__module__ for cls in ROLLOUTS.values()]
     assert len(set(modules)) == len(modules)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Literal
 
+from molrl.config.strict import seal
 from molrl.config.idle import check_idle
 from molrl.engines.choice import check_engine_servers
 from molrl.config.blocks import ModelSource, TaskSource, as_model_source
@@ -71,3 +72,6 @@ class CollectConfig:
             raise ValueError(f"data.path={self.data.path}, data.format={self.data.format}: collect runs on a task "
                              "file; give data.path=FILE (--tasks) and its data.format (--format)")
         check_idle(self, "collect")  # last: a key set where it cannot act (molrl.config.idle)
+
+
+seal(CollectConfig)  # an attribute it does not have is refused (molrl.config.strict)

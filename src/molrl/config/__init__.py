@@ -29,7 +29,7 @@ from typing import Any, Literal, Sequence, TypeVar
 
 import yaml
 
-from molrl.config.ranges import OneOf, _allowed, _check_range, _markers, _shown, check_values
+from molrl.config.ranges import OneOf, _allowed, _check_range, _markers, _shown, check_values, choices
 from molrl.config.ranges import Count, Weight  # noqa: F401  (where stages found them first)
 from molrl.config.yaml_io import NotYaml, parse_yaml
 from molrl.config.renames import current, note_renames, renamed, renamed_path, shorthand, unoptional
@@ -190,7 +190,7 @@ def describe(cls: type, prefix: str = "", base: Any = None) -> list[str]:
         first, *more = [line for line in docs.get(f.name, "").splitlines() if line.strip()] or [""]
         lines.append(f"{prefix}{f.name}: {to_dict(default)!r}  # {first}")
         lines += [f"    # {line}" for line in more]
-        allowed = _allowed(ranged[f.name]) or next(
+        allowed = _allowed(ranged[f.name]) or choices(ranged[f.name]) or next(
             (m.describe() for m in _markers(ranged[f.name])[1] if isinstance(m, OneOf)), None)
         lines += [f"    # allowed: {allowed}"] if allowed else []
     return lines

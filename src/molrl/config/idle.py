@@ -14,7 +14,7 @@ rollout.partial=true``: vLLM's server mode refuses partial rollouts, and on tran
 Once a stage has chosen, ``name_idle_after_choice`` names in one line the keys its choice leaves idle (auto on a CPU
 keeps rl on transformers, where ``engine_gpu_memory_utilization`` does nothing).
 
-A pipeline's ``rl`` section is shared by every RL run, each run adding its own overrides: a key of the section idle in
+A pipeline's ``mol`` and ``rl`` sections are each shared by every run of the stage, each run adding its own overrides: a key of the section idle in
 one run and acting in another is named once in a log line for the run it does nothing in (``shared_section``), a key
 the run's own overrides set idle is refused, and a key of the section idle in every run is refused
 (``molrl.pipeline.check_stages``). A stage's own config, and the pipeline's collect and eval sections (one
@@ -41,8 +41,11 @@ AUTO_ENGINES = ("vllm", "transformers")
 
 
 def engines(cfg: Any) -> frozenset[str]:
-    """The engines a config may generate on: its ``engine``, or for auto each one auto may choose."""
-    return frozenset(AUTO_ENGINES) if cfg.engine == "auto" else frozenset({cfg.engine})
+    """The engines a config may generate on: its ``engine``, or for auto each one auto may choose (mol: none)."""
+    engine = getattr(cfg, "engine", None)
+    if engine is None:
+        return frozenset()
+    return frozenset(AUTO_ENGINES) if engine == "auto" else frozenset({engine})
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,7 @@ class Rule:
     """Keys that act only under a setting: where they act, and what leaves them idle."""
 
     stages: tuple[str, ...]
-    """The stages whose configs have the keys (collect, rl, eval)."""
+    """The stages whose configs have the keys (collect, mol, rl, eval)."""
     keys: tuple[str, ...]
     """Dotted keys; one that names a section covers every key under it."""
     acts: Callable[[Any, frozenset[str]], bool]
@@ -107,6 +110,14 @@ def _episodes(cfg: Any) -> str | None:
 
 def _no_critic(cfg: Any, engine: str) -> str:
     return _episodes(cfg) or f"episode.feedback={list(cfg.episode.feedback)}"
+
+
+def _no_base(cfg: Any, engine: str) -> str:
+    return f"loss.mode={cfg.loss.mode} loss.monitor_kl=false"
+
+
+def _live_base(cfg: Any, engine: str) -> str:
+    return _no_base(cfg, engine) if not cfg.loss.needs_base else f"loss.base_targets={cfg.loss.base_targets}"
 
 
 RULES: tuple[Rule, ...] = (
@@ -187,8 +198,19 @@ RULES: tuple[Rule, ...] = (
          lambda c, e: _episodes(c) is None and "critique" in c.episode.feedback,
          "critique in episode.feedback (of agent episodes)", _no_critic,
          "list critique in episode.feedback, or leave {key} out"),
+    # MoL's loss: the KL to the base, and where the base's targets come from
+    Rule(("mol",), ("loss.kl_weight",), lambda c, e: c.loss.mode == "mol", "loss.mode=mol",
+         lambda c, e: f"loss.mode={c.loss.mode}", why="the ce modes train on CE alone; their KL is only measured"),
+    Rule(("mol",), ("loss.monitor_kl",), lambda c, e: c.loss.mode != "mol", "loss.mode=ce or ce_feedback",
+         lambda c, e: "loss.mode=mol", why="loss.mode=mol always measures the KL it trains on"),
+    Rule(("mol",), ("loss.kl_direction", "loss.temperature", "loss.base_targets"), lambda c, e: c.loss.needs_base,
+         "loss.mode=mol or loss.monitor_kl=true", _no_base, why="nothing reads the base"),
+    Rule(("mol",), ("loss.base_targets_dir", "loss.base_targets_check_steps"), lambda c, e: c.loss.cached_base,
+         "loss.base_targets=hidden or topk", _live_base),
+    Rule(("mol",), ("loss.base_topk",), lambda c, e: c.loss.cached_base and c.loss.base_targets == "topk",
+         "loss.base_targets=topk", _live_base),
 )
-"""Every key group that acts only under a setting, for every stage but mol."""
+"""Every key group that acts only under a setting, for every stage."""
 
 
 @dataclass(frozen=True)
@@ -243,7 +265,7 @@ def idle_keys(cfg: Any, stage: str, chosen: str | None = None) -> list[IdleKey]:
     """The keys ``cfg`` (a ``stage`` config) sets away from the stage's default where they cannot act: on the engines
     it may generate on, or on the engine ``chosen`` when one is."""
     on = frozenset({chosen}) if chosen is not None else engines(cfg)
-    shown = chosen or cfg.engine
+    shown = chosen or getattr(cfg, "engine", "")
     cls = _stage_class(cfg)
     found: dict[str, IdleKey] = {}
     for rule in RULES:
@@ -322,7 +344,7 @@ def check_idle(cfg: Any, stage: str) -> None:
         idle = [i for i in idle if not from_section(i.key, section)]
     if idle:
         raise ValueError(idle_line(idle))
-    if cfg.engine == "auto":
+    if getattr(cfg, "engine", None) == "auto":
         _check_auto(cfg)
 
 
@@ -346,7 +368,7 @@ def _check_auto(cfg: Any) -> None:
 
 def name_idle_after_choice(cfg: Any, stage: str, chosen: str, reason: str) -> None:
     """Name in one line the keys an engine=auto config sets that the engine ``chosen`` leaves idle."""
-    if cfg.engine != "auto":
+    if getattr(cfg, "engine", None) != "auto":
         return
     idle = idle_keys(cfg, stage, chosen)
     if idle:

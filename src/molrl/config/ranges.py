@@ -15,7 +15,7 @@ import math
 import os
 import typing
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from molrl.config.renames import unoptional
 from molrl.errors import ConfigError
@@ -214,6 +214,12 @@ def _allowed(tp: Any) -> str | None:
             return marker.describe(base is int)
     args = typing.get_args(base)
     return _allowed(args[-1]) if typing.get_origin(base) in (list, dict, tuple) and args else None
+
+
+def choices(tp: Any) -> str | None:
+    """``one of a, b, c`` for a ``Literal`` key (an optional one's too), else None."""
+    base = unoptional(_markers(tp)[0])
+    return "one of " + ", ".join(map(str, typing.get_args(base))) if typing.get_origin(base) is Literal else None
 
 
 def _shown(value: Any) -> str:

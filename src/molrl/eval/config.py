@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Literal
 
+from molrl.config.strict import seal
 from molrl.config.idle import check_idle
 from molrl.episode.config import EpisodeLimits
 from molrl.engines.choice import check_engine_servers
@@ -108,3 +109,6 @@ class EvalConfig:
                                  "written outside output_dir; give a name that is not '.' or '..' and holds no '/', "
                                  "'\\' or NUL")
         check_idle(self, "eval")  # last: a key set where it cannot act (molrl.config.idle)
+
+
+seal(EvalConfig)  # an attribute it does not have is refused (molrl.config.strict)

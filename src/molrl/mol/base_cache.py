@@ -8,7 +8,10 @@ kept at each KL-measured position (a decision token, or any token of a general e
 - ``topk``: the base's top K log-probs, the tail's log mass and the trace token's own log-prob
   (``molrl.mol.topk.TopK``); the loss takes the KL over those K + 1 classes.
 
-A cache is a folder: ``key.json`` (what it was made from, written first), ``shard-NNNNN.pt`` (``SHARD_EXAMPLES``
+``loss.base_targets_dir`` is a store: one cache per key, in ``<mode>-<digest of the key>/`` under it, so the arms of a
+pipeline, a study or a demo, their seeds and their re-runs share it, each finding the cache of its own inputs (a
+folder that itself holds a cache, with its ``key.json``, is that one cache). A cache is a folder: ``key.json`` (what it
+was made from, written first), ``shard-NNNNN.pt`` (``SHARD_EXAMPLES``
 examples each, by example index: ``offsets`` [n + 1] and the rows of its examples in order), and ``manifest.json``
 (written last: the key, build seconds, bytes, bytes per KL token). Every file is written whole or not at all
 (``molrl.records.writes``), so a build killed mid-way resumes from its last whole shard. The key (``CacheKey``) is the
@@ -111,6 +114,20 @@ def key_differences(saved: dict[str, Any], key: CacheKey) -> list[str]:
 
 def _short(value: Any) -> str:
     return f"{value[:12]}..." if isinstance(value, str) and len(value) == 64 else repr(value)
+
+
+def entry_name(key: CacheKey) -> str:
+    """The folder name of ``key``'s cache in a store: its mode (and K) and the first 16 hex digits of its sha256."""
+    digest = hashlib.sha256(json.dumps(dataclasses.asdict(key), sort_keys=True).encode()).hexdigest()
+    return f"{key.mode}{key.k or ''}-{digest[:16]}"
+
+
+def cache_folder(root: Path, key: CacheKey) -> Path:
+    """Where ``key``'s cache is under ``root`` (``loss.base_targets_dir``): ``root`` itself when it holds one cache,
+    else the store's entry for ``key``."""
+    if (root / KEY_FILE).is_file() or (root / MANIFEST).is_file():
+        return root
+    return root / entry_name(key)
 
 
 def check_key(folder: Path, key: CacheKey) -> bool:
@@ -287,12 +304,13 @@ def prepare(cfg: Any, examples: Sequence[dict[str, Any]], tokenizer: Any, traine
             shard_examples: int = SHARD_EXAMPLES) -> BaseTargetsCache:
     """The cache ``cfg.loss`` asks for: used as it is when whole and made from the same inputs, resumed when partly
     built, built when missing (with the trainer's model, before it trains); refused when made from other inputs."""
-    folder = Path(cfg.loss.base_targets_dir or Path(cfg.output_dir) / "base_targets")
+    root = Path(cfg.loss.base_targets_dir or Path(cfg.output_dir) / "base_targets")
     for i, ex in enumerate(examples):  # the cache's rows are by position: the index column must be it
         if ex.setdefault("index", i) != i:
             raise MolrlError(f"example {i} has index {ex['index']}; the base targets' cache finds an example's rows "
                              "by its position among the run's examples")
     key = cache_key(cfg, examples, tokenizer)
+    folder = cache_folder(root, key)
     found = check_key(folder, key)
     if found and (folder / MANIFEST).is_file():
         manifest = json.loads((folder / MANIFEST).read_text())

@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Literal
 
+from molrl.config.strict import seal
 from molrl.config.blocks import ModelWeights, MolLoraConfig, MolTrainConfig, as_model_source
+from molrl.config.idle import check_idle
 from molrl.config.renames import Retired
 from molrl.config.ranges import Count, Range, RunDir, Size, Temperature, Threads, Weight
 
@@ -38,9 +40,10 @@ class LossSettings:
     final hidden states at the KL's tokens, computed once and cached (the KL stays exact); topk, the base's top
     loss.base_topk log-probs and the tail's mass, cached (the KL over K + 1 classes; temperature 1 only)."""
     base_targets_dir: RunDir | None = None
-    """The cache of loss.base_targets=hidden/topk (none: OUTPUT_DIR/base_targets); runs on the same base, traces,
-    max_length, template and dtype (other arms, seeds, a resumed run) may share one, and a cache made from other
-    inputs is refused, naming what differs."""
+    """The store of loss.base_targets=hidden/topk caches, one per key (none: OUTPUT_DIR/base_targets; a pipeline's
+    MoL runs share PIPELINE/base_targets); runs on the same base, traces, max_length, template and dtype (other arms,
+    seeds, a resumed run) reuse one cache. A folder holding one cache is that cache: one made from other inputs is
+    refused, naming what differs."""
     base_topk: Annotated[int, Range(1, 1_000_000)] = 64
     """K of loss.base_targets=topk: the base's most likely tokens kept per KL token (the rest is one class)."""
     base_targets_check_steps: Size = 50
@@ -106,3 +109,7 @@ class MolConfig:
 
     def __post_init__(self) -> None:
         self.model = as_model_source(self.model, ModelWeights)
+        check_idle(self, "mol")  # last: a key set where it cannot act (molrl.config.idle)
+
+
+seal(MolConfig)  # an attribute it does not have is refused (molrl.config.strict)

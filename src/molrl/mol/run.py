@@ -183,24 +183,12 @@ def check_config(cfg: MolConfig) -> None:
 
 
 def check_base_targets(loss: Any) -> None:
-    """Refuse a base-targets key that would do nothing, and a top-K base at a temperature other than 1."""
-    from molrl.mol.config import LossSettings
-
-    defaults = LossSettings()
+    """Refuse a top-K base at a temperature other than 1 (keys that would do nothing are refused by the config,
+    ``molrl.config.idle``)."""
     if loss.base_targets == "topk" and loss.temperature != 1.0:
         raise ConfigError(f"loss.base_targets=topk with loss.temperature={loss.temperature:g}: the base's top K at "
                           "temperature 1 does not give its distribution at another; set loss.temperature=1, or use "
                           "loss.base_targets=hidden")
-    if loss.base_targets != "live" and not loss.needs_base:
-        raise ConfigError(f"loss.base_targets={loss.base_targets} with loss.mode={loss.mode} and loss.monitor_kl=false: "
-                          "nothing reads the base; set loss.base_targets=live")
-    unused = [f"loss.{name}={getattr(loss, name)}" for name, only in (
-        ("base_targets_dir", ("hidden", "topk")), ("base_targets_check_steps", ("hidden", "topk")),
-        ("base_topk", ("topk",))) if getattr(loss, name) != getattr(defaults, name) and loss.base_targets not in only]
-    if unused:
-        raise ConfigError(f"{', '.join(unused)} with loss.base_targets={loss.base_targets}: read only with a cached "
-                          "base (loss.base_targets=hidden or topk; base_topk: topk); remove it, or set "
-                          "loss.base_targets")
 
 
 def check_reference_room(cfg: MolConfig, available_bytes: int | None = None) -> None:

@@ -134,12 +134,11 @@ def check_stages(cfg: PipelineConfig, out: Path, in_memory: bool) -> None:
     """Build every stage's config before any work, so a bad key fails now and not after hours of training."""
     if "collect" in cfg.stages:
         collect_config(cfg, out, in_memory)
-    if "mol" in cfg.stages:
-        for run in cfg.mol_runs:
-            mol_config(cfg, run, ["traces.jsonl"], out)
+    if "mol" in cfg.stages and cfg.mol_runs:
+        idle_in_every_run(cfg, "mol", [mol_config(cfg, run, ["traces.jsonl"], out) for run in cfg.mol_runs])
     rl_cfgs = [rl_config(cfg, rl_run, out) for rl_run in cfg.rl_runs] if "rl" in cfg.stages else []
     if rl_cfgs:
-        idle_in_every_run(cfg, rl_cfgs)
+        idle_in_every_run(cfg, "rl", rl_cfgs)
     if "eval" in cfg.stages:
         eval_cfgs = [eval_config(cfg, name, cfg.model, None, out) for name in cfg.eval_models or model_names(cfg)]
         for rl_cfg, run in zip(rl_cfgs, cfg.rl_runs):
@@ -149,15 +148,16 @@ def check_stages(cfg: PipelineConfig, out: Path, in_memory: bool) -> None:
                                 "than it is evaluated on; set rl.%s and eval.%s alike", run.name, key, key, key)
 
 
-def idle_in_every_run(cfg: PipelineConfig, rl_cfgs: Sequence[Any]) -> None:
-    """Refuse a key of the shared ``rl`` section that acts in none of the RL runs (``molrl.config.idle``)."""
-    idle = [{i.key: i for i in idle_keys(rl_cfg, "rl")} for rl_cfg in rl_cfgs]
-    section = frozenset(section_keys(type(rl_cfgs[0]), cfg.rl))
+def idle_in_every_run(cfg: PipelineConfig, stage: str, stage_cfgs: Sequence[Any]) -> None:
+    """Refuse a key of the shared ``stage`` section (mol or rl) that acts in none of its runs
+    (``molrl.config.idle``)."""
+    idle = [{i.key: i for i in idle_keys(stage_cfg, stage)} for stage_cfg in stage_cfgs]
+    section = frozenset(section_keys(type(stage_cfgs[0]), getattr(cfg, stage)))
     everywhere = [key for key in idle[0] if all(key in run for run in idle) and from_section(key, section)]
     if everywhere:
-        names = ", ".join(run.name for run in cfg.rl_runs)
-        raise ConfigError(f"pipeline section rl, in every RL run ({names}): "
-                          f"{idle_line([idle[0][key] for key in everywhere])}")
+        runs = cfg.mol_runs if stage == "mol" else cfg.rl_runs
+        raise ConfigError(f"pipeline section {stage}, in every {stage.upper() if stage == 'rl' else 'MoL'} run "
+                          f"({', '.join(run.name for run in runs)}): {idle_line([idle[0][key] for key in everywhere])}")
 
 
 def collect_stage(cfg: PipelineConfig, out: Path, tasks: Sequence[Any] | None) -> Path:

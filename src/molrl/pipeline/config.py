@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
 
+from molrl.config.strict import seal
 from molrl.config import ConfigError, load_config, override_key, to_dict
 from molrl.config.idle import shared_section
 from molrl.config.ranges import RunDir, Threads
@@ -129,7 +130,10 @@ def mol_config(cfg: PipelineConfig, run: MolRun, traces: Sequence[str], out: Pat
     excluded = {name: path for name, path in eval_benchmark_files(cfg).items() if name not in own}
     if excluded:
         fixed["data"]["exclude_benchmarks"] = excluded
-    return stage_config(MolConfig, cfg.mol, fixed, run.overrides, f"mol_runs.{run.name}")
+    mol = stage_config(MolConfig, cfg.mol, fixed, run.overrides, f"mol_runs.{run.name}", shared=True)
+    if mol.loss.cached_base and mol.loss.base_targets_dir is None:  # one store for every run: each finds its own
+        mol.loss = replace(mol.loss, base_targets_dir=out / "base_targets")
+    return mol
 
 
 def eval_benchmark_files(cfg: PipelineConfig) -> dict[str, str]:
@@ -199,3 +203,6 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def load_pipeline_config(path: str | Path | None, overrides: Sequence[str] = ()) -> PipelineConfig:
     """The pipeline config from a YAML file plus ``key=value`` overrides."""
     return load_config(PipelineConfig, path, overrides)
+
+
+seal(PipelineConfig)  # an attribute it does not have is refused (molrl.config.strict)

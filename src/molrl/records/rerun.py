@@ -2,33 +2,31 @@
 
 Every stage saves its resolved config beside what it writes. Run again on the same output, a stage:
 
-1. starts afresh when nothing was made under the saved config yet (no checkpoint, adapter, trace or
-   sample): the saved config binds nothing;
-2. refuses a config that differs from the saved one (``check_rerun``), naming each key with both
-   values and the fix, another output directory;
-3. extends the run when the only difference is a raised ``EXTENDABLE`` key (``max_steps``), and says so
-   in the line that says where it resumes;
-4. says the run is finished, in one line, and stops without training or rewriting anything, when
-   there is nothing left to do;
+1. starts afresh when nothing was made under the saved config yet (no checkpoint, adapter, trace or sample): the
+   saved config binds nothing;
+2. refuses a config that differs from the saved one (``check_rerun``), naming each key with both values and the fix,
+   another output directory;
+3. extends the run when the only difference is a raised ``EXTENDABLE`` key (``max_steps``), and says so in the line
+   that says where it resumes;
+4. says the run is finished, in one line, and stops without training or rewriting anything, when nothing is left;
 5. resumes otherwise.
 
-A training stage (``mol``, ``rl``) keeps its checkpoints in ``checkpoints/checkpoint-N`` under its output, apart
-from the results (``adapter/``, ``metrics.jsonl``); a MoL run made before, with ``checkpoint-N`` in the output
-itself, resumes from there. A saved config is read under the current key names (``molrl.config.current_names``),
-so a run saved before a key was renamed is the same run.
+A training stage (``mol``, ``rl``) keeps its checkpoints in ``checkpoints/checkpoint-N`` under its output, apart from
+the results (``adapter/``, ``metrics.jsonl``); a MoL run made before, with ``checkpoint-N`` in the output itself,
+resumes from there. A saved config is read under the current key names (``molrl.config.current_names``), so a run
+saved before a key was renamed is the same run.
 
-``HARMLESS`` lists, in this one place, the keys that may differ between a run and its re-run
-without changing what the run computes (where it writes, logging, worker counts, resume switches), and ``GREEDY_ONLY``
-those that may differ only under greedy decoding (the engine, the device); a key that can change a grade (a sandbox
-limit, a float tolerance) is never among them. A finished run re-run with only such differences changes no file.
+``HARMLESS`` lists, in this one place, the keys that may differ between a run and its re-run without changing what
+the run computes (where it writes, logging, worker counts, resume switches), and ``GREEDY_ONLY`` those that may differ
+only under greedy decoding (the engine, the device); a key that can change a grade (a sandbox limit, a float
+tolerance) is never among them. A finished run re-run with only such differences changes no file.
 
-Same run means same contents, not same names: the keys ``molrl.records.run_inputs.INPUTS`` lists (the model, the data files,
-the adapter trained further or evaluated) are compared as resolved paths (``./models/x`` is ``models/x``), and their
-contents' fingerprints (``fingerprint``), saved in ``inputs.json`` beside the config, must match: an input replaced
-under the same name is refused, naming it. "Finished" means a whole, loadable result (``whole_weights``): a final
-``adapter/`` or ``model/`` torn by a kill is rebuilt from the last checkpoint, or refused in one line.
-
-This module imports no torch: the checks run before a stage loads anything.
+Same run means same contents, not same names: the keys ``molrl.records.run_inputs.INPUTS`` lists (the model, the
+data files, the adapter trained further or evaluated) are compared as resolved paths (``./models/x`` is
+``models/x``), and their contents' fingerprints (``fingerprint``), saved in ``inputs.json`` beside the config, must
+match: an input replaced under the same name is refused, naming it. "Finished" means a whole, loadable result
+(``whole_weights``): a final ``adapter/`` or ``model/`` torn by a kill is rebuilt from the last checkpoint, or refused
+in one line. This module imports no torch: the checks run before a stage loads anything.
 """
 
 from __future__ import annotations
@@ -55,7 +53,7 @@ log = logging.getLogger(__name__)
 
 HARMLESS: dict[str, tuple[str, ...]] = {
     "mol": ("output_dir", "train.report_to", "train.logging_steps", "train.save_steps", "train.save_total_limit",
-            "train.resume", "threads"),
+            "train.resume", "threads", "loss.base_targets_dir", "loss.base_targets_check_steps"),
     "rl": ("output_dir", "train.report_to", "train.logging_steps", "train.save_steps", "train.save_total_limit",
            "train.resume", "sandbox.workers", "engine_server_url", "threads"),
     "collect": ("output_dir", "data.limit", "sampling.n", "progress", "sandbox.workers", "threads"),
@@ -90,6 +88,9 @@ ks                          which pass@k are summarised from the same samples; a
                             summarises again, generating nothing
 label                       the run's name in comparisons; a finished run keeps its saved one
 partial_predictions         whether problems without predictions are an error; graded ones stay as graded
+loss.base_targets_dir       where the base's cached targets are kept; a cache is keyed by all that made it
+loss.base_targets_check_    how often a micro-batch also runs the live base to log the cache's error (a figure
+steps                       logged, not a weight changed)
 ==========================  =====================================================================================
 
 ``GREEDY_ONLY`` lists the keys that are harmless only under greedy decoding."""
@@ -122,8 +123,8 @@ still go the other way; a greedy run is taken to be the same run, as two runs of
 EXTENDABLE: dict[str, tuple[str, ...]] = {"mol": ("train.max_steps",), "rl": ("train.max_steps",)}
 """Per stage, the keys a re-run may raise to train a run further (never lower: that is another run)."""
 
-NEW_RUN = {"mol": "output_dir=DIR", "rl": "output_dir=DIR", "collect": "output_dir=DIR, or --out DIR for short",
-           "eval": "output_dir=DIR, or --out DIR for short"}
+NEW_RUN = {"mol": "output_dir=DIR", "rl": "output_dir=DIR",
+           **dict.fromkeys(("collect", "eval"), "output_dir=DIR, or --out DIR for short")}
 """How a user of each stage starts a new run instead."""
 
 
@@ -318,10 +319,9 @@ def training_rerun(stage: str, cfg: Any, out: Path, final: Path, max_steps: int)
 
 
 def _records_in_checkpoints(out: Path, folders: tuple[Path, ...]) -> None:
-    """Give each whole checkpoint of the run in ``out`` (found in ``folders``) that lacks one the run's provenance
-    record, ``out/molrl_provenance.json`` (``molrl.records.provenance``): the trainer writes it into a checkpoint after the
-    state file that makes the checkpoint whole, so a kill between the two leaves weights that would read as trained
-    on nothing. The re-run rule has found the run's config unchanged, so the run's record is theirs."""
+    """Give each whole checkpoint in ``folders`` that lacks one the run's provenance record (``out``'s): the trainer
+    writes it into a checkpoint after the state file that makes the checkpoint whole, so a kill between the two leaves
+    weights that would read as trained on nothing. The re-run rule found the config unchanged: the record is theirs."""
     from molrl.records.provenance import PROVENANCE
 
     record = out / PROVENANCE

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Literal
 
+from molrl.config.strict import seal
 from molrl.config.blocks import LoraAdapterConfig, RlModelSource, TaskSource, TrainConfig, as_model_source
 from molrl.sandbox import SandboxConfig
 from molrl.config.idle import check_idle
@@ -19,14 +20,12 @@ from molrl.config.ranges import Count, Positive, Range, RunDir, Size, Threads, W
 from molrl.config.renames import Retired
 from molrl.episode.config import EpisodeTurns
 from molrl.engines.choice import check_engine_servers
+from molrl.rl.algorithms.names import ENTRIES, AlgorithmName, from_rewards
 from molrl.rl.method_settings import MacroSettings, OpdSettings, PpoSettings, PropsSettings, RolloutSettings, TermSettings
 from molrl.engines.sampling import HookSampling, RolloutSampling
 from molrl.tasks.prompts import CODE_INSTRUCTION, MATH_INSTRUCTION
 
 log = logging.getLogger(__name__)
-
-ALGORITHMS = ("grpo", "dr_grpo", "dr_grpo_std", "opd", "ppo")
-
 
 def _as_is(value: Any) -> Any:
     return value
@@ -114,9 +113,8 @@ class RlConfig:
     program by default)."""
     eval: EvalHookSettings = field(default_factory=EvalHookSettings)
     """Periodic evaluation hook."""
-    algorithm: Literal["grpo", "dr_grpo", "dr_grpo_std", "opd", "ppo"] = "dr_grpo"
-    """grpo: std-scaled advantages, per-sequence mean; dr_grpo: no std, sum / constant; dr_grpo_std: std + constant;
-    opd: on-policy distillation from a teacher (``opd``), token mean; ppo: a learned critic, GAE over macro actions."""
+    algorithm: AlgorithmName = "dr_grpo"
+    """The RL algorithm: each name, its class and what it does are in ``molrl.rl.algorithms.names`` (docs/rl.md)."""
     opd: OpdSettings = field(default_factory=OpdSettings)
     """The teacher, lambda and reference of algorithm=opd."""
     ppo: PpoSettings = field(default_factory=PpoSettings)
@@ -234,8 +232,8 @@ class RlConfig:
         per_step, micro = self.prompts_per_step * self.sampling.n, self.train.micro_batch_size
         if micro < 1 or per_step % micro:
             raise ValueError(f"train.micro_batch_size={micro} must divide prompts_per_step * sampling.n = {per_step}")
-        if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"algorithm={self.algorithm!r}; expected one of {', '.join(ALGORITHMS)}")
+        if self.algorithm not in ENTRIES:
+            raise ValueError(f"algorithm={self.algorithm!r}; expected one of {', '.join(ENTRIES)}")
         if self.algorithm == "opd" and self.beta != 0.0:
             raise ValueError(f"algorithm=opd with beta={self.beta}: the KL to opd.reference is already in opd's "
                              "advantage; set beta=0")
@@ -252,9 +250,9 @@ class RlConfig:
             raise ValueError(f"rollout.rounds={rounds} must divide sampling.n={self.sampling.n}")
         if buffer < 1:
             raise ValueError(f"rollout.buffer_batches={buffer}: must be 1 or more")
-        if buffer > 1 and self.algorithm not in ("grpo", "dr_grpo", "dr_grpo_std"):
+        if buffer > 1 and not ENTRIES[self.algorithm].from_rewards:
             raise ValueError(f"rollout.buffer_batches={buffer} with algorithm={self.algorithm}: its advantages depend on "
-                             "the policy, so buffered batches would train on stale ones; use grpo, dr_grpo or dr_grpo_std")
+                             f"the policy, so buffered batches would train on stale ones; use {' or '.join(from_rewards())}")
         if ro.partial and (buffer > 1 or rounds > 1 or ro.behaviour != "policy"):
             raise ValueError("rollout.partial cannot be combined with rollout.behaviour=props, rounds > 1 or "
                              "buffer_batches > 1: each completion is trained on once, when its group finishes")
@@ -316,3 +314,6 @@ class RlConfig:
         if ep.max_turns > 1 and self.algorithm == "opd":
             raise ValueError("episode.max_turns > 1 with algorithm=opd: its teacher reads single-turn completions; "
                              "use grpo")
+
+
+seal(RlConfig)  # an attribute it does not have is refused (molrl.config.strict)
