@@ -249,16 +249,13 @@ TRAINING_VARIANTS = {
     "train.save_total_limit": ["train.save_total_limit=3"],
     "threads": ["threads=1"],
     "sandbox.workers": ["sandbox.workers=2"],
-    "engine_server_url": ["engine_server_url=http://elsewhere:8000"],
 }
 """A value other than the finished run's for every key a re-run of mol or rl may change (``train.resume``'s only other
 value, ``never``, is the request to start over in the same folder)."""
-IDLE_IN_THE_FINISHED_RUN = {"engine_server_url": "engine_server_url='http://elsewhere:8000' does nothing with "
-                                                 "engine=auto engine_mode=colocate"}
-"""Variants the finished tiny run (engine_mode=colocate) leaves idle: refused as the config loads
-(``molrl.config.idle``), before the run folder is touched."""
-RL_REFUSED = {"engine": ("vllm", "'auto', now 'vllm'"), "engine_mode": ("server", "'colocate', now 'server'"),
-              "engine_gpu_memory_utilization": ("0.5", "0.3, now 0.5")}
+IDLE_IN_THE_FINISHED_RUN: dict[str, str] = {}
+"""Variants the finished tiny run leaves idle: refused as the config loads (``molrl.config.idle``), before the run
+folder is touched."""
+RL_REFUSED = {"engine": ("vllm", "'auto', now 'vllm'"), "engine_gpu_memory_utilization": ("0.5", "0.3, now 0.5")}
 """The keys harmless to rl only under greedy decoding, which rl never samples with (``molrl.records.rerun.GREEDY_ONLY``)."""
 
 

@@ -17,7 +17,7 @@ import torch
 
 from grpo_helpers import toy_config
 from molrl.config import load_config
-from molrl.engines.choice import vllm_installed
+from molrl.engines.registry import vllm_installed
 from molrl.errors import MolrlError
 from molrl.rl.config import RlConfig, TaskSource, rl_sampling
 from molrl.rl.engine import rl_engine
@@ -65,10 +65,6 @@ def test_the_engine_asked_for_where_a_rollout_cannot_use_it_is_refused_in_one_li
     with pytest.raises(ValueError, match="merged_generation"):
         cfg = RlConfig(engine="vllm")
         cfg.rollout.merged_generation = True
-        cfg.__post_init__()
-    with pytest.raises(ValueError, match="engine_mode=colocate"):
-        cfg = RlConfig(engine="vllm", engine_mode="server")
-        cfg.episode.max_turns = 2
         cfg.__post_init__()
     cfg = RlConfig(engine="vllm")
     cfg.model.path = "models/m"

@@ -166,8 +166,6 @@ def test_partial_rollouts_refuse_settings_they_cannot_honour(tmp_path):
         RlConfig(rollout=RolloutSettings(partial=True, over_provision=0.5))
     with pytest.raises(ValueError, match="cannot be combined"):
         RlConfig(rollout=RolloutSettings(partial=True, behaviour="props"), algorithm="grpo")
-    with pytest.raises(ValueError, match="engine_mode=colocate"):
-        RlConfig(rollout=RolloutSettings(partial=True), engine="vllm", engine_mode="server")
 
 
 class FakeOutput:

@@ -23,31 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from molrl.engines.choice import EngineChoice, choose_engine, cuda_visible
+from molrl.engines.choice import EngineChoice, choose
 from molrl.errors import MolrlError
 from molrl.rl.config import RlConfig
 
 
 def rl_engine(cfg: RlConfig, *, installed: bool | None = None, gpu: bool | None = None) -> EngineChoice:
-    """The engine the rl stage generates with: ``cfg.engine`` as ``molrl.engines.choice.choose_engine`` decides it for the
-    run's tokens (steps x prompts x G x ``sampling.max_new_tokens``), but transformers where a rollout needs it."""
-    if cfg.rollout.behaviour == "props":
-        reason = "rollout.behaviour=props samples from a second adapter, which the engine does not hold"
-        if cfg.engine in ("vllm", "vllm_server"):
-            raise MolrlError(f"engine={cfg.engine}: {reason}; set engine=transformers (or auto)")
-        return EngineChoice("transformers", f"{cfg.engine}: {reason}")
-    if cfg.rollout.merged_generation and cfg.engine != "transformers":
-        if cfg.engine in ("vllm", "vllm_server"):
-            raise MolrlError(f"engine={cfg.engine} with rollout.merged_generation=true: merging is for transformers "
-                             "generation, the engine holds its own weights; set one of them")
-        return EngineChoice("transformers", "auto: rollout.merged_generation=true asks for transformers generation")
-    gpu = cuda_visible() if gpu is None else gpu
-    if cfg.engine == "auto" and not gpu:
-        return EngineChoice("transformers", "auto: on a CPU an RL step is no faster on vLLM (its batches are one "
-                                            "step's rows, and each step re-sends the adapter; benchmarks/RESULTS.md, "
-                                            "\"RL on the engine\"); engine=vllm runs it there")
+    """The engine the rl stage generates with: ``cfg.engine`` as the one choice rule (``molrl.engines.choice``)
+    decides it for the run's tokens (steps x prompts x G x ``sampling.max_new_tokens``) and its rollout settings."""
     work = cfg.train.max_steps * cfg.prompts_per_step * cfg.sampling.n * cfg.sampling.max_new_tokens
-    return choose_engine(cfg.engine, cfg.model.path, work, installed=installed, gpu=gpu, servers=cfg.engine_servers)
+    return choose("rl", cfg, work, installed=installed, gpu=gpu)
 
 
 CANARY_TOKENS = 8
@@ -68,7 +53,8 @@ class PolicyEngine:
     """The policy on an in-process vLLM engine, its adapter re-sent after every optimiser step (``sync``)."""
 
     def __init__(self, cfg: RlConfig, lora_rank: int, lora_modules: Sequence[str]):
-        from molrl.engines.generation import check_policy_lora, merge_adapter_copy, start_llm
+        from molrl.engines.adapters import check_policy_lora, merge_adapter_copy
+        from molrl.engines.local_vllm import start_llm
 
         check_policy_lora("vllm", lora_rank, lora_modules)
         m = cfg.model
@@ -198,7 +184,7 @@ class PolicyEngine:
 
     def close(self) -> None:
         """Shut the engine down (its memory given back) and remove its files (the merged base, the sent adapters)."""
-        from molrl.engines.generation import stop_llm
+        from molrl.engines.local_vllm import stop_llm
 
         llm, self.llm = self.llm, None
         if llm is not None:
@@ -214,7 +200,7 @@ class PolicyGenerator:
     trainer: Any
 
     def generate(self, prompts: Sequence[Any], sampling: Any) -> list[list[str]]:
-        from molrl.engines.generation import vllm_generate
+        from molrl.engines.local_vllm import vllm_generate
 
         self.engine.sync(self.trainer)
         return vllm_generate(self.engine.llm, self.trainer.processing_class, prompts, sampling, self.engine.lora)

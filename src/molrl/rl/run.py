@@ -121,7 +121,6 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
 
     engine = rl_engine(cfg)  # before anything loads: engine=vllm without vLLM stops here
     engine.log("rl", cfg)
-    server = engine.name == "vllm" and cfg.engine_mode == "server"
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     policy = build_policy(cfg)
@@ -141,7 +140,7 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
             model=policy.model,
             scorer=scorer,
             config=cfg,
-            args=trl_args(cfg, out / CHECKPOINTS, torch.cuda.is_available(), server),
+            args=trl_args(cfg, out / CHECKPOINTS, torch.cuda.is_available()),
             train_dataset=dataset,
             processing_class=policy.tokenizer,
             peft_config=policy.peft_config,
@@ -151,7 +150,7 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
         )
         use_trainer_progress(trainer, f"{cfg.algorithm} {out.name}", {"reward": "reward", "kl": "kl", "completions/mean_length": "len"})
         described = install_reference(trainer, cfg.model.reference, policy.adapter_mode, policy.load_base)
-        _start_engine(trainer, cfg, engine.name, server)
+        _start_engine(trainer, cfg, engine.name)
     except BaseException:
         if pool is not None:
             pool.close()
@@ -164,9 +163,9 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
     return trainer, policy, pool
 
 
-def _start_engine(trainer: Any, cfg: RlConfig, name: str, trl_server: bool) -> None:
-    """Put the policy on its generation engine: the vLLM servers, the in-process vLLM engine, or none (transformers,
-    or TRL's own server client when ``trl_server``)."""
+def _start_engine(trainer: Any, cfg: RlConfig, name: str) -> None:
+    """Put the policy on its generation engine: the vLLM servers, the in-process vLLM engine, or none (transformers
+    on the trainer's own model)."""
     from molrl.rl.engine import attach_engine
 
     if name == "vllm_server":
@@ -177,7 +176,7 @@ def _start_engine(trainer: Any, cfg: RlConfig, name: str, trl_server: bool) -> N
         config_vocab = getattr(getattr(trainer.model, "config", None), "vocab_size", None)
         vocab_size = sampled_ids(trainer.processing_class, config_vocab=config_vocab)  # the ids a reply may hold
         attach_engine(trainer, cfg, lambda *args: ServerPolicyEngine(*args, vocab_size=vocab_size))
-    elif name == "vllm" and not trl_server:
+    elif name == "vllm":
         attach_engine(trainer, cfg)
 
 
@@ -221,9 +220,9 @@ def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: li
     return Dataset.from_list(rows), scorer, pool, record
 
 
-def trl_args(cfg: RlConfig, output_dir: Path, cuda: bool, server: bool = False) -> Any:
-    """TRL ``GRPOConfig`` for our config (one optimiser step = prompts_per_step groups per process); ``server``: TRL
-    generates on a `trl vllm-serve` process (molrl's own engine, colocated, is attached to the trainer instead)."""
+def trl_args(cfg: RlConfig, output_dir: Path, cuda: bool) -> Any:
+    """TRL ``GRPOConfig`` for our config (one optimiser step = prompts_per_step groups per process); TRL's own vLLM
+    is never used: molrl's engines are attached to the trainer (``molrl.rl.engine``)."""
     from trl import GRPOConfig as TrlGRPOConfig
 
     completions_per_step, t, sp = cfg.prompts_per_step * cfg.sampling.n, cfg.train, cfg.sampling
@@ -240,10 +239,7 @@ def trl_args(cfg: RlConfig, output_dir: Path, cuda: bool, server: bool = False) 
         epsilon=cfg.epsilon,
         num_iterations=cfg.num_iterations,
         disable_dropout=cfg.lora.dropout == 0,  # a LoRA dropout the user set stays on (TRL turns every dropout off)
-        use_vllm=server,
-        vllm_mode="server",
-        vllm_server_base_url=cfg.engine_server_url if server else None,
-        vllm_gpu_memory_utilization=cfg.engine_gpu_memory_utilization,
+        use_vllm=False,
     )
 
 

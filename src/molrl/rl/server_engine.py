@@ -54,7 +54,7 @@ def served_base(cfg: RlConfig, folder: Path, main: bool) -> str:
     base, adapter = (folder / "merged_base").resolve(), resolve_adapter_dir(m.adapter)
     made_from = merged_from(m.path, adapter)
     if main and not (base / "config.json").is_file():
-        from molrl.engines.generation import merge_adapter_copy
+        from molrl.engines.adapters import merge_adapter_copy
         from molrl.records.writes import write_folder, write_text
 
         with write_folder(base) as tmp:
@@ -102,7 +102,7 @@ class ServerPolicyEngine(PolicyEngine):
     def __init__(self, cfg: RlConfig, lora_rank: int, lora_modules: Sequence[str], vocab_size: int):
         from accelerate import PartialState
 
-        from molrl.engines.generation import check_policy_lora
+        from molrl.engines.adapters import check_policy_lora
 
         check_policy_lora("vllm_server", lora_rank, lora_modules)
         processes = PartialState()  # the launch's processes, as the trainer's accelerator sees them
