@@ -221,3 +221,17 @@ def test_a_registered_backend_runs_collect_and_eval_through_the_shared_builder(e
     (trace,) = [json.loads(line) for line in traces]
     assert "return 1" in trace["messages"][-2]["content"] and "correct" in trace["messages"][-1]["content"]
     assert EchoGenerator.calls >= 2
+
+
+def test_the_choice_the_builder_and_the_server_tier_s_client_import_neither_torch_nor_vllm():
+    """A config is checked, an engine chosen and the server tier's client run before (or without) torch and vLLM."""
+    import subprocess
+    import sys
+
+    modules = ("molrl.engines.registry", "molrl.engines.choice", "molrl.engines.builder", "molrl.engines.policy",
+               "molrl.engines.server.client", "molrl.engines.server.pool", "molrl.engines.server.sync",
+               "molrl.engines.server.generator", "molrl.engines.server.policy")
+    code = (f"import sys; import {', '.join(modules)}; "
+            "print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr[-2000:]

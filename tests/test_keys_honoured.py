@@ -266,7 +266,7 @@ CRITIC = "read only when the episode's feedback lists critique, which asks a cri
 ALLOWED: dict[tuple[str, str], str] = {
     **{(stage, key): CRITIC for stage in ("collect", "rl", "eval") for key in described(stage)
        if ".critique." in f".{key}"},
-    ("rl", "engine_sync_dir"): "read only by engine=vllm_server (molrl.rl.server_engine), which needs vLLM servers",
+    ("rl", "engine_sync_dir"): "read only by engine=vllm_server (molrl.engines.server.policy), which needs vLLM servers",
     ("rl", "engine_gpu_memory_utilization"): "read only by engine=vllm (molrl.rl.engine), which needs vLLM",
     ("rl", "rollout.tis_cap"): "read only by rollout.max_staleness=1, which needs engine servers "
                                "(tests/test_rl_overlap.py runs it against fake ones)",

@@ -125,7 +125,7 @@ def test_the_engine_samples_from_the_policy_being_trained_and_the_gate_stops_a_s
     sampled match the trainer's at every step, under the default rollout.max_mismatch_kl. With the sync turned off
     after the first send (a stale engine), the gate stops the run after step 2, whose metrics line is written."""
     from molrl.rl import run_rl
-    from molrl.rl.engine import PolicyEngine
+    from molrl.engines.policy import PolicyEngine
 
     if not sync:
         real = PolicyEngine.sync
@@ -165,7 +165,7 @@ def test_the_canary_stops_a_run_whose_engine_keeps_sampling_the_base(engine_base
     """The adapter is saved at each sync but the engine keeps the first one it was given (a LoRA at B = 0: the
     base): at the first sync after an optimiser step the canary names it."""
     from molrl.rl import run_rl
-    from molrl.rl.engine import PolicyEngine
+    from molrl.engines.policy import PolicyEngine
 
     real = PolicyEngine.send
     monkeypatch.setattr(PolicyEngine, "send", lambda self, folder: None if self.lora else real(self, folder))

@@ -57,9 +57,9 @@ def _sync_dir_held(cfg: RlConfig, out: Path) -> contextlib.AbstractContextManage
     anything loads. None otherwise, or when that folder is the output folder, held with it."""
     if cfg.engine != "vllm_server":
         return contextlib.nullcontext()
-    from molrl.rl.server_engine import sync_dir
+    from molrl.rl.engine import sync_folder
 
-    folder = sync_dir(cfg)
+    folder = sync_folder(cfg)
     if folder.resolve() == out.resolve():
         return contextlib.nullcontext()
     return folder_lock(folder, "give each run its own engine_sync_dir (unset, it is engine_sync under output_dir)")
@@ -116,7 +116,7 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
     from molrl.records.runfiles import MetricsFileCallback, ProvenanceCallback, ResumedSchedule
     from molrl.logs.progress import use_trainer_progress
 
-    from molrl.rl.engine import rl_engine
+    from molrl.rl.engine import attach_engine, rl_engine
     from molrl.rl.score import completions_made_by
 
     engine = rl_engine(cfg)  # before anything loads: engine=vllm without vLLM stops here
@@ -150,7 +150,7 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
         )
         use_trainer_progress(trainer, f"{cfg.algorithm} {out.name}", {"reward": "reward", "kl": "kl", "completions/mean_length": "len"})
         described = install_reference(trainer, cfg.model.reference, policy.adapter_mode, policy.load_base)
-        _start_engine(trainer, cfg, engine.name)
+        attach_engine(trainer, cfg, engine.name)  # the in-process engine or the servers; none for transformers
     except BaseException:
         if pool is not None:
             pool.close()
@@ -161,23 +161,6 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
     log.info("policy: %s; KL reference: %s; %d trainable parameters",
              policy.description, described, trainable_parameter_count(trainer.model))
     return trainer, policy, pool
-
-
-def _start_engine(trainer: Any, cfg: RlConfig, name: str) -> None:
-    """Put the policy on its generation engine: the vLLM servers, the in-process vLLM engine, or none (transformers
-    on the trainer's own model)."""
-    from molrl.rl.engine import attach_engine
-
-    if name == "vllm_server":
-        from molrl.rl.server_engine import ServerPolicyEngine
-
-        from molrl.models import sampled_ids
-
-        config_vocab = getattr(getattr(trainer.model, "config", None), "vocab_size", None)
-        vocab_size = sampled_ids(trainer.processing_class, config_vocab=config_vocab)  # the ids a reply may hold
-        attach_engine(trainer, cfg, lambda *args: ServerPolicyEngine(*args, vocab_size=vocab_size))
-    elif name == "vllm":
-        attach_engine(trainer, cfg)
 
 
 def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: list) -> tuple[Any, Any, Any, Any]:
