@@ -6,12 +6,13 @@
 
 It runs vLLM's own OpenAI-compatible server as a child process: LoRA enabled up to the rank given (rounded up to one
 vLLM takes), runtime LoRA loading allowed (the run loads each new adapter), log-probs of the sampling distribution
-(``processed_logprobs``, as the trainer's), the model's dtype (from its ``config.json``), no generation defaults of the
-model's own (only what a request asks shapes sampling), 0.9 of the GPU's memory (``--memory``); on a CPU eager, with
-prompts never split (a request's own seed needs that there), 0.3 of the machine's memory and a 1 GiB KV cache
+(``processed_logprobs``, as the trainer's), the model's dtype (from its ``config.json``), no generation defaults of
+the model's own (only what a request asks shapes sampling), 0.9 of the GPU's memory (``--memory``); on a CPU eager,
+with prompts never split (a request's own seed needs that there), 0.3 of the machine's memory and a 1 GiB KV cache
 (``VLLM_CPU_KVCACHE_SPACE``). ``--devices`` names the GPUs the server sees (``CUDA_VISIBLE_DEVICES`` of its process)
-and splits the model over all of them (``--tensor-parallel-size``, which may say fewer). It prints the URL, then ``ready`` once ``/health`` answers; SIGTERM and SIGINT go to the server,
-and molrl serve exits with its code. A run names the URL in ``engine_servers``.
+and splits the model over all of them (``--tensor-parallel-size``, which may say fewer). It prints the URL, then
+``ready`` once ``/health`` answers; SIGTERM and SIGINT go to the server, and molrl serve exits with its code. A run
+names the URL in ``engine_servers``.
 """
 
 from __future__ import annotations

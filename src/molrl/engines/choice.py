@@ -3,12 +3,12 @@
 ``molrl.engines.registry.BACKENDS`` says what each engine can do; ``NEEDS`` says which setting of which stage needs
 which ability. ``choose`` applies them: an engine asked for by name that lacks an ability a setting needs is refused
 in one line naming the setting, why, and the engines that can; ``auto`` takes, among the engines it may choose that
-can do all the settings need, the one whose start pays for the stage's work (in-process vLLM when it is installed and
-enough tokens are to be generated; transformers otherwise), and says why in one log line at the stage's start.
+can do all the settings need, the one whose start pays for the stage's work (in-process vLLM when it is installed
+and enough tokens are to be generated; transformers otherwise), and says why in one log line at the stage's start.
 ``check_choice`` is the same rule without the machine (nothing installed or counted), run as each stage's config is
-built, so a refused pair never loads anything (all but the model's own need, decided as the stage starts). ``vllm_server`` is never chosen by ``auto``: it generates on the
-servers listed in ``engine_servers`` (``molrl serve``), which the user starts. This module imports neither torch nor
-vLLM.
+built, so a refused pair never loads anything (all but the model's own need, decided as the stage starts).
+``vllm_server`` is never chosen by ``auto``: it generates on the servers listed in ``engine_servers`` (``molrl
+serve``), which the user starts. This module imports neither torch nor vLLM.
 """
 
 from __future__ import annotations

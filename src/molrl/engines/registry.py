@@ -103,7 +103,8 @@ def register(backend: Backend) -> Backend:
         raise ValueError(f"engine {backend.name!r} is registered already")
     unknown = backend.can - ABILITIES.keys()
     if unknown:
-        raise ValueError(f"engine {backend.name!r}: unknown abilities {sorted(unknown)}; expected of {sorted(ABILITIES)}")
+        raise ValueError(f"engine {backend.name!r}: unknown abilities {sorted(unknown)}; expected of "
+                         f"{sorted(ABILITIES)}")
     BACKENDS[backend.name] = backend
     return backend
 

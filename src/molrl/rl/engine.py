@@ -40,7 +40,8 @@ def policy_spec(cfg: RlConfig, vocab_size: int | None = None) -> PolicySpec:
     m, s = cfg.model, cfg.sampling
     adapter = resolve_adapter_dir(m.adapter) if m.adapter is not None else None
     merged = adapter is not None and m.adapter_mode == "merge_new"
-    return PolicySpec(model=str(m.path), adapter=adapter, merged_base=merged, dtype=m.dtype, seed=cfg.train.seed, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+    return PolicySpec(model=str(m.path), adapter=adapter, merged_base=merged, dtype=m.dtype, seed=cfg.train.seed,
+                      temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                       max_new_tokens=s.max_new_tokens, max_model_len=cfg.max_prompt_length + s.max_new_tokens,
                       gpu_memory_utilization=cfg.engine_gpu_memory_utilization, servers=tuple(cfg.engine_servers),
                       sync_dir=sync_folder(cfg), vocab_size=vocab_size)

@@ -52,10 +52,12 @@ def run_rl(cfg: RlConfig) -> Path:
 
 
 def _sync_dir_held(cfg: RlConfig, out: Path) -> contextlib.AbstractContextManager[None]:
-    """With ``engine=vllm_server``, the lock of the folder the adapters are saved in for the servers
-    (``engine_sync_dir``), held for this run: a second run given the same folder is refused in one line, before
-    anything loads. None otherwise, or when that folder is the output folder, held with it."""
-    if cfg.engine != "vllm_server":
+    """With an engine that loads adapters from ``engine_sync_dir`` (vllm_server), the lock of that folder, held for this
+    run: a second run given the same folder is refused in one line, before anything loads. None otherwise, or when
+    that folder is the output folder, held with it."""
+    from molrl.engines.registry import able
+
+    if not able({cfg.engine}, "sync_dir"):
         return contextlib.nullcontext()
     from molrl.rl.engine import sync_folder
 
