@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
 
 from molrl.engines.adapters import merged_model
 from molrl.errors import MolrlError

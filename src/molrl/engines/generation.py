@@ -15,7 +15,6 @@ from typing import Any, Protocol, Sequence
 import torch
 
 from molrl.chat import ChatPrompt
-from molrl.errors import MolrlError
 from molrl.engines.sampling import SamplingConfig  # kept importable from here; defined torch-free for configs
 
 
