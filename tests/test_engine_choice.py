@@ -11,7 +11,7 @@ import pytest
 from molrl.collect.config import CollectConfig
 from molrl.config import load_config
 from molrl.engines.choice import NEEDS, choose, check_choice
-from molrl.engines.registry import AUTO_MIN_TOKENS_CPU, AUTO_MIN_TOKENS_GPU, BACKENDS, Backend, register
+from molrl.engines.registry import AUTO_MIN_TOKENS_CPU, AUTO_MIN_TOKENS_GPU, BACKENDS, EngineEntry, register
 from molrl.errors import ConfigError, MolrlError
 from molrl.eval.config import EvalConfig
 from molrl.rl.config import RlConfig
@@ -181,7 +181,7 @@ class EchoGenerator:
 
 
 def open_echo(spec):
-    """The fake engine's opener: what ``Backend.generator`` names."""
+    """The fake engine's opener: what ``EngineEntry.generator`` names."""
     from molrl.models import load_tokenizer
 
     return EchoGenerator(), load_tokenizer(spec.model)
@@ -190,7 +190,7 @@ def open_echo(spec):
 @pytest.fixture
 def echo_backend():
     """The fake engine registered for one test, with its one line."""
-    register(Backend("echo", f"{__name__}:open_echo", None, frozenset({"model_in_process"})))
+    register(EngineEntry("echo", f"{__name__}:open_echo", None, frozenset({"model_in_process"})))
     EchoGenerator.calls = 0
     yield
     BACKENDS.pop("echo")

@@ -122,7 +122,7 @@ def test_collect_observations_keep_correct_rows_beside_bombs(pool, triangle):
 # --- no trainer-side path parses model-written text with Python's own compiler -----------------
 
 MODEL_TEXT_PATHS = ["graders", "tasks/grade.py", "tasks/toy.py", "rewards.py", "rl", "eval", "collect", "episode",
-                    "engine_server", "generation.py", "engines.py", "traces", "demo", "sandbox/pool.py",
+                    "engines", "traces", "demo", "sandbox/pool.py",
                     "sandbox/slot.py", "sandbox/compare.py", "sandbox/runtime/codec.py"]
 """Where completions, and what their programs print, flow: generated (engines, the engine server), parsed into actions
 and feedback (episode, collect), graded (graders, rewards, rl, eval, demo), read back from the sandbox, imported

@@ -4,7 +4,7 @@
 
 A stage's config names its model (``model.path``, ``model.adapter``, ``model.dtype``, ``model.seed``), its sampling
 seed, its device and its ``engine_servers`` the same way in collect and eval; ``GeneratorSpec`` is that part of it, the
-only thing an engine's opener (``molrl.engines.registry.Backend.generator``) reads.
+only thing an engine's opener (``molrl.engines.registry.EngineEntry.generator``) reads.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 from urllib.parse import urlsplit
 
 from molrl.config.idle import name_idle_after_choice
-from molrl.engines.registry import BACKENDS, Backend, engines_that
+from molrl.engines.registry import BACKENDS, EngineEntry, engines_that
 from molrl.errors import ConfigError, MolrlError
 
 log = logging.getLogger(__name__)
@@ -122,12 +122,13 @@ def choose(stage: str, cfg: Any, work_tokens: int, *, installed: bool | None = N
     """The engine ``stage`` generates with for ``cfg`` (its ``engine``, ``model`` and settings) and ``work_tokens``
     tokens to generate; ``installed`` (every engine that needs installing is, or none is) and ``gpu`` stand in for
     this machine (tests)."""
-    here: Callable[[Backend], bool] = (lambda b: b.installed()) if installed is None else \
+    here: Callable[[EngineEntry], bool] = (lambda b: b.installed()) if installed is None else \
         (lambda b: installed or not b.install_hint)
     return _choose(stage, cfg, work_tokens, here, cuda_visible() if gpu is None else gpu)
 
 
-def _choose(stage: str, cfg: Any, work_tokens: int, installed: Callable[[Backend], bool], gpu: bool) -> EngineChoice:
+def _choose(stage: str, cfg: Any, work_tokens: int, installed: Callable[[EngineEntry], bool],
+            gpu: bool) -> EngineChoice:
     """``choose`` on a machine described by ``installed`` and ``gpu``."""
     requested = cfg.engine
     if requested != "auto":
@@ -144,7 +145,7 @@ def _choose(stage: str, cfg: Any, work_tokens: int, installed: Callable[[Backend
     return _auto(stage, cfg, work_tokens, installed, gpu)
 
 
-def _auto(stage: str, cfg: Any, work: int, installed: Callable[[Backend], bool], gpu: bool) -> EngineChoice:
+def _auto(stage: str, cfg: Any, work: int, installed: Callable[[EngineEntry], bool], gpu: bool) -> EngineChoice:
     """``auto``: the able engine with the highest start cost that the work pays for; the reason names what kept the
     others out."""
     best: tuple[int, str] | None = None

@@ -102,7 +102,7 @@ class PolicyEngine:
 
     def sync(self, trainer: Any) -> None:
         """Send the trainer's adapter to the engine if an optimiser step changed it since the last send; after an
-        optimiser step, until it can judge, the canary checks the engine samples with it (``canary``)."""
+        optimiser step, until it can judge, ``check`` (RL's canary) checks the engine samples with it."""
         step = trainer.state.global_step
         if self.lora is not None and step == self.synced_step:
             return

@@ -63,7 +63,7 @@ def vllm_floor(stage: str, gpu: bool) -> int | str:
 
 
 @dataclass(frozen=True)
-class Backend:
+class EngineEntry:
     """One generation engine: how to open it, and what it can do."""
 
     name: str
@@ -93,11 +93,11 @@ class Backend:
         return getattr(importlib.import_module(module), name)
 
 
-BACKENDS: dict[str, Backend] = {}
+BACKENDS: dict[str, EngineEntry] = {}
 """Every engine by name, in the order ``auto`` prefers among equals."""
 
 
-def register(backend: Backend) -> Backend:
+def register(backend: EngineEntry) -> EngineEntry:
     """Add an engine to ``BACKENDS`` (its name taken once; ``auto`` is no engine)."""
     if backend.name == "auto" or backend.name in BACKENDS:
         raise ValueError(f"engine {backend.name!r} is registered already")
@@ -109,11 +109,11 @@ def register(backend: Backend) -> Backend:
     return backend
 
 
-register(Backend("transformers", "molrl.engines.generation:open_transformers", None, frozenset(
+register(EngineEntry("transformers", "molrl.engines.generation:open_transformers", None, frozenset(
     {"model_in_process", "second_adapter", "merged_generation", "device", "static_cache"}), auto=lambda s, g: 0))
-register(Backend("vllm", "molrl.engines.local_vllm:open_vllm", "molrl.engines.policy:PolicyEngine", frozenset(
+register(EngineEntry("vllm", "molrl.engines.local_vllm:open_vllm", "molrl.engines.policy:PolicyEngine", frozenset(
     {"own_logprobs", "gpu_share"}), auto=vllm_floor, installed=vllm_installed, install_hint=vllm_install_hint))
-register(Backend("vllm_server", "molrl.engines.server.generator:open_server_generator",
+register(EngineEntry("vllm_server", "molrl.engines.server.generator:open_server_generator",
                  "molrl.engines.server.policy:ServerPolicyEngine", frozenset(
                      {"model_in_process", "own_logprobs", "overlap", "servers", "sync_dir"})))
 

@@ -196,9 +196,9 @@ class RlConfig:
     num_iterations: Count = 1
     """Optimisation passes over each generated batch (mu in the GRPO paper)."""
     engine: EngineName = "auto"
-    """Rollout generation: auto (vLLM when installed, the base is a model directory and the run's tokens pay for the
-    engine's start; transformers for PROPS and merged generation), vllm (in the trainer's process), vllm_server (the
-    servers of engine_servers) or transformers (``molrl.rl.engine``)."""
+    """Rollout generation: auto (vLLM when installed, on a GPU, the base is a model directory and the run's tokens pay
+    for the engine's start; transformers for PROPS and merged generation), vllm (in the trainer's process),
+    vllm_server (the servers of engine_servers) or transformers; one choice rule decides (``molrl.engines.choice``)."""
     engine_servers: list[str] = field(default_factory=list)
     """With engine=vllm_server: the vLLM servers rollouts are generated on (http://HOST:PORT each, as molrl serve
     prints), all started on the policy's base model."""
