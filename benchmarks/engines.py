@@ -60,7 +60,8 @@ def mbpp_prompts(data: Path, tokenizer, n: int = 64) -> list:
 
 
 def make_generator(engine: str, model: str, tokenizer):
-    from molrl.engines.generation import TransformersGenerator, VLLMGenerator
+    from molrl.engines.generation import TransformersGenerator
+    from molrl.engines.local_vllm import VLLMGenerator
     from molrl.models import load_model
     from molrl.engines.sampling import SamplingConfig
 

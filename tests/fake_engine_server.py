@@ -276,3 +276,30 @@ class ModelAnswer:
             token = int(torch.multinomial(logps.exp(), 1, generator=generator).item())
             feed = [token]
             yield token, float(logps[token])
+
+
+def main(argv: list[str]) -> None:
+    """Stand in for ``python -m vllm.entrypoints.openai.api_server`` as ``molrl serve`` starts it: serve the scripted
+    answer for ``--model`` on ``--port`` until told to stop, and write what it was started with (its arguments and
+    ``CUDA_VISIBLE_DEVICES``) as JSON to the file ``FAKE_SERVER_RECORD`` names."""
+    import argparse
+    import os
+    import signal
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    args, _ = parser.parse_known_args(argv)
+    record = os.environ.get("FAKE_SERVER_RECORD")
+    if record:
+        with open(record, "w") as fh:
+            json.dump({"argv": argv, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")}, fh)
+    server = FakeEngineServer(base=args.model, port=args.port)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop.wait()
+    server.stop()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

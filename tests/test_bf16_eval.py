@@ -16,7 +16,7 @@ import torch
 from grpo_helpers import save_mol_adapter, save_tiny_model
 from molrl.config.blocks import ModelSource
 from molrl.eval import EvalConfig, run_eval
-from molrl.eval.sources import load_generator
+from molrl.engines.builder import open_generator
 from molrl.engines.generation import SamplingConfig
 from molrl.sandbox import SandboxConfig
 
@@ -33,6 +33,11 @@ def model_dirs(tmp_path_factory):
 def config(out, base, adapter=None, **kw) -> EvalConfig:
     return EvalConfig(model=ModelSource(str(base), adapter=adapter, dtype="bfloat16"),
                       device="cpu", output_dir=out, sandbox=SandboxConfig(workers=1), **kw)
+
+
+def load_generator(cfg: EvalConfig) -> tuple:
+    """eval's generator for ``cfg``, from the builder collect and eval share."""
+    return open_generator("eval", cfg, 0, batch_size=cfg.batch_size)
 
 
 def test_bf16_generator_holds_a_bf16_base_and_a_float32_adapter_that_changes_the_answers(tmp_path, model_dirs):

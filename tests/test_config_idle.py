@@ -32,13 +32,11 @@ SETTINGS: dict[tuple[str, str], tuple[list[str], list[str]]] = {
     # (stage, the rule's first key): (a setting where the keys act, one where they are idle)
     **{(stage, "engine_servers"): (SERVERS[:1], ["engine=transformers"]) for stage in ("collect", "rl", "eval")},
     ("rl", "engine_sync_dir"): (SERVERS, ["engine=transformers"]),
-    ("rl", "engine_mode"): (["engine=vllm"], ["engine=transformers"]),
-    ("rl", "engine_server_url"): (["engine=vllm", "engine_mode=server"], ["engine=vllm"]),
-    ("rl", "engine_gpu_memory_utilization"): (["engine=vllm"], ["engine=vllm", "engine_mode=server"]),
+    ("rl", "engine_gpu_memory_utilization"): (["engine=vllm"], SERVERS),
     ("rl", "rollout.max_mismatch_kl"): (["engine=vllm"], ["engine=transformers"]),
     **{(stage, "device"): (["engine=transformers"], ["engine=vllm"]) for stage in ("collect", "eval")},
     ("eval", "static_cache"): (["engine=transformers"], ["engine=vllm"]),
-    ("rl", "rollout.merged_generation"): (["engine=transformers"], ["engine=vllm"]),
+    ("rl", "rollout.merged_generation"): (["engine=transformers"], ["rollout.behaviour=props"]),
     ("rl", "rollout.tis_cap"): ([*SERVERS, "rollout.max_staleness=1"], SERVERS),
     ("rl", "rollout.over_provision"): (["rollout.partial=true"], []),
     ("rl", "rollout.importance_cap"): (["rollout.partial=true"], ["rollout.partial=true", "rollout.off_policy=mask"]),
@@ -158,19 +156,20 @@ LISTED = [
      "opd.lam=3.0 does nothing with algorithm=grpo: it is read only with algorithm=opd; set algorithm=opd, or leave "
      "opd.lam out"),
     ("rl", [*SERVERS, "engine_gpu_memory_utilization=0.9"],
-     "engine_gpu_memory_utilization=0.9 does nothing with engine=vllm_server: it is read only with engine=vllm "
-     "engine_mode=colocate"),
+     "engine_gpu_memory_utilization=0.9 does nothing with engine=vllm_server: it is read only with engine=vllm; "
+     "set engine=vllm, or leave engine_gpu_memory_utilization out (a server takes its share when it starts: molrl "
+     "serve --memory)"),
     ("eval", ["engine=vllm", "static_cache=true", "mode=single", "episode.max_turns=9"],
      "static_cache=True does nothing with engine=vllm: it is read only with engine=transformers"),
     ("eval", ["engine=vllm", "static_cache=true", "mode=single", "episode.max_turns=9"],
      "episode.max_turns=9 does nothing with mode=single: it is read only with mode=interactive"),
     ("collect", ["engine=vllm", "device=cuda:1"],
      "device='cuda:1' does nothing with engine=vllm: it is read only with engine=transformers"),
-    ("rl", ["engine=auto", "engine_mode=server", "rollout.partial=true"],
-     "engine=auto may choose vllm or transformers, and neither takes this config: with engine=vllm: rollout.partial "
-     "and episode.max_turns > 1 on vLLM need engine_mode=colocate"),
-    ("rl", ["engine=auto", "engine_mode=server", "rollout.partial=true"],
-     "with engine=transformers: engine_mode='server' does nothing with engine=transformers"),
+    ("rl", ["engine=auto", "engine_gpu_memory_utilization=0.5", "rollout.behaviour=props"],
+     "engine=auto may choose transformers or vllm, and none takes this config: with engine=transformers: "
+     "engine_gpu_memory_utilization=0.5 does nothing with engine=transformers"),
+    ("rl", ["engine=auto", "engine_gpu_memory_utilization=0.5", "rollout.behaviour=props"],
+     "with engine=vllm: engine=vllm with rollout.behaviour=props: it samples from a second adapter"),
 ]
 """The combinations that loaded with no line at all, and what each is refused with now."""
 
@@ -183,13 +182,13 @@ def test_each_listed_combination_is_refused_in_one_line(stage, overrides, says):
 
 
 def test_engine_auto_takes_what_one_engine_it_may_choose_takes():
-    """auto may choose vLLM, where engine_mode acts; vLLM's server mode refuses partial rollouts, and transformers
-    reads no engine_mode, so only the two together are refused."""
+    """auto may choose vLLM, where engine_gpu_memory_utilization acts; vLLM cannot run props, and transformers
+    reads no engine_gpu_memory_utilization, so only the two together are refused."""
     rl = stage_class("rl")
-    assert load_config(rl, None, ["engine=auto", "engine_mode=server"]).engine_mode == "server"
-    assert load_config(rl, None, ["engine=auto", "rollout.partial=true"]).rollout.partial
-    with pytest.raises(ConfigError, match="engine=auto may choose vllm or transformers, and neither"):
-        load_config(rl, None, ["engine=auto", "engine_mode=server", "rollout.behaviour=props"])
+    assert load_config(rl, None, ["engine=auto", "engine_gpu_memory_utilization=0.5"]).engine == "auto"
+    assert load_config(rl, None, ["engine=auto", "rollout.behaviour=props"]).rollout.behaviour == "props"
+    with pytest.raises(ConfigError, match="engine=auto may choose transformers or vllm, and none"):
+        load_config(rl, None, ["engine=auto", "engine_gpu_memory_utilization=0.5", "rollout.behaviour=props"])
 
 
 def test_what_auto_chose_is_named_with_the_keys_it_leaves_idle(caplog):
@@ -202,9 +201,9 @@ def test_what_auto_chose_is_named_with_the_keys_it_leaves_idle(caplog):
     choice.log("rl", cfg)
     lines = [r.getMessage() for r in caplog.records if "engine=auto chose" in r.getMessage()]
     assert lines == [f"rl: engine=auto chose transformers ({choice.reason}), where engine_gpu_memory_utilization=0.5 "
-                     "does nothing with engine=transformers: it is read only with engine=vllm engine_mode=colocate; "
-                     "set engine=vllm engine_mode=colocate, or leave engine_gpu_memory_utilization out (a server takes "
-                     "its share when it starts: molrl serve --memory, trl vllm-serve --gpu-memory-utilization)"]
+                     "does nothing with engine=transformers: it is read only with engine=vllm; set engine=vllm, or "
+                     "leave engine_gpu_memory_utilization out (a server takes its share when it starts: molrl serve "
+                     "--memory)"]
 
 
 # a pipeline's rl section is shared by its runs

@@ -249,9 +249,9 @@ def test_log_probs_no_engine_should_hand_over_stop_the_run_at_step_1(where, valu
     """A server on the base that ignores every adapter load, behind an engine path that hands the rollout (or the
     canary) a NaN or infinite log-prob for every token it sampled, as the client never does: the gate, or the canary,
     stops the run at step 1, where a step with no usable log-prob once read as no mismatch."""
-    from molrl.rl.engine import Sampled
+    from molrl.engines.policy import Sampled
     from molrl.rl.run import run_rl
-    from molrl.rl.server_engine import ServerPolicyEngine
+    from molrl.engines.server.policy import ServerPolicyEngine
 
     method = {"rollout": "generate", "canary": "sample_ids"}[where]
     real = getattr(ServerPolicyEngine, method)

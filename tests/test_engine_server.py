@@ -3,8 +3,10 @@ failover, cancellation and adapter load/unload."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -226,3 +228,60 @@ def test_molrl_serve_starts_vllms_server_with_the_flags_a_run_needs(tmp_path):
         serve_command("runs/m", 8001, max_lora_rank=513)
     (tmp_path / "config.json").write_text('{"torch_dtype": "bfloat16"}')
     assert model_dtype(str(tmp_path)) == "bfloat16" and model_dtype("HuggingFaceTB/SmolLM2-135M") == "auto"
+
+
+@pytest.mark.parametrize("devices,parallel,expect", [
+    (None, None, (None, 1)),  # every GPU the process sees, the model whole on one
+    ("0", None, ("0", 1)),  # one server a GPU: one such line a GPU, each on its own port
+    ("2,3", None, ("2,3", 2)),  # one server over two GPUs: split two ways
+    ("0,1,2,3", 2, ("0,1,2,3", 2)),
+])
+def test_molrl_serve_places_a_server_on_the_gpus_it_names(devices, parallel, expect):
+    from molrl.commands.serve import serve_command
+
+    argv, env = serve_command("runs/m", 8001, gpu=True, devices=devices, tensor_parallel_size=parallel)
+    split = int(argv[argv.index("--tensor-parallel-size") + 1]) if "--tensor-parallel-size" in argv else 1
+    assert (env.get("CUDA_VISIBLE_DEVICES"), split) == expect
+
+
+@pytest.mark.parametrize("devices,parallel", [("0,0", None), ("a", None), ("0,1", 3), (None, 0)])
+def test_molrl_serve_refuses_devices_it_cannot_place_a_server_on(devices, parallel):
+    from molrl.commands.serve import serve_command
+
+    with pytest.raises(ValueError, match="--devices|--tensor-parallel-size"):
+        serve_command("runs/m", 8001, gpu=True, devices=devices, tensor_parallel_size=parallel)
+
+
+def test_molrl_serve_starts_one_server_per_gpu_each_on_its_devices(tmp_path):
+    """Two ``molrl serve`` processes, one a GPU, start their servers (the fake one here) with the devices named, say
+    ready once the server answers, and stop it on SIGTERM."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    here = Path(__file__).resolve().parent
+    start = ("import sys, molrl.commands.serve as serve; serve.SERVER_MODULE = 'fake_engine_server'; "
+             "from molrl.cli import main; sys.exit(main(sys.argv[1:]))")
+    children = []
+    for gpu in ("0", "1"):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = dict(os.environ, FAKE_SERVER_RECORD=str(tmp_path / f"gpu{gpu}.json"),
+                   PYTHONPATH=os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")]))
+        children.append(subprocess.Popen(
+            [sys.executable, "-c", start, "serve", "--model", "base-model", "--port", str(port), "--devices", gpu],
+            env=env, stdout=subprocess.PIPE, text=True))
+    try:
+        for child in children:
+            lines = [child.stdout.readline() for _ in range(2)]
+            assert "engine_servers: [http://127.0.0.1:" in lines[0] and lines[1].rstrip().endswith("ready"), lines
+    finally:
+        for child in children:
+            child.send_signal(signal.SIGTERM)
+    assert [child.wait(timeout=60) for child in children] == [0, 0]
+    for gpu in ("0", "1"):
+        started = json.loads((tmp_path / f"gpu{gpu}.json").read_text())
+        assert started["CUDA_VISIBLE_DEVICES"] == gpu and "--tensor-parallel-size" not in started["argv"]

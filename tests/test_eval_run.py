@@ -32,15 +32,15 @@ def _samples(out: Path, name: str) -> list[dict]:
 def _count_prompts(monkeypatch) -> list[int]:
     """Wrap the generator so the test sees how many prompts each generate call got."""
     calls: list[int] = []
-    real = sources.load_generator
+    real = sources.open_generator
 
-    def counting(cfg, *args):
-        gen, tok = real(cfg, *args)
+    def counting(*args, **kwargs):
+        gen, tok = real(*args, **kwargs)
         inner = gen.generate
         gen.generate = lambda prompts, sampling: (calls.append(len(prompts)), inner(prompts, sampling))[1]
         return gen, tok
 
-    monkeypatch.setattr(sources, "load_generator", counting)
+    monkeypatch.setattr(sources, "open_generator", counting)
     return calls
 
 
@@ -133,7 +133,7 @@ class _SecondTryGenerator:
 def test_interactive_verdict_comes_from_the_last_submission(shared_data, tmp_path, monkeypatch):
     from molrl.models import load_tokenizer
 
-    monkeypatch.setattr(sources, "load_generator", lambda cfg, *args: (_SecondTryGenerator(), load_tokenizer("tiny:chatml")))
+    monkeypatch.setattr(sources, "open_generator", lambda *args, **kwargs: (_SecondTryGenerator(), load_tokenizer("tiny:chatml")))
     cfg = _cfg(shared_data, tmp_path / "run", ["aime24"], limit=1, mode="interactive")
     out = run_eval(cfg)
     assert json.loads((out / "results.json").read_text())["benchmarks"]["aime24"]["pass@1"] == 1.0
@@ -159,7 +159,7 @@ class _LookupTableGenerator:
 def test_finding3_eval_turns_a_lookup_table_of_the_feedback_scores_nothing(shared_data, tmp_path, monkeypatch):
     from molrl.models import load_tokenizer
 
-    monkeypatch.setattr(sources, "load_generator", lambda cfg, *args: (_LookupTableGenerator(), load_tokenizer("tiny:chatml")))
+    monkeypatch.setattr(sources, "open_generator", lambda *args, **kwargs: (_LookupTableGenerator(), load_tokenizer("tiny:chatml")))
     cfg = _cfg(shared_data, tmp_path / "run", ["humaneval"], limit=40, mode="interactive",
                sampling=SamplingConfig(n=1, temperature=0.7, max_new_tokens=6))
     out = run_eval(cfg)

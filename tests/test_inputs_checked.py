@@ -57,9 +57,9 @@ def _rl_policy(adapter: Path, tmp_path: Path) -> None:
 
 def _eval_generator(adapter: Path, tmp_path: Path) -> None:
     from molrl.eval.config import EvalConfig
-    from molrl.eval.sources import load_generator
+    from molrl.engines.builder import open_generator
 
-    load_generator(EvalConfig(model=ModelSource("tiny:chatml", adapter=adapter), device="cpu"))
+    open_generator("eval", EvalConfig(model=ModelSource("tiny:chatml", adapter=adapter), device="cpu"), 0, batch_size=1)
 
 
 @pytest.mark.parametrize("path", [_merge, _rl_policy, _eval_generator], ids=["export", "rl", "eval"])

@@ -267,9 +267,8 @@ CRITIC = "read only when the episode's feedback lists critique, which asks a cri
 ALLOWED: dict[tuple[str, str], str] = {
     **{(stage, key): CRITIC for stage in ("collect", "rl", "eval") for key in described(stage)
        if ".critique." in f".{key}"},
-    ("rl", "engine_sync_dir"): "read only by engine=vllm_server (molrl.rl.server_engine), which needs vLLM servers",
-    ("rl", "engine_mode"): "read only by engine=vllm (molrl.rl.run), which needs vLLM",
-    ("rl", "engine_server_url"): "read only by engine=vllm with engine_mode=server (TRL's vllm-serve client)",
+    ("rl", "engine_sync_dir"): "read only by engine=vllm_server (molrl.engines.server.policy), which needs vLLM servers",
+    ("rl", "engine_gpu_memory_utilization"): "read only by engine=vllm (molrl.rl.engine), which needs vLLM",
     ("rl", "rollout.tis_cap"): "read only by rollout.max_staleness=1, which needs engine servers "
                                "(tests/test_rl_overlap.py runs it against fake ones)",
     ("pipeline", "title"): "read by the report (molrl.report) from the run's saved config, run.json, after the run",

@@ -321,6 +321,7 @@ OTHER_JSON_READS = {
     "records/rerun.py": "trainer_state.json that transformers wrote",
     "rl/rollouts/partial.py": "the rollout state this program wrote",
     "engines/export.py": "adapter_config.json that peft wrote",
+    "engines/adapters.py": "adapter_config.json that peft wrote",
     "models.py": "a model folder's config.json / adapter_config.json",
     "pipeline/__init__.py": "stage markers this program wrote",
     "demo/chain_measure.py": "world properties this program wrote",
@@ -334,7 +335,7 @@ OTHER_JSON_READS = {
     "eval/run.py": "results.json this program wrote",
     "commands/serve.py": "the model folder's config.json (its dtype)",
     "engines/server/client.py": "a vLLM server's HTTP replies",
-    "rl/server_engine.py": "merged_from.json this program wrote beside a merged base",
+    "engines/server/policy.py": "merged_from.json this program wrote beside a merged base",
     "mol/base_cache.py": "the base-target cache's key.json / manifest.json this program wrote",
 }
 """Modules that parse JSON other than user records, each with what it parses."""

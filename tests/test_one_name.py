@@ -22,8 +22,6 @@ REQUIRED = {"collect": ["model=m", "data.path=t.jsonl"]}
 """The keys a stage cannot load without."""
 
 RENAMES = [
-    ("rl", "vllm_mode=server", "engine_mode", []),
-    ("rl", "vllm_server_url=http://elsewhere:9000", "engine_server_url", ["engine_mode=server"]),
     ("rl", "terms.feedback_ce=0.05", "loss.ce_weight", ["episode.max_turns=2", "episode.turn_tokens=64"]),
     ("rl", "terms.decision_kl=0.3", "loss.kl_weight", []),
     ("rl", "eval.tasks=held_out.jsonl", "eval.data", ["eval.every_steps=1"]),
@@ -159,12 +157,9 @@ def test_a_tiny_models_weights_follow_model_seed_not_sampling_seed(stage, monkey
     cfg = load_config(STAGES[stage], None, [*REQUIRED.get(stage, []), "model=tiny:chatml", "model.seed=3",
                                             "sampling.seed=5", "engine=transformers"])
     with pytest.raises(_Stop):
-        if stage == "collect":
-            from molrl.collect.run import build_generator
-            build_generator(cfg, 1)
-        else:
-            from molrl.eval.sources import load_generator
-            load_generator(cfg)
+        from molrl.engines.builder import open_generator
+
+        open_generator(stage, cfg, 1, batch_size=1)
     assert seeds == [3]
 
 

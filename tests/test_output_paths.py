@@ -203,9 +203,10 @@ ALLOWED = {
     ("demo/expert.py", "os.replace"): "the demo's expert traces, made under a temporary name in its own work folder",
     ("demo/run.py", "os.replace"): "the demo's replay traces, made under a temporary name in its own work folder",
     ("demo/pretrained_base.py", "os.replace"): "the warm-up's work folder, moved into the model folder made from it",
-    ("engines/generation.py", ".save_pretrained"): "the engine's merged copy, in a temporary folder the engine made",
-    ("rl/engine.py", ".save_pretrained"): "the adapter handed to the in-process engine, in its own work folder",
-    ("rl/server_engine.py", ".save_pretrained"): "the adapter published to the engine servers, in their work folder",
+    ("engines/adapters.py", ".save_pretrained"): "the engine's merged copy, in a temporary folder the engine made",
+    ("engines/policy.py", ".save_pretrained"): "the adapter handed to the in-process engine, in its own work folder",
+    ("engines/server/policy.py", ".save_pretrained"): "the adapter published to the engine servers, in their work "
+                                                      "folder",
     ("graders/math_worker.py", ".open('wb')"): "the worker's own stdout",
     ("records/jsonl.py", ".open('ab')"): "repair_torn_tail: a log's torn last line kept beside it",
     ("records/jsonl.py", ".open('r+b')"): "repair_torn_tail: the log cut back to its last whole line, in place",

@@ -249,23 +249,19 @@ TRAINING_VARIANTS = {
     "train.save_total_limit": ["train.save_total_limit=3"],
     "threads": ["threads=1"],
     "sandbox.workers": ["sandbox.workers=2"],
-    "engine_server_url": ["engine_server_url=http://elsewhere:8000"],
     "loss.base_targets_dir": ["loss.base_targets_dir=elsewhere"],
     "loss.base_targets_check_steps": ["loss.base_targets_check_steps=7"],
 }
 """A value other than the finished run's for every key a re-run of mol or rl may change (``train.resume``'s only other
 value, ``never``, is the request to start over in the same folder)."""
-IDLE_IN_THE_FINISHED_RUN = {"engine_server_url": "engine_server_url='http://elsewhere:8000' does nothing with "
-                                                 "engine=auto engine_mode=colocate",
-                            "loss.base_targets_dir": "loss.base_targets_dir=elsewhere does nothing with "
+IDLE_IN_THE_FINISHED_RUN = {"loss.base_targets_dir": "loss.base_targets_dir=elsewhere does nothing with "
                                                      "loss.base_targets=live",
                             "loss.base_targets_check_steps": "loss.base_targets_check_steps=7 does nothing with "
                                                              "loss.base_targets=live"}
-"""Variants the finished tiny runs (engine_mode=colocate, loss.base_targets=live) leave idle: refused as the config
-loads (``molrl.config.idle``), before the run folder is touched; a finished run on cached base targets re-run with
-either of mol's is tested in tests/test_mol_base_targets.py."""
-RL_REFUSED = {"engine": ("vllm", "'auto', now 'vllm'"), "engine_mode": ("server", "'colocate', now 'server'"),
-              "engine_gpu_memory_utilization": ("0.5", "0.3, now 0.5")}
+"""Variants the finished tiny mol run (loss.base_targets=live) leaves idle: refused as the config loads
+(``molrl.config.idle``), before the run folder is touched; a finished run on cached base targets re-run with either is
+tested in tests/test_mol_base_targets.py."""
+RL_REFUSED = {"engine": ("vllm", "'auto', now 'vllm'"), "engine_gpu_memory_utilization": ("0.5", "0.3, now 0.5")}
 """The keys harmless to rl only under greedy decoding, which rl never samples with (``molrl.records.rerun.GREEDY_ONLY``)."""
 
 

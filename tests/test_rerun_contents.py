@@ -123,8 +123,6 @@ WHY_HARMLESS = {
     "episode.batch_size": "how many episodes are generated together",
     "device": "where the model runs",
     "engine": "which engine generates (in rl each samples the policy being trained: rollout/engine_logp_gap)",
-    "engine_mode": "where the engine runs (in the trainer's process or a server), not what it samples from",
-    "engine_server_url": "where the engine's server is",
     "engine_gpu_memory_utilization": "how much of a GPU the engine's KV cache takes",
     "progress": "whether a progress bar is drawn",
     "loss.base_targets_dir": "where the base's cached targets are kept; a cache is keyed by all that made it",

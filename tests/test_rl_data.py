@@ -92,7 +92,7 @@ def test_vllm_requested_but_missing_is_a_clear_error(tmp_path, monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
-    with pytest.raises(MolrlError, match="engine=vllm but vLLM is not installed"):
+    with pytest.raises(MolrlError, match="engine=vllm but it is not installed here"):
         build_trainer(toy_config(tmp_path, "models/m", engine="vllm"))
 
 

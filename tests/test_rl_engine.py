@@ -17,7 +17,7 @@ import torch
 
 from grpo_helpers import toy_config
 from molrl.config import load_config
-from molrl.engines.choice import vllm_installed
+from molrl.engines.registry import vllm_installed
 from molrl.errors import MolrlError
 from molrl.rl.config import RlConfig, TaskSource, rl_sampling
 from molrl.rl.engine import rl_engine
@@ -65,10 +65,6 @@ def test_the_engine_asked_for_where_a_rollout_cannot_use_it_is_refused_in_one_li
     with pytest.raises(ValueError, match="merged_generation"):
         cfg = RlConfig(engine="vllm")
         cfg.rollout.merged_generation = True
-        cfg.__post_init__()
-    with pytest.raises(ValueError, match="engine_mode=colocate"):
-        cfg = RlConfig(engine="vllm", engine_mode="server")
-        cfg.episode.max_turns = 2
         cfg.__post_init__()
     cfg = RlConfig(engine="vllm")
     cfg.model.path = "models/m"
@@ -129,7 +125,7 @@ def test_the_engine_samples_from_the_policy_being_trained_and_the_gate_stops_a_s
     sampled match the trainer's at every step, under the default rollout.max_mismatch_kl. With the sync turned off
     after the first send (a stale engine), the gate stops the run after step 2, whose metrics line is written."""
     from molrl.rl import run_rl
-    from molrl.rl.engine import PolicyEngine
+    from molrl.engines.policy import PolicyEngine
 
     if not sync:
         real = PolicyEngine.sync
@@ -169,7 +165,7 @@ def test_the_canary_stops_a_run_whose_engine_keeps_sampling_the_base(engine_base
     """The adapter is saved at each sync but the engine keeps the first one it was given (a LoRA at B = 0: the
     base): at the first sync after an optimiser step the canary names it."""
     from molrl.rl import run_rl
-    from molrl.rl.engine import PolicyEngine
+    from molrl.engines.policy import PolicyEngine
 
     real = PolicyEngine.send
     monkeypatch.setattr(PolicyEngine, "send", lambda self, folder: None if self.lora else real(self, folder))

@@ -36,7 +36,7 @@ def test_max_staleness_is_one_range_entry_and_only_on_engine_servers():
     with pytest.raises(Exception, match=r"rollout.tis_cap"):
         load_config(RlConfig, None, [*SERVER, "rollout.max_staleness=1", "rollout.tis_cap=0.5"])
     for engine in ("vllm", "transformers", "auto"):
-        with pytest.raises(ValueError, match=f"rollout.max_staleness=1 with engine={engine}: .*nothing overlaps"):
+        with pytest.raises(ValueError, match=f"engine={engine} with rollout.max_staleness=1: .*nothing overlaps; set engine=vllm_server"):
             load_config(RlConfig, None, [f"engine={engine}", "rollout.max_staleness=1"])
     with pytest.raises(ValueError, match=r"rollout.max_staleness=1 with episode.max_turns > 1"):
         load_config(RlConfig, None, [*SERVER, "rollout.max_staleness=1", "episode.max_turns=2",

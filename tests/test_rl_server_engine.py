@@ -88,7 +88,7 @@ def test_the_gate_stops_a_run_whose_servers_are_not_sent_the_new_adapter(servers
     """The sync switched off after the first load (the servers keep step 1's adapter): the gate stops the run after
     step 2, whose metrics line is written, naming the likely causes."""
     from molrl.rl.run import run_rl
-    from molrl.rl.server_engine import ServerPolicyEngine
+    from molrl.engines.server.policy import ServerPolicyEngine
 
     real = ServerPolicyEngine.sync
     monkeypatch.setattr(ServerPolicyEngine, "sync", lambda self, trainer: None if self.lora else real(self, trainer))

@@ -109,7 +109,7 @@ def test_the_in_process_engine_starts_under_the_stage_s_thread_count_unpinned(th
     """start_llm on a CPU: the engine is built under the count ``use_threads`` set (OMP_NUM_THREADS, read by vLLM's
     worker processes) with vLLM's core pinning off; the process's own OMP_NUM_THREADS is put back afterwards."""
     vllm = pytest.importorskip("vllm")
-    from molrl.engines.generation import start_llm
+    from molrl.engines.local_vllm import start_llm
 
     seen = {}
 

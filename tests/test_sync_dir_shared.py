@@ -2,7 +2,7 @@
 line or kept apart. While one runs, a second on the same folder is refused, naming the first's pid, before anything
 loads (``molrl.rl.run``); the adapters each run loads are named apart by a tag of its own, and each removes only its
 own (``molrl.engines.server.sync``); a ``merge_new`` base left there is used only by a run merged from the same model
-and adapter (``molrl.rl.server_engine``)."""
+and adapter (``molrl.engines.server.policy``)."""
 
 from __future__ import annotations
 
@@ -68,14 +68,15 @@ def _adapter(folder: Path, weights: bytes) -> Path:
 @pytest.mark.parametrize("left", ["merged from this run's adapter", "merged from another adapter",
                                   "merged before records were kept"])
 def test_a_merged_base_in_a_shared_sync_dir_serves_only_a_run_merged_from_the_same(left, tmp_path):
-    from molrl.rl.server_engine import MERGED_FROM, merged_from, served_base
+    from molrl.engines.server.policy import MERGED_FROM, merged_from, served_base
+    from molrl.rl.engine import policy_spec
 
     mine, other = _adapter(tmp_path / "mine", b"mine"), _adapter(tmp_path / "other", b"other")
     sync = tmp_path / "sync"
     base = sync / "merged_base"
     base.mkdir(parents=True)
     (base / "config.json").write_text("{}")  # what the run that merged it left: the servers serve it
-    cfg = _cfg(tmp_path, "model.path=tiny:chatml", f"model.adapter={mine}", "model.adapter_mode=merge_new")
+    cfg = policy_spec(_cfg(tmp_path, "model.path=tiny:chatml", f"model.adapter={mine}", "model.adapter_mode=merge_new"))
     if left != "merged before records were kept":
         made = merged_from("tiny:chatml", mine if left == "merged from this run's adapter" else other)
         (base / MERGED_FROM).write_text(json.dumps(made))

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Literal
+from typing import Any, Callable, ClassVar
 
 from molrl.config.strict import seal
 from molrl.config.idle import check_idle
-from molrl.engines.choice import check_engine_servers
+from molrl.engines.choice import check_choice
+from molrl.engines.registry import EngineName
 from molrl.config.blocks import ModelSource, TaskSource, as_model_source
 from molrl.episode.config import EpisodeConfig
 from molrl.collect.files import output_dir_of
@@ -29,7 +30,7 @@ class CollectConfig:
     data: TaskSource = field(default_factory=TaskSource)
     """The tasks collected on: ``data.path`` (required), its format (HumanEval .jsonl/.jsonl.gz, MBPP, MATH-500, AIME,
     or molrl task JSONL with fields under ``data.spec``), split (unset: train) and limit, as rl's ``data``."""
-    engine: Literal["auto", "vllm", "vllm_server", "transformers"] = "auto"
+    engine: EngineName = "auto"
     """Generation engine: auto (vLLM when installed and the work pays for its start, else transformers), vllm,
     vllm_server (the servers of engine_servers) or transformers (``molrl.engines.choice``); an adapter is served as vLLM LoRA
     (in-process vLLM: or merged into a temporary copy)."""
@@ -67,7 +68,7 @@ class CollectConfig:
     def __post_init__(self) -> None:
         self.model = as_model_source(self.model)
         self.data = self.data.resolved()
-        check_engine_servers(self.engine, self.engine_servers)
+        check_choice("collect", self)  # the engine can honour every setting (molrl.engines.choice)
         if self.data.path is None or self.data.format == "toy":
             raise ValueError(f"data.path={self.data.path}, data.format={self.data.format}: collect runs on a task "
                              "file; give data.path=FILE (--tasks) and its data.format (--format)")

@@ -78,7 +78,10 @@ def _collect(cfg: CollectConfig, files: CollectFiles, generator: Any, tokenizer:
     use_threads(cfg.threads, "collect")
     own = generator is None or tokenizer is None  # made here: released here (a vLLM engine's memory)
     if own:
-        generator, tokenizer = build_generator(cfg, episodes=todo)
+        from molrl.engines.builder import open_generator
+
+        work = todo * cfg.episode.max_turns * cfg.sampling.max_new_tokens  # most tokens the episodes generate
+        generator, tokenizer = open_generator("collect", cfg, work, batch_size=cfg.episode.batch_size)
     try:
         _run(cfg, files, generator, tokenizer, tasks, pairs, done, total)
     finally:
@@ -180,30 +183,6 @@ def generation_settings(cfg: CollectConfig, generator: Any) -> dict[str, Any]:
         "feedback": list(cfg.episode.feedback),
         "seed": cfg.sampling.seed,
     }
-
-
-def build_generator(cfg: CollectConfig, episodes: int = 0) -> tuple[Any, Any]:
-    """The generator and tokenizer for ``cfg.model.path`` on the engine ``cfg.engine`` picks for ``episodes`` episodes of
-    work (``molrl.engines.choice``)."""
-    from molrl.engines.choice import choose_engine
-    from molrl.engines.generation import TransformersGenerator, VLLMGenerator
-    from molrl.models import default_device, load_model_and_tokenizer, load_tokenizer
-
-    engine = choose_engine(cfg.engine, cfg.model.path, episodes * cfg.episode.max_turns * cfg.sampling.max_new_tokens,
-                           servers=cfg.engine_servers)
-    engine.log("collect", cfg)
-    if engine.name == "vllm_server":
-        from molrl.engines.server.generator import open_generator
-
-        tokenizer = load_tokenizer(cfg.model.path)
-        return open_generator(cfg.engine_servers, tokenizer, cfg.model.path, cfg.model.adapter), tokenizer
-    if engine.name == "vllm":
-        tokenizer = load_tokenizer(cfg.model.path)
-        return VLLMGenerator(cfg.model.path, tokenizer, adapter=cfg.model.adapter, dtype=cfg.model.dtype, seed=cfg.sampling.seed), tokenizer
-    model, tokenizer = load_model_and_tokenizer(
-        cfg.model.path, dtype=cfg.model.dtype, device=cfg.device or default_device(), adapter=cfg.model.adapter, seed=cfg.model.seed
-    )
-    return TransformersGenerator(model, tokenizer, batch_size=cfg.episode.batch_size), tokenizer
 
 
 class _Stats:

@@ -8,16 +8,16 @@ value, the setting that leaves it idle and the fix:
     engine_sync_dir='/x' does nothing with engine=transformers: it is read only with engine=vllm_server; set
     engine=vllm_server (with engine_servers), or leave engine_sync_dir out
 
-``engine=auto`` is judged as the engines it may choose (``AUTO_ENGINES``): a key acts under auto when it acts on one of
-them, and a config is refused when no engine auto may choose takes it (``engine=auto engine_mode=server
-rollout.partial=true``: vLLM's server mode refuses partial rollouts, and on transformers ``engine_mode`` does nothing).
-Once a stage has chosen, ``name_idle_after_choice`` names in one line the keys its choice leaves idle (auto on a CPU
-keeps rl on transformers, where ``engine_gpu_memory_utilization`` does nothing).
+An engine's keys act where an engine can do what they set (``molrl.engines.registry``: each engine's abilities), so a
+new engine is judged by its registry line alone. ``engine=auto`` is judged as the engines it may choose: a key acts
+under auto when it acts on one of them, and a config is refused when no engine auto may choose takes it. Once a stage
+has chosen, ``name_idle_after_choice`` names in one line the keys its choice leaves idle (auto on a CPU keeps rl on
+transformers, where ``engine_gpu_memory_utilization`` does nothing).
 
-A pipeline's ``mol`` and ``rl`` sections are each shared by every run of the stage, each run adding its own overrides: a key of the section idle in
-one run and acting in another is named once in a log line for the run it does nothing in (``shared_section``), a key
-the run's own overrides set idle is refused, and a key of the section idle in every run is refused
-(``molrl.pipeline.check_stages``). A stage's own config, and the pipeline's collect and eval sections (one
+A pipeline's ``mol`` and ``rl`` sections are each shared by every run of their stage, each run adding its own overrides:
+a key of the section idle in one run and acting in another is named once in a log line for the run it does nothing in
+(``shared_section``), a key the run's own overrides set idle is refused, and a key of the section idle in every run is
+refused (``molrl.pipeline.check_stages``). A stage's own config, and the pipeline's collect and eval sections (one
 config each), refuse every idle key.
 """
 
@@ -32,20 +32,22 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from molrl.config.ranges import _shown, ranges
+from molrl.engines.registry import able, auto_engines, engines_that
 from molrl.episode.config import EpisodeTurns
 
 log = logging.getLogger(__name__)
-
-AUTO_ENGINES = ("vllm", "transformers")
-"""The engines ``engine=auto`` may choose (never vllm_server: its servers are the user's)."""
-
 
 def engines(cfg: Any) -> frozenset[str]:
     """The engines a config may generate on: its ``engine``, or for auto each one auto may choose (mol: none)."""
     engine = getattr(cfg, "engine", None)
     if engine is None:
         return frozenset()
-    return frozenset(AUTO_ENGINES) if engine == "auto" else frozenset({engine})
+    return frozenset(auto_engines()) if engine == "auto" else frozenset({engine})
+
+
+def _on(ability: str) -> str:
+    """Where keys that need ``ability`` act: ``engine=vllm_server`` (or several engines, each named)."""
+    return " or ".join(f"engine={name}" for name in engines_that(ability))
 
 
 @dataclass(frozen=True)
@@ -70,10 +72,6 @@ class Rule:
 
 def _engine(cfg: Any, engine: str) -> str:
     return f"engine={engine}"
-
-
-def _vllm_mode(cfg: Any, engine: str) -> str:
-    return f"engine={engine}" if engine not in ("vllm", "auto") else f"engine={engine} engine_mode={cfg.engine_mode}"
 
 
 def _algorithm(cfg: Any, engine: str) -> str:
@@ -122,30 +120,24 @@ def _live_base(cfg: Any, engine: str) -> str:
 
 RULES: tuple[Rule, ...] = (
     # the engines
-    Rule(("collect", "rl", "eval"), ("engine_servers",), lambda c, e: "vllm_server" in e, "engine=vllm_server",
-         _engine),
-    Rule(("rl",), ("engine_sync_dir",), lambda c, e: "vllm_server" in e, "engine=vllm_server", _engine,
+    Rule(("collect", "rl", "eval"), ("engine_servers",), lambda c, e: able(e, "servers"), _on("servers"), _engine),
+    Rule(("rl",), ("engine_sync_dir",), lambda c, e: able(e, "sync_dir"), _on("sync_dir"), _engine,
          "set engine=vllm_server (with engine_servers), or leave {key} out"),
-    Rule(("rl",), ("engine_mode",), lambda c, e: "vllm" in e, "engine=vllm", _engine),
-    Rule(("rl",), ("engine_server_url",), lambda c, e: "vllm" in e and c.engine_mode == "server",
-         "engine=vllm engine_mode=server", _vllm_mode),
-    Rule(("rl",), ("engine_gpu_memory_utilization",), lambda c, e: "vllm" in e and c.engine_mode == "colocate",
-         "engine=vllm engine_mode=colocate", _vllm_mode,
-         "set engine=vllm engine_mode=colocate, or leave {key} out (a server takes its share when it starts: "
-         "molrl serve --memory, trl vllm-serve --gpu-memory-utilization)"),
-    Rule(("rl",), ("rollout.max_mismatch_kl",),
-         lambda c, e: "vllm_server" in e or ("vllm" in e and c.engine_mode == "colocate"),
-         "engine=vllm engine_mode=colocate or engine=vllm_server", _vllm_mode,
+    Rule(("rl",), ("engine_gpu_memory_utilization",), lambda c, e: able(e, "gpu_share"), _on("gpu_share"), _engine,
+         "set " + _on("gpu_share") + ", or leave {key} out (a server takes its share when it starts: molrl serve "
+         "--memory)"),
+    Rule(("rl",), ("rollout.max_mismatch_kl",), lambda c, e: able(e, "own_logprobs"), _on("own_logprobs"), _engine,
          why="the gate compares an engine's log-probs with the trainer's, and nothing else samples with its own"),
-    Rule(("rl",), ("rollout.merged_generation",), lambda c, e: "transformers" in e and c.rollout.behaviour == "policy",
-         "engine=transformers (or auto) rollout.behaviour=policy",
-         lambda c, e: f"engine={e}" if e not in ("transformers", "auto") else "rollout.behaviour=props",
+    Rule(("rl",), ("rollout.merged_generation",),
+         lambda c, e: able(e, "merged_generation") and c.rollout.behaviour == "policy",
+         _on("merged_generation") + " (or auto) rollout.behaviour=policy",
+         lambda c, e: "rollout.behaviour=props" if able({e}, "merged_generation") or e == "auto" else f"engine={e}",
          why="it merges the policy's adapter for transformers generation; an engine holds its own weights, and props "
              "samples from a second adapter"),
-    Rule(("collect", "eval"), ("device",), lambda c, e: "transformers" in e, "engine=transformers", _engine,
-         "set engine=transformers (or auto), or leave {key} out (vLLM places the model itself)"),
-    Rule(("eval",), ("static_cache",), lambda c, e: "transformers" in e, "engine=transformers", _engine,
-         "set engine=transformers (or auto), or leave {key} out"),
+    Rule(("collect", "eval"), ("device",), lambda c, e: able(e, "device"), _on("device"), _engine,
+         "set " + _on("device") + " (or auto), or leave {key} out (vLLM places the model itself)"),
+    Rule(("eval",), ("static_cache",), lambda c, e: able(e, "static_cache"), _on("static_cache"), _engine,
+         "set " + _on("static_cache") + " (or auto), or leave {key} out"),
     # the rollout policies
     Rule(("rl",), ("rollout.tis_cap",), lambda c, e: c.rollout.max_staleness == 1,
          "rollout.max_staleness=1 (engine=vllm_server)",
@@ -353,16 +345,16 @@ def _check_auto(cfg: Any) -> None:
     refused = {}
     token = _TRYING.set(True)
     try:
-        for engine in AUTO_ENGINES:
+        for engine in auto_engines():
             try:
                 dataclasses.replace(cfg, engine=engine)
             except ValueError as err:
                 refused[engine] = str(err)
     finally:
         _TRYING.reset(token)
-    if len(refused) == len(AUTO_ENGINES):
+    if len(refused) == len(auto_engines()):
         reasons = "; ".join(f"with engine={engine}: {why}" for engine, why in refused.items())
-        raise ValueError(f"engine=auto may choose {' or '.join(AUTO_ENGINES)}, and neither takes this config: "
+        raise ValueError(f"engine=auto may choose {' or '.join(auto_engines())}, and none takes this config: "
                          f"{reasons}")
 
 

@@ -15,7 +15,7 @@ import math
 import os
 import typing
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Callable, Literal
 
 from molrl.config.renames import unoptional
 from molrl.errors import ConfigError
@@ -57,13 +57,20 @@ def _number(value: float) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class OneOf:
-    """A string that must be one of ``names`` (a list of such strings: each, and at least one)."""
+    """A string that must be one of ``names`` (a list of such strings: each, and at least one); ``live`` gives the
+    names when they are a registry's, read at each check (``molrl.engines.registry``: an engine registered later is
+    allowed too)."""
 
     names: tuple[str, ...]
+    live: Callable[[], tuple[str, ...]] | None = None
+
+    def allowed(self) -> tuple[str, ...]:
+        """The names allowed now."""
+        return self.live() if self.live is not None else self.names
 
     def describe(self) -> str:
         """The allowed names, for an error message."""
-        return "one of " + ", ".join(self.names)
+        return "one of " + ", ".join(self.allowed())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,7 +205,7 @@ def _violation(marker: Any, value: Any, base: Any) -> str | None:
         return None if marker.allows(value) else marker.describe(base is int)
     if isinstance(marker, OneOf):
         items = value if isinstance(value, (list, tuple)) else [value]
-        ok = bool(items) and all(item in marker.names for item in items)
+        ok = bool(items) and all(item in marker.allowed() for item in items)
         return None if ok else marker.describe() + (" (at least one)" if isinstance(value, (list, tuple)) else "")
     if isinstance(marker, Creatable):
         problem = marker.problem(value)

@@ -7,6 +7,11 @@ reads every mapping and override through ``renamed`` and ``renamed_path``: old c
 one line naming the new keys. ``current_names`` reads a saved config the same way, quietly, so a run saved
 under the old names is the same run under the new ones.
 
+A class may list in ``JOINED_KEYS`` old keys that are read together as other keys (``Joined``: rl's ``engine_mode:
+server`` with ``engine_server_url: URL`` is ``engine: vllm_server`` with ``engine_servers: [URL]``): its ``convert``
+returns the new keys' values and the note, or refuses in one line where the old keys meant something the new ones
+cannot say.
+
 A class may also list in ``RETIRED_KEYS`` keys it dropped because they never had an effect (old name -> why): an old
 config that sets one still loads, the key named in the same line, and a saved run that holds one is the same run. A
 key the stage only ever took one way (``Retired``: rl's ``lora.enabled`` true) loads so, and any other value is refused
@@ -38,6 +43,31 @@ class Retired:
     """The values a saved or old config may hold, dropped as they load; any other is refused."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Joined:
+    """A ``JOINED_KEYS`` entry: old keys read together as new ones."""
+
+    old: tuple[str, ...]
+    """The old keys (top-level or dotted), any of which may be given."""
+    convert: Any
+    """``(given, data, where) -> (new keys' values, note)``: ``given`` the old keys given, ``data`` the config's mapping
+    (read, never changed); raises ``ConfigError`` in one line where no faithful reading exists."""
+
+
+def joined(cls: type, data: dict[str, Any], where: str) -> list[str]:
+    """Read the old keys of ``cls.JOINED_KEYS`` that ``data`` holds as their new keys, in place; the notes."""
+    notes = []
+    for entry in getattr(cls, "JOINED_KEYS", ()):
+        given = {key: _pop(data, key) for key in entry.old if _has(data, key)}
+        if not given:
+            continue
+        new, note = entry.convert(given, data, where)
+        for key, value in new.items():
+            _put(data, key, value)
+        notes.append(note)
+    return notes
+
+
 def retired_why(entry: str | Retired, key: str, value: Any, where: str) -> str:
     """Why retired ``key`` (set to ``value`` in ``where``) is dropped; a value it never took is refused."""
     if isinstance(entry, str):
@@ -60,7 +90,8 @@ def renamed(cls: type, data: dict[str, Any], prefix: str, where: str, note: bool
     logs one line naming them."""
     data = _copy_sections(_expanded(cls, data))
     table, retired = _concrete(getattr(cls, "RENAMED_KEYS", {}), data), getattr(cls, "RETIRED_KEYS", {})
-    if not any(_has(data, old) for old in (*retired, *table)):
+    together = [key for entry in getattr(cls, "JOINED_KEYS", ()) for key in entry.old]
+    if not any(_has(data, old) for old in (*retired, *table, *together)):
         return data
     moved = []
     for old, entry in retired.items():
@@ -92,6 +123,7 @@ def renamed(cls: type, data: dict[str, Any], prefix: str, where: str, note: bool
             raise ConfigError(f"{where}: {prefix}{old}={value!r} cannot be read as {prefix}{new}; "
                               f"set {prefix}{new}") from None
         moved.append(_moved(f"{prefix}{old}", f"{prefix}{new}", value, converted))
+    moved += joined(cls, data, where)
     if note:
         note_renames(where, moved)
     return data

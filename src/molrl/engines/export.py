@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
 
+from molrl.engines.adapters import merged_model
 from molrl.errors import MolrlError
 from molrl.records.fingerprint import fingerprint
 from molrl.records.provenance import Provenance, config_fingerprint, made, read_provenance, write_provenance
@@ -38,36 +38,6 @@ def merge_adapter(adapter: str | Path, out: str | Path, base: str | None = None,
         tokenizer.save_pretrained(str(folder))
         write_provenance(folder, record)
     return out
-
-
-def merged_model(base: str, adapter: str | Path, dtype: str = "float32") -> Any:
-    """``base`` with the LoRA ``adapter`` merged into its weights, computing what base + adapter computes.
-
-    An adapter on the head (or the embeddings) of a model whose head and embeddings share one matrix unties them
-    first: merged into the shared matrix, the head's update would reach the embeddings too and change every
-    input."""
-    import torch
-    from peft import PeftModel
-
-    from molrl.models import check_adapter, load_model
-
-    model = load_model(base, dtype=dtype)
-    check_adapter(adapter, model, base)
-    tied = getattr(model.config, "tie_word_embeddings", False)
-    if tied and adapter_shape(adapter)[1] & {"lm_head", "embed_tokens"}:
-        head = model.get_output_embeddings()
-        head.weight = torch.nn.Parameter(head.weight.detach().clone())
-        model.config.tie_word_embeddings = False
-    return PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
-
-
-def adapter_shape(adapter: str | Path) -> tuple[int, frozenset[str]]:
-    """(rank, adapted module names: ``target_modules`` and ``modules_to_save``) of a PEFT LoRA adapter directory."""
-    config = json.loads((Path(adapter) / "adapter_config.json").read_text())
-    targets = config.get("target_modules") or []
-    saved = frozenset(config.get("modules_to_save") or [])
-    modules = frozenset([targets] if isinstance(targets, str) else targets) | saved
-    return int(config["r"]), modules
 
 
 def convert_gguf(gguf: str | Path, out: str | Path, dtype: str = "float32") -> Path:

@@ -1,21 +1,20 @@
-"""Batched text generation: one interface for collection, evaluation and the GRPO eval hook.
+"""Batched text generation: one interface for collection, evaluation and the RL stage's evaluation hook.
 
-``TransformersGenerator`` runs ``model.generate`` on CPU or GPU with left padding, prompts sorted
-by length into batches; ``VLLMGenerator`` uses vLLM when it is installed. Both take rendered
-prompts and return ``n`` completions per prompt. A ``molrl.chat.ChatPrompt`` (what molrl's stages
-pass) is generated from the ids it carries, in which message content never became control tokens;
-a plain string is taken as trusted template text and tokenised as it stands.
+Every engine's generator takes rendered prompts and returns ``n`` completions per prompt (``Generator``), decoded
+here (``decode_completion``) so a completion's text does not depend on the engine that sampled it.
+``TransformersGenerator`` (``engine: transformers``) runs ``model.generate`` on CPU or GPU with left padding, prompts
+sorted by length into batches; the other engines are their own modules (``molrl.engines.registry``). A
+``molrl.chat.ChatPrompt`` (what molrl's stages pass) is generated from the ids it carries, in which message content
+never became control tokens; a plain string is taken as trusted template text and tokenised as it stands.
 """
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
 
 from molrl.chat import ChatPrompt
-from molrl.errors import MolrlError
 from molrl.engines.sampling import SamplingConfig  # kept importable from here; defined torch-free for configs
 
 
@@ -144,183 +143,11 @@ def decode_completion(tokenizer: Any, ids: Sequence[int], sampling: SamplingConf
     return Completion(text, truncated and not any(text.endswith(stop) for stop in sampling.stop))
 
 
-VLLM_LORA_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
-"""Adapted modules vLLM serves as a LoRA adapter; an adapter on others (the head, the embeddings) is merged into a
-copy of the model instead."""
-VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
-"""The ``max_lora_rank`` values vLLM accepts."""
+def open_transformers(spec: Any) -> tuple[TransformersGenerator, Any]:
+    """``engine: transformers``: the model (with its adapter) loaded in this process, and its tokenizer
+    (``molrl.engines.builder.GeneratorSpec``)."""
+    from molrl.models import default_device, load_model_and_tokenizer
 
-
-def vllm_serves_lora(rank: int, modules: Any) -> bool:
-    """Whether vLLM can serve a LoRA adapter of this rank on these modules (else it is merged into a copy)."""
-    return frozenset(modules) <= VLLM_LORA_MODULES and rank <= VLLM_LORA_RANKS[-1]
-
-
-def check_policy_lora(engine: str, rank: int, modules: Any) -> None:
-    """Refuse, in one line with the fix, a trained adapter the RL engine ``engine`` cannot serve as vLLM LoRA."""
-    if not vllm_serves_lora(rank, modules):
-        raise MolrlError(f"engine={engine} serves the trained adapter as vLLM LoRA, which takes ranks up to "
-                         f"{VLLM_LORA_RANKS[-1]} on {', '.join(sorted(VLLM_LORA_MODULES))}; this one has rank {rank} "
-                         f"on {', '.join(sorted(modules))}: set lora.target_modules to those modules, or "
-                         "engine=transformers")
-
-
-def start_llm(model_path: str, *, dtype: str = "auto", seed: int = 0, lora_rank: int | None = None,
-              tensor_parallel_size: int = 1, gpu_memory_utilization: float | None = None,
-              max_model_len: int | None = None, **llm_kwargs: Any) -> Any:
-    """A vLLM ``LLM`` for ``model_path`` in this process, serving LoRA adapters up to ``lora_rank`` (one at a time)
-    when given; on a CPU it starts under the stage's thread count (``molrl.cpu.engine_environment``), and the
-    process's thread setting and environment are kept (``process_settings_kept``)."""
-    import os
-
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    on_gpu = torch.cuda.is_available()
-    threads: dict[str, str] = {}
-    if not on_gpu:
-        from molrl.cpu import engine_environment
-
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        threads = engine_environment(torch.get_num_threads(), os.environ)  # the stage's thread policy
-    try:
-        from vllm import LLM
-    except ImportError as err:
-        from molrl.engines.choice import install_hint
-
-        raise ImportError(f"vLLM is not installed: {install_hint()}; or use engine=transformers") from err
-    from molrl.models import DTYPES
-
-    if dtype in DTYPES:  # molrl's dtype names (bf16, fp32, ...) as vLLM spells them
-        dtype = str(DTYPES[dtype]).removeprefix("torch.")
-    kwargs: dict[str, Any] = dict(llm_kwargs)
-    # On a CPU the compiled model starts in 77 s and the eager one in 10, at the same tokens per second
-    # (benchmarks/RESULTS.md, "Generation engines on this machine").
-    kwargs.setdefault("enforce_eager", not on_gpu)
-    if lora_rank is not None:
-        kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=next(r for r in VLLM_LORA_RANKS if r >= lora_rank))
-    with process_settings_kept():
-        os.environ.update(threads)  # OMP_NUM_THREADS is put back once the engine has started
-        return LLM(model=model_path, dtype=dtype, seed=seed, tensor_parallel_size=tensor_parallel_size,
-                   gpu_memory_utilization=gpu_memory_utilization or (0.85 if on_gpu else 0.3),
-                   max_model_len=max_model_len, **kwargs)
-
-
-def stop_llm(llm: Any) -> None:
-    """Shut an in-process vLLM ``LLM`` down and give its memory back. vLLM freezes the objects it makes at start
-    (weights, KV cache) out of the garbage collector's sight, and only its engine core's shutdown thaws them, so an
-    engine merely dropped stays in memory: a process that starts one engine after another (the pipeline's evaluations,
-    a test suite) grew by about a gigabyte an engine on a CPU."""
-    import gc
-
-    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
-    if core is not None:
-        core.shutdown()
-    del llm, core
-    gc.collect()
-
-
-class VLLMGenerator:
-    """Generation with vLLM for a model directory, with a PEFT adapter served as vLLM LoRA (or, where vLLM cannot
-    serve it, merged into a temporary copy of the model that the generator removes when closed).
-
-    The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, as TRL's colocate mode): no spawned
-    workers, no ``__main__`` guard needed. On a CPU its KV cache takes ``VLLM_CPU_KVCACHE_SPACE`` GiB (default 1).
-    """
-
-    engine = "vllm"
-    """The engine's name, as ``engine`` names it and as records of what made a sample keep it."""
-
-    def __init__(self, model_path: str, tokenizer: Any, adapter: str | None = None, dtype: str = "auto", seed: int = 0,
-                 tensor_parallel_size: int = 1, gpu_memory_utilization: float | None = None,
-                 max_model_len: int | None = None, **llm_kwargs: Any):
-        import tempfile
-
-        self.tokenizer, self.lora, self._merged_dir = tokenizer, None, None
-        lora_rank = None
-        if adapter is not None:
-            from molrl.engines.export import adapter_shape
-
-            rank, modules = adapter_shape(adapter)
-            if vllm_serves_lora(rank, modules):
-                from vllm.lora.request import LoRARequest
-
-                lora_rank = rank
-                self.lora = LoRARequest("adapter", 1, str(adapter))
-            else:  # the head or embeddings adapted: generate from a merged copy
-                self._merged_dir = tempfile.TemporaryDirectory(prefix="molrl-merged-")
-                merge_adapter_copy(model_path, adapter, self._merged_dir.name)
-                model_path = self._merged_dir.name
-        self.llm = start_llm(model_path, dtype=dtype, seed=seed, lora_rank=lora_rank,
-                             tensor_parallel_size=tensor_parallel_size,
-                             gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len, **llm_kwargs)
-
-    def generate(self, prompts: Sequence[str], sampling: SamplingConfig) -> list[list[str]]:
-        """``n`` completions for each prompt, in prompt order."""
-        return vllm_generate(self.llm, self.tokenizer, prompts, sampling, self.lora)
-
-    def close(self) -> None:
-        """Shut the engine down (its memory given back) and remove the merged copy of the model, if one was made;
-        the generator generates no more."""
-        llm, self.llm = self.llm, None
-        if llm is not None:
-            stop_llm(llm)
-        if self._merged_dir is not None:
-            self._merged_dir.cleanup()
-            self._merged_dir = None
-
-
-def vllm_generate(llm: Any, tokenizer: Any, prompts: Sequence[str], sampling: SamplingConfig,
-                  lora: Any = None) -> list[list[str]]:
-    """``n`` completions for each prompt from a vLLM ``llm`` (with the LoRA adapter ``lora``), in prompt order,
-    decoded as transformers' are (``decode_completion``)."""
-    from vllm import SamplingParams
-
-    params = SamplingParams(
-        n=sampling.n,
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        top_k=sampling.top_k if sampling.top_k > 0 else -1,
-        max_tokens=sampling.max_new_tokens,
-        # a seed per request on a GPU; on a CPU vLLM 0.30 fails on one ("CPU Generator does not use offset") once a
-        # batch's prefill is split, so there the engine's own seed (``start_llm``'s) makes runs repeat
-        seed=sampling.seed if torch.cuda.is_available() else None,
-        stop=list(sampling.stop) or None,
-        include_stop_str_in_output=True,
-        stop_token_ids=sorted(end_ids(tokenizer)),  # the pad token ends a completion too, as in transformers
-    )
-    inputs = [{"prompt_token_ids": prompt_ids(tokenizer, p)} for p in prompts]  # ids in: nothing re-tokenised
-    outputs = llm.generate(inputs, params, lora_request=lora, use_tqdm=False)
-    return [[decode_completion(tokenizer, c.token_ids, sampling) for c in o.outputs] for o in outputs]
-
-
-HOST_ENVIRONMENT = ("LD_PRELOAD", "LD_LIBRARY_PATH", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS")
-"""Variables vLLM's CPU worker sets for the whole process that the stage around the engine reads (the sandbox's
-child processes, molrl.cpu's share of the cores): put back as they were once the engine has started."""
-
-
-@contextlib.contextmanager
-def process_settings_kept() -> Iterator[None]:
-    """Start an in-process engine without it changing the process for the stage around it: vLLM's CPU worker
-    replaces ``torch.set_num_threads`` with a no-op for the whole process (the stage's thread policy would stop
-    working) and sets ``HOST_ENVIRONMENT`` variables; both are put back."""
-    import os
-
-    set_threads, saved = torch.set_num_threads, {k: os.environ.get(k) for k in HOST_ENVIRONMENT}
-    try:
-        yield
-    finally:
-        torch.set_num_threads = set_threads
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def merge_adapter_copy(model_path: str, adapter: str, out: str) -> None:
-    """Save ``model_path`` with ``adapter`` merged into it (``molrl.engines.export.merged_model``), and its tokenizer,
-    to ``out``."""
-    from molrl.models import load_tokenizer
-    from molrl.engines.export import merged_model
-
-    merged_model(model_path, adapter).save_pretrained(out)
-    load_tokenizer(model_path).save_pretrained(out)
+    model, tokenizer = load_model_and_tokenizer(spec.model, dtype=spec.dtype, device=spec.device or default_device(),
+                                                adapter=spec.adapter, seed=spec.model_seed)
+    return TransformersGenerator(model, tokenizer, spec.batch_size, spec.static_cache), tokenizer

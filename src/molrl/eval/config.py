@@ -9,7 +9,8 @@ from typing import Any, Callable, ClassVar, Literal
 from molrl.config.strict import seal
 from molrl.config.idle import check_idle
 from molrl.episode.config import EpisodeLimits
-from molrl.engines.choice import check_engine_servers
+from molrl.engines.choice import check_choice
+from molrl.engines.registry import EngineName
 from molrl.config.blocks import ModelSource, TaskSource, as_model_source, as_task_source
 from molrl.config.ranges import Count, RunDir, Threads
 from molrl.engines.sampling import SamplingConfig
@@ -27,7 +28,7 @@ class EvalConfig:
     predictions."""
     device: str | None = None
     """Where the model runs (cpu, cuda); default: cuda when visible, else cpu."""
-    engine: Literal["auto", "vllm", "vllm_server", "transformers"] = "auto"
+    engine: EngineName = "auto"
     """Generation engine: auto (vLLM when installed and the work pays for its start, else transformers), vllm,
     vllm_server (the servers of engine_servers) or transformers (``molrl.engines.choice``); an adapter is served as vLLM LoRA
     (in-process vLLM: or merged into a temporary copy)."""
@@ -98,7 +99,7 @@ class EvalConfig:
     def __post_init__(self) -> None:
         self.model = as_model_source(self.model)
         self.data = {name: as_task_source(src).resolved(name) for name, src in self.data.items()}
-        check_engine_servers(self.engine, self.engine_servers)
+        check_choice("eval", self)  # the engine can honour every setting (molrl.engines.choice)
         if self.sampling.n > 1 and self.sampling.temperature == 0:
             raise ValueError(f"sampling.n={self.sampling.n} with greedy decoding gives n equal samples; set sampling.temperature > 0")
         if not self.benchmarks:

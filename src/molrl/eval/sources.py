@@ -21,6 +21,7 @@ from molrl.eval.grading import grade_samples
 from molrl.eval.predictions import read_predictions
 from molrl.eval.samples import SampleRecord, made_by
 from molrl.eval.single import generate_chunk
+from molrl.engines.builder import open_generator
 from molrl.engines.sampling import SamplingConfig
 from molrl.records.run_inputs import model_fingerprints
 from molrl.tasks import Task
@@ -123,7 +124,9 @@ class SamplingSource:
     def load(self) -> tuple[Any, Any]:
         """The generator and tokenizer of the configured model."""
         if self._generator is None:
-            self._generator, self._tokenizer = load_generator(self.cfg, self.planned_tokens)
+            self._generator, self._tokenizer = open_generator("eval", self.cfg, self.planned_tokens,
+                                                              batch_size=self.cfg.batch_size,
+                                                              static_cache=self.cfg.static_cache)
         return self._generator, self._tokenizer
 
     def close(self) -> None:
@@ -131,26 +134,3 @@ class SamplingSource:
         generator, self._generator = self._generator, None
         if generator is not None and hasattr(generator, "close"):
             generator.close()
-
-
-def load_generator(cfg: EvalConfig, planned_tokens: int = 0) -> tuple[Any, Any]:
-    """A generator for ``cfg.model.path`` (+ adapter) on the engine ``cfg.engine`` picks for ``planned_tokens`` tokens of
-    work (``molrl.engines.choice``), and its tokenizer."""
-    from molrl.engines.choice import choose_engine
-    from molrl.engines.generation import TransformersGenerator, VLLMGenerator
-    from molrl.models import default_device, load_model, load_tokenizer
-
-    tokenizer = load_tokenizer(cfg.model.path)
-    engine = choose_engine(cfg.engine, cfg.model.path, planned_tokens, servers=cfg.engine_servers)
-    engine.log("eval", cfg)
-    if engine.name == "vllm_server":
-        from molrl.engines.server.generator import open_generator
-
-        return open_generator(cfg.engine_servers, tokenizer, cfg.model.path, cfg.model.adapter), tokenizer
-    if engine.name == "vllm":
-        return VLLMGenerator(cfg.model.path, tokenizer, adapter=cfg.model.adapter, dtype=cfg.model.dtype, seed=cfg.sampling.seed), tokenizer
-    model = load_model(cfg.model.path, dtype=cfg.model.dtype, device=cfg.device or default_device(), adapter=cfg.model.adapter,
-                       seed=cfg.model.seed)
-    if model.config.pad_token_id is None:
-        model.config.pad_token_id = tokenizer.pad_token_id
-    return TransformersGenerator(model, tokenizer, batch_size=cfg.batch_size, static_cache=cfg.static_cache), tokenizer

@@ -55,7 +55,7 @@ HARMLESS: dict[str, tuple[str, ...]] = {
     "mol": ("output_dir", "train.report_to", "train.logging_steps", "train.save_steps", "train.save_total_limit",
             "train.resume", "threads", "loss.base_targets_dir", "loss.base_targets_check_steps"),
     "rl": ("output_dir", "train.report_to", "train.logging_steps", "train.save_steps", "train.save_total_limit",
-           "train.resume", "sandbox.workers", "engine_server_url", "threads"),
+           "train.resume", "sandbox.workers", "threads"),
     "collect": ("output_dir", "data.limit", "sampling.n", "progress", "sandbox.workers", "threads"),
     "eval": ("output_dir", "label", "benchmarks", "limit", "data.*.limit", "ks", "partial_predictions",
              "static_cache", "sandbox.workers", "threads"),
@@ -77,8 +77,6 @@ train.save_total_limit      how many checkpoints are kept
 train.resume                whether the saved run is looked at, not what is trained
 sandbox.workers             how many sandbox processes run tests at once; a verdict does not depend on it (the
                             sandbox's limits and tolerances decide verdicts and are never here)
-engine_server_url           where rl's vLLM server is; what it samples with is the server's launch (``engine_mode``
-                            and the engine's settings are compared)
 progress                    whether a progress bar is drawn
 static_cache                how the KV cache is held while generating: the same tokens (tests/test_generation.py)
 limit, data.*.limit,        how much is done, not how: what was made stays valid and the rest is made by the same
@@ -96,7 +94,7 @@ steps                       logged, not a weight changed)
 ``GREEDY_ONLY`` lists the keys that are harmless only under greedy decoding."""
 
 GREEDY_ONLY: dict[str, tuple[str, ...]] = {
-    "rl": ("engine", "engine_mode", "engine_gpu_memory_utilization"),
+    "rl": ("engine", "engine_gpu_memory_utilization"),
     "collect": ("engine", "device", "episode.batch_size"),
     "eval": ("engine", "device", "batch_size"),
 }
@@ -111,7 +109,6 @@ engine                          another sampler (vLLM's or torch's generator): o
 device                          torch draws from a per-device generator: CPU and CUDA streams differ
 batch_size (eval),              which prompts share one generator call: eval seeds each chunk by its place, an
 episode.batch_size (collect)    episode batch shares one stream
-engine_mode                     the trainer's in-process engine or a server with its own seed
 engine_gpu_memory_utilization   the KV cache's size decides how many sequences vLLM schedules together, and on a
                                 CPU vLLM seeds the engine, not the request
 ==============================  =================================================================================

@@ -17,9 +17,10 @@ from molrl.config.blocks import LoraAdapterConfig, RlModelSource, TaskSource, Tr
 from molrl.sandbox import SandboxConfig
 from molrl.config.idle import check_idle
 from molrl.config.ranges import Count, Positive, Range, RunDir, Size, Threads, Weight
-from molrl.config.renames import Retired
+from molrl.config.renames import Joined, Retired
 from molrl.episode.config import EpisodeTurns
-from molrl.engines.choice import check_engine_servers
+from molrl.engines.choice import check_choice
+from molrl.engines.registry import EngineName
 from molrl.rl.algorithms.names import ENTRIES, AlgorithmName, from_rewards
 from molrl.rl.method_settings import MacroSettings, OpdSettings, PpoSettings, PropsSettings, RolloutSettings, TermSettings
 from molrl.engines.sampling import HookSampling, RolloutSampling
@@ -88,6 +89,39 @@ class EvalHookSettings:
     """How each held-out answer is sampled: greedily, at most ``max_new_tokens`` (512), ending at ``stop``."""
     kl_prompts: Size = 8
     """Held-out prompts whose greedy answers score the mean per-token KL(policy || base)."""
+
+
+
+TRL_SERVER_URL = "http://localhost:8000"
+"""The default of the ``engine_server_url`` key that ``engine_mode: server`` (TRL's own server client) read."""
+
+
+def _server_tier(given: dict[str, Any], data: dict[str, Any], where: str) -> tuple[dict[str, Any], str]:
+    """rl's old ``engine_mode`` and ``engine_server_url`` read as molrl's server tier: ``engine=vllm
+    engine_mode=server engine_server_url=URL`` is ``engine=vllm_server engine_servers=[URL]`` (single-turn rollouts
+    on the server there, now with adapter-only sync, the canary and the gate); colocate, the old default, is
+    ``engine=vllm`` as it stands. Anything else meant a setting the tier cannot say, and is refused in one line."""
+    from molrl.errors import ConfigError
+
+    mode, url = given.get("engine_mode", "colocate"), given.get("engine_server_url")
+    engine = data.get("engine", "auto")
+    fix = ("set engine=vllm_server with engine_servers=[URL] and start molrl serve --model MODEL --port PORT at each "
+           "URL (trl vllm-serve is no longer used), or remove the old keys")
+    if mode == "colocate":
+        if url not in (None, TRL_SERVER_URL):
+            raise ConfigError(f"{where}: engine_server_url={url!r} did nothing without engine_mode=server, and both "
+                              f"keys are gone: {fix}")
+        return {}, f"{', '.join(given)} dropped (engine_mode=colocate is engine=vllm, in the trainer's process)"
+    if mode != "server" or engine != "vllm":
+        raise ConfigError(f"{where}: engine_mode={mode!r} with engine={engine} has no faithful reading now that "
+                          f"engine_mode and engine_server_url are gone (the server tier is engine=vllm_server): {fix}")
+    url = url or TRL_SERVER_URL
+    servers = data.get("engine_servers") or []
+    if servers and list(servers) != [url]:
+        raise ConfigError(f"{where}: engine_server_url={url!r} beside engine_servers={list(servers)}: {fix}")
+    return ({"engine": "vllm_server", "engine_servers": [url]},
+            f"engine=vllm engine_mode=server engine_server_url={url} -> engine=vllm_server engine_servers=[{url}] "
+            f"(molrl's server tier: start molrl serve --model MODEL at {url} in place of trl vllm-serve)")
 
 
 @dataclass(slots=True)  # slots: setting a key that is not one (cfg.max_steps, now cfg.train.max_steps) fails loudly
@@ -159,21 +193,16 @@ class RlConfig:
     """PPO clipping range of the probability ratio."""
     num_iterations: Count = 1
     """Optimisation passes over each generated batch (mu in the GRPO paper)."""
-    engine: Literal["auto", "vllm", "vllm_server", "transformers"] = "auto"
-    """Rollout generation: auto (vLLM when installed, the base is a model directory and the run's tokens pay for the
-    engine's start; transformers for PROPS and merged generation), vllm (in the trainer's process), vllm_server (the
-    servers of engine_servers) or transformers (``molrl.rl.engine``)."""
+    engine: EngineName = "auto"
+    """Rollout generation: auto (vLLM when installed, on a GPU, the base is a model directory and the run's tokens pay
+    for the engine's start; transformers for PROPS and merged generation), vllm (in the trainer's process),
+    vllm_server (the servers of engine_servers) or transformers; one choice rule decides (``molrl.engines.choice``)."""
     engine_servers: list[str] = field(default_factory=list)
     """With engine=vllm_server: the vLLM servers rollouts are generated on (http://HOST:PORT each, as molrl serve
     prints), all started on the policy's base model."""
     engine_sync_dir: str | None = None
     """With engine=vllm_server: the folder the adapter is saved in after each optimiser step for the servers to load,
     a path every server reads (a shared filesystem on a cluster); none: engine_sync under output_dir."""
-    engine_mode: Literal["colocate", "server"] = "colocate"
-    """With engine=vllm. colocate: molrl's engine in the trainer's process, the adapter re-sent after every optimiser
-    step; server: a separate `trl vllm-serve` process (TRL's client and weight sync; single-turn only)."""
-    engine_server_url: str = "http://localhost:8000"
-    """Base URL of the `trl vllm-serve` server (engine_mode=server)."""
     engine_gpu_memory_utilization: Annotated[float, Range(0, 1, low_open=True)] = 0.3
     """Share of each GPU the colocated engine may take (the KV cache's share of memory on a CPU is
     VLLM_CPU_KVCACHE_SPACE GiB, default 1)."""
@@ -209,6 +238,7 @@ class RlConfig:
         "rollout.episode": ("episode", _as_is), "rollout.turns": ("episode.max_turns", _as_is),
         "rollout.turn_tokens": ("episode.turn_tokens", _as_is),
     }
+    JOINED_KEYS: ClassVar[tuple[Joined, ...]] = (Joined(("engine_mode", "engine_server_url"), _server_tier),)
     RETIRED_KEYS: ClassVar[dict[str, str | Retired]] = {
         **{f"rollout.episode.sampling.{key}": f"multi-turn rollouts sample with sampling.{key}"
            for key in ("n", "temperature", "top_p", "top_k")},
@@ -228,7 +258,6 @@ class RlConfig:
     def __post_init__(self) -> None:
         self.model = as_model_source(self.model, RlModelSource)
         self.data, self.eval.data = self.data.resolved(), self.eval.data.resolved()
-        check_engine_servers(self.engine, self.engine_servers)
         per_step, micro = self.prompts_per_step * self.sampling.n, self.train.micro_batch_size
         if micro < 1 or per_step % micro:
             raise ValueError(f"train.micro_batch_size={micro} must divide prompts_per_step * sampling.n = {per_step}")
@@ -256,12 +285,7 @@ class RlConfig:
         if ro.partial and (buffer > 1 or rounds > 1 or ro.behaviour != "policy"):
             raise ValueError("rollout.partial cannot be combined with rollout.behaviour=props, rounds > 1 or "
                              "buffer_batches > 1: each completion is trained on once, when its group finishes")
-        if self.engine == "vllm" and self.engine_mode == "server" and (ro.partial or self.episode.max_turns > 1):
-            raise ValueError("rollout.partial and episode.max_turns > 1 on vLLM need engine_mode=colocate (the "
-                             "trainer continues and aborts the engine's requests itself)")
-        if ro.behaviour == "props" and self.engine in ("vllm", "vllm_server"):
-            raise ValueError("rollout.behaviour=props samples from a second adapter, which vLLM does not hold; "
-                             "set engine=transformers (or auto)")
+        check_choice("rl", self)  # the engine can honour every rollout setting (molrl.engines.choice)
         self._check_turns()
         self._check_overlap()
         pp = self.ppo
@@ -287,11 +311,6 @@ class RlConfig:
         ro = self.rollout
         if ro.max_staleness == 0:
             return
-        if self.engine != "vllm_server":
-            raise ValueError(f"rollout.max_staleness=1 with engine={self.engine}: the overlap generates the next step "
-                             "on engine servers while this one trains, and an engine or generator in the trainer's "
-                             "process shares its devices, so nothing overlaps; set engine=vllm_server with "
-                             "engine_servers, or rollout.max_staleness=0")
         others = {"rollout.partial=true": ro.partial, "episode.max_turns > 1": self.episode.max_turns > 1,
                   "rollout.behaviour=props": ro.behaviour == "props", "rollout.rounds > 1": ro.resolved_rounds() > 1,
                   "rollout.buffer_batches > 1": ro.resolved_buffer() > 1, "num_iterations > 1": self.num_iterations > 1}

@@ -52,14 +52,16 @@ def run_rl(cfg: RlConfig) -> Path:
 
 
 def _sync_dir_held(cfg: RlConfig, out: Path) -> contextlib.AbstractContextManager[None]:
-    """With ``engine=vllm_server``, the lock of the folder the adapters are saved in for the servers
-    (``engine_sync_dir``), held for this run: a second run given the same folder is refused in one line, before
-    anything loads. None otherwise, or when that folder is the output folder, held with it."""
-    if cfg.engine != "vllm_server":
-        return contextlib.nullcontext()
-    from molrl.rl.server_engine import sync_dir
+    """With an engine that loads adapters from ``engine_sync_dir`` (vllm_server), the lock of that folder, held for this
+    run: a second run given the same folder is refused in one line, before anything loads. None otherwise, or when
+    that folder is the output folder, held with it."""
+    from molrl.engines.registry import able
 
-    folder = sync_dir(cfg)
+    if not able({cfg.engine}, "sync_dir"):
+        return contextlib.nullcontext()
+    from molrl.rl.engine import sync_folder
+
+    folder = sync_folder(cfg)
     if folder.resolve() == out.resolve():
         return contextlib.nullcontext()
     return folder_lock(folder, "give each run its own engine_sync_dir (unset, it is engine_sync under output_dir)")
@@ -116,12 +118,11 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
     from molrl.records.runfiles import MetricsFileCallback, ProvenanceCallback, ResumedSchedule
     from molrl.logs.progress import use_trainer_progress
 
-    from molrl.rl.engine import rl_engine
+    from molrl.rl.engine import attach_engine, rl_engine
     from molrl.rl.score import completions_made_by
 
     engine = rl_engine(cfg)  # before anything loads: engine=vllm without vLLM stops here
     engine.log("rl", cfg)
-    server = engine.name == "vllm" and cfg.engine_mode == "server"
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     policy = build_policy(cfg)
@@ -141,7 +142,7 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
             model=policy.model,
             scorer=scorer,
             config=cfg,
-            args=trl_args(cfg, out / CHECKPOINTS, torch.cuda.is_available(), server),
+            args=trl_args(cfg, out / CHECKPOINTS, torch.cuda.is_available()),
             train_dataset=dataset,
             processing_class=policy.tokenizer,
             peft_config=policy.peft_config,
@@ -151,7 +152,7 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
         )
         use_trainer_progress(trainer, f"{cfg.algorithm} {out.name}", {"reward": "reward", "kl": "kl", "completions/mean_length": "len"})
         described = install_reference(trainer, cfg.model.reference, policy.adapter_mode, policy.load_base)
-        _start_engine(trainer, cfg, engine.name, server)
+        attach_engine(trainer, cfg, engine.name)  # the in-process engine or the servers; none for transformers
     except BaseException:
         if pool is not None:
             pool.close()
@@ -162,23 +163,6 @@ def build_trainer(cfg: RlConfig) -> tuple[Any, Any, Any]:
     log.info("policy: %s; KL reference: %s; %d trainable parameters",
              policy.description, described, trainable_parameter_count(trainer.model))
     return trainer, policy, pool
-
-
-def _start_engine(trainer: Any, cfg: RlConfig, name: str, trl_server: bool) -> None:
-    """Put the policy on its generation engine: the vLLM servers, the in-process vLLM engine, or none (transformers,
-    or TRL's own server client when ``trl_server``)."""
-    from molrl.rl.engine import attach_engine
-
-    if name == "vllm_server":
-        from molrl.rl.server_engine import ServerPolicyEngine
-
-        from molrl.models import sampled_ids
-
-        config_vocab = getattr(getattr(trainer.model, "config", None), "vocab_size", None)
-        vocab_size = sampled_ids(trainer.processing_class, config_vocab=config_vocab)  # the ids a reply may hold
-        attach_engine(trainer, cfg, lambda *args: ServerPolicyEngine(*args, vocab_size=vocab_size))
-    elif name == "vllm" and not trl_server:
-        attach_engine(trainer, cfg)
 
 
 def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: list) -> tuple[Any, Any, Any, Any]:
@@ -221,9 +205,9 @@ def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: li
     return Dataset.from_list(rows), scorer, pool, record
 
 
-def trl_args(cfg: RlConfig, output_dir: Path, cuda: bool, server: bool = False) -> Any:
-    """TRL ``GRPOConfig`` for our config (one optimiser step = prompts_per_step groups per process); ``server``: TRL
-    generates on a `trl vllm-serve` process (molrl's own engine, colocated, is attached to the trainer instead)."""
+def trl_args(cfg: RlConfig, output_dir: Path, cuda: bool) -> Any:
+    """TRL ``GRPOConfig`` for our config (one optimiser step = prompts_per_step groups per process); TRL's own vLLM
+    is never used: molrl's engines are attached to the trainer (``molrl.rl.engine``)."""
     from trl import GRPOConfig as TrlGRPOConfig
 
     completions_per_step, t, sp = cfg.prompts_per_step * cfg.sampling.n, cfg.train, cfg.sampling
@@ -240,10 +224,7 @@ def trl_args(cfg: RlConfig, output_dir: Path, cuda: bool, server: bool = False) 
         epsilon=cfg.epsilon,
         num_iterations=cfg.num_iterations,
         disable_dropout=cfg.lora.dropout == 0,  # a LoRA dropout the user set stays on (TRL turns every dropout off)
-        use_vllm=server,
-        vllm_mode="server",
-        vllm_server_base_url=cfg.engine_server_url if server else None,
-        vllm_gpu_memory_utilization=cfg.engine_gpu_memory_utilization,
+        use_vllm=False,
     )
 
 

@@ -87,7 +87,7 @@ class RlTrainer(GRPOTrainer):
         self.scorer, self.completions_path, self.seen_stages = scorer, completions_path, set()
         self.made_by = made_by  # what each completions.jsonl row records of its making (score.completions_made_by)
         self.logprobs = LogProbs(self)  # every sampling log-prob, at the one temperature
-        self.engine: Any = None  # molrl.rl.engine.PolicyEngine once attached (engine=vllm, colocated)
+        self.engine: Any = None  # a policy engine once attached (molrl.rl.engine: engine=vllm or vllm_server)
         self.lookahead = Lookahead()  # the loop's batches, one readable ahead (rollout.max_staleness=1 submits it)
         self.mismatch_gate = MismatchGate(config.rollout.max_mismatch_kl)  # after the metrics file's callback
         self.add_callback(self.mismatch_gate)

@@ -79,9 +79,7 @@ def params_with_seed(params: RequestParams, seed: int) -> RequestParams:
 def open_generator(urls: Sequence[str], tokenizer: Any, model_path: str, adapter: str | None) -> ServerGenerator:
     """A generator on the servers at ``urls``, checked to serve ``model_path``, with ``adapter`` (a PEFT folder the
     servers can read) loaded on every one; the replies' ids are checked against the model's vocabulary."""
-    from molrl.engines.generation import vllm_serves_lora
-    from molrl.engines.export import adapter_shape
-
+    from molrl.engines.adapters import adapter_shape, vllm_serves_lora
     from molrl.models import sampled_ids
 
     pool = ServerPool(urls, sampled_ids(tokenizer, model_path))
@@ -102,3 +100,12 @@ def open_generator(urls: Sequence[str], tokenizer: Any, model_path: str, adapter
     generator.on_close.append(lambda: pool.call_everywhere(f"unloading adapter {name}",
                                                            lambda c: c.unload_adapter(name)))
     return generator
+
+
+def open_server_generator(spec: Any) -> tuple[ServerGenerator, Any]:
+    """``engine: vllm_server``: a generator on the servers of ``spec.servers`` with the model's adapter loaded on
+    them, and the model's tokenizer (``molrl.engines.builder.GeneratorSpec``)."""
+    from molrl.models import load_tokenizer
+
+    tokenizer = load_tokenizer(spec.model)
+    return open_generator(spec.servers, tokenizer, spec.model, spec.adapter), tokenizer

@@ -153,7 +153,7 @@ class Synchronous:
             return trainer.logprobs.completion(model, prompt_ids, prompt_mask, completion_ids,
                                             completion_mask if attention is None else attention)
 
-        on_engine = sampler_lists is not None and (trainer.use_vllm or trainer.engine is not None)
+        on_engine = sampler_lists is not None and trainer.engine is not None
         reference = weights = sampler = None
         generate_every = trainer.args.steps_per_generation * self.cfg.num_iterations
         if behaviour is None and (trainer.args.gradient_accumulation_steps % generate_every != 0 or on_engine):

@@ -7,7 +7,7 @@ started on that folder. Adapter-only sync (``molrl.engines.server.sync``): befor
 optimiser step the main process saves the trainer's adapter under ``engine_sync_dir`` with a new name and loads it on
 every server; the others wait until the servers list it; the previous one is unloaded once no request uses it.
 
-The same seam as the in-process engine (``molrl.rl.engine.PolicyEngine``): token ids in, the sampled ids with the
+The same seam as the in-process engine (``molrl.engines.policy.PolicyEngine``): token ids in, the sampled ids with the
 engine's log-prob of each at the sampling temperature out (the servers run with ``processed_logprobs``), so every
 rollout kind (single-turn, multi-turn, partial) and the mismatch gate read them alike. One request per row, each with
 its own seed; a partial rollout's rows are cancelled once enough groups finished and keep the tokens they had. Every
@@ -26,39 +26,29 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Sequence
 
+from molrl.engines.policy import PolicyEngine, PolicySpec, Sampled
 from molrl.engines.server.client import Reply, RequestParams
 from molrl.engines.server.generator import ServerGenerator, params_with_seed, row_seed
 from molrl.engines.server.pool import ServerPool
 from molrl.engines.server.sync import AdapterSync, check_base
 from molrl.errors import MolrlError
-from molrl.rl.config import RlConfig
-from molrl.rl.engine import PolicyEngine, Sampled
 
 log = logging.getLogger(__name__)
 
 
-def sync_dir(cfg: RlConfig) -> Path:
-    """Where the adapters (and a merge_new base) are saved for the servers: ``engine_sync_dir``, or
-    ``output_dir/engine_sync``."""
-    return Path(cfg.engine_sync_dir) if cfg.engine_sync_dir else Path(cfg.output_dir) / "engine_sync"
-
-
-def served_base(cfg: RlConfig, folder: Path, main: bool) -> str:
+def served_base(spec: PolicySpec, folder: Path, main: bool) -> str:
     """The model the servers must hold: the base, or for merge_new the MoL adapter merged into it under ``folder``
     (merged once, by the main process; said in one line)."""
-    m = cfg.model
-    if m.adapter is None or m.adapter_mode != "merge_new":
-        return m.path
-    from molrl.rl.adapter_lora import resolve_adapter_dir
-
-    base, adapter = (folder / "merged_base").resolve(), resolve_adapter_dir(m.adapter)
-    made_from = merged_from(m.path, adapter)
+    if not spec.merged_base or spec.adapter is None:
+        return spec.model
+    base, adapter = (folder / "merged_base").resolve(), spec.adapter
+    made_from = merged_from(spec.model, adapter)
     if main and not (base / "config.json").is_file():
-        from molrl.engines.generation import merge_adapter_copy
+        from molrl.engines.adapters import merge_adapter_copy
         from molrl.records.writes import write_folder, write_text
 
         with write_folder(base) as tmp:
-            merge_adapter_copy(m.path, str(adapter), str(tmp))
+            merge_adapter_copy(spec.model, str(adapter), str(tmp))
             write_text(tmp / MERGED_FROM, json.dumps(made_from, indent=1) + "\n")
     elif main:
         check_merged_from(base, made_from)
@@ -99,18 +89,20 @@ class ServerPolicyEngine(PolicyEngine):
     """The policy on the servers of ``engine_servers``, its adapter loaded on them after every optimiser step; the
     replies' ids are checked against the model's ``vocab_size`` ids (``molrl.models.sampled_ids``)."""
 
-    def __init__(self, cfg: RlConfig, lora_rank: int, lora_modules: Sequence[str], vocab_size: int):
+    def __init__(self, spec: PolicySpec, lora_rank: int, lora_modules: Sequence[str]):
         from accelerate import PartialState
 
-        from molrl.engines.generation import check_policy_lora
+        from molrl.engines.adapters import check_policy_lora
 
         check_policy_lora("vllm_server", lora_rank, lora_modules)
+        if spec.sync_dir is None or spec.vocab_size is None:
+            raise MolrlError("engine=vllm_server needs the run's sync folder and the model's vocabulary size")
         processes = PartialState()  # the launch's processes, as the trainer's accelerator sees them
-        self.cfg, self.main = cfg, processes.is_main_process
-        self.work = sync_dir(cfg)
-        self.pool = ServerPool(cfg.engine_servers, vocab_size)
+        self.spec, self.main = spec, processes.is_main_process
+        self.work = spec.sync_dir
+        self.pool = ServerPool(spec.servers, spec.vocab_size)
         try:
-            expected = served_base(cfg, self.work, self.main)
+            expected = served_base(spec, self.work, self.main)
             for client in self.pool.live():
                 check_base(client.url, client.models(), expected)
             tag = secrets.token_hex(4) if self.main else ""
@@ -128,9 +120,10 @@ class ServerPolicyEngine(PolicyEngine):
         self.syncs = 0
         """How many adapters were loaded (one per optimiser step that was followed by generation)."""
         self.canary_decided = False
-        """The canary has judged the servers (``PolicyEngine.canary``, through ``sample_ids``)."""
+        """The check has judged the servers (``PolicyEngine.check``, RL's canary, through ``sample_ids``)."""
         self.requests = 0
         """Requests sent at the current step (a part of each request's seed)."""
+        self.check: Any = None
         self.llm = None
 
     def sync(self, trainer: Any) -> None:
@@ -148,8 +141,7 @@ class ServerPolicyEngine(PolicyEngine):
             self.adapters.follow(name)
         self.lora, self.synced_step, self.requests = name, step, 0
         self.syncs += 1
-        if step > 0 and not self.canary_decided:
-            self.canary(trainer, step)
+        self.after_sync(trainer, step)
 
     def sample_ids(self, prompt: list[int], tokens: int, temperature: float) -> Sampled:
         """``tokens`` ids sampled after ``prompt`` on the servers with the current adapter (no sync), at
@@ -161,9 +153,9 @@ class ServerPolicyEngine(PolicyEngine):
     def params(self, trainer: Any, max_tokens: int, stop: Sequence[str] = ()) -> RequestParams:
         """A request's sampling for the run's ``sampling``, ``max_tokens`` new tokens and ``stop`` strings (kept in the
         output); the trainer's end-of-sequence ids end a row."""
-        sampling = trainer.cfg.sampling
-        return RequestParams(max_tokens=max_tokens, temperature=trainer.logprobs.temperature, top_p=sampling.top_p,
-                             top_k=sampling.top_k, stop=tuple(stop), stop_token_ids=tuple(trainer.eos_token_ids))
+        s = self.spec
+        return RequestParams(max_tokens=max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                             stop=tuple(stop), stop_token_ids=tuple(trainer.eos_token_ids))
 
     def submit(self, trainer: Any, sequences: Sequence[list[int]], params: Any,
                cancel: threading.Event | None = None) -> list["Future[Reply]"]:
@@ -174,7 +166,7 @@ class ServerPolicyEngine(PolicyEngine):
         step, rank = trainer.state.global_step, trainer.accelerator.process_index
         futures = []
         for sequence, p in zip(sequences, each):
-            seed = row_seed(self.cfg.train.seed, step, rank, self.requests)
+            seed = row_seed(self.spec.seed, step, rank, self.requests)
             self.requests += 1
             futures.append(self.pool.submit(self.lora, sequence, params_with_seed(p, seed), cancel))
         return futures
