@@ -266,3 +266,24 @@ def test_a_pipelines_mol_runs_share_one_store_of_base_targets(tmp_path):
                    "{name: ce, overrides: [loss.mode=ce]}, {name: ce_live, overrides: [loss.base_targets=live]}]")
     dirs = [mol_config(cfg, run, ["t.jsonl"], tmp_path).loss.base_targets_dir for run in cfg.mol_runs]
     assert dirs == [tmp_path / "base_targets", tmp_path / "base_targets", None]
+
+
+@pytest.mark.parametrize("stage", sorted(REQUIRED))
+def test_describe_groups_each_key_that_acts_only_under_a_setting_under_it(stage):
+    from molrl.config import describe
+    from molrl.config.variants import describe_stage, key_blocks
+
+    cls = stage_class(stage)
+    grouped = describe_stage(cls, stage)
+    assert sorted(grouped) == sorted([*describe(cls), *[x for x in grouped if x.startswith("# only with ") or x == ""]])
+    under, header = {}, None
+    for line in grouped:
+        if line.startswith("# only with "):
+            header = line.removeprefix("# only with ").removesuffix(":")
+        elif line and not line.startswith(" "):
+            under[line.split(":", 1)[0]] = header
+    for rule in RULES:
+        if stage in rule.stages:
+            for key in rule_keys(rule, cls):
+                assert under[key] is not None, key  # under a group, the first rule's that covers it
+    assert len(under) == len(key_blocks(describe(cls)))  # each key once

@@ -42,11 +42,12 @@ FLAGS = {
 def handle(args: argparse.Namespace) -> int:
     from molrl.collect.config import CollectConfig
     from molrl.commands.flags import flag_items, refuse_clashes
-    from molrl.config import describe, load_config
+    from molrl.config import load_config
+    from molrl.config.variants import describe_stage
     from molrl.records.input_checks import check_inputs
 
     if args.describe:
-        print("\n".join(describe(CollectConfig)))
+        print("\n".join(describe_stage(CollectConfig, "collect")))
         return 0
     flagged = flag_items(FLAGS, args)
     refuse_clashes(CollectConfig, flagged, args.overrides)

@@ -62,12 +62,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def handle(args: argparse.Namespace) -> int:
     if args.overrides[:1] == ["compare"]:
         return compare(args.overrides[1:], args.out, args.metric)
-    from molrl.config import describe, load_config
+    from molrl.config import load_config
+    from molrl.config.variants import describe_stage
     from molrl.records.input_checks import check_inputs
     from molrl.eval.config import EvalConfig
 
     if args.describe:
-        print("\n".join(describe(EvalConfig)))
+        print("\n".join(describe_stage(EvalConfig, "eval")))
         return 0
     overrides = flag_overrides(args)
     bare = [p for p in args.predictions if not NAMED.match(p)]

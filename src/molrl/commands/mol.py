@@ -23,12 +23,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from molrl.config import describe, load_config
+    from molrl.config import load_config
+    from molrl.config.variants import describe_stage
     from molrl.records.input_checks import check_inputs
     from molrl.mol.config import MolConfig
 
     if args.describe:
-        print("\n".join(describe(MolConfig)))
+        print("\n".join(describe_stage(MolConfig, "mol")))
         return 0
     cfg = load_config(MolConfig, args.config, args.overrides)
     check_inputs("mol", cfg)

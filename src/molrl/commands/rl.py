@@ -33,14 +33,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from molrl.config import describe, load_config
+    from molrl.config import load_config
+    from molrl.config.variants import describe_stage
     from molrl.records.input_checks import check_inputs
     from molrl.rl.config import RlConfig
 
     if args.command == "grpo":
         log.warning("molrl grpo is now molrl rl, the same command under its one name")
     if args.describe:
-        print("\n".join(describe(RlConfig)))
+        print("\n".join(describe_stage(RlConfig, "rl")))
         return 0
     cfg = load_config(RlConfig, args.config, args.overrides)
     check_inputs("rl", cfg)
