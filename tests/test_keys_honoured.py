@@ -385,7 +385,7 @@ def read_under_a_setting(stage: str, run_reads: dict[str, dict[str, set[str]]]) 
     return {key for key in (some - every) | unreachable if key in described(stage)}
 
 
-@pytest.mark.parametrize("stage", ["collect", "rl", "eval"])
+@pytest.mark.parametrize("stage", ["collect", "mol", "rl", "eval"])
 def test_every_key_read_only_under_a_setting_is_in_the_idle_rule_table(stage, run_reads):
     missing = sorted(key for key in read_under_a_setting(stage, run_reads)
                      if key not in idle_table(stage) and not read_by_data(stage, key))
