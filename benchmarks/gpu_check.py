@@ -16,7 +16,8 @@ Items, in the order of the GPU list:
   matmul_peak        bf16 matmul TFLOP/s at 8192^3 (the MFU denominator, measured in this run)
   mol_<shape>_<len>  the MoL step (benchmarks/mol_step.py) at Qwen3-0.6B and 1.7B shapes, 4k and 8k
                      tokens, random weights, the real Qwen3 vocabulary, LoRA r64: tokens/s, peak memory,
-                     MFU, MoL / CE step time, naive / MoL loss-path memory
+                     MFU, MoL / CE step time, naive / MoL loss-path memory; mol_1.7b_4k_cached: MoL / CE with
+                     the base's targets live, cached hidden states and cached top 64 (loss.base_targets)
   rl_split_0.6b      a GRPO step at 0.6B shape (transformers generation, G = 8, 512 new tokens, toy task
                      scored in the sandbox): generation / reward / optimisation and the reward share
   eval_throughput    evaluation generation (molrl.engines.generation) at 0.6B shape, batch 64: tokens/s
@@ -99,18 +100,28 @@ def matmul_peak(args: argparse.Namespace, ctx: dict) -> dict:
     return {"n": n, "tflops": 2 * n**3 / best / 1e12}
 
 
-def mol_step(shape: str, seq_len: int, traces: int = 1) -> Callable[[argparse.Namespace, dict], dict]:
+def mol_step(shape: str, seq_len: int, traces: int = 1, cached: bool = False
+             ) -> Callable[[argparse.Namespace, dict], dict]:
     def run(args: argparse.Namespace, ctx: dict) -> dict:
         """benchmarks/mol_step.py's three variants (ours, naive full logits, plain CE) on one model and batch
-        (``traces`` traces of ``seq_len`` tokens in one micro-batch)."""
+        (``traces`` traces of ``seq_len`` tokens in one micro-batch); ``cached``: ours and CE, and ours on the base's
+        cached targets (loss.base_targets hidden and topk), each step ÷ CE's from rounds interleaving them."""
         import mol_step as bench
 
         vocab = 1024 if args.tiny else qwen3_vocab(args.tokenizer)
         ns = argparse.Namespace(device=args.device, dtype="bfloat16", layers=1 if args.tiny else 28,
                                 seq_len=seq_len // 64 if args.tiny else seq_len, tiny_seq_len=0,
                                 steps=1 if args.tiny else 5, warmup=0 if args.tiny else 2, traces=traces,
-                                variants=("mol", "naive", "ce") if traces == 1 else ("mol", "ce"))
+                                variants=("mol", "naive", "ce") if traces == 1 and not cached else ("mol", "ce"),
+                                cached=cached, topk=64)
         rows = {r["variant"]: r for r in bench.measure(shape, ns, vocab)}  # naive's full logits: one trace only
+        if cached:
+            ce = rows["ce"]["interleaved_step_s"]
+            return {"seq_len": ns.seq_len, "layers": ns.layers, "vocab": vocab,
+                    **{f"{name}_over_ce_step_time": rows[name]["interleaved_step_s"] / ce
+                       for name in ("mol", "hidden", "topk")},
+                    "hidden_kl_error": rows["hidden"]["kl_error"], "topk_kl_error": rows["topk"]["kl_error"],
+                    "hidden_bytes_per_token": rows["hidden"]["cache"]["bytes_per_kl_token"]}
         mol = rows["mol"]
         if "error" in mol:
             raise RuntimeError(f"the MoL step itself: {mol['error']}")
@@ -349,6 +360,7 @@ ITEMS = [
     Item("mol_1.7b_4k", mol_step("qwen3-1.7b", 4096), 180, 120),
     Item("mol_1.7b_8k", mol_step("qwen3-1.7b", 8192), 210, 120),
     Item("mol_1.7b_4k_x4", mol_step("qwen3-1.7b", 4096, traces=4), 240, 120),
+    Item("mol_1.7b_4k_cached", mol_step("qwen3-1.7b", 4096, cached=True), 240, 300),
     Item("prepare_0.6b", prepare_models, 90, 60),
     Item("generation_decode", generation_decode, 180, 120),
     Item("rl_split_0.6b", rl_split, 300, 180),

@@ -14,9 +14,10 @@ import pytest
 
 from conftest import REPO
 
-ITEMS = ["matmul_peak", "mol_0.6b_4k", "mol_0.6b_8k", "mol_1.7b_4k", "mol_1.7b_8k", "prepare_0.6b", "rl_split_0.6b",
+ITEMS = ["matmul_peak", "mol_0.6b_4k", "mol_0.6b_8k", "mol_1.7b_4k", "mol_1.7b_8k", "mol_1.7b_4k_x4",
+         "mol_1.7b_4k_cached", "prepare_0.6b", "generation_decode", "rl_split_0.6b", "rl_split_merged_0.6b",
          "eval_throughput", "demo_quick", "partial_rollouts", "rl_grpo", "rl_dr_grpo", "rl_opd", "rl_ppo_macro",
-         "rl_partial", "rl_props"]
+         "rl_partial", "rl_props", "rl_multiturn"]
 """Every item of shared/GPU.md's list, as gpu_check names them."""
 
 
@@ -38,6 +39,7 @@ def test_tiny_gpu_check_on_cpu_reports_every_item_with_finite_figures(tmp_path):
         assert numbers and all(math.isfinite(v) for v in numbers), (name, item["figures"])
     figures = {name: item["figures"] for name, item in report["items"].items()}
     assert 0 < figures["mol_0.6b_4k"]["mfu"] and figures["mol_0.6b_4k"]["tokens_per_s"] > 0
+    assert figures["mol_1.7b_4k_cached"]["hidden_kl_error"] < 1e-3  # bf16: exact up to its rounding
     split = figures["rl_split_0.6b"]
     assert split["generation_s"] + split["reward_s"] < split["step_s"] and 0 < split["reward_share"] < 1
     assert figures["eval_throughput"]["new_tokens"] <= 64 * figures["eval_throughput"]["max_new_tokens"]
