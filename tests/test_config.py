@@ -72,11 +72,14 @@ def test_describe_lists_field_docs():
 def test_describe_prints_whole_help():
     from molrl.rl.config import RlConfig
 
+    from molrl.config import field_docs
+
     lines = describe(RlConfig)
-    at = next(i for i, line in enumerate(lines) if line.startswith("algorithm: 'dr_grpo'  # grpo: "))
-    # the doc's second line (before: dropped) names the other two algorithms, under the key it belongs to
-    assert lines[at + 1].startswith("    # opd: on-policy distillation") and "ppo: a learned critic" in lines[at + 1]
-    assert lines[at + 2].startswith("opd.")
+    first, second, *rest = field_docs(RlConfig)["engine"].splitlines()  # a doc of several lines
+    at = next(i for i, line in enumerate(lines) if line.startswith("engine: 'auto'  # "))
+    assert lines[at] == f"engine: 'auto'  # {first}"
+    # the doc's second line (before: dropped) goes on under the key it belongs to
+    assert lines[at + 1] == f"    # {second}" and rest and lines[at + 2] == f"    # {rest[0]}"
 
 
 def _renamed_keys() -> list[tuple[str, str, str, str]]:
