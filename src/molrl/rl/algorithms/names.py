@@ -41,7 +41,3 @@ def from_rewards() -> tuple[str, ...]:
     """The algorithms whose advantages come from the rewards alone."""
     return tuple(name for name, entry in ENTRIES.items() if entry.from_rewards)
 
-
-def described() -> str:
-    """Every algorithm with what it does, as one line (``RlConfig.algorithm``'s ``--describe``)."""
-    return "; ".join(f"{name}: {entry.does}" for name, entry in ENTRIES.items())
