@@ -16,7 +16,8 @@ class SandboxConfig:
     """How model-written code is confined and how fast it is run."""
 
     workers: Annotated[int, Range(0, 1024)] = 0
-    """Worker slots run in parallel (0: two per CPU core, which hides each job's round trip)."""
+    """Worker slots run in parallel (0: two per CPU core, which hides each job's round trip); with
+    backend=remote, requests in flight at once (0: 8 per server)."""
     timeout_s: Seconds = 10.0
     """Wall-clock limit of one execution, in seconds."""
     memory_mb: Annotated[int, Range(1, 1 << 24)] = 1024
@@ -32,8 +33,31 @@ class SandboxConfig:
     allows one (0: 2 * memory_mb + 256)."""
     tmpfs_mb: Annotated[int, Range(1, 1 << 20)] = 256
     """Size of each slot's private writable /tmp (bwrap backend)."""
-    backend: Literal["auto", "bwrap", "process"] = "auto"
-    """auto: bubblewrap when it works here, else plain processes (with a warning naming what is lost)."""
+    backend: Literal["auto", "bwrap", "process", "remote"] = "auto"
+    """auto: bubblewrap when it works here, else plain processes (with a warning naming what is lost);
+    remote: the sandbox servers in ``servers`` (``molrl sandbox serve``, or a SandboxFusion-style run_code
+    service), which isolate as they are set up to (docs/sandbox.md)."""
+    servers: list[str] = field(default_factory=list)
+    """backend=remote: base URLs of the sandbox servers (``http://host:port``); jobs go to the one with the
+    fewest outstanding."""
+    protocol: Literal["auto", "molrl", "run_code"] = "auto"
+    """backend=remote: how to talk to the servers. molrl: ``molrl sandbox serve``'s batch endpoint (jobs run as
+    the local pool runs them); run_code: SandboxFusion's ``POST /run_code``, each job wrapped in a harness that
+    keeps the verdict here; auto: molrl where the server says it is one, else run_code."""
+    request_grace_s: Seconds = 30.0
+    """backend=remote: seconds a request may take past its jobs' time limit (queueing, the network) before the
+    client gives up on it and sends it elsewhere."""
+    retries: Annotated[int, Range(0, 16)] = 2
+    """backend=remote: times a job is sent again after a sandbox or connection error (never after the program's
+    own failure)."""
+    server_failures: Annotated[int, Range(1, 1000)] = 3
+    """backend=remote: failures in a row that set a server aside (a circuit breaker); it is probed again after
+    ``server_cooldown_s``."""
+    server_cooldown_s: Seconds = 30.0
+    """backend=remote: seconds a server set aside waits before its next health probe."""
+    max_error_rate: Annotated[float, Range(0, 1)] = 0.1
+    """Share of executions the sandbox could not run (``sandbox_error``) past which a run stops; such a row is
+    never a verdict (left out of the loss and of eval's counts). Checked once 32 rows have been graded."""
     seccomp: bool = True
     """Install the seccomp deny-list (no sockets, ptrace, mounts, namespaces, uid changes)."""
     preimport: list[str] = field(
