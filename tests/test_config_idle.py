@@ -28,6 +28,9 @@ def stage_class(stage: str) -> type:
     return {"collect": CollectConfig, "mol": MolConfig, "rl": RlConfig, "eval": EvalConfig}[stage]
 
 
+REMOTE = ["sandbox.backend=remote", "sandbox.servers=[http://127.0.0.1:8300]"]
+"""A remote sandbox tier (its servers need not answer for a config to load)."""
+
 SETTINGS: dict[tuple[str, str], tuple[list[str], list[str]]] = {
     # (stage, the rule's first key): (a setting where the keys act, one where they are idle)
     **{(stage, "engine_servers"): (SERVERS[:1], ["engine=transformers"]) for stage in ("collect", "rl", "eval")},
@@ -58,6 +61,8 @@ SETTINGS: dict[tuple[str, str], tuple[list[str], list[str]]] = {
     ("collect", "episode.critique"): (["episode.feedback=[critique]"], []),
     ("rl", "episode.critique"): (["episode.max_turns=2", "episode.feedback=[critique]"], ["episode.max_turns=2"]),
     ("eval", "episode.critique"): (["mode=interactive", "episode.feedback=[critique]"], ["mode=interactive"]),
+    **{(stage, "sandbox.servers"): (REMOTE, []) for stage in ("collect", "rl", "eval")},
+    **{(stage, "sandbox.tmpfs_mb"): ([], REMOTE) for stage in ("collect", "rl", "eval")},
     ("mol", "loss.kl_weight"): ([], ["loss.mode=ce"]),
     ("mol", "loss.monitor_kl"): (["loss.mode=ce"], []),
     ("mol", "loss.kl_direction"): (["loss.mode=ce"], ["loss.mode=ce", "loss.monitor_kl=false"]),
@@ -67,7 +72,7 @@ SETTINGS: dict[tuple[str, str], tuple[list[str], list[str]]] = {
 """A setting under which each row of ``RULES`` acts, and one under which it is idle, per stage."""
 
 VALUES: dict[str, str] = {
-    "engine_servers": "[http://127.0.0.1:8002]", "macro.rule": "fixed:5", "opd.reference": "student_initial",
+    "engine_servers": "[http://127.0.0.1:8002]", "sandbox.servers": "[http://127.0.0.1:8301]", "macro.rule": "fixed:5", "opd.reference": "student_initial",
     "ppo.critic_init": "fresh", "episode.feedback": "[execution]", "sampling.stop": "[END]",
     "model.reference": "mol", "episode.critique.base_url": "http://127.0.0.1:8000",
 }

@@ -203,8 +203,12 @@ def tiny_runs(shared_data, tmp_path_factory) -> tuple[dict[str, set[str]], dict[
                 *[x.format(mol=mol, code=code, math=math) for x in extra]], run_rl)
         common_eval = ["model=tiny:chatml", "limit=1", "sandbox.workers=1", "engine=transformers", "sampling.n=2",
                        "sampling.temperature=0.7", "ks=[1, 2]", "sampling.max_new_tokens=4"]
-        for name, extra in eval_runs(shared_data, root).items():
-            watched("eval", name, stage_class("eval"), [*common_eval, f"output_dir={root / name}", *extra], run_eval)
+        from molrl.sandbox.remote.server import SandboxServer, ServeConfig
+
+        with SandboxServer(ServeConfig(sandbox=SandboxConfig(workers=1, cache_size=0), port=0)).start() as server:
+            for name, extra in eval_runs(shared_data, root, server.url).items():
+                watched("eval", name, stage_class("eval"), [*common_eval, f"output_dir={root / name}", *extra],
+                        run_eval)
         watched("collect", "collect", stage_class("collect"), [
             "model=tiny:chatml", f"data.path={math}", "data.format=jsonl", "data.spec.kind=math", "data.limit=2",
             "sampling.n=1", "episode.max_turns=2", "sampling.temperature=0.7", "sampling.max_new_tokens=8",
@@ -247,19 +251,20 @@ def pipeline_run(reads: Any, mp: Any, shared_data: Path, root: Path, math: Path)
     run_pipeline(reads.watch(cfg))
 
 
-def eval_runs(shared_data: Path, root: Path) -> dict[str, list[str]]:
+def eval_runs(shared_data: Path, root: Path, server: str) -> dict[str, list[str]]:
     """eval's runs: one turn, the episode loop, and an MBPP solution graded as a prediction (its code runs in the
-    sandbox, as a random tiny model's never does)."""
+    sandbox, as a random tiny model's never does), in the local pool and on the sandbox ``server``."""
     mbpp = shared_data / "mbpp" / "mbpp.jsonl"
     task = json.loads(mbpp.read_text().splitlines()[10])  # MBPP's test split starts at task 11
     (root / "predictions.jsonl").write_text(json.dumps({"id": str(task["task_id"]),
                                                         "completion": f"```python\n{task['code']}\n```"}) + "\n")
-    return {"single": ["benchmarks=[aime24]", f"data.aime24={shared_data / 'aime24/test.jsonl'}", "mode=single"],
+    runs = {"single": ["benchmarks=[aime24]", f"data.aime24={shared_data / 'aime24/test.jsonl'}", "mode=single"],
             "interactive": ["benchmarks=[aime24]", f"data.aime24={shared_data / 'aime24/test.jsonl'}",
                             "mode=interactive", "episode.max_turns=2", "sampling.stop=[END]"],
             "predictions": ["benchmarks=[mbpp]", f"data.mbpp={mbpp}",
                             f"predictions={{mbpp: {root / 'predictions.jsonl'}}}",
                             "partial_predictions=true", "limit=2", "sampling.n=1", "ks=[1]"]}
+    return {**runs, "remote": [*runs["predictions"], "sandbox.backend=remote", f"sandbox.servers=[{server}]"]}
 
 
 CRITIC = "read only when the episode's feedback lists critique, which asks a critic model over HTTP " \

@@ -99,6 +99,13 @@ EVAL_EPISODE = ("episode.max_solutions", "episode.system_prompt", "episode.code_
 """eval's keys of interactive mode: its whole ``episode`` block (the critic's under its own rule)."""
 
 
+SANDBOX_REMOTE = ("sandbox.servers", "sandbox.protocol", "sandbox.request_grace_s", "sandbox.retries",
+                  "sandbox.server_failures", "sandbox.server_cooldown_s")
+"""The sandbox keys of a remote tier's client."""
+SANDBOX_SERVER_SIDE = ("sandbox.tmpfs_mb", "sandbox.seccomp", "sandbox.preimport", "sandbox.slot_memory_mb")
+"""The sandbox keys a server decides for its own slots (the limits of a job travel with it: docs/sandbox.md)."""
+
+
 def _episodes(cfg: Any) -> str | None:
     """The setting that keeps a stage from running agent episodes (rl single-turn, eval's single mode), or None."""
     if getattr(cfg, "mode", "interactive") != "interactive":  # eval
@@ -190,6 +197,14 @@ RULES: tuple[Rule, ...] = (
          lambda c, e: _episodes(c) is None and "critique" in c.episode.feedback,
          "critique in episode.feedback (of agent episodes)", _no_critic,
          "list critique in episode.feedback, or leave {key} out"),
+    # the sandbox: a remote tier's client keys, and the isolation keys a server sets for itself
+    Rule(("collect", "rl", "eval"), SANDBOX_REMOTE, lambda c, e: c.sandbox.backend == "remote", "sandbox.backend=remote",
+         lambda c, e: f"sandbox.backend={c.sandbox.backend}",
+         "set sandbox.backend=remote (with sandbox.servers), or leave {key} out"),
+    Rule(("collect", "rl", "eval"), SANDBOX_SERVER_SIDE, lambda c, e: c.sandbox.backend != "remote",
+         "sandbox.backend=auto, bwrap or process", lambda c, e: "sandbox.backend=remote",
+         "set it on each server (molrl sandbox serve --help), or leave {key} out",
+         "a remote server isolates its jobs with its own settings"),
     # MoL's loss: the KL to the base, and where the base's targets come from
     Rule(("mol",), ("loss.kl_weight",), lambda c, e: c.loss.mode == "mol", "loss.mode=mol",
          lambda c, e: f"loss.mode={c.loss.mode}", why="the ce modes train on CE alone; their KL is only measured"),

@@ -4,7 +4,7 @@ A backend takes raw jobs (plain dicts, see ``SandboxPool``) and returns raw outc
 order. ``LocalBackend`` keeps one long-lived worker per slot, each inside its own bubblewrap
 sandbox (network, pid, ipc and uts namespaces, read-only system binds, a size-limited private
 /tmp, a /dev of four devices) with its own pair of unprivileged uids. A remote execution service plugs in by
-implementing ``execute`` and ``close``.
+implementing ``execute`` and ``close`` (``molrl.sandbox.remote.client.RemoteBackend``); ``molrl.sandbox.pool.open_backend`` picks one.
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ _PROCESS_WARNING = (
 
 def detect_backend(cfg: SandboxConfig) -> str:
     """'bwrap' when bubblewrap can create a sandbox here, else 'process' (logging what is lost)."""
+    if cfg.backend == "remote":
+        raise ValueError("a remote sandbox config has no local backend; open it with open_backend")
     if cfg.backend == "process":
         log.warning(_PROCESS_WARNING)
         return "process"

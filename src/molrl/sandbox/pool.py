@@ -21,6 +21,15 @@ from molrl.sandbox.types import ExecJob, ExecResult, SandboxConfig, TestedTask, 
 log = logging.getLogger(__name__)
 
 
+def open_backend(cfg: SandboxConfig) -> Backend:
+    """The backend ``cfg.backend`` names: the servers of ``cfg.servers`` for remote, else this host's slots."""
+    if cfg.backend == "remote":
+        from molrl.sandbox.remote.client import RemoteBackend
+
+        return RemoteBackend(cfg)
+    return LocalBackend(cfg)
+
+
 class SandboxPool:
     """A pool of sandboxed workers; use as a context manager or call ``close()``.
 
@@ -31,7 +40,7 @@ class SandboxPool:
 
     def __init__(self, cfg: SandboxConfig | None = None, backend: Backend | None = None):
         self.cfg = cfg or SandboxConfig()
-        self.backend = backend or LocalBackend(self.cfg)
+        self.backend = backend or open_backend(self.cfg)
         self._cache: OrderedDict[str, dict] = OrderedDict()
         self._lock = threading.Lock()
 

@@ -76,6 +76,12 @@ class SandboxConfig:
     worker_grace_s: Seconds = 5.0
     """Extra seconds past the deadline before a silent worker is declared hung and replaced."""
 
+    def __post_init__(self) -> None:
+        if self.backend == "remote":
+            from molrl.sandbox.remote.protocol import check_servers
+
+            check_servers(list(self.servers))
+
 
 @dataclass
 class ExecJob:
