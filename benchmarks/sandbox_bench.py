@@ -1,6 +1,8 @@
-"""Sandbox speed: pool vs a fresh interpreter per task, deadline-to-reaped latency, reward throughput.
+"""Sandbox speed: pool vs a fresh interpreter per task, deadline-to-reaped latency, reward throughput; with
+``--tier``, the local pool against 1 and 2 ``molrl sandbox serve`` on this host.
 
     python benchmarks/sandbox_bench.py [--n 200] [--workers 2]
+    python benchmarks/sandbox_bench.py --tier [--n 200] [--workers 4] [--rounds 3] [--step-s 32.1]
 
 Baselines are measured in the same run with the same parallelism (one thread per worker):
 ``python -c CODE`` per task (no isolation at all), and ``bwrap ... python -c CODE`` per task (a
@@ -40,7 +42,7 @@ def _children_cpu() -> float:
 def _worker_cpu(pool: SandboxPool) -> float:
     """CPU seconds used so far by the pool's worker processes and everything they reaped."""
     total = 0
-    for slot in pool.backend.slots:
+    for slot in getattr(pool.backend, "slots", []):  # a remote pool's work is the servers': not counted here
         pids = [slot.proc.pid, *(descendants(slot.proc.pid) or ())]
         for pid in pids:
             try:
@@ -116,12 +118,103 @@ def reward_throughput(pool: SandboxPool, judged: bool) -> float:
     return 64 / elapsed
 
 
+def _serve(slots: int) -> tuple[subprocess.Popen, str]:
+    """A ``molrl sandbox serve`` on a free port with ``slots`` slots, and its URL once it answers."""
+    proc = subprocess.Popen([sys.executable, "-m", "molrl.cli", "sandbox", "serve", "--port", "0", "--workers",
+                             str(slots)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = proc.stdout.readline()
+    if "molrl sandbox server on" not in line:
+        raise SystemExit(f"molrl sandbox serve did not start: {line!r}")
+    return proc, line.split()[4]
+
+
+def mbpp_batch(data: str) -> tuple[list[Task], list[str]]:
+    """A GRPO-sized reward batch of real MBPP tasks: 8 tasks x 8 completions, half the reference, half wrong."""
+    from molrl.tasks import load_tasks
+
+    tasks = load_tasks(data, "mbpp", limit=8)
+    rows, completions = [], []
+    for task in tasks:
+        for i in range(8):
+            body = task.reference if i % 2 == 0 else f"def {task.entry_point}(*args):\n    return {i}"
+            rows.append(task)
+            completions.append(f"```python\n{body}\n# sample {i}\n```")
+    return rows, completions
+
+
+def tier(args: argparse.Namespace) -> None:
+    """Executions a second, one request's latency and a reward batch's time: the local pool, 1 server, 2 servers,
+    all with the same slots in all, interleaved rounds."""
+    from molrl.tasks.grade import grade
+
+    slots = args.workers or 4
+    procs = []
+    try:
+        one = _serve(slots)
+        two = [_serve(max(slots // 2, 1)) for _ in range(2)]
+        procs = [one[0], *(p for p, _ in two)]
+        arms = {"local": SandboxConfig(workers=slots, cache_size=0),
+                "1 server": SandboxConfig(backend="remote", servers=[one[1]], cache_size=0),
+                "2 servers": SandboxConfig(backend="remote", servers=[u for _, u in two], cache_size=0)}
+        pools = {name: SandboxPool(cfg) for name, cfg in arms.items()}
+        tasks, completions = mbpp_batch(args.mbpp) if args.mbpp else ([], [])
+        rate: dict[str, list[float]] = {k: [] for k in arms}
+        latency: dict[str, list[float]] = {k: [] for k in arms}
+        reward: dict[str, list[float]] = {k: [] for k in arms}
+        for name, pool in pools.items():
+            pool_run(pool, [f"print({i})" for i in range(20)])  # warm-up
+        for r in range(args.rounds):
+            for name, pool in pools.items():
+                codes = [SNIPPETS["trivial"].format(i=i + 1000 * r) for i in range(args.n)]
+                rate[name].append(pool_run(pool, codes)[0])
+                times = []
+                for i in range(20):
+                    start = time.perf_counter()
+                    pool.run(f"print({i} + {r})")
+                    times.append((time.perf_counter() - start) * 1000)
+                latency[name].append(statistics.median(times))
+                if tasks:
+                    start = time.perf_counter()
+                    grades = grade(tasks, [c + f"\n# round {r}" for c in completions], pool, CodeRewardConfig())
+                    reward[name].append(time.perf_counter() - start)
+                    assert sum(g.score == 1.0 for g in grades) == 32, [g.stage for g in grades]
+        for pool in pools.values():
+            pool.close()
+        print(f"{slots} slots in all on {os.cpu_count()} cores; {args.rounds} interleaved rounds of {args.n} snippets")
+        for name in arms:
+            line = f"{name:10s} {statistics.median(rate[name]):7.1f} exec/s [{', '.join(f'{x:.1f}' for x in rate[name])}]"
+            line += f" | one request {statistics.median(latency[name]):6.2f} ms"
+            if tasks:
+                line += f" | 64 MBPP completions graded in {statistics.median(reward[name]):.2f} s"
+            if name != "local":
+                ratios = [a / b for a, b in zip(rate[name], rate["local"])]
+                line += (f" | throughput / local {statistics.median(ratios):.2f}x [{', '.join(f'{x:.2f}' for x in ratios)}]"
+                         f", latency added {statistics.median(latency[name]) - statistics.median(latency['local']):+.2f} ms")
+            print(line)
+        if tasks:
+            for name in arms:
+                r_s = statistics.median(reward[name])
+                print(f"reward share of a {args.step_s:.1f} s step whose other work is unchanged: {name} "
+                      f"{r_s / (args.step_s - statistics.median(reward['local']) + r_s):.3f}")
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=200, help="snippets per pool measurement")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved measurement rounds")
     parser.add_argument("--workers", type=int, default=0, help="pool workers and baseline threads (0: pool default)")
+    parser.add_argument("--tier", action="store_true", help="the local pool against 1 and 2 molrl sandbox serve")
+    parser.add_argument("--mbpp", default="", help="MBPP's mbpp.jsonl, for --tier's reward batch (none: skipped)")
+    parser.add_argument("--step-s", type=float, default=32.1,
+                        help="the RL step the reward share is figured for (default: SmolLM2 single-turn GRPO, RESULTS)")
     args = parser.parse_args()
+    if args.tier:
+        tier(args)
+        return
     cfg = SandboxConfig(workers=args.workers, cache_size=0)
     start = time.perf_counter()
     with SandboxPool(cfg) as pool:

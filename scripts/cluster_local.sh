@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# A rehearsal of the cluster layout on one machine: an engine tier of 2 `molrl serve` servers and 2 trainer processes
-# (`accelerate launch`, CPU processes over gloo) that sample on them with engine=vllm_server, for 2 RL steps, all on
-# localhost. It starts the servers, waits until each says ready, runs the trainers, stops the servers, and exits
-# non-zero on any failure (a server that dies before it is ready, a trainer that fails, a run with no adapter).
+# A rehearsal of the cluster layout on one machine: an engine tier of 2 `molrl serve` servers, a sandbox tier of 2
+# `molrl sandbox serve` servers, and 2 trainer processes (`accelerate launch`, CPU processes over gloo) that sample on
+# the engines with engine=vllm_server and run their rewards' code on the sandboxes with sandbox.backend=remote, for 2
+# RL steps, all on localhost. It starts the servers, waits until each says ready, runs the trainers, stops the
+# servers, and exits non-zero on any failure (a server that dies before it is ready, a trainer that fails, a run with
+# no adapter).
 #
 #   scripts/cluster_local.sh                     # runs/smollm2/model, configs/rl_tiny.yaml, into runs/cluster_local
 #   MODEL=path/to/model OUT=runs/x STEPS=2 scripts/cluster_local.sh
@@ -10,7 +12,8 @@
 # The server and trainer commands are the ones examples/cluster/slurm.sbatch and examples/cluster/skypilot.yaml run
 # on a cluster (tests/test_cluster_recipes.py checks that they stay the same); only the launcher around them differs.
 # Settings (environment): MODEL, CONFIG, OUT, STEPS, PORTS (one per server), RANK (--max-lora-rank), MEMORY (each
-# server's share of the machine's memory on a CPU: keep it small when two share one machine), HOST, READY_S.
+# server's share of the machine's memory on a CPU: keep it small when two share one machine), HOST, READY_S,
+# SANDBOX_PORTS (one per sandbox server), SANDBOX_WORKERS (each sandbox server's slots).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -d .venv/bin ] && PATH="$PWD/.venv/bin:$PATH"
@@ -24,6 +27,8 @@ RANK=${RANK:-16}
 MEMORY=${MEMORY:-0.1}
 HOST=${HOST:-127.0.0.1}
 READY_S=${READY_S:-1800}
+SANDBOX_PORTS=(${SANDBOX_PORTS:-8301 8302})
+SANDBOX_WORKERS=${SANDBOX_WORKERS:-2}
 SYNC_DIR=$OUT/engine_sync
 ACCELERATE_CONFIG=configs/accelerate/cpu_2proc.yaml
 TRAINERS=2 MACHINES=1 MACHINE_RANK=0 MAIN_NODE=127.0.0.1
@@ -73,12 +78,35 @@ for i in "${!PORTS[@]}"; do
 done
 echo "cluster_local: servers ready"
 
+# --- the sandbox tier: one `molrl sandbox serve` per port, each with its own slots (on a cluster: CPU machines) ---
+SANDBOXES=""
+for SANDBOX_PORT in "${SANDBOX_PORTS[@]}"; do
+  setsid molrl sandbox serve --port "$SANDBOX_PORT" --host "$HOST" --workers "$SANDBOX_WORKERS" \
+    > "$OUT/logs/sandbox_$SANDBOX_PORT.log" 2>&1 &
+  PIDS+=("$!")
+  SANDBOXES="${SANDBOXES:+$SANDBOXES,}http://$HOST:$SANDBOX_PORT"
+done
+for SANDBOX_PORT in "${SANDBOX_PORTS[@]}"; do
+  log="$OUT/logs/sandbox_$SANDBOX_PORT.log"
+  for ((waited = 0; ; waited++)); do
+    grep -q "sandbox server on http" "$log" && break
+    if [ "$waited" -ge 120 ]; then
+      echo "cluster_local: sandbox server on port $SANDBOX_PORT not serving in 120 s; see $log:" >&2
+      tail -n 20 "$log" >&2
+      exit 1
+    fi
+    sleep 1
+  done
+done
+echo "cluster_local: sandbox servers [$SANDBOXES] serving"
+
 # --- the trainers: $TRAINERS CPU processes over gloo on this machine (on a cluster: one launch per node) ---
 export ACCELERATE_USE_CPU=true OMP_NUM_THREADS=1
 accelerate launch --config_file "$ACCELERATE_CONFIG" --num_processes "$TRAINERS" --num_machines "$MACHINES" \
   --machine_rank "$MACHINE_RANK" --main_process_ip "$MAIN_NODE" --main_process_port "$MAIN_PORT" \
   -m molrl.cli rl --config "$CONFIG" model.path="$MODEL" output_dir="$OUT/run" train.max_steps="$STEPS" \
-    engine=vllm_server "engine_servers=[$SERVERS]" engine_sync_dir="$SYNC_DIR"
+    engine=vllm_server "engine_servers=[$SERVERS]" engine_sync_dir="$SYNC_DIR" \
+    sandbox.backend=remote "sandbox.servers=[$SANDBOXES]"
 
 [ -e "$OUT/run/adapter/adapter_config.json" ] || { echo "cluster_local: the run saved no adapter" >&2; exit 1; }
-echo "cluster_local: $STEPS steps on $TRAINERS trainers and ${#PORTS[@]} servers done: $OUT/run"
+echo "cluster_local: $STEPS steps on $TRAINERS trainers, ${#PORTS[@]} servers and ${#SANDBOX_PORTS[@]} sandbox servers done: $OUT/run"

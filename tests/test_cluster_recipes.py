@@ -1,6 +1,7 @@
 """The cluster recipes (examples/cluster/) run the commands of the local rehearsal (scripts/cluster_local.sh): the same
-``molrl serve`` line for each server and the same ``accelerate launch ... molrl rl`` line for the trainers, only the
-launcher around them differs; and those lines are ones molrl serve, accelerate and molrl rl take."""
+``molrl serve`` line for each server, the same ``molrl sandbox serve`` line for each sandbox server and the same
+``accelerate launch ... molrl rl`` line for the trainers, only the launcher around them differs; and those lines are
+ones molrl serve, molrl sandbox serve, accelerate and molrl rl take."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def one(path: Path, head: str) -> list[str]:
     return found[0]
 
 
-@pytest.mark.parametrize("head", ["molrl serve", "accelerate launch"])
+@pytest.mark.parametrize("head", ["molrl serve", "molrl sandbox serve", "accelerate launch"])
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 def test_a_recipe_runs_the_rehearsals_command(recipe, head):
     assert one(RECIPES[recipe], head) == one(REHEARSAL, head)
@@ -83,6 +84,17 @@ def test_the_server_line_is_one_molrl_serve_takes():
     assert (args.model, args.port, args.host, args.max_lora_rank, args.memory) == ("runs/m", 8001, "0.0.0.0", 16, 0.1)
 
 
+def test_the_sandbox_server_line_is_one_molrl_sandbox_serve_takes():
+    from molrl.commands import sandbox
+
+    parser = argparse.ArgumentParser()
+    sandbox.register(parser.add_subparsers())
+    values = {"$SANDBOX_PORT": "8301", "$HOST": "0.0.0.0", "$SANDBOX_WORKERS": "4"}
+    args = parser.parse_args(substituted(one(REHEARSAL, "molrl sandbox serve")[1:], values))
+    assert args.func is sandbox.serve_pool
+    assert (args.port, args.host, args.workers) == (8301, "0.0.0.0", 4)
+
+
 def test_the_trainer_line_is_one_accelerate_and_molrl_rl_take(tmp_path):
     from accelerate.commands.launch import launch_command_parser
 
@@ -92,7 +104,8 @@ def test_the_trainer_line_is_one_accelerate_and_molrl_rl_take(tmp_path):
     values = {"$ACCELERATE_CONFIG": "configs/accelerate/cpu_2proc.yaml", "$TRAINERS": "2", "$MACHINES": "1",
               "$MACHINE_RANK": "0", "$MAIN_NODE": "127.0.0.1", "$MAIN_PORT": "29512", "$CONFIG": "configs/rl_tiny.yaml",
               "$MODEL": "tiny:chatml", "$OUT": str(tmp_path), "$STEPS": "2", "$SYNC_DIR": str(tmp_path / "sync"),
-              "$SERVERS": "http://127.0.0.1:8001,http://127.0.0.1:8002"}
+              "$SERVERS": "http://127.0.0.1:8001,http://127.0.0.1:8002",
+              "$SANDBOXES": "http://127.0.0.1:8301,http://127.0.0.1:8302"}
     launch = launch_command_parser().parse_args(substituted(one(REHEARSAL, "accelerate launch")[2:], values))
     assert (launch.num_processes, launch.num_machines, launch.module) == (2, 1, True)
     assert launch.training_script == "molrl.cli" and launch.training_script_args[0] == "rl"
@@ -101,3 +114,4 @@ def test_the_trainer_line_is_one_accelerate_and_molrl_rl_take(tmp_path):
     cfg = load_config(RlConfig, REPO / rl[1], rl[2:])
     assert cfg.engine == "vllm_server" and len(cfg.engine_servers) == 2 and cfg.train.max_steps == 2
     assert cfg.engine_sync_dir == str(tmp_path / "sync") and cfg.model.path == "tiny:chatml"
+    assert cfg.sandbox.backend == "remote" and cfg.sandbox.servers == ["http://127.0.0.1:8301", "http://127.0.0.1:8302"]

@@ -307,7 +307,7 @@ class RemoteBackend(Backend):
         return [self._send_run_code(server, job) for job in jobs]
 
     def _send_molrl(self, server: Server, jobs: list[dict]) -> list[dict]:
-        canary, expect = protocol.canary_job(self._rng, jobs[0])
+        canary, expect = protocol.canary_job(self._rng, jobs[0], judged=any(job["judge"] for job in jobs))
         at = self._rng.randrange(len(jobs) + 1)
         batch = jobs[:at] + [canary] + jobs[at:]
         body = json.dumps({"jobs": batch}).encode()

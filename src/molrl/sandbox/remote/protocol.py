@@ -141,11 +141,13 @@ def check_outcomes(jobs: list[dict], reply: Any) -> list[dict]:
     return outcomes
 
 
-def canary_job(rng: random.Random, base: dict) -> tuple[dict, dict]:
-    """A job whose outcome is known here, and what it must show: its stdout, a call's value and two verdicts.
+def canary_job(rng: random.Random, base: dict, judged: bool = True) -> tuple[dict, dict]:
+    """A job whose outcome is known here, and what it must show: its stdout, a call's value and (``judged``) two
+    verdicts.
 
-    It prints a product, defines ``f(x) = x + a``, is called once and is judged by one passing and one failing assert,
-    so a server that answers without running it (or that passes everything) is caught.
+    It prints a product, defines ``f(x) = x + a`` and is called once; judged, one passing and one failing assert judge
+    it too (a request with assert tests carries this one), so a server that answers without running it, or that
+    passes everything, is caught.
     """
     from molrl.sandbox.runtime import codec
 
@@ -153,9 +155,10 @@ def canary_job(rng: random.Random, base: dict) -> tuple[dict, dict]:
     code = f"print({a} * {b})\n\ndef f(x):\n    return x + {a}\n"
     job = dict(base, code=code, stdin="", module_name="solution", setup_code="",
                calls=[{"fn": "f", "args": codec.encode((2,))}],
-               judge={"entry_point": "f", "sources": [f"assert f(1) == {a + 1}", f"assert f(1) == {a + 2}"]},
+               judge={"entry_point": "f", "sources": [f"assert f(1) == {a + 1}", f"assert f(1) == {a + 2}"]}
+               if judged else None,
                timeout_s=min(float(base["timeout_s"]), 10.0))
-    return job, {"stdout": f"{a * b}\n", "value": a + 2, "verdicts": [True, False]}
+    return job, {"stdout": f"{a * b}\n", "value": a + 2, "verdicts": [True, False] if judged else []}
 
 
 def canary_error(expect: dict, out: dict) -> str | None:
@@ -175,7 +178,7 @@ def canary_error(expect: dict, out: dict) -> str | None:
         return "the canary job's call returned the wrong value: the server did not run it"
     verdicts = [e.get("passed") for e in out.get("verdicts", []) if e.get("e") == "verdict"]
     if verdicts != expect["verdicts"]:
-        return f"the canary's asserts came back {verdicts}, not [True, False]: the server does not judge them"
+        return f"the canary's asserts came back {verdicts}, not {expect['verdicts']}: the server does not judge them"
     return None
 
 
