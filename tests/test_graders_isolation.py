@@ -123,11 +123,12 @@ def test_collect_observations_keep_correct_rows_beside_bombs(pool, triangle):
 
 MODEL_TEXT_PATHS = ["graders", "tasks/grade.py", "tasks/toy.py", "rewards.py", "rl", "eval", "collect", "episode",
                     "engines", "traces", "demo", "sandbox/pool.py",
-                    "sandbox/slot.py", "sandbox/compare.py", "sandbox/runtime/codec.py"]
+                    "sandbox/slot.py", "sandbox/compare.py", "sandbox/runtime/codec.py", "sandbox/remote/harness.py"]
 """Where completions, and what their programs print, flow: generated (engines, the engine server), parsed into actions
 and feedback (episode, collect), graded (graders, rewards, rl, eval, demo), read back from the sandbox, imported
 (traces). Left out: tasks/asserts.py and tasks/index.py parse benchmark tests and a trace's task (its first user
-message) at load time, and the rest of sandbox/runtime runs inside the sandbox."""
+message) at load time, and the rest of sandbox/runtime, like sandbox/remote's harness programs, runs inside the
+sandbox."""
 BUILTIN_PARSERS = {"compile", "eval", "exec"}
 """Builtins that compile text, called by their bare name or through ``builtins`` (``model.eval()`` compiles nothing)."""
 PARSERS = {"ast.parse", "ast.literal_eval", "literal_eval", "sympify", "parse_expr", "parse_latex"}

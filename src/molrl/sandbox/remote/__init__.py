@@ -1,2 +1,2 @@
-"""The sandbox past one machine: ``RemoteBackend`` (client), ``molrl sandbox serve`` (server), their protocol, and
-the harness that carries a job over SandboxFusion's ``run_code``."""
+"""The sandbox past one machine: ``RemoteBackend`` (the client, ``sandbox.backend: remote``), ``molrl sandbox serve``
+(the server), their protocol, and the harness that carries a job over SandboxFusion's ``run_code``."""
