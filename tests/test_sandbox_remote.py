@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _server(**kw) -> SandboxServer:
-    sandbox = SandboxConfig(workers=kw.pop("workers", 1), timeout_s=30.0, cache_size=0)
+    sandbox = SandboxConfig(workers=kw.pop("workers", 1), timeout_s=30.0, memory_mb=2048, cache_size=0)
     return SandboxServer(ServeConfig(sandbox=sandbox, port=0, **kw)).start()
 
 
@@ -300,3 +300,59 @@ def test_run_code_speaks_sandboxfusions_shape_and_writes_files_inside_the_job(se
     assert reply["run_result"]["stdout"] == "hi False\n" and reply["run_result"]["return_code"] == 3
     status, reply = _post(servers[0], protocol.RUN_CODE, {"code": "while True: pass", "run_timeout": 0.5})
     assert reply["run_result"]["status"] == "TimeLimitExceeded"
+
+
+# -- the run_code protocol: molrl's own /run_code and a SandboxFusion-style server --------------------------------------
+
+def _run_code_tier(kind: str, servers):
+    from fake_run_code_server import FakeRunCodeServer
+
+    if kind == "molrl":
+        return [servers[0].url], []
+    fakes = [FakeRunCodeServer("honest")]
+    return [f.url for f in fakes], fakes
+
+
+@pytest.mark.parametrize("kind", ["molrl", "sandboxfusion"])
+def test_run_code_servers_give_the_local_pools_verdicts_and_no_solve_gets_nothing(servers, kind):
+    urls, fakes = _run_code_tier(kind, servers)
+    try:
+        pairs = [("def f(x):\n    return x * x\n", square_task()), ("def f(x):\n    return x + x\n", square_task()),
+                 ("def f(x):\n    raise ValueError(x)\n", square_task())]
+        pairs += [(code, square_task(expected=7)) for code in NO_SOLVE.values()]
+        with SandboxPool(SandboxConfig(workers=2, cache_size=0)) as local:
+            here = local.run_tests_many(pairs)
+        with SandboxPool(remote_cfg(urls, protocol="run_code")) as pool:
+            assert {s.protocol for s in pool.backend.servers} == {"run_code"}
+            there = pool.run_tests_many(pairs)
+        assert [[t.passed for t in r.tests] for r in there][:3] == [[t.passed for t in r.tests] for r in here][:3] \
+            == [[True, True, True], [False, False, True], [False, False, True]]
+        assert all(r.status != "sandbox_error" for r in there[:3])
+        for name, result in zip(NO_SOLVE, there[3:]):  # the call and the assert: nothing passes
+            assert [t.passed for t in result.tests[:2]] == [False, False], (name, result.tests)
+        # a program that kills its harness leaves no result: no verdict, and the server is not set aside for it
+        assert all(not s.aside_until for s in pool.backend.servers)
+    finally:
+        for fake in fakes:
+            fake.stop()
+
+
+@pytest.mark.parametrize("mode", ["hang", "malformed", "claim_success"])
+def test_a_hostile_run_code_server_gives_one_line_and_no_verdict(servers, mode, caplog):
+    from fake_run_code_server import FakeRunCodeServer
+
+    bad = FakeRunCodeServer(mode)
+    try:
+        cfg = remote_cfg([bad.url, servers[0].url], protocol="run_code", server_failures=1, request_grace_s=1.0,
+                         timeout_s=2.0, worker_grace_s=0.5)
+        with SandboxPool(cfg) as pool, caplog.at_level(logging.WARNING, logger="molrl.sandbox.remote.client"):
+            results = pool.run_tests_many([("def f(x):\n    return x * x\n", square_task())] * 4)
+        assert [[t.passed for t in r.tests] for r in results] == [[True, True, True]] * 4  # the honest one ran them
+        lines = [r.getMessage() for r in caplog.records if bad.url in r.getMessage()]
+        assert len(lines) == 1 and "set aside" in lines[0], lines
+        with SandboxPool(remote_cfg([bad.url], protocol="run_code", request_grace_s=1.0, timeout_s=2.0,
+                                    worker_grace_s=0.5, retries=0)) as pool:
+            alone = pool.run_tests("def f(x):\n    return x * x\n", square_task())
+        assert alone.status == "sandbox_error" and not any(t.passed for t in alone.tests)
+    finally:
+        bad.stop()

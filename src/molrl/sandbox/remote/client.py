@@ -334,7 +334,24 @@ class RemoteBackend(Backend):
         try:
             return harness.outcome_from_reply(job, nonce, reply)
         except ValueError as err:
-            raise ServerError(f"malformed reply: {err}") from None
+            # a program that kills its own harness leaves no result either: the server is at fault only when a canary
+            # through it fails too, so one program cannot set a healthy server aside
+            raise ServerError(f"malformed reply: {err}", counts=not self._canary_runs(server, job)) from None
+
+    def _canary_runs(self, server: Server, job: dict) -> bool:
+        """Whether a canary job through ``server``'s run_code comes back as running it gives."""
+        from molrl.sandbox.remote import harness
+
+        canary, expect = protocol.canary_job(self._rng, job, judged=False)
+        nonce = secrets.token_hex(16)
+        try:
+            status, data = http_call(server.host, server.port, "POST", protocol.RUN_CODE,
+                                     json.dumps(harness.run_code_request(canary, nonce)).encode(),
+                                     self._deadline(server, [canary]), self._reply_bytes([canary]))
+            out = harness.outcome_from_reply(canary, nonce, _json_reply(status, data))
+        except (ServerError, ValueError):
+            return False
+        return protocol.canary_error(expect, out) is None
 
     def close(self) -> None:
         self._stop.set()

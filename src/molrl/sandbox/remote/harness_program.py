@@ -142,6 +142,7 @@ def _start(private: str, job: dict, runtime: dict, rt, uid: int | None) -> _Harn
     task_job = {key: job[key] for key in TASK_KEYS}
     if uid is None and task_job.get("max_processes"):  # RLIMIT_NPROC counts every process of the shared uid
         task_job["max_processes"] = int(task_job["max_processes"]) + len(rt.cleanup.scan_proc((os.getuid(),), -1)) + 64
+    _within_own_limits(task_job)
     judged = job.get("judge") is not None
     job_r, job_w = os.pipe()
     result_r, result_w = os.pipe()
@@ -160,6 +161,18 @@ def _start(private: str, job: dict, runtime: dict, rt, uid: int | None) -> _Harn
     events = _Collector(result_r, int(job["max_result_kb"]) << 10)
     judge = _judge(rt.task, job["judge"], req_w, resp_r) if judged else None
     return _HarnessRun(proc, events, judge, (stdio[1], stdio[2]), own_io, started)
+
+
+def _within_own_limits(task_job: dict) -> None:
+    """Lower the child's limits to this process's own hard limits, which the child cannot raise (a server that
+    limits the harness, such as ``molrl sandbox serve``, holds the child to them as well)."""
+    import resource
+
+    for key, which, shift in (("memory_mb", resource.RLIMIT_AS, 20), ("max_file_mb", resource.RLIMIT_FSIZE, 20),
+                              ("max_processes", resource.RLIMIT_NPROC, 0)):
+        hard = resource.getrlimit(which)[1]
+        if task_job.get(key) and hard != resource.RLIM_INFINITY:
+            task_job[key] = min(int(task_job[key]), hard >> shift)
 
 
 def _finish(run: _HarnessRun, job: dict, rt, uid: int | None) -> dict:

@@ -74,6 +74,9 @@ def confine(job: dict, uid: int | None, seccomp_program: bytes | None, keep_fds:
         os.dup2(fd, target)
     _close_other_fds(keep_fds | {0, 1, 2})
     os.chdir(io["work"])
+    os.environ["TMPDIR"] = os.getcwd()  # the one place a task may write: tempfile's first choice
+    if "tempfile" in sys.modules:  # a preimported tempfile chose its directory before the task's uid was set
+        sys.modules["tempfile"].tempdir = None
     limits = {
         resource.RLIMIT_AS: int(job["memory_mb"]) << 20,
         resource.RLIMIT_CPU: int(job["timeout_s"]) + 2,
