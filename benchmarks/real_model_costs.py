@@ -336,7 +336,7 @@ def measure_rl_vs_trl(args: argparse.Namespace, path: str) -> dict:
     policy = build_policy(cfg)  # the same loading and LoRA for TRL's trainer
     rows = [dict(r) for r in trainers["molrl"].train_dataset]
     trainers["trl"] = GRPOTrainer(
-        model=policy.model, reward_funcs=[Scorer(None, CodeRewardConfig(), 0.0)],
+        model=policy.model, reward_funcs=[Scorer(None, CodeRewardConfig())],
         args=trl_args(cfg, work / "trl", cuda=False), processing_class=policy.tokenizer, peft_config=policy.peft_config,
         train_dataset=Dataset.from_list([{"prompt": r["prompt"], "task_json": r["task_json"]} for r in rows]))
     samples: dict[str, list] = {name: [] for name in trainers}

@@ -17,6 +17,7 @@ import pytest
 from molrl.config.blocks import TaskSource
 from molrl.eval import EvalConfig, run_eval
 from molrl.eval.run import grading_current, run_suite
+from molrl.sandbox.errors import ErrorCount
 from molrl.eval.samples import SampleRecord, SampleStore
 from molrl.sandbox import SandboxConfig, SandboxPool
 from molrl.task_types import JsonlSpec, Task, TestCase
@@ -89,7 +90,8 @@ def test_every_source_brings_samples_of_an_older_grading_up_to_date(tmp_path, mo
     source = _Source(mode)
     with SandboxPool(SandboxConfig(workers=1)) as pool:
         current = run_suite("code", tasks[2:3], _Source("single"), pool, SimpleNamespace(output_dir=tmp_path,
-                                                                                         batch_size=4), _Progress())
+                                                                                         batch_size=4), _Progress(),
+                            ErrorCount(0.1, "eval"))
         store.rewrite([_as_version_1(SampleRecord(id="a", sample=0, completion=ANSWER, extracted=None,
                                                   correct=False, score=0.0, stage="", truncated=True)),
                        _as_version_1(SampleRecord(id="b", sample=0, completion=WRONG, extracted=None,
@@ -98,7 +100,7 @@ def test_every_source_brings_samples_of_an_older_grading_up_to_date(tmp_path, mo
                        _as_version_2(SampleRecord(id="d", sample=0, completion=ANSWER_3, extracted=None,
                                                   correct=False, score=0.0, stage=""))])
         records = run_suite("code", tasks, source, pool, SimpleNamespace(output_dir=tmp_path, batch_size=4),
-                            _Progress())
+                            _Progress(), ErrorCount(0.1, "eval"))
     by_id = {rs[0].id: rs[0] for rs in records}
     assert all(r.grading == GRADING["code"] for r in by_id.values())
     assert by_id["c"] == current[0][0]  # judged by the current grading already: kept as it was

@@ -1,4 +1,4 @@
-"""Bad input on the way to and inside the RL step's scoring: left out or scored as failure, logged, survived."""
+"""Bad input on the way to and inside the RL step's scoring: left out or no verdict, logged, survived."""
 
 from __future__ import annotations
 
@@ -57,16 +57,17 @@ def test_a_raising_grader_fails_only_its_row(monkeypatch):
         return [Grade(1 / 0 if "boom" in c else float(len(c)), True, "correct") for c in completions]
 
     monkeypatch.setattr("molrl.rl.score.grade", flaky)
-    scores = score([SIX_BY_SEVEN] * 3, ["ab", "boom", "abc"], failure_reward=-1.0)
-    assert scores.rewards == [2.0, -1.0, 3.0]  # the batch failed, so rows were graded one by one
+    scores = score([SIX_BY_SEVEN] * 3, ["ab", "boom", "abc"])
+    assert scores.rewards == [2.0, 0.0, 3.0]  # the batch failed, so rows were graded one by one
     assert scores.errors[0] is None and "ZeroDivisionError" in scores.errors[1]
     assert scores.stages == ["math/correct", "scoring_error", "math/correct"]
+    assert scores.excluded == [None, "scoring_error", None] and scores.verdicts() == [True, False, True]
 
 
 def test_a_task_of_unknown_kind_is_scored_as_failure_and_the_rest_normally():
     odd = Task(id="odd", prompt="?", kind="chess")  # type: ignore[arg-type]
     scores = score([SIX_BY_SEVEN, odd], ["\\boxed{42}", "e4"])
-    assert scores.rewards == [1.0, 0.0]
+    assert scores.rewards == [1.0, 0.0] and scores.verdicts() == [True, False]
     assert scores.stages == ["math/correct", "scoring_error"] and "kind 'chess'" in scores.errors[1]
 
 
@@ -76,6 +77,7 @@ def test_non_finite_rewards_become_failures(monkeypatch):
                                                                           Grade(0.5, False, "wrong")])
     scores = score([SIX_BY_SEVEN] * 2, ["a", "b"])
     assert scores.rewards == [0.0, 0.5] and scores.stages[0] == "scoring_error" and "non-finite" in scores.errors[0]
+    assert scores.excluded == ["scoring_error", None]
 
 
 class FailingJobBackend:
@@ -110,6 +112,8 @@ def test_sandbox_failure_mid_batch_scores_that_row_and_the_rest_normally():
         pool.close()
     assert scores.rewards == [1.0, 0.0, 0.0, 1.0]  # the hanging solution times out instead of hanging the batch
     assert scores.stages[:2] == ["code/all_pass", "code/sandbox_error"]
+    # the lost row is no verdict; the timeout is the completion's own (a verdict of 0)
+    assert scores.excluded == [None, "sandbox_error", None, None]
     assert "worker lost" in scores.errors[1] and scores.errors[0] is None
     assert scores.stages[3] == "math/correct"
 
@@ -142,8 +146,9 @@ def test_training_continues_when_the_grader_raises(tmp_path, monkeypatch):
     rows = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
     failed = [r for r in rows if r["reward_error"]]
     assert len(rows) == 16 and failed and len(failed) < 16
-    assert all(r["rewards"]["correctness"] == 0.0 and "grader crashed" in r["reward_error"] for r in failed)
-    assert all(r["reward_stage"] == "scoring_error" for r in failed)
+    assert all(r["rewards"]["correctness"] is None and "grader crashed" in r["reward_error"] for r in failed)
+    assert all(r["reward_stage"] == "scoring_error" and r["excluded"] == "scoring_error" for r in failed)
+    assert all(r["advantage"] == 0.0 for r in failed)  # no verdict: out of the loss and its group's statistics
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert any(m.get("reward_stage/scoring_error", 0) > 0 for m in metrics)  # per-stage fractions, logged once
     assert (out / "adapter" / "adapter_config.json").is_file()

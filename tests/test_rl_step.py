@@ -18,7 +18,8 @@ from molrl.rl.config import RlConfig, rl_sampling, rl_train
 from molrl.rl.run import trl_args
 from molrl.rl.algorithms import ALGORITHMS
 from molrl.rl.loss import PolicyLossSettings, policy_loss, sampler_weights
-from molrl.rl.score import Scorer, Scores, zero_std_fraction
+from molrl.rl.groups import zero_std_fraction
+from molrl.rl.score import Scorer, Scores
 from molrl.rl.trainer import TRL_SURFACE, RlTrainer
 from molrl.tasks import Task
 
@@ -30,10 +31,10 @@ class FixedScorer(Scorer):
     """Scores the rows of a batch with fixed rewards, in order."""
 
     def __init__(self, rewards):
-        super().__init__(None, None, 0.0)
+        super().__init__(None, None)
         self.rewards = rewards
 
-    def score(self, tasks, completions):
+    def score(self, tasks, completions, stop_reasons=None):
         n = len(completions)
         return Scores(list(self.rewards)[:n], ["math/wrong"] * n, [None] * n, [None] * n)
 
@@ -105,14 +106,15 @@ STD = math.sqrt(0.5)  # sample std of [1, 0]
     ("dr_grpo_std", [0.5 / (STD + 1e-4), -0.5 / (STD + 1e-4), 0.0, 0.0]),
 ])
 def test_advantages_in_closed_form(algorithm, per_row):
-    advantages = ALGORITHMS[algorithm].advantage_fn(REWARDS, MASK, 2)
+    advantages = ALGORITHMS[algorithm].advantage_fn(REWARDS, torch.ones(4, dtype=torch.bool), MASK, 2)
     assert advantages.shape == MASK.shape  # [N, T]: the row's advantage on each of its loss tokens, 0 elsewhere
     torch.testing.assert_close(advantages, torch.tensor(per_row)[:, None] * MASK)
 
 
 def test_a_group_of_ties_carries_no_signal_and_is_counted():
-    assert zero_std_fraction(REWARDS, 2) == 0.5
-    assert zero_std_fraction(torch.tensor([0.0, 1.0, 2.0, 3.0]), 4) == 0.0
+    every = torch.ones(4, dtype=torch.bool)
+    assert zero_std_fraction(REWARDS, every, 2) == 0.5
+    assert zero_std_fraction(torch.tensor([0.0, 1.0, 2.0, 3.0]), every, 4) == 0.0
 
 
 def test_aggregation_is_per_algorithm():

@@ -127,7 +127,7 @@ def make_trainer(out: Path, algorithm: str = "dr_grpo", temperature: float = TEM
     row = {"prompt": prompt, "prompt_ids": tok(prompt, add_special_tokens=False)["input_ids"],
            "task_json": Task(id="m", prompt="hi", kind="math", answer="1").to_json()}
     torch.manual_seed(0)
-    trainer = RlTrainer(model=model, scorer=Scorer(None, None, 0.0), config=cfg,
+    trainer = RlTrainer(model=model, scorer=Scorer(None, None), config=cfg,
                         args=trl_args(cfg, out / "ckpt", cuda=False), train_dataset=Dataset.from_list([row] * 4),
                         processing_class=tok, peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
                                                                      init_lora_weights=False))

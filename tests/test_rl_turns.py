@@ -188,6 +188,8 @@ def test_a_rollout_batch_trains_sampled_tokens_and_attends_to_all(tmp_path, worl
     assert (attention >= (sampled | feedback)).all() and (attention & ~sampled & ~feedback).any()  # template too
     assert attention.sum(1).tolist() == batch.lengths
     assert batch.prompts[0].startswith("<|im_start|>system\nRun code in <execute>")
+    # each episode's end travels with its row, so one the sandbox stopped is no verdict (molrl.rl.score.exclusion)
+    assert len(batch.stop_reasons) == 4 and all(isinstance(reason, str) for reason in batch.stop_reasons)
 
 
 def test_a_run_logs_both_terms_and_the_kl_starts_at_zero(tmp_path, world_files):

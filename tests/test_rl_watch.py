@@ -11,7 +11,7 @@ import pytest
 
 from molrl.rl.watch import CHECKS, RunWatch, WatchSettings, no_signal, tis_at_cap
 
-SETTINGS = WatchSettings(data="data/mbpp.jsonl", code_mode="staged", failure_reward=0.0, temperature=0.7,
+SETTINGS = WatchSettings(data="data/mbpp.jsonl", code_mode="staged", temperature=0.7,
                          max_turns=3, max_new_tokens=512, learning_rate=5e-3, group_relative=True, tis_cap=2.0)
 ALL_ZERO = {"loss": 0.0, "grad_norm": 0.0, "reward": 0.0, "reward_std": 0.0, "frac_reward_zero_std": 1.0,
             "reward_stage/code/no_code": 0.75, "reward_stage/code/compile_error": 0.25}
@@ -23,7 +23,7 @@ def test_every_group_of_one_reward_names_the_grade_and_what_to_check():
     assert line == (
         "step 4: every group's completions got one reward (mean 0, 75% graded code/no_code), so every advantage is 0 "
         "and the policy gradient trains nothing (loss 0, grad_norm 0). Check the tasks (data/mbpp.jsonl: can the "
-        "model solve some of them, not all?), the reward (reward.code_mode=staged, reward.failure_reward=0), the "
+        "model solve some of them, not all?), the reward (reward.code_mode=staged), the "
         "temperature (sampling.temperature=0.7; a higher one spreads a group), the turn budget (episode.max_turns=3) "
         "and the token budget (sampling.max_new_tokens=512); completions.jsonl holds every completion with its grade")
 

@@ -4,7 +4,10 @@ Every episode is appended to ``output_dir/traces.jsonl`` (one atomic line, fsync
 Ctrl-C or kill -9 loses only the episodes in flight. On start the file is read and the
 ``(task_id, sample)`` pairs already there are skipped. An episode that produced no valid trace
 (its first turn was empty), or whose trace cannot be written as JSON, goes to
-``traces.rejects.jsonl`` with the reason, so it is counted and not retried forever. Text never
+``traces.rejects.jsonl`` with the reason, so it is counted and not retried forever. An episode the sandbox stopped
+(``sandbox_error``) is never a trace: its feedback says the sandbox failed, which teaches nothing true; it goes to the
+rejects file too, is counted apart, and is collected again when the run resumes; past ``sandbox.max_error_rate`` of
+the run's episodes the run stops. Text never
 stops a run: a lone surrogate a program printed or returned is written as a JSON escape. The resolved config is
 written to ``config.yaml`` (``molrl.collect.files``: a run made before, as one trace file, resumes where it lies);
 resuming with
@@ -32,8 +35,12 @@ from molrl.tasks import Task
 from molrl.traces.schema import TraceError, append_trace, read_traces
 from molrl.records.locks import folder_lock
 from molrl.records.writes import append_text
+from molrl.sandbox.errors import ErrorCount
 
 log = logging.getLogger(__name__)
+
+SANDBOX_STOP = "the sandbox failed, so the episode's feedback is no verdict on it"
+"""The reason a rejects record gives for an episode the sandbox stopped."""
 
 
 def run_collect(cfg: CollectConfig, *, generator: Any = None, tokenizer: Any = None,
@@ -100,33 +107,42 @@ def _run(cfg: CollectConfig, files: CollectFiles, generator: Any, tokenizer: Any
     for pair in pairs:
         if pair in done:
             stats.add(*done[pair])
+    errors = ErrorCount(cfg.sandbox.max_error_rate, "collect")  # this run's episodes the sandbox stopped
     with _Progress(cfg.progress, total, stats) as advance, SandboxPool(cfg.sandbox) as pool:
 
         def save(ep: Episode) -> None:
             stats.rejected += not write_episode(files, ep, settings)
-            stats.add(ep.success, ep.turns)
+            if ep.stop_reason == "sandbox_error":
+                stats.sandbox_errors += 1
+            else:
+                stats.add(ep.success, ep.turns)
             advance()
+            errors.add(int(ep.stop_reason == "sandbox_error"), 1)
 
         run_episodes(generator, tokenizer, tasks, pool, cfg.episode, cfg.sampling, thinking=cfg.thinking,
                      samples=cfg.sampling.n, skip=done, on_finish=save)
-    log.info("%s: %d episodes, success rate %.3f, mean turns %.2f", files.traces, stats.done, stats.rate,
-             stats.mean_turns)
+    log.info("%s: %d episodes, success rate %.3f, mean turns %.2f%s", files.traces, stats.done, stats.rate,
+             stats.mean_turns, f"; {stats.sandbox_errors} dropped at a sandbox error" if stats.sandbox_errors else "")
     if stats.rejected:
-        log.warning("%s: %d episodes of this run have no trace; their reasons are in %s",
-                    files.traces, stats.rejected, files.rejects)
+        log.warning("%s: %d episodes of this run have no trace (%d stopped by a sandbox error, collected again when "
+                    "the run resumes); their reasons are in %s", files.traces, stats.rejected, stats.sandbox_errors,
+                    files.rejects)
 
 
 def write_episode(files: CollectFiles, ep: Episode, settings: dict[str, Any]) -> bool:
-    """Append the episode's trace to the trace file (True), or its reason to the rejects file (False) when it has no
-    valid trace or cannot be written as JSON."""
+    """Append the episode's trace to the trace file (True), or its reason to the rejects file (False) when the sandbox
+    stopped it (``SANDBOX_STOP``), it has no valid trace or it cannot be written as JSON."""
     trace = ep.to_trace(settings)
-    try:
-        append_trace(files.traces, trace)
-        return True
-    except TraceError as err:
-        reason = str(err)
-    except (TypeError, ValueError, RecursionError) as err:  # a value JSON cannot hold, in the meta
-        reason = f"the trace cannot be written as JSON ({type(err).__name__}: {err})"
+    if ep.stop_reason == "sandbox_error":
+        reason = f"{SANDBOX_STOP}: {sandbox_failure(ep)}"
+    else:
+        try:
+            append_trace(files.traces, trace)
+            return True
+        except TraceError as err:
+            reason = str(err)
+        except (TypeError, ValueError, RecursionError) as err:  # a value JSON cannot hold, in the meta
+            reason = f"the trace cannot be written as JSON ({type(err).__name__}: {err})"
     record = {"task_id": ep.task.id, "sample": ep.sample, "error": reason, "stop_reason": ep.stop_reason, "meta": trace.meta}
     try:
         line = json_line(record)
@@ -136,8 +152,15 @@ def write_episode(files: CollectFiles, ep: Episode, settings: dict[str, Any]) ->
     return False
 
 
+def sandbox_failure(ep: Episode) -> str:
+    """What the sandbox said when it stopped ``ep``: the error of its last observation."""
+    last = ep.observations[max(ep.observations)]["observation"] if ep.observations else {}
+    return str((last.get("exec") or {}).get("error") or ((last.get("grade") or {}).get("details") or {}).get("error"))
+
+
 def finished_pairs(files: CollectFiles) -> dict[tuple[str, int], tuple[bool, int]]:
-    """``(task_id, sample)`` pairs already in the trace file or the rejects file, each with (success, turns)."""
+    """``(task_id, sample)`` pairs already in the trace file or the rejects file, each with (success, turns); an
+    episode the sandbox stopped is not finished (it is collected again)."""
     out = files.traces
     done: dict[tuple[str, int], tuple[bool, int]] = {}
     if out.exists():
@@ -156,6 +179,8 @@ def finished_pairs(files: CollectFiles) -> dict[tuple[str, int], tuple[bool, int
         for line in read_lines(rejects):
             try:
                 record = line.json()
+                if record.get("stop_reason") == "sandbox_error":
+                    continue
                 done[(record["task_id"], record["sample"])] = (False, int(record["meta"].get("turns", 0)))
             except (DataError, KeyError, TypeError, AttributeError):
                 raise MolrlError(f"{rejects}:{line.number}: not a rejected-episode record; fix or delete the line") from None
@@ -191,6 +216,7 @@ class _Stats:
     def __init__(self) -> None:
         self.done = self.successes = self.turns = 0
         self.rejected = 0  # episodes of this run that went to the rejects file
+        self.sandbox_errors = 0  # of them, episodes the sandbox stopped (no verdict: not in done or the rate)
 
     def add(self, success: bool, turns: int) -> None:
         """Count one finished episode."""
@@ -226,7 +252,7 @@ class _Progress:
     def advance(self) -> None:
         if self._bar is not None:
             figures = f"solved {self.stats.rate:.1%}  turns {self.stats.mean_turns:.2f}"
-            self._bar.update(completed=self.stats.done, figures=figures)
+            self._bar.update(completed=self.stats.done + self.stats.sandbox_errors, figures=figures)
 
     def __exit__(self, *exc: Any) -> None:
         self._stack.close()

@@ -2,7 +2,8 @@
 
 Scores are fractions in [0, 1] everywhere (tables, comparisons, charts), as in the pipeline report. Each
 benchmark also shows the share of samples the token limit cut (``truncated``), with a warning line when it
-passes ``TRUNCATION_WARNING``: a cut answer usually lost its final answer, so its score says little.
+passes ``TRUNCATION_WARNING``: a cut answer usually lost its final answer, so its score says little. Samples the
+sandbox or the grader could not judge are left out of the scores and named in a note (``no_verdict_notes``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def metric_names(benchmarks: dict[str, dict[str, Any]]) -> list[str]:
 def results_markdown(results: dict[str, Any]) -> str:
     """A markdown summary: one row per benchmark, then MATH-500-style breakdowns where present."""
     benchmarks = results["benchmarks"]
-    cols = metric_names(benchmarks)
+    cols = list(dict.fromkeys([*HEADLINE, *metric_names(benchmarks)]))  # pass@1 even where no sample was judged
     lines = [f"# Evaluation: {results.get('label', '')}", ""]
     lines += [f"mode: {results.get('mode', '')}", ""]
     limit = (results.get("sampling") or {}).get("max_new_tokens")
@@ -50,7 +51,7 @@ def results_markdown(results: dict[str, Any]) -> str:
     for name, m in benchmarks.items():
         cells = [_fraction(m.get(c)) for c in cols] + [_fraction(m.get("truncated"))]
         lines.append(f"| {name} | {m.get('problems', 0)} | {m.get('samples', 0)} | " + " | ".join(cells) + " |")
-    warnings = truncation_warnings(benchmarks, limit) + held_back_notes(benchmarks)
+    warnings = no_verdict_notes(benchmarks) + truncation_warnings(benchmarks, limit) + held_back_notes(benchmarks)
     if warnings:
         lines += ["", *warnings]
     for name, m in benchmarks.items():
@@ -59,6 +60,33 @@ def results_markdown(results: dict[str, Any]) -> str:
                 lines += ["", f"## {name} {key.replace('_', ' ')}", "", "| group | problems | pass@1 |", "|---|---:|---:|"]
                 lines += [f"| {g} | {v['problems']} | {_fraction(v['pass@1'])} |" for g, v in m[key].items()]
     return "\n".join(lines) + "\n"
+
+
+def no_verdict_notes(benchmarks: dict[str, dict[str, Any]]) -> list[str]:
+    """A note for each benchmark with samples whose grading failed (no verdict: left out of its metrics), a warning for
+    one where no sample could be judged (it has no pass@1, never 0).
+
+    >>> no_verdict_notes({"mbpp": {"sandbox_errors": 3, "grader_errors": 0, "problems_without_verdict": 1, "samples": 5}})
+    ['- mbpp: 3 samples could not be judged (3 sandbox errors, 0 grader errors) and are left out of every metric, with the 1 problem that had no judged sample.']
+    >>> no_verdict_notes({"mbpp": {"sandbox_errors": 4, "grader_errors": 0, "problems_without_verdict": 2, "samples": 0}})
+    ['- **Warning**: mbpp: no sample could be judged (4 sandbox errors, 0 grader errors), so there is no accuracy to report; check the sandbox and run again.']
+    """
+    out = []
+    for name, m in benchmarks.items():
+        sandbox, grader = m.get("sandbox_errors") or 0, m.get("grader_errors") or 0
+        if not sandbox + grader:
+            continue
+        counts = f"{sandbox} sandbox error{'s' * (sandbox != 1)}, {grader} grader error{'s' * (grader != 1)}"
+        if not m.get("samples"):
+            out.append(f"- **Warning**: {name}: no sample could be judged ({counts}), so there is no accuracy to "
+                       "report; check the sandbox and run again.")
+            continue
+        lost = m.get("problems_without_verdict") or 0
+        problems = f", with the {lost} problem{'s' * (lost != 1)} that had no judged sample" if lost else ""
+        n = sandbox + grader
+        out.append(f"- {name}: {n} sample{'s' * (n != 1)} could not be judged ({counts}) and "
+                   f"{'are' if n != 1 else 'is'} left out of every metric{problems}.")
+    return out
 
 
 def held_back_notes(benchmarks: dict[str, dict[str, Any]]) -> list[str]:

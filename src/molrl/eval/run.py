@@ -35,6 +35,7 @@ from molrl.records.rerun import NEW_RUN, changed_keys, check_rerun, save_run_con
 from molrl.records.run_inputs import inputs_path
 from molrl.tasks import Task
 from molrl.records.locks import folder_lock
+from molrl.sandbox.errors import ErrorCount
 
 log = logging.getLogger(__name__)
 
@@ -93,26 +94,33 @@ def _evaluate(cfg: EvalConfig) -> Path:
     # interactive episodes run the model's code whatever the task kind
     needs_sandbox = cfg.mode == "interactive" or any(t.kind == "code" for tasks in suites.values() for t in tasks)
     made: list[SampleRecord] = []  # every sample summarised: the engines that made them go in the results
+    errors = ErrorCount(cfg.sandbox.max_error_rate, "eval")  # the samples graded here that the sandbox failed
     try:
         with _sandbox_pool(cfg, needs_sandbox) as pool, _progress() as progress:
             for name, tasks in suites.items():
-                records = run_suite(name, tasks, source, pool, cfg, progress)
+                records = run_suite(name, tasks, source, pool, cfg, progress, errors)
                 results["benchmarks"][name] = summarise(tasks, records, cfg.ks)
                 made += [r for rs in records for r in rs]
     finally:  # a vLLM engine's memory back before the next stage of the process starts its own
         source.close()
     results.update(engine=recorded_engines(made), model_fingerprint=source.model_fingerprints())
     write_results(out, results)
-    scores = ", ".join(f"{name} pass@1 {m.get('pass@1', float('nan')):.3f}" for name, m in results["benchmarks"].items())
+    scores = ", ".join(f"{name} pass@1 {m['pass@1']:.3f}" if "pass@1" in m else f"{name} no judged sample"
+                       for name, m in results["benchmarks"].items())
+    for name, m in results["benchmarks"].items():
+        if m["sandbox_errors"] or m["grader_errors"]:
+            log.warning("eval %s: %d sandbox errors and %d grader errors are no verdict, left out of its metrics",
+                        name, m["sandbox_errors"], m["grader_errors"])
     log.info("eval %s: %s (%s)", source.label, scores, out / "results.md")
     log.debug("%s", results_markdown(results))
     return out
 
 
 def run_suite(
-    name: str, tasks: Sequence[Task], source: Any, pool: Any, cfg: EvalConfig, progress: Any
+    name: str, tasks: Sequence[Task], source: Any, pool: Any, cfg: EvalConfig, progress: Any, errors: ErrorCount
 ) -> list[list[SampleRecord]]:
-    """Graded samples of one benchmark, per task; finished problems are read back, not redone."""
+    """Graded samples of one benchmark, per task; finished problems are read back, not redone. Every chunk graded
+    here counts its sandbox errors in ``errors`` (the run's), which stops the run past ``sandbox.max_error_rate``."""
     store = SampleStore(Path(cfg.output_dir) / name / "samples.jsonl")
     found = store.load()
     done = {tid: rs for tid, rs in found.items() if source.finished(name, tid, rs)}
@@ -126,6 +134,7 @@ def run_suite(
                  name, len(stale), store.path)
         for task, records in zip(stale, regrade(stale, [done[t.id] for t in stale], pool)):
             done[task.id] = records
+        count_errors(errors, [done[t.id] for t in stale])
     if len(done) != len(found) or stale:  # half-written by an interrupted run, stale, or graded again
         store.rewrite(r for rs in done.values() for r in rs)
     pending = [t for t in tasks if t.id not in done]
@@ -141,7 +150,15 @@ def run_suite(
             store.append(records)
             done[task.id] = records
         progress.advance(bar, len(chunk))
+        count_errors(errors, [done[t.id] for t in chunk])  # the chunk's samples are stored before a stop
     return [done[t.id] for t in tasks]
+
+
+def count_errors(errors: ErrorCount, records: Sequence[Sequence[SampleRecord]]) -> None:
+    """Count the sandbox errors among freshly graded ``records`` (a sample whose stage, or interactive episode's end,
+    is ``sandbox_error``); past ``sandbox.max_error_rate`` of the run's samples this stops it."""
+    samples = [r for rs in records for r in rs]
+    errors.add(sum(r.stage == "sandbox_error" for r in samples), len(samples))
 
 
 def finished(out: Path, cfg: EvalConfig, suites: dict[str, Sequence[Task]], source: Any) -> bool:

@@ -17,6 +17,7 @@ from molrl.traces.spans import render_prompts
 from molrl.eval.samples import SampleRecord
 from molrl.engines.generation import Generator, SamplingConfig, TransformersGenerator
 from molrl.tasks import Task
+from molrl.tasks.grade import FAILED
 from molrl.tasks.held_out import constant_answer
 
 
@@ -37,8 +38,8 @@ def evaluate_single(
 ) -> dict[str, Any]:
     """Sample ``sampling.n`` single-turn answers per task, grade them, and return the metrics.
 
-    The result holds ``accuracy`` (= pass@1, the mean fraction of correct samples), the other
-    metrics of ``summarise`` and the per-sample ``records``. ``pool`` (a
+    The result holds ``accuracy`` (= pass@1, the mean fraction of correct samples; None when no sample could be
+    judged), the other metrics of ``summarise`` and the per-sample ``records``. ``pool`` (a
     ``molrl.sandbox.SandboxPool``) is needed only when there are code tasks.
     """
     generator = generator or TransformersGenerator(model, tokenizer, batch_size=batch_size)
@@ -47,7 +48,7 @@ def evaluate_single(
     completions = generator.generate(prompts, sampling)
     records = grade_samples(tasks, completions, pool, code_reward)
     metrics = summarise(tasks, records, ks)
-    return {"accuracy": metrics["pass@1"], **metrics, "records": records}
+    return {"accuracy": metrics.get("pass@1"), **metrics, "records": records}
 
 
 def generate_chunk(
@@ -70,6 +71,11 @@ def generate_chunk(
 def summarise(tasks: Sequence[Task], records: Sequence[Sequence[SampleRecord]], ks: Sequence[int]) -> dict[str, Any]:
     """Benchmark metrics of graded samples (``records[i]`` belong to ``tasks[i]``).
 
+    A sample whose grading failed (``sandbox_error``, ``grader_error``: ``molrl.tasks.grade.FAILED``) is no verdict: it
+    is left out of every metric of answers (pass@k, score, maj@n, the breakdowns), counted in ``sandbox_errors`` and
+    ``grader_errors``, and a problem none of whose samples was judged is left out too (``problems_without_verdict``);
+    a benchmark with no judged sample has no pass@1 at all, never 0.
+
     Adds a breakdown by ``subject`` and by ``level`` when every task's meta carries one (MATH-500),
     counts of grading stages (how many answers were missing, wrong, timed out, ...), ``truncated``: the share
     of samples the token limit cut, and for code: ``shown_pass@1`` and ``held_back_pass@1`` (the shown and the
@@ -80,15 +86,19 @@ def summarise(tasks: Sequence[Task], records: Sequence[Sequence[SampleRecord]], 
     """
     if len(tasks) != len(records):
         raise ValueError(f"summarise: {len(tasks)} tasks but {len(records)} record lists")
-    headline = [(t, rs) for t, rs in zip(tasks, records) if not _unsplit(rs)]
+    judged = [[r for r in rs if r.stage not in FAILED] for rs in records]
+    headline = [(t, rs) for t, rs in zip(tasks, judged) if rs and not _unsplit(rs)]
     per_problem = [task_metrics(t, rs, ks) for t, rs in headline]
     out = aggregate(per_problem, ks)
     for key in ("subject", "level"):
         if headline and all(key in t.meta for t, _ in headline):
             out[f"by_{key}"] = breakdown(per_problem, [t.meta[key] for t, _ in headline])
     out["stages"] = dict(Counter(r.stage for rs in records for r in rs).most_common())
-    out.update(split_metrics(tasks, records))
     samples = [r for rs in records for r in rs]
+    out["sandbox_errors"] = sum(r.stage == "sandbox_error" for r in samples)
+    out["grader_errors"] = sum(r.stage == "grader_error" for r in samples)
+    out["problems_without_verdict"] = sum(bool(rs) and not kept for rs, kept in zip(records, judged))
+    out.update(split_metrics(tasks, judged))
     out["truncated"] = sum(r.truncated for r in samples) / len(samples) if samples else 0.0
     return out
 

@@ -38,7 +38,7 @@ class RolloutBatch:
     """[B, T] completion token ids, right-padded."""
     completion_mask: torch.Tensor
     """[B, T] 1 on tokens that enter the loss: 0 on padding (and on truncated completions when
-    ``mask_truncated_completions`` is set)."""
+    ``mask_truncated_completions`` is set, and on every token of a row whose grading failed: ``leave_out``)."""
     behaviour_logps: torch.Tensor | None
     """[B, T] log-probs under the policy that sampled the batch, when it differs from the one being
     trained (several optimiser steps per generation, or vLLM); None: the trained policy sampled them."""
@@ -73,6 +73,8 @@ class RolloutBatch:
     None: no engine log-probs (transformers, partial rollouts)."""
     records: list[dict] | None = None
     """B dicts of fields each row's ``completions.jsonl`` line adds (multi-turn: the whole episode); None: none."""
+    stop_reasons: list[str | None] | None = None
+    """B multi-turn: why each episode ended (``molrl.episode.loop.Episode.stop_reason``); None: single-turn."""
 
     def attention(self) -> torch.Tensor:
         """[B, T] the completion tokens attention sees."""
@@ -85,6 +87,18 @@ class RolloutBatch:
         if self.token_weights is not None:
             weights = self.token_weights if weights is None else weights * self.token_weights
         return weights
+
+    def leave_out(self, verdicts: torch.Tensor) -> None:
+        """Take every row whose reward is no verdict (``verdicts`` [B] bool, False) out of the loss: none of its tokens
+        is a loss token or a feedback token, so no term of any algorithm trains on it; attention sees it as before."""
+        if bool(verdicts.all()):
+            return
+        if self.attention_mask is None:
+            self.attention_mask = self.completion_mask
+        keep = verdicts.to(self.completion_mask.dtype)[:, None]  # [B, 1]
+        self.completion_mask = self.completion_mask * keep
+        if self.feedback_mask is not None:
+            self.feedback_mask = self.feedback_mask * keep.to(self.feedback_mask.dtype)
 
 
 @dataclass
@@ -108,7 +122,10 @@ class AdvantageInputs:
     scores: Any
     """``molrl.rl.score.Scores`` of the local rows (the grades a feedback teacher reads)."""
     rewards: torch.Tensor
-    """[N] rewards of every process's rows (gathered)."""
+    """[N] rewards of every process's rows (gathered; a failed row's is never read)."""
+    verdicts: torch.Tensor
+    """[N] bool, gathered: the rows whose reward is a verdict; a failed row is left out of its group's statistics
+    (``molrl.rl.groups``) and has no loss token."""
     masks: torch.Tensor
     """[N, T'] completion masks of every process's rows, padded to the longest (float)."""
     group: int
@@ -138,15 +155,17 @@ class StepCounts:
     feedback: torch.Tensor
     """Feedback tokens: ``FeedbackCE``."""
     completions: torch.Tensor
-    """Completions: ``sequence_mean``, and ``constant`` (times ``max_completion_length``)."""
+    """Completions whose reward is a verdict: ``sequence_mean``, and ``constant`` (times ``max_completion_length``)."""
 
     @classmethod
-    def of(cls, completion_mask: torch.Tensor, feedback_mask: torch.Tensor | None = None) -> StepCounts:
-        """The counts of one batch's rows alone; ``completion_mask`` and ``feedback_mask`` [B, T]."""
+    def of(cls, completion_mask: torch.Tensor, feedback_mask: torch.Tensor | None = None,
+           verdict_mask: torch.Tensor | None = None) -> StepCounts:
+        """The counts of one batch's rows alone; ``completion_mask`` and ``feedback_mask`` [B, T], ``verdict_mask``
+        [B, 1] (None: every row is a verdict)."""
         tokens = completion_mask.sum().double()
         feedback = tokens * 0 if feedback_mask is None else feedback_mask.sum().double()
-        return cls(tokens, feedback, torch.tensor(float(completion_mask.size(0)), dtype=torch.float64,
-                                                  device=completion_mask.device))
+        rows = float(completion_mask.size(0)) if verdict_mask is None else verdict_mask.sum().double()
+        return cls(tokens, feedback, torch.as_tensor(rows, dtype=torch.float64, device=completion_mask.device))
 
     def scaled(self, factor: float) -> StepCounts:
         """Every count times ``factor`` (an optimiser step's share of a generation batch)."""
@@ -185,6 +204,9 @@ class LossInputs:
     """[] feedback tokens of the whole generation batch over all processes; None: this batch's own."""
     num_completions_in_batch: torch.Tensor | None = None
     """[] completions of the whole generation batch over all processes; None: this batch's own."""
+    verdict_mask: torch.Tensor | None = None
+    """[B, 1] 1 on rows whose reward is a verdict, 0 on rows left out of the loss (grading failed, their loss masks
+    all 0: ``RolloutBatch.leave_out``), which no completion count includes; None: every row."""
     row_index: torch.Tensor | None = None
     """[B] long: each row's place in its generation batch, which TRL shuffles before splitting, so that what the
     loss computes per micro-batch can be put back in the batch's order (``rollout.sampling_error``); None: untracked."""
@@ -196,14 +218,14 @@ class LossInputs:
     def counted(self, gather: Callable[[torch.Tensor], torch.Tensor]) -> LossInputs:
         """These rows with their generation batch's counts: this process's summed over all by ``gather``
         (``accelerator.gather``, called on every process alike)."""
-        local = StepCounts.of(self.completion_mask, self.feedback_mask)
+        local = StepCounts.of(self.completion_mask, self.feedback_mask, self.verdict_mask)
         total = gather(torch.stack([local.tokens, local.feedback, local.completions])[None]).sum(0)  # [3]
         return replace(self, num_items_in_batch=total[0], num_feedback_in_batch=total[1],
                        num_completions_in_batch=total[2])
 
     def counts(self) -> StepCounts:
         """The generation batch's counts (a count never set is this batch's own)."""
-        local = StepCounts.of(self.completion_mask, self.feedback_mask)
+        local = StepCounts.of(self.completion_mask, self.feedback_mask, self.verdict_mask)
         given = (self.num_items_in_batch, self.num_feedback_in_batch, self.num_completions_in_batch)
         return StepCounts(*(mine if count is None else count.double()
                             for mine, count in zip((local.tokens, local.feedback, local.completions), given)))

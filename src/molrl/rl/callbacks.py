@@ -3,7 +3,8 @@
 Accuracy comes from ``molrl.eval.evaluate_single`` (the evaluation stage's own loop and graders,
 greedy, one answer per task); the KL is the exact per-token KL(policy || base) over the greedy
 answers of the first ``kl_prompts`` held-out tasks (``molrl.rl.kl``). Results are appended to
-``metrics.jsonl`` as ``eval/accuracy`` and ``eval/kl_to_base`` with the step, by the main process.
+``metrics.jsonl`` as ``eval/accuracy`` and ``eval/kl_to_base`` with the step, by the main process, beside
+``eval/sandbox_errors``: answers the sandbox could not judge, left out of the accuracy.
 """
 
 from __future__ import annotations
@@ -90,7 +91,10 @@ def evaluate_policy(model: Any, tokenizer: Any, tasks: list, sampling: Any, pool
     generates the answers (None: transformers on ``model``)."""
     result = evaluate_single(model, tokenizer, tasks, sampling, pool, enable_thinking=enable_thinking,
                              code_template=code_template, math_template=math_template, generator=generator)
-    metrics = {"eval/accuracy": float(result["accuracy"])}
+    metrics: dict[str, float] = {}
+    if result["accuracy"] is not None:  # None: the sandbox or the grader judged no answer, so there is no accuracy
+        metrics["eval/accuracy"] = float(result["accuracy"])
+    metrics["eval/sandbox_errors"] = float(result["sandbox_errors"])
     n = min(kl_prompts, len(tasks))
     if n:
         prompts = render_prompts(tokenizer, tasks[:n], enable_thinking=enable_thinking, code_template=code_template,

@@ -69,8 +69,6 @@ class RewardSettings:
 
     code_mode: Literal["staged", "binary"] = "staged"
     """Code reward: staged partial credit (no code < compile error < runtime error < tests passed), or 0/1."""
-    failure_reward: Annotated[float, Range(-1000, 1000)] = 0.0
-    """Reward given to a completion whose scoring failed (reward function or sandbox error)."""
     constant_answer_tasks: bool = False
     """Keep code tasks whose held-back tests one constant return passes, the value a shown test expects (copying it
     earns full reward); off, they are left out wherever tests are shown, with one line naming the count."""
@@ -253,7 +251,10 @@ class RlConfig:
         "lora.enabled": Retired("the RL stage trains a LoRA adapter; full fine-tuning is MoL's", (True,)),
         "train.epochs": Retired("the RL stage runs train.max_steps optimiser steps; epochs are MoL's", (1.0,)),
         "train.grad_accumulation": Retired("the RL stage accumulates prompts_per_step * sampling.n / "
-                                           "train.micro_batch_size micro-batches a step", (None,))}
+                                           "train.micro_batch_size micro-batches a step", (None,)),
+        # a completion whose scoring failed is no verdict: it has no reward, and is left out of the loss
+        "reward.failure_reward": Retired("a completion whose scoring failed (a sandbox or grader error) has no "
+                                         "reward: it is left out of the loss", (0.0,))}
 
     def __post_init__(self) -> None:
         self.model = as_model_source(self.model, RlModelSource)

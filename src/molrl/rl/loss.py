@@ -99,7 +99,7 @@ def policy_loss(logps: torch.Tensor, inputs: LossInputs, settings: PolicyLossSet
     """The clipped policy-gradient loss of one micro-batch (its share of the step's) and its statistics.
 
     ``logps`` [B, T] are the policy's log-probs of ``inputs.completion_ids``; from ``inputs`` the loss reads the
-    advantages, the loss mask (``completion_mask``), the behaviour log-probs (None: the batch was sampled by the
+    advantages, the loss mask (``completion_mask``, all 0 on a row whose grading failed), the behaviour log-probs (None: the batch was sampled by the
     policy being trained: ratio 1 in value, gradient of log pi), the reference log-probs and the weights ([B, 1] or
     [B, T], multiplying each token's loss). ``normaliser`` is the step's ``policy_normaliser`` (None: this batch's
     own, as if it were the whole step). Ratios and the KL are formed in float32 (bf16 log-probs would round exp()
@@ -122,7 +122,7 @@ def policy_loss(logps: torch.Tensor, inputs: LossInputs, settings: PolicyLossSet
         token_loss = token_loss + settings.beta * ratio * kl  # the ratio (1 in value) makes the gradient unbiased
     rule = aggregator(settings.aggregation)
     if normaliser is None:
-        normaliser = rule.normaliser(StepCounts.of(mask), settings.max_completion_length)
+        normaliser = rule.normaliser(StepCounts.of(mask, None, inputs.verdict_mask), settings.max_completion_length)
     loss = share(rule.total(token_loss, mask), normaliser)
     with torch.no_grad():
         low = (ratio < 1 - settings.epsilon_low) & (advantages < 0)

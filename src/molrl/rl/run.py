@@ -201,7 +201,7 @@ def _prompts_and_scorer(cfg: RlConfig, tokenizer: Any, out: Path, eval_tasks: li
     runs_code = ALGORITHMS[cfg.algorithm].runs_code(cfg, tasks)
     if {t.kind for t in [*tasks, *eval_tasks]} & {"code", "toy"} or runs_code or cfg.episode.max_turns > 1:
         pool = SandboxPool(cfg.sandbox)
-    scorer = Scorer(pool, CodeRewardConfig(mode=cfg.reward.code_mode), cfg.reward.failure_reward)
+    scorer = Scorer(pool, CodeRewardConfig(mode=cfg.reward.code_mode))
     return Dataset.from_list(rows), scorer, pool, record
 
 

@@ -5,7 +5,9 @@ grades into per-token advantages and takes a clipped policy-gradient step on the
 typed contract (``molrl.rl.batch``):
 
 1. the rollout policy (``molrl.rl.rollouts``: sync, partial, props): prompts -> ``RolloutBatch``;
-2. ``molrl.rl.score``: (tasks, completions) -> ``Scores`` through the grading dispatch evaluation uses;
+2. ``molrl.rl.score``: (tasks, completions) -> ``Scores`` through the grading dispatch evaluation uses; a row whose
+   grading failed (a sandbox error, a grader error) is no verdict: it keeps no loss token and stays out of its
+   group's statistics, and a run whose sandbox fails past ``sandbox.max_error_rate`` of its rows stops;
 3. the algorithm (``molrl.rl.algorithms``: grpo, dr_grpo, dr_grpo_std, opd, ppo):
    ``AdvantageInputs`` -> ``Advantages``;
 4. ``molrl.rl.loss.policy_loss`` on ``LossInputs``, plus the algorithm's own terms (PPO's value loss) and the
@@ -48,6 +50,7 @@ from molrl.rl.rollouts.overlap import Lookahead
 from molrl.rl.score import Scorer, log_scores
 from molrl.rl.terms import CompletionLogits, build_terms
 from molrl.rl.watch import RunWatch, WatchSettings
+from molrl.sandbox.errors import ErrorCount
 
 TRL_SURFACE = {
     "methods": {  # private GRPOTrainer methods: (parameters we rely on)
@@ -86,6 +89,7 @@ class RlTrainer(GRPOTrainer):
         self.cfg = config  # what molrl's code reads of the run's settings (TRL's copies are for TRL's own code)
         self.scorer, self.completions_path, self.seen_stages = scorer, completions_path, set()
         self.made_by = made_by  # what each completions.jsonl row records of its making (score.completions_made_by)
+        self.sandbox_errors = ErrorCount(config.sandbox.max_error_rate, "rl")  # the run's rows the sandbox failed
         self.logprobs = LogProbs(self)  # every sampling log-prob, at the one temperature
         self.engine: Any = None  # a policy engine once attached (molrl.rl.engine: engine=vllm or vllm_server)
         self.lookahead = Lookahead()  # the loop's batches, one readable ahead (rollout.max_staleness=1 submits it)
@@ -108,29 +112,33 @@ class RlTrainer(GRPOTrainer):
 
     def step(self, inputs: list[dict[str, Any]]) -> LossInputs:
         """Sample ``inputs`` (``prompt`` and ``task_json`` rows), score the completions, and return what the loss
-        trains on."""
+        trains on: every row whose reward is a verdict (a row whose grading failed is logged, never trained on)."""
         rollout, mode = self.rollouts[self._mode()], self._mode()
         batch = rollout.rollout(inputs)  # 1. rollout
         start = time.perf_counter()
-        scores = self.scorer.score(batch.tasks, batch.completions)  # 2. score
+        scores = self.scorer.score(batch.tasks, batch.completions, batch.stop_reasons)  # 2. score
         self.metrics()["time/reward_s"].append(time.perf_counter() - start)
         device, local, rank = self.accelerator.device, len(batch.tasks), self.accelerator.process_index
+        verdicts = torch.tensor(scores.verdicts(), dtype=torch.bool, device=device)  # [B]
+        batch.leave_out(verdicts)  # a failed row has no loss token: no term of any algorithm trains on it
         rewards = self.accelerator.gather(torch.tensor(scores.rewards, dtype=torch.float32, device=device))  # [N]
+        judged = self.accelerator.gather(verdicts.int()).bool()  # [N]
         masks = self.accelerator.gather(self.accelerator.pad_across_processes(batch.completion_mask, dim=1))  # [N, T']
         advantages = self.algorithm.advantages(AdvantageInputs(  # 3. advantages
-            batch, scores, rewards, masks.float(), self.group_size(), slice(rank * local, (rank + 1) * local)))
+            batch, scores, rewards, judged, masks.float(), self.group_size(), slice(rank * local, (rank + 1) * local)))
         main = mode == "train" and self.accelerator.is_main_process
         if mode == "train" and self.cfg.completion_logps:  # completions.jsonl: each row's tokens and both log-probs
             batch.records = token_logp_records(batch.completion_ids, batch.lengths, self.policy_logps(batch),
                                                batch.engine_logps, batch.records)
-        log_scores(self.metrics(), self.seen_stages, self.scorer.__name__, batch, scores, rewards,
-                   advantages.per_completion, self.group_size(), gather_object,
-                   self.completions_path if main else None, self.state.global_step + 1, self.made_by)
+        excluded = log_scores(self.metrics(), self.seen_stages, self.scorer.__name__, batch, scores, rewards, judged,
+                              advantages.per_completion, self.group_size(), gather_object,
+                              self.completions_path if main else None, self.state.global_step + 1, self.made_by)
+        self.sandbox_errors.add(excluded.count("sandbox_error"), len(excluded))  # past sandbox.max_error_rate: stop
         return rollout.finish(LossInputs(  # 4. what the loss reads, with the generation batch's counts
             batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, advantages.tokens,
             behaviour_logps=batch.behaviour_logps, reference_logps=batch.reference_logps, weights=batch.loss_weights(),
-            extra=advantages.extra, attention_mask=batch.attention_mask,
-            feedback_mask=batch.feedback_mask).counted(self.accelerator.gather))
+            extra=advantages.extra, attention_mask=batch.attention_mask, feedback_mask=batch.feedback_mask,
+            verdict_mask=verdicts.float()[:, None]).counted(self.accelerator.gather))
 
     # the step's second half: loss
     def _compute_loss(self, model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -37,8 +37,6 @@ class WatchSettings:
     """The training tasks, as the run names them (``data.path``, or the format)."""
     code_mode: str
     """reward.code_mode."""
-    failure_reward: float
-    """reward.failure_reward."""
     temperature: float
     """sampling.temperature."""
     max_turns: int
@@ -59,7 +57,7 @@ class WatchSettings:
         from molrl.rl.algorithms.grpo import GroupRelative
 
         return cls(data=str(cfg.data.path or cfg.data.format), code_mode=cfg.reward.code_mode,
-                   failure_reward=cfg.reward.failure_reward, temperature=cfg.sampling.temperature,
+                   temperature=cfg.sampling.temperature,
                    max_turns=cfg.episode.max_turns, max_new_tokens=cfg.sampling.max_new_tokens,
                    learning_rate=cfg.train.learning_rate,
                    group_relative=issubclass(ALGORITHMS[cfg.algorithm], GroupRelative),
@@ -84,7 +82,7 @@ def no_signal(step: int, logs: Mapping[str, Any], settings: WatchSettings) -> st
     return (f"step {step}: every group's completions got one reward (mean {reward:.3g}{graded}), so every advantage "
             f"is 0 and the policy gradient trains nothing{f' ({moved})' if moved else ''}. Check the tasks "
             f"({settings.data}: can the model solve some of them, not all?), the reward (reward.code_mode="
-            f"{settings.code_mode}, reward.failure_reward={settings.failure_reward:g}), the temperature "
+            f"{settings.code_mode}), the temperature "
             f"(sampling.temperature={settings.temperature:g}; a higher one spreads a group), the turn budget "
             f"(episode.max_turns={settings.max_turns}) and the token budget (sampling.max_new_tokens="
             f"{settings.max_new_tokens}); completions.jsonl holds every completion with its grade")

@@ -9,7 +9,8 @@ dr_grpo_std    (R_i - mean_j R_j) / (std_j R_j + 1e-4)     sum over tokens and B
 =============  ==========================================  =========================================
 
 ``std`` is the sample standard deviation over the G completions of a prompt and ``T_max`` is
-``max_completion_length`` (Dr.GRPO paper, arXiv 2503.20783; MoL-RL's public training code).
+``max_completion_length`` (Dr.GRPO paper, arXiv 2503.20783; MoL-RL's public training code). Mean and std are over
+the group's verdict rows: a row whose grading failed has advantage 0 (``molrl.rl.groups``).
 """
 
 from __future__ import annotations
@@ -20,26 +21,18 @@ import torch
 
 from molrl.rl.algorithms.base import Algorithm
 from molrl.rl.batch import AdvantageInputs
+from molrl.rl.groups import group_advantages
 
 
-def group_stats(rewards: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row mean and sample std of its group's rewards, each [N]."""
-    grouped = rewards.view(-1, group_size)  # [N / G, G]
-    mean = grouped.mean(dim=1)
-    std = grouped.std(dim=1) if group_size > 1 else torch.zeros_like(mean)
-    return mean.repeat_interleave(group_size), std.repeat_interleave(group_size)
+def grpo_advantages(rewards: torch.Tensor, verdicts: torch.Tensor, mask: torch.Tensor, group_size: int) -> torch.Tensor:
+    """GRPO: ``(R_i - mean) / (std + 1e-4)`` over the group's verdict rows, on every token of completion i: [N, T]
+    (``molrl.rl.groups.group_advantages``: 0 for a failed row and a group of fewer than two verdict rows)."""
+    return group_advantages(rewards, verdicts, group_size, scale=True).unsqueeze(1) * mask
 
 
-def grpo_advantages(rewards: torch.Tensor, mask: torch.Tensor, group_size: int) -> torch.Tensor:
-    """GRPO: ``(R_i - mean) / (std + 1e-4)`` over the group, on every token of completion i: [N, T]."""
-    mean, std = group_stats(rewards, group_size)
-    return ((rewards - mean) / (std + 1e-4)).unsqueeze(1) * mask
-
-
-def dr_grpo_advantages(rewards: torch.Tensor, mask: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Dr.GRPO: ``R_i - mean`` over the group (no std division), on every token of completion i: [N, T]."""
-    mean, _ = group_stats(rewards, group_size)
-    return (rewards - mean).unsqueeze(1) * mask
+def dr_grpo_advantages(rewards: torch.Tensor, verdicts: torch.Tensor, mask: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Dr.GRPO: ``R_i - mean`` over the group's verdict rows (no std division), on every token of completion i: [N, T]."""
+    return group_advantages(rewards, verdicts, group_size, scale=False).unsqueeze(1) * mask
 
 
 def local_rows(advantages: torch.Tensor, inputs: AdvantageInputs) -> torch.Tensor:
@@ -50,15 +43,17 @@ def local_rows(advantages: torch.Tensor, inputs: AdvantageInputs) -> torch.Tenso
 class GroupRelative(Algorithm):
     """A completion's outcome advantage, relative to its group, on each of its tokens."""
 
-    advantage_fn: ClassVar[Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]]
-    """rewards [N], mask [N, T], group size G -> advantages [N, T]."""
+    advantage_fn: ClassVar[Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]]
+    """rewards [N], verdicts [N] bool, mask [N, T], group size G -> advantages [N, T]."""
 
     def token_advantages(self, inputs, ma_ids):
-        return local_rows(type(self).advantage_fn(inputs.rewards, inputs.masks, inputs.group), inputs), {}
+        advantages = type(self).advantage_fn(inputs.rewards, inputs.verdicts, inputs.masks, inputs.group)
+        return local_rows(advantages, inputs), {}
 
     def completion_advantages(self, inputs, tokens):
-        # the row's advantage, also for a row masked out of the loss
-        return type(self).advantage_fn(inputs.rewards, torch.ones_like(inputs.rewards)[:, None], inputs.group)[:, 0]
+        # the row's advantage, also for a row whose tokens are all masked out of the loss (truncated)
+        whole = torch.ones_like(inputs.rewards)[:, None]
+        return type(self).advantage_fn(inputs.rewards, inputs.verdicts, whole, inputs.group)[:, 0]
 
 
 class Grpo(GroupRelative):

@@ -107,7 +107,7 @@ class Opd(Algorithm):
         return cfg.opd.teacher == "feedback" and any(t.probe for t in tasks)
 
     def token_advantages(self, inputs: AdvantageInputs, ma_ids):
-        outcome = local_rows(dr_grpo_advantages(inputs.rewards, inputs.masks, inputs.group), inputs)
+        outcome = local_rows(dr_grpo_advantages(inputs.rewards, inputs.verdicts, inputs.masks, inputs.group), inputs)
         return self.distillation_advantages(inputs) + self.cfg.opd.outcome_weight * outcome, {}
 
     def distillation_advantages(self, inputs: AdvantageInputs) -> torch.Tensor:

@@ -17,8 +17,11 @@ The critic (``ppo.critic``):
   last hidden states of the policy's own forward (a hook on the trunk keeps them), so the trunk runs once.
   The head sits outside that forward, so DDP, which expects a parameter's gradient from its forward only, is
   told to leave it out, and its gradients are averaged over processes as they arrive.
-- ``group_mean``: no learned critic; each state's value is its group's mean reward (a control: with
-  gamma = lam = 1 and beta = 0 the advantages are Dr.GRPO's, R - mean).
+- ``group_mean``: no learned critic; each state's value is its group's mean reward over its verdict rows (a control:
+  with gamma = lam = 1 and beta = 0 the advantages are Dr.GRPO's, R - mean).
+
+A row whose grading failed has no loss token (``molrl.rl.trainer``), so it has no reward, advantage, return or
+value-loss term here.
 
 The critic is saved beside the adapter (``value_head.pt``) and in every checkpoint (``critic.pt``).
 """
@@ -34,8 +37,8 @@ from peft import LoraConfig
 from trl.trainer.utils import use_adapter
 
 from molrl.rl.algorithms.base import Algorithm, copy_adapter
-from molrl.rl.algorithms.grpo import group_stats
 from molrl.rl.batch import AdvantageInputs, LossInputs, StepCounts, join
+from molrl.rl.groups import group_stats
 from molrl.rl.loss import explained_variance, value_loss
 from molrl.rl.macro import macro_gae
 from molrl.records.writes import write_bytes
@@ -143,7 +146,7 @@ class Ppo(Algorithm):
         """[B, T] the critic's values of the batch's states before this step's update."""
         batch = inputs.batch
         if self.critic == "group_mean":
-            mean, _ = group_stats(inputs.rewards, inputs.group)
+            mean = group_stats(inputs.rewards, inputs.verdicts, inputs.group).mean  # over the group's verdict rows
             return mean[inputs.rows].unsqueeze(1).expand_as(batch.completion_mask).float()
         return self.values(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.attention())
 

@@ -21,7 +21,8 @@ string was not sampled, so it carries no policy gradient.
 
 Reward: the final answer, scored as single-turn RL scores it: the raw text of the episode's last
 submitted solution, graded by the stage's scorer (staged or binary for code); an episode that submitted
-none scores as an empty answer. When the episode can show test outcomes before its last answer
+none scores as an empty answer. An episode the sandbox stopped (``sandbox_error``) has no reward: its answer is not
+the one it would have given, so it is left out of the loss like any row whose grading failed (``molrl.rl.score``). When the episode can show test outcomes before its last answer
 (``max_solutions`` above 1, or ``tests_on_execute``), or its prompt lists tests, it runs on the task's shown
 tests (the row's ``episode_json``) and the reward grades the held-back rest (its ``task_json``; both made by
 ``molrl.rl.data.build_prompt_rows`` through ``molrl.tasks.held_out``), so no reward comes from a test whose
@@ -152,6 +153,7 @@ class Turns(Synchronous):
         batch = self.to_batch([{"prompt": p, "task_json": x["task_json"]} for p, x in zip(prompts, inputs)],  # reward's
                               [r.prompt_ids for r in rows], [r.ids for r in rows], answers, engine_logps, roles=roles)
         batch.records = [{"episode": tokenizer.decode(r.ids)} for r in rows]  # every turn and feedback, not the answer only
+        batch.stop_reasons = [r.episode.stop_reason for r in rows]  # one the sandbox stopped is no verdict
         self.log(rows, generation_s)
         self.name_one_turn(rows)
         return batch
@@ -230,6 +232,7 @@ class Turns(Synchronous):
         metrics["turns/feedback_tokens"].append(sum(sum(r.feedback) for r in rows) / n)
         metrics["turns/sampled_tokens"].append(sum(sum(r.sampled) for r in rows) / n)
         metrics["completions/mean_length"].append(sum(len(r.ids) for r in rows) / n)
-        for reason in ("solved", "out_of_solutions", "max_turns", "token_limit", "empty_turn", "malformed_think"):
+        for reason in ("solved", "out_of_solutions", "max_turns", "token_limit", "empty_turn", "malformed_think",
+                       "sandbox_error"):
             metrics[f"turns/stop_{reason}"].append(sum(r.episode.stop_reason == reason for r in rows) / n)
         self.trainer.state.num_input_tokens_seen += sum(sum(r.sampled) for r in rows)
