@@ -50,8 +50,8 @@ def _as_version_2(record: SampleRecord) -> SampleRecord:
                                grading=2)
 
 
-def test_code_grading_is_version_3_and_the_other_kinds_version_1():
-    assert GRADING == {"code": 3, "math": 1, "toy": 1}
+def test_code_grading_is_version_4_and_the_other_kinds_version_1():
+    assert GRADING == {"code": 4, "math": 1, "toy": 1}
     line = {"id": "a", "sample": 0, "completion": "", "extracted": None, "correct": False, "score": 0.0,
             "stage": "no_code"}
     assert SampleRecord(**line).grading == 1  # a record written before versions were kept

@@ -313,6 +313,8 @@ OTHER_JSON_READS = {
     "sandbox/runtime/task.py": "the job pipe from the parent process",
     "sandbox/slot.py": "the worker's result pipe",
     "sandbox/remote/harness.py": "a run_code server's reply: the harness's result line",
+    "sandbox/remote/client.py": "a sandbox server's reply, checked by molrl.sandbox.remote.protocol before it is read",
+    "sandbox/remote/server.py": "a request to the sandbox server, checked job by job (protocol.job_error)",
     "sandbox/remote/harness_program.py": "the job on the harness's stdin, its embedded runtime, its judge's verdicts",
     "sandbox/remote/harness_child.py": "the job message from the harness",
     "graders/math_worker.py": "the grading worker's pipe",

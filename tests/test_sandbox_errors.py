@@ -49,3 +49,25 @@ def test_the_count_adds_up_its_batches_and_stops_when_the_run_passes_the_limit()
     assert (count.errors, count.total) == (8, 31)
     with pytest.raises(MolrlError, match=r"rl: 9 of 32 graded rows \(28.1%\)"):
         count.add(1, 1)
+
+
+def test_a_task_with_one_job_the_sandbox_could_not_run_has_no_verdict():
+    """Its call test ran and passed, its stdio test's job was lost: the task is a sandbox_error, never partial."""
+    from failing_sandbox import FailingBackend
+
+    from molrl.graders.code import grade_code
+    from molrl.sandbox import LocalBackend, SandboxConfig, SandboxPool
+    from molrl.tasks import Task, TestCase
+
+    task = Task(id="sq", prompt="", kind="code", entry_point="f",
+                tests=[TestCase("call", args=[3], expected=9), TestCase("stdio", stdin="", stdout="")])
+    cfg = SandboxConfig(workers=1, cache_size=0)
+    completion = "```python\ndef f(x):\n    return x * x\n```"
+    with SandboxPool(cfg) as pool:
+        (whole,) = grade_code([completion], [task], pool)
+    with SandboxPool(cfg, backend=FailingBackend(LocalBackend(cfg), every=2)) as pool:
+        result = pool.run_tests("def f(x):\n    return x * x\n", task)
+        (lost,) = grade_code([completion], [task], pool)
+    assert whole.stage == "all_pass"
+    assert [t.passed for t in result.tests] == [True, False] and result.status == "sandbox_error"
+    assert lost.stage == "sandbox_error"

@@ -135,7 +135,9 @@ class SandboxPool:
                     passed = out.get("status") == "ok" and not out.get("truncated") and \
                         normalise_output(got) == normalise_output(test.stdout)
                     outcomes[i] = TestOutcome(i, "stdio", passed, got[:1024], None if passed else _missing(out) or "wrong output")
-        main = next((out for out, _ in pieces if out.get("status") != "ok"), pieces[0][0] if pieces else {"status": "ok"})
+        failed = [out for out, _ in pieces if out.get("status") != "ok"]  # a job the sandbox could not run comes first:
+        failed.sort(key=lambda out: out.get("status") != "sandbox_error")  # its tests have no verdict
+        main = failed[0] if failed else pieces[0][0] if pieces else {"status": "ok"}
         result = self._result(main)
         result.tests = [outcomes[i] for i in sorted(outcomes)]
         result.duration_s = max((out.get("duration_s", 0.0) for out, _ in pieces), default=0.0)

@@ -18,11 +18,12 @@ from typing import Any, Sequence
 from molrl.graders.grade import Grade
 from molrl.task_types import Task
 
-GRADING = {"code": 3, "math": 1, "toy": 1}
+GRADING = {"code": 4, "math": 1, "toy": 1}
 """The version of each kind's grading: raised when the same completion can get another verdict (code 2: the block
 that defines the function under test is graded, not a later block that only uses it; code 3: blocks are read by a
 CommonMark parser, fences of other languages are never code, and the definition is found at the top level by
-``ast``: ``molrl.graders.extract``). A stored evaluation graded by an older version is graded again from its
+``ast``: ``molrl.graders.extract``; code 4: a task any of whose jobs the sandbox could not run is a sandbox_error, no
+verdict, where before the tests that did run made it partial). A stored evaluation graded by an older version is graded again from its
 completions (``molrl.eval.run``); nothing is generated again."""
 FAILED = ("sandbox_error", "grader_error")
 """Stages of a grade whose judgement failed (not the completion's fault)."""
