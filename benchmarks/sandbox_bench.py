@@ -143,8 +143,9 @@ def mbpp_batch(data: str) -> tuple[list[Task], list[str]]:
 
 
 def tier(args: argparse.Namespace) -> None:
-    """Executions a second, one request's latency and a reward batch's time: the local pool, 1 server, 2 servers,
-    all with the same slots in all, interleaved rounds."""
+    """Executions a second, one request's latency and a reward batch's time: the local pool, 1 server, 2 servers
+    (all with the same slots in all), and 1 server through its run_code endpoint (each job in the harness), in
+    interleaved rounds."""
     from molrl.tasks.grade import grade
 
     slots = args.workers or 4
@@ -155,7 +156,9 @@ def tier(args: argparse.Namespace) -> None:
         procs = [one[0], *(p for p, _ in two)]
         arms = {"local": SandboxConfig(workers=slots, cache_size=0),
                 "1 server": SandboxConfig(backend="remote", servers=[one[1]], cache_size=0),
-                "2 servers": SandboxConfig(backend="remote", servers=[u for _, u in two], cache_size=0)}
+                "2 servers": SandboxConfig(backend="remote", servers=[u for _, u in two], cache_size=0),
+                "1 server, run_code": SandboxConfig(backend="remote", servers=[one[1]], protocol="run_code",
+                                                    cache_size=0)}
         pools = {name: SandboxPool(cfg) for name, cfg in arms.items()}
         tasks, completions = mbpp_batch(args.mbpp) if args.mbpp else ([], [])
         rate: dict[str, list[float]] = {k: [] for k in arms}
@@ -182,7 +185,7 @@ def tier(args: argparse.Namespace) -> None:
             pool.close()
         print(f"{slots} slots in all on {os.cpu_count()} cores; {args.rounds} interleaved rounds of {args.n} snippets")
         for name in arms:
-            line = f"{name:10s} {statistics.median(rate[name]):7.1f} exec/s [{', '.join(f'{x:.1f}' for x in rate[name])}]"
+            line = f"{name:18s} {statistics.median(rate[name]):7.1f} exec/s [{', '.join(f'{x:.1f}' for x in rate[name])}]"
             line += f" | one request {statistics.median(latency[name]):6.2f} ms"
             if tasks:
                 line += f" | 64 MBPP completions graded in {statistics.median(reward[name]):.2f} s"
