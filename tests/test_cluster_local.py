@@ -1,5 +1,5 @@
-"""The local rehearsal of the cluster layout (scripts/cluster_local.sh) on a real model: 2 ``molrl serve`` servers and
-2 trainer processes (accelerate, CPU, gloo) for 2 RL steps. The main trainer saves each step's adapter and loads it
+"""The local rehearsal of the cluster layout (scripts/cluster_local.sh) on a real model: 2 ``molrl serve`` servers, 2
+``molrl sandbox serve`` servers and 2 trainer processes (accelerate, CPU, gloo) for 2 RL steps. The main trainer saves each step's adapter and loads it
 on both servers, the other waits until they list it; both sample from it, and the run leaves the servers as it found
 them and stops them. Slow: vLLM's CPU servers take minutes to start on a busy machine.
 """
@@ -33,9 +33,9 @@ def test_two_trainers_on_two_servers_sync_each_steps_adapter_everywhere(tmp_path
     export = subprocess.run([sys.executable, "-m", "molrl.cli", "export", "--gguf", str(gguf_file()), "--out",
                              str(model)], capture_output=True, text=True, timeout=900)
     assert export.returncode == 0, export.stderr[-2000:]
-    out, ports = tmp_path / "cluster", [free_port(), free_port()]
+    out, ports, sandboxes = tmp_path / "cluster", [free_port(), free_port()], [free_port(), free_port()]
     env = dict(os.environ, MODEL=str(model), OUT=str(out), PORTS=" ".join(map(str, ports)), MEMORY="0.08",
-               MAIN_PORT=str(free_port()))
+               MAIN_PORT=str(free_port()), SANDBOX_PORTS=" ".join(map(str, sandboxes)))
     done = subprocess.run(["bash", str(REPO / "scripts/cluster_local.sh")], env=env, capture_output=True, text=True,
                           timeout=3600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
@@ -56,3 +56,7 @@ def test_two_trainers_on_two_servers_sync_each_steps_adapter_everywhere(tmp_path
         with socket.socket() as s:  # the server was stopped
             assert s.connect_ex(("127.0.0.1", port)) != 0
     assert not any((out / "engine_sync").iterdir())
+    for port in sandboxes:  # the rewards' code ran on both sandbox servers, which were stopped cleanly
+        last = (out / "logs" / f"sandbox_{port}.log").read_text().strip().splitlines()[-1]
+        jobs = int(last.split(" requests, ")[1].split(" jobs run")[0])
+        assert jobs > 0, last

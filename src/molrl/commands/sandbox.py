@@ -49,8 +49,9 @@ SERVE_CEILINGS = (("timeout_s", 120.0, "wall-clock limit in seconds"), ("memory_
 
 
 def serve_pool(args: argparse.Namespace) -> int:
-    """Serve until interrupted."""
+    """Serve until interrupted or terminated."""
     import logging
+    import signal
 
     from molrl.config import check_values
     from molrl.sandbox import SandboxConfig
@@ -69,6 +70,10 @@ def serve_pool(args: argparse.Namespace) -> int:
     info = server.info()
     print(f"molrl sandbox server on {server.url} ({info['slots']} slots, {info['backend']} backend, queue limit "
           f"{info['queue_limit']} jobs)", flush=True)
+    def stop(*_: object) -> None:  # SIGTERM (a launcher's stop) ends it as Ctrl-C does: the pool is closed
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

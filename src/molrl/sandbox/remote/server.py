@@ -109,7 +109,10 @@ class SandboxServer:
             self.close()
 
     def close(self) -> None:
-        """Stop listening and stop the pool's workers."""
+        """Stop listening and stop the pool's workers; say what was served."""
+        c = self.counts
+        log.info("sandbox server %s: %d requests, %d jobs run, %d answered busy, %d refused", self.url,
+                 c["requests"], c["jobs"], c["busy"], c["refused"])
         if self._thread is not None:
             self.httpd.shutdown()
             self._thread = None
