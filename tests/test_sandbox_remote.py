@@ -94,10 +94,17 @@ def test_verdicts_equal_the_local_pools_on_mbpp_humaneval_and_the_demo_world(ser
     from molrl.demo.world import WorldConfig, build_world
 
     tasks, completions = _tasks_and_completions(shared_data)
-    world = build_world(WorldConfig(train_problems=4, heldout_problems=2, general_train=2, general_eval=2))
-    toy = [t for t in world.rule_train if t.kind in ("code", "toy")][:4]
+    from molrl.tasks.toy import toy_tasks
+
+    world = build_world(WorldConfig(train_problems=4, heldout_problems=2, general_train=4, general_eval=2,
+                                    code_problems=4, code_heldout=2))
+    for task in world.code_train + world.code_heldout:  # the digit world's code answers: right, then one off
+        tasks += [task, task]
+        value = task.tests[0].expected
+        completions += [f"```python\n{task.reference}\n```", f"```python\ndef solve(): return {value + 1}\n```"]
+    toy = toy_tasks(4)  # the toy task's checker runs in the sandbox too
     tasks += toy
-    completions += ["```python\nprint(1)\n```"] * len(toy)
+    completions += ["Hello world", "abc", "ABC def", ""]
     code = CodeRewardConfig()
     with SandboxPool(SandboxConfig(workers=2, cache_size=0)) as local:
         here = grade(tasks, completions, local, code)
