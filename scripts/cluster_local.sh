@@ -63,7 +63,7 @@ echo "cluster_local: servers [$SERVERS] starting (logs in $OUT/logs)"
 for i in "${!PORTS[@]}"; do
   log="$OUT/logs/server_${PORTS[$i]}.log"
   for ((waited = 0; ; waited++)); do
-    grep -q " ready$" "$log" && break
+    grep -qs " ready$" "$log" && break
     if ! kill -0 "${PIDS[$i]}" 2>/dev/null; then
       echo "cluster_local: server on port ${PORTS[$i]} exited before it was ready; see $log:" >&2
       tail -n 20 "$log" >&2
