@@ -1,0 +1,280 @@
+"""The library world: code tasks against a library that exists only inside the sandbox.
+
+The tasks ask for a short Python function ``solve`` that uses ``lib``, a module the sandbox defines before the
+solution runs (the task's ``preamble``; never shown to the model). The tasks' text says what each of ``lib``'s
+functions is for, never how it behaves; that differs from the natural reading in one way a function, drawn from the
+world's seed, and only running code reveals it:
+
+- ``lib.price(item)``: the price, **in hundredths or tenths or thousandths** of a unit (units);
+- ``lib.stock(item)``: how many the store has, **as a sentence** such as ``"7 in stock"`` (the shape of a value);
+- ``lib.weight(item)``: the weight, and for an item without one **-1, None or a KeyError** (errors);
+- ``lib.ship(item, n)``: the cost of shipping ``n`` of an item, **the item first** where the prompt names the number
+  first (argument order).
+
+What running code shows is unlike the answer: printed values (``250``, ``'7 in stock'``) and tracebacks
+(``KeyError: 3``), against an answer that is code (``return lib.price(item) // 100``). A task asks for one function's
+use with a small twist (``3 times the price of item in whole units``), or for two functions together. Held-out tasks
+use pairs of functions no training task combines, on items no training task's tests call; general tasks are plain
+Python without ``lib`` and measure forgetting. Every task is graded by held-back call tests in the sandbox
+(``molrl.graders.code``); the prompt shows no test input.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from itertools import combinations
+
+from molrl.tasks import Task, TestCase
+
+FAMILIES = ("price", "stock", "weight", "ship")
+"""The functions of ``lib``, one quirk each."""
+SCALES = (10, 100, 1000)
+"""What ``lib.price`` may count in: tenths, hundredths or thousandths of a unit."""
+STOCK_FORMATS = ("{n} in stock", "stock: {n}", "{n} left")
+"""How ``lib.stock`` may say a count."""
+MISSING = ("-1", "None", "KeyError")
+"""What ``lib.weight`` may do for an item without a weight."""
+ITEMS = ("bolt", "cog", "vane", "dial", "gear", "pin", "rod", "nut", "cam", "hub", "lug", "rim", "tab", "peg",
+         "cap", "jig", "keg", "lid", "mast", "nib", "orb", "pod", "reel", "sash", "tine", "urn", "vial", "wick",
+         "yoke", "zinc", "arc", "bead", "coil", "disc", "fin", "gimp", "hasp", "iris", "jamb", "knob")
+"""The store's items (short nouns, so a name is a few tokens)."""
+PAIRS = tuple(combinations(FAMILIES, 2))
+"""Every pair of functions a task may combine."""
+ENTRY = "solve"
+
+
+@dataclass
+class LibraryConfig:
+    """The size and seed of a library world."""
+
+    seed: int = 0
+    """Seed of the library's behaviour, its data and every split."""
+    train_items: int = 24
+    """Items the training tasks' tests call (the rest are held out)."""
+    heldout_items: int = 12
+    """Items only the held-out tasks' tests call."""
+    tests_per_task: int = 4
+    """Held-back call tests a task has."""
+    train_twists: int = 12
+    """Tasks a function (and a training pair) has in training, each with its own twist."""
+    heldout_pairs: int = 2
+    """Pairs of functions no training task combines, for the held-out tasks."""
+    heldout_twists: int = 10
+    """Held-out tasks a held-out pair has."""
+    general_train: int = 200
+    """Plain-Python training tasks (no ``lib``)."""
+    general_eval: int = 50
+    """Plain-Python tasks held out to measure forgetting."""
+
+
+@dataclass(frozen=True)
+class Quirks:
+    """How this world's ``lib`` behaves where the tasks' text is silent."""
+
+    scale: int
+    stock_format: str
+    missing: str
+
+
+@dataclass
+class LibraryWorld:
+    """A generated library world: the library, its data, and the task splits."""
+
+    quirks: Quirks
+    preamble: str
+    """The library's source, run in the sandbox before every solution and every executed snippet."""
+    prices: dict[str, int]
+    """Each item's price in the library's own unit (``quirks.scale`` a whole unit)."""
+    stock: dict[str, int]
+    weights: dict[str, int]
+    """Items with a weight; the others have none."""
+    ship_rates: dict[str, int]
+    train_pairs: list[tuple[str, str]] = field(default_factory=list)
+    heldout_pairs: list[tuple[str, str]] = field(default_factory=list)
+    train: list[Task] = field(default_factory=list)
+    """Single-function and training-pair tasks on the training items."""
+    heldout: list[Task] = field(default_factory=list)
+    """Held-out-pair tasks on the held-out items."""
+    general_train: list[Task] = field(default_factory=list)
+    general_eval: list[Task] = field(default_factory=list)
+
+    def probe(self, family: str, item: str) -> str:
+        """A snippet that shows one function's behaviour on ``item`` (what an agent might run)."""
+        call = {"price": f"lib.price({item!r})", "stock": f"lib.stock({item!r})", "weight": f"lib.weight({item!r})",
+                "ship": f"lib.ship(2, {item!r})"}[family]
+        return f"print(repr({call}))"
+
+
+def library_source(q: Quirks, prices: dict, stock: dict, weights: dict, ship_rates: dict) -> str:
+    """The ``lib`` module's source: plain functions over hidden tables, as the sandbox defines it."""
+    missing = {"-1": "return -1", "None": "return None", "KeyError": "raise KeyError(item)"}[q.missing]
+    ship = "def ship(item, n):\n    return n * _SHIP[item]\n"
+    body = (f"_PRICE = {prices!r}\n_STOCK = {stock!r}\n_WEIGHT = {weights!r}\n_SHIP = {ship_rates!r}\n\n"
+            "def price(item):\n    return _PRICE[item]\n\n"
+            f"def stock(item):\n    return {q.stock_format!r}.format(n=_STOCK[item])\n\n"
+            f"def weight(item):\n    if item not in _WEIGHT:\n        {missing}\n    return _WEIGHT[item]\n\n{ship}")
+    return ("import types as _types\nlib = _types.ModuleType('lib')\n"
+            f"exec(compile({body!r}, 'lib.py', 'exec'), lib.__dict__)\ndel _types\n")
+
+
+def describe(families: tuple[str, ...]) -> str:
+    """What the prompt says of the functions a task uses: what each is for, never how it behaves."""
+    text = {"price": "`lib.price(item)` gives the price of an item",
+            "stock": "`lib.stock(item)` tells how many of an item the store has",
+            "weight": "`lib.weight(item)` gives the weight of an item, where one is known",
+            "ship": "`lib.ship` gives the cost of shipping a number of an item"}
+    return "; ".join(text[f] for f in families)
+
+
+TARGETS = {
+    "price": "the price of {item} in whole units (rounded down)",
+    "stock": "how many of {item} the store has, as an int",
+    "weight": "the weight of {item}, or 0 when it has none",
+    "ship": "the cost of shipping {n} of {item}",
+}
+"""What a function's use asks for, in the prompt's words."""
+
+
+def value(world: LibraryWorld, family: str, item: str, n: int) -> int:
+    """What one function's use is worth for ``item`` (the caller's truth, computed from the hidden tables)."""
+    if family == "price":
+        return world.prices[item] // world.quirks.scale
+    if family == "stock":
+        return world.stock[item]
+    if family == "weight":
+        return world.weights.get(item, 0)
+    return n * world.ship_rates[item]
+
+
+def reference_use(q: Quirks, family: str, item: str = "item", n: str = "n") -> str:
+    """The expression that uses one function rightly (what the model has to learn to write)."""
+    if family == "price":
+        return f"lib.price({item}) // {q.scale}"
+    if family == "stock":
+        return f"int(''.join(c for c in lib.stock({item}) if c.isdigit()))"
+    if family == "weight":
+        return f"_weight({item})"
+    return f"lib.ship({item}, {n})"
+
+
+def reference_helpers(q: Quirks, families: tuple[str, ...]) -> str:
+    """Helper functions a reference solution needs (the missing-weight check)."""
+    if "weight" not in families:
+        return ""
+    if q.missing == "KeyError":
+        return "def _weight(item):\n    try:\n        return lib.weight(item)\n    except KeyError:\n        return 0\n\n"
+    check = "== -1" if q.missing == "-1" else "is None"
+    return f"def _weight(item):\n    w = lib.weight(item)\n    return 0 if w {check} else w\n\n"
+
+
+def naive_use(family: str, item: str = "item", n: str = "n") -> str:
+    """The expression a reader of the prompt alone would write: right for none of the quirks."""
+    return {"price": f"lib.price({item})", "stock": f"lib.stock({item})", "weight": f"lib.weight({item})",
+            "ship": f"lib.ship({n}, {item})"}[family]
+
+
+TWISTS = (("", "{x}"), ("3 times ", "3 * ({x})"), ("2 plus ", "2 + ({x})"), ("10 times ", "10 * ({x})"),
+          ("5 plus ", "5 + ({x})"), ("twice ", "2 * ({x})"), ("4 times ", "4 * ({x})"), ("1 plus ", "1 + ({x})"),
+          ("7 plus ", "7 + ({x})"), ("6 times ", "6 * ({x})"), ("9 plus ", "9 + ({x})"), ("8 times ", "8 * ({x})"))
+"""(what the prompt says, how the answer applies it) for the small change that makes each task its own."""
+
+
+def library_task(world: LibraryWorld, families: tuple[str, ...], twist: int, items: list[str], tests: int,
+                 rng: random.Random, split: str) -> Task:
+    """A task using ``families`` (one function, or two summed) with twist ``twist``, tested on ``items``."""
+    q = world.quirks
+    say, apply = TWISTS[twist]
+    ships = "ship" in families
+    args = "item, n" if ships else "item"
+    parts = [TARGETS[f].format(item="item", n="n") for f in families]
+    target = parts[0] if len(parts) == 1 else f"the sum of {parts[0]} and {parts[1]}"
+    prompt = (f"The module `lib` is available: {describe(families)}. Write a Python function `{ENTRY}({args})` that "
+              f"returns {say}{target}.")
+    chosen = rng.sample(items, tests)
+    if "weight" in families and all(i in world.weights for i in chosen):  # the missing weight's quirk must bite
+        chosen[-1] = rng.choice([i for i in items if i not in world.weights])
+    cases = []
+    for item in chosen:
+        n = rng.randrange(2, 10)
+        truth = sum(value(world, f, item, n) for f in families)
+        expected = eval(apply.format(x=str(truth)))  # noqa: S307 - the twist table's own arithmetic
+        cases.append(TestCase("call", args=[item, n] if ships else [item], expected=int(expected)))
+    body = " + ".join(reference_use(q, f) for f in families)
+    reference = f"{reference_helpers(q, families)}def {ENTRY}({args}):\n    return {apply.format(x=body)}\n"
+    naive = " + ".join(naive_use(f) for f in families)
+    return Task(id=f"library/{split}/{'+'.join(families)}/{twist}", prompt=prompt, kind="code", entry_point=ENTRY,
+                tests=cases, preamble=world.preamble, reference=reference,
+                meta={"family": "+".join(families), "twist": twist, "split": split,
+                      "naive": f"def {ENTRY}({args}):\n    return {apply.format(x=naive)}\n"})
+
+
+GENERAL = (
+    ("the largest number in xs", "xs", lambda r: [r.randrange(-50, 50) for _ in range(r.randrange(2, 7))],
+     lambda xs: max(xs), "max(xs)"),
+    ("the sum of the digits of n", "n", lambda r: r.randrange(10, 100000), lambda n: sum(map(int, str(n))),
+     "sum(int(c) for c in str(n))"),
+    ("the position in the alphabet of the first letter of s", "s",
+     lambda r: "".join(r.choice("abcdefgh") for _ in range(r.randrange(2, 8))), lambda s: ord(s[0]) - 96,
+     "ord(s[0]) - 96"),
+    ("how many even numbers xs has", "xs", lambda r: [r.randrange(0, 30) for _ in range(r.randrange(1, 8))],
+     lambda xs: sum(x % 2 == 0 for x in xs), "sum(x % 2 == 0 for x in xs)"),
+    ("the number of vowels in s", "s", lambda r: "".join(r.choice("aeioubcdfg") for _ in range(r.randrange(2, 9))),
+     lambda s: sum(c in "aeiou" for c in s), "sum(c in 'aeiou' for c in s)"),
+)
+"""Plain-Python task families, each answer an int: (what it returns, its argument, an input, the answer, a reference
+expression)."""
+
+
+def general_task(i: int, rng: random.Random, tests: int, split: str) -> Task:
+    """Plain-Python task ``i`` (no ``lib``): one of ``GENERAL`` plus a constant of its own, so no two prompts match."""
+    what, arg, make, answer, expr = GENERAL[i % len(GENERAL)]
+    k = i // len(GENERAL)
+    say = f"{k} plus " if k else ""
+    cases = []
+    for _ in range(tests):
+        x = make(rng)
+        cases.append(TestCase("call", args=[x], expected=int(answer(x)) + k))
+    return Task(id=f"library/general-{split}/{i}", prompt=f"Write a Python function `{ENTRY}({arg})` that returns "
+                f"{say}{what}.", kind="code", entry_point=ENTRY, tests=cases,
+                reference=f"def {ENTRY}({arg}):\n    return {k} + {expr}\n" if k else
+                f"def {ENTRY}({arg}):\n    return {expr}\n",
+                meta={"family": f"general/{i % len(GENERAL)}", "split": split})
+
+
+def build_library_world(cfg: LibraryConfig) -> LibraryWorld:
+    """Generate the library world of ``cfg.seed``: its quirks, data and splits."""
+    rng = random.Random(cfg.seed)
+    if cfg.train_items + cfg.heldout_items > len(ITEMS):
+        raise ValueError(f"library world: {cfg.train_items} + {cfg.heldout_items} items asked for, {len(ITEMS)} exist")
+    if cfg.tests_per_task > min(cfg.train_items, cfg.heldout_items):
+        raise ValueError(f"library world: tests_per_task={cfg.tests_per_task} exceeds the items of a split")
+    if not 0 < cfg.heldout_pairs < len(PAIRS) or max(cfg.train_twists, cfg.heldout_twists) > len(TWISTS):
+        raise ValueError(f"library world: heldout_pairs is 1-{len(PAIRS) - 1}, twists at most {len(TWISTS)}")
+    q = Quirks(scale=rng.choice(SCALES), stock_format=rng.choice(STOCK_FORMATS), missing=rng.choice(MISSING))
+    items = list(ITEMS)
+    rng.shuffle(items)
+    train_items, heldout_items = items[: cfg.train_items], items[cfg.train_items: cfg.train_items + cfg.heldout_items]
+    used = train_items + heldout_items
+    prices = {i: rng.randrange(1, 60) * q.scale + rng.randrange(1, q.scale) for i in used}
+    stock = {i: rng.randrange(1, 40) for i in used}
+    weights = {i: rng.randrange(1, 90) for i in used if rng.random() < 0.6}
+    for split in (train_items, heldout_items):  # every split has items with a weight and items without one
+        weights.setdefault(split[0], rng.randrange(1, 90))
+        weights.pop(split[1], None)
+    ship_rates = {i: rng.randrange(2, 20) for i in used}
+    preamble = library_source(q, prices, stock, weights, ship_rates)
+    world = LibraryWorld(q, preamble, prices, stock, weights, ship_rates)
+    pairs = list(PAIRS)
+    rng.shuffle(pairs)
+    world.heldout_pairs, world.train_pairs = pairs[: cfg.heldout_pairs], pairs[cfg.heldout_pairs:]
+    for families in [(f,) for f in FAMILIES] + world.train_pairs:
+        world.train += [library_task(world, families, t, train_items, cfg.tests_per_task, rng, "train")
+                        for t in range(cfg.train_twists)]
+    for families in world.heldout_pairs:
+        world.heldout += [library_task(world, families, t, heldout_items, cfg.tests_per_task, rng, "heldout")
+                          for t in range(cfg.heldout_twists)]
+    world.general_train = [general_task(i, rng, cfg.tests_per_task, "train") for i in range(cfg.general_train)]
+    world.general_eval = [general_task(cfg.general_train + i, rng, cfg.tests_per_task, "eval")
+                          for i in range(cfg.general_eval)]
+    return world

@@ -1,0 +1,95 @@
+"""The library world: every reference solution passes its held-back tests in the sandbox, the reading of the prompt
+alone fails every function's quirk, the prompts state no quirk, and held-out tasks combine functions and call items
+no training task does."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from molrl.demo.library import FAMILIES, ITEMS, LibraryConfig, build_library_world
+from molrl.graders.code import grade_code
+from molrl.sandbox import SandboxConfig, SandboxPool
+
+SMALL = LibraryConfig(train_twists=3, heldout_twists=3, general_train=10, general_eval=10)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with SandboxPool(SandboxConfig(workers=2, cache_size=0)) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def world():
+    return build_library_world(SMALL)
+
+
+def fenced(code: str) -> str:
+    return f"```python\n{code}```"
+
+
+def test_every_reference_passes_its_held_back_tests(world, pool):
+    tasks = world.train + world.heldout + world.general_train + world.general_eval
+    grades = grade_code([fenced(t.reference) for t in tasks], tasks, pool)
+    assert [(t.id, g.stage) for t, g in zip(tasks, grades) if g.stage != "all_pass"] == []
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_prompts_reading_alone_fails_every_functions_quirk(seed, pool):
+    world = build_library_world(dataclasses.replace(SMALL, seed=seed))
+    singles = {t.meta["family"]: t for t in world.train if t.meta["twist"] == 0 and "+" not in t.meta["family"]}
+    assert sorted(singles) == sorted(FAMILIES)
+    tasks = list(singles.values())
+    grades = grade_code([fenced(t.meta["naive"]) for t in tasks], tasks, pool)
+    assert {t.meta["family"]: g.stage for t, g in zip(tasks, grades) if g.stage == "all_pass"} == {}
+    # the weight quirk bites only on an item without a weight: every task using weight tests one
+    assert all(any(c.args[0] not in world.weights for c in t.tests)
+               for t in world.train + world.heldout if "weight" in t.meta["family"])
+
+
+def test_the_prompts_state_no_quirk_and_show_no_test_input(world):
+    q = world.quirks
+    literal = q.stock_format.format(n="").strip()  # "stock:", "in stock" or "left"
+    for task in world.train + world.heldout:
+        text = task.prompt
+        assert "_PRICE" not in text and literal not in text and f"// {q.scale}" not in text
+        assert "KeyError" not in text and "None" not in text and "-1" not in text
+        assert not any(f"'{c.args[0]}'" in text or f"`{c.args[0]}`" in text for c in task.tests)
+
+
+def test_held_out_tasks_combine_other_functions_on_other_items(world):
+    train_items = {c.args[0] for t in world.train for c in t.tests}
+    heldout_items = {c.args[0] for t in world.heldout for c in t.tests}
+    assert train_items and heldout_items and not train_items & heldout_items
+    train_families = {t.meta["family"] for t in world.train}
+    assert {t.meta["family"] for t in world.heldout}.isdisjoint(train_families)
+    assert all("+" in t.meta["family"] for t in world.heldout)
+    assert not {t.prompt for t in world.general_eval} & {t.prompt for t in world.general_train}
+    assert all(i in ITEMS for i in train_items | heldout_items)
+
+
+def test_a_world_is_its_seed():
+    a, b = build_library_world(SMALL), build_library_world(SMALL)
+    assert (a.quirks, a.preamble, [t.to_json() for t in a.train]) == (b.quirks, b.preamble, [t.to_json() for t in b.train])
+    quirks = {build_library_world(dataclasses.replace(SMALL, seed=s)).quirks for s in range(8)}
+    assert len(quirks) > 2
+
+
+def test_running_code_shows_each_quirk_in_a_form_unlike_the_answer(world, pool):
+    """What an agent sees when it probes: printed values and a traceback, not the code it must write."""
+    q = world.quirks
+    priced = next(iter(world.prices))
+    unweighted = next(i for i in world.prices if i not in world.weights)
+    snippets = [world.probe("price", priced), world.probe("stock", priced), world.probe("weight", unweighted),
+                world.probe("ship", priced)]
+    results = pool.run_many([world.preamble + "\n" + s for s in snippets])
+    price, stock, weight, ship = results
+    assert price.stdout == f"{world.prices[priced]}\n"  # in the library's unit: the scale is not printed
+    assert stock.stdout == repr(q.stock_format.format(n=world.stock[priced])) + "\n"
+    if q.missing == "KeyError":
+        assert weight.status == "runtime_error" and "KeyError" in weight.stderr
+    else:
+        assert weight.stdout == f"{q.missing}\n"
+    assert ship.status == "runtime_error" and "KeyError: 2" in ship.stderr  # the count where the item goes
