@@ -321,13 +321,15 @@ def write_world(world: World, cfg: WorldConfig | ChainWorldConfig, world_dir: Pa
 
 
 def task_record(task: Task) -> dict[str, Any]:
-    """A task file line: ``{id, prompt, answer, preamble, probe}``, or ``{id, prompt, entry_point, tests}`` for a
-    code task. The preamble and probe run only in the sandbox (the feedback teacher of ``algorithm=opd`` reads
-    the probe's output); the model is never shown them. Code-answer problems have neither.
+    """A task file line: ``{id, prompt, answer, preamble, probe}``, or ``{id, prompt, entry_point, tests}`` (and a
+    ``preamble`` where it has one: the library world's ``lib``) for a code task. The preamble and probe run only in
+    the sandbox (the feedback teacher of ``algorithm=opd`` reads the probe's output); the model is never shown them.
+    Code-answer problems have neither.
     """
     if task.kind == "code":
         tests = [{"kind": t.kind, "args": t.args, "expected": t.expected} for t in task.tests]
-        return {"id": task.id, "prompt": task.prompt, "entry_point": task.entry_point, "tests": tests}
+        record = {"id": task.id, "prompt": task.prompt, "entry_point": task.entry_point, "tests": tests}
+        return {**record, "preamble": task.preamble} if task.preamble else record  # the library world's lib
     sandbox_only = {"preamble": task.preamble, "probe": task.probe}
     return {"id": task.id, "prompt": task.prompt, "answer": task.answer, **{k: v for k, v in sandbox_only.items() if v}}
 
