@@ -93,3 +93,19 @@ def test_running_code_shows_each_quirk_in_a_form_unlike_the_answer(world, pool):
     else:
         assert weight.stdout == f"{q.missing}\n"
     assert ship.status == "runtime_error" and "KeyError: 2" in ship.stderr  # the count where the item goes
+
+
+def test_a_task_file_keeps_the_library_for_the_sandbox(world, tmp_path, pool):
+    """A task file line carries the preamble (lib), so eval, collect and rl on the file run what the world runs."""
+    import json
+
+    from molrl.demo.run import task_record
+    from molrl.task_types import JsonlSpec
+    from molrl.tasks import load_tasks
+
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps(task_record(t)) + "\n" for t in world.heldout))
+    loaded = load_tasks(path, "jsonl", spec=JsonlSpec(kind="code"))
+    assert [(t.id, t.preamble, t.tests) for t in loaded] == [(t.id, t.preamble, t.tests) for t in world.heldout]
+    grades = grade_code([fenced(t.reference) for t in world.heldout], loaded, pool)
+    assert all(g.stage == "all_pass" for g in grades)
