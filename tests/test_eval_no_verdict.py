@@ -78,6 +78,16 @@ def test_gold_code_scores_100_over_the_samples_the_sandbox_could_judge(shared_da
             "every metric, with the 2 problems that had no judged sample.") in (out / "results.md").read_text()
 
 
+def test_a_sample_the_sandbox_could_not_judge_is_judged_again_on_the_next_run(shared_data, tmp_path, monkeypatch):
+    data, preds = _gold_humaneval(shared_data, tmp_path, 4)
+    with monkeypatch.context() as mp:
+        fail_every(mp, 2)
+        _run(data, preds, tmp_path / "run", 4)
+    out = _run(data, preds, tmp_path / "run", 4)  # the sandbox works again: nothing is left unjudged
+    m = json.loads((out / "results.json").read_text())["benchmarks"]["humaneval"]
+    assert (m["pass@1"], m["sandbox_errors"], m["problems"], m["samples"]) == (1.0, 0, 4, 4)
+
+
 def test_a_benchmark_the_sandbox_judged_nothing_of_says_so(shared_data, tmp_path, monkeypatch):
     fail_every(monkeypatch, 1)
     data, preds = _gold_humaneval(shared_data, tmp_path, 4)

@@ -61,10 +61,11 @@ def same_answer(a: str, b: str) -> bool:
 
 
 def graded_now(task: Task, records: Sequence[SampleRecord]) -> bool:
-    """Whether ``records`` were judged by the current grading of their task's kind (else they are graded again)."""
-    from molrl.tasks.grade import GRADING
+    """Whether ``records`` were judged, by the current grading of their task's kind (else they are graded again: a
+    sample whose judgement failed, a sandbox or grader error, is judged again on the next run, never kept as one)."""
+    from molrl.tasks.grade import FAILED, GRADING
 
-    return all(r.grading == GRADING[task.kind] for r in records)
+    return all(r.grading == GRADING[task.kind] and r.stage not in FAILED for r in records)
 
 
 def regrade(tasks: Sequence[Task], records: Sequence[Sequence[SampleRecord]], pool: Any = None,
