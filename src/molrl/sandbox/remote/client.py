@@ -39,6 +39,8 @@ PROBE_TIMEOUT_S = 5.0
 """Deadline of one health probe."""
 MAX_CHUNK = 16
 """Most jobs in one molrl request (each request also carries one canary job)."""
+CANARY_TIMEOUT_S = 5.0
+"""The canary's shortest time limit."""
 MIN_CHUNK = 4
 """Fewest jobs in one molrl request when there are that many, so the canary costs at most a fifth."""
 
@@ -292,6 +294,13 @@ class RemoteBackend(Backend):
                                                            f"{', '.join(sorted(tried)) or 'none'})"}
         return outs  # type: ignore[return-value]
 
+    @staticmethod
+    def _canary_timeout(server: Server, jobs: list[dict]) -> float:
+        """The canary's time limit: the longest job's, at least CANARY_TIMEOUT_S (so a loaded server runs it in time)
+        where the server allows that long."""
+        longest = max(float(job["timeout_s"]) for job in jobs)
+        return max(longest, min(CANARY_TIMEOUT_S, float(server.ceilings.get("timeout_s", CANARY_TIMEOUT_S))))
+
     def _deadline(self, server: Server, jobs: list[dict]) -> float:
         longest = max(float(job["timeout_s"]) for job in jobs) + self.cfg.worker_grace_s
         rounds = math.ceil((len(jobs) + 1) / max(server.slots, 1))
@@ -307,7 +316,8 @@ class RemoteBackend(Backend):
         return [self._send_run_code(server, job) for job in jobs]
 
     def _send_molrl(self, server: Server, jobs: list[dict]) -> list[dict]:
-        canary, expect = protocol.canary_job(self._rng, jobs[0], judged=any(job["judge"] for job in jobs))
+        canary, expect = protocol.canary_job(self._rng, jobs[0], judged=any(job["judge"] for job in jobs),
+                                             timeout_s=self._canary_timeout(server, jobs))
         at = self._rng.randrange(len(jobs) + 1)
         batch = jobs[:at] + [canary] + jobs[at:]
         body = json.dumps({"jobs": batch}).encode()
@@ -342,7 +352,7 @@ class RemoteBackend(Backend):
         """Whether a canary job through ``server``'s run_code comes back as running it gives."""
         from molrl.sandbox.remote import harness
 
-        canary, expect = protocol.canary_job(self._rng, job, judged=False)
+        canary, expect = protocol.canary_job(self._rng, job, judged=False, timeout_s=self._canary_timeout(server, [job]))
         nonce = secrets.token_hex(16)
         try:
             status, data = http_call(server.host, server.port, "POST", protocol.RUN_CODE,

@@ -141,13 +141,13 @@ def check_outcomes(jobs: list[dict], reply: Any) -> list[dict]:
     return outcomes
 
 
-def canary_job(rng: random.Random, base: dict, judged: bool = True) -> tuple[dict, dict]:
+def canary_job(rng: random.Random, base: dict, judged: bool = True, timeout_s: float = 5.0) -> tuple[dict, dict]:
     """A job whose outcome is known here, and what it must show: its stdout, a call's value and (``judged``) two
     verdicts.
 
     It prints a product, defines ``f(x) = x + a`` and is called once; judged, one passing and one failing assert judge
     it too (a request with assert tests carries this one), so a server that answers without running it, or that
-    passes everything, is caught.
+    passes everything, is caught. ``timeout_s`` is its time limit: long enough that a loaded server runs it in time.
     """
     from molrl.sandbox.runtime import codec
 
@@ -157,7 +157,7 @@ def canary_job(rng: random.Random, base: dict, judged: bool = True) -> tuple[dic
                calls=[{"fn": "f", "args": codec.encode((2,))}],
                judge={"entry_point": "f", "sources": [f"assert f(1) == {a + 1}", f"assert f(1) == {a + 2}"]}
                if judged else None,
-               timeout_s=min(float(base["timeout_s"]), 10.0))
+               timeout_s=float(timeout_s))
     return job, {"stdout": f"{a * b}\n", "value": a + 2, "verdicts": [True, False] if judged else []}
 
 
