@@ -109,3 +109,17 @@ def test_a_task_file_keeps_the_library_for_the_sandbox(world, tmp_path, pool):
     assert [(t.id, t.preamble, t.tests) for t in loaded] == [(t.id, t.preamble, t.tests) for t in world.heldout]
     grades = grade_code([fenced(t.reference) for t in world.heldout], loaded, pool)
     assert all(g.stage == "all_pass" for g in grades)
+
+
+def test_the_pilots_control_states_each_quirk_and_keeps_the_task(world):
+    from molrl.demo.library import told
+
+    for task in world.train[:3] + world.heldout[:3]:
+        control = told(world, task)
+        assert control.tests == task.tests and control.preamble == task.preamble and control.id != task.id
+        assert "Note: " in control.prompt and "Note: " not in task.prompt
+        head, ask = task.prompt.split(" Write a Python")
+        assert control.prompt.startswith(head) and control.prompt.endswith(" Write a Python" + ask)
+    price = next(t for t in world.train if t.meta["family"] == "price")
+    unit = {10: "tenths", 100: "hundredths", 1000: "thousandths"}[world.quirks.scale]
+    assert f"counts in {unit} of a unit" in told(world, price).prompt

@@ -127,6 +127,27 @@ def describe(families: tuple[str, ...]) -> str:
     return "; ".join(text[f] for f in families)
 
 
+def quirk_text(q: Quirks, families: tuple[str, ...]) -> str:
+    """What running code would show of the functions a task uses, said outright (the pilot's control: the room the
+    library leaves once its behaviour is known, which is what absorbing the feedback could fill)."""
+    unit = {10: "tenths", 100: "hundredths", 1000: "thousandths"}[q.scale]
+    missing = {"-1": "returns -1", "None": "returns None", "KeyError": "raises KeyError"}[q.missing]
+    text = {"price": f"`lib.price` counts in {unit} of a unit",
+            "stock": f"`lib.stock` returns a sentence such as {q.stock_format.format(n=7)!r}",
+            "weight": f"for an item without a weight `lib.weight` {missing}",
+            "ship": "`lib.ship` takes the item first, then the number: `lib.ship(item, n)`"}
+    return "; ".join(text[f] for f in families)
+
+
+def told(world: LibraryWorld, task: Task) -> Task:
+    """``task`` with its functions' behaviour stated in the prompt (the pilot's control; never trained on)."""
+    from dataclasses import replace
+
+    families = tuple(task.meta["family"].split("+"))
+    prompt = task.prompt.replace(". Write a Python", f". Note: {quirk_text(world.quirks, families)}. Write a Python", 1)
+    return replace(task, id=task.id.replace("library/", "library-told/", 1), prompt=prompt)
+
+
 TARGETS = {
     "price": "the price of {item} in whole units (rounded down)",
     "stock": "how many of {item} the store has, as an int",
