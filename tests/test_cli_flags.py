@@ -20,6 +20,7 @@ ARGS = {
     ("collect",): ["collect", "--model", "tiny:chatml", "--tasks", "tasks.jsonl", "--out", "out"],
     ("eval",): ["eval", "--model", "tiny:chatml"],
     ("sandbox", "run"): ["sandbox", "run", "p.py"],
+    ("sandbox", "serve"): ["sandbox", "serve"],
     ("demo",): ["demo"],
     ("serve",): ["serve", "--model", "m"],
 }

@@ -11,6 +11,8 @@ from molrl.errors import MolrlError
 
 def register(subparsers) -> None:
     """Add ``molrl sandbox run`` and ``molrl sandbox serve``."""
+    from molrl.cli import count, natural
+
     parser = subparsers.add_parser("sandbox", help="run code in the sandbox (debug a reward)")
     sub = parser.add_subparsers(dest="sandbox_command", metavar="ACTION", required=True)
     run = sub.add_parser("run", help="run FILE.py in the sandbox and print the ExecResult as JSON")
@@ -25,17 +27,17 @@ def register(subparsers) -> None:
     serve = sub.add_parser("serve", help="serve the sandbox pool over HTTP (molrl's batch protocol and run_code)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 exposes the "
                        "sandbox to the network: anyone who reaches the port runs code in it)")
-    serve.add_argument("--port", type=int, default=8300, help="port (default 8300; 0: any free port)")
-    serve.add_argument("--workers", type=int, default=0, help="slots run in parallel (default: two per core)")
+    serve.add_argument("--port", type=natural, default=8300, help="port (default 8300; 0: any free port)")
+    serve.add_argument("--workers", type=natural, default=0, help="slots run in parallel (default: two per core)")
     serve.add_argument("--backend", choices=["auto", "bwrap", "process"], default="auto", help="isolation backend")
-    serve.add_argument("--queue-limit", type=int, default=0,
+    serve.add_argument("--queue-limit", type=natural, default=0,
                        help="jobs waiting or running before a request is answered busy (default: 8 per slot, at least 64)")
     serve.add_argument("--max-request-mb", type=float, default=16.0, help="largest request body (default 16)")
     for key, default, what in SERVE_CEILINGS:
-        serve.add_argument(f"--{key.replace('_', '-')}", type=type(default), default=default,
-                           help=f"largest {what} a job may ask (default {default})")
-    serve.add_argument("--tmpfs-mb", type=int, default=256, help="each slot's private /tmp (bwrap backend)")
-    serve.add_argument("--slot-memory-mb", type=int, default=0,
+        serve.add_argument(f"--{key.replace('_', '-')}", type=float if isinstance(default, float) else count,
+                           default=default, help=f"largest {what} a job may ask (default {default})")
+    serve.add_argument("--tmpfs-mb", type=count, default=256, help="each slot's private /tmp (bwrap backend)")
+    serve.add_argument("--slot-memory-mb", type=natural, default=0,
                        help="memory cap of a whole slot via a cgroup where the host allows one (0: 2 x --memory-mb + 256)")
     serve.add_argument("--preimport", default=None, metavar="M1,M2",
                        help="modules each slot imports once (default: numpy, math, re and other common ones)")
@@ -62,8 +64,8 @@ def serve_pool(args: argparse.Namespace) -> int:
     cfg = SandboxConfig(workers=args.workers, backend=args.backend, tmpfs_mb=args.tmpfs_mb, cache_size=0,
                         slot_memory_mb=args.slot_memory_mb, **own, **ceilings)
     check_values(cfg, "molrl sandbox serve")
-    if not 0 <= args.port < 65536 or args.queue_limit < 0 or args.max_request_mb <= 0:
-        raise MolrlError("molrl sandbox serve: --port is 0-65535, --queue-limit >= 0, --max-request-mb > 0")
+    if args.port > 65535 or args.max_request_mb <= 0:
+        raise MolrlError("molrl sandbox serve: --port is 0-65535 and --max-request-mb more than 0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     server = SandboxServer(ServeConfig(sandbox=cfg, host=args.host, port=args.port, queue_limit=args.queue_limit,
                                        max_request_mb=args.max_request_mb))

@@ -195,17 +195,25 @@ def naive_use(family: str, item: str = "item", n: str = "n") -> str:
             "ship": f"lib.ship({n}, {item})"}[family]
 
 
-TWISTS = (("", "{x}"), ("3 times ", "3 * ({x})"), ("2 plus ", "2 + ({x})"), ("10 times ", "10 * ({x})"),
-          ("5 plus ", "5 + ({x})"), ("twice ", "2 * ({x})"), ("4 times ", "4 * ({x})"), ("1 plus ", "1 + ({x})"),
-          ("7 plus ", "7 + ({x})"), ("6 times ", "6 * ({x})"), ("9 plus ", "9 + ({x})"), ("8 times ", "8 * ({x})"))
-"""(what the prompt says, how the answer applies it) for the small change that makes each task its own."""
+TWISTS = (("", "+", 0), ("3 times ", "*", 3), ("2 plus ", "+", 2), ("10 times ", "*", 10), ("5 plus ", "+", 5),
+          ("twice ", "*", 2), ("4 times ", "*", 4), ("1 plus ", "+", 1), ("7 plus ", "+", 7), ("6 times ", "*", 6),
+          ("9 plus ", "+", 9), ("8 times ", "*", 8))
+"""(what the prompt says, the operation, its constant): the small change that makes each task its own."""
+
+
+def twisted(twist: int, x):
+    """Twist ``twist`` applied: to a value (an int), or to an expression's text (the reference's code)."""
+    _, op, k = TWISTS[twist]
+    if isinstance(x, str):
+        return x if not k else f"{k} {op} ({x})"
+    return x + k if op == "+" else x * k
 
 
 def library_task(world: LibraryWorld, families: tuple[str, ...], twist: int, items: list[str], tests: int,
                  rng: random.Random, split: str) -> Task:
     """A task using ``families`` (one function, or two summed) with twist ``twist``, tested on ``items``."""
     q = world.quirks
-    say, apply = TWISTS[twist]
+    say = TWISTS[twist][0]
     ships = "ship" in families
     args = "item, n" if ships else "item"
     parts = [TARGETS[f].format(item="item", n="n") for f in families]
@@ -219,15 +227,14 @@ def library_task(world: LibraryWorld, families: tuple[str, ...], twist: int, ite
     for item in chosen:
         n = rng.randrange(2, 10)
         truth = sum(value(world, f, item, n) for f in families)
-        expected = eval(apply.format(x=str(truth)))  # noqa: S307 - the twist table's own arithmetic
-        cases.append(TestCase("call", args=[item, n] if ships else [item], expected=int(expected)))
+        cases.append(TestCase("call", args=[item, n] if ships else [item], expected=twisted(twist, truth)))
     body = " + ".join(reference_use(q, f) for f in families)
-    reference = f"{reference_helpers(q, families)}def {ENTRY}({args}):\n    return {apply.format(x=body)}\n"
+    reference = f"{reference_helpers(q, families)}def {ENTRY}({args}):\n    return {twisted(twist, body)}\n"
     naive = " + ".join(naive_use(f) for f in families)
     return Task(id=f"library/{split}/{'+'.join(families)}/{twist}", prompt=prompt, kind="code", entry_point=ENTRY,
                 tests=cases, preamble=world.preamble, reference=reference,
                 meta={"family": "+".join(families), "twist": twist, "split": split,
-                      "naive": f"def {ENTRY}({args}):\n    return {apply.format(x=naive)}\n"})
+                      "naive": f"def {ENTRY}({args}):\n    return {twisted(twist, naive)}\n"})
 
 
 GENERAL = (

@@ -63,7 +63,8 @@ def new_nonce() -> str:
 def harness_program() -> str:
     """The harness program's text: ``harness_program.py`` with the runtime modules and the child program embedded."""
     runtime = {"modules": {name: (RUNTIME_DIR / f"{name}.py").read_text() for name in RUNTIME_MODULES},
-               "order": list(RUNTIME_MODULES), "child": (HERE / "harness_child.py").read_text(), "env": THREAD_ENV}
+               "order": list(RUNTIME_MODULES), "child": (HERE / "harness_child.py").read_text(),
+               "uids": (HERE / "harness_uids.py").read_text(), "env": THREAD_ENV}
     template = (HERE / "harness_program.py").read_text()
     if template.count(MARK) != 1:
         raise RuntimeError(f"{HERE / 'harness_program.py'} holds {MARK} {template.count(MARK)} times; expected once")

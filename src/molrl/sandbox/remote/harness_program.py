@@ -29,7 +29,6 @@ import ctypes
 import fcntl
 import json
 import os
-import random
 import select
 import subprocess
 import sys
@@ -45,10 +44,6 @@ TAG = "MOLRL-HARNESS"
 """The first word of the result line."""
 TASK_KEYS = ("code", "module_name", "setup_code", "calls", "timeout_s", "memory_mb", "max_file_mb", "max_processes")
 """What of the job the child receives: never the judge's test programs."""
-FRESH_UID_RANGES = ((2**31, 2**32 - 2), (100_000, 2**31))
-"""Where a uid of the child's own is looked for, in order: above every account and local molrl pool (pools take the
-lowest free blocks from 1e6 up), else above ordinary accounts; only inside this user namespace's uid map, and only one
-no process uses now."""
 READER_GRACE_S = 1.0
 """Seconds to wait, once the job's processes are dead, for the last result records to be read."""
 VERDICT_PIPE_BYTES = 1 << 20
@@ -115,7 +110,9 @@ def run_job(job: dict, runtime: dict, isolation: dict) -> dict:
     private = tempfile.mkdtemp(prefix="molrl-harness-")
     os.chmod(private, 0o711)  # a child of its own uid reaches its work dir by an absolute path, and lists nothing here
     try:
-        uid = _fresh_uid(rt.cleanup)
+        uids: dict = {"__name__": "molrl_harness_uids"}
+        exec(compile(runtime["uids"], "harness_uids.py", "exec"), uids)
+        uid = uids["fresh_uid"](rt.cleanup)
         isolation["fresh_uid"] = uid is not None
         return _finish(_start(private, job, runtime, rt, uid), job, rt, uid)
     finally:
@@ -228,64 +225,6 @@ def _stdio_files(private: str, stdin: str) -> tuple[tuple[int, int, int], dict, 
         child_io[name] = f"/proc/self/fd/{i}" if anonymous else path
         own_io[name] = f"/proc/self/fd/{fd}" if anonymous else path
     return (fds[0], fds[1], fds[2]), child_io, own_io
-
-
-def _fresh_uid(cleanup) -> int | None:
-    """A uid for the child that no process and no account uses, or None where the child must share this one.
-
-    Only root can give the child another uid, and only an interpreter every uid can read still imports modules
-    after the switch.
-    """
-    if os.geteuid() != 0 or not _readable_by_all():
-        return None
-    mapped = _mapped_uids()
-    accounts = _account_uids()
-    for low, high in FRESH_UID_RANGES:
-        spans = [(max(low, a), min(high, b)) for a, b in mapped if min(high, b) > max(low, a)]
-        for _ in range(8 if spans else 0):
-            a, b = random.choice(spans)
-            uid = random.randrange(a, b)
-            if uid not in accounts and not cleanup.scan_proc((uid,), -1):
-                return uid
-    return None
-
-
-def _readable_by_all() -> bool:
-    """Whether every uid can run this interpreter and read its installation."""
-    paths = {os.path.dirname(os.path.realpath(sys.executable)), os.path.realpath(sys.prefix),
-             os.path.realpath(sys.base_prefix)}
-    for path in paths:
-        node = path
-        while True:
-            try:
-                if not os.stat(node).st_mode & 0o001:
-                    return False
-            except OSError:
-                return False
-            if node == os.path.dirname(node):
-                break
-            node = os.path.dirname(node)
-    return bool(os.stat(os.path.realpath(sys.executable)).st_mode & 0o004)
-
-
-def _mapped_uids() -> list[tuple[int, int]]:
-    """The uids this user namespace maps, as [first, past-last) spans (the whole range where /proc says nothing)."""
-    try:
-        with open("/proc/self/uid_map") as fh:
-            rows = [line.split() for line in fh]
-    except OSError:
-        return [(0, 2**32 - 1)]
-    return [(int(inside), int(inside) + int(count)) for inside, _, count in rows]
-
-
-def _account_uids() -> set[int]:
-    """The uids of /etc/passwd's accounts."""
-    try:
-        with open("/etc/passwd") as fh:
-            rows = [line.split(":") for line in fh]
-    except OSError:
-        return set()
-    return {int(fields[2]) for fields in rows if len(fields) > 2 and fields[2].isdigit()}
 
 
 def _wait_exit(pid: int, deadline: float) -> int | None:
