@@ -221,6 +221,18 @@ def test_a_path_whose_only_server_lies_stops_in_one_line_and_grades_nothing(kind
     assert "the step stopped" in message and "re-run the same command" in message
 
 
+def settled(server, quiet_s: float = 1.0, limit_s: float = 60.0) -> int:
+    """The requests ``server`` has received once none has arrived for ``quiet_s``: the stopped run's requests still in
+    flight when it raised reach the server late on a loaded machine, and are not the next run's."""
+    import time
+
+    deadline, seen = time.monotonic() + limit_s, -1
+    while len(server.requests) != seen and time.monotonic() < deadline:
+        seen = len(server.requests)
+        time.sleep(quiet_s)
+    return seen
+
+
 def test_a_step_stopped_by_a_lying_server_resumes_from_the_last_checkpoint(base, started, tmp_path):
     """The server lies from step 2 on (after step 1's 8 rows and the canary's request): the run stops there with step
     1's checkpoint saved; the same command on the server fixed resumes from it and samples step 2 alone."""
@@ -231,7 +243,7 @@ def test_a_step_stopped_by_a_lying_server_resumes_from_the_last_checkpoint(base,
     with pytest.raises(NoServerLeft, match=SAYS["nan_logprob"]):
         run_rl(rl_config("single_turn", out, base, [liar.url], save_steps=1))
     assert [m["step"] for m in metrics(out) if "rollout/mismatch_kl" in m] == [1]
-    liar.hostile, before = None, len(liar.requests)
+    liar.hostile, before = None, settled(liar)
     run_rl(rl_config("single_turn", out, base, [liar.url], save_steps=1))
     assert len(liar.requests) - before == 8 + 1  # step 2's rows and the new process's canary; not step 1's again
     steps = [m for m in metrics(out) if "rollout/mismatch_kl" in m]
