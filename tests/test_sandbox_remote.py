@@ -182,8 +182,10 @@ class _Hostile(BaseHTTPRequestHandler):
 
     def do_GET(self):  # noqa: N802
         if self.path == protocol.INFO:  # it says it is a molrl server
+            bad = self.mode == "bad_info"  # a count that is not a count, a ceiling that is not a number
             self._send(200, json.dumps({"server": protocol.SERVER_NAME, "protocol": protocol.PROTOCOL_VERSION,
-                                        "slots": 4, "queue_limit": 1000, "ceilings": {}}).encode())
+                                        "slots": "four" if bad else 4, "queue_limit": 1000,
+                                        "ceilings": {"timeout_s": "NaN"} if bad else {}}).encode())
         else:
             self._send(200, b"pong")
 
@@ -233,6 +235,15 @@ def test_a_hostile_server_is_set_aside_in_one_line_and_its_replies_are_never_ver
             results = pool.run_tests_many([("def f(x):\n    return x * x\n", square_task())] * 6
                                           + [("def f(x):\n    return 0\n", square_task())] * 2)
         assert [[t.passed for t in r.tests[:2]] for r in results] == [[True, True]] * 6 + [[False, False]] * 2
+    finally:
+        bad.shutdown()
+
+
+def test_a_server_whose_info_is_malformed_is_refused_naming_the_field():
+    bad = _hostile("bad_info")
+    try:
+        with pytest.raises(MolrlError, match=r"malformed /molrl/v1/info reply: info slots='four'"):
+            SandboxPool(remote_cfg([f"http://127.0.0.1:{bad.server_address[1]}"]))
     finally:
         bad.shutdown()
 

@@ -169,9 +169,11 @@ class RemoteBackend(Backend):
                 raise ServerError(f"molrl sandbox protocol {info.get('protocol')}, this client speaks "
                                   f"{protocol.PROTOCOL_VERSION}: run the same molrl version on both")
             if self.cfg.protocol != "run_code":
-                server.protocol, server.slots = "molrl", max(int(info.get("slots") or 1), 1)
-                server.ceilings = dict(info.get("ceilings") or {})
-                server.queue_limit = max(int(info.get("queue_limit") or 2), 2)
+                try:
+                    server.slots, server.queue_limit, server.ceilings = protocol.read_info(info)
+                except protocol.ProtocolError as err:
+                    raise ServerError(f"malformed {protocol.INFO} reply: {err}") from None
+                server.protocol = "molrl"
                 return
         elif self.cfg.protocol == "molrl":
             raise ServerError(f"not a molrl sandbox server (GET {protocol.INFO} answered {status}); set "
@@ -334,31 +336,29 @@ class RemoteBackend(Backend):
         return outs[:at] + outs[at + 1:]
 
     def _send_run_code(self, server: Server, job: dict) -> dict:
+        try:
+            return self._run_code_once(server, job)
+        except ValueError as err:
+            # a program that kills its own harness leaves no result either: the server is at fault only when a canary
+            # through it fails too, so one program cannot set a healthy server aside
+            raise ServerError(f"malformed reply: {err}", counts=not self._canary_runs(server, job)) from None
+
+    def _run_code_once(self, server: Server, job: dict) -> dict:
+        """``job``'s raw outcome from one run_code request in the harness; ``ServerError`` for a failed request,
+        ``HarnessError`` (a ValueError) for a reply that is not the harness's report."""
         from molrl.sandbox.remote import harness
 
         nonce = secrets.token_hex(16)
         body = json.dumps(harness.run_code_request(job, nonce)).encode()
         status, data = http_call(server.host, server.port, "POST", protocol.RUN_CODE, body,
                                  self._deadline(server, [job]), self._reply_bytes([job]))
-        reply = _json_reply(status, data)
-        try:
-            return harness.outcome_from_reply(job, nonce, reply)
-        except ValueError as err:
-            # a program that kills its own harness leaves no result either: the server is at fault only when a canary
-            # through it fails too, so one program cannot set a healthy server aside
-            raise ServerError(f"malformed reply: {err}", counts=not self._canary_runs(server, job)) from None
+        return harness.outcome_from_reply(job, nonce, _json_reply(status, data))
 
     def _canary_runs(self, server: Server, job: dict) -> bool:
         """Whether a canary job through ``server``'s run_code comes back as running it gives."""
-        from molrl.sandbox.remote import harness
-
         canary, expect = protocol.canary_job(self._rng, job, judged=False, timeout_s=self._canary_timeout(server, [job]))
-        nonce = secrets.token_hex(16)
         try:
-            status, data = http_call(server.host, server.port, "POST", protocol.RUN_CODE,
-                                     json.dumps(harness.run_code_request(canary, nonce)).encode(),
-                                     self._deadline(server, [canary]), self._reply_bytes([canary]))
-            out = harness.outcome_from_reply(canary, nonce, _json_reply(status, data))
+            out = self._run_code_once(server, canary)
         except (ServerError, ValueError):
             return False
         return protocol.canary_error(expect, out) is None

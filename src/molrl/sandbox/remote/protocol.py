@@ -20,6 +20,7 @@ import random
 from typing import Any
 
 from molrl.errors import MolrlError
+from molrl.sandbox.runtime import codec
 
 PROTOCOL_VERSION = 1
 """The version of the molrl batch protocol; a server of another version is refused at the start."""
@@ -70,6 +71,22 @@ def check_servers(servers: list[str]) -> list[tuple[str, str, int]]:
 
 class ProtocolError(ValueError):
     """A request or reply that breaks the protocol; its text is the one line logged."""
+
+
+def read_info(info: dict) -> tuple[int, int, dict[str, float]]:
+    """(slots, queue limit, ceilings) of a molrl server's ``GET /molrl/v1/info`` reply (a missing one: 1 slot, a queue
+    of 2, no ceiling); ``ProtocolError`` naming the first field of the wrong type or range."""
+    slots, queue, ceilings = info.get("slots", 1), info.get("queue_limit", 2), info.get("ceilings") or {}
+    for name, value in (("slots", slots), ("queue_limit", queue)):
+        if type(value) is not int or value < 1:
+            raise ProtocolError(f"info {name}={value!r}; expected an int of 1 or more")
+    if not isinstance(ceilings, dict):
+        raise ProtocolError(f"info ceilings is {type(ceilings).__name__}; expected an object")
+    for key, value in ceilings.items():
+        if key not in LIMIT_KEYS or isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not 0 < value < float("inf"):
+            raise ProtocolError(f"info ceiling {key}={value!r}; expected one of {', '.join(LIMIT_KEYS)} above 0")
+    return slots, max(queue, 2), {k: float(v) for k, v in ceilings.items()}
 
 
 def job_error(job: Any, ceilings: dict[str, float]) -> str | None:
@@ -149,8 +166,6 @@ def canary_job(rng: random.Random, base: dict, judged: bool = True, timeout_s: f
     it too (a request with assert tests carries this one), so a server that answers without running it, or that
     passes everything, is caught. ``timeout_s`` is its time limit: long enough that a loaded server runs it in time.
     """
-    from molrl.sandbox.runtime import codec
-
     a, b = rng.randrange(10**6, 10**7), rng.randrange(10**6, 10**7)
     code = f"print({a} * {b})\n\ndef f(x):\n    return x + {a}\n"
     job = dict(base, code=code, stdin="", module_name="solution", setup_code="",
@@ -163,8 +178,6 @@ def canary_job(rng: random.Random, base: dict, judged: bool = True, timeout_s: f
 
 def canary_error(expect: dict, out: dict) -> str | None:
     """Why the canary's outcome is not what running it gives, or None."""
-    from molrl.sandbox.runtime import codec
-
     if out.get("status") != "ok":
         return f"the canary job ended {out.get('status')} ({out.get('error') or 'no error given'})"
     if out.get("stdout") != expect["stdout"]:

@@ -81,6 +81,11 @@ class SandboxServer:
                 "backend": self.backend.name, "slots": len(self.backend.slots), "queue_limit": self.queue_limit,
                 "max_request_mb": self.cfg.max_request_mb, "ceilings": self.ceilings}
 
+    def count(self, what: str) -> None:
+        """One more of ``what`` in ``counts`` (handler threads count at once)."""
+        with self._lock:
+            self.counts[what] += 1
+
     def execute(self, jobs: list[dict]) -> list[dict] | None:
         """Run ``jobs`` on the pool; None when the queue is full (the request is answered busy)."""
         with self._lock:
@@ -142,7 +147,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _refuse(self, code: int, message: str) -> None:
-        self.server_state.counts["refused"] += 1
+        self.server_state.count("refused")
         log.warning("sandbox server: %s %s refused (%d): %s", self.command, self.path, code, message)
         self._send(code, {"status": "SandboxError", "message": message})
 
@@ -157,7 +162,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802 - the http.server hook
         state = self.server_state
-        state.counts["requests"] += 1
+        state.count("requests")
         body = self._body()
         if body is None:
             return
