@@ -178,6 +178,8 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             size = int(self.headers.get("Content-Length", ""))
         except ValueError:
+            size = -1
+        if size < 0:
             self._refuse(411, "a request needs its Content-Length")
             return None
         if size > limit:
@@ -191,38 +193,37 @@ class _Handler(BaseHTTPRequestHandler):
             return None
 
     def _execute(self, body: Any) -> None:
-        state = self.server_state
         jobs = body.get("jobs") if isinstance(body, dict) else None
         if not isinstance(jobs, list) or not jobs:
             self._refuse(400, "expected {\"jobs\": [job, ...]} with at least one job")
             return
-        for i, job in enumerate(jobs):
-            error = protocol.job_error(job, state.ceilings)
-            if error:
-                self._refuse(400, f"job {i}: {error}")
-                return
-        outcomes = state.execute(jobs)
-        if outcomes is None:
-            self._send(503, {"status": "SandboxError", "message": f"busy: over {state.queue_limit} jobs queued"})
-            return
-        self._send(200, {"outcomes": outcomes})
+        outcomes = self._run_checked(jobs, numbered=True)
+        if outcomes is not None:
+            self._send(200, {"outcomes": outcomes})
 
     def _run_code(self, body: Any) -> None:
-        state = self.server_state
         try:
-            job = run_code_job(body, state.cfg.sandbox)
+            job = run_code_job(body, self.server_state.cfg.sandbox)
         except protocol.ProtocolError as err:
             self._refuse(400, str(err))
             return
-        error = protocol.job_error(job, state.ceilings)
-        if error:
-            self._refuse(400, error)
-            return
-        outcomes = state.execute([job])
+        outcomes = self._run_checked([job], numbered=False)
+        if outcomes is not None:
+            self._send(200, run_code_reply(outcomes[0]))
+
+    def _run_checked(self, jobs: list, numbered: bool) -> list[dict] | None:
+        """The outcomes of ``jobs`` once each is within this server's ceilings and the queue has room for them; None
+        once the refusal (400, naming the job when ``numbered``) or the busy answer (503) is sent."""
+        state = self.server_state
+        for i, job in enumerate(jobs):
+            error = protocol.job_error(job, state.ceilings)
+            if error:
+                self._refuse(400, f"job {i}: {error}" if numbered else error)
+                return None
+        outcomes = state.execute(jobs)
         if outcomes is None:
             self._send(503, {"status": "SandboxError", "message": f"busy: over {state.queue_limit} jobs queued"})
-            return
-        self._send(200, run_code_reply(outcomes[0]))
+        return outcomes
 
 
 def run_code_job(body: Any, cfg: SandboxConfig) -> dict:
