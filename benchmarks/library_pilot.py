@@ -9,6 +9,12 @@ behaviour stated in the prompt (``library_told``: the room that knowing the libr
 tasks (``general``).
 
     python benchmarks/library_pilot.py --model runs/smollm2/model --temperatures 0.7 0.9 --samples 4 --tasks 48
+    python benchmarks/library_pilot.py --model runs/smollm2/model --warm-up --out runs/library_pilot_warm
+
+``--warm-up`` measures the base the library world's pipeline starts from: the model warmed up in decoy libraries
+(``molrl.demo.library_base``, built as ``molrl demo --world library --model`` builds it, in OUT/warm/base). It saw
+the training tasks' texts there, each in a library of other quirks, so evaluation is told to score them
+(``allow_trained_overlap``).
 
 Resumable: each temperature is one ``molrl eval`` run in OUT/t<temperature> (finished problems are not sampled
 again). Prints a table; OUT/pilot.json keeps the figures and each run's seconds.
@@ -63,7 +69,7 @@ def measure(model: str, tasks: Path, out: Path, temperature: float, samples: int
         f"model={model}", f"output_dir={out}", f"benchmarks=[{name}]", f"data.{name}={tasks}",
         f"data.{name}.format=jsonl", f"data.{name}.spec.kind=code", "split=all", f"sampling.n={samples}", f"sampling.temperature={temperature}",
         "sampling.top_p=1.0", "sampling.top_k=0", f"sampling.max_new_tokens={NEW_TOKENS}", "sampling.seed=0",
-        "ks=[1]", "engine=transformers"])
+        "ks=[1]", "engine=transformers", "allow_trained_overlap=true"])
     started = time.time()
     run_eval(cfg)
     return out / name / "samples.jsonl", time.time() - started
@@ -88,9 +94,18 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=4, help="samples a task")
     p.add_argument("--controls", nargs="*", default=["library_told", "general"], choices=["library_told", "general"],
                    help="the controls, at the first temperature")
+    p.add_argument("--warm-up", action="store_true",
+                   help="measure the model warmed up in decoy libraries (the library world's base), built in OUT/warm")
     args = p.parse_args()
     setup_logging()
     out = Path(args.out)
+    if args.warm_up:
+        from molrl.demo.run import prepare_seed
+
+        started = time.time()
+        prepare_seed(out / "warm", "default", [], args.seed, None, "library", args.model)
+        args.model = str(out / "warm" / "base")
+        print(f"warmed-up base: {args.model} ({time.time() - started:.0f} s, reused when there)")
     files = task_files(out, args.seed, args.tasks)
     kept = json.loads((out / "pilot.json").read_text()) if (out / "pilot.json").is_file() else {}
     runs = [("library", t) for t in args.temperatures] + [(c, args.temperatures[0]) for c in args.controls]

@@ -200,7 +200,7 @@ def test_demo_worlds_and_the_study_world(tmp_path, capsys):
     from molrl.cli import main
     from molrl.demo.run import WORLD_CONFIGS, WORLDS
 
-    assert list(WORLDS) == ["chain", "long", "digit"]  # the first is molrl demo's default
+    assert list(WORLDS) == ["chain", "long", "digit", "library"]  # the first is molrl demo's default
     assert WORLDS["chain"]["default"].world.max_steps == 6 and WORLDS["long"]["default"].world.max_steps == 24
     assert set(WORLD_CONFIGS) == set(WORLDS)
     assert main(["demo", "--study", "--world", "long", "--out", str(tmp_path)]) != 0  # studies: chain and digit

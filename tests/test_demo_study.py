@@ -189,7 +189,9 @@ def test_the_no_replay_arms_train_on_the_rule_problems_alone_and_take_the_mol_mo
 def test_no_replay_and_model_refuse_the_combinations_they_do_not_run(cli_logs, caplog):
     for args, said in ((["--no-replay"], "--no-replay is a study arm set of the chain world"),
                        (["--study", "--no-replay", "--world", "digit"], "--no-replay is a study arm set"),
-                       (["--model", "m", "--study"], "--model runs the demo's chain world on a pretrained model")):
+                       (["--model", "m", "--study"], "--model runs the demo's chain world (or --world library)"),
+                       (["--model", "m", "--world", "digit"], "--model runs the demo's chain world (or --world library)"),
+                       (["--model", "m", "--world", "long"], "--model runs the demo's chain world (or --world library)")):
         caplog.clear()
         assert main(["demo", *args]) == 1
         assert said in caplog.text, args

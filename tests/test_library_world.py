@@ -36,25 +36,45 @@ def test_every_reference_passes_its_held_back_tests(world, pool):
     assert [(t.id, g.stage) for t, g in zip(tasks, grades) if g.stage != "all_pass"] == []
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_the_prompts_reading_alone_fails_every_functions_quirk(seed, pool):
-    world = build_library_world(dataclasses.replace(SMALL, seed=seed))
-    singles = {t.meta["family"]: t for t in world.train if t.meta["twist"] == 0 and "+" not in t.meta["family"]}
-    assert sorted(singles) == sorted(FAMILIES)
-    tasks = list(singles.values())
-    grades = grade_code([fenced(t.meta["naive"]) for t in tasks], tasks, pool)
-    assert {t.meta["family"]: g.stage for t, g in zip(tasks, grades) if g.stage == "all_pass"} == {}
+def test_which_code_passes_is_decided_by_each_functions_behaviour(pool):
+    """For every function and every pair of its behaviours: the use written for one behaviour passes in a world with
+    it and fails in a world with the other, so no answer is right without knowing the world (enumerated over
+    QUIRKS)."""
+    from molrl.demo.library import QUIRKS, Quirks, library_source, library_task, reference_helpers, reference_use
+
+    base = build_library_world(SMALL)
+    tables = (base.prices, base.stock, base.weights, base.ship_rates, base.items)
+    first = {f: QUIRKS[f][0] for f in FAMILIES}
+    programs, expect = [], []
+    for family in FAMILIES:
+        for written in QUIRKS[family]:
+            for actual in QUIRKS[family]:
+                def quirks(member):
+                    q = {**first, family: member}
+                    return Quirks(scale=q["price"], stock_shape=q["stock"], missing=q["weight"], ship_order=q["ship"])
+                world = dataclasses.replace(base, quirks=quirks(actual), prices={
+                    i: p // base.quirks.scale * quirks(actual).scale + 1 for i, p in base.prices.items()})
+                world.preamble = library_source(world.quirks, world.prices, *tables[1:])
+                task = library_task(world, (family,), 0, base.items, 4, __import__("random").Random(0), "train")
+                args = "item, n" if family == "ship" else "item"
+                code = (f"{reference_helpers(quirks(written), (family,))}def solve({args}):\n"
+                        f"    return {reference_use(quirks(written), family)}\n")
+                programs.append((task, fenced(code)))
+                expect.append(((family, written, actual), written == actual))
+    grades = grade_code([c for _, c in programs], [t for t, _ in programs], pool)
+    assert [(key, g.stage == "all_pass") for (key, _), g in zip(expect, grades)] == expect
     # the weight quirk bites only on an item without a weight: every task using weight tests one
+    world = build_library_world(SMALL)
     assert all(any(c.args[0] not in world.weights for c in t.tests)
                for t in world.train + world.heldout if "weight" in t.meta["family"])
 
 
 def test_the_prompts_state_no_quirk_and_show_no_test_input(world):
     q = world.quirks
-    literal = q.stock_format.format(n="").strip()  # "stock:", "in stock" or "left"
     for task in world.train + world.heldout:
         text = task.prompt
-        assert "_PRICE" not in text and literal not in text and f"// {q.scale}" not in text
+        assert "_PRICE" not in text and "in stock" not in text and "count" not in text and f"// {q.scale}" not in text
+        assert "ship(item" not in text and "ship(n" not in text
         assert "KeyError" not in text and "None" not in text and "-1" not in text
         assert not any(f"'{c.args[0]}'" in text or f"`{c.args[0]}`" in text for c in task.tests)
 
@@ -86,13 +106,19 @@ def test_running_code_shows_each_quirk_in_a_form_unlike_the_answer(world, pool):
                 world.probe("ship", priced)]
     results = pool.run_many([world.preamble + "\n" + s for s in snippets])
     price, stock, weight, ship = results
-    assert price.stdout == f"{world.prices[priced]}\n"  # in the library's unit: the scale is not printed
-    assert stock.stdout == repr(q.stock_format.format(n=world.stock[priced])) + "\n"
+    assert price.stdout == f"{world.prices[priced]}\n"  # in the library's unit: its digits tell the unit
+    assert len(price.stdout.strip()) == len(str(q.scale))
+    shown = {"int": f"{world.stock[priced]}", "sentence": f"'{world.stock[priced]} in stock'",
+             "dict": f"{{'count': {world.stock[priced]}}}"}[q.stock_shape]
+    assert stock.stdout == shown + "\n"
     if q.missing == "KeyError":
         assert weight.status == "runtime_error" and "KeyError" in weight.stderr
     else:
         assert weight.stdout == f"{q.missing}\n"
-    assert ship.status == "runtime_error" and "KeyError: 2" in ship.stderr  # the count where the item goes
+    if q.ship_order == "item, n":
+        assert ship.stdout == f"{2 * world.ship_rates[priced]}\n"
+    else:
+        assert ship.status == "runtime_error" and "KeyError: 2" in ship.stderr  # the count where the item goes
 
 
 def test_a_task_file_keeps_the_library_for_the_sandbox(world, tmp_path, pool):
@@ -123,3 +149,14 @@ def test_the_pilots_control_states_each_quirk_and_keeps_the_task(world):
     price = next(t for t in world.train if t.meta["family"] == "price")
     unit = {10: "tenths", 100: "hundredths", 1000: "thousandths"}[world.quirks.scale]
     assert f"counts in {unit} of a unit" in told(world, price).prompt
+
+
+def test_held_out_twists_are_never_a_training_tasks_in_any_world():
+    """A held-out task's text is one no training task of any world has (so no base taught in decoy libraries saw
+    it): its twist is a held-out one."""
+    from molrl.demo.library import HELDOUT_TWISTS, TWISTS
+
+    assert not {say for say, _, _ in TWISTS} & {say for say, _, _ in HELDOUT_TWISTS}
+    worlds = [build_library_world(dataclasses.replace(SMALL, seed=s)) for s in range(6)]
+    train_prompts = {t.prompt for w in worlds for t in w.train}
+    assert all(t.prompt not in train_prompts for w in worlds for t in w.heldout)

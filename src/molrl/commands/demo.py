@@ -11,6 +11,7 @@
     molrl demo --study --world digit   # the digit world's ablations, code reward included (about 40 minutes)
     molrl demo --study --no-replay     # the forgetting claims without the general replay: runs/study_no_replay/
     molrl demo --model DIR --seeds 3   # the chain world on a pretrained chat model (runs/demo_pretrained/)
+    molrl demo --world library # code tasks against a library only the sandbox runs (--model DIR: on a chat model)
 
 A hidden digit rule that only code execution reveals, applied 1 to 6 times in a chain whose every
 step the answer writes out; a tiny base model trained from scratch to use the tool; then the real
@@ -55,10 +56,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="with --study: the chain world's arms without the general replay (MoL, CE, CE on feedback "
                         "only, the KL dose, GRPO from MoL with its decision KL in merge_new mode), so that "
                         "forgetting has room to show (study_no_replay.md)")
-    p.add_argument("--world", default=None, choices=["chain", "long", "digit"],
+    p.add_argument("--world", default=None, choices=["chain", "long", "digit", "library"],
                    help="the built-in world: chain (default: the hidden rule applied 1-6 times, every step written "
-                        "out; see molrl.demo.chain), long (the same with 1-24 steps, long-tailed) or digit (one "
-                        "hidden digit per answer); --study runs on chain or digit")
+                        "out; see molrl.demo.chain), long (the same with 1-24 steps, long-tailed), digit (one "
+                        "hidden digit per answer) or library (code tasks against a library only the sandbox runs, "
+                        "see molrl.demo.library); --study runs on chain or digit, --model on chain or library")
     p.add_argument("--out", default=None,
                    help="run directory (default runs/demo, runs/study, runs/demo_WORLD or runs/study_WORLD for "
                         "other worlds, with _quick after --quick)")
@@ -80,9 +82,9 @@ def handle(args: argparse.Namespace) -> int:
     if args.study and args.world not in (None, "chain", "digit"):
         raise MolrlError(f"--study runs on the chain world (the default) or --world digit, not --world {args.world}")
     world = args.world or "chain"
-    if args.model and (args.study or args.teacher or world != "chain"):
-        raise MolrlError("--model runs the demo's chain world on a pretrained model: use it without --study, "
-                         "--teacher and --world")
+    if args.model and (args.study or args.teacher or world not in ("chain", "library")):
+        raise MolrlError("--model runs the demo's chain world (or --world library) on a pretrained model: use it "
+                         "without --study and --teacher")
     if args.no_replay and (not args.study or world != "chain"):
         raise MolrlError("--no-replay is a study arm set of the chain world: use it with --study (and no --world "
                          "or --world chain)")
@@ -103,6 +105,11 @@ def handle(args: argparse.Namespace) -> int:
         if args.model:
             from molrl.study.headline import write_headline
 
-            report = write_headline(out, args.seeds or 1, args.model)
+            if world == "library":
+                from molrl.study.headline import LIBRARY_INTRO
+
+                report = write_headline(out, args.seeds or 1, args.model, task="library world", intro=LIBRARY_INTRO)
+            else:
+                report = write_headline(out, args.seeds or 1, args.model)
     print(report)
     return 0

@@ -2,21 +2,24 @@
 
 The tasks ask for a short Python function ``solve`` that uses ``lib``, a module the sandbox defines before the
 solution runs (the task's ``preamble``; never shown to the model). The tasks' text says what each of ``lib``'s
-functions is for, never how it behaves; that differs from the natural reading in one way a function, drawn from the
-world's seed, and only running code reveals it:
+functions is for, never how it behaves; each function's behaviour is one of a few, drawn from the world's seed, and
+only running code reveals which:
 
-- ``lib.price(item)``: the price, **in hundredths or tenths or thousandths** of a unit (units);
-- ``lib.stock(item)``: how many the store has, **as a sentence** such as ``"7 in stock"`` (the shape of a value);
+- ``lib.price(item)``: the price **in tenths, hundredths or thousandths** of a unit (units); a whole-unit price is
+  1-9, so the printed value's digit count tells the unit;
+- ``lib.stock(item)``: how many the store has, **as an int, a sentence such as ``'7 in stock'`` or a dict
+  ``{'count': 7}``** (the shape of a value);
 - ``lib.weight(item)``: the weight, and for an item without one **-1, None or a KeyError** (errors);
-- ``lib.ship(item, n)``: the cost of shipping ``n`` of an item, **the item first** where the prompt names the number
-  first (argument order).
+- ``lib.ship``: the cost of shipping a number of an item, **``ship(item, n)`` or ``ship(n, item)``** (argument
+  order); the other order raises ``KeyError: 2``.
 
-What running code shows is unlike the answer: printed values (``250``, ``'7 in stock'``) and tracebacks
-(``KeyError: 3``), against an answer that is code (``return lib.price(item) // 100``). A task asks for one function's
-use with a small twist (``3 times the price of item in whole units``), or for two functions together. Held-out tasks
-use pairs of functions no training task combines, on items no training task's tests call; general tasks are plain
-Python without ``lib`` and measure forgetting. Every task is graded by held-back call tests in the sandbox
-(``molrl.graders.code``); the prompt shows no test input.
+``lib.ITEMS`` lists the training items (the prompt says so), so an agent has something to probe with. What running
+code shows is unlike the answer: printed values (``2503``, ``'7 in stock'``) and tracebacks (``KeyError: 2``),
+against an answer that is code (``return lib.price(item) // 1000``). A task asks for one function's use with a
+small twist (``3 times the price of item in whole units``), or for two functions together. Held-out tasks use pairs
+of functions no training task combines, on items no training task's tests call and ``lib.ITEMS`` does not list;
+general tasks are plain Python without ``lib`` and measure forgetting. Every task is graded by held-back call tests
+in the sandbox (``molrl.graders.code``); the prompt shows no test input.
 """
 
 from __future__ import annotations
@@ -31,10 +34,14 @@ FAMILIES = ("price", "stock", "weight", "ship")
 """The functions of ``lib``, one quirk each."""
 SCALES = (10, 100, 1000)
 """What ``lib.price`` may count in: tenths, hundredths or thousandths of a unit."""
-STOCK_FORMATS = ("{n} in stock", "stock: {n}", "{n} left")
-"""How ``lib.stock`` may say a count."""
+STOCK_SHAPES = ("int", "sentence", "dict")
+"""How ``lib.stock`` may give a count: ``7``, ``'7 in stock'`` or ``{'count': 7}``."""
 MISSING = ("-1", "None", "KeyError")
 """What ``lib.weight`` may do for an item without a weight."""
+SHIP_ORDERS = ("item, n", "n, item")
+"""The order of ``lib.ship``'s arguments."""
+QUIRKS = {"price": SCALES, "stock": STOCK_SHAPES, "weight": MISSING, "ship": SHIP_ORDERS}
+"""Each function's possible behaviours (one is drawn per world)."""
 ITEMS = ("bolt", "cog", "vane", "dial", "gear", "pin", "rod", "nut", "cam", "hub", "lug", "rim", "tab", "peg",
          "cap", "jig", "keg", "lid", "mast", "nib", "orb", "pod", "reel", "sash", "tine", "urn", "vial", "wick",
          "yoke", "zinc", "arc", "bead", "coil", "disc", "fin", "gimp", "hasp", "iris", "jamb", "knob")
@@ -73,8 +80,19 @@ class Quirks:
     """How this world's ``lib`` behaves where the tasks' text is silent."""
 
     scale: int
-    stock_format: str
+    stock_shape: str
     missing: str
+    ship_order: str
+
+    def of(self, family: str):
+        """The behaviour of one function (a member of ``QUIRKS[family]``)."""
+        return {"price": self.scale, "stock": self.stock_shape, "weight": self.missing,
+                "ship": self.ship_order}[family]
+
+    def key(self) -> str:
+        """The quirks in one line (the world's secret, as ``world.json`` keeps it)."""
+        return (f"price/{self.scale} stock/{self.stock_shape} weight/{self.missing} "
+                f"ship({self.ship_order})")
 
 
 @dataclass
@@ -99,20 +117,32 @@ class LibraryWorld:
     general_train: list[Task] = field(default_factory=list)
     general_eval: list[Task] = field(default_factory=list)
 
+    items: list[str] = field(default_factory=list)
+    """``lib.ITEMS``: the training items, in the order the library lists them."""
+
     def probe(self, family: str, item: str) -> str:
         """A snippet that shows one function's behaviour on ``item`` (what an agent might run)."""
         call = {"price": f"lib.price({item!r})", "stock": f"lib.stock({item!r})", "weight": f"lib.weight({item!r})",
-                "ship": f"lib.ship(2, {item!r})"}[family]
+                "ship": f"lib.ship({item!r}, 2)"}[family]
         return f"print(repr({call}))"
 
+    def as_world(self) -> "World":  # noqa: F821
+        """The world as the demo's pipeline takes one: library tasks as its domain ("rule") splits."""
+        from molrl.demo.world import World
 
-def library_source(q: Quirks, prices: dict, stock: dict, weights: dict, ship_rates: dict) -> str:
+        return World(key=self.quirks.key(), rule_train=self.train, rule_heldout=self.heldout,
+                     general_train=self.general_train, general_eval=self.general_eval)
+
+
+def library_source(q: Quirks, prices: dict, stock: dict, weights: dict, ship_rates: dict, items: list[str]) -> str:
     """The ``lib`` module's source: plain functions over hidden tables, as the sandbox defines it."""
     missing = {"-1": "return -1", "None": "return None", "KeyError": "raise KeyError(item)"}[q.missing]
-    ship = "def ship(item, n):\n    return n * _SHIP[item]\n"
-    body = (f"_PRICE = {prices!r}\n_STOCK = {stock!r}\n_WEIGHT = {weights!r}\n_SHIP = {ship_rates!r}\n\n"
+    count = {"int": "_STOCK[item]", "sentence": "f'{_STOCK[item]} in stock'", "dict": "{'count': _STOCK[item]}"}
+    ship = f"def ship({q.ship_order}):\n    return n * _SHIP[item]\n"
+    body = (f"ITEMS = {items!r}\n_PRICE = {prices!r}\n_STOCK = {stock!r}\n_WEIGHT = {weights!r}\n"
+            f"_SHIP = {ship_rates!r}\n\n"
             "def price(item):\n    return _PRICE[item]\n\n"
-            f"def stock(item):\n    return {q.stock_format!r}.format(n=_STOCK[item])\n\n"
+            f"def stock(item):\n    return {count[q.stock_shape]}\n\n"
             f"def weight(item):\n    if item not in _WEIGHT:\n        {missing}\n    return _WEIGHT[item]\n\n{ship}")
     return ("import types as _types\nlib = _types.ModuleType('lib')\n"
             f"exec(compile({body!r}, 'lib.py', 'exec'), lib.__dict__)\ndel _types\n")
@@ -124,7 +154,7 @@ def describe(families: tuple[str, ...]) -> str:
             "stock": "`lib.stock(item)` tells how many of an item the store has",
             "weight": "`lib.weight(item)` gives the weight of an item, where one is known",
             "ship": "`lib.ship` gives the cost of shipping a number of an item"}
-    return "; ".join(text[f] for f in families)
+    return "; ".join(text[f] for f in families) + "; `lib.ITEMS` lists some of the store's items"
 
 
 def quirk_text(q: Quirks, families: tuple[str, ...]) -> str:
@@ -132,10 +162,12 @@ def quirk_text(q: Quirks, families: tuple[str, ...]) -> str:
     library leaves once its behaviour is known, which is what absorbing the feedback could fill)."""
     unit = {10: "tenths", 100: "hundredths", 1000: "thousandths"}[q.scale]
     missing = {"-1": "returns -1", "None": "returns None", "KeyError": "raises KeyError"}[q.missing]
+    shape = {"int": "an int such as 7", "sentence": "a sentence such as '7 in stock'",
+             "dict": "a dict such as {'count': 7}"}[q.stock_shape]
     text = {"price": f"`lib.price` counts in {unit} of a unit",
-            "stock": f"`lib.stock` returns a sentence such as {q.stock_format.format(n=7)!r}",
+            "stock": f"`lib.stock` returns {shape}",
             "weight": f"for an item without a weight `lib.weight` {missing}",
-            "ship": "`lib.ship` takes the item first, then the number: `lib.ship(item, n)`"}
+            "ship": f"`lib.ship` takes its arguments as `lib.ship({q.ship_order})`"}
     return "; ".join(text[f] for f in families)
 
 
@@ -173,10 +205,11 @@ def reference_use(q: Quirks, family: str, item: str = "item", n: str = "n") -> s
     if family == "price":
         return f"lib.price({item}) // {q.scale}"
     if family == "stock":
-        return f"int(''.join(c for c in lib.stock({item}) if c.isdigit()))"
+        return {"int": f"lib.stock({item})", "sentence": f"int(lib.stock({item}).split()[0])",
+                "dict": f"lib.stock({item})['count']"}[q.stock_shape]
     if family == "weight":
         return f"_weight({item})"
-    return f"lib.ship({item}, {n})"
+    return f"lib.ship({item}, {n})" if q.ship_order == "item, n" else f"lib.ship({n}, {item})"
 
 
 def reference_helpers(q: Quirks, families: tuple[str, ...]) -> str:
@@ -190,7 +223,8 @@ def reference_helpers(q: Quirks, families: tuple[str, ...]) -> str:
 
 
 def naive_use(family: str, item: str = "item", n: str = "n") -> str:
-    """The expression a reader of the prompt alone would write: right for none of the quirks."""
+    """The expression a reader of the prompt alone would write (right for one behaviour of ``stock`` and of
+    ``ship``, wrong for every other)."""
     return {"price": f"lib.price({item})", "stock": f"lib.stock({item})", "weight": f"lib.weight({item})",
             "ship": f"lib.ship({n}, {item})"}[family]
 
@@ -198,12 +232,19 @@ def naive_use(family: str, item: str = "item", n: str = "n") -> str:
 TWISTS = (("", "+", 0), ("3 times ", "*", 3), ("2 plus ", "+", 2), ("10 times ", "*", 10), ("5 plus ", "+", 5),
           ("twice ", "*", 2), ("4 times ", "*", 4), ("1 plus ", "+", 1), ("7 plus ", "+", 7), ("6 times ", "*", 6),
           ("9 plus ", "+", 9), ("8 times ", "*", 8))
-"""(what the prompt says, the operation, its constant): the small change that makes each task its own."""
+"""(what the prompt says, the operation, its constant): the small change that makes each training task its own."""
+HELDOUT_TWISTS = (("11 plus ", "+", 11), ("3 plus ", "+", 3), ("5 times ", "*", 5), ("12 plus ", "+", 12),
+                  ("7 times ", "*", 7), ("4 plus ", "+", 4), ("9 times ", "*", 9), ("6 plus ", "+", 6),
+                  ("12 times ", "*", 12), ("8 plus ", "+", 8))
+"""The held-out tasks' twists, which no training task (and no decoy task a base is taught on) has: a held-out
+task's text is never one a model trained on, in this world or another."""
+ALL_TWISTS = TWISTS + HELDOUT_TWISTS
+"""Every twist by its index: training twists first."""
 
 
 def twisted(twist: int, x):
     """Twist ``twist`` applied: to a value (an int), or to an expression's text (the reference's code)."""
-    _, op, k = TWISTS[twist]
+    _, op, k = ALL_TWISTS[twist]
     if isinstance(x, str):
         return x if not k else f"{k} {op} ({x})"
     return x + k if op == "+" else x * k
@@ -213,7 +254,7 @@ def library_task(world: LibraryWorld, families: tuple[str, ...], twist: int, ite
                  rng: random.Random, split: str) -> Task:
     """A task using ``families`` (one function, or two summed) with twist ``twist``, tested on ``items``."""
     q = world.quirks
-    say = TWISTS[twist][0]
+    say = ALL_TWISTS[twist][0]
     ships = "ship" in families
     args = "item, n" if ships else "item"
     parts = [TARGETS[f].format(item="item", n="n") for f in families]
@@ -233,7 +274,7 @@ def library_task(world: LibraryWorld, families: tuple[str, ...], twist: int, ite
     naive = " + ".join(naive_use(f) for f in families)
     return Task(id=f"library/{split}/{'+'.join(families)}/{twist}", prompt=prompt, kind="code", entry_point=ENTRY,
                 tests=cases, preamble=world.preamble, reference=reference,
-                meta={"family": "+".join(families), "twist": twist, "split": split,
+                meta={"family": "+".join(families), "twist": twist, "split": split, "library": q.key(),
                       "naive": f"def {ENTRY}({args}):\n    return {twisted(twist, naive)}\n"})
 
 
@@ -277,22 +318,25 @@ def build_library_world(cfg: LibraryConfig) -> LibraryWorld:
         raise ValueError(f"library world: {cfg.train_items} + {cfg.heldout_items} items asked for, {len(ITEMS)} exist")
     if cfg.tests_per_task > min(cfg.train_items, cfg.heldout_items):
         raise ValueError(f"library world: tests_per_task={cfg.tests_per_task} exceeds the items of a split")
-    if not 0 < cfg.heldout_pairs < len(PAIRS) or max(cfg.train_twists, cfg.heldout_twists) > len(TWISTS):
-        raise ValueError(f"library world: heldout_pairs is 1-{len(PAIRS) - 1}, twists at most {len(TWISTS)}")
-    q = Quirks(scale=rng.choice(SCALES), stock_format=rng.choice(STOCK_FORMATS), missing=rng.choice(MISSING))
+    if not 0 < cfg.heldout_pairs < len(PAIRS) or cfg.train_twists > len(TWISTS) or \
+            cfg.heldout_twists > len(HELDOUT_TWISTS):
+        raise ValueError(f"library world: heldout_pairs is 1-{len(PAIRS) - 1}, train_twists at most {len(TWISTS)}, "
+                         f"heldout_twists at most {len(HELDOUT_TWISTS)}")
+    q = Quirks(scale=rng.choice(SCALES), stock_shape=rng.choice(STOCK_SHAPES), missing=rng.choice(MISSING),
+               ship_order=rng.choice(SHIP_ORDERS))
     items = list(ITEMS)
     rng.shuffle(items)
     train_items, heldout_items = items[: cfg.train_items], items[cfg.train_items: cfg.train_items + cfg.heldout_items]
     used = train_items + heldout_items
-    prices = {i: rng.randrange(1, 60) * q.scale + rng.randrange(1, q.scale) for i in used}
+    prices = {i: rng.randrange(1, 10) * q.scale + rng.randrange(1, q.scale) for i in used}  # digits tell the unit
     stock = {i: rng.randrange(1, 40) for i in used}
     weights = {i: rng.randrange(1, 90) for i in used if rng.random() < 0.6}
     for split in (train_items, heldout_items):  # every split has items with a weight and items without one
         weights.setdefault(split[0], rng.randrange(1, 90))
         weights.pop(split[1], None)
     ship_rates = {i: rng.randrange(2, 20) for i in used}
-    preamble = library_source(q, prices, stock, weights, ship_rates)
-    world = LibraryWorld(q, preamble, prices, stock, weights, ship_rates)
+    preamble = library_source(q, prices, stock, weights, ship_rates, train_items)
+    world = LibraryWorld(q, preamble, prices, stock, weights, ship_rates, items=train_items)
     pairs = list(PAIRS)
     rng.shuffle(pairs)
     world.heldout_pairs, world.train_pairs = pairs[: cfg.heldout_pairs], pairs[cfg.heldout_pairs:]
@@ -300,8 +344,8 @@ def build_library_world(cfg: LibraryConfig) -> LibraryWorld:
         world.train += [library_task(world, families, t, train_items, cfg.tests_per_task, rng, "train")
                         for t in range(cfg.train_twists)]
     for families in world.heldout_pairs:
-        world.heldout += [library_task(world, families, t, heldout_items, cfg.tests_per_task, rng, "heldout")
-                          for t in range(cfg.heldout_twists)]
+        world.heldout += [library_task(world, families, len(TWISTS) + t, heldout_items, cfg.tests_per_task, rng,
+                                       "heldout") for t in range(cfg.heldout_twists)]
     world.general_train = [general_task(i, rng, cfg.tests_per_task, "train") for i in range(cfg.general_train)]
     world.general_eval = [general_task(cfg.general_train + i, rng, cfg.tests_per_task, "eval")
                           for i in range(cfg.general_eval)]

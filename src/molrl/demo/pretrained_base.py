@@ -81,10 +81,14 @@ def warm_up_traces(world_cfg: ChainWorldConfig, warm: WarmUpConfig, tokenizer: A
                              teacher_rounds=0, fresh=own)
 
 
-def build_pretrained_base(world_cfg: ChainWorldConfig, warm: WarmUpConfig, model: str, base_dir: Path, episode: Any,
-                          math_prompt: str | None = None, threads: int = 2) -> Path:
-    """``model`` warmed up on the formats of chain worlds shaped as ``world_cfg`` and merged, in ``base_dir`` (reused
-    when one of the same model, world shape and settings is there)."""
+def build_pretrained_base(world_cfg: Any, warm: WarmUpConfig, model: str, base_dir: Path, episode: Any,
+                          math_prompt: str | None = None, threads: int = 2, make_traces: Any = None) -> Path:
+    """``model`` warmed up on the formats of worlds shaped as ``world_cfg`` and merged, in ``base_dir`` (reused
+    when one of the same model, world shape and settings is there).
+
+    The warm-up's conversations are ``make_traces(tokenizer, pool)`` (default the chain world's ``warm_up_traces``;
+    the library world's are ``molrl.demo.library_base.library_base_traces``); ``math_prompt`` is the single-turn
+    instruction they are posed with (the library world's code instruction)."""
     from molrl.cpu import use_threads
     from molrl.models import load_tokenizer
     from molrl.mol.config import MolConfig
@@ -107,7 +111,9 @@ def build_pretrained_base(world_cfg: ChainWorldConfig, warm: WarmUpConfig, model
     traces_file = work / "traces.jsonl"
     work.mkdir(parents=True, exist_ok=True)
     with SandboxPool(SandboxConfig(workers=2)) as pool:
-        traces = warm_up_traces(world_cfg, warm, load_tokenizer(model), episode, pool, math_prompt)
+        tokenizer = load_tokenizer(model)
+        traces = (make_traces(tokenizer, pool) if make_traces is not None
+                  else warm_up_traces(world_cfg, warm, tokenizer, episode, pool, math_prompt))
     tmp = traces_file.with_suffix(".tmp")
     tmp.unlink(missing_ok=True)
     for trace in traces:

@@ -33,6 +33,8 @@ from typing import Any
 
 from molrl.demo.base import BaseModelConfig
 from molrl.demo.chain import ChainWorldConfig, build_chain_world
+from molrl.demo.library import LibraryConfig, build_library_world
+from molrl.demo.library_base import LibraryDemos
 from molrl.demo.pretrained_base import WarmUpConfig
 from molrl.demo.world import CODE_TOKENS, World, WorldConfig, build_world
 from molrl.cpu import govern_threads, use_threads
@@ -48,8 +50,8 @@ log = logging.getLogger(__name__)
 class DemoPreset:
     """Sizes of one demo preset."""
 
-    world: WorldConfig | ChainWorldConfig = field(default_factory=WorldConfig)
-    """The world's sizes and seed (its type picks the world: digit or chain)."""
+    world: WorldConfig | ChainWorldConfig | LibraryConfig = field(default_factory=WorldConfig)
+    """The world's sizes and seed (its type picks the world: digit, chain or library)."""
     base: BaseModelConfig = field(default_factory=BaseModelConfig)
     """The base model's size and schedule."""
     pipeline_overrides: list[str] = field(default_factory=list)
@@ -58,6 +60,8 @@ class DemoPreset:
     """Most torch threads (fewer while other processes keep cores busy)."""
     warm_up: WarmUpConfig | None = None
     """With ``molrl demo --model``: how the pretrained model is warmed up on the world's formats (its base)."""
+    library_demos: LibraryDemos | None = None
+    """The library world: the decoy tasks its base is taught on (``molrl.demo.library_base``)."""
 
 
 STUDY_PROMPTS = ['rl.code_prompt="{prompt}"', 'eval.code_prompt="{prompt}"',
@@ -149,13 +153,47 @@ warmed up on the world's formats first (``molrl.demo.pretrained_base``), and siz
 200 rule problems to collect and train on, 200 held out, 100 general ones held out
 (``configs/pipeline_pretrained.yaml``)."""
 
-WORLDS = {"chain": CHAIN_PRESETS, "long": LONG_PRESETS, "digit": PRESETS}
+LIBRARY_QUICK = ["mol.train.max_steps=4", "mol.train.micro_batch_size=8", "mol.train.grad_accumulation=1",
+                 "rl.train.max_steps=2", "rl.prompts_per_step=2", "rl.sampling.n=4", "rl.train.micro_batch_size=8"]
+"""The library world's quick runs: every stage, a few steps each."""
+
+LIBRARY_PRESETS = {
+    "default": DemoPreset(world=LibraryConfig(), base=BaseModelConfig(steps=500), library_demos=LibraryDemos()),
+    "quick": DemoPreset(
+        world=LibraryConfig(train_twists=2, heldout_twists=3, general_train=24, general_eval=12),
+        base=BaseModelConfig(num_layers=2, hidden_size=64, steps=200, batch_size=8),
+        library_demos=LibraryDemos(tool=12, direct=12, general=12),
+        pipeline_overrides=LIBRARY_QUICK,
+    ),
+}
+"""``molrl demo --world library``: code tasks against a library only the sandbox runs (``molrl.demo.library``), on
+the tiny base taught in decoy libraries (``molrl.demo.library_base``)."""
+
+LIBRARY_PRETRAINED_PRESETS = {
+    "default": DemoPreset(world=LibraryConfig(), warm_up=WarmUpConfig(rule_demos=128, general_demos=0,
+                                                                      general_direct=128, max_steps=48)),
+    "quick": DemoPreset(
+        world=LibraryConfig(train_twists=2, heldout_twists=3, general_train=24, general_eval=12),
+        warm_up=WarmUpConfig(rule_demos=4, general_demos=0, general_direct=4, max_steps=2, micro_batch_size=4),
+        pipeline_overrides=[*LIBRARY_QUICK, "rl.sampling.max_new_tokens=64", "eval.sampling.max_new_tokens=64",
+                            "collect.sampling.max_new_tokens=64"],
+    ),
+}
+"""``molrl demo --world library --model PATH``: the library world on a pretrained chat model, warmed up in decoy
+libraries first (``WarmUpConfig.rule_demos`` tool-use episodes and as many direct answers, ``general_direct``
+direct answers to general tasks)."""
+
+WORLDS = {"chain": CHAIN_PRESETS, "long": LONG_PRESETS, "digit": PRESETS, "library": LIBRARY_PRESETS}
 """Presets of each built-in world by its ``--world`` name (the first is the default)."""
 
-WORLD_CONFIGS = {"chain": "pipeline_chain.yaml", "long": "pipeline_long.yaml", "digit": "pipeline_tiny.yaml"}
+WORLD_CONFIGS = {"chain": "pipeline_chain.yaml", "long": "pipeline_long.yaml", "digit": "pipeline_tiny.yaml",
+                 "library": "pipeline_library.yaml"}
 """The pipeline config each world runs by default."""
 PRETRAINED_CONFIG = "pipeline_pretrained.yaml"
 """The pipeline config of ``molrl demo --model``."""
+PRETRAINED_WORLDS = {"chain": (PRETRAINED_PRESETS, PRETRAINED_CONFIG),
+                     "library": (LIBRARY_PRETRAINED_PRESETS, "pipeline_library_pretrained.yaml")}
+"""The worlds ``molrl demo --model`` runs: their presets and pipeline config."""
 
 
 def config_dir() -> Path:
@@ -180,9 +218,9 @@ def run_demo(out: str | Path, preset: str = "default", overrides: list[str] | No
         raise MolrlError(f"--seeds {seeds}: give 1 or more")
     if world not in WORLDS:
         raise MolrlError(f"--world {world}: unknown; choose one of {', '.join(WORLDS)}")
-    presets = PRETRAINED_PRESETS if model else WORLDS[world]
-    if model and world != "chain":
-        raise MolrlError(f"--model runs the chain world, not --world {world}")
+    if model and world not in PRETRAINED_WORLDS:
+        raise MolrlError(f"--model runs the {' or '.join(PRETRAINED_WORLDS)} world, not --world {world}")
+    presets = PRETRAINED_WORLDS[world][0] if model else WORLDS[world]
     if model and not (Path(model) / "config.json").is_file():
         raise MolrlError(f"--model {model}: not a transformers model directory (no config.json); a GGUF file "
                          "converts with molrl export --gguf FILE --out DIR")
@@ -209,7 +247,7 @@ def run_one(out: Path, preset: str, overrides: list[str] | None, seed: int, conf
     started = time.time()
     cfg, world, threads = prepare_seed(out, preset, overrides, seed, config, world_name, model)
     properties = None
-    if world_name != "digit" and model is None:  # the chain world's measured properties, before the pipeline changes nothing of the base
+    if world_name in ("chain", "long") and model is None:  # the chain world's measured properties, before the pipeline changes nothing of the base
         from molrl.demo.chain_measure import measure_world
 
         properties = measure_world(world, out / "base", out / "world", cfg)
@@ -233,7 +271,7 @@ def prepare_seed(out: Path, preset: str, overrides: list[str] | None, seed: int,
 
     from molrl.pipeline.config import load_pipeline_config
 
-    chosen = seeded((PRETRAINED_PRESETS if model else WORLDS[world_name])[preset], seed)
+    chosen = seeded((PRETRAINED_WORLDS[world_name][0] if model else WORLDS[world_name])[preset], seed)
     torch.manual_seed(seed)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -251,11 +289,17 @@ def prepare_seed(out: Path, preset: str, overrides: list[str] | None, seed: int,
         f"mol.train.seed={seed}",
         f"rl.train.seed={seed}",
     ]
-    default_config = PRETRAINED_CONFIG if model else WORLD_CONFIGS[world_name]
+    if isinstance(chosen.world, LibraryConfig):  # code tasks everywhere
+        fixed = [f for f in fixed if not f.startswith(("eval.data.heldout=", "eval.data.general="))]
+        fixed += ["rl.data.spec.kind=code", *(f"eval.data.{name}={{path: {world_dir / (name + '.jsonl')}, "
+                                              "spec: {kind: code}}" for name in ("heldout", "general"))]
+    default_config = PRETRAINED_WORLDS[world_name][1] if model else WORLD_CONFIGS[world_name]
     cfg = load_pipeline_config(config or config_dir() / default_config,
                                [*fixed, *chosen.pipeline_overrides, *(overrides or [])])
     prompts = {"math_prompt": cfg.eval.get("math_prompt"), "code_prompt": cfg.eval.get("code_prompt")}
-    if isinstance(chosen.world, ChainWorldConfig):
+    if isinstance(chosen.world, LibraryConfig):
+        world = prepare_library(chosen, base_dir, world_dir, cfg, prompts["code_prompt"], model)
+    elif isinstance(chosen.world, ChainWorldConfig):
         from molrl.demo.chain_base import build_chain_base, direct_traces as chain_direct
 
         world = build_chain_world(chosen.world)
@@ -278,16 +322,47 @@ def prepare_seed(out: Path, preset: str, overrides: list[str] | None, seed: int,
     return cfg, world, chosen.threads
 
 
+def prepare_library(chosen: DemoPreset, base_dir: Path, world_dir: Path, cfg: "PipelineConfig",  # noqa: F821
+                    code_prompt: str | None, model: str | None) -> World:
+    """The library world of ``chosen`` written to ``world_dir`` and its base in ``base_dir``: the tiny base taught in
+    decoy libraries, or with ``model`` that model warmed up on them (one for every seed)."""
+    from molrl.demo.library_base import build_library_base, direct_code_traces, library_base_traces
+
+    library = build_library_world(chosen.world)
+    if model is not None:
+        from molrl.demo.pretrained_base import build_pretrained_base, unseen_by
+
+        warm = chosen.warm_up or WarmUpConfig()
+        own = build_library_world(replace(chosen.world, seed=warm.world_seed))
+
+        def traces(tokenizer: Any, pool: Any) -> list:
+            return library_base_traces(own, warm.rule_demos, warm.rule_demos, warm.general_direct, warm.seed,
+                                       chosen.world, tokenizer, episode_config(cfg), pool, code_prompt)
+
+        build_pretrained_base(chosen.world, warm, model, base_dir, episode_config(cfg), code_prompt,
+                              threads=chosen.threads, make_traces=traces)
+        world = unseen_by(library.as_world(), base_dir)
+    else:
+        world = library.as_world()
+    write_world(world, chosen.world, world_dir, replay_traces=lambda tasks, **_: direct_code_traces(tasks, code_prompt))
+    if model is None:
+        use_threads(None, "base model", most=chosen.threads)
+        build_library_base(library, chosen, base_dir, episode_config(cfg), code_prompt)
+    return world
+
+
 def seeded(preset: DemoPreset, seed: int) -> DemoPreset:
-    """``preset`` with its world and base model seeded by ``seed``."""
-    return replace(preset, world=replace(preset.world, seed=seed), base=replace(preset.base, seed=seed))
+    """``preset`` with its world, base model and decoy libraries seeded by ``seed``."""
+    demos = replace(preset.library_demos, seed=seed) if preset.library_demos else None
+    return replace(preset, world=replace(preset.world, seed=seed), base=replace(preset.base, seed=seed),
+                   library_demos=demos)
 
 
 RULE_ONLY = "rl_rule_train.jsonl"
 """The world file of the training rule problems alone: RL prompts without the general replay."""
 
 
-def write_world(world: World, cfg: WorldConfig | ChainWorldConfig, world_dir: Path, math_prompt: str | None = None,
+def write_world(world: World, cfg: WorldConfig | ChainWorldConfig | LibraryConfig, world_dir: Path, math_prompt: str | None = None,
                 replay_traces: Any = None) -> Path:
     """Task files (JSONL ``{id, prompt, answer}``) and the general replay traces of ``world``: RL's prompts with the
     general replay (``rl_train.jsonl``) and without it (``RULE_ONLY``), the held-out and general evaluation sets.

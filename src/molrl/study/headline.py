@@ -53,6 +53,14 @@ CHAIN_INTRO = ("`{model}` is warmed up once on the chain world's formats (tool u
                "feedback: held-out rule problems (n = {n_held} a seed) and general problems (n = {n_general} a seed, "
                "the public rules).")
 """The chain world's description in ``headline.md`` (``{model}``, ``{n_held}``, ``{n_general}`` filled in)."""
+LIBRARY_INTRO = ("`{model}` is warmed up once in decoy libraries (probing a library's functions in the sandbox, "
+                 "then writing the function; and direct answers; never a seed's library; "
+                 "`molrl.demo.library_base`): that is the base. Each seed builds its library world, collects the "
+                 "base's own traces in the sandbox, trains MoL on them, runs the same GRPO from the MoL model and from "
+                 "the base, and evaluates in a single step without execution, on held-back tests: held-out tasks "
+                 "(new pairs of functions on new items, n = {n_held} a seed) and plain-Python general tasks "
+                 "(n = {n_general} a seed).")
+"""The library world's description in ``headline.md``."""
 
 
 GENERIC_FOLDERS = frozenset({"model", "models", "base", "final", "merged", "export", "exported", "output", "weights"})
