@@ -1,0 +1,156 @@
+"""What a model knows of a library world's library, probed one function at a time without running anything.
+
+Two probes, each a choice among a function's behaviours (``molrl.demo.library.QUIRKS``), scored by the model's
+likelihood per token (the candidates differ in length: a traceback against a printed number), so they measure
+knowledge without sampling noise:
+
+- **feedback** (what MoL's cross-entropy trains): for each function, the demonstrator's episode up to its probe of
+  that function, then the output the probe would print under each behaviour (run in the sandbox against the world's
+  library with that one function changed). The probe's figure is the share the true output takes among them
+  (``behaviour_share`` of each output's mean log-likelihood per token).
+- **answer** (what single-turn evaluation needs): for each function, single-function tasks on held-out twists
+  (texts no training task has), each answered with the function written for each behaviour; the share of
+  probability on the answer the world's behaviour calls for, and how often it is the likeliest (``argmax``).
+
+A base that guesses gives each behaviour its share (1/3, or 1/2 for ``ship``); a model that has absorbed the world's
+library puts more on the truth. Both probes use the world's own items and tables, so they change only with what
+the model knows.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import replace
+from typing import Any, Sequence
+
+import torch
+
+from molrl.demo.library import (FAMILIES, QUIRKS, TWISTS, LibraryWorld, Quirks, library_source, library_task)
+
+PROBE_TWISTS = 3
+"""Held-out twists of the answer probe's tasks, per function."""
+
+
+def behaviour_share(logps: Sequence[float], true: int) -> float:
+    """The probability of candidate ``true`` among candidates of summed log-likelihood ``logps`` (a softmax).
+
+    >>> round(behaviour_share([math.log(0.2), math.log(0.6)], 1), 6)
+    0.75
+    >>> behaviour_share([-3.0, -3.0, -3.0], 0) == 1 / 3
+    True
+    """
+    top = max(logps)
+    weights = [math.exp(x - top) for x in logps]
+    return weights[true] / sum(weights)
+
+
+def with_behaviour(world: LibraryWorld, family: str, member: Any) -> tuple[Quirks, str]:
+    """The world's quirks and library source with ``family``'s behaviour set to ``member`` (prices rescaled to the
+    unit, so their digit count tells it as the world's do)."""
+    fields = {"price": "scale", "stock": "stock_shape", "weight": "missing", "ship": "ship_order"}
+    q = replace(world.quirks, **{fields[family]: member})
+    prices = {i: p // world.quirks.scale * q.scale + p % world.quirks.scale % q.scale for i, p in world.prices.items()}
+    prices = {i: p if p % q.scale else p + 1 for i, p in prices.items()}  # never a whole number of units
+    return q, library_source(q, prices, world.stock, world.weights, world.ship_rates, world.items)
+
+
+def sequence_logp(model: Any, tokenizer: Any, trace: Any, target: str = "feedback") -> tuple[float, int]:
+    """(summed log-likelihood under ``model``, token count) of ``trace``'s last message (``target``: the feedback or
+    the decision mask of ``molrl.traces.tokenize``, its last run: the message and its end-of-turn token)."""
+    from molrl.divergence import token_logps
+    from molrl.traces.tokenize import TokenizeConfig, tokenize_trace
+
+    tok = tokenize_trace(trace, tokenizer, TokenizeConfig(max_length=None, require_feedback=False,
+                                                          require_decision=False))
+    mask = tok.feedback_mask if target == "feedback" else tok.decision_mask
+    last = max(i for i, m in enumerate(mask) if m)
+    start = last
+    while start > 0 and mask[start - 1]:
+        start -= 1  # the last message's run of tokens
+    ids = torch.tensor([tok.input_ids])
+    keep = torch.zeros_like(ids, dtype=torch.bool)
+    keep[0, start:last + 1] = True
+    with torch.no_grad():
+        logits = model(ids).logits.float()
+    return float(token_logps(logits[:, :-1], ids[:, 1:], keep[:, 1:]).sum()), last + 1 - start
+
+
+def per_token(scored: tuple[float, int]) -> float:
+    """Mean log-likelihood per token of a ``sequence_logp`` result.
+
+    >>> per_token((-6.0, 3))
+    -2.0
+    """
+    total, count = scored
+    return total / count
+
+
+def feedback_candidates(world: LibraryWorld, tokenizer: Any, episode: Any, pool: Any) -> dict[str, list]:
+    """Per function: the demonstrator's conversations up to that function's probe output, one per behaviour (the
+    world's first), run through the real episode loop against the world's library with the behaviour changed."""
+    from molrl.demo.collection import run_format
+    from molrl.demo.library_base import LibraryDemonstrator
+
+    singles = {t.meta["family"]: t for t in world.train if "+" not in t.meta["family"]}
+    tasks, keys = [], []
+    for family in FAMILIES:
+        members = [world.quirks.of(family)] + [m for m in QUIRKS[family] if m != world.quirks.of(family)]
+        for member in members:
+            _, source = with_behaviour(world, family, member)
+            tasks.append(replace(singles[family], preamble=source))
+            keys.append(family)
+    episodes = run_format(LibraryDemonstrator(), tokenizer, tasks, pool, episode)
+    out: dict[str, list] = {f: [] for f in FAMILIES}
+    for family, ep in zip(keys, episodes):
+        trace = ep.to_trace({})
+        first_tool = next(i for i, m in enumerate(trace.messages) if m["role"] == "tool")
+        out[family].append(replace(trace, messages=trace.messages[: first_tool + 1]))
+    return out
+
+
+def answer_candidates(world: LibraryWorld, code_prompt: str | None = None) -> dict[str, list[list[Any]]]:
+    """Per function: for each of ``PROBE_TWISTS`` held-out twists, single-turn conversations answering the
+    single-function task with the function written for each behaviour (the world's first)."""
+    from molrl.demo.library_base import direct_code_traces, solution_code
+
+    rng = random.Random(world.quirks.key())
+    out: dict[str, list[list[Any]]] = {}
+    for family in FAMILIES:
+        members = [world.quirks.of(family)] + [m for m in QUIRKS[family] if m != world.quirks.of(family)]
+        groups = []
+        for t in range(PROBE_TWISTS):
+            task = library_task(world, (family,), len(TWISTS) + t, world.items, 1, rng, "probe")
+            args = "item, n" if family == "ship" else "item"
+            group = []
+            for member in members:
+                q, _ = with_behaviour(world, family, member)
+                code = solution_code([family], args, task.meta["twist"], q)
+                group.append(direct_code_traces([replace(task, reference=code)], code_prompt)[0])
+            groups.append(group)
+        out[family] = groups
+    return out
+
+
+def probe_library(model: Any, tokenizer: Any, world: LibraryWorld, episode: Any, pool: Any,
+                  code_prompt: str | None = None) -> dict[str, dict[str, float]]:
+    """Both probes of ``model`` on ``world``'s library: per function, ``feedback`` (P(true output)), ``answer``
+    (mean P(true answer) over the probe's tasks), ``answer_argmax`` (share of tasks where it is the likeliest) and
+    ``guess`` (1 / the function's behaviours); ``mean`` over the functions. Each share is a softmax of per-token
+    mean log-likelihoods, so a model sure of one candidate need not give it 1; what tells is a share's change from
+    the base's."""
+    model.eval()
+    feedback = feedback_candidates(world, tokenizer, episode, pool)
+    answers = answer_candidates(world, code_prompt)
+    out: dict[str, dict[str, float]] = {}
+    for family in FAMILIES:
+        fb = behaviour_share([per_token(sequence_logp(model, tokenizer, t)) for t in feedback[family]], 0)
+        shares, tops = [], []
+        for group in answers[family]:
+            logps = [per_token(sequence_logp(model, tokenizer, t, target="decision")) for t in group]
+            shares.append(behaviour_share(logps, 0))
+            tops.append(float(max(range(len(logps)), key=logps.__getitem__) == 0))
+        out[family] = {"feedback": fb, "answer": sum(shares) / len(shares), "answer_argmax": sum(tops) / len(tops),
+                       "guess": 1 / len(QUIRKS[family])}
+    out["mean"] = {k: sum(out[f][k] for f in FAMILIES) / len(FAMILIES) for k in out[FAMILIES[0]]}
+    return out
