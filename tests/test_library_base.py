@@ -124,3 +124,23 @@ def test_quick_library_demo_on_a_pretrained_model_warms_it_up_in_decoys_and_writ
     assert [r.split("|")[1].strip() for r in rows][:4] == ["`base`", "`base+grpo`", "`mol`", "`mol+grpo`"]
     warm = (out / "base" / "warm_up" / "traces.jsonl").read_text()
     assert "# probe " in warm and "<solution>" in warm and "```python" in warm
+
+
+def test_every_rl_prompt_of_the_default_world_fits_the_configs_prompt_length():
+    """GRPO leaves out a prompt longer than rl.max_prompt_length: none of the library world's may be (the tiny
+    tokenizer is byte-level, the longest tokenisation)."""
+    from pathlib import Path
+
+    from molrl.chat import render
+    from molrl.demo.run import LIBRARY_PRESETS
+    from molrl.pipeline.config import load_pipeline_config
+    from molrl.tasks.prompts import user_message
+    from molrl.tiny import build_tiny_tokenizer
+
+    cfg = load_pipeline_config(Path(__file__).resolve().parents[1] / "configs" / "pipeline_library.yaml", ["model=x"])
+    tokenizer = build_tiny_tokenizer("chatml")
+    world = build_library_world(LIBRARY_PRESETS["default"].world)
+    lengths = [len(tokenizer(render(tokenizer, [{"role": "user", "content": user_message(t)}],
+                                    add_generation_prompt=True), add_special_tokens=False)["input_ids"])
+               for t in world.train + world.general_train]
+    assert max(lengths) <= cfg.rl["max_prompt_length"], max(lengths)
