@@ -198,7 +198,7 @@ def test_quick_long_chain_demo_writes_the_world_section(tmp_path):
 
 def test_demo_worlds_and_the_study_world(tmp_path, capsys):
     from molrl.cli import main
-    from molrl.demo.run import WORLD_CONFIGS, WORLDS
+    from molrl.demo.presets import WORLD_CONFIGS, WORLDS
 
     assert list(WORLDS) == ["chain", "long", "digit", "library"]  # the first is molrl demo's default
     assert WORLDS["chain"]["default"].world.max_steps == 6 and WORLDS["long"]["default"].world.max_steps == 24
@@ -211,7 +211,8 @@ def test_the_teacher_preset_is_the_long_base_trained_five_times_as_long_and_only
     from dataclasses import replace
 
     from molrl.cli import main
-    from molrl.demo.run import LONG_BASE, WORLDS, run_demo
+    from molrl.demo.presets import LONG_BASE, WORLDS
+    from molrl.demo.run import run_demo
 
     teacher = WORLDS["long"]["teacher"]
     assert teacher.world == WORLDS["long"]["default"].world

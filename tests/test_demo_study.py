@@ -34,7 +34,8 @@ def test_cell_gives_mean_standard_error_and_seeds():
 
 
 def test_the_chain_study_keeps_the_demos_runs_as_they_are_and_its_world_and_base():
-    from molrl.demo.run import CHAIN_PRESETS, config_dir
+    from molrl.demo.presets import CHAIN_PRESETS
+    from molrl.demo.run import config_dir
     from molrl.study.run import chain_study_config
     from molrl.pipeline.config import load_pipeline_config
 
@@ -157,7 +158,7 @@ def test_the_chain_expert_walks_the_same_chain_and_answers_its_last_value_in_a_s
 
 
 def test_only_the_digit_study_presets_build_the_code_family():
-    from molrl.demo.run import PRESETS
+    from molrl.demo.presets import PRESETS
 
     assert {name for name, preset in PRESETS.items() if preset.world.code_problems or preset.world.code_heldout} == \
         {"study", "study_quick"}

@@ -132,7 +132,7 @@ def test_every_rl_prompt_of_the_default_world_fits_the_configs_prompt_length():
     from pathlib import Path
 
     from molrl.chat import render
-    from molrl.demo.run import LIBRARY_PRESETS
+    from molrl.demo.presets import LIBRARY_PRESETS
     from molrl.pipeline.config import load_pipeline_config
     from molrl.tasks.prompts import user_message
     from molrl.tiny import build_tiny_tokenizer

@@ -112,7 +112,7 @@ def test_shipped_configs_build_every_stage_config(name, tmp_path):
 
 
 def test_every_demo_preset_builds_every_stage_config(tmp_path):
-    from molrl.demo.run import WORLD_CONFIGS, WORLDS
+    from molrl.demo.presets import WORLD_CONFIGS, WORLDS
     from molrl.pipeline import check_stages
 
     for world, presets in WORLDS.items():
