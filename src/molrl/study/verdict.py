@@ -119,11 +119,40 @@ def bootstrap_se(grid: np.ndarray, draws: int = DRAWS, seed: int = RANDOM_SEED) 
     return float(means.std(ddof=1))
 
 
-def paired_se(diffs: Sequence[float], grid: np.ndarray | None = None) -> float:
-    """The standard error the rule uses: the seeds' own, or where ``grid`` (``problem_grid``) is given, the larger of
-    that and the two-way bootstrap's."""
+def problem_groups(side: Sequence[Mapping[str, float]], other: Sequence[Mapping[str, float]]
+                   ) -> list[np.ndarray] | None:
+    """Per seed, side's score minus other's on each of that seed's problems, where the seeds scored problems of their
+    own (each its own world) and both sides the same ones within a seed; None where a seed's sides differ."""
+    if not side or any(not s or set(s) != set(o) for s, o in zip(side, other)):
+        return None
+    return [np.array([s[i] - o[i] for i in sorted(s)], dtype=float) for s, o in zip(side, other)]
+
+
+def nested_bootstrap_se(groups: Sequence[np.ndarray], draws: int = DRAWS, seed: int = RANDOM_SEED) -> float:
+    """Standard error of the mean over seeds of each seed's mean by a two-level bootstrap, for seeds that scored
+    problems of their own: each draw takes seeds with replacement, then each drawn seed's problems with replacement.
+
+    >>> round(nested_bootstrap_se([np.array([1.0, 1.0]), np.array([1.0])]), 6)  # no spread anywhere
+    0.0
+    """
+    rng = np.random.default_rng(seed)
+    n = len(groups)
+    means = np.empty(draws)
+    for d in range(draws):
+        picked = rng.integers(0, n, size=n)
+        means[d] = np.mean([groups[k][rng.integers(0, len(groups[k]), size=len(groups[k]))].mean() for k in picked])
+    return float(means.std(ddof=1))
+
+
+def paired_se(diffs: Sequence[float], grid: np.ndarray | None = None,
+              groups: Sequence[np.ndarray] | None = None) -> float:
+    """The standard error the rule uses: the seeds' own, or the larger of that and a bootstrap's over seeds and
+    problems: the two-way one where ``grid`` (``problem_grid``: every seed scored the same problems) is given, the
+    two-level one where ``groups`` (``problem_groups``: each seed its own problems) is."""
     seed_se = mean_se(diffs)[1] if diffs else 0.0
-    return seed_se if grid is None else max(seed_se, bootstrap_se(grid))
+    if grid is not None:
+        return max(seed_se, bootstrap_se(grid))
+    return seed_se if groups is None else max(seed_se, nested_bootstrap_se(groups))
 
 
 def forecast(diffs: Sequence[float], min_effect: float, seeds: int, se: float | None = None,
