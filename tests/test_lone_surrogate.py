@@ -333,6 +333,7 @@ OTHER_JSON_READS = {
     "demo/run.py": "a marker this program wrote",
     "demo/chain_base.py": "a marker this program wrote",
     "demo/pretrained_base.py": "a marker this program wrote",
+    "demo/library_base.py": "a marker this program wrote",
     "study/headline.py": "forgetting.json this program wrote",
     "rl/adapter_lora.py": "adapter_config.json that peft wrote",
     "records/provenance.py": "a provenance record this program is about to write, checked by the reader's schema",
