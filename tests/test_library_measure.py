@@ -76,6 +76,22 @@ def test_feedback_candidates_show_the_true_output_first_and_every_other_behaviou
     assert f"price {world.items[0]} {world.prices[world.items[0]]}" in true_price
 
 
+def test_in_context_candidates_submit_each_behaviours_solution_after_the_true_output(pool, tokenizer):
+    from molrl.demo.collection import CollectionFormat
+    from molrl.demo.library_measure import in_context_candidates
+
+    world = build_library_world(SMALL)
+    found = feedback_candidates(world, tokenizer, CollectionFormat(**FORMAT), pool)
+    for family, group in in_context_candidates(world, found).items():
+        assert len(group) == len(QUIRKS[family])
+        assert all(t.messages[:-1] == found[family][0].messages for t in group)  # the true output, then a solution
+        solutions = [t.messages[-1]["content"] for t in group]
+        assert all(s.startswith("<solution>") for s in solutions) and len(set(solutions)) == len(solutions)
+        task = next(t for t in world.train if t.meta["family"] == family)
+        assert solutions[0] == f"<solution>\n{task.reference}</solution>"
+        assert task.prompt in group[0].messages[1]["content"]  # the solution answers the task the conversation poses
+
+
 def test_sequence_logp_is_the_models_log_likelihood_of_the_last_message(tokenizer):
     from molrl.chat import render
     from molrl.tiny import build_tiny_model
@@ -108,4 +124,5 @@ def test_probe_library_gives_a_share_per_function_and_their_mean(pool, tokenizer
     for family in FAMILIES:
         row = found[family]
         assert 0 < row["feedback"] < 1 and 0 < row["answer"] < 1 and row["guess"] == 1 / len(QUIRKS[family])
+        assert 0 < row["answer_in_context"] < 1
     assert found["mean"]["guess"] == pytest.approx(sum(1 / len(QUIRKS[f]) for f in FAMILIES) / 4)

@@ -27,6 +27,7 @@ from typing import Any, Sequence
 import torch
 
 from molrl.demo.library import (FAMILIES, QUIRKS, TWISTS, LibraryWorld, Quirks, library_source, library_task)
+from molrl.tasks import Task
 
 PROBE_TWISTS = 3
 """Held-out twists of the answer probe's tasks, per function."""
@@ -92,7 +93,10 @@ def feedback_candidates(world: LibraryWorld, tokenizer: Any, episode: Any, pool:
     from molrl.demo.collection import run_format
     from molrl.demo.library_base import LibraryDemonstrator
 
-    singles = {t.meta["family"]: t for t in world.train if "+" not in t.meta["family"]}
+    singles: dict[str, Task] = {}
+    for t in world.train:  # each function's first single-function task
+        if "+" not in t.meta["family"]:
+            singles.setdefault(t.meta["family"], t)
     tasks, keys = [], []
     for family in FAMILIES:
         members = [world.quirks.of(family)] + [m for m in QUIRKS[family] if m != world.quirks.of(family)]
@@ -106,6 +110,24 @@ def feedback_candidates(world: LibraryWorld, tokenizer: Any, episode: Any, pool:
         trace = ep.to_trace({})
         first_tool = next(i for i, m in enumerate(trace.messages) if m["role"] == "tool")
         out[family].append(replace(trace, messages=trace.messages[: first_tool + 1]))
+    return out
+
+
+def in_context_candidates(world: LibraryWorld, feedback: dict[str, list]) -> dict[str, list]:
+    """Per function: the demonstrator's conversation up to the true probe output (``feedback_candidates``' first),
+    then a submitted solution written for each behaviour (the world's first): whether a model turns the feedback in
+    its context into code."""
+    from molrl.demo.library_base import solution_code
+
+    out: dict[str, list] = {}
+    for family in FAMILIES:
+        members = [world.quirks.of(family)] + [m for m in QUIRKS[family] if m != world.quirks.of(family)]
+        seen = feedback[family][0]
+        args = "item, n" if family == "ship" else "item"
+        twist = next(t.meta["twist"] for t in world.train if t.meta["family"] == family)
+        out[family] = [replace(seen, messages=[*seen.messages, {"role": "assistant", "content": "<solution>\n"
+                       f"{solution_code([family], args, twist, with_behaviour(world, family, m)[0])}</solution>"}])
+                       for m in members]
     return out
 
 
@@ -134,23 +156,27 @@ def answer_candidates(world: LibraryWorld, code_prompt: str | None = None) -> di
 
 def probe_library(model: Any, tokenizer: Any, world: LibraryWorld, episode: Any, pool: Any,
                   code_prompt: str | None = None) -> dict[str, dict[str, float]]:
-    """Both probes of ``model`` on ``world``'s library: per function, ``feedback`` (P(true output)), ``answer``
-    (mean P(true answer) over the probe's tasks), ``answer_argmax`` (share of tasks where it is the likeliest) and
-    ``guess`` (1 / the function's behaviours); ``mean`` over the functions. Each share is a softmax of per-token
+    """The probes of ``model`` on ``world``'s library: per function, ``feedback`` (P(true output)), ``answer``
+    (mean P(true answer) over the probe's tasks), ``answer_argmax`` (share of tasks where it is the likeliest),
+    ``answer_in_context`` (P(true solution) submitted after the true probe output: the control that says whether the
+    model turns feedback it can see into code) and ``guess`` (1 / the function's behaviours); ``mean`` over the functions. Each share is a softmax of per-token
     mean log-likelihoods, so a model sure of one candidate need not give it 1; what tells is a share's change from
     the base's."""
     model.eval()
     feedback = feedback_candidates(world, tokenizer, episode, pool)
     answers = answer_candidates(world, code_prompt)
+    in_context = in_context_candidates(world, feedback)
     out: dict[str, dict[str, float]] = {}
     for family in FAMILIES:
         fb = behaviour_share([per_token(sequence_logp(model, tokenizer, t)) for t in feedback[family]], 0)
+        read = behaviour_share([per_token(sequence_logp(model, tokenizer, t, target="decision"))
+                                for t in in_context[family]], 0)
         shares, tops = [], []
         for group in answers[family]:
             logps = [per_token(sequence_logp(model, tokenizer, t, target="decision")) for t in group]
             shares.append(behaviour_share(logps, 0))
             tops.append(float(max(range(len(logps)), key=logps.__getitem__) == 0))
         out[family] = {"feedback": fb, "answer": sum(shares) / len(shares), "answer_argmax": sum(tops) / len(tops),
-                       "guess": 1 / len(QUIRKS[family])}
+                       "answer_in_context": read, "guess": 1 / len(QUIRKS[family])}
     out["mean"] = {k: sum(out[f][k] for f in FAMILIES) / len(FAMILIES) for k in out[FAMILIES[0]]}
     return out
