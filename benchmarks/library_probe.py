@@ -4,7 +4,8 @@ For each model of a ``molrl demo --world library`` run (the base, and each MoL /
 pipeline), ``molrl.demo.library_measure.probe_library``: per function, the probability the model gives the true
 probe output among the outputs of every behaviour (``feedback``, what MoL's cross-entropy trains), and the true
 answer among answers written for every behaviour, on single-function tasks of held-out twists (``answer``, what
-single-turn evaluation needs). A guess is 1/3 (1/2 for ``ship``).
+single-turn evaluation needs), and the true solution submitted after the true probe output (``answer_in_context``:
+whether the model turns feedback it can see into code). A guess is 1/3 (1/2 for ``ship``).
 
     python benchmarks/library_probe.py --run runs/demo_library_pretrained [--models base mol ce]
 
@@ -70,12 +71,13 @@ def main() -> None:
             write_text(out, json.dumps(kept, indent=1))
     print(f"library {world.quirks.key()}; P(true) among the behaviours (guess: price, stock, weight 1/3, ship 1/2)")
     print("| model | feedback: price | stock | weight | ship | mean | answer: price | stock | weight | ship | mean | "
-          "answer likeliest (mean) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "answer likeliest (mean) | in context: price | stock | weight | ship | mean |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, row in kept.items():
         fams = ("price", "stock", "weight", "ship", "mean")
         print(f"| {name} | " + " | ".join(f"{row[f]['feedback']:.3f}" for f in fams) + " | "
-              + " | ".join(f"{row[f]['answer']:.3f}" for f in fams) + f" | {row['mean']['answer_argmax']:.3f} |")
+              + " | ".join(f"{row[f]['answer']:.3f}" for f in fams) + f" | {row['mean']['answer_argmax']:.3f} | "
+              + " | ".join(f"{row[f]['answer_in_context']:.3f}" for f in fams) + " |")
 
 
 if __name__ == "__main__":
