@@ -212,3 +212,16 @@ def test_the_first_short_steps_draw_only_short_sequences(monkeypatch):
     assert drawn == [1, 1, 1, 2, 2]
     with pytest.raises(ValueError, match="no sequence has at most 2 tokens"):
         fit(model, [short, long], BaseModelConfig(steps=5, short_steps=3, short_length=2), 0, list(range(2, 12)))
+
+
+def test_a_base_is_reused_only_where_its_marker_says_the_same_making(tmp_path):
+    import json
+
+    from molrl.demo.base import made_before
+
+    marker = tmp_path / "DONE"
+    made_of = {"world": {"seed": 0}, "base": {"steps": 10}}
+    assert not made_before(marker, made_of)  # nothing made yet
+    marker.write_text(json.dumps(made_of))
+    assert made_before(marker, made_of)
+    assert not made_before(marker, {**made_of, "base": {"steps": 11}})

@@ -292,6 +292,12 @@ def train_base(traces: Sequence[Trace], cfg: BaseModelConfig, out_dir: Path,
     return out_dir
 
 
+def made_before(marker: Path, made_of: dict[str, Any]) -> bool:
+    """Whether the ``DONE`` marker ``marker`` (a record this program wrote when it finished a base) says its folder
+    was made of ``made_of`` (then it is reused); the one reading of every demo base's marker."""
+    return marker.is_file() and json.loads(marker.read_text()) == made_of
+
+
 def write_making_time(base_dir: Path, seconds: float) -> None:
     """Record in ``base_dir/timing.json`` how long the base took to make (demonstrations and training), for the
     pipeline report's timing table (``molrl.report.stage_times``)."""

@@ -36,7 +36,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
-from molrl.demo.base import train_base, write_making_time
+from molrl.demo.base import made_before, train_base, write_making_time
 from molrl.demo.base_fit import BaseExample
 from molrl.demo.chain import QUESTION, ChainWorldConfig, decoy_at, decoy_keys, fresh_problems, solution_text, walk_output
 from molrl.demo.world import World
@@ -245,7 +245,7 @@ def build_chain_base(world: World, preset: Any, base_dir: Path, episode: Any, ma
     marker = base_dir / "DONE"
     made_of = {"world": asdict(preset.world), "base": asdict(preset.base), "episode": episode.key(),
                "math_prompt": math_prompt}
-    if marker.is_file() and json.loads(marker.read_text()) == made_of:
+    if made_before(marker, made_of):
         log.info("%s: base model already trained, reused", base_dir)
         return base_dir
     started = time.time()

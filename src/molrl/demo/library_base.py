@@ -194,7 +194,7 @@ def build_library_base(world: LibraryWorld, preset: Any, base_dir: Path, episode
                        code_prompt: str | None = None) -> Path:
     """The tiny base of a library world in ``base_dir`` (trained now unless one of the same world and settings is
     there), trained from scratch on ``library_base_traces``."""
-    from molrl.demo.base import train_base, write_making_time
+    from molrl.demo.base import made_before, train_base, write_making_time
     from molrl.sandbox import SandboxConfig, SandboxPool
     from molrl.tiny import build_tiny_tokenizer
 
@@ -202,7 +202,7 @@ def build_library_base(world: LibraryWorld, preset: Any, base_dir: Path, episode
     marker = base_dir / "DONE"
     made_of = {"world": asdict(preset.world), "base": asdict(preset.base), "demos": asdict(demos),
                "episode": episode.key(), "code_prompt": code_prompt}
-    if marker.is_file() and json.loads(marker.read_text()) == made_of:
+    if made_before(marker, made_of):
         log.info("%s: base model already trained, reused", base_dir)
         return base_dir
     started = time.time()

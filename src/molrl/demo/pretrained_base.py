@@ -90,6 +90,7 @@ def build_pretrained_base(world_cfg: Any, warm: WarmUpConfig, model: str, base_d
     the library world's are ``molrl.demo.library_base.library_base_traces``); ``math_prompt`` is the single-turn
     instruction they are posed with (the library world's code instruction)."""
     from molrl.cpu import use_threads
+    from molrl.demo.base import made_before
     from molrl.models import load_tokenizer
     from molrl.mol.config import MolConfig
     from molrl.engines.export import merge_adapter
@@ -101,7 +102,7 @@ def build_pretrained_base(world_cfg: Any, warm: WarmUpConfig, model: str, base_d
     made_of = {"model": str(Path(model).resolve()), "world": asdict(replace(world_cfg, seed=warm.world_seed)),
                "warm_up": asdict(warm),
                "episode": episode.key(), "math_prompt": math_prompt}
-    if marker.is_file() and json.loads(marker.read_text()) == made_of:
+    if made_before(marker, made_of):
         log.info("%s: warmed-up base already made, reused", base_dir)
         return base_dir
     started = time.time()

@@ -264,14 +264,14 @@ def build_base(world: World, preset: DemoPreset, base_dir: Path, episode: "Colle
     ``episode`` is the collection format the tool-use demonstrations follow; ``math_prompt`` and
     ``code_prompt`` are evaluation's single-turn instructions, which the direct answers are posed with.
     """
-    from molrl.demo.base import demonstration_traces, direct_traces, train_base, write_making_time
+    from molrl.demo.base import demonstration_traces, direct_traces, made_before, train_base, write_making_time
     from molrl.sandbox import SandboxConfig, SandboxPool
     from molrl.tiny import build_tiny_tokenizer
 
     marker = base_dir / "DONE"
     made_of = {"world": asdict(preset.world), "base": asdict(preset.base), "episode": episode.key(),
                "math_prompt": math_prompt, **({"code_prompt": code_prompt} if world.code_train else {})}
-    if marker.is_file() and json.loads(marker.read_text()) == made_of:
+    if made_before(marker, made_of):
         log.info("%s: base model already trained, reused", base_dir)
         return base_dir
     started = time.time()
