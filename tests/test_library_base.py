@@ -11,8 +11,8 @@ import re
 import pytest
 
 from molrl.demo.library import FAMILIES, QUIRKS, LibraryConfig, Quirks, build_library_world, library_source
-from molrl.demo.library_base import (LibraryDemonstrator, decoy_tasks, direct_code_traces, probe_code, read_quirks,
-                                     solution_code)
+from molrl.demo.library_base import (LibraryDemonstrator, decoy_tasks, direct_code_traces, parse_ask, probe_code,
+                                     read_quirks, solution_code)
 from molrl.sandbox import SandboxConfig, SandboxPool
 
 SMALL = LibraryConfig(train_twists=3, heldout_twists=3, general_train=6, general_eval=6)
@@ -85,9 +85,8 @@ def test_a_direct_answer_is_the_reference_in_one_python_block(pool):
 def test_solution_code_is_the_worlds_reference():
     world = build_library_world(SMALL)
     for task in world.train + world.heldout:
-        families = task.meta["family"].split("+")
-        args = "item, n" if "ship" in families else "item"
-        assert solution_code(families, args, task.meta["twist"], world.quirks) == task.reference
+        families, twist = parse_ask(task.prompt)  # what the demonstrator reads off the prompt
+        assert solution_code(families, twist, world.quirks) == task.reference
 
 
 def test_quick_library_demo_runs_every_stage(tmp_path):

@@ -42,6 +42,8 @@ SHIP_ORDERS = ("item, n", "n, item")
 """The order of ``lib.ship``'s arguments."""
 QUIRKS = {"price": SCALES, "stock": STOCK_SHAPES, "weight": MISSING, "ship": SHIP_ORDERS}
 """Each function's possible behaviours (one is drawn per world)."""
+FIELDS = {"price": "scale", "stock": "stock_shape", "weight": "missing", "ship": "ship_order"}
+"""The ``Quirks`` field that holds each function's behaviour."""
 ITEMS = ("bolt", "cog", "vane", "dial", "gear", "pin", "rod", "nut", "cam", "hub", "lug", "rim", "tab", "peg",
          "cap", "jig", "keg", "lid", "mast", "nib", "orb", "pod", "reel", "sash", "tine", "urn", "vial", "wick",
          "yoke", "zinc", "arc", "bead", "coil", "disc", "fin", "gimp", "hasp", "iris", "jamb", "knob")
@@ -86,8 +88,17 @@ class Quirks:
 
     def of(self, family: str):
         """The behaviour of one function (a member of ``QUIRKS[family]``)."""
-        return {"price": self.scale, "stock": self.stock_shape, "weight": self.missing,
-                "ship": self.ship_order}[family]
+        return getattr(self, FIELDS[family])
+
+    def with_(self, family: str, member) -> "Quirks":
+        """These quirks with ``family``'s behaviour set to ``member``."""
+        from dataclasses import replace
+
+        return replace(self, **{FIELDS[family]: member})
+
+    def truth_first(self, family: str) -> list:
+        """``family``'s behaviours, this library's first (the order every probe's candidates take)."""
+        return [self.of(family)] + [m for m in QUIRKS[family] if m != self.of(family)]
 
     def key(self) -> str:
         """The quirks in one line (the world's secret, as ``world.json`` keeps it)."""
@@ -222,6 +233,18 @@ def reference_helpers(q: Quirks, families: tuple[str, ...]) -> str:
     return f"def _weight(item):\n    w = lib.weight(item)\n    return 0 if w {check} else w\n\n"
 
 
+def signature(families) -> str:
+    """The arguments of ``solve`` for a task using ``families``."""
+    return "item, n" if "ship" in families else "item"
+
+
+def solution_code(families, twist: int, quirks: Quirks) -> str:
+    """The function a task using ``families`` with twist ``twist`` asks for, written for ``quirks``."""
+    body = " + ".join(reference_use(quirks, f) for f in families)
+    return (f"{reference_helpers(quirks, tuple(families))}def {ENTRY}({signature(families)}):\n"
+            f"    return {twisted(twist, body)}\n")
+
+
 def naive_use(family: str, item: str = "item", n: str = "n") -> str:
     """The expression a reader of the prompt alone would write (right for one behaviour of ``stock`` and of
     ``ship``, wrong for every other)."""
@@ -256,7 +279,7 @@ def library_task(world: LibraryWorld, families: tuple[str, ...], twist: int, ite
     q = world.quirks
     say = ALL_TWISTS[twist][0]
     ships = "ship" in families
-    args = "item, n" if ships else "item"
+    args = signature(families)
     parts = [TARGETS[f].format(item="item", n="n") for f in families]
     target = parts[0] if len(parts) == 1 else f"the sum of {parts[0]} and {parts[1]}"
     prompt = (f"The module `lib` is available: {describe(families)}. Write a Python function `{ENTRY}({args})` that "
@@ -269,8 +292,7 @@ def library_task(world: LibraryWorld, families: tuple[str, ...], twist: int, ite
         n = rng.randrange(2, 10)
         truth = sum(value(world, f, item, n) for f in families)
         cases.append(TestCase("call", args=[item, n] if ships else [item], expected=twisted(twist, truth)))
-    body = " + ".join(reference_use(q, f) for f in families)
-    reference = f"{reference_helpers(q, families)}def {ENTRY}({args}):\n    return {twisted(twist, body)}\n"
+    reference = solution_code(families, twist, q)
     naive = " + ".join(naive_use(f) for f in families)
     return Task(id=f"library/{split}/{'+'.join(families)}/{twist}", prompt=prompt, kind="code", entry_point=ENTRY,
                 tests=cases, preamble=world.preamble, reference=reference,

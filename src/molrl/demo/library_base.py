@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from molrl.demo.library import (ENTRY, FAMILIES, QUIRKS, ALL_TWISTS, LibraryConfig, LibraryWorld, Quirks,
-                                build_library_world, reference_helpers, reference_use, twisted)
+                                build_library_world, solution_code)
 from molrl.engines.generation import SamplingConfig
 from molrl.tasks import Task
 from molrl.traces.schema import Trace
@@ -86,23 +86,17 @@ def read_quirks(feedback: str) -> dict[str, Any]:
     return read
 
 
-def solution_code(families: Sequence[str], args: str, twist: int, quirks: Quirks) -> str:
-    """The function a task asks for, written for ``quirks``."""
-    body = " + ".join(reference_use(quirks, f) for f in families)
-    return f"{reference_helpers(quirks, tuple(families))}def {ENTRY}({args}):\n    return {twisted(twist, body)}\n"
-
-
-def parse_ask(prompt: str) -> tuple[list[str], str, int]:
-    """The families (in the prompt's order), the signature's arguments and the twist of the task in ``prompt``."""
+def parse_ask(prompt: str) -> tuple[list[str], int]:
+    """The families (in the prompt's order) and the twist of the task in ``prompt``."""
     m = _ASK.search(prompt)
     if m is None:
         raise ValueError(f"no library task in prompt: {prompt[-300:]!r}")
-    described, args, returns = m.groups()
+    described, _, returns = m.groups()
     families = [f for f in FAMILIES if f"`lib.{f}" in described]
     families.sort(key=lambda f: described.index(f"`lib.{f}"))
     twist = max((i for i, (say, _, _) in enumerate(ALL_TWISTS) if say and returns.startswith(say)),
                 key=lambda i: len(ALL_TWISTS[i][0]), default=0)
-    return families, args, twist
+    return families, twist
 
 
 class LibraryDemonstrator:
@@ -116,7 +110,7 @@ class LibraryDemonstrator:
     @staticmethod
     def turn(prompt: str) -> str:
         """The next assistant turn: the next probe, or the solution once every function was probed."""
-        families, args, twist = parse_ask(prompt)
+        families, twist = parse_ask(prompt)
         probed = set(_PROBED.findall(prompt))
         for family in families:
             if family not in probed:
@@ -128,7 +122,7 @@ class LibraryDemonstrator:
         fill = {f: QUIRKS[f][0] for f in FAMILIES}
         quirks = Quirks(scale=read.get("price", fill["price"]), stock_shape=read.get("stock", fill["stock"]),
                         missing=read.get("weight", fill["weight"]), ship_order=read.get("ship", fill["ship"]))
-        return f"<solution>\n{solution_code(families, args, twist, quirks)}</solution>"
+        return f"<solution>\n{solution_code(families, twist, quirks)}</solution>"
 
 
 def decoy_tasks(count: int, seed: int, cfg: LibraryConfig) -> list[Task]:

@@ -26,7 +26,8 @@ from typing import Any, Sequence
 
 import torch
 
-from molrl.demo.library import (FAMILIES, QUIRKS, TWISTS, LibraryWorld, Quirks, library_source, library_task)
+from molrl.demo.library import (FAMILIES, QUIRKS, TWISTS, LibraryWorld, Quirks, library_source, library_task,
+                                solution_code)
 from molrl.tasks import Task
 
 PROBE_TWISTS = 3
@@ -49,8 +50,7 @@ def behaviour_share(logps: Sequence[float], true: int) -> float:
 def with_behaviour(world: LibraryWorld, family: str, member: Any) -> tuple[Quirks, str]:
     """The world's quirks and library source with ``family``'s behaviour set to ``member`` (prices rescaled to the
     unit, so their digit count tells it as the world's do)."""
-    fields = {"price": "scale", "stock": "stock_shape", "weight": "missing", "ship": "ship_order"}
-    q = replace(world.quirks, **{fields[family]: member})
+    q = world.quirks.with_(family, member)
     prices = {i: p // world.quirks.scale * q.scale + p % world.quirks.scale % q.scale for i, p in world.prices.items()}
     prices = {i: p if p % q.scale else p + 1 for i, p in prices.items()}  # never a whole number of units
     return q, library_source(q, prices, world.stock, world.weights, world.ship_rates, world.items)
@@ -99,8 +99,7 @@ def feedback_candidates(world: LibraryWorld, tokenizer: Any, episode: Any, pool:
             singles.setdefault(t.meta["family"], t)
     tasks, keys = [], []
     for family in FAMILIES:
-        members = [world.quirks.of(family)] + [m for m in QUIRKS[family] if m != world.quirks.of(family)]
-        for member in members:
+        for member in world.quirks.truth_first(family):
             _, source = with_behaviour(world, family, member)
             tasks.append(replace(singles[family], preamble=source))
             keys.append(family)
@@ -117,39 +116,30 @@ def in_context_candidates(world: LibraryWorld, feedback: dict[str, list]) -> dic
     """Per function: the demonstrator's conversation up to the true probe output (``feedback_candidates``' first),
     then a submitted solution written for each behaviour (the world's first): whether a model turns the feedback in
     its context into code."""
-    from molrl.demo.library_base import solution_code
-
     out: dict[str, list] = {}
     for family in FAMILIES:
-        members = [world.quirks.of(family)] + [m for m in QUIRKS[family] if m != world.quirks.of(family)]
         seen = feedback[family][0]
-        args = "item, n" if family == "ship" else "item"
         twist = next(t.meta["twist"] for t in world.train if t.meta["family"] == family)
         out[family] = [replace(seen, messages=[*seen.messages, {"role": "assistant", "content": "<solution>\n"
-                       f"{solution_code([family], args, twist, with_behaviour(world, family, m)[0])}</solution>"}])
-                       for m in members]
+                       f"{solution_code([family], twist, world.quirks.with_(family, m))}</solution>"}])
+                       for m in world.quirks.truth_first(family)]
     return out
 
 
 def answer_candidates(world: LibraryWorld, code_prompt: str | None = None) -> dict[str, list[list[Any]]]:
     """Per function: for each of ``PROBE_TWISTS`` held-out twists, single-turn conversations answering the
     single-function task with the function written for each behaviour (the world's first)."""
-    from molrl.demo.library_base import direct_code_traces, solution_code
+    from molrl.demo.library_base import direct_code_traces
 
     rng = random.Random(world.quirks.key())
     out: dict[str, list[list[Any]]] = {}
     for family in FAMILIES:
-        members = [world.quirks.of(family)] + [m for m in QUIRKS[family] if m != world.quirks.of(family)]
         groups = []
         for t in range(PROBE_TWISTS):
             task = library_task(world, (family,), len(TWISTS) + t, world.items, 1, rng, "probe")
-            args = "item, n" if family == "ship" else "item"
-            group = []
-            for member in members:
-                q, _ = with_behaviour(world, family, member)
-                code = solution_code([family], args, task.meta["twist"], q)
-                group.append(direct_code_traces([replace(task, reference=code)], code_prompt)[0])
-            groups.append(group)
+            codes = [solution_code([family], task.meta["twist"], world.quirks.with_(family, m))
+                     for m in world.quirks.truth_first(family)]
+            groups.append(direct_code_traces([replace(task, reference=code) for code in codes], code_prompt))
         out[family] = groups
     return out
 
