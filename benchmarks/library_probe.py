@@ -5,7 +5,8 @@ pipeline), ``molrl.demo.library_measure.probe_library``: per function, the proba
 probe output among the outputs of every behaviour (``feedback``, what MoL's cross-entropy trains), and the true
 answer among answers written for every behaviour, on single-function tasks of held-out twists (``answer``, what
 single-turn evaluation needs), and the true solution submitted after the true probe output (``answer_in_context``:
-whether the model turns feedback it can see into code). A guess is 1/3 (1/2 for ``ship``).
+whether the model turns feedback it can see into code). A guess is 1/3 (1/2 for ``ship``). Each share is of the
+candidates' whole probability; the second table gives the same shares by mean log-likelihood per token.
 
     python benchmarks/library_probe.py --run runs/demo_library_pretrained [--models base mol ce]
 
@@ -62,23 +63,28 @@ def main() -> None:
     chosen = {k: v for k, v in models_of(run).items() if args.models is None or k in args.models}
     with SandboxPool(SandboxConfig(workers=2)) as pool:
         for name, adapter in chosen.items():
-            if name in kept:
-                continue
+            if "per_token" in kept.get(name, {}).get("mean", {}):
+                continue  # measured by this probe (a record without per-token shares is an older probe's)
             started = time.time()
             model = load_model(str(base), adapter=adapter)
             kept[name] = {**probe_library(model, tokenizer, world, episode, pool, code_prompt),
                           "seconds": round(time.time() - started, 1)}
             write_text(out, json.dumps(kept, indent=1))
     print(f"library {world.quirks.key()}; P(true) among the behaviours (guess: price, stock, weight 1/3, ship 1/2)")
+    print_table(kept, lambda row, key: row[key])
+    print("The same shares by mean log-likelihood per token:")
+    print_table(kept, lambda row, key: row["per_token"][key])
+
+
+def print_table(kept: dict, pick) -> None:
+    """One markdown row per model: each probe's share per function and their mean (``pick(row, probe)``)."""
+    fams = ("price", "stock", "weight", "ship", "mean")
     print("| model | feedback: price | stock | weight | ship | mean | answer: price | stock | weight | ship | mean | "
-          "answer likeliest (mean) | in context: price | stock | weight | ship | mean |")
+          "in context: price | stock | weight | ship | mean | answer likeliest (mean) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, row in kept.items():
-        fams = ("price", "stock", "weight", "ship", "mean")
-        print(f"| {name} | " + " | ".join(f"{row[f]['feedback']:.3f}" for f in fams) + " | "
-              + " | ".join(f"{row[f]['answer']:.3f}" for f in fams) + f" | {row['mean']['answer_argmax']:.3f} | "
-              + " | ".join(f"{row[f]['answer_in_context']:.3f}" for f in fams) + " |")
-
+        cells = [f"{pick(row[f], probe):.3f}" for probe in ("feedback", "answer", "answer_in_context") for f in fams]
+        print(f"| {name} | " + " | ".join(cells) + f" | {row['mean']['answer_argmax']:.3f} |")
 
 if __name__ == "__main__":
     main()

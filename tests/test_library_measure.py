@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from molrl.demo.library import FAMILIES, QUIRKS, LibraryConfig, build_library_world
-from molrl.demo.library_measure import (answer_candidates, behaviour_share, feedback_candidates, probe_library,
+from molrl.demo.library_measure import (answer_candidates, behaviour_share, shares, feedback_candidates, probe_library,
                                         sequence_logp)
 from molrl.sandbox import SandboxConfig, SandboxPool
 
@@ -30,6 +30,17 @@ def tokenizer():
     from molrl.tiny import build_tiny_tokenizer
 
     return build_tiny_tokenizer("chatml")
+
+
+def test_shares_weigh_whole_probability_and_per_token_likelihood():
+    # a one-token difference diluted over a long answer: the sequence share sees it, the per-token share barely
+    sure = [(math.log(0.9), 40), (math.log(0.05), 40), (math.log(0.05), 40)]
+    whole, per_tok = shares(sure)
+    assert whole == pytest.approx(0.9)
+    assert per_tok == pytest.approx(1 / (1 + 2 * math.exp(math.log(0.05 / 0.9) / 40)))
+    assert per_tok < 0.36
+    # candidates of different lengths: per token, a long sure continuation outweighs a short likelier one
+    assert shares([(-2.0, 20), (-1.0, 1)]) == pytest.approx((1 / (1 + math.e), 1 / (1 + math.exp(-0.9))))
 
 
 def test_behaviour_share_is_a_softmax_over_the_candidates():
@@ -125,4 +136,8 @@ def test_probe_library_gives_a_share_per_function_and_their_mean(pool, tokenizer
         row = found[family]
         assert 0 < row["feedback"] < 1 and 0 < row["answer"] < 1 and row["guess"] == 1 / len(QUIRKS[family])
         assert 0 < row["answer_in_context"] < 1
+        assert sorted(row["per_token"]) == ["answer", "answer_in_context", "feedback"]
+        assert all(0 < v < 1 for v in row["per_token"].values())
+    assert found["mean"]["per_token"]["feedback"] == pytest.approx(
+        sum(found[f]["per_token"]["feedback"] for f in FAMILIES) / 4)
     assert found["mean"]["guess"] == pytest.approx(sum(1 / len(QUIRKS[f]) for f in FAMILIES) / 4)

@@ -1,16 +1,21 @@
 """What a model knows of a library world's library, probed one function at a time without running anything.
 
-Two probes, each a choice among a function's behaviours (``molrl.demo.library.QUIRKS``), scored by the model's
-likelihood per token (the candidates differ in length: a traceback against a printed number), so they measure
-knowledge without sampling noise:
+Three probes, each a choice among a function's behaviours (``molrl.demo.library.QUIRKS``), scored by the model's
+likelihood of each candidate, so they measure knowledge without sampling noise. A probe's figure is the share the
+true candidate takes among them: of the candidates' whole probability (``behaviour_share`` of summed
+log-likelihoods, the chance the model, made to pick one, picks the truth), and, beside it (``per_token``), of their
+mean log-likelihood per token, which discounts length but dilutes a one-token difference over a long answer: two
+solutions that differ in ``// 100`` against ``// 1000`` share every other token, so the per-token share of even a
+sure model stays near a guess.
 
 - **feedback** (what MoL's cross-entropy trains): for each function, the demonstrator's episode up to its probe of
   that function, then the output the probe would print under each behaviour (run in the sandbox against the world's
-  library with that one function changed). The probe's figure is the share the true output takes among them
-  (``behaviour_share`` of each output's mean log-likelihood per token).
+  library with that one function changed).
 - **answer** (what single-turn evaluation needs): for each function, single-function tasks on held-out twists
   (texts no training task has), each answered with the function written for each behaviour; the share of
   probability on the answer the world's behaviour calls for, and how often it is the likeliest (``argmax``).
+- **in context** (the control): the demonstrator's episode up to the true probe output, then the solution written
+  for each behaviour: whether the model turns feedback it can see into code.
 
 A base that guesses gives each behaviour its share (1/3, or 1/2 for ``ship``); a model that has absorbed the world's
 library puts more on the truth. Both probes use the world's own items and tables, so they change only with what
@@ -144,29 +149,42 @@ def answer_candidates(world: LibraryWorld, code_prompt: str | None = None) -> di
     return out
 
 
+def shares(scored: Sequence[tuple[float, int]]) -> tuple[float, float]:
+    """(share of the whole probability, share by mean log-likelihood per token) of the first of ``scored``
+    candidates (``sequence_logp`` results).
+
+    >>> shares([(math.log(0.3), 3), (math.log(0.1), 1)])[0] == 0.75
+    True
+    """
+    return behaviour_share([s for s, _ in scored], 0), behaviour_share([per_token(s) for s in scored], 0)
+
+
 def probe_library(model: Any, tokenizer: Any, world: LibraryWorld, episode: Any, pool: Any,
-                  code_prompt: str | None = None) -> dict[str, dict[str, float]]:
+                  code_prompt: str | None = None) -> dict[str, Any]:
     """The probes of ``model`` on ``world``'s library: per function, ``feedback`` (P(true output)), ``answer``
     (mean P(true answer) over the probe's tasks), ``answer_argmax`` (share of tasks where it is the likeliest),
-    ``answer_in_context`` (P(true solution) submitted after the true probe output: the control that says whether the
-    model turns feedback it can see into code) and ``guess`` (1 / the function's behaviours); ``mean`` over the functions. Each share is a softmax of per-token
-    mean log-likelihoods, so a model sure of one candidate need not give it 1; what tells is a share's change from
-    the base's."""
+    ``answer_in_context`` (P(true solution) submitted after the true probe output: the control that says whether
+    the model turns feedback it can see into code), ``guess`` (1 / the function's behaviours) and ``per_token``
+    (the same shares by mean log-likelihood per token); ``mean`` over the functions. What tells is a share's change
+    from the base's."""
     model.eval()
     feedback = feedback_candidates(world, tokenizer, episode, pool)
     answers = answer_candidates(world, code_prompt)
     in_context = in_context_candidates(world, feedback)
-    out: dict[str, dict[str, float]] = {}
+    out: dict[str, Any] = {}
     for family in FAMILIES:
-        fb = behaviour_share([per_token(sequence_logp(model, tokenizer, t)) for t in feedback[family]], 0)
-        read = behaviour_share([per_token(sequence_logp(model, tokenizer, t, target="decision"))
-                                for t in in_context[family]], 0)
-        shares, tops = [], []
+        fb = shares([sequence_logp(model, tokenizer, t) for t in feedback[family]])
+        read = shares([sequence_logp(model, tokenizer, t, target="decision") for t in in_context[family]])
+        answer, tops = [], []
         for group in answers[family]:
-            logps = [per_token(sequence_logp(model, tokenizer, t, target="decision")) for t in group]
-            shares.append(behaviour_share(logps, 0))
-            tops.append(float(max(range(len(logps)), key=logps.__getitem__) == 0))
-        out[family] = {"feedback": fb, "answer": sum(shares) / len(shares), "answer_argmax": sum(tops) / len(tops),
-                       "answer_in_context": read, "guess": 1 / len(QUIRKS[family])}
-    out["mean"] = {k: sum(out[f][k] for f in FAMILIES) / len(FAMILIES) for k in out[FAMILIES[0]]}
+            scored = [sequence_logp(model, tokenizer, t, target="decision") for t in group]
+            answer.append(shares(scored))
+            tops.append(float(max(range(len(scored)), key=lambda i: scored[i][0]) == 0))
+        mean_answer = [sum(a[k] for a in answer) / len(answer) for k in (0, 1)]
+        out[family] = {"feedback": fb[0], "answer": mean_answer[0], "answer_argmax": sum(tops) / len(tops),
+                       "answer_in_context": read[0], "guess": 1 / len(QUIRKS[family]),
+                       "per_token": {"feedback": fb[1], "answer": mean_answer[1], "answer_in_context": read[1]}}
+    out["mean"] = {k: sum(out[f][k] for f in FAMILIES) / len(FAMILIES) for k in out[FAMILIES[0]] if k != "per_token"}
+    out["mean"]["per_token"] = {k: sum(out[f]["per_token"][k] for f in FAMILIES) / len(FAMILIES)
+                                for k in out[FAMILIES[0]]["per_token"]}
     return out
