@@ -120,6 +120,7 @@ def test_interactive_mode_runs_the_collection_loop(shared_data, tmp_path):
         # each sample is a finished episode: why it stopped, and how many turns it took
         assert all(r["stage"] in {"empty_turn", "max_turns", "out_of_solutions", "token_limit"} for r in records)
         assert all(1 <= r["details"]["turns"] <= 2 or r["stage"] == "empty_turn" for r in records)
+        assert len({r["task_key"] for r in records}) == 1 and len(records[0]["task_key"]) == 16  # one problem's key
 
 
 class _SecondTryGenerator:

@@ -3,12 +3,14 @@ against the closed forms it must approach."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from molrl.study.verdict import nested_bootstrap_se, paired_se, problem_groups
+from molrl.study.verdict import claim_line, nested_bootstrap_se, paired_se, problem_groups
 
 
 def test_one_seed_gives_the_standard_error_of_its_problems_mean():
@@ -28,3 +30,42 @@ def test_problem_groups_pair_each_seeds_own_problems_and_refuse_a_mismatch():
     assert [g.tolist() for g in got] == [[1.0, 0.0], [1.0]]
     assert problem_groups(side, [{"a": 0.0}, {"c": 0.0}]) is None
     assert paired_se([0.5, 1.0], groups=got) >= paired_se([0.5, 1.0])
+
+
+def test_a_claim_line_uses_the_two_level_bootstrap_only_where_a_report_asks_for_it():
+    from molrl.study.claims import Claim
+
+    claim = Claim(text="side beats other", what="held-out", min_effect=0.05)
+    side = [{f"{s}/{i}": float(i % 2) for i in range(20)} for s in range(3)]  # each seed its own problems
+    other = [{k: 0.0 for k in seed} for seed in side]
+    means = [0.5, 0.5, 0.5]
+    plain = claim_line(claim, means, [0.0] * 3, (side, other))
+    nested = claim_line(claim, means, [0.0] * 3, (side, other), nested=True)
+    assert "each seed's problems" not in plain and "+0.500 ± 0.000" in plain  # the seeds agree exactly
+    assert "s.e. over seeds and each seed's problems" in nested
+    se = float(nested.split("± ")[1].split(",")[0])
+    assert se == pytest.approx(math.sqrt(0.25 / 20 / 3), rel=0.15)  # the problems' noise, three seeds of 20
+
+
+def test_seeds_pair_problems_by_content_not_by_id(tmp_path):
+    """The same id in two seeds' worlds is two problems: per-problem scores are keyed by the content key the
+    evaluation records (by id in records that kept none), so the two-way bootstrap pairs only the same problems."""
+    from molrl.study.headline import problem_scores
+    from molrl.study.verdict import problem_grid
+
+    def write(seed: int, model: str, keys: list[str | None]) -> Path:
+        folder = tmp_path / f"seed-{seed}" / "eval" / model / "general"
+        folder.mkdir(parents=True)
+        rows = [{"id": f"general/{i}", "correct": bool(i % 2), **({"task_key": k} if k else {})}
+                for i, k in enumerate(keys)]
+        (folder / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return tmp_path / f"seed-{seed}"
+
+    same_ids_other_contents = [[f"s{seed}-{i}" for i in range(4)] for seed in range(2)]
+    dirs = [write(s, m, same_ids_other_contents[s]) for s in range(2) for m in ("a", "b")][::2]
+    scores = [[problem_scores(d, m, "general") for d in dirs] for m in ("a", "b")]
+    assert problem_grid(*scores) is None
+    assert problem_groups(*scores) is not None and sorted(scores[0][1]) == same_ids_other_contents[1]
+    legacy = [write(s + 2, m, [None] * 4) for s in range(2) for m in ("a", "b")][::2]
+    kept = [[problem_scores(d, m, "general") for d in legacy] for m in ("a", "b")]
+    assert sorted(kept[0][0]) == [f"general/{i}" for i in range(4)] and problem_grid(*kept).shape == (2, 4)

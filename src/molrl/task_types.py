@@ -9,10 +9,14 @@ separate judge process runs when a test cannot be put into one of the other two 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+POSED = ("prompt", "kind", "answer", "entry_point", "tests", "setup_code", "preamble", "probe")
+"""The fields of a ``Task`` that make it the problem it is: what the model is shown, what it is judged by, and what
+its environment runs. Its id, reference solution, meta and split only name or describe it (``Task.content_key``)."""
 
 
 @dataclass
@@ -79,6 +83,13 @@ class Task:
             dict(asdict(t), args=encode(list(t.args)), expected=encode(t.expected)) for t in self.tests
         ]
         return json.dumps(data, default=str)
+
+    def content_key(self) -> str:
+        """A 16-hex-digit key of the problem itself (its ``POSED`` fields), apart from its id: one id with other
+        contents (the same task id in two seeds' worlds, with another library or rule) gives two keys."""
+        data = json.loads(self.to_json())
+        posed = json.dumps({k: data[k] for k in POSED}, sort_keys=True)
+        return hashlib.sha256(posed.encode("utf-8")).hexdigest()[:16]
 
     @classmethod
     def from_json(cls, text: str) -> Task:

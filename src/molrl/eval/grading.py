@@ -94,4 +94,5 @@ def _record(task: Task, sample: int, completion: str, grade: Any) -> SampleRecor
         shown_pass=shown,
         held_back_pass=held_back,
         grading=GRADING[task.kind],
+        task_key=task.content_key(),
     )

@@ -86,4 +86,5 @@ def episode_record(ep: Episode) -> SampleRecord:
         shown_pass=bool(ep.verdict) if ep.held_back or ep.unsplit else None,
         held_back_pass=bool(ep.final_verdict) if ep.held_back else None,
         grading=GRADING[ep.task.kind],
+        task_key=ep.task.content_key(),
     )

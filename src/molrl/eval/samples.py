@@ -48,6 +48,9 @@ class SampleRecord:
     made_by: dict[str, Any] | None = None
     """What produced it (``made_by``): the engine, each model input's fingerprint and the sampling settings; None in
     records written before it was kept."""
+    task_key: str | None = None
+    """The problem's content key (``Task.content_key``): two records are of the same problem when their keys are
+    equal, whatever their ids; None in records written before it was kept."""
 
 
 def made_by(engine: str | None, model: dict[str, str], sampling: dict[str, Any] | None) -> dict[str, Any]:

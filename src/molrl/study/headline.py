@@ -135,11 +135,12 @@ def write_headline(out: str | Path, seeds: int, model: str, *, task: str = "chai
 
 
 def paired_accuracy_claim(claim: Claim, run_dirs: Sequence[Path], score: Score, side: str, other: str, bench: str,
-                          primary: bool = False) -> str:
+                          primary: bool = False, nested: bool = False) -> str:
     """The verdict line of ``claim`` on ``bench``'s accuracy, ``side`` against ``other`` (``score`` from
-    ``scorer(run_dirs)``), its standard error counting the problems where every seed scored the same ones."""
+    ``scorer(run_dirs)``), its standard error counting the problems where every seed scored the same ones, and with
+    ``nested`` each seed's own problems (``claim_line``)."""
     problems = tuple([problem_scores(d, m, bench) for d in run_dirs] for m in (side, other))
-    return claim_line(claim, score(side, bench), score(other, bench), problems, primary)
+    return claim_line(claim, score(side, bench), score(other, bench), problems, primary, nested)
 
 
 def counts_text(counts: Sequence[int]) -> str:
@@ -160,10 +161,12 @@ def problem_count(run_dir: Path, model: str, bench: str) -> int:
 
 
 def problem_scores(run_dir: Path, model: str, bench: str) -> dict[str, float]:
-    """``model``'s pass@1 per problem of ``bench`` (the share of its samples graded correct), by problem id."""
+    """``model``'s pass@1 per problem of ``bench`` (the share of its samples graded correct), by the problem's
+    content key (``Task.content_key``), or by its id in records written before keys were kept: two seeds' problems
+    pair only when they are the same problem, not merely under the same id."""
     samples: dict[str, list[bool]] = {}
     for r in read_records(run_dir / "eval" / model / bench / "samples.jsonl"):
-        samples.setdefault(str(r["id"]), []).append(bool(r["correct"]))
+        samples.setdefault(str(r.get("task_key") or r["id"]), []).append(bool(r["correct"]))
     return {i: sum(c) / len(c) for i, c in samples.items()}
 
 

@@ -189,17 +189,20 @@ def outlook(diffs: Sequence[float], min_effect: float, se: float) -> str:
 
 def claim_line(claim: Claim, side: Sequence[float], other: Sequence[float],
                problems: tuple[Sequence[Mapping[str, float]], Sequence[Mapping[str, float]]] | None = None,
-               primary: bool = False) -> str:
+               primary: bool = False, nested: bool = False) -> str:
     """A verdict line: the claim, its verdict, the paired difference with its standard error and per seed, and for
-    an undecided claim its forecast. ``problems`` (side's and other's per-problem scores, per seed) let the standard
-    error count the problems' noise where every seed scored the same problems; ``primary`` marks the report's
-    pre-registered primary claim."""
+    an undecided claim its forecast. ``problems`` (side's and other's per-problem scores, per seed, keyed by the
+    problem's content) let the standard error count the problems' noise: by the two-way bootstrap where every seed
+    scored the same problems, and, with ``nested`` (a report that pre-registered it), by the two-level one where each
+    seed scored problems of its own; ``primary`` marks the report's pre-registered primary claim."""
     diffs = [a - b for a, b in zip(side, other)]
     mean, _ = mean_se(diffs)
     grid = problem_grid(*problems) if problems is not None else None
-    se = paired_se(diffs, grid)
+    groups = problem_groups(*problems) if problems is not None and grid is None and nested else None
+    se = paired_se(diffs, grid, groups)
     said = verdict(diffs, claim.min_effect, se)
-    how = "; s.e. over seeds and problems" if grid is not None else ""
+    how = ("; s.e. over seeds and problems" if grid is not None
+           else "; s.e. over seeds and each seed's problems" if groups is not None else "")
     line = (f"- **{'Primary: ' if primary else ''}{claim.text}**: {said} ({claim.what}: {mean:+.3f} ± {se:.3f}, per "
             f"seed " + ", ".join(f"{d:+.3f}" for d in diffs) + f"; smallest effect {claim.min_effect:g}{how})")
     if said == "undecided":
