@@ -64,7 +64,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from headline_paper import PAPER, QUICK, SHORT_STEPS, primary_verdict, seed_dir, stage_seconds
 from rule_probe import probe_run, table
@@ -133,6 +133,8 @@ MODELS = ("base", "mol", "ce", "ce_feedback", "mol+grpo", "ce+grpo", "ce_feedbac
           "base+grpo_long", "mol+grpo_fresh")
 """The report's models, in its order."""
 SEEDS, MAX_SEEDS = 3, 5
+MEASURES = ("rule_probe.json", "forgetting.json", "corpus_nll.json")
+"""The measures each seed keeps beside its evaluations, per model."""
 CORPUS_MATH, CORPUS_MAX_TOKENS = 100, 256
 """The corpus's MATH-500 rows (the file's first) and each answer's most tokens."""
 log = logging.getLogger("ablation_paper")
@@ -217,10 +219,11 @@ def check_base(out: Path, store: Path) -> None:
                          "or start a new store (--store DIR)")
 
 
-def restore_seed(run: Path, store: Path, seed: int) -> None:
+def restore_seed(run: Path, store: Path, seed: int, phases: dict[str, Phase] | None = None,
+                 measures: Sequence[str] = MEASURES) -> None:
     """Put what ``store`` keeps of ``seed`` into its run directory where it is missing: the collected traces (so the
-    same traces are trained on) and the stored evaluations and measures (the base's answers, which the general KL of
-    a later phase reads)."""
+    same traces are trained on) and the stored evaluations and ``measures`` of its stored ``phases`` (default this
+    benchmark's; the base's answers, which the general KL of a later phase reads)."""
     kept = store / f"seed-{seed}" / "pipeline"
     if not kept.is_dir():
         return
@@ -234,17 +237,18 @@ def restore_seed(run: Path, store: Path, seed: int) -> None:
     for part in (f"eval/{p.name}" for p in sorted((kept / "eval").glob("*"))):
         if not (pipeline / part / DONE).is_file():
             shutil.copytree(kept / part, pipeline / part, dirs_exist_ok=True)
-    stored = {m for p in stored_phases(store, seed) for m in PHASES[p].models}  # measures of whole phases only
-    for name in ("rule_probe.json", "forgetting.json", "corpus_nll.json"):
+    stored = {m for p in stored_phases(store, seed) for m in (phases or PHASES)[p].models}  # whole phases only
+    for name in measures:
         if (kept / name).is_file():
             found = {m: v for m, v in json.loads((kept / name).read_text()).items() if m in stored}
             merged = {**found, **(json.loads((pipeline / name).read_text()) if (pipeline / name).is_file() else {})}
             write_text(pipeline / name, json.dumps(merged, indent=1))
 
 
-def store_phase(out: Path, store: Path, seed: int, name: str, phase: Phase, seconds: dict[str, float]) -> None:
+def store_phase(out: Path, store: Path, seed: int, name: str, phase: Phase, seconds: dict[str, float],
+                measures: Sequence[str] = MEASURES) -> None:
     """Keep phase ``name`` of ``seed`` in ``store``: its models' evaluations, its runs' metrics, the seed's traces,
-    world and measures, and the phase's record (last, so a phase is stored only whole)."""
+    world and ``measures``, and the phase's record (last, so a phase is stored only whole)."""
     run = seed_dir(out, seed)
     pipeline, kept = run / "pipeline", store / f"seed-{seed}" / "pipeline"
     for model in phase.models:
@@ -261,7 +265,7 @@ def store_phase(out: Path, store: Path, seed: int, name: str, phase: Phase, seco
                         ignore=shutil.ignore_patterns("*.lock", ".*"))
     (store / f"seed-{seed}" / "world").mkdir(parents=True, exist_ok=True)
     shutil.copy2(run / "world" / "world.json", store / f"seed-{seed}" / "world" / "world.json")
-    for measure in ("rule_probe.json", "forgetting.json", "corpus_nll.json"):
+    for measure in measures:
         shutil.copy2(pipeline / measure, kept / measure)
     from molrl.pipeline import environment
 
@@ -337,18 +341,31 @@ def measure(run: Path, models: Sequence[str], corpus: list[tuple[str, str]]) -> 
 def run_phase(out: Path, store: Path, seed: int, name: str, model: str, corpus: list[tuple[str, str]],
               quick: bool) -> bool:
     """Run phase ``name`` of ``seed`` unless it is stored; store it once done. Returns whether it ran."""
-    from molrl.cpu import govern_threads
     from molrl.demo.run import prepare_seed
+
+    overrides = [*PAPER, *(QUICK if quick else [])]
+    return run_stored_phase(out, store, seed, name, with_quick(PHASES[name], quick), model,
+                            lambda run: prepare_seed(run, "quick" if quick else "default", overrides, seed, model=model),
+                            lambda run, models: measure(run, models, corpus))
+
+
+def run_stored_phase(out: Path, store: Path, seed: int, name: str, phase: Phase, model: str,
+                     prepare: Callable[[Path], tuple], measure_models: Callable[[Path, Sequence[str]], dict],
+                     phases: dict[str, Phase] | None = None, measures: Sequence[str] = MEASURES) -> bool:
+    """Run ``phase`` (named ``name``) of ``seed`` unless ``store`` has it, then store it: the base rebuilt from the
+    store where it is missing, the seed's stored traces and evaluations put back, ``prepare(run)`` (the seed's
+    ``prepare_seed``: its pipeline config, world and threads), the phase's runs and evaluations, then
+    ``measure_models(run, models)`` (the seconds of each measure it keeps in ``measures``). Returns whether it ran."""
+    from molrl.cpu import govern_threads
 
     if name in stored_phases(store, seed):
         log.info("seed %d, phase %s: stored (%s), not run again", seed, name, stored_phases(store, seed)[name]["commit"])
         return False
-    run, phase = seed_dir(out, seed), with_quick(PHASES[name], quick)
+    run = seed_dir(out, seed)
     restore_base(out, store, model)
-    restore_seed(run, store, seed)
+    restore_seed(run, store, seed, phases, measures)
     try:
-        cfg, world, threads = prepare_seed(run, "quick" if quick else "default", [*PAPER, *(QUICK if quick else [])],
-                                           seed, model=model)
+        cfg, world, threads = prepare(run)
         keep_base(out, store)
         check_base(out, store)
         cfg.mol_runs, cfg.rl_runs, cfg.eval_models = list(phase.mol_runs), list(phase.rl_runs), list(phase.models)
@@ -357,10 +374,10 @@ def run_phase(out: Path, store: Path, seed: int, name: str, model: str, corpus: 
         own = {"collect", *(f"mol/{r.name}" for r in phase.mol_runs), *(f"rl/{r.name}" for r in phase.rl_runs),
                *(f"eval/{m}" for m in phase.models)} - earlier
         seconds = {**{k: v for k, v in stage_seconds(run / "pipeline").items() if k in own},
-                   **measure(run, phase.models, corpus)}
+                   **measure_models(run, phase.models)}
     finally:
         govern_threads(None)
-    store_phase(out, store, seed, name, phase, {k: round(v, 1) for k, v in seconds.items()})
+    store_phase(out, store, seed, name, phase, {k: round(v, 1) for k, v in seconds.items()}, measures)
     log.info("seed %d, phase %s: stored in %s", seed, name, store / f"seed-{seed}")
     return True
 
@@ -470,31 +487,44 @@ def report(store: Path, seeds: int) -> Path:
     for s, d in enumerate(run_dirs):
         found = json.loads((d / "rule_probe.json").read_text())
         lines += [f"Seed {s}:", "", *table({m: found[m] for m in models if m in found}), ""]
-    lines += ["Phases and machine time (minutes; each phase's stages and measures):", ""]
-    for s in range(seeds):
-        for name, rec in stored_phases(store, s).items():
-            lines.append(f"- seed {s}, {name}: {sum(rec['seconds'].values()) / 60:.1f} min at {rec['commit'][:10]} "
-                         f"on {rec['cores']} cores ({rec['finished']}; " + ", ".join(
-                             f"{k} {v / 60:.1f}" for k, v in rec["seconds"].items()) + ")")
+    lines += phase_time_lines(store, seeds)
     path = store / "ablation.md"
     write_text(path, "\n".join(lines) + "\n")
     return path
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def phase_arguments(doc: str, out: str, store: Path, phases: list[str], quick: str) -> argparse.ArgumentParser:
+    """The command line of a benchmark of stored phases: the model, where runs and the store go, which seeds and
+    phases to run, the report alone, the seed counts and the quick sizes."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="the pretrained chat model as a transformers directory")
-    p.add_argument("--out", default="runs/ablation_paper", help="where the runs go (keep it across machines)")
-    p.add_argument("--store", type=Path, default=STORE, help="where finished phases are kept (in the repository)")
-    p.add_argument("--corpus", type=Path, default=REPO.parent / "shared" / "data",
-                   help="the folder holding math500/test.jsonl and humaneval/HumanEval.jsonl.gz")
+    p.add_argument("--out", default=out, help="where the runs go (keep it across machines)")
+    p.add_argument("--store", type=Path, default=store, help="where finished phases are kept (in the repository)")
     p.add_argument("--seed", type=int, action="append", help="run only this seed (repeatable; no report)")
-    p.add_argument("--phase", action="append", choices=list(PHASES), help="run only this phase (repeatable)")
-    p.add_argument("--replicate", action="store_true", help="also the replicate phase on seed 0")
+    p.add_argument("--phase", action="append", choices=phases, help="run only this phase (repeatable)")
     p.add_argument("--report", action="store_true", help="only build the report from the stored seeds")
     p.add_argument("--seeds", type=int, default=SEEDS)
     p.add_argument("--max-seeds", type=int, default=MAX_SEEDS)
-    p.add_argument("--quick", action="store_true", help="the quick world and warm-up, 1-2 steps a stage")
+    p.add_argument("--quick", action="store_true", help=quick)
+    return p
+
+
+def phase_time_lines(store: Path, seeds: int) -> list[str]:
+    """The report's machine time: each stored phase's minutes, commit, cores and stages."""
+    lines = ["Phases and machine time (minutes; each phase's stages and measures):", ""]
+    for s in range(seeds):
+        for name, rec in stored_phases(store, s).items():
+            lines.append(f"- seed {s}, {name}: {sum(rec['seconds'].values()) / 60:.1f} min at {rec['commit'][:10]} "
+                         f"on {rec['cores']} cores ({rec['finished']}; " + ", ".join(
+                             f"{k} {v / 60:.1f}" for k, v in rec["seconds"].items()) + ")")
+    return lines
+
+
+def main() -> None:
+    p = phase_arguments(__doc__, "runs/ablation_paper", STORE, list(PHASES), "the quick world and warm-up, 1-2 steps a stage")
+    p.add_argument("--corpus", type=Path, default=REPO.parent / "shared" / "data",
+                   help="the folder holding math500/test.jsonl and humaneval/HumanEval.jsonl.gz")
+    p.add_argument("--replicate", action="store_true", help="also the replicate phase on seed 0")
     args = p.parse_args()
     setup_logging()
     if args.report:

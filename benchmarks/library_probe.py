@@ -19,6 +19,7 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import Sequence
 
 from molrl.cli import setup_logging
 from molrl.records.writes import write_text
@@ -35,12 +36,9 @@ def models_of(run: Path) -> dict[str, Path | None]:
     return found
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--run", required=True, help="a molrl demo --world library run directory (one seed)")
-    p.add_argument("--models", nargs="*", default=None, help="which of the run's models (default all)")
-    args = p.parse_args()
-    setup_logging()
+def probe_run(run: Path, names: Sequence[str] | None = None) -> dict:
+    """The library probe of ``run``'s models (``names``, default all), each measured once and kept in
+    RUN/pipeline/library_probe.json; returns that file's contents (with ``library``: the world's quirks)."""
     from molrl.demo.library import LibraryConfig, build_library_world
     from molrl.demo.library_measure import probe_library
     from molrl.demo.run import episode_config
@@ -48,7 +46,6 @@ def main() -> None:
     from molrl.pipeline.config import load_pipeline_config
     from molrl.sandbox import SandboxConfig, SandboxPool
 
-    run = Path(args.run)
     base = run / "base" if (run / "base").is_dir() else run.parent / "base"
     world_file = json.loads((run / "world" / "world.json").read_text())
     world = build_library_world(LibraryConfig(**world_file["config"]))
@@ -59,32 +56,45 @@ def main() -> None:
     episode, code_prompt = episode_config(cfg), cfg.eval.get("code_prompt")
     out = run / "pipeline" / "library_probe.json"
     kept = json.loads(out.read_text()) if out.is_file() else {}
-    tokenizer = load_tokenizer(str(base))
-    chosen = {k: v for k, v in models_of(run).items() if args.models is None or k in args.models}
-    with SandboxPool(SandboxConfig(workers=2)) as pool:
-        for name, adapter in chosen.items():
-            if "per_token" in kept.get(name, {}).get("mean", {}):
-                continue  # measured by this probe (a record without per-token shares is an older probe's)
-            started = time.time()
-            model = load_model(str(base), adapter=adapter)
-            kept[name] = {**probe_library(model, tokenizer, world, episode, pool, code_prompt),
-                          "seconds": round(time.time() - started, 1)}
-            write_text(out, json.dumps(kept, indent=1))
-    print(f"library {world.quirks.key()}; P(true) among the behaviours (guess: price, stock, weight 1/3, ship 1/2)")
-    print_table(kept, lambda row, key: row[key])
+    chosen = {k: v for k, v in models_of(run).items() if names is None or k in names}
+    todo = {k: v for k, v in chosen.items() if "per_token" not in kept.get(k, {}).get("mean", {})}
+    if todo:  # a record without per-token shares is an older probe's
+        tokenizer = load_tokenizer(str(base))
+        with SandboxPool(SandboxConfig(workers=2)) as pool:
+            for name, adapter in todo.items():
+                started = time.time()
+                model = load_model(str(base), adapter=adapter)
+                kept[name] = {**probe_library(model, tokenizer, world, episode, pool, code_prompt),
+                              "seconds": round(time.time() - started, 1)}
+                write_text(out, json.dumps(kept, indent=1))
+    return {"library": world.quirks.key(), **kept}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", required=True, help="a molrl demo --world library run directory (one seed)")
+    p.add_argument("--models", nargs="*", default=None, help="which of the run's models (default all)")
+    args = p.parse_args()
+    setup_logging()
+    kept = probe_run(Path(args.run), args.models)
+    key = kept.pop("library")
+    print(f"library {key}; P(true) among the behaviours (guess: price, stock, weight 1/3, ship 1/2)")
+    print("\n".join(probe_table(kept, lambda row, probe: row[probe])))
     print("The same shares by mean log-likelihood per token:")
-    print_table(kept, lambda row, key: row["per_token"][key])
+    print("\n".join(probe_table(kept, lambda row, probe: row["per_token"][probe])))
 
 
-def print_table(kept: dict, pick) -> None:
-    """One markdown row per model: each probe's share per function and their mean (``pick(row, probe)``)."""
+def probe_table(kept: dict, pick) -> list[str]:
+    """A markdown row per model: each probe's share per function and their mean (``pick(row, probe)``)."""
     fams = ("price", "stock", "weight", "ship", "mean")
-    print("| model | feedback: price | stock | weight | ship | mean | answer: price | stock | weight | ship | mean | "
-          "in context: price | stock | weight | ship | mean | answer likeliest (mean) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    lines = ["| model | feedback: price | stock | weight | ship | mean | answer: price | stock | weight | ship | mean | "
+             "in context: price | stock | weight | ship | mean | answer likeliest (mean) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, row in kept.items():
         cells = [f"{pick(row[f], probe):.3f}" for probe in ("feedback", "answer", "answer_in_context") for f in fams]
-        print(f"| {name} | " + " | ".join(cells) + f" | {row['mean']['answer_argmax']:.3f} |")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {row['mean']['answer_argmax']:.3f} |")
+    return lines
+
 
 if __name__ == "__main__":
     main()

@@ -63,7 +63,7 @@ def test_each_arm_is_the_run_the_issue_names():
 
 
 def test_the_ablations_claims_are_registered_with_one_primary_before_its_runs():
-    assert PRIMARY["ablation.md"] == ("mol_over_ce_grpo", {})
+    assert PRIMARY["ablation.md"] == (("mol_over_ce_grpo", {}),)
     assert is_primary("ablation.md", "mol_over_ce_grpo") and not is_primary("ablation.md", "mol_over_long_grpo")
     assert CLAIMS["mol_over_ce_grpo"].what == "held-out, mol+grpo − ce+grpo"
     assert CLAIMS["mol_over_ce_grpo"].min_effect == 0.05

@@ -141,11 +141,15 @@ def test_a_report_names_one_primary_claim_and_counts_the_rest_as_secondary():
         primary_note(lines[1:])
     with pytest.raises(ValueError, match="names 2"):
         primary_note([lines[0], *lines])
+    two = primary_note([lines[0], *lines], count=2)
+    assert two.startswith("The pre-registered primary claims are **X** (holds) and **X** (holds), each read under")
+    assert "The other 4 claims are secondary: they are 4 tests beside the primaries" in two
 
 
 def test_every_claim_declares_a_positive_smallest_effect_and_every_report_a_primary_in_the_table():
     for key, claim in CLAIMS.items():
         assert claim.min_effect > 0, key
         assert claim.text and claim.what, key
-    assert {key for key, _ in PRIMARY.values()} <= set(CLAIMS)
+    assert {key for primaries in PRIMARY.values() for key, _ in primaries} <= set(CLAIMS)
+    assert all(len(primaries) >= 1 for primaries in PRIMARY.values())
     assert CLAIMS["rl_drop"].fill(weight=0.3, start="mol").text == "GRPO at weight 0.3 drops general accuracy from MoL's"

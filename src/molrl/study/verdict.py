@@ -225,18 +225,22 @@ def mcnemar_p(only_side: int, only_other: int) -> float:
     return min(1.0, 2 * tail)
 
 
-def primary_note(lines: Sequence[str]) -> str:
-    """The sentence that says which claim is the report's primary one and how many secondary claims it tests beside
-    it; refuses a report without exactly one primary claim."""
+def primary_note(lines: Sequence[str], count: int = 1) -> str:
+    """The sentence that says which claims are the report's primary ones and how many secondary claims it tests
+    beside them; refuses a report without exactly ``count`` primary claims (its ``PRIMARY`` entry's)."""
     found = [m for m in (CLAIM_LINE.match(line) for line in lines) if m]
     primary = [m for m in found if m.group(1)]
-    if len(primary) != 1:
-        raise ValueError(f"a report names exactly one primary claim; this one names {len(primary)}")
-    others = len(found) - 1
-    return (f"The pre-registered primary claim is **{primary[0].group(2)}** ({primary[0].group(3)}). The other "
-            f"{others} claims are secondary: they are {others} tests beside the primary, so read a decisive secondary "
-            "verdict as a lead to test again, not a finding (with no real effect the rule still says holds or refuted "
-            "on about 1 claim in 20 or fewer, so among these about " + f"{others / 20:.1f} could be chance).")
+    if len(primary) != count:
+        raise ValueError(f"a report names exactly {'one' if count == 1 else count} primary claim"
+                         f"{'s' * (count != 1)}; this one names {len(primary)}")
+    others = len(found) - count
+    named = " and ".join(f"**{m.group(2)}** ({m.group(3)})" for m in primary)
+    head = (f"The pre-registered primary claim is {named}." if count == 1 else
+            f"The pre-registered primary claims are {named}, each read under the rule on its own.")
+    return (f"{head} The other {others} claims are secondary: they are {others} tests beside the "
+            f"primar{'y' if count == 1 else 'ies'}, so read a decisive secondary verdict as a lead to test again, not "
+            "a finding (with no real effect the rule still says holds or refuted on about 1 claim in 20 or fewer, so "
+            f"among these about {others / 20:.1f} could be chance).")
 
 
 def closing_weight(rows: Sequence[tuple[float, str, str]]) -> str:
