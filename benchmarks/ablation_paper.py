@@ -247,8 +247,8 @@ def restore_seed(run: Path, store: Path, seed: int, phases: dict[str, Phase] | N
 
 def store_phase(out: Path, store: Path, seed: int, name: str, phase: Phase, seconds: dict[str, float],
                 measures: Sequence[str] = MEASURES) -> None:
-    """Keep phase ``name`` of ``seed`` in ``store``: its models' evaluations, its runs' metrics, the seed's traces,
-    world and ``measures``, and the phase's record (last, so a phase is stored only whole)."""
+    """Keep phase ``name`` of ``seed`` in ``store``: its models' evaluations, its runs' metrics and resolved configs,
+    the seed's traces, world and ``measures``, and the phase's record (last, so a phase is stored only whole)."""
     run = seed_dir(out, seed)
     pipeline, kept = run / "pipeline", store / f"seed-{seed}" / "pipeline"
     for model in phase.models:
@@ -256,10 +256,10 @@ def store_phase(out: Path, store: Path, seed: int, name: str, phase: Phase, seco
                         ignore=shutil.ignore_patterns("*.lock", ".*"))
     for group, runs in (("mol", phase.mol_runs), ("rl", phase.rl_runs)):
         for r in runs:
-            metrics = pipeline / group / r.name / "metrics.jsonl"
-            if metrics.is_file():
-                (kept / "metrics").mkdir(parents=True, exist_ok=True)
-                shutil.copy2(metrics, kept / "metrics" / f"{r.name}.jsonl")
+            for source, target in (("metrics.jsonl", f"{r.name}.jsonl"), ("config.yaml", f"{r.name}.config.yaml")):
+                if (pipeline / group / r.name / source).is_file():  # its metrics and its resolved settings
+                    (kept / "metrics").mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(pipeline / group / r.name / source, kept / "metrics" / target)
     if not (kept / "collect" / DONE).is_file():
         shutil.copytree(pipeline / "collect", kept / "collect", dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("*.lock", ".*"))

@@ -129,6 +129,21 @@ def claim_lines(run_dirs: Sequence[Path], score, kl: dict[str, list[float]]) -> 
     return [primary_note(lines, len(PRIMARY[REPORT])), "", *lines]
 
 
+def grpo_settings(metrics: Path) -> str:
+    """The GRPO every model ran, as ``base+grpo``'s stored config says it, beside the paper's."""
+    import yaml
+
+    found = metrics / "base+grpo.config.yaml"
+    if not found.is_file():
+        return "GRPO: its settings were not stored with this seed."
+    cfg = yaml.safe_load(found.read_text())
+    sampling, train = cfg["sampling"], cfg["train"]
+    return (f"GRPO: {train['max_steps']} steps of {cfg['prompts_per_step']} prompts x groups of {sampling['n']} at "
+            f"temperature {sampling['temperature']:g}, top-p {sampling['top_p']:g}, lr {train['learning_rate']:g}, "
+            f"KL {cfg['beta']:g} to its start (the pilot chose the temperature for the share of groups that carry a "
+            "gradient; the paper's GRPO sampled at 0.9 with lr 1e-4).")
+
+
 def report(store: Path, seeds: int) -> Path:
     """``store/library.md`` over the first ``seeds`` stored seeds: every model's scores and general KL, the
     verdicts, each seed's library probe and the machine time."""
@@ -142,8 +157,9 @@ def report(store: Path, seeds: int) -> Path:
     lines = [f"# MoL against the base and CE before the same GRPO: {model_label(model)}, library world ({seeds} "
              f"seed{'s' * (seeds != 1)})", "",
              LIBRARY_INTRO.format(model=model_label(model), n_held=counts["heldout"], n_general=counts["general"])
-             + " CE trains on every token of the same traces. General KL is KL(model || base) per token on the "
-             "base's greedy general answers. A cell is mean ± s.e. over seeds [per seed].", "",
+             + " CE trains on every token of the same traces. " + grpo_settings(run_dirs[0] / "metrics")
+             + " General KL is KL(model || base) per token on the base's greedy general answers. A cell is mean ± "
+             "s.e. over seeds [per seed].", "",
              "| model | held-out | general | general KL |", "|---|---|---|---|"]
     for m in MODELS:
         lines.append(f"| `{m}` | {cell(score(m, 'heldout'))} | {cell(score(m, 'general'))} | {cell(kl[m], 4)} |")

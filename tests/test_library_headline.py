@@ -51,6 +51,10 @@ def write_seed(store, seed, right, general_right, kl, probe):
     shares = {m: {f: {"feedback": 0.5, "answer": probe[m], "answer_in_context": 0.5, "answer_argmax": 0.5}
                   for f in ("price", "stock", "weight", "ship", "mean")} for m in MODELS}
     (pipeline / "library_probe.json").write_text(json.dumps(shares))
+    (pipeline / "metrics").mkdir()
+    (pipeline / "metrics" / "base+grpo.config.yaml").write_text(
+        "sampling: {n: 8, temperature: 0.7, top_p: 1.0}\nprompts_per_step: 4\nbeta: 0.05\n"
+        "train: {max_steps: 48, learning_rate: 0.0003}\n")
     (store / f"seed-{seed}" / "world").mkdir(parents=True)
     (store / f"seed-{seed}" / "world" / "world.json").write_text(json.dumps({"key": f"price/10 seed {seed}"}))
     record = {"commit": "abc", "finished": "now", "base": "b", "cpu": "x", "cores": 2, "host": "h",
@@ -76,6 +80,7 @@ def test_the_report_reads_both_primaries_with_each_seeds_own_tasks_in_the_standa
     assert "The pre-registered primary claims are" in text
     headline = next(line for line in text.splitlines() if line.startswith(f"- **Primary: {CLAIMS['headline'].text}"))
     assert "s.e. over seeds and each seed's problems" in headline  # the ids repeat, the tasks do not
+    assert "GRPO: 48 steps of 4 prompts x groups of 8 at temperature 0.7, top-p 1, lr 0.0003, KL 0.05" in text
     assert "Seed 2 (`price/10 seed 2`):" in text and "- seed 2, ce: 2.0 min at abc" in text
 
 
