@@ -74,7 +74,8 @@ from molrl.demo.seeds import cell
 from molrl.pipeline import DONE, run_pipeline
 from molrl.pipeline.config import MolRun, RlRun
 from molrl.study.claims import CLAIMS, is_primary
-from molrl.study.headline import model_label, paired_accuracy_claim, problem_count, problem_scores, step_accuracy
+from molrl.study.headline import (model_label, paired_accuracy_claim, paired_problem_scores, problem_count,
+                                  step_accuracy)
 from molrl.study.metrics import scorer
 from molrl.study.verdict import RULE, claim_line, mcnemar_p, primary_note
 from molrl.records.writes import write_text
@@ -413,7 +414,7 @@ def mcnemar_lines(run_dirs: Sequence[Path], pairs: Sequence[tuple[str, str]]) ->
     for side, other in pairs:
         cells = []
         for d in run_dirs:
-            a, b = problem_scores(d, side, "heldout"), problem_scores(d, other, "heldout")
+            (a,), (b,) = paired_problem_scores([d], side, other, "heldout")
             only_a = sum(1 for i in a if a[i] > 0.5 and b.get(i, 0) <= 0.5)
             only_b = sum(1 for i in a if a[i] <= 0.5 and b.get(i, 0) > 0.5)
             cells.append(f"b {only_a}, c {only_b}, p {mcnemar_p(only_a, only_b):.2g}")

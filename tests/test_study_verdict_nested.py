@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from molrl.study.verdict import claim_line, nested_bootstrap_se, paired_se, problem_groups
+from molrl.study.verdict import claim_line, nested_bootstrap_se, paired_se, problem_grid, problem_groups
 
 
 def test_one_seed_gives_the_standard_error_of_its_problems_mean():
@@ -69,3 +69,25 @@ def test_seeds_pair_problems_by_content_not_by_id(tmp_path):
     legacy = [write(s + 2, m, [None] * 4) for s in range(2) for m in ("a", "b")][::2]
     kept = [[problem_scores(d, m, "general") for d in legacy] for m in ("a", "b")]
     assert sorted(kept[0][0]) == [f"general/{i}" for i in range(4)] and problem_grid(*kept).shape == (2, 4)
+
+
+def test_a_side_written_before_content_keys_pairs_by_id_within_a_seed_and_never_across_seeds(tmp_path):
+    from molrl.study.headline import paired_problem_scores
+
+    def write(seed: int, model: str, keyed: bool) -> None:
+        folder = tmp_path / f"seed-{seed}" / "eval" / model / "heldout"
+        folder.mkdir(parents=True)
+        rows = [{"id": f"t/{i}", "correct": i < 2, **({"task_key": f"s{seed}-{i}"} if keyed else {})}
+                for i in range(4)]
+        (folder / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    for seed in range(2):
+        write(seed, "new", keyed=True)
+        write(seed, "old", keyed=False)
+    dirs = [tmp_path / f"seed-{s}" for s in range(2)]
+    side, other = paired_problem_scores(dirs, "new", "old", "heldout")
+    assert [sorted(s) for s in side] == [sorted(o) for o in other]  # each seed's sides pair problem by problem
+    assert not set(side[0]) & set(side[1])  # the same id in two seeds is not taken for one problem
+    assert problem_grid(side, other) is None and problem_groups(side, other) is not None
+    (one,), (two,) = paired_problem_scores(dirs[:1], "new", "old", "heldout")
+    assert sorted(one) == sorted(two) == ["t/0", "t/1", "t/2", "t/3"]

@@ -139,8 +139,22 @@ def paired_accuracy_claim(claim: Claim, run_dirs: Sequence[Path], score: Score, 
     """The verdict line of ``claim`` on ``bench``'s accuracy, ``side`` against ``other`` (``score`` from
     ``scorer(run_dirs)``), its standard error counting the problems where every seed scored the same ones, and with
     ``nested`` each seed's own problems (``claim_line``)."""
-    problems = tuple([problem_scores(d, m, bench) for d in run_dirs] for m in (side, other))
-    return claim_line(claim, score(side, bench), score(other, bench), problems, primary, nested)
+    return claim_line(claim, score(side, bench), score(other, bench), paired_problem_scores(run_dirs, side, other, bench),
+                      primary, nested)
+
+
+def paired_problem_scores(run_dirs: Sequence[Path], side: str, other: str, bench: str
+                          ) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
+    """Per seed, ``side``'s and ``other``'s pass@1 per problem of ``bench``, keyed alike: by content key, or by id
+    wherever either side's evaluation was written before content keys were kept (a seed's two sides score the same
+    tasks, so within a seed the id pairs them)."""
+    keyed = tuple([problem_scores(d, m, bench) for d in run_dirs] for m in (side, other))
+    if all(set(a) == set(b) for a, b in zip(*keyed)):
+        return keyed
+    by_id = tuple([problem_scores(d, m, bench, by_content=False) for d in run_dirs] for m in (side, other))
+    if len(run_dirs) > 1:  # ids alone cannot say whether two seeds scored the same problems: never pair them
+        by_id = tuple([{f"{i}/{k}": v for k, v in seed.items()} for i, seed in enumerate(sides)] for sides in by_id)
+    return by_id
 
 
 def counts_text(counts: Sequence[int]) -> str:
@@ -160,13 +174,15 @@ def problem_count(run_dir: Path, model: str, bench: str) -> int:
     return sum(1 for _ in read_records(run_dir / "eval" / model / bench / "samples.jsonl"))
 
 
-def problem_scores(run_dir: Path, model: str, bench: str) -> dict[str, float]:
+def problem_scores(run_dir: Path, model: str, bench: str, by_content: bool = True) -> dict[str, float]:
     """``model``'s pass@1 per problem of ``bench`` (the share of its samples graded correct), by the problem's
-    content key (``Task.content_key``), or by its id in records written before keys were kept: two seeds' problems
-    pair only when they are the same problem, not merely under the same id."""
+    content key (``Task.content_key``) where every record has one, else (or with ``by_content`` False) by its id:
+    two seeds' problems pair only when they are the same problem, not merely under the same id."""
+    records = list(read_records(run_dir / "eval" / model / bench / "samples.jsonl"))
+    field = "task_key" if by_content and all(r.get("task_key") for r in records) else "id"
     samples: dict[str, list[bool]] = {}
-    for r in read_records(run_dir / "eval" / model / bench / "samples.jsonl"):
-        samples.setdefault(str(r.get("task_key") or r["id"]), []).append(bool(r["correct"]))
+    for r in records:
+        samples.setdefault(str(r[field]), []).append(bool(r["correct"]))
     return {i: sum(c) / len(c) for i, c in samples.items()}
 
 
