@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
+
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -88,3 +90,30 @@ def test_a_primary_left_undecided_asks_for_more_seeds():
     line = "- **Primary: X**: undecided (held-out: +0.1 ± 0.1, per seed +0.1)."
     assert library_headline.undecided(line + "\n- **Primary: Y**: holds (d).")
     assert not library_headline.undecided("- **Primary: X**: holds (d).\n- **Y**: undecided (d).")
+
+
+@pytest.mark.slow
+def test_a_seeds_phases_run_stored_and_move_to_a_new_machine(tmp_path):
+    import shutil
+    import subprocess
+
+    from molrl.demo.run import prepare_seed
+
+    prepare_seed(tmp_path / "made", "quick", [], 0, None, "library")  # a small model that writes text
+    out, store = tmp_path / "out", tmp_path / "store"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "library_headline.py"), "--model", str(tmp_path / "made" / "base"),
+           "--quick", "--out", str(out), "--store", str(store), "--seed", "0"]
+    first = subprocess.run([*cmd, "--phase", "base"], capture_output=True, text=True, timeout=1800)
+    assert first.returncode == 0, first.stderr[-3000:]
+    shutil.rmtree(out)  # a new machine: runs/ is gone, the store is in the repository
+    second = subprocess.run([*cmd, "--phase", "base", "--phase", "mol"], capture_output=True, text=True, timeout=1800)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "phase base: stored" in second.stderr and "rebuilding the warmed-up base" in second.stderr
+    assert not (out / "pipeline" / "rl" / "base+grpo").exists()  # the stored phase was not trained again
+    kept = store / "seed-0" / "pipeline"
+    assert set(json.loads((store / "seed-0" / "phases.json").read_text())) == {"base", "mol"}
+    assert {"base", "base+grpo", "mol", "mol+grpo"} <= set(json.loads((kept / "library_probe.json").read_text()))
+    assert {"base+grpo", "mol", "mol+grpo"} <= set(json.loads((kept / "forgetting.json").read_text()))
+    assert (kept / "metrics" / "mol+grpo.config.yaml").is_file()
+    samples = (kept / "eval" / "mol" / "heldout" / "samples.jsonl").read_text().splitlines()
+    assert samples and all(len(json.loads(line)["task_key"]) == 16 for line in samples)
