@@ -510,6 +510,20 @@ def phase_arguments(doc: str, out: str, store: Path, phases: list[str], quick: s
     return p
 
 
+def parse_phase_arguments(p: argparse.ArgumentParser, report: Callable[[Path, int], Path],
+                          seeds_done: Callable[[Path], int]) -> argparse.Namespace | None:
+    """The parsed command line of a benchmark of stored phases; with ``--report``, the report of the stored seeds
+    printed and None (nothing to run); without it, ``--model`` required."""
+    args = p.parse_args()
+    setup_logging()
+    if args.report:
+        print(report(args.store, seeds_done(args.store)).read_text())
+        return None
+    if not args.model:
+        p.error("--model is needed to run phases")
+    return args
+
+
 def phase_time_lines(store: Path, seeds: int) -> list[str]:
     """The report's machine time: each stored phase's minutes, commit, cores and stages."""
     lines = ["Phases and machine time (minutes; each phase's stages and measures):", ""]
@@ -526,13 +540,9 @@ def main() -> None:
     p.add_argument("--corpus", type=Path, default=REPO.parent / "shared" / "data",
                    help="the folder holding math500/test.jsonl and humaneval/HumanEval.jsonl.gz")
     p.add_argument("--replicate", action="store_true", help="also the replicate phase on seed 0")
-    args = p.parse_args()
-    setup_logging()
-    if args.report:
-        print(report(args.store, seeds_done(args.store)).read_text())
+    args = parse_phase_arguments(p, report, seeds_done)
+    if args is None:
         return
-    if not args.model:
-        p.error("--model is needed to run phases")
     out, corpus = Path(args.out), general_corpus(args.corpus)
     phases = args.phase or list(ARM_PHASES)
     for seed in args.seed or range(args.seeds):

@@ -43,10 +43,10 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from ablation_paper import Phase, phase_arguments, phase_time_lines, run_stored_phase, stored_phases
+from ablation_paper import (Phase, parse_phase_arguments, phase_arguments, phase_time_lines, run_stored_phase,
+                            stored_phases)
 from library_probe import probe_run, probe_table
 
-from molrl.cli import setup_logging
 from molrl.demo.seeds import cell
 from molrl.pipeline.config import MolRun, RlRun
 from molrl.records.writes import write_text
@@ -187,13 +187,9 @@ def undecided(text: str) -> bool:
 def main() -> None:
     p = phase_arguments(__doc__, "runs/library_headline", STORE, list(PHASES),
                         "the quick world and warm-up, a few steps a stage")
-    args = p.parse_args()
-    setup_logging()
-    if args.report:
-        print(report(args.store, seeds_done(args.store)).read_text())
+    args = parse_phase_arguments(p, report, seeds_done)
+    if args is None:
         return
-    if not args.model:
-        p.error("--model is needed to run phases")
     out = Path(args.out)
     for seed in args.seed or range(args.seeds):
         for name in args.phase or list(PHASES):
