@@ -36,8 +36,9 @@ def grade_samples(
     flat = [(i, j, t, c) for i, (t, cs) in enumerate(zip(tasks, completions)) for j, c in enumerate(cs)]
     graded = grade([t for *_, t, _ in flat], [c for *_, c in flat], pool, code_reward)
     grades = {(i, j): g for (i, j, _, _), g in zip(flat, graded)}
+    keys = [t.content_key() for t in tasks]  # once a task, not once a sample
     return [
-        [_record(t, j, c, grades[(i, j)]) for j, c in enumerate(cs)]
+        [_record(t, j, c, grades[(i, j)], keys[i]) for j, c in enumerate(cs)]
         for i, (t, cs) in enumerate(zip(tasks, completions))
     ]
 
@@ -77,7 +78,7 @@ def regrade(tasks: Sequence[Task], records: Sequence[Sequence[SampleRecord]], po
             for news, olds in zip(graded, records)]
 
 
-def _record(task: Task, sample: int, completion: str, grade: Any) -> SampleRecord:
+def _record(task: Task, sample: int, completion: str, grade: Any, task_key: str) -> SampleRecord:
     from molrl.tasks.grade import GRADING
 
     shown, held_back = split_outcome(task, grade)
@@ -94,5 +95,5 @@ def _record(task: Task, sample: int, completion: str, grade: Any) -> SampleRecor
         shown_pass=shown,
         held_back_pass=held_back,
         grading=GRADING[task.kind],
-        task_key=task.content_key(),
+        task_key=task_key,
     )

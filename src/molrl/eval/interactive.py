@@ -64,11 +64,13 @@ class InteractiveSource:
         episodes = run_episodes(generator, tokenizer, tasks, pool, self.episode_config(), sampling,
                                 thinking=self.cfg.thinking, samples=self.cfg.sampling.n)
         by_key = {(ep.task.id, ep.sample): ep for ep in episodes}
-        return [[episode_record(by_key[(t.id, s)]) for s in range(self.cfg.sampling.n)] for t in tasks]
+        return [[episode_record(by_key[(t.id, s)], key) for s in range(self.cfg.sampling.n)]
+                for t, key in zip(tasks, (t.content_key() for t in tasks))]
 
 
-def episode_record(ep: Episode) -> SampleRecord:
-    """A sample record of a finished episode: its last solution, verdict, and how it went."""
+def episode_record(ep: Episode, task_key: str | None = None) -> SampleRecord:
+    """A sample record of a finished episode: its last solution, verdict, and how it went (``task_key``: its task's
+    ``content_key``, given by a caller that records many samples of one task, else computed here)."""
     assistant = [m["content"] for m in ep.messages if m["role"] == "assistant"]
     solutions = [a for a in (parse_action(text, ep.task.kind) for text in assistant) if a.kind == "solution"]
     return SampleRecord(
@@ -86,5 +88,5 @@ def episode_record(ep: Episode) -> SampleRecord:
         shown_pass=bool(ep.verdict) if ep.held_back or ep.unsplit else None,
         held_back_pass=bool(ep.final_verdict) if ep.held_back else None,
         grading=GRADING[ep.task.kind],
-        task_key=ep.task.content_key(),
+        task_key=task_key or ep.task.content_key(),
     )
