@@ -383,10 +383,10 @@ def run_stored_phase(out: Path, store: Path, seed: int, name: str, phase: Phase,
     return True
 
 
-def seeds_done(store: Path) -> int:
-    """How many seeds, from 0 on, have every arm phase stored."""
+def seeds_done(store: Path, phases: Sequence[str] = ARM_PHASES) -> int:
+    """How many seeds, from 0 on, have every one of ``phases`` stored (default the arm phases)."""
     seed = 0
-    while all(p in stored_phases(store, seed) for p in ARM_PHASES):
+    while all(p in stored_phases(store, seed) for p in phases):
         seed += 1
     return seed
 

@@ -43,8 +43,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from ablation_paper import (Phase, parse_phase_arguments, phase_arguments, phase_time_lines, run_stored_phase,
-                            stored_phases)
+from ablation_paper import Phase, parse_phase_arguments, phase_arguments, phase_time_lines, run_stored_phase
+from ablation_paper import seeds_done as seeds_stored
 from library_probe import probe_run, probe_table
 
 from molrl.demo.seeds import cell
@@ -94,18 +94,15 @@ def run_phase(out: Path, store: Path, seed: int, name: str, model: str, quick: b
 
 def seeds_done(store: Path) -> int:
     """How many seeds, from 0 on, have every phase stored."""
-    seed = 0
-    while all(p in stored_phases(store, seed) for p in PHASES):
-        seed += 1
-    return seed
+    return seeds_stored(store, PHASES)
 
 
 # ---- the report ----------------------------------------------------------------------------------------------------
 
-def probe_shares(run_dirs: Sequence[Path], model: str, probe: str) -> list[float]:
+def probe_shares(probes: Sequence[dict], model: str, probe: str) -> list[float]:
     """``model``'s mean share of the library probe ``probe`` (``feedback``, ``answer``, ``answer_in_context``) per
-    seed."""
-    return [float(json.loads((d / "library_probe.json").read_text())[model]["mean"][probe]) for d in run_dirs]
+    seed, from each seed's ``library_probe.json``."""
+    return [float(found[model]["mean"][probe]) for found in probes]
 
 
 def accuracy(key: str, run_dirs: Sequence[Path], score, side: str, other: str, bench: str = "heldout") -> str:
@@ -114,7 +111,7 @@ def accuracy(key: str, run_dirs: Sequence[Path], score, side: str, other: str, b
                                  nested=True)
 
 
-def claim_lines(run_dirs: Sequence[Path], score, kl: dict[str, list[float]]) -> list[str]:
+def claim_lines(run_dirs: Sequence[Path], score, kl: dict[str, list[float]], probes: Sequence[dict]) -> list[str]:
     """The primary claims, then the secondary ones, with the note that says which is which."""
     lines = [accuracy("headline", run_dirs, score, "mol+grpo", "base+grpo"),
              accuracy("mol_over_ce_grpo", run_dirs, score, "mol+grpo", "ce+grpo"),
@@ -124,8 +121,8 @@ def claim_lines(run_dirs: Sequence[Path], score, kl: dict[str, list[float]]) -> 
              claim_line(CLAIMS["ce_moves_general"], kl["ce"], kl["mol"])]
     for probe in ("answer", "feedback"):
         for other in ("base", "ce"):
-            lines.append(claim_line(CLAIMS[f"probe_{probe}"].fill(other=other), probe_shares(run_dirs, "mol", probe),
-                                    probe_shares(run_dirs, other, probe)))
+            lines.append(claim_line(CLAIMS[f"probe_{probe}"].fill(other=other), probe_shares(probes, "mol", probe),
+                                    probe_shares(probes, other, probe)))
     return [primary_note(lines, len(PRIMARY[REPORT])), "", *lines]
 
 
@@ -149,6 +146,7 @@ def report(store: Path, seeds: int) -> Path:
     verdicts, each seed's library probe and the machine time."""
     run_dirs = [store / f"seed-{s}" / "pipeline" for s in range(seeds)]
     score = scorer(run_dirs)
+    probes = [json.loads((d / "library_probe.json").read_text()) for d in run_dirs]
     kl = {m: [0.0 if m == "base" else float(json.loads((d / "forgetting.json").read_text())[m]["general_kl"])
               for d in run_dirs] for m in MODELS}
     made_of = store / "base" / "made_of.json"
@@ -165,11 +163,10 @@ def report(store: Path, seeds: int) -> Path:
         lines.append(f"| `{m}` | {cell(score(m, 'heldout'))} | {cell(score(m, 'general'))} | {cell(kl[m], 4)} |")
     lines += ["", "Verdicts compare paired per-seed differences d: " + RULE + " Here each seed scores its own "
               "world's tasks, so the standard error is the larger of the seeds' own and a bootstrap over seeds and, "
-              "within each, its tasks.", "", *claim_lines(run_dirs, score, kl), "",
+              "within each, its tasks.", "", *claim_lines(run_dirs, score, kl, probes), "",
               "Library probe (P(true) among a function's behaviours, by the candidates' whole probability; a guess "
               "is 0.375 on the mean), per seed:", ""]
-    for s, d in enumerate(run_dirs):
-        found = json.loads((d / "library_probe.json").read_text())
+    for s, (d, found) in enumerate(zip(run_dirs, probes)):
         key = json.loads((d.parent / "world" / "world.json").read_text())["key"]
         lines += [f"Seed {s} (`{key}`):", "", *probe_table({m: found[m] for m in MODELS if m in found},
                                                             lambda row, probe: row[probe]), ""]
