@@ -517,7 +517,12 @@ def parse_phase_arguments(p: argparse.ArgumentParser, report: Callable[[Path, in
     args = p.parse_args()
     setup_logging()
     if args.report:
-        print(report(args.store, seeds_done(args.store)).read_text())
+        seeds = seeds_done(args.store)
+        if not seeds:
+            held = ", ".join(stored_phases(args.store, 0)) or "none"
+            p.error(f"no seed has every phase stored in {args.store} yet (seed 0 holds: {held}); run the phases "
+                    "first, then --report")
+        print(report(args.store, seeds).read_text())
         return None
     if not args.model:
         p.error("--model is needed to run phases")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 
 import pytest
@@ -90,6 +91,18 @@ def test_a_primary_left_undecided_asks_for_more_seeds():
     line = "- **Primary: X**: undecided (held-out: +0.1 ± 0.1, per seed +0.1)."
     assert library_headline.undecided(line + "\n- **Primary: Y**: holds (d).")
     assert not library_headline.undecided("- **Primary: X**: holds (d).\n- **Y**: undecided (d).")
+
+
+@pytest.mark.parametrize("script", ["library_headline.py", "ablation_paper.py"])
+def test_a_report_before_any_seed_is_complete_says_which_phases_are_stored(tmp_path, script):
+    seed = tmp_path / "seed-0"
+    seed.mkdir()
+    (seed / "phases.json").write_text(json.dumps({"base": {"seconds": 1.0}}))
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), "--report", "--store", str(tmp_path)],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 2
+    assert f"no seed has every phase stored in {tmp_path} yet (seed 0 holds: base)" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 @pytest.mark.slow
