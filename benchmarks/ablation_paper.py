@@ -531,7 +531,9 @@ def parse_phase_arguments(p: argparse.ArgumentParser, report: Callable[[Path, in
 
 def phase_time_lines(store: Path, seeds: int) -> list[str]:
     """The report's machine time: each stored phase's minutes, commit, cores and stages."""
-    lines = ["Phases and machine time (minutes; each phase's stages and measures):", ""]
+    lines = ["Phases and machine time (minutes; each phase's stages and measures, as the run that finished each timed "
+             "it: work lost to a kill is not counted, and a measure finished before a kill counts 0 in the run that "
+             "resumed it):", ""]
     for s in range(seeds):
         for name, rec in stored_phases(store, s).items():
             lines.append(f"- seed {s}, {name}: {sum(rec['seconds'].values()) / 60:.1f} min at {rec['commit'][:10]} "
