@@ -64,8 +64,9 @@ class InteractiveSource:
         episodes = run_episodes(generator, tokenizer, tasks, pool, self.episode_config(), sampling,
                                 thinking=self.cfg.thinking, samples=self.cfg.sampling.n)
         by_key = {(ep.task.id, ep.sample): ep for ep in episodes}
-        return [[episode_record(by_key[(t.id, s)], key) for s in range(self.cfg.sampling.n)]
-                for t, key in zip(tasks, (t.content_key() for t in tasks))]
+        keys = [t.content_key() for t in tasks]  # once a task, not once a sample
+        return [[episode_record(by_key[(t.id, s)], keys[i]) for s in range(self.cfg.sampling.n)]
+                for i, t in enumerate(tasks)]
 
 
 def episode_record(ep: Episode, task_key: str | None = None) -> SampleRecord:
