@@ -71,12 +71,14 @@ from rule_probe import probe_run, table
 
 from molrl.cli import setup_logging
 from molrl.demo.seeds import cell
+from molrl.logs.plots import metric_series
 from molrl.pipeline import DONE, run_pipeline
 from molrl.pipeline.config import MolRun, RlRun
+from molrl.report import read_metrics
 from molrl.study.claims import CLAIMS, is_primary
 from molrl.study.headline import (model_label, paired_accuracy_claim, paired_problem_scores, problem_count,
                                   step_accuracy)
-from molrl.study.metrics import scorer
+from molrl.study.metrics import quarter_rise, scorer
 from molrl.study.verdict import RULE, claim_line, mcnemar_p, primary_note
 from molrl.records.writes import write_text
 
@@ -438,6 +440,41 @@ def step_table(run_dirs: Sequence[Path], models: Sequence[str]) -> list[str]:
     return lines
 
 
+REPLICATE_ROWS = (("mol", "mol", "-"), ("mol", "mol+grpo", "0 (the seed's)"),
+                  ("mol", "mol+grpo_rep", str(REPLICATE_SEED)), ("mol_short", "mol_short", "-"),
+                  ("mol_short", "mol_short+grpo", "0 (the seed's)"),
+                  ("mol_short", "mol_short+grpo_rep", str(REPLICATE_SEED)))
+"""The replicate section's rows: (the MoL model GRPO started from, the model, GRPO's training seed or - for none)."""
+
+
+def replicate_lines(store: Path) -> list[str]:
+    """Seed 0's replicate phase once stored (none before): GRPO from the 80- and 32-step MoLs under two training
+    seeds, each model's scores and measures beside its GRPO's training reward over the first and last quarters of its
+    steps (mean ± s.e. over the steps): does GRPO's take-off follow the MoL checkpoint or the run?"""
+    if "replicate" not in stored_phases(store, 0):
+        return []
+    run = store / "seed-0" / "pipeline"
+    score = scorer([run])
+    found = {f: json.loads((run / f).read_text()) for f in MEASURES}
+    lines = ["Replicate, seed 0 (GRPO again from the same MoL models with another training seed; the MoL models "
+             f"of {paper_steps('mol.train.max_steps')} and {SHORT_STEPS} steps; held-out n = "
+             f"{problem_count(run, 'base', 'heldout')}, general n = {problem_count(run, 'base', 'general')}; one "
+             "seed's problems: it says whether the take-off follows the checkpoint on this seed, not across seeds):",
+             "", "| GRPO from | model | GRPO's training seed | held-out | general | general KL | corpus NLL | rule "
+             "probe, one-digit / three-digit | training reward, first quarter → last quarter |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for start, model, train_seed in REPLICATE_ROWS:
+        probe = found["rule_probe.json"][model]
+        rewards = metric_series(read_metrics(run / "metrics" / f"{model}.jsonl"), "reward")[1]
+        reward = "-" if model == start else "not logged" if not rewards else "{:.3f} → {:.3f} (± {:.3f})".format(
+            *quarter_rise(rewards))
+        lines.append(f"| `{start}` | `{model}` | {train_seed} | {score(model, 'heldout')[0]:.3f} | "
+                     f"{score(model, 'general')[0]:.3f} | {found['forgetting.json'][model]['general_kl']:.4f} | "
+                     f"{found['corpus_nll.json'][model]['nll']:.4f} | {probe['one_digit_p']:.3f} / "
+                     f"{probe['three_digit_p']:.3f} | {reward} |")
+    return [*lines, ""]
+
+
 def report(store: Path, seeds: int) -> Path:
     """``store/ablation.md`` over the first ``seeds`` stored seeds: every arm's scores and measures, the primary claim
     and the secondary ones, the per-seed McNemar tests, the per-step table, the rule probe and the machine time."""
@@ -488,7 +525,7 @@ def report(store: Path, seeds: int) -> Path:
     for s, d in enumerate(run_dirs):
         found = json.loads((d / "rule_probe.json").read_text())
         lines += [f"Seed {s}:", "", *table({m: found[m] for m in models if m in found}), ""]
-    lines += phase_time_lines(store, seeds)
+    lines += [*replicate_lines(store), *phase_time_lines(store, seeds)]
     path = store / "ablation.md"
     write_text(path, "\n".join(lines) + "\n")
     return path

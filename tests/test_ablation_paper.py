@@ -116,6 +116,50 @@ def test_the_report_decides_the_primary_from_stored_seeds_alone_with_mcnemar_per
     assert "- seed 2, ce_feedback: 1.0 min at abc" in text
 
 
+def test_the_report_shows_the_replicate_phase_only_once_it_is_stored_read_from_its_files(tmp_path):
+    store = tmp_path / "store"
+    for seed in range(3):
+        write_seed(store, seed, {m: 0.2 for m in ablation_paper.MODELS}, {m: 0.5 for m in ablation_paper.MODELS},
+                   {m: 0.01 for m in ablation_paper.MODELS}, {m: 1.0 for m in ablation_paper.MODELS},
+                   {m: set(range(2)) for m in ablation_paper.MODELS})
+    assert "Replicate" not in ablation_paper.report(store, 3).read_text()
+    pipeline = store / "seed-0" / "pipeline"
+    replicate = ablation_paper.PHASES["replicate"].models
+    measures = {f: json.loads((pipeline / f).read_text()) for f in ablation_paper.MEASURES}
+    (pipeline / "metrics").mkdir()
+    (pipeline / "metrics" / "mol+grpo.jsonl").write_text("".join(json.dumps({"step": k + 1, "reward": 0.5}) + "\n"
+                                                               for k in range(4)))
+    for i, m in enumerate(replicate):
+        results = {"benchmarks": {b: {"pass@1": s, "problems": 10, "samples": 10}
+                                  for b, s in (("heldout", 0.1 * i), ("general", 0.05 * i))}}
+        (pipeline / "eval" / m).mkdir()
+        (pipeline / "eval" / m / "results.json").write_text(json.dumps(results))
+        measures["forgetting.json"][m] = {"general_kl": 0.001 * i}
+        measures["corpus_nll.json"][m] = {"nll": 1.0 + 0.01 * i}
+        measures["rule_probe.json"][m] = {"one_digit_p": 0.2, "one_digit_right": 2, "three_digit_p": 0.3,
+                                          "three_digit_right": 3}
+        rewards = (0.0, 0.25, 0.5, 1.0) if m.endswith("_rep") else (0.5, 0.5, 0.5, 0.5)
+        (pipeline / "metrics" / f"{m}.jsonl").write_text("".join(json.dumps({"step": k + 1, "reward": r}) + "\n"
+                                                                 for k, r in enumerate(rewards)))
+    for f, found in measures.items():
+        (pipeline / f).write_text(json.dumps(found))
+    phases = json.loads((store / "seed-0" / "phases.json").read_text())
+    (store / "seed-0" / "phases.json").write_text(json.dumps(phases | {"replicate": phases["mol"]}))
+    text = ablation_paper.report(store, 3).read_text()
+    assert "Replicate, seed 0" in text
+    rows = {line.split(" | ")[1]: line for line in text.splitlines() if line.startswith("| `mol")
+            and line.count(" | ") == 8}
+    assert set(rows) == {f"`{m}`" for _, m, _ in ablation_paper.REPLICATE_ROWS}
+    # mol+grpo_rep is the replicate phase's second model: held-out 0.1, general 0.05; rewards' quarters 0 and 1
+    assert rows["`mol+grpo_rep`"] == ("| `mol` | `mol+grpo_rep` | 1000 | 0.100 | 0.050 | 0.0010 | 1.0100 | 0.200 / "
+                                      "0.300 | 0.000 → 1.000 (± 0.000) |")
+    assert rows["`mol+grpo`"].endswith("| 0.200 | 0.500 | 0.0100 | 1.0000 | 0.100 / 0.100 | 0.500 → 0.500 (± 0.000) |")
+    assert rows["`mol`"].endswith("| - |") and rows["`mol_short`"].endswith("| - |")
+    (pipeline / "metrics" / "mol_short+grpo.jsonl").unlink()
+    assert "| `mol_short+grpo` | 0 (the seed's) | 0.200 | 0.100 |" in ablation_paper.report(store, 3).read_text()
+    assert "| not logged |" in ablation_paper.report(store, 3).read_text()
+
+
 def test_a_seed_counts_as_done_only_once_every_arm_phase_is_stored(tmp_path):
     store = tmp_path / "store"
     (store / "seed-0").mkdir(parents=True)
