@@ -143,12 +143,22 @@ CORPUS_MATH, CORPUS_MAX_TOKENS = 100, 256
 log = logging.getLogger("ablation_paper")
 
 
-def commit() -> str:
-    """The repository's commit, with ``+dirty`` when its tracked files differ from it."""
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+def repo_commit(repo: Path) -> str:
+    """``repo``'s commit now, with ``+dirty`` when its tracked files differ from it."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo, capture_output=True,
                            text=True).stdout.strip()
     return head + ("+dirty" if dirty else "")
+
+
+STARTED_AT = repo_commit(REPO)
+"""The commit of the code this process loaded, read once when it started: a phase that finishes after the checkout
+has moved on names the code that ran it, not the checkout's commit at that moment."""
+
+
+def commit() -> str:
+    """The commit this process's code came from (``STARTED_AT``), whatever the checkout holds now."""
+    return STARTED_AT
 
 
 def with_quick(phase: Phase, quick: bool) -> Phase:

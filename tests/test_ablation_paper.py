@@ -160,6 +160,28 @@ def test_the_report_shows_the_replicate_phase_only_once_it_is_stored_read_from_i
     assert "| not logged |" in ablation_paper.report(store, 3).read_text()
 
 
+def test_a_phase_names_the_commit_its_process_started_at_not_the_one_the_checkout_moved_to(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "a.py").write_text("x = 1\n")
+    subprocess.run([*git, "add", "a.py"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "a"], check=True)
+    first = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    assert ablation_paper.repo_commit(repo) == first
+    (repo / "a.py").write_text("x = 2\n")
+    assert ablation_paper.repo_commit(repo) == first + "+dirty"
+    # the phase's record reads the commit taken when the process started: no git call later can move it
+    started = ablation_paper.STARTED_AT
+    assert started.split("+")[0] == ablation_paper.repo_commit(REPO).split("+")[0]  # HEAD has not moved since import
+
+    def moved(*args, **kwargs):
+        raise AssertionError("the checkout was read again after the process started")
+    monkeypatch.setattr(ablation_paper.subprocess, "run", moved)
+    assert ablation_paper.commit() == started
+
+
 def test_a_seed_counts_as_done_only_once_every_arm_phase_is_stored(tmp_path):
     store = tmp_path / "store"
     (store / "seed-0").mkdir(parents=True)
