@@ -47,8 +47,10 @@ from ablation_paper import Phase, parse_phase_arguments, phase_arguments, phase_
 from ablation_paper import seeds_done as seeds_stored
 from library_probe import probe_run, probe_table
 
+from molrl.demo.library import task_functions
 from molrl.demo.seeds import cell
 from molrl.pipeline.config import MolRun, RlRun
+from molrl.records.jsonl import read_records
 from molrl.records.writes import write_text
 from molrl.study.claims import CLAIMS, PRIMARY, is_primary
 from molrl.study.headline import LIBRARY_INTRO, model_label, paired_accuracy_claim, problem_count
@@ -141,6 +143,25 @@ def grpo_settings(metrics: Path) -> str:
             "gradient; the paper's GRPO sampled at 0.9 with lr 1e-4).")
 
 
+def pair_lines(run_dirs: Sequence[Path]) -> list[str]:
+    """Each seed's held-out passes by the functions its tasks combine, per model: a seed's held-out tasks are a few
+    pairs of functions under many twists, and one coding choice on a pair moves all of its tasks at once."""
+    lines = ["Held-out passes by the functions a task combines (greedy samples passing, of the pair's), per seed: one "
+             "coding choice on a pair can move all its tasks at once, so a seed's held-out tasks are not independent.",
+             ""]
+    for s, d in enumerate(run_dirs):
+        found = {m: read_records(d / "eval" / m / "heldout" / "samples.jsonl") for m in MODELS}
+        pairs = sorted({task_functions(r["id"]) for rows in found.values() for r in rows})
+        lines += [f"Seed {s}:", "", "| model | " + " | ".join(f"`{p}`" for p in pairs) + " |",
+                  "|---|" + "---|" * len(pairs)]
+        for m, rows in found.items():
+            cells = [(sum(bool(r["correct"]) for r in rows if task_functions(r["id"]) == p),
+                      sum(1 for r in rows if task_functions(r["id"]) == p)) for p in pairs]
+            lines.append(f"| `{m}` | " + " | ".join(f"{k} of {n}" for k, n in cells) + " |")
+        lines.append("")
+    return lines
+
+
 def report(store: Path, seeds: int) -> Path:
     """``store/library.md`` over the first ``seeds`` stored seeds: every model's scores and general KL, the
     verdicts, each seed's library probe and the machine time."""
@@ -164,7 +185,7 @@ def report(store: Path, seeds: int) -> Path:
     lines += ["", "Verdicts compare paired per-seed differences d: " + RULE + " Here each seed scores its own "
               "world's tasks, so the standard error is the larger of the seeds' own and a bootstrap over seeds and, "
               "within each, its tasks.", "", *claim_lines(run_dirs, score, kl, probes), "",
-              "Library probe (P(true) among a function's behaviours, by the candidates' whole probability; a guess "
+              *pair_lines(run_dirs), "Library probe (P(true) among a function's behaviours, by the candidates' whole probability; a guess "
               "is 0.375 on the mean), per seed:", ""]
     for s, (d, found) in enumerate(zip(run_dirs, probes)):
         key = json.loads((d.parent / "world" / "world.json").read_text())["key"]

@@ -42,7 +42,8 @@ def write_seed(store, seed, right, general_right, kl, probe):
     pipeline = store / f"seed-{seed}" / "pipeline"
     for m in MODELS:
         for bench, solved, count in (("heldout", right[m], 12), ("general", general_right[m], 8)):
-            rows = [{"id": f"library/{bench}/{i}", "task_key": f"s{seed}-{bench}-{i}", "sample": 0,
+            rows = [{"id": f"library/{bench}/{'stock+ship' if i < 6 else 'weight+ship'}/{i}",
+                     "task_key": f"s{seed}-{bench}-{i}", "sample": 0,
                      "completion": "", "correct": i in solved} for i in range(count)]
             path = pipeline / "eval" / m / bench / "samples.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -85,6 +86,11 @@ def test_the_report_reads_both_primaries_with_each_seeds_own_tasks_in_the_standa
     assert "s.e. over seeds and each seed's problems" in headline  # the ids repeat, the tasks do not
     assert "GRPO: 48 steps of 4 prompts x groups of 8 at temperature 0.7, top-p 1, lr 0.0003, KL 0.05" in text
     assert "Seed 2 (`price/10 seed 2`):" in text and "- seed 2, ce: 2.0 min at abc" in text
+    # held-out passes by pair: tasks 0-5 combine stock+ship, 6-11 weight+ship; seed 1's mol+grpo solved 0-8
+    pairs = text[text.index("Held-out passes by the functions"):text.index("Library probe")]
+    seed_1 = pairs[pairs.index("Seed 1:"):pairs.index("Seed 2:")]
+    assert "| model | `stock+ship` | `weight+ship` |" in seed_1
+    assert "| `mol+grpo` | 6 of 6 | 3 of 6 |" in seed_1 and "| `base` | 2 of 6 | 0 of 6 |" in seed_1
 
 
 def test_a_primary_left_undecided_asks_for_more_seeds():

@@ -27,6 +27,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 from itertools import combinations
+from typing import Sequence
 
 from molrl.tasks import Task, TestCase
 
@@ -273,6 +274,20 @@ def twisted(twist: int, x):
     return x + k if op == "+" else x * k
 
 
+def task_id(split: str, families: Sequence[str], twist: int) -> str:
+    """A library task's id: ``library/SPLIT/FAMILIES/TWIST``, its functions joined by ``+``."""
+    return f"library/{split}/{'+'.join(families)}/{twist}"
+
+
+def task_functions(identifier: str) -> str:
+    """The functions a library task combines, read back from its id (``task_id``'s FAMILIES).
+
+    >>> task_functions(task_id("heldout", ("stock", "ship"), 7))
+    'stock+ship'
+    """
+    return identifier.split("/")[2]
+
+
 def library_task(world: LibraryWorld, families: tuple[str, ...], twist: int, items: list[str], tests: int,
                  rng: random.Random, split: str) -> Task:
     """A task using ``families`` (one function, or two summed) with twist ``twist``, tested on ``items``."""
@@ -294,7 +309,7 @@ def library_task(world: LibraryWorld, families: tuple[str, ...], twist: int, ite
         cases.append(TestCase("call", args=[item, n] if ships else [item], expected=twisted(twist, truth)))
     reference = solution_code(families, twist, q)
     naive = " + ".join(naive_use(f) for f in families)
-    return Task(id=f"library/{split}/{'+'.join(families)}/{twist}", prompt=prompt, kind="code", entry_point=ENTRY,
+    return Task(id=task_id(split, families, twist), prompt=prompt, kind="code", entry_point=ENTRY,
                 tests=cases, preamble=world.preamble, reference=reference,
                 meta={"family": "+".join(families), "twist": twist, "split": split, "library": q.key(),
                       "naive": f"def {ENTRY}({args}):\n    return {twisted(twist, naive)}\n"})
