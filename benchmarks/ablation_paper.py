@@ -55,6 +55,7 @@ The report is ``benchmarks/stored/ablation_paper/ablation.md``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import platform
@@ -151,14 +152,11 @@ def repo_commit(repo: Path) -> str:
     return head + ("+dirty" if dirty else "")
 
 
-STARTED_AT = repo_commit(REPO)
-"""The commit of the code this process loaded, read once when it started: a phase that finishes after the checkout
-has moved on names the code that ran it, not the checkout's commit at that moment."""
-
-
+@functools.cache
 def commit() -> str:
-    """The commit this process's code came from (``STARTED_AT``), whatever the checkout holds now."""
-    return STARTED_AT
+    """The commit of the code this process loaded, read once (the command line reads it as the process starts): a
+    phase that finishes after the checkout has moved on names the code that ran it, not the checkout's commit then."""
+    return repo_commit(REPO)
 
 
 def with_quick(phase: Phase, quick: bool) -> Phase:
@@ -563,6 +561,7 @@ def parse_phase_arguments(p: argparse.ArgumentParser, report: Callable[[Path, in
     printed and None (nothing to run); without it, ``--model`` required."""
     args = p.parse_args()
     setup_logging()
+    commit()  # the code this process runs, before any phase can outlast a move of the checkout
     if args.report:
         seeds = seeds_done(args.store)
         if not seeds:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Sequence
 
@@ -150,14 +151,16 @@ def pair_lines(run_dirs: Sequence[Path]) -> list[str]:
              "coding choice on a pair can move all its tasks at once, so a seed's held-out tasks are not independent.",
              ""]
     for s, d in enumerate(run_dirs):
-        found = {m: read_records(d / "eval" / m / "heldout" / "samples.jsonl") for m in MODELS}
-        pairs = sorted({task_functions(r["id"]) for rows in found.values() for r in rows})
+        tally = {m: Counter() for m in MODELS}  # (pair, passed) -> samples
+        for m in MODELS:
+            tally[m].update((task_functions(r["id"]), bool(r["correct"]))
+                            for r in read_records(d / "eval" / m / "heldout" / "samples.jsonl"))
+        pairs = sorted({p for counts in tally.values() for p, _ in counts})
         lines += [f"Seed {s}:", "", "| model | " + " | ".join(f"`{p}`" for p in pairs) + " |",
                   "|---|" + "---|" * len(pairs)]
-        for m, rows in found.items():
-            cells = [(sum(bool(r["correct"]) for r in rows if task_functions(r["id"]) == p),
-                      sum(1 for r in rows if task_functions(r["id"]) == p)) for p in pairs]
-            lines.append(f"| `{m}` | " + " | ".join(f"{k} of {n}" for k, n in cells) + " |")
+        for m, counts in tally.items():
+            lines.append(f"| `{m}` | " + " | ".join(f"{counts[p, True]} of {counts[p, True] + counts[p, False]}"
+                                                     for p in pairs) + " |")
         lines.append("")
     return lines
 
@@ -185,8 +188,8 @@ def report(store: Path, seeds: int) -> Path:
     lines += ["", "Verdicts compare paired per-seed differences d: " + RULE + " Here each seed scores its own "
               "world's tasks, so the standard error is the larger of the seeds' own and a bootstrap over seeds and, "
               "within each, its tasks.", "", *claim_lines(run_dirs, score, kl, probes), "",
-              *pair_lines(run_dirs), "Library probe (P(true) among a function's behaviours, by the candidates' whole probability; a guess "
-              "is 0.375 on the mean), per seed:", ""]
+              *pair_lines(run_dirs), "Library probe (P(true) among a function's behaviours, by the candidates' "
+              "whole probability; a guess is 0.375 on the mean), per seed:", ""]
     for s, (d, found) in enumerate(zip(run_dirs, probes)):
         key = json.loads((d.parent / "world" / "world.json").read_text())["key"]
         lines += [f"Seed {s} (`{key}`):", "", *probe_table({m: found[m] for m in MODELS if m in found},

@@ -173,7 +173,7 @@ def test_a_phase_names_the_commit_its_process_started_at_not_the_one_the_checkou
     (repo / "a.py").write_text("x = 2\n")
     assert ablation_paper.repo_commit(repo) == first + "+dirty"
     # the phase's record reads the commit taken when the process started: no git call later can move it
-    started = ablation_paper.STARTED_AT
+    started = ablation_paper.commit()
     assert started.split("+")[0] == ablation_paper.repo_commit(REPO).split("+")[0]  # HEAD has not moved since import
 
     def moved(*args, **kwargs):
