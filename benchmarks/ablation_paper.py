@@ -208,6 +208,11 @@ def restore_base(out: Path, store: Path, model: str) -> None:
     base, kept = out / "base", store / "base"
     if (base / DONE).is_file() or not (kept / "base.json").is_file():
         return
+    made_from = json.loads((kept / "made_of.json").read_text()).get("model")
+    if made_from and made_from != str(Path(model).resolve()):  # the path is part of the base's record (its marker)
+        raise SystemExit(f"{kept / 'made_of.json'}: the stored base was made from the model at {made_from}, and its "
+                         f"fingerprint holds that path; put the same model there and pass --model {made_from} "
+                         f"(not {model}), or start a new store (--store DIR)")
     log.info("rebuilding the warmed-up base in %s from the stored warm-up adapter %s", base, kept / "adapter")
     merge_adapter(kept / "adapter", base, base=model)
     shutil.copy2(kept / "molrl_provenance.json", base / "molrl_provenance.json")  # the same record, date included

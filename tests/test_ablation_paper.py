@@ -235,3 +235,14 @@ def test_the_corpus_nll_scores_the_answer_tokens_alone_and_is_log_v_for_a_unifor
     answers = [min(len(tokenizer(a, add_special_tokens=False)["input_ids"]), 3) for _, a in pairs]
     assert count == sum(answers) and len(seen) == 2  # an empty answer is not read; answers cut at 3 tokens
     assert total == pytest.approx(count * math.log(vocab))
+
+
+def test_a_base_rebuilt_from_another_model_path_is_refused_before_any_merge_naming_the_path_to_use(tmp_path):
+    kept = tmp_path / "store" / "base"
+    kept.mkdir(parents=True)
+    (kept / "base.json").write_text(json.dumps({"fingerprint": "f" * 64, "commit": "c"}))
+    made_from = str(tmp_path / "first" / "model")
+    (kept / "made_of.json").write_text(json.dumps({"model": made_from, "world": {}}))
+    with pytest.raises(SystemExit, match=f"pass --model {made_from} "):
+        ablation_paper.restore_base(tmp_path / "out", tmp_path / "store", str(tmp_path / "elsewhere" / "model"))
+    assert not (tmp_path / "out" / "base").exists()  # refused before the merge wrote anything
