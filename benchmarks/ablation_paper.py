@@ -28,7 +28,8 @@ rule probe (``rule_probe.py``), accuracy per chain step, general KL to the base 
 ``--corpus``).
 
 **Phases.** A seed's arms run in phases that need nothing but the base and the seed's collected traces, so a phase
-can run on another machine than the one before:
+can run on another machine than the one before, and in any order (whichever runs first on a seed also evaluates and
+measures the base, whose answers every phase's general KL reads):
 
 - ``mol``: mol, mol+grpo, mol+grpo_fresh (and the base's evaluation);
 - ``ce``: ce, ce+grpo;
@@ -253,12 +254,25 @@ def restore_seed(run: Path, store: Path, seed: int, phases: dict[str, Phase] | N
     for part in (f"eval/{p.name}" for p in sorted((kept / "eval").glob("*"))):
         if not (pipeline / part / DONE).is_file():
             shutil.copytree(kept / part, pipeline / part, dirs_exist_ok=True)
-    stored = {m for p in stored_phases(store, seed) for m in (phases or PHASES)[p].models}  # whole phases only
+    stored = stored_models(store, seed, phases)
     for name in measures:
         if (kept / name).is_file():
             found = {m: v for m, v in json.loads((kept / name).read_text()).items() if m in stored}
             merged = {**found, **(json.loads((pipeline / name).read_text()) if (pipeline / name).is_file() else {})}
             write_text(pipeline / name, json.dumps(merged, indent=1))
+
+
+def stored_models(store: Path, seed: int, phases: dict[str, Phase] | None = None) -> set[str]:
+    """The models whose evaluations and measures ``store`` keeps for ``seed``: those of its whole stored phases."""
+    return {m for p, rec in stored_phases(store, seed).items() for m in rec.get("models", (phases or PHASES)[p].models)}
+
+
+def with_base(phase: Phase, store: Path, seed: int, phases: dict[str, Phase] | None = None) -> Phase:
+    """``phase``, evaluating and measuring the base too when no stored phase of ``seed`` did: whichever phase of a
+    seed runs first measures the base, whose answers the general KL of every phase reads."""
+    if "base" in phase.models or "base" in stored_models(store, seed, phases):
+        return phase
+    return Phase(phase.mol_runs, phase.rl_runs, ("base", *phase.models))
 
 
 def store_phase(out: Path, store: Path, seed: int, name: str, phase: Phase, seconds: dict[str, float],
@@ -287,6 +301,7 @@ def store_phase(out: Path, store: Path, seed: int, name: str, phase: Phase, seco
 
     record = stored_phases(store, seed)
     record[name] = {"commit": commit(), "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                    "models": list(phase.models),
                     "base": base_fingerprint(out / "base"),
                     "cpu": environment()["cpu"], "cores": environment()["cores"], "host": platform.node(),
                     "seconds": seconds}
@@ -380,11 +395,14 @@ def run_stored_phase(out: Path, store: Path, seed: int, name: str, phase: Phase,
     run = seed_dir(out, seed)
     restore_base(out, store, model)
     restore_seed(run, store, seed, phases, measures)
+    phase = with_base(phase, store, seed, phases)
     try:
         cfg, world, threads = prepare(run)
         keep_base(out, store)
         check_base(out, store)
-        cfg.mol_runs, cfg.rl_runs, cfg.eval_models = list(phase.mol_runs), list(phase.rl_runs), list(phase.models)
+        done = stored_models(store, seed, phases)  # evaluated by a stored phase (the base): read back, not run again
+        cfg.mol_runs, cfg.rl_runs = list(phase.mol_runs), list(phase.rl_runs)
+        cfg.eval_models = [m for m in phase.models if m not in done]
         run_pipeline(cfg, collect_tasks=world.rule_train, most_threads=threads)
         earlier = {k for rec in stored_phases(store, seed).values() for k in rec["seconds"]}  # counted by a phase
         own = {"collect", *(f"mol/{r.name}" for r in phase.mol_runs), *(f"rl/{r.name}" for r in phase.rl_runs),

@@ -197,21 +197,27 @@ def test_phases_on_two_machines_pair_on_one_base_and_one_set_of_traces(tmp_path)
     out, store = tmp_path / "out", tmp_path / "store"
     cmd = [sys.executable, str(REPO / "benchmarks" / "ablation_paper.py"), "--model", str(tmp_path / "made" / "base"),
            "--quick", "--out", str(out), "--store", str(store), "--seed", "0"]
-    first = subprocess.run([*cmd, "--phase", "mol"], capture_output=True, text=True, timeout=1800)
+    first = subprocess.run([*cmd, "--phase", "ce"], capture_output=True, text=True, timeout=1800)  # ce before mol
     assert first.returncode == 0, first.stderr[-3000:]
     traces = (store / "seed-0" / "pipeline" / "collect" / "traces.jsonl").read_text()
     base = json.loads((store / "base" / "base.json").read_text())["fingerprint"]
     shutil.rmtree(out)  # a new machine: runs/ is gone, the store is in the repository
-    second = subprocess.run([*cmd, "--phase", "mol", "--phase", "ce"], capture_output=True, text=True, timeout=1800)
+    second = subprocess.run([*cmd, "--phase", "ce", "--phase", "mol"], capture_output=True, text=True, timeout=1800)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "phase mol: stored" in second.stderr and "rebuilding the warmed-up base" in second.stderr
+    assert "phase ce: stored" in second.stderr and "rebuilding the warmed-up base" in second.stderr
     assert "nothing to do" in second.stderr  # collect resumed on the stored traces
     assert (out / "pipeline" / "collect" / "traces.jsonl").read_text() == traces
     phases = json.loads((store / "seed-0" / "phases.json").read_text())
     assert set(phases) == {"mol", "ce"} and phases["ce"]["base"] == phases["mol"]["base"] == base
-    assert not (out / "pipeline" / "mol" / "mol").exists()  # the stored phase was not trained again
-    kl = json.loads((store / "seed-0" / "pipeline" / "forgetting.json").read_text())
-    assert {"ce", "ce+grpo", "mol"} <= set(kl)  # the ce phase's general KL read the restored base's answers
+    # the seed's first phase evaluated and measured the base; the mol phase read it back and did not do it again
+    assert phases["ce"]["models"] == ["base", "ce", "ce+grpo"] and "eval/base" in phases["ce"]["seconds"]
+    assert "eval/base" not in phases["mol"]["seconds"]
+    assert not (out / "pipeline" / "mol" / "ce").exists()  # the stored phase was not trained again
+    kept = store / "seed-0" / "pipeline"
+    kl = json.loads((kept / "forgetting.json").read_text())
+    assert {"ce", "ce+grpo", "mol"} <= set(kl)  # both phases' general KL read the base's answers
+    for measure in ("rule_probe.json", "corpus_nll.json"):
+        assert {"base", "ce", "mol"} <= set(json.loads((kept / measure).read_text())), measure
 
 
 def test_the_corpus_nll_scores_the_answer_tokens_alone_and_is_log_v_for_a_uniform_model():
@@ -246,3 +252,21 @@ def test_a_base_rebuilt_from_another_model_path_is_refused_before_any_merge_nami
     with pytest.raises(SystemExit, match=f"pass --model {made_from} "):
         ablation_paper.restore_base(tmp_path / "out", tmp_path / "store", str(tmp_path / "elsewhere" / "model"))
     assert not (tmp_path / "out" / "base").exists()  # refused before the merge wrote anything
+
+
+@pytest.mark.parametrize("bench", ["ablation_paper", "library_headline"])
+def test_whichever_phase_runs_first_on_a_seed_evaluates_the_base_and_no_later_phase_again(tmp_path, bench):
+    module = __import__(bench)
+    phases = module.PHASES
+    for first in phases:  # every phase as a seed's first
+        store = tmp_path / bench / first
+        (store / "seed-0").mkdir(parents=True)
+        assert ablation_paper.with_base(phases[first], store, 0, phases).models.count("base") == 1
+        record = {"models": list(ablation_paper.with_base(phases[first], store, 0, phases).models)}
+        (store / "seed-0" / "phases.json").write_text(json.dumps({first: record}))
+        assert ablation_paper.stored_models(store, 0, phases) == set(record["models"])
+        for later in phases:
+            assert ablation_paper.with_base(phases[later], store, 0, phases) == phases[later], (first, later)
+    # a record from before phases named their models: the phase's own list
+    (store / "seed-0" / "phases.json").write_text(json.dumps({name: {} for name in phases}))
+    assert ablation_paper.stored_models(store, 0, phases) == {m for p in phases.values() for m in p.models}
