@@ -267,10 +267,11 @@ def stored_models(store: Path, seed: int, phases: dict[str, Phase] | None = None
     return {m for p, rec in stored_phases(store, seed).items() for m in rec.get("models", (phases or PHASES)[p].models)}
 
 
-def with_base(phase: Phase, store: Path, seed: int, phases: dict[str, Phase] | None = None) -> Phase:
-    """``phase``, evaluating and measuring the base too when no stored phase of ``seed`` did: whichever phase of a
-    seed runs first measures the base, whose answers the general KL of every phase reads."""
-    if "base" in phase.models or "base" in stored_models(store, seed, phases):
+def with_base(phase: Phase, stored: set[str]) -> Phase:
+    """``phase``, evaluating and measuring the base too when it is not among the ``stored`` models (the seed's
+    ``stored_models``): whichever phase of a seed runs first measures the base, whose answers the general KL of every
+    phase reads."""
+    if "base" in phase.models or "base" in stored:
         return phase
     return Phase(phase.mol_runs, phase.rl_runs, ("base", *phase.models))
 
@@ -395,12 +396,12 @@ def run_stored_phase(out: Path, store: Path, seed: int, name: str, phase: Phase,
     run = seed_dir(out, seed)
     restore_base(out, store, model)
     restore_seed(run, store, seed, phases, measures)
-    phase = with_base(phase, store, seed, phases)
+    done = stored_models(store, seed, phases)  # evaluated by a stored phase (the base): read back, not run again
+    phase = with_base(phase, done)
     try:
         cfg, world, threads = prepare(run)
         keep_base(out, store)
         check_base(out, store)
-        done = stored_models(store, seed, phases)  # evaluated by a stored phase (the base): read back, not run again
         cfg.mol_runs, cfg.rl_runs = list(phase.mol_runs), list(phase.rl_runs)
         cfg.eval_models = [m for m in phase.models if m not in done]
         run_pipeline(cfg, collect_tasks=world.rule_train, most_threads=threads)
