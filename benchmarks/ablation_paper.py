@@ -279,7 +279,19 @@ def with_base(phase: Phase, stored: set[str]) -> Phase:
 def store_phase(out: Path, store: Path, seed: int, name: str, phase: Phase, seconds: dict[str, float],
                 measures: Sequence[str] = MEASURES) -> None:
     """Keep phase ``name`` of ``seed`` in ``store``: its models' evaluations, its runs' metrics and resolved configs,
-    the seed's traces, world and ``measures``, and the phase's record (last, so a phase is stored only whole)."""
+    the seed's traces, world, its models' entries in ``measures``, and the phase's record (last, so a phase is stored
+    only whole). Phases of one seed may run at once in separate run folders: each adds its own models' entries to the
+    stored measures and its record to the seed's, under a lock, so neither drops the other's."""
+    import fcntl
+
+    (store / f"seed-{seed}").mkdir(parents=True, exist_ok=True)
+    with open(store / f"seed-{seed}" / ".store.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _store_phase(out, store, seed, name, phase, seconds, measures)
+
+
+def _store_phase(out: Path, store: Path, seed: int, name: str, phase: Phase, seconds: dict[str, float],
+                 measures: Sequence[str]) -> None:
     run = seed_dir(out, seed)
     pipeline, kept = run / "pipeline", store / f"seed-{seed}" / "pipeline"
     for model in phase.models:
@@ -297,7 +309,9 @@ def store_phase(out: Path, store: Path, seed: int, name: str, phase: Phase, seco
     (store / f"seed-{seed}" / "world").mkdir(parents=True, exist_ok=True)
     shutil.copy2(run / "world" / "world.json", store / f"seed-{seed}" / "world" / "world.json")
     for measure in measures:
-        shutil.copy2(pipeline / measure, kept / measure)
+        ours = {m: v for m, v in json.loads((pipeline / measure).read_text()).items() if m in phase.models}
+        found = json.loads((kept / measure).read_text()) if (kept / measure).is_file() else {}
+        write_text(kept / measure, json.dumps({**found, **ours}, indent=1))
     from molrl.pipeline import environment
 
     record = stored_phases(store, seed)

@@ -273,3 +273,40 @@ def test_whichever_phase_runs_first_on_a_seed_evaluates_the_base_and_no_later_ph
     # a record from before phases named their models: the phase's own list
     (store / "seed-0" / "phases.json").write_text(json.dumps({name: {} for name in phases}))
     assert ablation_paper.stored_models(store, 0, phases) == {m for p in phases.values() for m in p.models}
+
+
+def test_phases_of_one_seed_stored_from_two_run_folders_at_once_keep_each_others_models(tmp_path):
+    """Two phases of a seed run side by side in separate run folders (each restored from the store before the other
+    was stored): whichever stores last adds its own models to the stored measures and drops none of the other's."""
+    store = tmp_path / "store"
+    phases = {name: ablation_paper.with_base(ablation_paper.PHASES[name], set()) if name == "ce_feedback"
+              else ablation_paper.PHASES[name] for name in ("ce_feedback", "mol", "ce")}
+
+    def ran(folder, name, stored):
+        """A run folder holding phase ``name``'s models' evaluations and measures, and ``stored``'s restored ones."""
+        out = tmp_path / folder
+        (out / "base").mkdir(parents=True, exist_ok=True)
+        (out / "base" / "model.safetensors").write_bytes(b"weights")
+        run = ablation_paper.seed_dir(out, 2)
+        (run / "world").mkdir(parents=True, exist_ok=True)
+        (run / "world" / "world.json").write_text("{}")
+        (run / "pipeline" / "collect").mkdir(parents=True, exist_ok=True)
+        models = [*phases[name].models, *stored]
+        for model in phases[name].models:
+            (run / "pipeline" / "eval" / model).mkdir(parents=True, exist_ok=True)
+            (run / "pipeline" / "eval" / model / "results.json").write_text(json.dumps({"model": model}))
+        for i, measure in enumerate(ablation_paper.MEASURES):
+            (run / "pipeline" / measure).write_text(json.dumps({m: {"value": i} for m in models}))
+        return out
+    first = ran("a", "ce_feedback", [])
+    ablation_paper.store_phase(first, store, 2, "ce_feedback", phases["ce_feedback"], {})
+    done = sorted(ablation_paper.stored_models(store, 2))
+    side_by_side = [(ran("b", "mol", done), "mol"), (ran("c", "ce", done), "ce")]  # both started from the store
+    for out, name in side_by_side:
+        ablation_paper.store_phase(out, store, 2, name, phases[name], {})
+    everyone = {m for p in phases.values() for m in p.models}
+    assert ablation_paper.stored_models(store, 2) == everyone
+    kept = store / "seed-2" / "pipeline"
+    for measure in ablation_paper.MEASURES:
+        assert set(json.loads((kept / measure).read_text())) == everyone, measure
+    assert {p.name for p in (kept / "eval").iterdir()} == everyone
