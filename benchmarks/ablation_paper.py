@@ -37,6 +37,8 @@ measures the base, whose answers every phase's general KL reads):
 - ``ce_feedback``: ce_feedback, ce_feedback+grpo;
 - ``replicate`` (``--replicate``, seed 0): the GRPO of ``mol+grpo`` again with another training seed, from the 80-step
   MoL and from the 32-step one (``mol_short``): does GRPO's take-off depend on the MoL checkpoint or on the run?
+- ``grpo_replicate`` (``--phase grpo_replicate``, any seed): the GRPO of ``mol+grpo`` alone again with another
+  training seed, from the same 80-step MoL: whether a seed's MoL + GRPO score follows its checkpoint or its run.
 
 **Kept in the repository.** After each phase its evaluations (samples, results), training metrics, rule probe,
 general KL, corpus NLL, stage seconds and the commit it ran at go under ``benchmarks/stored/ablation_paper/seed-N``,
@@ -128,6 +130,9 @@ PHASES: dict[str, Phase] = {
                         RlRun("mol_short+grpo", "mol_short", GRPO),
                         RlRun("mol_short+grpo_rep", "mol_short", [*GRPO, f"train.seed={REPLICATE_SEED}"])),
                        ("mol_short", "mol+grpo_rep", "mol_short+grpo", "mol_short+grpo_rep")),
+    "grpo_replicate": Phase((MolRun("mol", ["loss.mode=mol"]),),
+                            (RlRun("mol+grpo_rep", "mol", [*GRPO, f"train.seed={REPLICATE_SEED}"]),),
+                            ("mol+grpo_rep",)),
 }
 """Each seed's phases, in the order they run: the primary pair's first."""
 ARM_PHASES = ("mol", "ce", "base", "ce_feedback")
@@ -511,9 +516,7 @@ def replicate_lines(store: Path) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|"]
     for start, model, train_seed in REPLICATE_ROWS:
         probe = found["rule_probe.json"][model]
-        rewards = metric_series(read_metrics(run / "metrics" / f"{model}.jsonl"), "reward")[1]
-        reward = "-" if model == start else "not logged" if not rewards else "{:.3f} → {:.3f} (± {:.3f})".format(
-            *quarter_rise(rewards))
+        reward = "-" if model == start else reward_rise(run, model)
         lines.append(f"| `{start}` | `{model}` | {train_seed} | {score(model, 'heldout')[0]:.3f} | "
                      f"{score(model, 'general')[0]:.3f} | {found['forgetting.json'][model]['general_kl']:.4f} | "
                      f"{found['corpus_nll.json'][model]['nll']:.4f} | {probe['one_digit_p']:.3f} / "
@@ -571,7 +574,7 @@ def report(store: Path, seeds: int) -> Path:
     for s, d in enumerate(run_dirs):
         found = json.loads((d / "rule_probe.json").read_text())
         lines += [f"Seed {s}:", "", *table({m: found[m] for m in models if m in found}), ""]
-    lines += [*replicate_lines(store), *phase_time_lines(store, seeds)]
+    lines += [*replicate_lines(store), *grpo_replicate_lines(store, seeds), *phase_time_lines(store, seeds)]
     path = store / "ablation.md"
     write_text(path, "\n".join(lines) + "\n")
     return path
@@ -611,6 +614,36 @@ def parse_phase_arguments(p: argparse.ArgumentParser, report: Callable[[Path, in
     if not args.model:
         p.error("--model is needed to run phases")
     return args
+
+
+def reward_rise(run: Path, model: str) -> str:
+    """``model``'s GRPO training reward, first quarter → last quarter of its steps (± the s.e.), from stored metrics."""
+    rewards = metric_series(read_metrics(run / "metrics" / f"{model}.jsonl"), "reward")[1]
+    return "not logged" if not rewards else "{:.3f} → {:.3f} (± {:.3f})".format(*quarter_rise(rewards))
+
+
+def grpo_replicate_lines(store: Path, seeds: int) -> list[str]:
+    """Each of the first ``seeds`` seeds whose ``mol+grpo`` GRPO ran again with another training seed (seed 0's
+    ``replicate`` phase, any seed's ``grpo_replicate``): both runs from the same MoL beside ``ce+grpo``, with their
+    training rewards. Does a seed's MoL + GRPO score follow its MoL checkpoint or its GRPO run?"""
+    found = [s for s in range(seeds) if "mol+grpo_rep" in stored_models(store, s)]
+    if not found:
+        return []
+    lines = [f"GRPO from the same 80-step MoL with two training seeds ({found_seeds(found)}; held-out, each seed's "
+             "own problems; training reward: first quarter → last quarter of GRPO's steps, ± the s.e. over steps):",
+             "", f"| seed | `mol` | `mol+grpo` (training seed = the seed) | its reward | `mol+grpo_rep` (training seed "
+             f"{REPLICATE_SEED}) | its reward | `ce+grpo` |", "|---|---|---|---|---|---|---|"]
+    for s in found:
+        run = store / f"seed-{s}" / "pipeline"
+        score = scorer([run])
+        lines.append(f"| {s} | {score('mol', 'heldout')[0]:.3f} | {score('mol+grpo', 'heldout')[0]:.3f} | "
+                     f"{reward_rise(run, 'mol+grpo')} | {score('mol+grpo_rep', 'heldout')[0]:.3f} | "
+                     f"{reward_rise(run, 'mol+grpo_rep')} | {score('ce+grpo', 'heldout')[0]:.3f} |")
+    return [*lines, ""]
+
+
+def found_seeds(seeds: Sequence[int]) -> str:
+    return ("seed " if len(seeds) == 1 else "seeds ") + ", ".join(map(str, seeds))
 
 
 def phase_time_lines(store: Path, seeds: int) -> list[str]:

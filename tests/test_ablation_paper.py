@@ -310,3 +310,29 @@ def test_phases_of_one_seed_stored_from_two_run_folders_at_once_keep_each_others
     for measure in ablation_paper.MEASURES:
         assert set(json.loads((kept / measure).read_text())) == everyone, measure
     assert {p.name for p in (kept / "eval").iterdir()} == everyone
+
+
+def test_the_report_sets_each_seeds_grpo_replicate_beside_its_first_run_once_stored(tmp_path):
+    store = tmp_path / "store"
+    for seed in range(3):
+        write_seed(store, seed, {m: 0.1 * (seed + 1) for m in ablation_paper.MODELS} | {"mol+grpo": 0.6},
+                   {m: 0.5 for m in ablation_paper.MODELS}, {m: 0.01 for m in ablation_paper.MODELS},
+                   {m: 1.0 for m in ablation_paper.MODELS}, {m: set(range(2)) for m in ablation_paper.MODELS})
+    assert "two training seeds" not in ablation_paper.report(store, 3).read_text()
+    pipeline = store / "seed-2" / "pipeline"
+    results = {"benchmarks": {b: {"pass@1": s, "problems": 10, "samples": 10} for b, s in (("heldout", 0.9),
+                                                                                            ("general", 0.4))}}
+    (pipeline / "eval" / "mol+grpo_rep").mkdir()
+    (pipeline / "eval" / "mol+grpo_rep" / "results.json").write_text(json.dumps(results))
+    (pipeline / "metrics").mkdir()
+    (pipeline / "metrics" / "mol+grpo_rep.jsonl").write_text("".join(json.dumps({"step": k + 1, "reward": r}) + "\n"
+                                                                     for k, r in enumerate((0.0, 0.5, 0.5, 1.0))))
+    phases = json.loads((store / "seed-2" / "phases.json").read_text())
+    phases["grpo_replicate"] = phases["mol"] | {"models": list(ablation_paper.PHASES["grpo_replicate"].models)}
+    (store / "seed-2" / "phases.json").write_text(json.dumps(phases))
+    text = ablation_paper.report(store, 3).read_text()
+    assert "two training seeds (seed 2;" in text
+    rows = [line for line in text.splitlines() if line.startswith("| 2 | ")]
+    # seed 2: mol 0.3, mol+grpo 0.6 (its metrics not stored), the replicate 0.9 rising 0 → 1, ce+grpo 0.3
+    assert rows == ["| 2 | 0.300 | 0.600 | not logged | 0.900 | 0.000 → 1.000 (± 0.000) | 0.300 |"]
+    assert ablation_paper.report(store, 2).read_text().count("two training seeds") == 0  # seed 2 not reported
