@@ -37,8 +37,9 @@ measures the base, whose answers every phase's general KL reads):
 - ``ce_feedback``: ce_feedback, ce_feedback+grpo;
 - ``replicate`` (``--replicate``, seed 0): the GRPO of ``mol+grpo`` again with another training seed, from the 80-step
   MoL and from the 32-step one (``mol_short``): does GRPO's take-off depend on the MoL checkpoint or on the run?
-- ``grpo_replicate`` (``--phase grpo_replicate``, any seed): the GRPO of ``mol+grpo`` alone again with another
-  training seed, from the same 80-step MoL: whether a seed's MoL + GRPO score follows its checkpoint or its run.
+- ``grpo_replicate`` and ``ce_grpo_replicate`` (``--phase``, any seed): the GRPO of ``mol+grpo`` (``ce+grpo``) alone
+  again with another training seed, from the same MoL (CE) model: whether a seed's score after GRPO follows its
+  checkpoint or its run.
 
 **Kept in the repository.** After each phase its evaluations (samples, results), training metrics, rule probe,
 general KL, corpus NLL, stage seconds and the commit it ran at go under ``benchmarks/stored/ablation_paper/seed-N``,
@@ -133,6 +134,9 @@ PHASES: dict[str, Phase] = {
     "grpo_replicate": Phase((MolRun("mol", ["loss.mode=mol"]),),
                             (RlRun("mol+grpo_rep", "mol", [*GRPO, f"train.seed={REPLICATE_SEED}"]),),
                             ("mol+grpo_rep",)),
+    "ce_grpo_replicate": Phase((MolRun("ce", ["loss.mode=ce", NO_KL_LOG]),),
+                               (RlRun("ce+grpo_rep", "ce", [*GRPO, f"train.seed={REPLICATE_SEED}"]),),
+                               ("ce+grpo_rep",)),
 }
 """Each seed's phases, in the order they run: the primary pair's first."""
 ARM_PHASES = ("mol", "ce", "base", "ce_feedback")
@@ -623,22 +627,27 @@ def reward_rise(run: Path, model: str) -> str:
 
 
 def grpo_replicate_lines(store: Path, seeds: int) -> list[str]:
-    """Each of the first ``seeds`` seeds whose ``mol+grpo`` GRPO ran again with another training seed (seed 0's
-    ``replicate`` phase, any seed's ``grpo_replicate``): both runs from the same MoL beside ``ce+grpo``, with their
-    training rewards. Does a seed's MoL + GRPO score follow its MoL checkpoint or its GRPO run?"""
-    found = [s for s in range(seeds) if "mol+grpo_rep" in stored_models(store, s)]
+    """Each of the first ``seeds`` seeds whose ``mol+grpo`` or ``ce+grpo`` GRPO ran again with another training seed
+    (seed 0's ``replicate`` phase, any seed's ``grpo_replicate`` / ``ce_grpo_replicate``): each GRPO beside its
+    replicate from the same model, with their training rewards ("-" where a replicate is not stored). Does a seed's
+    score after GRPO follow the checkpoint GRPO started from, or the GRPO run?"""
+    found = [s for s in range(seeds) if {"mol+grpo_rep", "ce+grpo_rep"} & stored_models(store, s)]
     if not found:
         return []
-    lines = [f"GRPO from the same 80-step MoL with two training seeds ({found_seeds(found)}; held-out, each seed's "
-             "own problems; training reward: first quarter → last quarter of GRPO's steps, ± the s.e. over steps):",
-             "", f"| seed | `mol` | `mol+grpo` (training seed = the seed) | its reward | `mol+grpo_rep` (training seed "
-             f"{REPLICATE_SEED}) | its reward | `ce+grpo` |", "|---|---|---|---|---|---|---|"]
+    lines = [f"GRPO from the same model with two training seeds ({found_seeds(found)}; held-out, each seed's own "
+             "problems; the first run's training seed is the seed's, the replicate's "
+             f"{REPLICATE_SEED}; training reward: first quarter → last quarter of GRPO's steps, ± the s.e. over "
+             "steps):", "", "| seed | from | before GRPO | GRPO | its reward | replicate | its reward |",
+             "|---|---|---|---|---|---|---|"]
     for s in found:
-        run = store / f"seed-{s}" / "pipeline"
+        run, stored = store / f"seed-{s}" / "pipeline", stored_models(store, s)
         score = scorer([run])
-        lines.append(f"| {s} | {score('mol', 'heldout')[0]:.3f} | {score('mol+grpo', 'heldout')[0]:.3f} | "
-                     f"{reward_rise(run, 'mol+grpo')} | {score('mol+grpo_rep', 'heldout')[0]:.3f} | "
-                     f"{reward_rise(run, 'mol+grpo_rep')} | {score('ce+grpo', 'heldout')[0]:.3f} |")
+        for start in ("mol", "ce"):
+            rep = f"{start}+grpo_rep"
+            again = (f"{score(rep, 'heldout')[0]:.3f} | {reward_rise(run, rep)}" if rep in stored else "- | -")
+            lines.append(f"| {s} | `{start}` | {score(start, 'heldout')[0]:.3f} | "
+                         f"{score(f'{start}+grpo', 'heldout')[0]:.3f} | {reward_rise(run, f'{start}+grpo')} | "
+                         f"{again} |")
     return [*lines, ""]
 
 

@@ -333,6 +333,18 @@ def test_the_report_sets_each_seeds_grpo_replicate_beside_its_first_run_once_sto
     text = ablation_paper.report(store, 3).read_text()
     assert "two training seeds (seed 2;" in text
     rows = [line for line in text.splitlines() if line.startswith("| 2 | ")]
-    # seed 2: mol 0.3, mol+grpo 0.6 (its metrics not stored), the replicate 0.9 rising 0 → 1, ce+grpo 0.3
-    assert rows == ["| 2 | 0.300 | 0.600 | not logged | 0.900 | 0.000 → 1.000 (± 0.000) | 0.300 |"]
+    # seed 2: mol 0.3, mol+grpo 0.6 (its metrics not stored), the replicate 0.9 rising 0 → 1; ce's not replicated
+    assert rows == ["| 2 | `mol` | 0.300 | 0.600 | not logged | 0.900 | 0.000 → 1.000 (± 0.000) |",
+                    "| 2 | `ce` | 0.300 | 0.300 | not logged | - | - |"]
     assert ablation_paper.report(store, 2).read_text().count("two training seeds") == 0  # seed 2 not reported
+    # seed 1's CE + GRPO replicated alone: its row has the replicate, MoL's has none
+    pipeline = store / "seed-1" / "pipeline"
+    (pipeline / "eval" / "ce+grpo_rep").mkdir()
+    (pipeline / "eval" / "ce+grpo_rep" / "results.json").write_text(json.dumps(results))
+    phases = json.loads((store / "seed-1" / "phases.json").read_text())
+    phases["ce_grpo_replicate"] = phases["ce"] | {"models": ["ce+grpo_rep"]}
+    (store / "seed-1" / "phases.json").write_text(json.dumps(phases))
+    text = ablation_paper.report(store, 3).read_text()
+    assert "two training seeds (seeds 1, 2;" in text
+    assert [line for line in text.splitlines() if line.startswith("| 1 | ")] == [
+        "| 1 | `mol` | 0.200 | 0.600 | not logged | - | - |", "| 1 | `ce` | 0.200 | 0.200 | not logged | 0.900 | not logged |"]
