@@ -115,6 +115,9 @@ class Phase:
     models: tuple[str, ...]
 
 
+REPLICATE_GRPO = [*GRPO, f"train.seed={REPLICATE_SEED}"]
+"""The replicate GRPO runs: the same GRPO under another training seed."""
+
 PHASES: dict[str, Phase] = {
     "mol": Phase((MolRun("mol", ["loss.mode=mol"]),),
                  (RlRun("mol+grpo", "mol", GRPO), RlRun("mol+grpo_fresh", "mol", [*GRPO, "model.adapter_mode=merge_new"])),
@@ -127,15 +130,15 @@ PHASES: dict[str, Phase] = {
                          (RlRun("ce_feedback+grpo", "ce_feedback", GRPO),), ("ce_feedback", "ce_feedback+grpo")),
     "replicate": Phase((MolRun("mol", ["loss.mode=mol"]), MolRun("mol_short", ["loss.mode=mol",
                                                                                f"train.max_steps={SHORT_STEPS}"])),
-                       (RlRun("mol+grpo_rep", "mol", [*GRPO, f"train.seed={REPLICATE_SEED}"]),
+                       (RlRun("mol+grpo_rep", "mol", REPLICATE_GRPO),
                         RlRun("mol_short+grpo", "mol_short", GRPO),
-                        RlRun("mol_short+grpo_rep", "mol_short", [*GRPO, f"train.seed={REPLICATE_SEED}"])),
+                        RlRun("mol_short+grpo_rep", "mol_short", REPLICATE_GRPO)),
                        ("mol_short", "mol+grpo_rep", "mol_short+grpo", "mol_short+grpo_rep")),
     "grpo_replicate": Phase((MolRun("mol", ["loss.mode=mol"]),),
-                            (RlRun("mol+grpo_rep", "mol", [*GRPO, f"train.seed={REPLICATE_SEED}"]),),
+                            (RlRun("mol+grpo_rep", "mol", REPLICATE_GRPO),),
                             ("mol+grpo_rep",)),
     "ce_grpo_replicate": Phase((MolRun("ce", ["loss.mode=ce", NO_KL_LOG]),),
-                               (RlRun("ce+grpo_rep", "ce", [*GRPO, f"train.seed={REPLICATE_SEED}"]),),
+                               (RlRun("ce+grpo_rep", "ce", REPLICATE_GRPO),),
                                ("ce+grpo_rep",)),
 }
 """Each seed's phases, in the order they run: the primary pair's first."""
@@ -631,28 +634,26 @@ def grpo_replicate_lines(store: Path, seeds: int) -> list[str]:
     (seed 0's ``replicate`` phase, any seed's ``grpo_replicate`` / ``ce_grpo_replicate``): each GRPO beside its
     replicate from the same model, with their training rewards ("-" where a replicate is not stored). Does a seed's
     score after GRPO follow the checkpoint GRPO started from, or the GRPO run?"""
-    found = [s for s in range(seeds) if {"mol+grpo_rep", "ce+grpo_rep"} & stored_models(store, s)]
+    stored = {s: stored_models(store, s) for s in range(seeds)}
+    found = [s for s in range(seeds) if {"mol+grpo_rep", "ce+grpo_rep"} & stored[s]]
     if not found:
         return []
-    lines = [f"GRPO from the same model with two training seeds ({found_seeds(found)}; held-out, each seed's own "
+    lines = [f"GRPO from the same model with two training seeds ({'seed' if len(found) == 1 else 'seeds'} "
+             f"{', '.join(map(str, found))}; held-out, each seed's own "
              "problems; the first run's training seed is the seed's, the replicate's "
              f"{REPLICATE_SEED}; training reward: first quarter → last quarter of GRPO's steps, ± the s.e. over "
              "steps):", "", "| seed | from | before GRPO | GRPO | its reward | replicate | its reward |",
              "|---|---|---|---|---|---|---|"]
     for s in found:
-        run, stored = store / f"seed-{s}" / "pipeline", stored_models(store, s)
+        run = store / f"seed-{s}" / "pipeline"
         score = scorer([run])
         for start in ("mol", "ce"):
             rep = f"{start}+grpo_rep"
-            again = (f"{score(rep, 'heldout')[0]:.3f} | {reward_rise(run, rep)}" if rep in stored else "- | -")
+            again = (f"{score(rep, 'heldout')[0]:.3f} | {reward_rise(run, rep)}" if rep in stored[s] else "- | -")
             lines.append(f"| {s} | `{start}` | {score(start, 'heldout')[0]:.3f} | "
                          f"{score(f'{start}+grpo', 'heldout')[0]:.3f} | {reward_rise(run, f'{start}+grpo')} | "
                          f"{again} |")
     return [*lines, ""]
-
-
-def found_seeds(seeds: Sequence[int]) -> str:
-    return ("seed " if len(seeds) == 1 else "seeds ") + ", ".join(map(str, seeds))
 
 
 def phase_time_lines(store: Path, seeds: int) -> list[str]:
