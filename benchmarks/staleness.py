@@ -1,7 +1,7 @@
 """One-step-off overlap against the synchronous step on the demo world: the reward curve at staleness 1 and 0, over
 seeds.
 
-    python benchmarks/staleness.py [--out runs/staleness] [--seeds 3] [--steps 80] [--port 8311]
+    python benchmarks/staleness.py [--out runs/staleness] [--seeds 3] [--steps 80] [--port 8311] [--arms ...]
 
 For each seed: the demo's chain world, base and MoL model (``molrl demo``'s default preset, reused when already on
 disk), then GRPO from MoL as the demo runs it (80 steps, 8 prompts x 8 completions), three times:
@@ -19,7 +19,8 @@ are the trainer's own leaves staleness as the one difference between ``server_s0
 
 Printed per run (mean ± standard error over seeds [per seed]): training reward over steps 1-10, 11-20, ...; the
 final held-out and general accuracy (the pipeline's greedy evaluation); ``rollout/staleness``, ``mismatch_kl``,
-``is_ess``; training wall time. And the paired difference ``server_s1 - server_s0`` per seed.
+``is_ess``; training wall time. And the paired difference ``server_s1 - server_s0`` per seed, and which adapter
+sampled each training row (the rows' ``engine_adapter_step`` against their step).
 
 ``--control`` (another ``--port`` while the main runs hold theirs) runs both server arms again at a quarter of the
 learning rate (``CONTROL``) and reports every arm: whether the gap between staleness 1 and 0 follows the size of a
@@ -105,6 +106,40 @@ def logged(values: list[float], digits: int = 3, scientific: bool = False) -> st
     return cell(values, digits)
 
 
+def sampled_under(pipeline: Path, run: str) -> dict[str, int] | None:
+    """Which adapter sampled each training row of ``run`` (its ``completions.jsonl``: ``engine_adapter_step``, the
+    optimiser step whose weights the adapter held, against the row's ``step``): rows on the weights their step
+    started from (lag 0), on the step before's (lag 1), on any other; None where no row names one (an in-process
+    run on transformers, or a run from before rows named their adapter)."""
+    lags: dict[str, int] = {"rows": 0, "lag 0": 0, "lag 1": 0, "other": 0}
+    path = rl_runs(pipeline) / run / "completions.jsonl"
+    if not path.is_file():
+        return None
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        if row.get("engine_adapter_step") is None:
+            return None
+        lag = row["step"] - 1 - row["engine_adapter_step"]
+        lags["rows"] += 1
+        lags[f"lag {lag}" if lag in (0, 1) else "other"] += 1
+    return lags if lags["rows"] else None
+
+
+def adapter_lines(pipelines: list[Path], arms: tuple) -> tuple[list[str], dict]:
+    """The table of which adapter sampled each row, per run and seed (runs whose rows name none left out)."""
+    found = {name: [sampled_under(p, name) for p in pipelines] for name in arms}
+    found = {name: per_seed for name, per_seed in found.items() if all(x is not None for x in per_seed)}
+    if not found:
+        return [], {}
+    lines = ["", "Which adapter sampled each training row (``completions.jsonl``: the optimiser step whose weights the "
+             "row's adapter held, against the row's step; lag 0: the weights the step trains from; per seed):", "",
+             "| run | rows | lag 0 | lag 1 | other |", "|---|---|---|---|---|"]
+    for name, per_seed in found.items():
+        lines.append(f"| {name} | " + " | ".join(", ".join(str(x[k]) for x in per_seed)
+                                                for k in ("rows", "lag 0", "lag 1", "other")) + " |")
+    return lines, found
+
+
 def accuracy(pipeline: Path, run: str, benchmark: str) -> float:
     results = json.loads((pipeline / "eval" / run / "results.json").read_text())
     return float(results["benchmarks"][benchmark]["pass@1"])
@@ -153,7 +188,9 @@ def report(pipelines: list[Path], steps: int, seconds: float, arms: tuple = tupl
             diffs = [x - y for x, y in zip(a, b)]
             data.setdefault(f"paired{suffix}", {})[what] = diffs
             lines.append(f"- {what}: {cell(diffs)}")
-    lines += ["", f"Machine time of this invocation: {seconds / 60:.1f} min (finished stages reused count nothing)."]
+    adapters, data["sampled_under"] = adapter_lines(pipelines, arms)
+    lines += [*adapters, "", f"Machine time of this invocation: {seconds / 60:.1f} min (finished stages reused count "
+              "nothing)."]
     return "\n".join(lines) + "\n", data
 
 
@@ -167,16 +204,18 @@ def main() -> None:
     p.add_argument("--control", action="store_true",
                    help=f"run the control arms alone (both server arms at learning rate {CONTROL_LR}) on the seeds, "
                         "then report every arm; give another --port while the main runs hold theirs")
+    p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS),
+                   help="the runs of each seed (default all three)")
     args = p.parse_args()
     import logging
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     started, out = time.time(), Path(args.out)
-    run_arms = tuple(CONTROL) if args.control else tuple(ARMS)
+    run_arms = tuple(CONTROL) if args.control else tuple(args.arms)
     pipelines = [run_seed(out / f"seed-{seed}", seed, args.steps, args.port, args.preset, run_arms)
                  for seed in range(args.seeds)]
     name = "staleness_control" if args.control else "staleness"
-    arms = (*ARMS, *CONTROL) if args.control else tuple(ARMS)
+    arms = (*args.arms, *CONTROL) if args.control else tuple(args.arms)
     text, data = report(pipelines, args.steps, time.time() - started, arms)
     (out / f"{name}.md").write_text(text)
     (out / f"{name}.json").write_text(json.dumps(data, indent=1))

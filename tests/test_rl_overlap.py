@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 
 import pytest
 import torch
@@ -81,8 +82,19 @@ def by_step(rows: list[dict], key: str) -> list[list]:
 
 
 def test_staleness_one_trains_on_the_previous_adapters_rows_with_tis(base, tmp_path):
-    sync_metrics, sync_rows, _ = run(base, tmp_path / "sync", 0)
+    sync_metrics, sync_rows, sync_servers = run(base, tmp_path / "sync", 0)
     metrics, rows, servers = run(base, tmp_path / "overlap", 1)
+    # every row names the adapter that sampled it and the optimiser step whose weights it holds: synchronously the
+    # weights its step starts from, one step off the step before's (step 2 samples ahead from step 1's start)
+    assert [set(s) for s in by_step(sync_rows, "engine_adapter_step")] == [{0}, {1}, {2}]
+    assert [set(s) for s in by_step(rows, "engine_adapter_step")] == [{0}, {0}, {1}]
+    sync_names = [set(names) for names in by_step(sync_rows, "engine_adapter")]
+    assert all(len(a) == 1 for a in sync_names) and len(set.union(*sync_names)) == 3
+    # ... and the servers were asked for that adapter once a row (the canary's one request aside)
+    asked = Counter(body["model"] for server in sync_servers for body in server.requests)
+    rows_on = Counter(r["engine_adapter"] for r in sync_rows)
+    assert set(rows_on) == set(asked) and all(rows_on[a] <= asked[a] <= rows_on[a] + 1 for a in asked)
+    assert sum(asked.values()) == 3 * 8 + 1
     steps = [m for m in metrics if "rollout/staleness" in m]
     assert [m["rollout/staleness"] for m in steps] == [0.0, 1.0, 1.0]
     # step 1 has nothing pending: the synchronous path, token for token, with the same loss

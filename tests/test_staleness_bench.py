@@ -62,3 +62,24 @@ def test_the_control_arms_are_paired_alike_when_reported(tmp_path):
     assert data["paired_lr"]["held-out"] == pytest.approx([-0.05, -0.05])
     assert "Paired difference server_s1_lr - server_s0_lr" in text
     assert "train.learning_rate=0.00025" in staleness.arm_overrides("server_s1_lr", "http://127.0.0.1:1")
+
+
+def test_the_report_counts_the_rows_by_the_step_of_the_adapter_that_sampled_them(tmp_path):
+    pipelines = []
+    for seed in range(2):
+        p = tmp_path / f"seed-{seed}" / "pipeline"
+        for name in staleness.ARMS:
+            write_run(p, name, [0.5] * 3, 0.5, 1.0, None if name == "sync_local" else float(name == "server_s1"))
+        # server_s0: steps 1-3 on the weights each starts from, but seed 1's step 3 on step 1's (a stale server)
+        lags = {"server_s0": [0, 0, 0 if seed == 0 else 1], "server_s1": [0, 1, 1]}
+        for name, per_step in lags.items():
+            rows = [{"step": step, "engine_adapter": f"a-{step - 1 - lag}", "engine_adapter_step": step - 1 - lag}
+                    for step, lag in enumerate(per_step, 1) for _ in range(4)]
+            (staleness.rl_runs(p) / name / "completions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        pipelines.append(p)
+    text, data = staleness.report(pipelines, 3, 1.0)
+    assert data["sampled_under"]["server_s0"] == [{"rows": 12, "lag 0": 12, "lag 1": 0, "other": 0},
+                                                   {"rows": 12, "lag 0": 8, "lag 1": 4, "other": 0}]
+    assert "| server_s0 | 12, 12 | 12, 8 | 0, 4 | 0, 0 |" in text
+    assert "| server_s1 | 12, 12 | 4, 4 | 8, 8 | 0, 0 |" in text
+    assert "sync_local" not in data["sampled_under"]  # an in-process run's rows name no adapter

@@ -99,6 +99,19 @@ class PolicyEngine:
         """How many times the adapter was sent (one per optimiser step that was followed by generation)."""
         self.canary_decided = False
         """The canary has judged the engine (it checks at each sync after an optimiser step until it can)."""
+        self.adapter_steps: dict[str, int] = {}
+        """Each adapter sent, by name: the optimiser step whose weights it holds (``sampled_under``)."""
+
+    def lora_name(self) -> str | None:
+        """The name the engine samples the current adapter under (None before the first sync)."""
+        return None if self.lora is None else self.lora.lora_name
+
+    def sampled_under(self, adapter: str | None = None) -> dict[str, Any]:
+        """What a ``completions.jsonl`` row records of the adapter that sampled it: its name on the engine
+        (``engine_adapter``; default the current one) and the optimiser step whose weights it holds
+        (``engine_adapter_step``: 0 is the weights training started from)."""
+        name = self.lora_name() if adapter is None else adapter
+        return {"engine_adapter": name, "engine_adapter_step": self.adapter_steps.get(name) if name else None}
 
     def sync(self, trainer: Any) -> None:
         """Send the trainer's adapter to the engine if an optimiser step changed it since the last send; after an
@@ -112,6 +125,7 @@ class PolicyEngine:
         model.save_pretrained(str(folder), selected_adapters=[model.active_adapter])  # each process: its own engine
         self.send(folder)
         self.synced_step = step
+        self.adapter_steps[self.lora.lora_name] = step
         self.after_sync(trainer, step)
 
     def after_sync(self, trainer: Any, step: int) -> None:

@@ -299,3 +299,9 @@ def merge_batches(batches: Sequence[dict[str, torch.Tensor]], pad_id: int) -> di
         value = pad_id if key in ("prompt_ids", "completion_ids") else 0
         merged[key] = pad(rows, padding_value=value, padding_side=side)
     return merged
+
+
+def with_origin(records: list[dict] | None, rows: int, origin: dict[str, Any]) -> list[dict]:
+    """``rows`` rows' ``completions.jsonl`` fields (``records``, None: none yet) with ``origin``'s keys added where a
+    row does not already name them (a rollout policy that sampled a row under another adapter names its own)."""
+    return [{**origin, **(records[i] if records else {})} for i in range(rows)]

@@ -40,7 +40,7 @@ from trl import GRPOTrainer
 
 from molrl.errors import MolrlError
 from molrl.rl.algorithms import ALGORITHMS
-from molrl.rl.batch import AdvantageInputs, LossInputs, LossOutputs, RolloutBatch, StepCounts, join
+from molrl.rl.batch import AdvantageInputs, LossInputs, LossOutputs, RolloutBatch, StepCounts, join, with_origin
 from molrl.rl.config import RlConfig
 from molrl.rl.logprobs import LogProbs
 from molrl.rl.loss import PolicyLossSettings, policy_loss, policy_normaliser
@@ -115,6 +115,8 @@ class RlTrainer(GRPOTrainer):
         trains on: every row whose reward is a verdict (a row whose grading failed is logged, never trained on)."""
         rollout, mode = self.rollouts[self._mode()], self._mode()
         batch = rollout.rollout(inputs)  # 1. rollout
+        if self.engine is not None:  # each row names the engine's adapter that sampled it (its newest tokens)
+            batch.records = with_origin(batch.records, len(batch.prompts), self.engine.sampled_under())
         start = time.perf_counter()
         scores = self.scorer.score(batch.tasks, batch.completions, batch.stop_reasons)  # 2. score
         self.metrics()["time/reward_s"].append(time.perf_counter() - start)

@@ -119,6 +119,8 @@ class ServerPolicyEngine(PolicyEngine):
         self.synced_step: int | None = None
         self.syncs = 0
         """How many adapters were loaded (one per optimiser step that was followed by generation)."""
+        self.adapter_steps: dict[str, int] = {}
+        """Each adapter loaded, by name: the optimiser step whose weights it holds (``sampled_under``)."""
         self.canary_decided = False
         """The check has judged the servers (``PolicyEngine.check``, RL's canary, through ``sample_ids``)."""
         self.requests = 0
@@ -140,8 +142,13 @@ class ServerPolicyEngine(PolicyEngine):
         else:
             self.adapters.follow(name)
         self.lora, self.synced_step, self.requests = name, step, 0
+        self.adapter_steps[name] = step
         self.syncs += 1
         self.after_sync(trainer, step)
+
+    def lora_name(self) -> str | None:
+        """The name the servers serve the current adapter under (None before the first sync)."""
+        return self.lora
 
     def sample_ids(self, prompt: list[int], tokens: int, temperature: float) -> Sampled:
         """``tokens`` ids sampled after ``prompt`` on the servers with the current adapter (no sync), at

@@ -5,7 +5,7 @@ At step t (the trainer holding weights a_t) the policy takes the rows it submitt
 under adapter a_{t-1} while step t-1 trained, and submits step t+1's prompts under a_t before it scores and trains
 (the loop's batches are read one ahead: ``Lookahead``). A row is trained on one optimiser step after the adapter that
 sampled it: ``rollout/staleness`` 1, and each ``completions.jsonl`` row records ``engine_adapter``, the adapter it was
-sampled under, and its ``staleness``.
+sampled under, ``engine_adapter_step``, the optimiser step whose weights that adapter holds, and its ``staleness``.
 
 The loss corrects for it with truncated importance sampling (``molrl.rl.loss.truncated_importance_weights``): each
 token's loss is weighted by ``min(pi_trainer / pi_engine, rollout.tis_cap)``, where pi_trainer is the trainer's
@@ -133,11 +133,10 @@ class OneStepOff(Synchronous):
         finally:
             self.ready, self.sampling_state = None, None
         staleness = 0 if pending is None else 1
-        adapter = adapter or trainer.engine.lora
         if pending is not None:
             self.correct(batch)
         trainer.metrics()["rollout/staleness"].append(float(staleness))
-        batch.records = [{**(batch.records[i] if batch.records else {}), "engine_adapter": adapter,
+        batch.records = [{**(batch.records[i] if batch.records else {}), **trainer.engine.sampled_under(adapter),
                           "staleness": staleness} for i in range(len(batch.prompts))]
         return batch
 
