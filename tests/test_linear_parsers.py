@@ -1,15 +1,16 @@
-"""Every parser of task and trace text costs linear time: twice the input takes at most about twice as long.
+"""Every parser of task and trace text costs linear time: four times the input takes at most about four times as long.
 
 The parsers are enumerated here, each with the input shape that made one of them quadratic or that stresses what it
 scans: problem text (``problem_parts``, the task index), task files (HumanEval's check function, a task's tests), the
 importers (MINT, OpenAI-style, ToRA), the action reader and code extraction used on trace turns, the lint, the
-tokeniser that labels a trace's tokens, and ``traces stats``. Each input is timed at size n and 2n in this process,
+tokeniser that labels a trace's tokens, and ``traces stats``. Each input is timed at size n and 4n in this process,
 interleaved, the least of a few repeats of each, in processor time with the garbage collector paused, so a loaded
-machine slows both alike; a linear parser's ratio is about 2, a quadratic one's about 4. Inputs stay small (about
-100 KB at most), each parsed several times in a row when one parse is quick, so that both sizes sit in the
-processor's caches beside another process's work: a larger input spilling out of them looks superlinear on a busy
-machine. On the parsers before this test, eight of these inputs took 3.4 to 7.6 times as long at 2n (one timing
-each, on this machine).
+machine slows both alike; a linear parser's ratio is about 4, a quadratic one's about 16, and the bar is their
+geometric middle, 8. (At 2n the two are 2 and 4, too close: beside three CPU-bound processes a linear parser once
+measured 3.02 against a bar of 3.) Inputs stay small (about 200 KB at most), each parsed several times in a row when
+one parse is quick, so that both sizes sit in the processor's caches beside another process's work: a larger input
+spilling out of them looks superlinear on a busy machine. On the parsers before this test, eight of these inputs took
+3.4 to 7.6 times as long at 2n (one timing each, on this machine).
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ from molrl.traces.lint import model_feedback
 from molrl.traces.schema import Trace, write_traces
 from molrl.traces.tora import split_tool_text
 
-MAX_RATIO = 3.0
-"""Most time at 2n over time at n that passes: linear gives about 2, quadratic about 4."""
+SCALE = 4
+"""The larger input is SCALE times the smaller."""
+MAX_RATIO = 8.0
+"""Most time at SCALE * n over time at n that passes: linear gives about 4, quadratic about 16."""
 MIN_TIMING = 0.01
 """Seconds a timing at size n lasts at least: a small input is parsed as many times in a row as that takes."""
 ROUNDS = (3, 12)
@@ -153,16 +156,16 @@ def _seconds(parse: Callable[[Any], Any], item: Any, calls: int) -> float:
 
 
 @pytest.mark.parametrize("name", list(PARSERS))
-def test_twice_the_input_takes_at_most_about_twice_as_long(name, tmp_path):
+def test_four_times_the_input_takes_at_most_about_four_times_as_long(name, tmp_path):
     parse, make, n = PARSERS[name]
-    small, large = make(n, tmp_path), make(2 * n, tmp_path)
+    small, large = make(n, tmp_path), make(SCALE * n, tmp_path)
     _seconds(parse, small, 1)  # first use: imports and caches are not the parser's cost
     calls = max(1, math.ceil(MIN_TIMING / max(min(_seconds(parse, small, 1) for _ in range(3)), 1e-6)))
-    at_n, at_2n = [], []
+    at_n, at_large = [], []
     for round_no in range(1, ROUNDS[1] + 1):
         at_n.append(_seconds(parse, small, calls))
-        at_2n.append(_seconds(parse, large, calls))
-        if round_no >= ROUNDS[0] and min(at_2n) < MAX_RATIO * min(at_n):
+        at_large.append(_seconds(parse, large, calls))
+        if round_no >= ROUNDS[0] and min(at_large) < MAX_RATIO * min(at_n):
             break
-    assert min(at_2n) < MAX_RATIO * min(at_n), (f"{name}: {min(at_n):.4f} s at n={n}, {min(at_2n):.4f} s at 2n "
-                                                 f"(ratio {min(at_2n) / min(at_n):.2f})")
+    assert min(at_large) < MAX_RATIO * min(at_n), (f"{name}: {min(at_n):.4f} s at n={n}, {min(at_large):.4f} s at "
+                                                 f"{SCALE}n (ratio {min(at_large) / min(at_n):.2f})")
