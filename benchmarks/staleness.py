@@ -131,7 +131,7 @@ def adapter_lines(pipelines: list[Path], arms: tuple) -> tuple[list[str], dict]:
     found = {name: per_seed for name, per_seed in found.items() if all(x is not None for x in per_seed)}
     if not found:
         return [], {}
-    lines = ["", "Which adapter sampled each training row (``completions.jsonl``: the optimiser step whose weights the "
+    lines = ["", "Which adapter sampled each training row (`completions.jsonl`: the optimiser step whose weights the "
              "row's adapter held, against the row's step; lag 0: the weights the step trains from; per seed):", "",
              "| run | rows | lag 0 | lag 1 | other |", "|---|---|---|---|---|"]
     for name, per_seed in found.items():
