@@ -104,6 +104,15 @@ def test_show_writes_html_coloured_by_role(tmp_path, llama3_dir, capsys):
     assert "76 tokens = 4 prompt + 10 decision + 14 feedback + 48 template" in out
 
 
+def test_show_prints_file_and_line_on_one_line_however_long_the_path(tmp_path, llama3_dir, capsys):
+    src = tmp_path / ("a-folder-whose-name-is-long-" * 4) / "t.jsonl"  # longer than a console line
+    src.parent.mkdir()
+    write_jsonl(src, [record(True, 0)])
+    assert main(["traces", "show", str(src), "--tokenizer", str(llama3_dir), "--index", "0"]) == 0
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(f"{src}:1: ")]
+    assert len(line) > 120 and line.endswith(" template")  # whole: the path and the counts after it
+
+
 def test_show_index_out_of_range_is_an_error(tmp_path, llama3_dir, caplog):
     src = tmp_path / "t.jsonl"
     write_jsonl(src, [record(True, 1)])

@@ -302,7 +302,8 @@ def run_show(args: argparse.Namespace) -> int:
     console.print(to_rich(tokenized, tokenizer))
     console.print(
         f"{args.file}:{line_no}: {tokenized.n_tokens} tokens = {tokenized.n_prompt} prompt + {tokenized.n_decision} "
-        f"decision + {tokenized.n_feedback} feedback + {tokenized.n_template} template", highlight=False)
+        f"decision + {tokenized.n_feedback} feedback + {tokenized.n_template} template", highlight=False,
+        soft_wrap=True)  # one line however long the path: file:line stays whole to copy
     for note in tokenized.notes:
         log.warning("%s:%d: %s", args.file, line_no, note)
     if args.html:
