@@ -131,52 +131,25 @@ def test_every_file_a_training_run_leaves_is_a_tested_write_point(stage, request
     assert set(_left(finished)) - LOGS == set(POINTS[stage][1])
 
 
-EVAL_SNIPPET = """
-import sys
-from molrl.eval.config import EvalConfig
-from molrl.eval.run import run_eval
-from molrl.config.blocks import TaskSource
-from molrl.tasks import JsonlSpec
-data, preds, out = sys.argv[1:]
-spec = JsonlSpec(kind="math", id_field="qid", prompt_field="question", answer_field="final")
-run_eval(EvalConfig(benchmarks=["mine"], data={"mine": TaskSource(path=data, spec=spec)}, predictions={"mine": preds},
-                    output_dir=out))
-"""
-
-
-def _eval(tmp_path: Path, out: Path, kill_at: str | None = None) -> subprocess.CompletedProcess:
-    data, preds = tmp_path / "mine.jsonl", tmp_path / "p.jsonl"
+def _eval_args(tmp_path: Path) -> list[str]:
+    """``molrl eval``'s arguments for two math problems with their predictions given (no model)."""
+    data, preds, config = tmp_path / "mine.jsonl", tmp_path / "p.jsonl", tmp_path / "eval.yaml"
     data.write_text('{"qid": "a", "question": "1+1?", "final": "2"}\n{"qid": "b", "question": "2+2?", "final": "4"}\n')
     preds.write_text('{"id": "a", "completion": "\\\\boxed{2}"}\n{"id": "b", "completion": "\\\\boxed{5}"}\n')
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
-    env.pop("MOLRL_KILL_AT", None)
-    if kill_at:
-        env["MOLRL_KILL_AT"] = kill_at
-    return subprocess.run([sys.executable, "-c", EVAL_SNIPPET, str(data), str(preds), str(out)], env=env,
-                          capture_output=True, text=True, timeout=300)
+    config.write_text(f"benchmarks: [mine]\ndata:\n  mine:\n    path: {data}\n    spec: {{kind: math, id_field: qid, "
+                      f"prompt_field: question, answer_field: final}}\npredictions:\n  mine: {preds}\n")
+    return ["eval", "--config", str(config)]
 
 
-def _eval_here(tmp_path: Path, out: Path) -> None:
-    """``_eval``'s run, in this process."""
-    from molrl.config.blocks import TaskSource
-    from molrl.eval.config import EvalConfig
-    from molrl.eval.run import run_eval
-    from molrl.tasks import JsonlSpec
-
-    spec = JsonlSpec(kind="math", id_field="qid", prompt_field="question", answer_field="final")
-    run_eval(EvalConfig(benchmarks=["mine"], data={"mine": TaskSource(path=str(tmp_path / "mine.jsonl"), spec=spec)},
-                        predictions={"mine": str(tmp_path / "p.jsonl")}, output_dir=str(out)))
-
-
-def test_an_eval_killed_at_each_write_point_reruns_to_the_same_result(tmp_path):
-    straight = tmp_path / "straight"
-    assert _eval(tmp_path, straight).returncode == 0
+def test_an_eval_killed_at_each_write_point_reruns_to_the_same_result(tmp_path, cli_logs):
+    args, straight = _eval_args(tmp_path), tmp_path / "straight"
+    assert main([*args, f"output_dir={straight}"]) == 0
     points = [p.name for p in straight.iterdir() if p.is_file() and p.name != ".lock"]
     assert sorted(points) == [".molrl_stage", "config.yaml", "inputs.json", "results.json", "results.md"]
     for point in points:
         run = tmp_path / point
-        assert _eval(tmp_path, run, kill_at=point).returncode == -signal.SIGKILL
-        _eval_here(tmp_path, run)  # the rerun, in this process: only the kill needs its own
+        assert _cli([*args, f"output_dir={run}"], kill_at=point).returncode == -signal.SIGKILL
+        assert main([*args, f"output_dir={run}"]) == 0  # the rerun, in this process: only the kill needs its own
         assert _left(run) == _left(straight), point
         assert json.loads((run / "results.json").read_text()) == json.loads((straight / "results.json").read_text())
 
