@@ -63,6 +63,9 @@ def toy_config(out: Path, base: Path, *, max_steps: int = 3, save_steps: int = 1
     settings.update(overrides)
     cfg = RlConfig(**settings)
     cfg.sandbox.workers = 2
+    # the checker is a one-line program: past 10 s only load stops it, and a run that left one task out of its loss
+    # could not equal the run it is compared with
+    cfg.sandbox.timeout_s = 120.0
     return cfg
 
 
