@@ -85,7 +85,7 @@ from molrl.study.headline import (model_label, paired_accuracy_claim, paired_pro
                                   step_accuracy)
 from molrl.study.metrics import quarter_rise, scorer
 from molrl.study.verdict import RULE, claim_line, mcnemar_p, primary_note
-from molrl.records.writes import write_text
+from molrl.records.writes import write_bytes, write_text
 
 REPO = Path(__file__).resolve().parent.parent
 STORE = REPO / "benchmarks" / "stored" / "ablation_paper"
@@ -291,7 +291,7 @@ def with_base(phase: Phase, stored: set[str]) -> Phase:
 def store_phase(out: Path, store: Path, seed: int, name: str, phase: Phase, seconds: dict[str, float],
                 measures: Sequence[str] = MEASURES) -> None:
     """Keep phase ``name`` of ``seed`` in ``store``: its models' evaluations, its runs' metrics and resolved configs,
-    the seed's traces, world, its models' entries in ``measures``, and the phase's record (last, so a phase is stored
+    its RL runs' sampled completions (gzipped), the seed's traces, world, its models' entries in ``measures``, and the phase's record (last, so a phase is stored
     only whole). Phases of one seed may run at once in separate run folders: each adds its own models' entries to the
     stored measures and its record to the seed's, under a lock, so neither drops the other's."""
     import fcntl
@@ -300,6 +300,21 @@ def store_phase(out: Path, store: Path, seed: int, name: str, phase: Phase, seco
     with open(store / f"seed-{seed}" / ".store.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         _store_phase(out, store, seed, name, phase, seconds, measures)
+
+
+def keep_samples(run: Path, metrics: Path, name: str) -> Path | None:
+    """Keep an RL run's sampled completions (``run/completions.jsonl``: every rollout with its rewards, by step) as
+    ``metrics/<name>.completions.jsonl.gz``, so what GRPO sampled can be counted again once the run folder is gone;
+    gzip without a timestamp, so the same samples make the same file. Returns the kept file (None without samples)."""
+    import gzip
+
+    source = run / "completions.jsonl"
+    if not source.is_file():
+        return None
+    metrics.mkdir(parents=True, exist_ok=True)
+    target = metrics / f"{name}.completions.jsonl.gz"
+    write_bytes(target, gzip.compress(source.read_bytes(), mtime=0))
+    return target
 
 
 def _store_phase(out: Path, store: Path, seed: int, name: str, phase: Phase, seconds: dict[str, float],
@@ -315,6 +330,8 @@ def _store_phase(out: Path, store: Path, seed: int, name: str, phase: Phase, sec
                 if (pipeline / group / r.name / source).is_file():  # its metrics and its resolved settings
                     (kept / "metrics").mkdir(parents=True, exist_ok=True)
                     shutil.copy2(pipeline / group / r.name / source, kept / "metrics" / target)
+    for r in phase.rl_runs:
+        keep_samples(pipeline / "rl" / r.name, kept / "metrics", r.name)
     if not (kept / "collect" / DONE).is_file():
         shutil.copytree(pipeline / "collect", kept / "collect", dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("*.lock", ".*"))

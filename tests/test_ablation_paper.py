@@ -348,3 +348,36 @@ def test_the_report_sets_each_seeds_grpo_replicate_beside_its_first_run_once_sto
     assert "two training seeds (seeds 1, 2;" in text
     assert [line for line in text.splitlines() if line.startswith("| 1 | ")] == [
         "| 1 | `mol` | 0.200 | 0.600 | not logged | - | - |", "| 1 | `ce` | 0.200 | 0.200 | not logged | 0.900 | not logged |"]
+
+
+def test_a_stored_phase_keeps_each_grpo_runs_samples_gzipped_and_the_same_samples_make_the_same_file(tmp_path):
+    """What GRPO sampled (``completions.jsonl``) outlives the run folder: every RL run of the phase is kept in the
+    store gzipped, byte for byte what the run wrote, and storing again gives the identical file (no timestamp)."""
+    import gzip
+
+    out, store = tmp_path / "out", tmp_path / "store"
+    phase = ablation_paper.PHASES["mol"]
+    (out / "base").mkdir(parents=True)
+    (out / "base" / "model.safetensors").write_bytes(b"weights")
+    run = ablation_paper.seed_dir(out, 0)
+    (run / "world").mkdir(parents=True)
+    (run / "world" / "world.json").write_text("{}")
+    (run / "pipeline" / "collect").mkdir(parents=True)
+    for model in phase.models:
+        (run / "pipeline" / "eval" / model).mkdir(parents=True)
+    for measure in ablation_paper.MEASURES:
+        (run / "pipeline" / measure).write_text(json.dumps({m: 1 for m in phase.models}))
+    rows = {r.name: "".join(json.dumps({"step": s, "completion": f"{r.name} {s}"}) + "\n" for s in (1, 2))
+            for r in phase.rl_runs}
+    for r in phase.rl_runs:
+        (run / "pipeline" / "rl" / r.name).mkdir(parents=True)
+        (run / "pipeline" / "rl" / r.name / "completions.jsonl").write_text(rows[r.name])
+    ablation_paper.store_phase(out, store, 0, "mol", phase, {})
+    kept = {r.name: store / "seed-0" / "pipeline" / "metrics" / f"{r.name}.completions.jsonl.gz"
+            for r in phase.rl_runs}
+    assert kept and all(gzip.decompress(f.read_bytes()).decode() == rows[n] for n, f in kept.items())
+    first = {n: f.read_bytes() for n, f in kept.items()}
+    ablation_paper.store_phase(out, store, 0, "mol", phase, {})
+    assert {n: f.read_bytes() for n, f in kept.items()} == first
+    assert ablation_paper.keep_samples(tmp_path / "no run", tmp_path / "metrics", "x") is None
+    assert not (tmp_path / "metrics").exists()
