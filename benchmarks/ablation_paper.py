@@ -291,8 +291,8 @@ def with_base(phase: Phase, stored: set[str]) -> Phase:
 def store_phase(out: Path, store: Path, seed: int, name: str, phase: Phase, seconds: dict[str, float],
                 measures: Sequence[str] = MEASURES) -> None:
     """Keep phase ``name`` of ``seed`` in ``store``: its models' evaluations, its runs' metrics and resolved configs,
-    its RL runs' sampled completions (gzipped), the seed's traces, world, its models' entries in ``measures``, and the phase's record (last, so a phase is stored
-    only whole). Phases of one seed may run at once in separate run folders: each adds its own models' entries to the
+    its RL runs' sampled completions (gzipped), the seed's traces, world, its models' entries in ``measures``, and
+    the phase's record (last, so a phase is stored only whole). Phases of one seed may run at once in separate run folders: each adds its own models' entries to the
     stored measures and its record to the seed's, under a lock, so neither drops the other's."""
     import fcntl
 
@@ -311,9 +311,8 @@ def keep_samples(run: Path, metrics: Path, name: str) -> Path | None:
     source = run / "completions.jsonl"
     if not source.is_file():
         return None
-    metrics.mkdir(parents=True, exist_ok=True)
     target = metrics / f"{name}.completions.jsonl.gz"
-    write_bytes(target, gzip.compress(source.read_bytes(), mtime=0))
+    write_bytes(target, gzip.compress(source.read_bytes(), mtime=0))  # the writer makes the folder
     return target
 
 
