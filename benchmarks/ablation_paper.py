@@ -292,8 +292,9 @@ def store_phase(out: Path, store: Path, seed: int, name: str, phase: Phase, seco
                 measures: Sequence[str] = MEASURES) -> None:
     """Keep phase ``name`` of ``seed`` in ``store``: its models' evaluations, its runs' metrics and resolved configs,
     its RL runs' sampled completions (gzipped), the seed's traces, world, its models' entries in ``measures``, and
-    the phase's record (last, so a phase is stored only whole). Phases of one seed may run at once in separate run folders: each adds its own models' entries to the
-    stored measures and its record to the seed's, under a lock, so neither drops the other's."""
+    the phase's record (last, so a phase is stored only whole). Phases of one seed may run at once in separate run
+    folders: each adds its own models' entries to the stored measures and its record to the seed's, under a lock,
+    so neither drops the other's."""
     import fcntl
 
     (store / f"seed-{seed}").mkdir(parents=True, exist_ok=True)
